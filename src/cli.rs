@@ -1,0 +1,98 @@
+//! Command-line interface: clap definitions and dispatch. Each subcommand lives in one file under
+//! `cli/`; this file only parses arguments and maps results to exit codes.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+mod daemon;
+mod inspect;
+mod job;
+mod record;
+mod rules;
+
+/// Exit status for "the NVML library could not be used" (no driver, bad scenario).
+pub const EXIT_NO_NVML: i32 = 2;
+
+/// gpuwatch — a GPU watchdog for unattended deep-learning training.
+#[derive(Debug, Parser)]
+#[command(name = "gpuwatch", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Options every command shares.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options shared by every command.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// Run against the simulated NVML library (next to the gpuwatch executable, or --nvml-lib)
+    /// playing this scenario: a shipped name (healthy, overnight, xid-79, …) or a TOML file.
+    #[arg(long, global = true, value_name = "SCENARIO")]
+    pub sim: Option<String>,
+    /// Path of the NVML library to load (default: libnvidia-ml.so.1 from the loader path).
+    #[arg(long, global = true, value_name = "PATH", env = "GPUWATCH_NVML_LIB")]
+    pub nvml_lib: Option<PathBuf>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One-shot table of every GPU and its processes.
+    Status(inspect::StatusArgs),
+    /// List GPUs with their identities and CUDA_VISIBLE_DEVICES mapping.
+    Devices(inspect::DevicesArgs),
+    /// Record a timestamped CSV log of every metric.
+    Record(record::RecordArgs),
+    /// Validate the config and every rule.
+    Check(rules::CheckArgs),
+    /// Run rule unit tests.
+    Test(rules::TestArgs),
+    /// Run the rules over a recording in virtual time and print the alert timeline.
+    Replay(rules::ReplayArgs),
+    /// Run the watchdog: sample, evaluate rules, notify.
+    Daemon(daemon::DaemonArgs),
+    /// Send a test message through each configured channel.
+    NotifyTest(daemon::NotifyTestArgs),
+    /// Run a training command under watch and report how it ended.
+    Run(job::RunArgs),
+    /// Watch an already running process and report how it ends.
+    Attach(job::AttachArgs),
+}
+
+/// Parses the command line, runs the command and returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Status(a) => inspect::status(&cli.global, a),
+        Command::Devices(a) => inspect::devices(&cli.global, a),
+        Command::Record(a) => record::run(&cli.global, a),
+        Command::Check(a) => rules::check(&cli.global, a),
+        Command::Test(a) => rules::test(&cli.global, a),
+        Command::Replay(a) => rules::replay(&cli.global, a),
+        Command::Daemon(a) => daemon::daemon(&cli.global, a),
+        Command::NotifyTest(a) => daemon::notify_test(&cli.global, a),
+        Command::Run(a) => job::run(&cli.global, a),
+        Command::Attach(a) => job::attach(&cli.global, a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            if is_broken_pipe(&err) {
+                return 0;
+            }
+            eprintln!("gpuwatch: error: {err:#}");
+            1
+        }
+    }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

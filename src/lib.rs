@@ -1,0 +1,10 @@
+//! gpuwatch: a GPU watchdog for unattended deep-learning training.
+//!
+//! Data flows one way: [`sampler`] → [`model::Snapshot`] → windows → rules → alert engine →
+//! dispatcher (notifiers, actions); the recorder and exporter are side outputs. The engine is a
+//! pure function of timestamped samples, which makes `replay` and `test` exact.
+
+pub mod cli;
+pub mod config;
+pub mod model;
+pub mod sampler;

@@ -1,0 +1,519 @@
+//! Plain sample data and the one metric table.
+//!
+//! Everything downstream of the sampler (windows, rules, recorder, exporter, replay) speaks in
+//! these types; none of them mention NVML. A value the GPU cannot give is `None`, never 0; a lost
+//! GPU is [`DeviceState::Lost`]; a missed tick is simply a snapshot that never arrived (a gap in
+//! time), which windows keep.
+//!
+//! Canonical units inside gpuwatch: bytes, watts, joules, degrees Celsius, MHz, percent, bytes per
+//! second. The table below records, per metric, where the number comes from in NVML and what
+//! nvidia-smi and dcgm-exporter call it, so the recorder, the nvidia-smi CSV importer, the rule API
+//! docs and the exporter all read the same list.
+
+use serde::{Deserialize, Serialize};
+
+/// Whether a metric is a point-in-time value or a monotonically growing counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricKind {
+    /// A value that goes up and down (utilization, temperature).
+    Gauge,
+    /// A cumulative count (ECC errors, energy); rules look at deltas.
+    Counter,
+}
+
+/// How nvidia-smi writes a metric, so its CSV logs can be converted to canonical units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SmiUnit {
+    /// Plain number in our unit ("45", "45 %").
+    Same,
+    /// Mebibytes ("1024 MiB") → bytes.
+    MiB,
+    /// Pstate text ("P0") → number.
+    Pstate,
+    /// Hex bitmask ("0x0000000000000004") → number.
+    Hex,
+}
+
+/// One row of the metric table.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricDesc {
+    /// Which metric this row describes.
+    pub id: Metric,
+    /// Name used in rules (`gpu.util`), CSV column headers and JSON.
+    pub key: &'static str,
+    /// Canonical unit of the stored value.
+    pub unit: &'static str,
+    /// Gauge or counter.
+    pub kind: MetricKind,
+    /// One-line description (Prometheus HELP text).
+    pub help: &'static str,
+    /// Where the value comes from in NVML.
+    pub nvml: &'static str,
+    /// `nvidia-smi --query-gpu` name, when there is one.
+    pub smi: Option<&'static str>,
+    /// How nvidia-smi formats it.
+    pub smi_unit: SmiUnit,
+    /// dcgm-exporter field name, when there is one.
+    pub dcgm: Option<&'static str>,
+}
+
+macro_rules! metrics {
+    ($( $variant:ident => { key: $key:literal, unit: $unit:literal, kind: $kind:ident, help: $help:literal,
+        nvml: $nvml:literal, smi: $smi:expr, smi_unit: $smiu:ident, dcgm: $dcgm:expr } ),* $(,)?) => {
+        /// Every metric gpuwatch samples per GPU. The discriminant indexes [`METRICS`] and
+        /// [`MetricValues`].
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        #[repr(u8)]
+        pub enum Metric { $( #[doc = $help] $variant ),* }
+
+        /// The metric table: one row per [`Metric`], in discriminant order.
+        pub const METRICS: &[MetricDesc] = &[ $( MetricDesc {
+            id: Metric::$variant, key: $key, unit: $unit, kind: MetricKind::$kind, help: $help,
+            nvml: $nvml, smi: $smi, smi_unit: SmiUnit::$smiu, dcgm: $dcgm,
+        } ),* ];
+    };
+}
+
+metrics! {
+    Util => { key: "util", unit: "percent", kind: Gauge,
+        help: "Percent of time over the past sample period during which one or more kernels ran on the GPU",
+        nvml: "nvmlDeviceGetUtilizationRates.gpu", smi: Some("utilization.gpu"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_GPU_UTIL") },
+    MemUtil => { key: "mem_util", unit: "percent", kind: Gauge,
+        help: "Percent of time over the past sample period during which device memory was read or written",
+        nvml: "nvmlDeviceGetUtilizationRates.memory", smi: Some("utilization.memory"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_MEM_COPY_UTIL") },
+    MemUsed => { key: "mem_used", unit: "bytes", kind: Gauge,
+        help: "Device memory allocated by active contexts",
+        nvml: "nvmlDeviceGetMemoryInfo_v2.used", smi: Some("memory.used"), smi_unit: MiB,
+        dcgm: Some("DCGM_FI_DEV_FB_USED") },
+    MemFree => { key: "mem_free", unit: "bytes", kind: Gauge,
+        help: "Device memory not allocated",
+        nvml: "nvmlDeviceGetMemoryInfo_v2.free", smi: Some("memory.free"), smi_unit: MiB,
+        dcgm: Some("DCGM_FI_DEV_FB_FREE") },
+    MemTotal => { key: "mem_total", unit: "bytes", kind: Gauge,
+        help: "Total installed device memory",
+        nvml: "nvmlDeviceGetMemoryInfo_v2.total", smi: Some("memory.total"), smi_unit: MiB,
+        dcgm: Some("DCGM_FI_DEV_FB_TOTAL") },
+    MemReserved => { key: "mem_reserved", unit: "bytes", kind: Gauge,
+        help: "Device memory reserved by the driver and firmware",
+        nvml: "nvmlDeviceGetMemoryInfo_v2.reserved", smi: Some("memory.reserved"), smi_unit: MiB,
+        dcgm: Some("DCGM_FI_DEV_FB_RESERVED") },
+    Temp => { key: "temp", unit: "celsius", kind: Gauge,
+        help: "GPU core temperature",
+        nvml: "nvmlDeviceGetTemperature(GPU)", smi: Some("temperature.gpu"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_GPU_TEMP") },
+    MemTemp => { key: "mem_temp", unit: "celsius", kind: Gauge,
+        help: "HBM memory temperature",
+        nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP)", smi: Some("temperature.memory"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_MEMORY_TEMP") },
+    Power => { key: "power", unit: "watts", kind: Gauge,
+        help: "Power draw of the board",
+        nvml: "nvmlDeviceGetPowerUsage", smi: Some("power.draw"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_POWER_USAGE") },
+    PowerLimit => { key: "power_limit", unit: "watts", kind: Gauge,
+        help: "Enforced power limit",
+        nvml: "nvmlDeviceGetEnforcedPowerLimit", smi: Some("enforced.power.limit"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_ENFORCED_POWER_LIMIT") },
+    Energy => { key: "energy", unit: "joules", kind: Counter,
+        help: "Energy consumed since the driver was loaded",
+        nvml: "nvmlDeviceGetTotalEnergyConsumption", smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") },
+    SmClock => { key: "sm_clock", unit: "MHz", kind: Gauge,
+        help: "Current SM clock",
+        nvml: "nvmlDeviceGetClockInfo(SM)", smi: Some("clocks.sm"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_SM_CLOCK") },
+    MemClock => { key: "mem_clock", unit: "MHz", kind: Gauge,
+        help: "Current memory clock",
+        nvml: "nvmlDeviceGetClockInfo(MEM)", smi: Some("clocks.mem"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_MEM_CLOCK") },
+    ClockEventReasons => { key: "clock_event_reasons", unit: "bitmask", kind: Gauge,
+        help: "Active clock event (throttle) reasons, NVML bitmask",
+        nvml: "nvmlDeviceGetCurrentClocksThrottleReasons", smi: Some("clocks_event_reasons.active"), smi_unit: Hex,
+        dcgm: Some("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS") },
+    Pstate => { key: "pstate", unit: "pstate", kind: Gauge,
+        help: "Performance state, 0 (maximum) to 15 (minimum)",
+        nvml: "nvmlDeviceGetPerformanceState", smi: Some("pstate"), smi_unit: Pstate,
+        dcgm: None },
+    Fan => { key: "fan", unit: "percent", kind: Gauge,
+        help: "Intended fan speed as a percent of maximum",
+        nvml: "nvmlDeviceGetFanSpeed", smi: Some("fan.speed"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_FAN_SPEED") },
+    EccCorrected => { key: "ecc_corrected", unit: "errors", kind: Counter,
+        help: "Corrected (single-bit) volatile ECC errors since the last driver load",
+        nvml: "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE)", smi: Some("ecc.errors.corrected.volatile.total"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL") },
+    EccUncorrected => { key: "ecc_uncorrected", unit: "errors", kind: Counter,
+        help: "Uncorrected (double-bit) volatile ECC errors since the last driver load",
+        nvml: "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)", smi: Some("ecc.errors.uncorrected.volatile.total"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") },
+    RetiredSbe => { key: "retired_sbe", unit: "pages", kind: Counter,
+        help: "Pages retired after single-bit ECC errors (pre-Ampere)",
+        nvml: "nvmlDeviceGetRetiredPages(MULTIPLE_SINGLE_BIT)", smi: Some("retired_pages.single_bit_ecc.count"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_RETIRED_SBE") },
+    RetiredDbe => { key: "retired_dbe", unit: "pages", kind: Counter,
+        help: "Pages retired after double-bit ECC errors (pre-Ampere)",
+        nvml: "nvmlDeviceGetRetiredPages(DOUBLE_BIT)", smi: Some("retired_pages.double_bit.count"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_RETIRED_DBE") },
+    RetiredPending => { key: "retired_pending", unit: "bool", kind: Gauge,
+        help: "1 when a page retirement waits for the next driver reload (pre-Ampere)",
+        nvml: "nvmlDeviceGetRetiredPagesPendingStatus", smi: Some("retired_pages.pending"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_RETIRED_PENDING") },
+    RemappedCorrectable => { key: "remapped_correctable", unit: "rows", kind: Counter,
+        help: "Rows remapped after correctable errors (Ampere and later)",
+        nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_REMAPPED_COR)", smi: Some("remapped_rows.correctable"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS") },
+    RemappedUncorrectable => { key: "remapped_uncorrectable", unit: "rows", kind: Counter,
+        help: "Rows remapped after uncorrectable errors (Ampere and later)",
+        nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_REMAPPED_UNC)", smi: Some("remapped_rows.uncorrectable"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS") },
+    RemapPending => { key: "remap_pending", unit: "bool", kind: Gauge,
+        help: "1 when a row remapping waits for a GPU reset (Ampere and later)",
+        nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_REMAPPED_PENDING)", smi: Some("remapped_rows.pending"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_ROW_REMAP_PENDING") },
+    RemapFailure => { key: "remap_failure", unit: "bool", kind: Gauge,
+        help: "1 when a row remapping failed (Ampere and later); the GPU needs service",
+        nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_REMAPPED_FAILURE)", smi: Some("remapped_rows.failure"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_ROW_REMAP_FAILURE") },
+    PcieRx => { key: "pcie_rx", unit: "bytes_per_second", kind: Gauge,
+        help: "PCIe receive throughput over the driver's 20 ms window",
+        nvml: "nvmlDeviceGetPcieThroughput(RX)", smi: None, smi_unit: Same,
+        dcgm: None },
+    PcieTx => { key: "pcie_tx", unit: "bytes_per_second", kind: Gauge,
+        help: "PCIe transmit throughput over the driver's 20 ms window",
+        nvml: "nvmlDeviceGetPcieThroughput(TX)", smi: None, smi_unit: Same,
+        dcgm: None },
+    PcieReplay => { key: "pcie_replay", unit: "replays", kind: Counter,
+        help: "PCIe replay counter (link retransmissions)",
+        nvml: "nvmlDeviceGetPcieReplayCounter", smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_PCIE_REPLAY_COUNTER") },
+    EncUtil => { key: "enc_util", unit: "percent", kind: Gauge,
+        help: "Video encoder utilization",
+        nvml: "nvmlDeviceGetEncoderUtilization", smi: Some("utilization.encoder"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_ENC_UTIL") },
+    DecUtil => { key: "dec_util", unit: "percent", kind: Gauge,
+        help: "Video decoder utilization",
+        nvml: "nvmlDeviceGetDecoderUtilization", smi: Some("utilization.decoder"), smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_DEC_UTIL") },
+}
+
+/// Number of metrics in the table.
+pub const METRIC_COUNT: usize = METRICS.len();
+
+impl Metric {
+    /// This metric's row in the table.
+    pub fn desc(self) -> &'static MetricDesc {
+        &METRICS[self as usize]
+    }
+
+    /// The rule/CSV name of this metric.
+    pub fn key(self) -> &'static str {
+        self.desc().key
+    }
+
+    /// Looks a metric up by its rule/CSV name.
+    pub fn from_key(key: &str) -> Option<Metric> {
+        METRICS.iter().find(|d| d.key == key).map(|d| d.id)
+    }
+
+    /// Every metric, in table order.
+    pub fn all() -> impl Iterator<Item = Metric> {
+        METRICS.iter().map(|d| d.id)
+    }
+}
+
+/// NVML clock event (throttle) reason bits, with the names rules use in `gpu.throttled(..)`.
+pub const CLOCK_EVENT_REASONS: &[(&str, u64)] = &[
+    ("gpu_idle", 0x1),
+    ("applications_clocks", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal", 0x20),
+    ("hw_thermal", 0x40),
+    ("hw_power_brake", 0x80),
+    ("display_clocks", 0x100),
+];
+
+/// Reason groups: `thermal` is either thermal slowdown, `power` is the software power cap or the
+/// hardware power brake.
+pub const CLOCK_EVENT_GROUPS: &[(&str, u64)] = &[("thermal", 0x20 | 0x40), ("power", 0x4 | 0x80)];
+
+/// The bitmask for a reason or group name (`"thermal"`, `"sw_power_cap"`, …).
+pub fn clock_event_mask(name: &str) -> Option<u64> {
+    CLOCK_EVENT_REASONS
+        .iter()
+        .chain(CLOCK_EVENT_GROUPS)
+        .find(|(n, _)| *n == name)
+        .map(|(_, m)| *m)
+}
+
+/// Names of the reason bits set in `mask` (groups not included).
+pub fn clock_event_names(mask: u64) -> Vec<&'static str> {
+    CLOCK_EVENT_REASONS
+        .iter()
+        .filter(|(_, bit)| mask & bit != 0)
+        .map(|(n, _)| *n)
+        .collect()
+}
+
+/// One value per metric, `None` where the GPU could not give it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MetricValues(pub [Option<f64>; METRIC_COUNT]);
+
+impl MetricValues {
+    /// The value of `m`, if the GPU gave one.
+    pub fn get(&self, m: Metric) -> Option<f64> {
+        self.0[m as usize]
+    }
+
+    /// Sets (or clears) the value of `m`.
+    pub fn set(&mut self, m: Metric, v: Option<f64>) {
+        self.0[m as usize] = v;
+    }
+}
+
+impl Serialize for MetricValues {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for d in METRICS {
+            if let Some(v) = self.0[d.id as usize] {
+                map.serialize_entry(d.key, &v)?;
+            }
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for MetricValues {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = std::collections::BTreeMap::<String, f64>::deserialize(d)?;
+        let mut out = MetricValues::default();
+        for (k, v) in raw {
+            if let Some(m) = Metric::from_key(&k) {
+                out.set(m, Some(v));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What gpuwatch knows about a device's health as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceState {
+    /// Answering NVML calls.
+    #[default]
+    Ok,
+    /// NVML said `GPU_IS_LOST` (fallen off the bus); the device gives no more values.
+    Lost,
+}
+
+/// Stable identity of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DeviceId {
+    /// NVML index (enumeration order, PCI bus order by default).
+    pub index: u32,
+    /// Minor number: `/dev/nvidiaN`, the host's numbering even inside a container.
+    pub minor: Option<u32>,
+    /// `GPU-xxxxxxxx-…` UUID.
+    pub uuid: String,
+    /// `00000000:07:00.0` style PCI bus id.
+    pub pci_bus_id: String,
+    /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+}
+
+/// One GPU at one tick.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    /// Sample time, UTC milliseconds since the Unix epoch.
+    pub time_ms: i64,
+    /// Which GPU.
+    #[serde(flatten)]
+    pub id: DeviceId,
+    /// Whether the device answered.
+    pub state: DeviceState,
+    /// Metric values (absent = not supported / not available).
+    pub values: MetricValues,
+}
+
+impl GpuSample {
+    /// The value of `m`, if present.
+    pub fn get(&self, m: Metric) -> Option<f64> {
+        self.values.get(m)
+    }
+}
+
+/// A process using a GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcSample {
+    /// Host PID as NVML reports it.
+    pub pid: u32,
+    /// Index of the GPU it runs on.
+    pub gpu_index: u32,
+    /// UUID of that GPU.
+    pub gpu_uuid: String,
+    /// Used GPU memory in bytes; `None` when NVML cannot tell (e.g. under some containers).
+    pub used_mem_bytes: Option<u64>,
+    /// `compute` or `graphics`.
+    pub kind: ProcKind,
+    /// Owner's uid, from `/proc/PID/status` when visible.
+    pub uid: Option<u32>,
+    /// Owner's user name.
+    pub user: Option<String>,
+    /// Command line from `/proc/PID/cmdline`, arguments joined by spaces.
+    pub command: Option<String>,
+    /// Container id from `/proc/PID/cgroup`, when in a container.
+    pub container: Option<String>,
+    /// Seconds since the process started, from `/proc/PID/stat`.
+    pub runtime_s: Option<f64>,
+}
+
+/// Kind of GPU context a process holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcKind {
+    /// CUDA / compute context.
+    Compute,
+    /// Graphics context.
+    Graphics,
+}
+
+/// An XID error event delivered by the driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidEvent {
+    /// When gpuwatch received it, UTC ms.
+    pub time_ms: i64,
+    /// Index of the GPU that reported it.
+    pub gpu_index: u32,
+    /// UUID of that GPU.
+    pub gpu_uuid: String,
+    /// The XID code.
+    pub xid: u64,
+}
+
+/// Everything sampled at one tick. Snapshots arrive in time order; a missing tick is a gap.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Tick time, UTC ms.
+    pub time_ms: i64,
+    /// One sample per GPU, lost GPUs included (state `Lost`, no values).
+    pub gpus: Vec<GpuSample>,
+    /// The process list, when it was refreshed at this tick (it is refreshed on a slower cadence);
+    /// `None` means "unchanged since the last list".
+    pub processes: Option<Vec<ProcSample>>,
+    /// XID events received since the previous tick.
+    pub xids: Vec<XidEvent>,
+}
+
+/// How bad an alert is.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth knowing, not worth waking anyone.
+    Info,
+    /// Needs attention soon.
+    #[default]
+    Warning,
+    /// Needs attention now.
+    Critical,
+}
+
+impl Severity {
+    /// `info`, `warning` or `critical`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+
+    /// Parses `info`, `warning` or `critical`.
+    pub fn parse(s: &str) -> Option<Severity> {
+        match s {
+            "info" => Some(Severity::Info),
+            "warning" => Some(Severity::Warning),
+            "critical" => Some(Severity::Critical),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a notification announces a problem or its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AlertStatus {
+    /// The condition holds (or held within `keep_firing_for`).
+    Firing,
+    /// The condition ended.
+    Resolved,
+}
+
+/// A notification-worthy alert transition produced by the (pure) alert engine and consumed by
+/// the dispatcher: a new firing alert, a repeat while firing, or a resolution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AlertEvent {
+    /// Stable hash of the alert's identity labels (same alert → same fingerprint across restarts).
+    pub fingerprint: String,
+    /// Rule name (`alertname` label).
+    pub name: String,
+    /// Severity of the rule.
+    pub severity: Severity,
+    /// Firing or resolved.
+    pub status: AlertStatus,
+    /// Identity labels: `alertname`, `severity`, `gpu`, `uuid`, `hostname`, rule labels.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Free text: `summary`, `description`, `rule_file`, `values`, `action`.
+    pub annotations: std::collections::BTreeMap<String, String>,
+    /// When the alert started firing, UTC ms.
+    pub starts_at_ms: i64,
+    /// When it resolved, UTC ms (`None` while firing).
+    pub ends_at_ms: Option<i64>,
+    /// When this transition happened (engine clock), UTC ms.
+    pub at_ms: i64,
+    /// True when this is a `repeat` re-notification of an alert already announced.
+    pub repeat: bool,
+    /// GPU index for per-GPU alerts.
+    pub gpu: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_in_discriminant_order_with_unique_keys() {
+        for (i, d) in METRICS.iter().enumerate() {
+            assert_eq!(d.id as usize, i, "{} out of order", d.key);
+            assert_eq!(Metric::from_key(d.key), Some(d.id));
+        }
+        let mut keys: Vec<_> = METRICS.iter().map(|d| d.key).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), METRIC_COUNT);
+    }
+
+    #[test]
+    fn values_serialize_only_present_metrics() {
+        let mut v = MetricValues::default();
+        v.set(Metric::Util, Some(42.0));
+        let json = serde_json::to_string(&v).unwrap();
+        assert_eq!(json, r#"{"util":42.0}"#);
+        let back: MetricValues = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn clock_event_masks() {
+        assert_eq!(clock_event_mask("thermal"), Some(0x60));
+        assert_eq!(clock_event_mask("hw_slowdown"), Some(0x8));
+        assert_eq!(clock_event_names(0x44), vec!["sw_power_cap", "hw_thermal"]);
+    }
+}

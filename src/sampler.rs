@@ -1,0 +1,1 @@
+//! The only module that talks to NVML (placeholder until implemented).
