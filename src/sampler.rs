@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nvml_wrapper::enum_wrappers::device::{
-    Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor,
+    Clock, EccCounter, MemoryError, PcieUtilCounter, RetirementCause, TemperatureSensor,
 };
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
@@ -138,6 +138,8 @@ enum Source {
     Decoder,
     ComputeProcs,
     GraphicsProcs,
+    RetiredPages,
+    RetiredPending,
 }
 
 impl Source {
@@ -249,6 +251,30 @@ impl Slot {
         })?;
         set(Metric::Temp, t.map(f64::from));
         self.read_fields(&mut set)?;
+        let fields_gave_retired = self.unsupported & Source::Fields.bit() == 0
+            && self
+                .fields
+                .iter()
+                .any(|f| f.0 == field_id::NVML_FI_DEV_RETIRED_SBE);
+        if !fields_gave_retired {
+            // Drivers without the retired-page fields: ask the page-retirement API (pre-Ampere
+            // GPUs answer; newer ones say NotSupported once).
+            let sbe = self.query(Source::RetiredPages, |d| {
+                d.retired_pages(RetirementCause::MultipleSingleBitEccErrors)
+            })?;
+            if let Some(sbe) = sbe {
+                set(Metric::RetiredSbe, Some(sbe.len() as f64));
+                let dbe = self.query(Source::RetiredPages, |d| {
+                    d.retired_pages(RetirementCause::DoubleBitEccError)
+                })?;
+                set(Metric::RetiredDbe, dbe.map(|v| v.len() as f64));
+            }
+            let pending = self.query(Source::RetiredPending, Device::are_pages_pending_retired)?;
+            set(
+                Metric::RetiredPending,
+                pending.map(|p| f64::from(u8::from(p))),
+            );
+        }
         let p = self.query(Source::Power, Device::power_usage)?;
         set(Metric::Power, p.map(|mw| f64::from(mw) / 1000.0));
         let p = self.query(Source::PowerLimit, Device::enforced_power_limit)?;
