@@ -729,6 +729,12 @@ mod tests {
     }
 
     #[test]
+    fn sampler_can_move_to_its_own_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Sampler>();
+    }
+
+    #[test]
     fn missing_library_is_a_no_driver_error() {
         let cfg = SamplerConfig {
             nvml_lib: Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),

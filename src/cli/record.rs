@@ -127,7 +127,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
             RotatingFile::open(path, args.max_size, args.keep)
                 .with_context(|| format!("opening {}", path.display()))?,
         ),
-        None => Sink::Stream(Box::new(std::io::stdout())),
+        None => Sink::Stream(Box::new(std::io::BufWriter::new(std::io::stdout()))),
     };
     sink.start()?;
     let mut rows = CsvRows::new();
