@@ -1215,3 +1215,159 @@ fn resolve_signal(
         seed: t.seed.map(|s| mix(s, 0x5eed)).unwrap_or(0) ^ hash_str(&t.kind),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> ScenarioError {
+        parse(text, "bad.toml", None).unwrap_err()
+    }
+
+    #[test]
+    fn minimal_scenario_gets_eight_h100s() {
+        let s = parse("", "empty.toml", None).unwrap();
+        assert_eq!(s.devices.len(), 8);
+        assert_eq!(s.time_scale, 1.0);
+        assert_eq!(s.devices[0].name, "NVIDIA H100 80GB HBM3");
+        assert_eq!(s.devices[0].bus_id(), "00000000:18:00.0");
+        assert_eq!(s.devices[0].bus_id_legacy(), "0000:18:00.0");
+        assert!(s.devices[3].uuid.starts_with("GPU-") && s.devices[3].uuid.len() == 40);
+        assert_ne!(s.devices[0].uuid, s.devices[1].uuid);
+        assert_eq!(s.devices[5].minor, 5);
+    }
+
+    #[test]
+    fn device_overrides_and_signals() {
+        let s = parse(
+            r#"
+time_scale = 60
+driver_version = "580.82.07"
+[devices]
+count = 2
+name = "NVIDIA A100-SXM4-40GB"
+serial = "ABC"
+[devices.metrics]
+gpu_util_pct = 50
+[[device]]
+index = 1
+uuid = "GPU-11111111-2222-3333-4444-555555555555"
+pci_bus_id = "0000:07:00.0"
+minor = 4
+memory_repair = "page_retirement"
+[device.metrics]
+power_w = { type = "ramp", from = 100, to = 200, duration_s = 10 }
+[[event]]
+at_s = 5
+gpu = "all"
+kind = "xid"
+code = 13
+[[fault]]
+function = "nvmlDeviceGetPowerUsage"
+error = "NOT_SUPPORTED"
+gpus = [1]
+[[process]]
+gpu = [0, 1]
+pid = "self"
+used_memory_mib = 512
+"#,
+            "ok.toml",
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.time_scale, 60.0);
+        assert_eq!(s.driver_version, "580.82.07");
+        assert_eq!(s.devices.len(), 2);
+        assert_eq!(s.devices[0].serial, "ABC0");
+        assert_eq!(s.devices[1].bus_id(), "00000000:07:00.0");
+        assert_eq!(s.devices[1].minor, 4);
+        assert_eq!(s.devices[1].memory_repair, MemoryRepair::PageRetirement);
+        assert!(s.devices[1].signal(Metric::PowerW).is_some());
+        assert!(s.devices[0].signal(Metric::PowerW).is_none());
+        assert!(s.devices[1].signal(Metric::GpuUtilPct).is_some());
+        assert_eq!(s.events.len(), 2);
+        assert!(s.faults[0].matches("nvmlDeviceGetPowerUsage", Some(1), 0.0));
+        assert!(!s.faults[0].matches("nvmlDeviceGetPowerUsage", Some(0), 0.0));
+        assert_eq!(s.processes.len(), 2);
+        assert_eq!(s.processes[0].pid, PidSpec::SelfPid);
+    }
+
+    #[test]
+    fn syntax_error_position() {
+        let e = err("name = \"x\"\n[devices]\ncount = = 3\n");
+        assert_eq!((e.line, e.column), (3, 9), "{e}");
+        assert!(e.to_string().starts_with("bad.toml:3:9: "), "{e}");
+    }
+
+    #[test]
+    fn unknown_field_position() {
+        let e = err("[devices]\ncount = 2\nmemroy_total_mib = 5\n");
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.message.contains("memroy_total_mib"), "{e}");
+    }
+
+    #[test]
+    fn unknown_metric_and_signal_errors_point_at_the_value() {
+        let e = err("[devices.metrics]\ngpu_util_pct = 5\nwatts = 3\n");
+        assert_eq!((e.line, e.column), (3, 9), "{e}");
+        assert!(e.message.contains("unknown metric `watts`"), "{e}");
+        let e = err("[devices.metrics]\n\npower_w = { type = \"sqare\", period_s = 3 }\n");
+        assert_eq!((e.line, e.column), (3, 11), "{e}");
+        assert!(e.message.contains("unknown signal type `sqare`"), "{e}");
+        let e = err("[devices.metrics]\npower_w = { type = \"square\", high = 3 }\n");
+        assert!(e.message.contains("needs `period_s`"), "{e}");
+        let e = err("[devices.metrics]\npower_w = { type = \"noise\", mean = 3, amplitude = 1, bogus = 1 }\n");
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_have_positions() {
+        let e =
+            err("[devices]\ncount = 2\n\n[[event]]\nat_s = 1\ngpu = 5\nkind = \"xid\"\ncode = 1\n");
+        assert_eq!(e.line, 4, "{e}");
+        assert!(e.message.contains("gpu 5 is out of range"), "{e}");
+        let e = err("[[event]]\nat_s = 1\ngpu = 0\nkind = \"boom\"\n");
+        assert!(e.message.contains("unknown event kind `boom`"), "{e}");
+        let e = err("[[fault]]\nfunction = \"nvmlDeviceGetName\"\nerror = \"NOPE\"\n");
+        assert!(e.message.contains("unknown NVML error name `NOPE`"), "{e}");
+        let e = err("[[device]]\nindex = 9\n");
+        assert_eq!((e.line, e.column), (2, 9), "{e}");
+        let e = err("time_scale = -1\n");
+        assert_eq!((e.line, e.column), (1, 14), "{e}");
+        let e = err("[[process]]\ngpu = 0\npid = \"me\"\n");
+        assert!(e.message.contains("pid `me`"), "{e}");
+    }
+
+    #[test]
+    fn bus_ids() {
+        assert_eq!(parse_bus_id("00000000:18:00.0"), Some((0, 0x18, 0)));
+        assert_eq!(parse_bus_id("0000:DB:00.0"), Some((0, 0xdb, 0)));
+        assert_eq!(parse_bus_id("07:00.0"), Some((0, 7, 0)));
+        assert_eq!(parse_bus_id("garbage"), None);
+    }
+
+    #[test]
+    fn trace_signal_relative_to_scenario_dir() {
+        let dir = std::env::temp_dir().join(format!("nvml-sim-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("t.csv"), "time,util\n0,10\n5,90\n").unwrap();
+        let s = parse(
+            "[devices.metrics]\ngpu_util_pct = { type = \"trace\", file = \"t.csv\", column = \"util\", time_column = \"time\" }\n",
+            "x.toml",
+            Some(&dir),
+        )
+        .unwrap();
+        let sig = s.devices[0].signal(Metric::GpuUtilPct).unwrap();
+        assert_eq!(sig.eval(1.0, 0), 10.0);
+        assert_eq!(sig.eval(6.0, 0), 90.0);
+        let e = parse(
+            "[devices.metrics]\ngpu_util_pct = { type = \"trace\", file = \"missing.csv\", column = \"u\" }\n",
+            "x.toml",
+            Some(&dir),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("cannot read trace"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
