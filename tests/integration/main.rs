@@ -3,4 +3,6 @@
 
 #[allow(dead_code)]
 mod common;
+mod fidelity;
 mod metrics_doc;
+mod sim;
