@@ -8,3 +8,5 @@ pub mod cli;
 pub mod config;
 pub mod model;
 pub mod sampler;
+pub mod alert;
+pub mod window;
