@@ -144,15 +144,14 @@ pub struct AlertBook {
     instances: BTreeMap<(String, Option<u32>), AlertInstanceState>,
 }
 
-/// Identity of the instance being stepped.
-#[derive(Debug, Clone)]
+/// Identity of the instance being stepped. `labels` is only called when a new instance starts.
 pub struct InstanceId<'a> {
     /// Instance key (rule name, or `rule_error/<rule>`).
     pub key: &'a str,
     /// GPU index, for per-GPU rules.
     pub gpu: Option<u32>,
     /// Identity labels (alertname, severity, gpu, uuid, hostname, user labels).
-    pub labels: &'a BTreeMap<String, String>,
+    pub labels: &'a dyn Fn() -> BTreeMap<String, String>,
 }
 
 impl AlertBook {
@@ -217,7 +216,6 @@ impl AlertBook {
         id: &InstanceId<'_>,
         outcome: Outcome,
     ) -> Option<AlertEvent> {
-        let map_key = (id.key.to_string(), id.gpu);
         match outcome {
             Outcome::Active {
                 summary,
@@ -225,8 +223,9 @@ impl AlertBook {
             } => {
                 annotations.insert("summary".into(), summary);
                 annotations.insert("rule_file".into(), spec.source.clone());
+                let map_key = (id.key.to_string(), id.gpu);
                 let inst = self.instances.entry(map_key).or_insert_with(|| {
-                    let labels = id.labels.clone();
+                    let labels = (id.labels)();
                     AlertInstanceState {
                         key: id.key.to_string(),
                         gpu: id.gpu,
@@ -259,6 +258,7 @@ impl AlertBook {
                 }
             }
             Outcome::Inactive => {
+                let map_key = (id.key.to_string(), id.gpu);
                 let inst = self.instances.get_mut(&map_key)?;
                 inst.nodata_since_ms = None;
                 match inst.phase {
@@ -278,6 +278,7 @@ impl AlertBook {
                 }
             }
             Outcome::NoData => {
+                let map_key = (id.key.to_string(), id.gpu);
                 let inst = self.instances.get_mut(&map_key)?;
                 let since = *inst.nodata_since_ms.get_or_insert(now_ms);
                 if now_ms - since < NODATA_RESOLVE_MS {
@@ -294,11 +295,7 @@ impl AlertBook {
     }
 }
 
-fn repeat_due(
-    inst: &mut AlertInstanceState,
-    spec: &AlertSpec,
-    now_ms: i64,
-) -> Option<AlertEvent> {
+fn repeat_due(inst: &mut AlertInstanceState, spec: &AlertSpec, now_ms: i64) -> Option<AlertEvent> {
     let last = inst.last_notified_ms.unwrap_or(now_ms);
     if spec.repeat_ms > 0 && now_ms - last >= spec.repeat_ms {
         inst.last_notified_ms = Some(now_ms);
@@ -307,12 +304,7 @@ fn repeat_due(
     None
 }
 
-fn event(
-    inst: &AlertInstanceState,
-    status: AlertStatus,
-    now_ms: i64,
-    repeat: bool,
-) -> AlertEvent {
+fn event(inst: &AlertInstanceState, status: AlertStatus, now_ms: i64, repeat: bool) -> AlertEvent {
     AlertEvent {
         fingerprint: inst.fingerprint.clone(),
         name: inst
@@ -371,9 +363,8 @@ pub fn load_state(dir: &Path) -> anyhow::Result<Option<AlertStateFile>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
     };
-    let state: AlertStateFile = serde_json::from_str(&text).map_err(|e| {
-        anyhow::anyhow!("{}:{}:{}: {e}", path.display(), e.line(), e.column())
-    })?;
+    let state: AlertStateFile = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}:{}:{}: {e}", path.display(), e.line(), e.column()))?;
     if state.version != STATE_VERSION {
         anyhow::bail!(
             "{}: unsupported state version {} (expected {STATE_VERSION})",
@@ -416,8 +407,12 @@ mod tests {
 
     /// Runs `pattern` (one char per second: `1` active, `0` inactive, `n` no data) and returns
     /// `(second, status, repeat)` of every event.
-    fn run(book: &mut AlertBook, spec: &AlertSpec, pattern: &str, t0: i64) -> Vec<(i64, AlertStatus, bool)> {
-        let labels = labels();
+    fn run(
+        book: &mut AlertBook,
+        spec: &AlertSpec,
+        pattern: &str,
+        t0: i64,
+    ) -> Vec<(i64, AlertStatus, bool)> {
         let id = InstanceId {
             key: "gpu_hot",
             gpu: Some(0),
@@ -444,7 +439,10 @@ mod tests {
         let ev = run(&mut b, &spec(3, 0, 0), "0111110", 0);
         assert_eq!(
             ev,
-            vec![(4, AlertStatus::Firing, false), (6, AlertStatus::Resolved, false)]
+            vec![
+                (4, AlertStatus::Firing, false),
+                (6, AlertStatus::Resolved, false)
+            ]
         );
         assert_eq!(b.instances().count(), 0);
     }
@@ -462,7 +460,10 @@ mod tests {
         // fires at 0, inactive at 1 and 2 (within 3 s), active at 3 again, resolves 3 s later
         assert_eq!(
             ev,
-            vec![(0, AlertStatus::Firing, false), (6, AlertStatus::Resolved, false)]
+            vec![
+                (0, AlertStatus::Firing, false),
+                (6, AlertStatus::Resolved, false)
+            ]
         );
     }
 
@@ -507,19 +508,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = spec(3, 0, 0);
         let mut b = AlertBook::new();
-        assert_eq!(run(&mut b, &s, "1111", 0), vec![(3, AlertStatus::Firing, false)]);
+        assert_eq!(
+            run(&mut b, &s, "1111", 0),
+            vec![(3, AlertStatus::Firing, false)]
+        );
         save_state(dir.path(), &b.state(3000)).unwrap();
         let loaded = load_state(dir.path()).unwrap().unwrap();
         let mut b2 = AlertBook::from_state(&loaded);
         // still active after the restart: nothing announced; then it resolves once
-        assert_eq!(run(&mut b2, &s, "110", 10), vec![(12, AlertStatus::Resolved, false)]);
+        assert_eq!(
+            run(&mut b2, &s, "110", 10),
+            vec![(12, AlertStatus::Resolved, false)]
+        );
 
         // a pending timer survives too
         let mut b = AlertBook::new();
         assert!(run(&mut b, &s, "11", 0).is_empty());
         save_state(dir.path(), &b.state(1000)).unwrap();
         let mut b2 = AlertBook::from_state(&load_state(dir.path()).unwrap().unwrap());
-        assert_eq!(run(&mut b2, &s, "1", 3), vec![(3, AlertStatus::Firing, false)]);
+        assert_eq!(
+            run(&mut b2, &s, "1", 3),
+            vec![(3, AlertStatus::Firing, false)]
+        );
     }
 
     #[test]

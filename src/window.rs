@@ -198,6 +198,8 @@ impl Window {
 
 /// Cache key: metric, function, duration, argument bits.
 type CacheKey = (u8, u8, i64, u64);
+/// Aggregates computed at one evaluation time.
+type AggCache = (i64, Vec<(CacheKey, Option<f64>)>);
 
 /// Everything gpuwatch remembers about one GPU.
 #[derive(Debug, Default)]
@@ -218,7 +220,7 @@ pub struct GpuHistory {
     recent_times: VecDeque<i64>,
     /// Estimated sampling interval, ms (0 = unknown).
     pub interval_ms: i64,
-    cache: Mutex<(i64, Vec<(CacheKey, Option<f64>)>)>,
+    cache: Mutex<AggCache>,
 }
 
 impl Clone for GpuHistory {
@@ -414,8 +416,14 @@ mod tests {
         let mut pts: Vec<(i64, f64)> = (0..30).map(|i| (i * 1000, 50.0)).collect();
         pts.extend((90..120).map(|i| (i * 1000, 50.0)));
         let w = win(&pts);
-        assert_eq!(w.aggregate(Agg::Count, 119_000, 120_000, 0.0, 1000), Some(60.0));
-        assert_eq!(w.aggregate(Agg::Mean, 119_000, 120_000, 0.0, 1000), Some(50.0));
+        assert_eq!(
+            w.aggregate(Agg::Count, 119_000, 120_000, 0.0, 1000),
+            Some(60.0)
+        );
+        assert_eq!(
+            w.aggregate(Agg::Mean, 119_000, 120_000, 0.0, 1000),
+            Some(50.0)
+        );
         assert_eq!(w.aggregate(Agg::Mean, 89_000, 40_000, 0.0, 1000), None);
     }
 
@@ -450,6 +458,9 @@ mod tests {
         let m = h.aggregate(Metric::Util, Agg::Mean, 18_000, 20_000, 0.0);
         assert_eq!(m, Some(4.5));
         assert_eq!(h.aggregate(Metric::Util, Agg::Mean, 18_000, 20_000, 0.0), m);
-        assert_eq!(h.aggregate(Metric::Temp, Agg::Mean, 18_000, 20_000, 0.0), None);
+        assert_eq!(
+            h.aggregate(Metric::Temp, Agg::Mean, 18_000, 20_000, 0.0),
+            None
+        );
     }
 }
