@@ -11,4 +11,5 @@ pub mod engine;
 pub mod model;
 pub mod rules;
 pub mod sampler;
+pub mod trace;
 pub mod window;

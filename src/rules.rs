@@ -13,6 +13,7 @@
 //! `rule_error` alert naming `file:line` and keeps evaluating the other rules.
 
 pub mod api;
+pub mod testfile;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
