@@ -324,6 +324,7 @@ impl Engine {
                             }
                             other => to_outcome(other),
                         };
+                        let (outcome, spec) = severity_override(outcome, &spec);
                         let labels = || labels(&hostname, &spec, Some(&hist));
                         let id = InstanceId {
                             key: &spec.name,
@@ -340,13 +341,14 @@ impl Engine {
                     match self.rules.eval_host(idx, host) {
                         EvalResult::Error(e) => error = Some(e),
                         other => {
+                            let (outcome, spec) = severity_override(to_outcome(other), &spec);
                             let labels = || labels(&hostname, &spec, None);
                             let id = InstanceId {
                                 key: &spec.name,
                                 gpu: None,
                                 labels: &labels,
                             };
-                            if let Some(ev) = self.book.step(now, &spec, &id, to_outcome(other)) {
+                            if let Some(ev) = self.book.step(now, &spec, &id, outcome) {
                                 events.push(ev);
                             }
                         }
@@ -450,6 +452,38 @@ pub fn replay<E>(
         }
     }
     Ok(stats)
+}
+
+/// A check may return `#{ summary, severity }`: the severity applies to a new instance.
+fn severity_override<'a>(
+    outcome: Outcome,
+    spec: &'a AlertSpec,
+) -> (Outcome, std::borrow::Cow<'a, AlertSpec>) {
+    match outcome {
+        Outcome::Active {
+            summary,
+            mut annotations,
+        } => {
+            let sev = annotations
+                .remove("severity")
+                .and_then(|s| Severity::parse(&s));
+            let spec = match sev {
+                Some(severity) if severity != spec.severity => std::borrow::Cow::Owned(AlertSpec {
+                    severity,
+                    ..spec.clone()
+                }),
+                _ => std::borrow::Cow::Borrowed(spec),
+            };
+            (
+                Outcome::Active {
+                    summary,
+                    annotations,
+                },
+                spec,
+            )
+        }
+        other => (other, std::borrow::Cow::Borrowed(spec)),
+    }
 }
 
 fn to_outcome(r: EvalResult) -> Outcome {

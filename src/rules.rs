@@ -654,6 +654,17 @@ impl RuleSet {
             for (k, v) in map.iter() {
                 match k.as_str() {
                     "summary" => summary = Some(v.to_string()),
+                    "severity" => {
+                        let sev = v.to_string();
+                        if Severity::parse(&sev).is_none() {
+                            return EvalResult::Error(RuleError::at(
+                                &rule.file,
+                                Position::new(rule.line.try_into().unwrap_or(1), 1),
+                                format!("check returned severity {sev:?}; expected info, warning or critical"),
+                            ));
+                        }
+                        annotations.insert("severity".into(), sev);
+                    }
                     "values" => {
                         if let Some(vm) = v.read_lock::<Map>() {
                             for (vk, vv) in vm.iter() {

@@ -104,7 +104,7 @@ impl Window {
     }
 
     /// Computes `agg` over `(now - duration, now]`. `interval_ms` is the sampling interval used for
-    /// the sparseness test (0 = unknown: any non-empty window is dense enough).
+    /// the sparseness test (0 = unknown: every window is too sparse).
     pub fn aggregate(
         &self,
         agg: Agg,
@@ -118,13 +118,13 @@ impl Window {
         if agg == Agg::Count {
             return Some(n as f64);
         }
-        let needed = if interval_ms > 0 {
-            // ceil(0.5 * duration / interval), at least 1
-            let expected = duration_ms as f64 / interval_ms as f64;
-            ((expected * 0.5).ceil() as usize).max(1)
-        } else {
-            1
-        };
+        if interval_ms <= 0 {
+            // Interval unknown (fewer than two samples so far): too early to judge any window.
+            return None;
+        }
+        // ceil(0.5 * duration / interval), at least 1
+        let expected = duration_ms as f64 / interval_ms as f64;
+        let needed = ((expected * 0.5).ceil() as usize).max(1);
         let needs_two = matches!(agg, Agg::Delta | Agg::Increase | Agg::Rate | Agg::Slope);
         if n < needed || n == 0 || (needs_two && n < 2) {
             return None;
@@ -193,6 +193,107 @@ impl Window {
             }
         };
         Some(value)
+    }
+}
+
+/// Runs of consecutive samples below a threshold in a window (`idle_runs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunStats {
+    /// Number of runs that start inside the window.
+    pub runs: usize,
+    /// Fraction of samples below the threshold.
+    pub share: f64,
+    /// Median seconds between consecutive run starts (`None` with fewer than 2 runs).
+    pub period_s: Option<f64>,
+    /// Coefficient of variation of the gaps between run starts (`None` with fewer than 3 runs).
+    pub period_cv: Option<f64>,
+    /// Median run length, seconds (a run's length is first-below to first-not-below).
+    pub median_len_s: f64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_unstable_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+impl Window {
+    /// Idle-run statistics over `(now - duration, now]` for samples `< threshold`; `None` when
+    /// the window is too sparse (same rule as [`Window::aggregate`]).
+    pub fn runs_below(
+        &self,
+        now_ms: i64,
+        duration_ms: i64,
+        threshold: f64,
+        interval_ms: i64,
+    ) -> Option<RunStats> {
+        // Reuse the sparseness test.
+        self.aggregate(Agg::Mean, now_ms, duration_ms, 0.0, interval_ms)?;
+        let (lo, hi) = self.range(now_ms - duration_ms, now_ms);
+        let mut starts = Vec::new();
+        let mut lens = Vec::new();
+        let mut below = 0usize;
+        let mut run_start: Option<i64> = None;
+        let mut prev_below = lo > 0 && self.points[lo - 1].1 < threshold;
+        for &(t, v) in self.points.range(lo..hi) {
+            let b = v < threshold;
+            if b {
+                below += 1;
+            }
+            if b && !prev_below {
+                run_start = Some(t);
+                starts.push(t);
+            } else if !b && prev_below {
+                if let Some(s) = run_start.take() {
+                    lens.push((t - s) as f64 / 1000.0);
+                }
+            }
+            prev_below = b;
+        }
+        if let Some(s) = run_start {
+            lens.push((self.points[hi - 1].0 - s) as f64 / 1000.0);
+        }
+        let mut gaps: Vec<f64> = starts
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as f64 / 1000.0)
+            .collect();
+        let period_cv = (gaps.len() >= 2).then(|| {
+            let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+            let var = gaps.iter().map(|g| (g - mean) * (g - mean)).sum::<f64>() / gaps.len() as f64;
+            if mean > 0.0 {
+                var.sqrt() / mean
+            } else {
+                0.0
+            }
+        });
+        let period_s = (!gaps.is_empty()).then(|| median(&mut gaps));
+        Some(RunStats {
+            runs: starts.len(),
+            share: below as f64 / (hi - lo) as f64,
+            period_s,
+            period_cv,
+            median_len_s: if lens.is_empty() {
+                0.0
+            } else {
+                median(&mut lens)
+            },
+        })
+    }
+
+    /// Maxima of `n` consecutive sub-windows covering `(now - duration, now]`, oldest first;
+    /// `None` if any sub-window is too sparse.
+    pub fn maxima(
+        &self,
+        now_ms: i64,
+        duration_ms: i64,
+        n: usize,
+        interval_ms: i64,
+    ) -> Option<Vec<f64>> {
+        let n_i = i64::try_from(n).ok()?.max(1);
+        let sub = duration_ms / n_i;
+        (0..n_i)
+            .rev()
+            .map(|k| self.aggregate(Agg::Max, now_ms - k * sub, sub, 0.0, interval_ms))
+            .collect()
     }
 }
 
@@ -390,8 +491,16 @@ mod tests {
     #[test]
     fn counter_reset_is_not_negative_increase() {
         let w = win(&[(0, 5.0), (1000, 7.0), (2000, 1.0), (3000, 4.0)]);
-        assert_eq!(w.aggregate(Agg::Increase, 3000, 10_000, 0.0, 0), Some(6.0));
-        assert_eq!(w.aggregate(Agg::Delta, 3000, 10_000, 0.0, 0), Some(-1.0));
+        assert_eq!(
+            w.aggregate(Agg::Increase, 3000, 4_000, 0.0, 1000),
+            Some(6.0)
+        );
+        assert_eq!(w.aggregate(Agg::Delta, 3000, 4_000, 0.0, 1000), Some(-1.0));
+        assert_eq!(
+            w.aggregate(Agg::Delta, 3000, 4_000, 0.0, 0),
+            None,
+            "interval unknown"
+        );
     }
 
     #[test]
@@ -425,6 +534,24 @@ mod tests {
             Some(50.0)
         );
         assert_eq!(w.aggregate(Agg::Mean, 89_000, 40_000, 0.0, 1000), None);
+    }
+
+    #[test]
+    fn idle_runs_and_maxima() {
+        // 60 s period: 45 s busy, 15 s idle, over 10 minutes
+        let w = series(600, |i| if i % 60 >= 45 { 0.0 } else { 100.0 });
+        let r = w.runs_below(599_000, 600_000, 10.0, 1000).unwrap();
+        assert_eq!(r.runs, 10);
+        assert!((r.share - 0.25).abs() < 1e-9);
+        assert_eq!(r.period_s, Some(60.0));
+        assert_eq!(r.period_cv, Some(0.0));
+        assert_eq!(r.median_len_s, 15.0);
+        let w = series(600, |i| i as f64);
+        assert_eq!(
+            w.maxima(599_000, 600_000, 3, 1000),
+            Some(vec![199.0, 399.0, 599.0])
+        );
+        assert_eq!(w.maxima(599_000, 1_200_000, 2, 1000), None);
     }
 
     #[test]

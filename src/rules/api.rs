@@ -64,10 +64,6 @@ fn nodata() -> Dynamic {
     Dynamic::UNIT
 }
 
-fn opt(v: Option<f64>) -> Dynamic {
-    v.map_or_else(nodata, Dynamic::from_float)
-}
-
 /// A duration argument: `"90s"`, `"5m"`, `"1h"` or a number of seconds.
 pub(crate) fn duration_ms(d: &Dynamic) -> Result<i64, Box<EvalAltResult>> {
     if let Some(s) = d.read_lock::<ImmutableString>() {
@@ -101,15 +97,24 @@ fn num_arg(d: &Dynamic) -> Result<f64, Box<EvalAltResult>> {
 }
 
 impl Series {
+    /// `()` for a missing result; the evaluation counts as "no data" unless the metric has no
+    /// samples at all (not supported by this GPU or log), which is permanent, not a gap.
+    fn missing(&self) -> Dynamic {
+        if self.hist.window(self.metric).is_empty() {
+            Dynamic::UNIT
+        } else {
+            nodata()
+        }
+    }
+
     fn agg(&self, agg: Agg, d: &Dynamic, arg: f64) -> RhaiResult {
         let dur = duration_ms(d)?;
-        Ok(opt(self.hist.aggregate(
-            self.metric,
-            agg,
-            self.now_ms,
-            dur,
-            arg,
-        )))
+        Ok(
+            match self.hist.aggregate(self.metric, agg, self.now_ms, dur, arg) {
+                Some(v) => Dynamic::from_float(v),
+                None => self.missing(),
+            },
+        )
     }
 
     fn last_default(&self) -> Dynamic {
@@ -119,7 +124,7 @@ impl Series {
             Some((t, v)) if self.now_ms - t <= fresh_ms && t <= self.now_ms => {
                 Dynamic::from_float(v)
             }
-            _ => nodata(),
+            _ => self.missing(),
         }
     }
 
@@ -134,7 +139,7 @@ impl Series {
         Ok(
             match self.hist.aggregate(self.metric, agg, self.now_ms, dur, x) {
                 Some(f) => Dynamic::from_bool(f >= 1.0),
-                None => nodata(),
+                None => self.missing(),
             },
         )
     }
@@ -262,13 +267,20 @@ pub(crate) fn register(engine: &mut Engine) {
             let dur = duration_ms(&d)?;
             #[expect(clippy::cast_precision_loss, reason = "bitmask below 2^53")]
             let arg = mask as f64;
-            Ok(opt(g.hist.aggregate(
-                Metric::ClockEventReasons,
-                Agg::FracBits,
-                g.now_ms,
-                dur,
-                arg,
-            )))
+            let series = Series {
+                hist: g.hist.clone(),
+                metric: Metric::ClockEventReasons,
+                now_ms: g.now_ms,
+            };
+            Ok(
+                match g
+                    .hist
+                    .aggregate(Metric::ClockEventReasons, Agg::FracBits, g.now_ms, dur, arg)
+                {
+                    Some(v) => Dynamic::from_float(v),
+                    None => series.missing(),
+                },
+            )
         },
     );
     engine.register_fn("xids", |g: GpuHandle, d: Dynamic| -> RhaiResult {
@@ -336,11 +348,55 @@ pub(crate) fn register(engine: &mut Engine) {
     engine.register_fn("all_below", |s: Series, d: Dynamic, x: Dynamic| {
         s.all(&d, &x, false)
     });
+    engine.register_fn(
+        "idle_runs",
+        |s: Series, d: Dynamic, x: Dynamic| -> RhaiResult {
+            let dur = duration_ms(&d)?;
+            let x = num_arg(&x)?;
+            let stats = s
+                .hist
+                .window(s.metric)
+                .runs_below(s.now_ms, dur, x, s.hist.interval_ms);
+            let Some(r) = stats else {
+                return Ok(s.missing());
+            };
+            let mut m = Map::new();
+            m.insert(
+                "runs".into(),
+                Dynamic::from_int(i64::try_from(r.runs).unwrap_or(i64::MAX)),
+            );
+            m.insert("share".into(), Dynamic::from_float(r.share));
+            m.insert(
+                "period".into(),
+                r.period_s.map_or(Dynamic::UNIT, Dynamic::from_float),
+            );
+            m.insert(
+                "period_cv".into(),
+                r.period_cv.map_or(Dynamic::UNIT, Dynamic::from_float),
+            );
+            m.insert("median_len".into(), Dynamic::from_float(r.median_len_s));
+            Ok(Dynamic::from_map(m))
+        },
+    );
+    engine.register_fn("maxima", |s: Series, d: Dynamic, n: i64| -> RhaiResult {
+        let dur = duration_ms(&d)?;
+        let n = usize::try_from(n.clamp(1, 1000)).unwrap_or(1);
+        Ok(
+            match s
+                .hist
+                .window(s.metric)
+                .maxima(s.now_ms, dur, n, s.hist.interval_ms)
+            {
+                Some(v) => Dynamic::from_array(v.into_iter().map(Dynamic::from_float).collect()),
+                None => s.missing(),
+            },
+        )
+    });
     engine.register_fn("age", |s: Series| -> Dynamic {
         match s.hist.window(s.metric).newest() {
             #[expect(clippy::cast_precision_loss, reason = "ms")]
             Some((t, _)) => Dynamic::from_float((s.now_ms - t) as f64 / 1000.0),
-            None => nodata(),
+            None => s.missing(),
         }
     });
     engine.register_get("supported", |s: &mut Series| {
@@ -388,6 +444,12 @@ pub(crate) fn register(engine: &mut Engine) {
         }
     });
     engine.register_fn("param", |key: &str, default: Dynamic| param(key, default));
+    engine.register_fn("join", |a: Array, sep: &str| -> String {
+        a.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(sep)
+    });
     engine.register_fn("is_nodata", |x: Dynamic| x.is_unit());
 
     // `()` means "no data": arithmetic with it stays `()`; comparisons with it are false

@@ -24,6 +24,8 @@
 //! gpu = 0                       # omit for host alerts
 //! state = "firing"              # firing | resolved | repeat
 //! at = "3m"                     # offset from the start, e.g. "1h2m3s"
+//! severity = "warning"          # optional: checked when given
+//! summary_contains = "GPU 0"    # optional: checked when given
 //! ```
 //!
 //! `VxN` is N samples of V (promtool's `axn` is n+1; we count samples). A tick at which no GPU
@@ -78,6 +80,8 @@ struct Expect {
     gpu: Option<u32>,
     state: String,
     at: String,
+    severity: Option<String>,
+    summary_contains: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -497,7 +501,7 @@ fn run_case(
         let gpu = gpu.map_or_else(|| "host".to_string(), |g| format!("gpu {g}"));
         format!("{alert} {gpu} {state} at {}", format_offset(at_ms))
     };
-    let actual: Vec<(String, String)> = events
+    let actual: Vec<(String, String, &'static str)> = events
         .iter()
         .filter(|e| want_repeats || !e.repeat)
         .map(|e| {
@@ -509,6 +513,7 @@ fn run_case(
             (
                 line(&e.name, e.gpu, state, e.at_ms - TEST_EPOCH_MS),
                 e.annotations.get("summary").cloned().unwrap_or_default(),
+                e.severity.as_str(),
             )
         })
         .collect();
@@ -525,9 +530,24 @@ fn run_case(
         expected.push(line(&e.alert, e.gpu, &e.state, at));
     }
     let actual_lines: Vec<&String> = actual.iter().map(|a| &a.0).collect();
-    let passed = expected.iter().collect::<Vec<_>>() == actual_lines;
+    let mut passed = expected.iter().collect::<Vec<_>>() == actual_lines;
     let mut detail = String::new();
-    if !passed {
+    if passed {
+        for (e, a) in case.expect.iter().zip(&actual) {
+            if let Some(sev) = &e.severity {
+                if sev != a.2 {
+                    passed = false;
+                    let _ = writeln!(detail, "{}: severity {} (expected {sev})", a.0, a.2);
+                }
+            }
+            if let Some(want) = &e.summary_contains {
+                if !a.1.contains(want.as_str()) {
+                    passed = false;
+                    let _ = writeln!(detail, "{}: summary {:?} lacks {want:?}", a.0, a.1);
+                }
+            }
+        }
+    } else {
         let _ = writeln!(detail, "expected (-) vs actual (+):");
         for e in &expected {
             if !actual_lines.contains(&e) {
@@ -536,7 +556,7 @@ fn run_case(
                 let _ = writeln!(detail, "    {e}");
             }
         }
-        for (a, summary) in &actual {
+        for (a, summary, _) in &actual {
             if !expected.contains(a) {
                 let _ = writeln!(detail, "  + {a}    ({summary})");
             }
