@@ -335,6 +335,8 @@ pub struct Scenario {
     /// File path or `<shipped scenario NAME>`.
     pub source: String,
     pub time_scale: f64,
+    /// Scenario time at the first `nvmlInit*` (env NVML_SIM_START_S overrides).
+    pub start_s: f64,
     pub seed: u64,
     pub driver_version: String,
     pub nvml_version: String,
@@ -355,6 +357,7 @@ struct RawScenario {
     name: Option<String>,
     description: Option<String>,
     time_scale: Option<Spanned<f64>>,
+    start_s: Option<Spanned<f64>>,
     seed: Option<u64>,
     driver_version: Option<String>,
     nvml_version: Option<String>,
@@ -618,6 +621,13 @@ fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError
         Some(ts) => *ts.get_ref(),
         None => 1.0,
     };
+    let start_s = match &raw.start_s {
+        Some(st) if !(*st.get_ref() >= 0.0 && st.get_ref().is_finite()) => {
+            return Err(src.err(st.span(), "start_s must be a time in seconds >= 0"));
+        }
+        Some(st) => *st.get_ref(),
+        None => 0.0,
+    };
     let defaults = raw
         .devices
         .as_ref()
@@ -778,6 +788,7 @@ fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError
         description: raw.description.unwrap_or_default(),
         source: src.file.clone(),
         time_scale,
+        start_s,
         seed,
         driver_version: raw.driver_version.unwrap_or_else(|| "550.54.15".into()),
         nvml_version: raw.nvml_version.unwrap_or_else(|| "12.550.54.15".into()),

@@ -84,7 +84,7 @@ pub fn load_from_env() -> Result<Sim, String> {
                 ))
             }
         },
-        Err(_) => 0.0,
+        Err(_) => scenario.start_s,
     };
     if let Ok(list) = std::env::var("NVML_SIM_NOT_SUPPORTED") {
         scenario.faults.extend(env_faults(&list));

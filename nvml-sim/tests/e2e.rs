@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
-    Clock, EccCounter, MemoryError, MemoryLocation, PcieUtilCounter, RetirementCause,
+    Clock, EccCounter, MemoryError, MemoryLocation, PcieUtilCounter, RetirementCause, Sampling,
     TemperatureSensor, TemperatureThreshold,
 };
 use nvml_wrapper::enums::device::SampleValue;
@@ -245,6 +245,21 @@ fn check_healthy() {
         let events = d.supported_event_types().unwrap();
         assert!(events.contains(EventTypes::CRITICAL_XID_ERROR));
     }
+    // driver sample buffer: a first read returns samples, re-reading from the newest is NOT_FOUND
+    let d0 = nvml.device_by_index(0).unwrap();
+    let samples = d0.samples(Sampling::GpuUtilization, None).unwrap();
+    assert!(!samples.is_empty());
+    for s in &samples {
+        assert!(
+            matches!(s.value, SampleValue::U32(v) if (90..=100).contains(&v)),
+            "{s:?}"
+        );
+    }
+    let newest = samples.iter().map(|s| s.timestamp).max().unwrap();
+    assert!(matches!(
+        d0.samples(Sampling::GpuUtilization, newest),
+        Err(NvmlError::NotFound)
+    ));
     let mut sorted = uuids.clone();
     sorted.dedup();
     assert_eq!(sorted.len(), 8);
