@@ -567,11 +567,13 @@ struct Source<'a> {
 impl Source<'_> {
     fn err(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> ScenarioError {
         let (line, column) = line_col(self.text, span.start);
+        // one line, whatever the parser's message looks like
+        let message: String = message.into();
         ScenarioError {
             file: self.file.clone(),
             line,
             column,
-            message: message.into(),
+            message: message.split_whitespace().collect::<Vec<_>>().join(" "),
         }
     }
 }
