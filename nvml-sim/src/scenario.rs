@@ -1099,6 +1099,58 @@ pub fn parse_bus_id(s: &str) -> Option<(u32, u32, u32)> {
     }
 }
 
+/// The first field set in a signal table that its type does not use.
+fn misplaced_field(t: &RawSignalTable) -> Option<&'static str> {
+    let set: [(&'static str, bool); 23] = [
+        ("value", t.value.is_some()),
+        ("from", t.from.is_some()),
+        ("to", t.to.is_some()),
+        ("start_s", t.start_s.is_some()),
+        ("duration_s", t.duration_s.is_some()),
+        ("per_s", t.per_s.is_some()),
+        ("per_min", t.per_min.is_some()),
+        ("period_s", t.period_s.is_some()),
+        ("duty", t.duty.is_some()),
+        ("high", t.high.is_some()),
+        ("low", t.low.is_some()),
+        ("phase_s", t.phase_s.is_some()),
+        ("mean", t.mean.is_some()),
+        ("amplitude", t.amplitude.is_some()),
+        ("points", t.points.is_some()),
+        ("file", t.file.is_some()),
+        ("column", t.column.is_some()),
+        ("time_column", t.time_column.is_some()),
+        ("interval_s", t.interval_s.is_some()),
+        ("match_column", t.match_column.is_some()),
+        ("match_value", t.match_value.is_some()),
+        ("loop", t.looped.is_some()),
+        ("scale", t.scale.is_some() || t.offset.is_some()),
+    ];
+    let allowed: &[&str] = match t.kind.as_str() {
+        "constant" => &["value"],
+        "ramp" | "linear" => &["from", "to", "start_s", "duration_s", "per_s", "per_min"],
+        "square" => &["period_s", "duty", "high", "low", "phase_s"],
+        "sine" => &["mean", "amplitude", "period_s", "phase_s"],
+        "noise" => &["mean", "amplitude", "period_s"],
+        "steps" => &["points"],
+        "trace" | "csv" => &[
+            "file",
+            "column",
+            "time_column",
+            "interval_s",
+            "match_column",
+            "match_value",
+            "loop",
+            "scale",
+        ],
+        // unknown types are reported by the caller
+        _ => return None,
+    };
+    set.iter()
+        .find(|(name, is_set)| *is_set && !allowed.contains(name))
+        .map(|(name, _)| *name)
+}
+
 fn resolve_signal(
     raw: &RawSignal,
     src: &Source<'_>,
@@ -1109,6 +1161,12 @@ fn resolve_signal(
         RawSignal::Table(t) => t,
     };
     let err = |m: String| src.err(span.clone(), m);
+    if let Some(field) = misplaced_field(t) {
+        return Err(err(format!(
+            "`{field}` does not apply to a `{}` signal",
+            t.kind
+        )));
+    }
     let need = |v: Option<f64>, field: &str| {
         v.ok_or_else(|| err(format!("signal type `{}` needs `{field}`", t.kind)))
     };
@@ -1329,6 +1387,12 @@ used_memory_mib = 512
         assert!(e.message.contains("unknown signal type `sqare`"), "{e}");
         let e = err("[devices.metrics]\npower_w = { type = \"square\", high = 3 }\n");
         assert!(e.message.contains("needs `period_s`"), "{e}");
+        let e = err("[devices.metrics]\npower_w = { type = \"noise\", mean = 3, amplitude = 1, high = 4 }\n");
+        assert!(
+            e.message
+                .contains("`high` does not apply to a `noise` signal"),
+            "{e}"
+        );
         let e = err("[devices.metrics]\npower_w = { type = \"noise\", mean = 3, amplitude = 1, bogus = 1 }\n");
         assert_eq!(e.line, 2, "{e}");
         assert!(e.message.contains("bogus"), "{e}");
