@@ -617,8 +617,11 @@ const DGX_BUSES: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
 fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError> {
     let seed = raw.seed.unwrap_or(1);
     let time_scale = match &raw.time_scale {
-        Some(ts) if !(*ts.get_ref() > 0.0 && ts.get_ref().is_finite()) => {
-            return Err(src.err(ts.span(), "time_scale must be a positive number"));
+        Some(ts) if !(*ts.get_ref() >= 0.0 && ts.get_ref().is_finite()) => {
+            return Err(src.err(
+                ts.span(),
+                "time_scale must be a number >= 0 (0 freezes the clock)",
+            ));
         }
         Some(ts) => *ts.get_ref(),
         None => 1.0,
@@ -1410,6 +1413,12 @@ used_memory_mib = 512
         assert!(e.message.contains("unknown NVML error name `NOPE`"), "{e}");
         let e = err("[[device]]\nindex = 9\n");
         assert_eq!((e.line, e.column), (2, 9), "{e}");
+        assert_eq!(
+            parse("time_scale = 0\n", "f.toml", None)
+                .unwrap()
+                .time_scale,
+            0.0
+        );
         let e = err("time_scale = -1\n");
         assert_eq!((e.line, e.column), (1, 14), "{e}");
         let e = err("[[process]]\ngpu = 0\npid = \"me\"\n");

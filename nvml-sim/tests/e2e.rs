@@ -125,6 +125,7 @@ fn child() {
             println!("init error: {err}");
         }
         "every_scenario" => check_every_scenario(),
+        "frozen" => check_frozen(),
         other => panic!("unknown check {other}"),
     }
     println!("CHECK OK");
@@ -445,6 +446,27 @@ fn check_retired() {
     assert!(d.current_throttle_reasons().unwrap().bits() == 0x44);
 }
 
+fn check_frozen() {
+    // NVML_SIM_TIME_SCALE=0: every process sees the same values at the same scenario time
+    let nvml = nvml();
+    let d = nvml.device_by_index(0).unwrap();
+    let first = (
+        d.utilization_rates().unwrap().gpu,
+        d.memory_info().unwrap().used,
+        d.power_usage().unwrap(),
+        d.total_energy_consumption().unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(30));
+    let second = (
+        d.utilization_rates().unwrap().gpu,
+        d.memory_info().unwrap().used,
+        d.power_usage().unwrap(),
+        d.total_energy_consumption().unwrap(),
+    );
+    assert_eq!(first, second);
+    println!("VALUES {first:?}");
+}
+
 fn check_every_scenario() {
     let nvml = nvml();
     let n = nvml.device_count().unwrap();
@@ -646,6 +668,24 @@ fn control_file_places_real_processes() {
         ],
     );
     let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn frozen_clock_gives_every_process_the_same_values() {
+    let env = [
+        ("NVML_SIM_SCENARIO", "overnight"),
+        ("NVML_SIM_TIME_SCALE", "0"),
+        ("NVML_SIM_START_S", "42.5"),
+    ];
+    let values = |out: Output| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.split_once("VALUES").map(|(_, v)| v.to_string()))
+            .unwrap()
+    };
+    let a = values(assert_check("frozen", &env));
+    let b = values(assert_check("frozen", &env));
+    assert_eq!(a, b);
 }
 
 #[test]

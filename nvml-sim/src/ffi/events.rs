@@ -184,7 +184,7 @@ unsafe fn wait(
                         return Err(code::TIMEOUT);
                     }
                     let mut sleep = deadline - now;
-                    if let Some(at) = next {
+                    if let (Some(at), true) = (next, sim.time_scale() > 0.0) {
                         let real_s = ((at - sim.now_s()) / sim.time_scale()).max(0.0);
                         sleep = sleep.min(Duration::from_secs_f64(real_s + 0.000_5));
                     }
