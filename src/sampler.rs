@@ -523,16 +523,25 @@ impl Sampler {
             fields: FIELDS.iter().map(|(f, _)| FieldId(*f)).collect(),
             lost_probe_ms: now,
         };
+        if !Self::attach(nvml, &mut slot) {
+            tracing::warn!("GPU {index} does not answer (lost); the others are sampled");
+            slot.state = DeviceState::Lost;
+        }
+        slot
+    }
+
+    /// Gets the handle and identity of `slot`'s device; false when the device is lost.
+    fn attach(nvml: &'static Nvml, slot: &mut Slot) -> bool {
+        let index = slot.id.index;
         match nvml.device_by_index(index) {
             Ok(dev) => slot.handle = Some(dev),
             Err(e) => {
-                tracing::error!("GPU {index}: no handle ({e}); treated as lost");
-                slot.state = DeviceState::Lost;
-                return slot;
+                tracing::debug!("GPU {index}: no handle: {e}");
+                return false;
             }
         }
         let Some(dev) = slot.handle.as_ref() else {
-            return slot;
+            return false;
         };
         let mut lost = false;
         let mut note = |r: Result<(), NvmlError>| {
@@ -548,10 +557,7 @@ impl Sampler {
         note(dev.name().map(|n| slot.id.name = n));
         note(dev.pci_info().map(|p| slot.id.pci_bus_id = p.bus_id));
         note(dev.minor_number().map(|m| slot.id.minor = Some(m)));
-        if lost {
-            slot.mark_lost(now);
-        }
-        slot
+        !lost
     }
 
     /// Identities of all GPUs, in NVML index order.
@@ -592,11 +598,11 @@ impl Sampler {
             let mut values = MetricValues::default();
             if slot.state == DeviceState::Lost && time_ms - slot.lost_probe_ms >= LOST_PROBE_MS {
                 slot.lost_probe_ms = time_ms;
-                let probe = slot
-                    .handle
-                    .as_ref()
-                    .map(|d| d.temperature(TemperatureSensor::Gpu));
-                if let Some(Ok(_)) = probe {
+                let answers = match slot.handle.as_ref() {
+                    Some(d) => d.temperature(TemperatureSensor::Gpu).is_ok(),
+                    None => Self::attach(self.nvml, slot),
+                };
+                if answers {
                     tracing::warn!("GPU {} answers again", slot.id.index);
                     slot.state = DeviceState::Ok;
                 }
