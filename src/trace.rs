@@ -196,6 +196,7 @@ pub struct TraceReader {
     columns: Vec<Col>,
     pending: Option<Row>,
     done: bool,
+    last_time: (String, i64),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -288,6 +289,7 @@ impl TraceReader {
             columns,
             pending: None,
             done: false,
+            last_time: (String::new(), 0),
         })
     }
 
@@ -314,8 +316,15 @@ impl TraceReader {
         }
     }
 
-    fn parse_row(&self, line: &str) -> anyhow::Result<Row> {
-        let fields = split_csv(line);
+    fn parse_row(&mut self, line: &str) -> anyhow::Result<Row> {
+        let fields: Vec<std::borrow::Cow<'_, str>> = if line.contains('"') {
+            split_csv(line)
+                .into_iter()
+                .map(std::borrow::Cow::Owned)
+                .collect()
+        } else {
+            line.split(',').map(std::borrow::Cow::Borrowed).collect()
+        };
         let mut time_ms = None;
         let mut id = DeviceId::default();
         let mut has_index = false;
@@ -334,10 +343,12 @@ impl TraceReader {
             let v = raw.trim();
             match kind {
                 Col::Time => {
-                    time_ms = Some(
-                        parse_time_ms(v)
-                            .ok_or_else(|| self.err(col, format!("bad timestamp {v:?}")))?,
-                    );
+                    if self.last_time.0 != v {
+                        let t = parse_time_ms(v)
+                            .ok_or_else(|| self.err(col, format!("bad timestamp {v:?}")))?;
+                        self.last_time = (v.to_string(), t);
+                    }
+                    time_ms = Some(self.last_time.1);
                 }
                 Col::Index => {
                     id.index = v
