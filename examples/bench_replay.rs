@@ -188,5 +188,28 @@ fn main() -> anyhow::Result<()> {
         engine.rule_count(),
         per_tick_us / (f64::from(GPUS) * engine.rule_count() as f64)
     );
+    // 4. Per rule, on one warm GPU history.
+    let mut hist = gpuwatch::window::GpuHistory::new(DeviceId::default());
+    for s in &snaps {
+        hist.push(&s.gpus[0]);
+    }
+    let hist = std::sync::Arc::new(hist);
+    let now = snaps.last().map_or(0, |s| s.time_ms);
+    let set = engine.rules().clone();
+    for (i, r) in set.rules().iter().enumerate() {
+        if r.scope != gpuwatch::rules::RuleScope::Gpu {
+            continue;
+        }
+        let t = Instant::now();
+        for k in 0..2000 {
+            // a new time defeats the per-tick cache, as a real evaluation would
+            let _ = set.eval_gpu(i, &hist, now - k % 2);
+        }
+        println!(
+            "  {:<20} {:6.2} µs",
+            r.spec.name,
+            t.elapsed().as_secs_f64() * 1e6 / 2000.0
+        );
+    }
     Ok(())
 }

@@ -8,7 +8,8 @@
 //!   `memory.used [MiB]`), with or without `nounits`; `noheader` logs need the header given
 //!   separately (`replay --smi-header`). Columns map to metrics through the metric table's `smi`
 //!   names and `smi_unit` conversions (MiB → bytes, `P0` → 0, hex bitmask); `[N/A]`,
-//!   `[Not Supported]`, `N/A` and empty cells are absent. Timestamps are nvidia-smi's local
+//!   `[Not Supported]`, `N/A` and empty cells are absent; a `[GPU is lost]` cell marks the GPU
+//!   lost. nvidia-smi logs carry no XIDs and no process lists. Timestamps are nvidia-smi's local
 //!   `2026/12/02 15:00:00.123` form, read as UTC. A tick is the run of rows until a GPU repeats
 //!   (nvidia-smi `-l` writes every GPU once per loop, with slightly different timestamps).
 //!
@@ -377,6 +378,9 @@ impl TraceReader {
                             })?)
                         }
                     } else {
+                        if v.eq_ignore_ascii_case("[GPU is lost]") {
+                            state = DeviceState::Lost;
+                        }
                         smi_value(v, *unit).map_err(|e| self.err(col, e))?
                     };
                     values.set(*m, value);
