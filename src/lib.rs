@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod model;
 pub mod notify;
 pub mod sampler;

@@ -1,1 +1,3 @@
+//! gpuwatch integration tests: one binary, one module per area.
 
+mod notify;
