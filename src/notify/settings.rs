@@ -901,6 +901,21 @@ repeat_interval = "4h"
     }
 
     #[test]
+    fn example_config_parses_with_documented_defaults() {
+        let text = include_str!("../../config.example.toml");
+        let config = crate::config::parse(text, Path::new("config.example.toml")).unwrap();
+        let s = NotifySettings::from_config(&config).unwrap();
+        let d = NotifySection::default();
+        assert_eq!(config.notify.group_interval, d.group_interval);
+        assert_eq!(config.notify.timeout, d.timeout);
+        assert_eq!(config.notify.retry_max, d.retry_max);
+        assert_eq!(config.notify.failing_after, d.failing_after);
+        assert_eq!(config.notify.rate_limit.max, d.rate_limit.max);
+        assert_eq!(s.channels.len(), 2);
+        assert_eq!(s.routes[0].channels, ["ops", "mail"]);
+    }
+
+    #[test]
     fn telegram_and_alertmanager_urls() {
         let s = settings(
             "[[channel]]\nname = \"t\"\ntype = \"telegram\"\ntoken = \"123:abc\"\nchat_id = -100\nurl = \"http://127.0.0.1:1/\"\n[[channel]]\nname = \"am\"\ntype = \"alertmanager\"\nurl = \"http://am:9093/\"\n",

@@ -285,7 +285,12 @@ impl SmtpServer {
     pub fn start_on(port: u16, maildir: &Path, auth: Option<&str>) -> SmtpServer {
         let script =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/notify/smtp_server.py");
-        let mut cmd = Command::new("python3");
+        // CI installs aiosmtpd into the .ci/run virtualenv ($GPUWATCH_PEERS).
+        let python = std::env::var_os("GPUWATCH_PEERS").map_or_else(
+            || PathBuf::from("python3"),
+            |venv| PathBuf::from(venv).join("bin/python"),
+        );
+        let mut cmd = Command::new(python);
         cmd.arg(script).arg(port.to_string()).arg(maildir);
         if let Some(a) = auth {
             cmd.arg(a);
