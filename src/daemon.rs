@@ -114,7 +114,14 @@ pub fn run_events(config_path: &Path, source: &Path) -> anyhow::Result<i32> {
     std::thread::Builder::new()
         .name("gpuwatch-events".into())
         .spawn(move || read_events(&source, &tx))?;
-    for msg in rx {
+    loop {
+        // The process is alive and reading: that is "healthy" for the dead-man heartbeat.
+        dispatcher.send(Input::Healthy(crate::notify::now_ms()));
+        let msg = match rx.recv_timeout(std::time::Duration::from_secs(1)) {
+            Ok(m) => m,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         match msg {
             Control::Events(events) => dispatcher.send(Input::Events(events)),
             Control::Context(devices, processes) => {

@@ -606,3 +606,55 @@ fn bad_config_names_file_line_column() {
         "{err}"
     );
 }
+
+#[test]
+fn heartbeat_pings_and_sighup_reloads_channels() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hb = HttpReceiver::start();
+    let first = HttpReceiver::start();
+    let second = HttpReceiver::start();
+    let write = |url: &str| {
+        write_config(
+            tmp.path(),
+            &format!(
+                "heartbeat_url = \"{}\"\nheartbeat_interval = \"1s\"",
+                hb.url("/ping")
+            ),
+            &format!(
+                "{}{}",
+                webhook_channel("ops", url),
+                route(&["ops"], "group_by = [\"...\"]")
+            ),
+        )
+    };
+    let config = write(&first.url("/a"));
+    let mut d = Daemon::events(&config, &tmp.path().join("log"), &[]);
+    let pings = hb.wait_accepted(2, T);
+    assert_eq!(pings[0].method, "GET");
+    assert_eq!(pings[0].path, "/ping");
+    d.send(&event("XidCritical", 0, "critical", "firing"));
+    first.wait_accepted(1, T);
+    // A broken edit keeps the running configuration.
+    std::fs::write(&config, "[[channel]]\nname = 1\n").unwrap();
+    d.signal(libc::SIGHUP);
+    wait_until(T, "reload error", || {
+        d.log_text()
+            .contains("reload failed, keeping the old configuration")
+            .then_some(())
+    });
+    d.send(&event("XidCritical", 1, "critical", "firing"));
+    first.wait_accepted(2, T);
+    // A good edit switches the channel.
+    write(&second.url("/b"));
+    d.signal(libc::SIGHUP);
+    wait_until(T, "reload", || {
+        d.log_text()
+            .contains("configuration reloaded")
+            .then_some(())
+    });
+    d.send(&event("XidCritical", 2, "critical", "firing"));
+    let got = second.wait_accepted(1, T);
+    assert_eq!(got[0].json()["alerts"][0]["labels"]["gpu"], "2");
+    assert!(d.finish(T).success());
+    assert_eq!(first.accepted().len(), 2);
+}
