@@ -40,12 +40,18 @@ pub struct GrouperState {
     quiet_held: BTreeMap<String, Vec<Notification>>,
     rate_held: BTreeMap<String, Vec<Notification>>,
     sent_log: BTreeMap<String, VecDeque<i64>>,
+    /// Firing alerts (fingerprint → labels), for inhibition.
+    #[serde(default)]
+    active: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl GrouperState {
     /// True when nothing is pending (no groups, nothing held).
     pub fn is_idle(&self) -> bool {
-        self.groups.is_empty() && self.quiet_held.is_empty() && self.rate_held.is_empty()
+        self.groups.is_empty()
+            && self.quiet_held.is_empty()
+            && self.rate_held.is_empty()
+            && self.active.is_empty()
     }
 }
 
@@ -94,6 +100,16 @@ impl Grouper {
     pub fn ingest(&mut self, now_ms: i64, events: &[AlertEvent]) {
         for ev in events {
             let full = super::full_labels(ev, &self.settings.hostname);
+            match ev.status {
+                AlertStatus::Firing => {
+                    self.state
+                        .active
+                        .insert(ev.fingerprint.clone(), full.clone());
+                }
+                AlertStatus::Resolved => {
+                    self.state.active.remove(&ev.fingerprint);
+                }
+            }
             for (i, route) in self.settings.routes.iter().enumerate() {
                 if !route.matches(&ev.name, ev.severity, &full) {
                     continue;
@@ -179,14 +195,18 @@ impl Grouper {
             let Some(route) = self.settings.routes.get(group.route).cloned() else {
                 continue;
             };
-            let changed = group
+            // Inhibited firing alerts are left out (and not marked notified, so they are
+            // announced if the inhibition ends while they still fire).
+            let visible: BTreeMap<String, AlertEvent> = group
                 .alerts
                 .iter()
+                .filter(|(_, a)| !self.inhibited(a))
+                .map(|(fp, a)| (fp.clone(), a.clone()))
+                .collect();
+            let changed = visible
+                .iter()
                 .any(|(fp, a)| group.notified.get(fp) != Some(&a.status));
-            let any_firing = group
-                .alerts
-                .values()
-                .any(|a| a.status == AlertStatus::Firing);
+            let any_firing = visible.values().any(|a| a.status == AlertStatus::Firing);
             let repeat_due = any_firing
                 && group
                     .last_sent_ms
@@ -198,14 +218,19 @@ impl Grouper {
                     Reason::Repeat
                 };
                 for ch in &route.channels {
-                    if let Some(n) =
-                        self.make(ch, &key, &group, reason, now_ms, route.repeat_interval_ms)
-                    {
+                    if let Some(n) = self.make(
+                        ch,
+                        &key,
+                        &group.labels,
+                        &visible,
+                        reason,
+                        now_ms,
+                        route.repeat_interval_ms,
+                    ) {
                         out.push(n);
                     }
                 }
-                group.notified = group
-                    .alerts
+                group.notified = visible
                     .iter()
                     .filter(|(_, a)| a.status == AlertStatus::Firing)
                     .map(|(fp, a)| (fp.clone(), a.status))
@@ -221,18 +246,30 @@ impl Grouper {
         self.gate(now_ms, out)
     }
 
+    fn inhibited(&self, a: &AlertEvent) -> bool {
+        if a.status != AlertStatus::Firing {
+            return false;
+        }
+        let labels = super::full_labels(a, &self.settings.hostname);
+        self.settings
+            .inhibit
+            .iter()
+            .any(|rule| rule.mutes(&a.fingerprint, &labels, self.state.active.iter()))
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "internal helper")]
     fn make(
         &self,
         channel: &str,
         key: &str,
-        group: &Group,
+        labels: &BTreeMap<String, String>,
+        members: &BTreeMap<String, AlertEvent>,
         reason: Reason,
         now_ms: i64,
         repeat_interval_ms: i64,
     ) -> Option<Notification> {
         let spec = self.settings.channel(channel)?;
-        let mut alerts: Vec<AlertEvent> = group
-            .alerts
+        let mut alerts: Vec<AlertEvent> = members
             .values()
             .filter(|a| spec.send_resolved || a.status == AlertStatus::Firing)
             .cloned()
@@ -249,7 +286,7 @@ impl Grouper {
         Some(self.notification(
             channel,
             key.to_string(),
-            group.labels.clone(),
+            labels.clone(),
             reason,
             alerts,
             truncated,
@@ -662,6 +699,34 @@ mod tests {
         assert!(g.tick(5 * MIN).is_empty());
         let out = g.tick(10 * MIN);
         assert_eq!(summary(&out), vec!["ops:Digest:S-2,S-3,S-4,S-5"]);
+    }
+
+    #[test]
+    fn a_lost_gpu_mutes_its_other_alerts() {
+        let mut g = grouper("[notify]\ngroup_wait = \"0s\"\ngroup_interval = \"1m\"\n[[route]]\nchannels = [\"ops\"]\n");
+        g.ingest(
+            0,
+            &[
+                ev("xid_error", 3, Severity::Critical, AlertStatus::Firing, 0),
+                ev("gpu_lost", 3, Severity::Critical, AlertStatus::Firing, 0),
+                ev("xid_error", 4, Severity::Critical, AlertStatus::Firing, 0),
+            ],
+        );
+        let mut out = summary(&g.tick(0));
+        out.sort();
+        assert_eq!(out, vec!["ops:Update:gpu_lost-3", "ops:Update:xid_error-4"]);
+        // The muted alert resolves: nothing to say.
+        g.ingest(
+            MIN,
+            &[ev(
+                "xid_error",
+                3,
+                Severity::Critical,
+                AlertStatus::Resolved,
+                MIN,
+            )],
+        );
+        assert!(g.tick(2 * MIN).is_empty());
     }
 
     #[test]

@@ -46,6 +46,64 @@ pub struct NotifySection {
     pub heartbeat_url_file: Option<PathBuf>,
     /// How often to ping the heartbeat URL.
     pub heartbeat_interval: String,
+    /// Inhibition rules (`[[notify.inhibit]]`); default: `gpu_lost` mutes every other alert of
+    /// the same GPU.
+    pub inhibit: Vec<InhibitSection>,
+}
+
+/// `[[notify.inhibit]]`: while an alert matching `source` fires, alerts matching `target` with
+/// equal values of the `equal` labels are not sent (an alert never inhibits itself).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InhibitSection {
+    /// Label values the muting alert has.
+    pub source: BTreeMap<String, String>,
+    /// Label values the muted alerts have (empty: any).
+    pub target: BTreeMap<String, String>,
+    /// Labels that must be equal on both.
+    pub equal: Vec<String>,
+}
+
+impl Default for InhibitSection {
+    fn default() -> Self {
+        InhibitSection {
+            source: BTreeMap::new(),
+            target: BTreeMap::new(),
+            equal: vec!["hostname".into(), "gpu".into()],
+        }
+    }
+}
+
+/// The default inhibition: a lost GPU mutes everything else about that GPU.
+pub fn default_inhibit() -> Vec<InhibitSection> {
+    vec![InhibitSection {
+        source: [("alertname".to_string(), "gpu_lost".to_string())].into(),
+        target: BTreeMap::new(),
+        equal: vec!["hostname".into(), "gpu".into()],
+    }]
+}
+
+impl InhibitSection {
+    /// Whether the alert with `fingerprint`/`labels` is muted by one of `active` (fingerprint,
+    /// labels of firing alerts).
+    pub fn mutes<'a>(
+        &self,
+        fingerprint: &str,
+        labels: &BTreeMap<String, String>,
+        mut active: impl Iterator<Item = (&'a String, &'a BTreeMap<String, String>)>,
+    ) -> bool {
+        let has = |want: &BTreeMap<String, String>, l: &BTreeMap<String, String>| {
+            want.iter().all(|(k, v)| l.get(k) == Some(v))
+        };
+        if !has(&self.target, labels) {
+            return false;
+        }
+        active.any(|(fp, src)| {
+            fp != fingerprint
+                && has(&self.source, src)
+                && self.equal.iter().all(|k| src.get(k) == labels.get(k))
+        })
+    }
 }
 
 impl Default for NotifySection {
@@ -65,6 +123,7 @@ impl Default for NotifySection {
             heartbeat_url_env: None,
             heartbeat_url_file: None,
             heartbeat_interval: "1m".into(),
+            inhibit: default_inhibit(),
         }
     }
 }
@@ -446,6 +505,8 @@ pub struct NotifySettings {
     pub delivery: DeliverySpec,
     /// Heartbeat.
     pub heartbeat: Option<HeartbeatSpec>,
+    /// Inhibition rules.
+    pub inhibit: Vec<InhibitSection>,
 }
 
 impl NotifySettings {
@@ -597,6 +658,7 @@ impl NotifySettings {
             rate_limit,
             delivery,
             heartbeat,
+            inhibit: n.inhibit.clone(),
         })
     }
 
