@@ -79,11 +79,26 @@ pub fn spawn_signal_thread(tx: mpsc::Sender<Control>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Loads and validates the config and notification settings.
-pub fn load(config_path: &Path) -> anyhow::Result<(Config, NotifySettings)> {
-    let config = config::load(config_path)?;
+/// Loads and validates the config and notification settings; with no file, the built-in
+/// defaults (no channels, state under `~/.local/state/gpuwatch`).
+pub fn load(config_path: Option<&Path>) -> anyhow::Result<(Config, NotifySettings)> {
+    let config = match config_path {
+        Some(p) => config::load(p)?,
+        None => {
+            let mut c = Config::default();
+            if let Some(home) = std::env::var_os("HOME") {
+                c.daemon.state_dir = PathBuf::from(home).join(".local/state/gpuwatch");
+            }
+            c
+        }
+    };
     let settings = NotifySettings::from_config(&config)?;
     Ok((config, settings))
+}
+
+/// `FILE` or `(built-in defaults)`, for messages.
+pub fn describe(config_path: Option<&Path>) -> String {
+    config_path.map_or_else(|| "(built-in defaults)".into(), |p| p.display().to_string())
 }
 
 /// The state directory (relative paths resolve against the config file's directory).
@@ -98,11 +113,11 @@ pub fn state_dir(config: &Config) -> PathBuf {
 /// `daemon --events SOURCE`: reads alert events (one JSON [`AlertEvent`] or array of them per
 /// line) from a file or `-` (stdin) and dispatches them; stops at end of input or on
 /// SIGTERM/SIGINT, reloads notification settings on SIGHUP.
-pub fn run_events(config_path: &Path, source: &Path) -> anyhow::Result<i32> {
+pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i32> {
     let (config, settings) = load(config_path)?;
     let dir = state_dir(&config);
     info!(
-        config = %config_path.display(),
+        config = %describe(config_path),
         state_dir = %dir.display(),
         channels = settings.channels.len(),
         "gpuwatch daemon starting (events mode)"

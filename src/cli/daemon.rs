@@ -15,9 +15,11 @@ const DEFAULT_CONFIG: &str = "/etc/gpuwatch/config.toml";
 /// Arguments of `daemon`.
 #[derive(Debug, clap::Args)]
 pub struct DaemonArgs {
-    /// Configuration file.
-    #[arg(long, short, value_name = "FILE", env = "GPUWATCH_CONFIG", default_value = DEFAULT_CONFIG)]
-    pub config: PathBuf,
+    /// Configuration file [default: /etc/gpuwatch/config.toml when it exists, else built-in
+    /// defaults: stock rules, no channels (alerts are only logged), state in
+    /// ~/.local/state/gpuwatch].
+    #[arg(long, short, value_name = "FILE", env = "GPUWATCH_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Instead of sampling GPUs, read alert events (JSON lines, `-` for stdin) and deliver them
     /// through the configured channels; stops at end of input. For scripts and channel tests.
     #[arg(long, value_name = "FILE")]
@@ -27,8 +29,12 @@ pub struct DaemonArgs {
 /// Runs `daemon`.
 pub fn daemon(_global: &GlobalArgs, args: &DaemonArgs) -> anyhow::Result<i32> {
     crate::daemon::init_logging();
+    let config = args
+        .config
+        .clone()
+        .or_else(|| Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.exists()));
     if let Some(events) = &args.events {
-        return crate::daemon::run_events(&args.config, events);
+        return crate::daemon::run_events(config.as_deref(), events);
     }
     anyhow::bail!(
         "sampling mode needs the sampler and rules engine, which are not merged yet; use --events"
