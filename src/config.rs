@@ -14,8 +14,9 @@ use serde::Deserialize;
 pub struct Config {
     /// `[daemon]`: sampling and state.
     pub daemon: DaemonSection,
-    /// `[rules]`: rule directories' parameters (owned by `rules`).
-    pub rules: toml::Table,
+    /// `[rules]`: evaluation interval, extra rule directories, stock-rule parameter overrides
+    /// (owned by `rules`).
+    pub rules: crate::rules::RulesConfig,
     /// `[notify]`: global delivery settings (owned by `notify`).
     pub notify: crate::notify::settings::NotifySection,
     /// `[[channel]]`: notification channels (owned by `notify`).
@@ -43,20 +44,8 @@ impl Config {
         if !self.daemon.hostname.is_empty() {
             return self.daemon.hostname.clone();
         }
-        system_hostname()
+        crate::engine::local_hostname()
     }
-}
-
-/// The machine's host name (`gethostname`), `localhost` if it cannot be read.
-pub fn system_hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for `buf.len()` bytes; gethostname NUL-terminates on success.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// `[daemon]`.

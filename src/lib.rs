@@ -4,9 +4,15 @@
 //! dispatcher (notifiers, actions); the recorder and exporter are side outputs. The engine is a
 //! pure function of timestamped samples, which makes `replay` and `test` exact.
 
+pub mod alert;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod engine;
 pub mod model;
 pub mod notify;
+pub mod record;
+pub mod rules;
 pub mod sampler;
+pub mod trace;
+pub mod window;

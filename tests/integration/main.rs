@@ -1,3 +1,9 @@
-//! gpuwatch integration tests: one binary, one module per area.
+//! The one integration test binary: each area is a module. Tests run the real `gpuwatch` binary
+//! as subprocesses against the simulated NVML library (built once by `common::sim_lib`).
 
+#[allow(dead_code)]
+mod common;
+mod fidelity;
+mod metrics_doc;
 mod notify;
+mod sim;
