@@ -11,20 +11,28 @@
 
 use std::io::{BufRead as _, IsTerminal as _};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
+use crate::alert;
+use crate::cli::GlobalArgs;
 use crate::config::{self, Config};
-use crate::model::{AlertEvent, DeviceId, ProcSample};
+use crate::engine::{Engine, EngineOptions};
+use crate::model::{AlertEvent, DeviceId, ProcSample, Snapshot};
 use crate::notify::dispatcher::{Dispatcher, Input};
+use crate::notify::now_ms;
 use crate::notify::settings::NotifySettings;
+use crate::rules::{default_rule_paths, RuleSet, RulesConfig};
+use crate::sampler::{Sampler, Ticker};
 
-/// Sets up `tracing` to stderr: level from `GPUWATCH_LOG` (default `info`), ANSI colour only
-/// when stderr is a terminal. Safe to call more than once.
-pub fn init_logging() {
+/// Sets up `tracing` to stderr: filter from `GPUWATCH_LOG` (else `default_filter`), ANSI colour
+/// only when stderr is a terminal (journald gets plain text). Safe to call more than once.
+pub fn init_logging(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUWATCH_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -46,6 +54,8 @@ pub enum Control {
     EndOfInput,
     /// Device identities and processes from `--events` (message context).
     Context(Vec<DeviceId>, Option<Vec<ProcSample>>),
+    /// A snapshot from the sampler thread.
+    Snapshot(Box<Snapshot>),
 }
 
 /// A context line in `--events` input: `{"devices": [...], "processes": [...]}`.
@@ -132,7 +142,7 @@ pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i
     loop {
         // The process is alive and reading: that is "healthy" for the dead-man heartbeat.
         dispatcher.send(Input::Healthy(crate::notify::now_ms()));
-        let msg = match rx.recv_timeout(std::time::Duration::from_secs(1)) {
+        let msg = match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(m) => m,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -142,6 +152,7 @@ pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i
             Control::Context(devices, processes) => {
                 dispatcher.send(Input::Context { devices, processes });
             }
+            Control::Snapshot(_) => {}
             Control::Reload => match load(config_path) {
                 Ok((_, s)) => {
                     info!("SIGHUP: configuration reloaded");
@@ -203,4 +214,257 @@ fn read_events(source: &Path, tx: &mpsc::Sender<Control>) {
         }
     }
     let _ = tx.send(Control::EndOfInput);
+}
+
+/// Files under the rule paths with their modification times (to notice edits).
+fn rule_files_signature(paths: &[PathBuf]) -> Vec<(PathBuf, Option<std::time::SystemTime>)> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(p) {
+                let mut files: Vec<PathBuf> = rd
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|f| f.extension().is_some_and(|x| x == "rhai"))
+                    .collect();
+                files.sort();
+                for f in files {
+                    let m = std::fs::metadata(&f).and_then(|m| m.modified()).ok();
+                    out.push((f, m));
+                }
+            }
+        } else {
+            let m = std::fs::metadata(p).and_then(|m| m.modified()).ok();
+            out.push((p.clone(), m));
+        }
+    }
+    out
+}
+
+struct Rules {
+    paths: Vec<PathBuf>,
+    config: RulesConfig,
+    signature: Vec<(PathBuf, Option<std::time::SystemTime>)>,
+}
+
+impl Rules {
+    fn from_config(config: &Config) -> Rules {
+        let rules_config = config.rules.clone();
+        let paths = default_rule_paths(&[], Some(config), &rules_config);
+        let signature = rule_files_signature(&paths);
+        Rules {
+            paths,
+            config: rules_config,
+            signature,
+        }
+    }
+}
+
+fn log_events(events: &[AlertEvent]) {
+    for e in events {
+        info!(
+            alert = %e.name,
+            severity = e.severity.as_str(),
+            gpu = ?e.gpu,
+            status = ?e.status,
+            repeat = e.repeat,
+            "{}",
+            e.annotations.get("summary").map_or("", String::as_str)
+        );
+    }
+}
+
+/// `gpuwatch daemon`: the sampler on its own thread → engine (observe / advance) → dispatcher.
+pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i32> {
+    let (config, settings) = load(config_path)?;
+    let interval_ms = config::parse_duration_ms(&config.daemon.interval)
+        .map_err(|e| anyhow::anyhow!("{}: [daemon] interval: {e}", describe(config_path)))?
+        .max(10);
+    let interval = Duration::from_millis(u64::try_from(interval_ms).unwrap_or(1000));
+    let dir = state_dir(&config);
+    let mut rules = Rules::from_config(&config);
+    let rule_set = RuleSet::load(&rules.paths, &rules.config).map_err(|errs| {
+        anyhow::anyhow!(
+            "{}",
+            errs.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    })?;
+    let hostname = config.hostname();
+    let opts = EngineOptions::from_config(&config, &rules.config, &hostname)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", describe(config_path)))?;
+    let mut engine = match alert::load_state(&dir) {
+        Ok(Some(state)) => {
+            info!(state_dir = %dir.display(), "resuming alert state");
+            Engine::with_state(rule_set, opts, &state)
+        }
+        Ok(None) => Engine::new(rule_set, opts),
+        Err(e) => {
+            warn!("{e:#}; starting with empty alert state");
+            Engine::new(rule_set, opts)
+        }
+    };
+    let sampler_cfg = global.sampler_config();
+    let mut sampler = match Sampler::open(&sampler_cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("{e}");
+            return Ok(crate::cli::EXIT_NO_NVML);
+        }
+    };
+    let devices = sampler.devices();
+    info!(
+        config = %describe(config_path),
+        state_dir = %dir.display(),
+        host = %hostname,
+        gpus = devices.len(),
+        rules = engine.rule_count(),
+        channels = settings.channels.len(),
+        interval_ms,
+        "gpuwatch daemon started"
+    );
+    let dispatcher = Dispatcher::start(settings, &dir)?;
+    dispatcher.send(Input::Context {
+        devices: devices.clone(),
+        processes: None,
+    });
+
+    let (tx, rx) = mpsc::channel::<Control>();
+    spawn_signal_thread(tx.clone())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler_thread = {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("gpuwatch-sampler".into())
+            .spawn(move || {
+                let mut ticker = Ticker::new(Instant::now(), interval);
+                'outer: loop {
+                    let due = ticker.next(Instant::now());
+                    loop {
+                        if stop.load(Ordering::SeqCst) {
+                            break 'outer;
+                        }
+                        let left = due.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        std::thread::sleep(left.min(Duration::from_millis(100)));
+                    }
+                    let snap = sampler.sample();
+                    if tx.send(Control::Snapshot(Box::new(snap))).is_err() {
+                        break;
+                    }
+                }
+                if ticker.missed() > 0 {
+                    warn!(missed = ticker.missed(), "late sampling ticks were skipped");
+                }
+            })?
+    };
+
+    let mut last_devices = devices;
+    let mut last_save = Instant::now();
+    let mut last_rule_check = Instant::now();
+    let mut last_snapshot = Instant::now();
+    loop {
+        let msg = rx.recv_timeout(interval);
+        match msg {
+            Ok(Control::Snapshot(snap)) => {
+                last_snapshot = Instant::now();
+                let devices: Vec<DeviceId> = snap.gpus.iter().map(|g| g.id.clone()).collect();
+                if devices != last_devices || snap.processes.is_some() {
+                    dispatcher.send(Input::Context {
+                        devices: devices.clone(),
+                        processes: snap.processes.clone(),
+                    });
+                    last_devices = devices;
+                }
+                let events = engine.observe(&snap);
+                dispatcher.send(Input::Healthy(snap.time_ms));
+                if !events.is_empty() {
+                    log_events(&events);
+                    dispatcher.send(Input::Events(events));
+                    save_engine(&dir, &engine);
+                    last_save = Instant::now();
+                }
+            }
+            Ok(Control::Stop(why)) => {
+                info!("{why}: stopping");
+                break;
+            }
+            Ok(Control::Reload) => {
+                info!("SIGHUP: reloading configuration and rules");
+                match load(config_path) {
+                    Ok((new_config, new_settings)) => {
+                        dispatcher.send(Input::Reload(Box::new(new_settings)));
+                        rules = Rules::from_config(&new_config);
+                        reload_rules(&mut engine, &rules, &dispatcher);
+                    }
+                    Err(e) => error!("reload failed, keeping the running configuration: {e:#}"),
+                }
+            }
+            Ok(Control::Events(_) | Control::EndOfInput | Control::Context(..)) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                error!("the sampler thread stopped");
+                break;
+            }
+        }
+        if last_snapshot.elapsed() >= interval {
+            let events = engine.advance(now_ms());
+            if !events.is_empty() {
+                log_events(&events);
+                dispatcher.send(Input::Events(events));
+                save_engine(&dir, &engine);
+                last_save = Instant::now();
+            }
+        }
+        if last_rule_check.elapsed() >= Duration::from_secs(2) {
+            last_rule_check = Instant::now();
+            let sig = rule_files_signature(&rules.paths);
+            if sig != rules.signature {
+                info!("rule files changed: reloading");
+                rules.signature = sig;
+                reload_rules(&mut engine, &rules, &dispatcher);
+            }
+        }
+        if last_save.elapsed() >= Duration::from_secs(30) {
+            save_engine(&dir, &engine);
+            last_save = Instant::now();
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let _ = sampler_thread.join();
+    save_engine(&dir, &engine);
+    dispatcher.stop();
+    info!("gpuwatch daemon stopped");
+    Ok(0)
+}
+
+fn save_engine(dir: &Path, engine: &Engine) {
+    if let Err(e) = alert::save_state(dir, &engine.state()) {
+        error!("cannot save alert state: {e:#}");
+    }
+}
+
+fn reload_rules(engine: &mut Engine, rules: &Rules, dispatcher: &Dispatcher) {
+    match engine.reload_from(&rules.paths, &rules.config) {
+        Ok(events) => {
+            info!(rules = engine.rule_count(), "rules reloaded");
+            if !events.is_empty() {
+                log_events(&events);
+                dispatcher.send(Input::Events(events));
+            }
+        }
+        Err(errors) => {
+            for e in &errors {
+                error!("{e}");
+            }
+            error!(
+                "rule reload failed: keeping the {} running rules",
+                engine.rule_count()
+            );
+        }
+    }
 }

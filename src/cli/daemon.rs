@@ -27,8 +27,7 @@ pub struct DaemonArgs {
 }
 
 /// Runs `daemon`.
-pub fn daemon(_global: &GlobalArgs, args: &DaemonArgs) -> anyhow::Result<i32> {
-    crate::daemon::init_logging();
+pub fn daemon(global: &GlobalArgs, args: &DaemonArgs) -> anyhow::Result<i32> {
     let config = args
         .config
         .clone()
@@ -36,9 +35,7 @@ pub fn daemon(_global: &GlobalArgs, args: &DaemonArgs) -> anyhow::Result<i32> {
     if let Some(events) = &args.events {
         return crate::daemon::run_events(config.as_deref(), events);
     }
-    anyhow::bail!(
-        "sampling mode needs the sampler and rules engine, which are not merged yet; use --events"
-    )
+    crate::daemon::run(global, config.as_deref())
 }
 
 /// Arguments of `notify-test`.
