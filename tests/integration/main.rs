@@ -3,6 +3,7 @@
 
 #[allow(dead_code)]
 mod common;
+mod daemon;
 mod fidelity;
 mod metrics_doc;
 mod notify;
