@@ -435,7 +435,16 @@ pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i3
         }
     }
     stop.store(true, Ordering::SeqCst);
-    let _ = sampler_thread.join();
+    // A sampler stuck in a slow NVML call must not hold up the stop: wait a little, then go.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !sampler_thread.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if sampler_thread.is_finished() {
+        let _ = sampler_thread.join();
+    } else {
+        warn!("the sampler thread is busy in an NVML call; stopping without it");
+    }
     save_engine(&dir, &engine);
     dispatcher.stop();
     info!("gpuwatch daemon stopped");

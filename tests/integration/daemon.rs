@@ -273,3 +273,58 @@ fn alert_queued_while_the_receiver_is_down_survives_kill_9() {
     assert_eq!(lost_hooks(), 1, "the alert arrives once\n{log}");
     assert_eq!(lost_mails(), 1, "the email arrives once\n{log}");
 }
+
+#[test]
+fn rule_file_edits_reload_and_a_broken_edit_keeps_the_old_rules() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = tmp.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    std::fs::copy(
+        stock_rules().join("gpu_lost.rhai"),
+        rules.join("gpu_lost.rhai"),
+    )
+    .unwrap();
+    let hook = HttpReceiver::start();
+    let cfg = config(tmp.path(), &hook.url("/hook"), free_port(), &rules);
+    let mut d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(T, "start", || {
+        d.log_text()
+            .contains("gpuwatch daemon started")
+            .then_some(())
+    });
+    // A broken edit: reported with file:line:column, the running rules stay.
+    std::fs::write(
+        rules.join("broken.rhai"),
+        "rule(#{ name: \"x\", check: |gpu| { 1 + }, });\n",
+    )
+    .unwrap();
+    wait_until(T, "reload failure", || {
+        let log = d.log_text();
+        log.contains("rule reload failed: keeping the 1 running rules")
+            .then_some(log)
+    });
+    let log = d.log_text();
+    assert!(log.contains("broken.rhai:1:"), "{log}");
+    // A good edit is picked up.
+    std::fs::write(
+        rules.join("broken.rhai"),
+        "rule(#{ name: \"always\", severity: \"warning\", check: |gpu| { if gpu.index == 0 { \"always on\" } }, });\n",
+    )
+    .unwrap();
+    wait_until(T, "reload", || {
+        d.log_text()
+            .contains("rules reloaded rules=2")
+            .then_some(())
+    });
+    let got = hook.wait_accepted(1, T);
+    assert_eq!(got[0].json()["alerts"][0]["labels"]["alertname"], "always");
+    // SIGHUP reloads too.
+    d.signal(libc::SIGHUP);
+    wait_until(T, "SIGHUP reload", || {
+        d.log_text()
+            .contains("SIGHUP: reloading configuration and rules")
+            .then_some(())
+    });
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success());
+}
