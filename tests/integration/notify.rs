@@ -667,3 +667,75 @@ fn heartbeat_pings_and_sighup_reloads_channels() {
     assert!(d.finish(T).success());
     assert_eq!(first.accepted().len(), 2);
 }
+
+#[test]
+fn every_http_channel_type_posts_its_native_body() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let base = hook.url("");
+    let config = write_config(
+        tmp.path(),
+        "",
+        &format!(
+            "[[channel]]\nname = \"wh\"\ntype = \"webhook\"\nurl = \"{base}/webhook\"\n\
+             [[channel]]\nname = \"sl\"\ntype = \"slack\"\nurl = \"{base}/slack\"\n\
+             [[channel]]\nname = \"dc\"\ntype = \"discord\"\nurl = \"{base}/discord\"\n\
+             [[channel]]\nname = \"tm\"\ntype = \"teams\"\nurl = \"{base}/teams\"\n\
+             [[channel]]\nname = \"tg\"\ntype = \"telegram\"\nurl = \"{base}\"\ntoken = \"42:abc\"\nchat_id = -100\n\
+             [[channel]]\nname = \"fs\"\ntype = \"feishu\"\nurl = \"{base}/feishu\"\nsecret = \"fsecret\"\n\
+             [[channel]]\nname = \"dt\"\ntype = \"dingtalk\"\nurl = \"{base}/dingtalk?access_token=t\"\nsecret = \"SECd\"\n\
+             [[channel]]\nname = \"wc\"\ntype = \"wecom\"\nurl = \"{base}/wecom?key=k\"\n\
+             [[channel]]\nname = \"am\"\ntype = \"alertmanager\"\nurl = \"{base}\"\n"
+        ),
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["notify-test", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("ok    ")).count(),
+        9,
+        "{stdout}"
+    );
+    let reqs = hook.requests();
+    let find = |prefix: &str| {
+        reqs.iter()
+            .find(|r| r.path.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no request to {prefix}"))
+            .json()
+    };
+    assert_eq!(find("/webhook")["version"], "4");
+    assert!(find("/slack")["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("*[TEST] gpuwatch_test"));
+    assert_eq!(find("/discord")["username"], "gpuwatch");
+    assert_eq!(
+        find("/teams")["attachments"][0]["content"]["type"],
+        "AdaptiveCard"
+    );
+    let tg = find("/bot42:abc/sendMessage");
+    assert_eq!(
+        (tg["chat_id"].as_i64(), tg["parse_mode"].as_str()),
+        (Some(-100), Some("HTML"))
+    );
+    let fs = find("/feishu");
+    assert_eq!(fs["msg_type"], "text");
+    assert_eq!(fs["sign"].as_str().map(str::len), Some(44));
+    let dt = reqs
+        .iter()
+        .find(|r| r.path.starts_with("/dingtalk"))
+        .unwrap();
+    assert!(
+        dt.path.contains("access_token=t&timestamp=") && dt.path.contains("&sign="),
+        "{}",
+        dt.path
+    );
+    assert_eq!(dt.json()["msgtype"], "text");
+    assert_eq!(find("/wecom")["msgtype"], "text");
+    let am = find("/api/v2/alerts");
+    assert_eq!(am[0]["labels"]["alertname"], "gpuwatch_test");
+}
