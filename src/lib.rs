@@ -7,8 +7,10 @@
 pub mod alert;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod engine;
 pub mod model;
+pub mod notify;
 pub mod record;
 pub mod rules;
 pub mod sampler;

@@ -3,6 +3,9 @@
 
 #[allow(dead_code)]
 mod common;
+mod daemon;
+mod engine;
 mod fidelity;
 mod metrics_doc;
+mod notify;
 mod sim;
