@@ -148,25 +148,59 @@ impl Source {
     }
 }
 
-/// Field-value IDs read in one `nvmlDeviceGetFieldValues` call, with the metric each feeds.
-const FIELDS: &[(u32, Metric)] = &[
-    (field_id::NVML_FI_DEV_MEMORY_TEMP, Metric::MemTemp),
-    (field_id::NVML_FI_DEV_RETIRED_SBE, Metric::RetiredSbe),
-    (field_id::NVML_FI_DEV_RETIRED_DBE, Metric::RetiredDbe),
+/// Field-value IDs read in one `nvmlDeviceGetFieldValues` call, with the metric each feeds and
+/// the factor to canonical units. Batching counters here saves one library call each per GPU
+/// and tick; when a field is not supported, the dedicated call is used instead (see `read`).
+const FIELDS: &[(u32, Metric, f64)] = &[
+    (field_id::NVML_FI_DEV_MEMORY_TEMP, Metric::MemTemp, 1.0),
+    (
+        field_id::NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+        Metric::EccCorrected,
+        1.0,
+    ),
+    (
+        field_id::NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+        Metric::EccUncorrected,
+        1.0,
+    ),
+    // mJ → J
+    (
+        field_id::NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+        Metric::Energy,
+        0.001,
+    ),
+    (
+        field_id::NVML_FI_DEV_PCIE_REPLAY_COUNTER,
+        Metric::PcieReplay,
+        1.0,
+    ),
+    (field_id::NVML_FI_DEV_RETIRED_SBE, Metric::RetiredSbe, 1.0),
+    (field_id::NVML_FI_DEV_RETIRED_DBE, Metric::RetiredDbe, 1.0),
     (
         field_id::NVML_FI_DEV_RETIRED_PENDING,
         Metric::RetiredPending,
+        1.0,
     ),
     (
         field_id::NVML_FI_DEV_REMAPPED_COR,
         Metric::RemappedCorrectable,
+        1.0,
     ),
     (
         field_id::NVML_FI_DEV_REMAPPED_UNC,
         Metric::RemappedUncorrectable,
+        1.0,
     ),
-    (field_id::NVML_FI_DEV_REMAPPED_PENDING, Metric::RemapPending),
-    (field_id::NVML_FI_DEV_REMAPPED_FAILURE, Metric::RemapFailure),
+    (
+        field_id::NVML_FI_DEV_REMAPPED_PENDING,
+        Metric::RemapPending,
+        1.0,
+    ),
+    (
+        field_id::NVML_FI_DEV_REMAPPED_FAILURE,
+        Metric::RemapFailure,
+        1.0,
+    ),
 ];
 
 /// Per-GPU state kept between ticks.
@@ -233,6 +267,11 @@ impl Slot {
         }
     }
 
+    /// Whether field `id` is still read through field values (else its dedicated call is used).
+    fn field_active(&self, id: u32) -> bool {
+        self.unsupported & Source::Fields.bit() == 0 && self.fields.iter().any(|f| f.0 == id)
+    }
+
     /// Reads every metric into `values`.
     fn read(&mut self, values: &mut MetricValues) -> Result<(), Lost> {
         let mut set = |m: Metric, v: Option<f64>| values.set(m, v);
@@ -251,12 +290,7 @@ impl Slot {
         })?;
         set(Metric::Temp, t.map(f64::from));
         self.read_fields(&mut set)?;
-        let fields_gave_retired = self.unsupported & Source::Fields.bit() == 0
-            && self
-                .fields
-                .iter()
-                .any(|f| f.0 == field_id::NVML_FI_DEV_RETIRED_SBE);
-        if !fields_gave_retired {
+        if !self.field_active(field_id::NVML_FI_DEV_RETIRED_SBE) {
             // Drivers without the retired-page fields: ask the page-retirement API (pre-Ampere
             // GPUs answer; newer ones say NotSupported once).
             let sbe = self.query(Source::RetiredPages, |d| {
@@ -279,8 +313,10 @@ impl Slot {
         set(Metric::Power, p.map(|mw| f64::from(mw) / 1000.0));
         let p = self.query(Source::PowerLimit, Device::enforced_power_limit)?;
         set(Metric::PowerLimit, p.map(|mw| f64::from(mw) / 1000.0));
-        let e = self.query(Source::Energy, Device::total_energy_consumption)?;
-        set(Metric::Energy, e.map(|mj| mj as f64 / 1000.0));
+        if !self.field_active(field_id::NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION) {
+            let e = self.query(Source::Energy, Device::total_energy_consumption)?;
+            set(Metric::Energy, e.map(|mj| mj as f64 / 1000.0));
+        }
         let c = self.query(Source::SmClock, |d| d.clock_info(Clock::SM))?;
         set(Metric::SmClock, c.map(f64::from));
         let c = self.query(Source::MemClock, |d| d.clock_info(Clock::Memory))?;
@@ -294,14 +330,18 @@ impl Slot {
         );
         let f = self.query(Source::Fan, |d| d.fan_speed(0))?;
         set(Metric::Fan, f.map(f64::from));
-        let c = self.query(Source::EccCorrected, |d| {
-            d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-        })?;
-        set(Metric::EccCorrected, c.map(|c| c as f64));
-        let c = self.query(Source::EccUncorrected, |d| {
-            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-        })?;
-        set(Metric::EccUncorrected, c.map(|c| c as f64));
+        if !self.field_active(field_id::NVML_FI_DEV_ECC_SBE_VOL_TOTAL) {
+            let c = self.query(Source::EccCorrected, |d| {
+                d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+            })?;
+            set(Metric::EccCorrected, c.map(|c| c as f64));
+        }
+        if !self.field_active(field_id::NVML_FI_DEV_ECC_DBE_VOL_TOTAL) {
+            let c = self.query(Source::EccUncorrected, |d| {
+                d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+            })?;
+            set(Metric::EccUncorrected, c.map(|c| c as f64));
+        }
         // NVML reports PCIe throughput in KB/s; like nvitop we read KB as KiB.
         let r = self.query(Source::PcieRx, |d| {
             d.pcie_throughput(PcieUtilCounter::Receive)
@@ -309,8 +349,10 @@ impl Slot {
         set(Metric::PcieRx, r.map(|kb| f64::from(kb) * 1024.0));
         let r = self.query(Source::PcieTx, |d| d.pcie_throughput(PcieUtilCounter::Send))?;
         set(Metric::PcieTx, r.map(|kb| f64::from(kb) * 1024.0));
-        let r = self.query(Source::PcieReplay, Device::pcie_replay_counter)?;
-        set(Metric::PcieReplay, r.map(f64::from));
+        if !self.field_active(field_id::NVML_FI_DEV_PCIE_REPLAY_COUNTER) {
+            let r = self.query(Source::PcieReplay, Device::pcie_replay_counter)?;
+            set(Metric::PcieReplay, r.map(f64::from));
+        }
         let u = self.query(Source::Encoder, Device::encoder_utilization)?;
         set(Metric::EncUtil, u.map(|u| f64::from(u.utilization)));
         let u = self.query(Source::Decoder, Device::decoder_utilization)?;
@@ -332,14 +374,14 @@ impl Slot {
         let mut drop_mask: u32 = 0;
         for (i, sample) in samples.into_iter().enumerate() {
             let Some(id) = self.fields.get(i) else { break };
-            let Some(&(_, metric)) = FIELDS.iter().find(|(f, _)| *f == id.0) else {
+            let Some(&(_, metric, scale)) = FIELDS.iter().find(|(f, _, _)| *f == id.0) else {
                 continue;
             };
             let value = match sample.and_then(|s| s.value) {
-                Ok(SampleValue::F64(v)) => Some(v),
-                Ok(SampleValue::U32(v)) => Some(f64::from(v)),
-                Ok(SampleValue::U64(v)) => Some(v as f64),
-                Ok(SampleValue::I64(v)) => Some(v as f64),
+                Ok(SampleValue::F64(v)) => Some(v * scale),
+                Ok(SampleValue::U32(v)) => Some(f64::from(v) * scale),
+                Ok(SampleValue::U64(v)) => Some(v as f64 * scale),
+                Ok(SampleValue::I64(v)) => Some(v as f64 * scale),
                 Err(NvmlError::GpuLost | NvmlError::ResetRequired) => return Err(Lost),
                 Err(NvmlError::NotSupported | NvmlError::InvalidArg | NvmlError::NoPermission) => {
                     tracing::debug!(
@@ -520,7 +562,7 @@ impl Sampler {
             state: DeviceState::Ok,
             unsupported: 0,
             warned: 0,
-            fields: FIELDS.iter().map(|(f, _)| FieldId(*f)).collect(),
+            fields: FIELDS.iter().map(|(f, _, _)| FieldId(*f)).collect(),
             lost_probe_ms: now,
         };
         if !Self::attach(nvml, &mut slot) {

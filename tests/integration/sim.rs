@@ -431,6 +431,11 @@ gpus = [1]
 [[fault]]
 function = "nvmlDeviceGetPowerUsage"
 error = "NOT_SUPPORTED"
+
+[[fault]]
+function = "nvmlDeviceGetFieldValues"
+error = "NOT_SUPPORTED"
+gpus = [1]
 "#,
     );
     let s = sim(&path, &["status", "--json"], &[]).json();
@@ -440,6 +445,19 @@ error = "NOT_SUPPORTED"
     assert_eq!(g[1]["metrics"]["temp"], Value::Null);
     assert_eq!(g[0]["power_watts"], Value::Null);
     assert_eq!(g[1]["utilization_gpu_percent"], 50);
+    // Without field values, counters come from their dedicated calls; field-only metrics are
+    // absent.
+    for key in ["energy", "ecc_corrected", "ecc_uncorrected", "pcie_replay"] {
+        assert!(g[0]["metrics"][key].is_number(), "{key}: {}", g[0]);
+        assert!(g[1]["metrics"][key].is_number(), "{key}: {}", g[1]);
+    }
+    assert!(
+        g[1]["metrics"]["energy"].as_f64() > Some(1e6),
+        "joules, not millijoules"
+    );
+    assert!(g[0]["metrics"]["mem_temp"].is_number());
+    assert_eq!(g[1]["metrics"]["mem_temp"], Value::Null);
+    assert_eq!(g[1]["metrics"]["remapped_correctable"], Value::Null);
     let table = sim(&path, &["status"], &[]).stdout;
     assert!(table.contains("n/a"), "{table}");
 
