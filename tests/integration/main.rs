@@ -4,6 +4,7 @@
 #[allow(dead_code)]
 mod common;
 mod daemon;
+mod engine;
 mod fidelity;
 mod metrics_doc;
 mod notify;
