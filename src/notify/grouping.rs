@@ -165,6 +165,14 @@ impl Grouper {
         }
     }
 
+    /// Makes every group due now, ignoring `group_wait` / `group_interval` (used before a
+    /// short-lived process exits).
+    pub fn flush_all(&mut self) {
+        for g in self.state.groups.values_mut() {
+            g.next_flush_ms = i64::MIN;
+        }
+    }
+
     /// When [`tick`](Self::tick) next has something to do.
     pub fn next_wakeup(&self, now_ms: i64) -> Option<i64> {
         let mut next = self.state.groups.values().map(|g| g.next_flush_ms).min();
