@@ -4,7 +4,9 @@
 //! dispatcher (notifiers, actions); the recorder and exporter are side outputs. The engine is a
 //! pure function of timestamped samples, which makes `replay` and `test` exact.
 
+pub mod action;
 pub mod cli;
 pub mod config;
+pub mod job;
 pub mod model;
 pub mod sampler;

@@ -1,21 +1,137 @@
-//! `gpuwatch` subcommands: run,attach (placeholder until implemented).
+//! `gpuwatch run [OPTIONS] -- CMD ARGS...` and `gpuwatch attach PID`: flags, config merge, and
+//! printing the end-of-job report. The work is in [`crate::job`].
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 use super::GlobalArgs;
+use crate::config::Config;
+use crate::job::{JobOptions, JobReport, NoObserver};
+
+/// Flags shared by `run` and `attach`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct JobFlags {
+    /// Configuration file (its `[job]`, `[actions]`, rules and channels apply).
+    #[arg(long, value_name = "FILE", env = "GPUWATCH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// A progress regex (repeatable), tried before the defaults; named groups `step`, `total`,
+    /// `epoch`, `epochs` are read, a pattern without them counts each match as progress.
+    #[arg(long = "progress", value_name = "REGEX")]
+    pub progress: Vec<String>,
+    /// Do not use the built-in progress patterns (Epoch 3/10, step N, tqdm, Lightning, HF).
+    #[arg(long)]
+    pub no_default_progress: bool,
+    /// Follow this log file (through truncation and rotation) for progress and the tail.
+    #[arg(long, value_name = "FILE")]
+    pub progress_log: Option<PathBuf>,
+    /// Keep this many output lines for the report (default 20, or `[job] tail_lines`).
+    #[arg(long, value_name = "N")]
+    pub tail: Option<usize>,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub report_json: Option<PathBuf>,
+    /// Do not print the report to stderr at the end.
+    #[arg(long)]
+    pub quiet: bool,
+}
 
 /// Arguments of `run`.
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {}
-
-/// Runs `run`.
-pub fn run(_global: &GlobalArgs, _args: &RunArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`run` is not implemented yet")
+pub struct RunArgs {
+    /// Flags shared with `attach`.
+    #[command(flatten)]
+    pub flags: JobFlags,
+    /// Append the job's stdout and stderr to this file as well.
+    #[arg(long, value_name = "FILE")]
+    pub tee: Option<PathBuf>,
+    /// The command to run and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 /// Arguments of `attach`.
 #[derive(Debug, clap::Args)]
-pub struct AttachArgs {}
+pub struct AttachArgs {
+    /// Flags shared with `run`.
+    #[command(flatten)]
+    pub flags: JobFlags,
+    /// The process to watch.
+    #[arg(value_name = "PID")]
+    pub pid: u32,
+}
 
-/// Runs `attach`.
-pub fn attach(_global: &GlobalArgs, _args: &AttachArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`attach` is not implemented yet")
+fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
+    let Some(path) = path else {
+        return Ok(Config::default());
+    };
+    let config = crate::config::load(path)?;
+    config
+        .job
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    config
+        .actions
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(config)
+}
+
+fn options(config: &Config, flags: &JobFlags, tee: Option<&PathBuf>) -> anyhow::Result<JobOptions> {
+    let job = &config.job;
+    let resolve = |p: &PathBuf| {
+        if p.is_relative() {
+            config.base_dir.join(p)
+        } else {
+            p.clone()
+        }
+    };
+    let mut progress = flags.progress.clone();
+    progress.extend(job.progress.iter().cloned());
+    let tick_ms = crate::config::parse_duration_ms(&job.tick)
+        .map_err(|e| anyhow::anyhow!("job.tick: {e}"))?;
+    Ok(JobOptions {
+        progress,
+        default_patterns: job.default_patterns && !flags.no_default_progress,
+        tail_lines: flags.tail.unwrap_or(job.tail_lines),
+        tee: tee.cloned().or_else(|| job.tee.as_ref().map(resolve)),
+        progress_log: flags
+            .progress_log
+            .clone()
+            .or_else(|| job.progress_log.as_ref().map(resolve)),
+        tick_ms: u64::try_from(tick_ms).unwrap_or(1000),
+    })
+}
+
+fn finish(report: &JobReport, flags: &JobFlags) -> anyhow::Result<()> {
+    if let Some(path) = &flags.report_json {
+        let json = serde_json::to_vec_pretty(report)?;
+        std::fs::write(path, json)
+            .with_context(|| format!("cannot write the report to {}", path.display()))?;
+    }
+    if !flags.quiet {
+        let text = report.render_text();
+        for line in text.lines() {
+            eprintln!("gpuwatch: {line}");
+        }
+    }
+    Ok(())
+}
+
+/// Runs `run`: the job's exit code (128 + signal when a signal ended it).
+pub fn run(_global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
+    let config = load_config(args.flags.config.as_deref())?;
+    let opts = options(&config, &args.flags, args.tee.as_ref())?;
+    let report = crate::job::run_job(&args.command, &opts, &mut NoObserver)?;
+    finish(&report, &args.flags)?;
+    Ok(report.exit_code)
+}
+
+/// Runs `attach`: the process's exit code when the kernel told it, else 0.
+pub fn attach(_global: &GlobalArgs, args: &AttachArgs) -> anyhow::Result<i32> {
+    let config = load_config(args.flags.config.as_deref())?;
+    let opts = options(&config, &args.flags, None)?;
+    let report = crate::job::attach_job(args.pid, &opts, &mut NoObserver)?;
+    finish(&report, &args.flags)?;
+    Ok(report.exit_code)
 }
