@@ -29,7 +29,7 @@ fn run_sh(dir: &Path, script: &str, extra: &[&str]) -> (Output, serde_json::Valu
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    (out, serde_json::from_str(&text).unwrap())
+    (out, serde_json::from_str(&text).expect("report is JSON"))
 }
 
 fn wait_for_file(path: &Path) -> String {
