@@ -14,6 +14,7 @@ pub mod exec;
 pub mod ladder;
 pub mod pidns;
 pub mod policy;
+pub mod script;
 pub mod settings;
 
 use serde::Deserialize;

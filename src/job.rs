@@ -18,6 +18,7 @@ pub mod oom;
 pub mod progress;
 pub mod report;
 pub mod scan;
+pub mod script;
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
