@@ -19,10 +19,11 @@ pub mod progress;
 pub mod report;
 pub mod scan;
 pub mod script;
+pub mod tty;
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
@@ -262,9 +263,10 @@ pub fn run_job(
         signal_hook::iterator::Signals::new(FORWARDED).context("cannot install signal handlers")?;
     let signal_handle = signals.handle();
 
+    let terminal = tty::Terminal::foreground();
     let mut cmd = Command::new(program);
+    tty::own_group(&mut cmd, terminal.is_some());
     cmd.args(args)
-        .process_group(0)
         .stdin(Stdio::inherit())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -312,8 +314,11 @@ pub fn run_job(
     drop(done_tx);
 
     let (exit_tx, exit_rx) = mpsc::channel();
+    // The std handle is only used for the pipes; the waiter reaps the child itself so it can
+    // follow stops (Ctrl-Z) as well as the end.
+    drop(child);
     let waiter = std::thread::spawn(move || {
-        let _ = exit_tx.send(child.wait());
+        let _ = exit_tx.send(tty::wait_child(pid, terminal));
     });
 
     let mut follower = opts.progress_log.as_deref().map(LogFollower::new);
