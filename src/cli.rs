@@ -38,6 +38,29 @@ pub struct GlobalArgs {
     pub nvml_lib: Option<PathBuf>,
 }
 
+impl GlobalArgs {
+    /// The sampler configuration these options ask for (library path, `--sim` scenario); the
+    /// caller adjusts the process interval and XID events to its needs.
+    pub fn sampler_config(&self) -> crate::sampler::SamplerConfig {
+        crate::sampler::SamplerConfig {
+            nvml_lib: self.nvml_lib.clone(),
+            sim_scenario: self.sim.clone(),
+            ..crate::sampler::SamplerConfig::default()
+        }
+    }
+}
+
+/// Sends `tracing` output to stderr, filtered by `GPUWATCH_LOG` (default `warn`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUWATCH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -66,6 +89,7 @@ pub enum Command {
 /// Parses the command line, runs the command and returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    init_logging();
     let result = match &cli.command {
         Command::Status(a) => inspect::status(&cli.global, a),
         Command::Devices(a) => inspect::devices(&cli.global, a),
@@ -83,6 +107,11 @@ pub fn main() -> i32 {
         Err(err) => {
             if is_broken_pipe(&err) {
                 return 0;
+            }
+            if let Some(e) = err.downcast_ref::<crate::sampler::SamplerError>() {
+                // One line: what is wrong and what to try.
+                eprintln!("gpuwatch: {e}");
+                return EXIT_NO_NVML;
             }
             eprintln!("gpuwatch: error: {err:#}");
             1

@@ -14,8 +14,9 @@ use serde::Deserialize;
 pub struct Config {
     /// `[daemon]`: sampling and state.
     pub daemon: DaemonSection,
-    /// `[rules]`: rule directories' parameters (owned by `rules`).
-    pub rules: toml::Table,
+    /// `[rules]`: evaluation interval, extra rule directories, stock-rule parameter overrides
+    /// (owned by `rules`).
+    pub rules: crate::rules::RulesConfig,
     /// `[[channel]]`: notification channels (owned by `notify`).
     pub channel: Vec<toml::Table>,
     /// `[[route]]`: which alerts go to which channels (owned by `notify`).

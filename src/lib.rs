@@ -5,8 +5,14 @@
 //! pure function of timestamped samples, which makes `replay` and `test` exact.
 
 pub mod action;
+pub mod alert;
 pub mod cli;
 pub mod config;
+pub mod engine;
 pub mod job;
 pub mod model;
+pub mod record;
+pub mod rules;
 pub mod sampler;
+pub mod trace;
+pub mod window;

@@ -1,1 +1,749 @@
-//! The only module that talks to NVML (placeholder until implemented).
+//! The only module that talks to NVML (through `nvml-wrapper`).
+//!
+//! [`Sampler::open`] loads the library (`--nvml-lib`, `GPUWATCH_NVML_LIB`, the simulated library
+//! for `--sim`, or `libnvidia-ml.so.1`), reads every GPU's identity once and keeps one handle per
+//! GPU. [`Sampler::sample`] then produces a plain [`Snapshot`]: every metric of
+//! [`crate::model::METRICS`] per GPU in canonical units, the XID events received since the last
+//! tick (from the [`events`] thread) and, on a slower cadence, the GPU process list enriched
+//! from `/proc` ([`procfs`]).
+//!
+//! Faults never stop sampling. A value the GPU cannot give is `None`; after the first
+//! `NotSupported` (or missing symbol, or no permission) that source is not asked again for that
+//! GPU (logged once at debug). `GpuLost` / `ResetRequired` make the device
+//! [`DeviceState::Lost`] (all values `None`, probed again every [`LOST_PROBE_MS`]) while the
+//! other GPUs keep being sampled. Other errors leave the value `None` and are logged once per
+//! GPU and source.
+//!
+//! The `Nvml` handle is leaked on purpose: devices borrow it, the XID thread outlives any one
+//! call, and a sampler lives as long as its process.
+
+mod events;
+pub mod procfs;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, PcieUtilCounter, RetirementCause, TemperatureSensor,
+};
+use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id;
+use nvml_wrapper::{Device, Nvml};
+
+use crate::model::{
+    DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcKind, ProcSample, Snapshot,
+};
+
+/// The NVML library loaded when nothing else is said.
+pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
+/// File name of the simulated library that `--sim` looks for next to the executable.
+pub const SIM_LIB_FILE: &str = "libnvml_sim.so";
+/// Default process-list refresh period.
+pub const DEFAULT_PROCESS_INTERVAL: Duration = Duration::from_secs(5);
+/// How often a lost GPU is asked again whether it answers.
+pub const LOST_PROBE_MS: i64 = 10_000;
+
+/// How to open the sampler.
+#[derive(Debug, Clone)]
+pub struct SamplerConfig {
+    /// Library to load; `None` = [`DEFAULT_NVML_LIB`] (or the simulated library with `sim`).
+    pub nvml_lib: Option<PathBuf>,
+    /// Scenario for the simulated library (`--sim`): sets `NVML_SIM_SCENARIO` before init.
+    pub sim_scenario: Option<String>,
+    /// Process-list refresh period (the list is also read at the first tick).
+    pub process_interval: Duration,
+    /// Start the XID event thread.
+    pub xid_events: bool,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            nvml_lib: None,
+            sim_scenario: None,
+            process_interval: DEFAULT_PROCESS_INTERVAL,
+            xid_events: true,
+        }
+    }
+}
+
+/// Why the sampler could not start. Each displays as one line meant for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum SamplerError {
+    /// The NVML library could not be loaded (no NVIDIA driver installed).
+    #[error("NVML not found: cannot load {lib} ({detail}); is the NVIDIA driver installed? To try gpuwatch on simulated GPUs run `gpuwatch --sim overnight status`")]
+    NoDriver {
+        /// The library that was looked for.
+        lib: String,
+        /// The loader's or NVML's reason.
+        detail: String,
+    },
+    /// `--sim` was given but the simulated library is not where it should be.
+    #[error("simulated NVML library not found at {}: build it with `cargo build -p nvml-sim` (or pass --nvml-lib PATH)", path.display())]
+    NoSimLibrary {
+        /// Where it was expected.
+        path: PathBuf,
+    },
+    /// The simulated library refused to start the scenario (it prints file:line:column).
+    #[error("simulated NVML could not start scenario `{scenario}` ({source}); see the scenario error above")]
+    Scenario {
+        /// The scenario name or path.
+        scenario: String,
+        /// NVML's return code.
+        source: NvmlError,
+    },
+    /// NVML loaded but initialisation or GPU enumeration failed.
+    #[error("NVML failed to initialise ({lib}): {source}")]
+    Init {
+        /// The library loaded.
+        lib: String,
+        /// NVML's error.
+        source: NvmlError,
+    },
+}
+
+/// Wall-clock time in UTC milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// One NVML query; the unit of "supported or not" bookkeeping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Source {
+    Utilization,
+    Memory,
+    Temperature,
+    Fields,
+    Power,
+    PowerLimit,
+    Energy,
+    SmClock,
+    MemClock,
+    Throttle,
+    Pstate,
+    Fan,
+    EccCorrected,
+    EccUncorrected,
+    PcieRx,
+    PcieTx,
+    PcieReplay,
+    Encoder,
+    Decoder,
+    ComputeProcs,
+    GraphicsProcs,
+    RetiredPages,
+    RetiredPending,
+}
+
+impl Source {
+    fn bit(self) -> u32 {
+        1 << (self as u8)
+    }
+}
+
+/// Field-value IDs read in one `nvmlDeviceGetFieldValues` call, with the metric each feeds.
+const FIELDS: &[(u32, Metric)] = &[
+    (field_id::NVML_FI_DEV_MEMORY_TEMP, Metric::MemTemp),
+    (field_id::NVML_FI_DEV_RETIRED_SBE, Metric::RetiredSbe),
+    (field_id::NVML_FI_DEV_RETIRED_DBE, Metric::RetiredDbe),
+    (
+        field_id::NVML_FI_DEV_RETIRED_PENDING,
+        Metric::RetiredPending,
+    ),
+    (
+        field_id::NVML_FI_DEV_REMAPPED_COR,
+        Metric::RemappedCorrectable,
+    ),
+    (
+        field_id::NVML_FI_DEV_REMAPPED_UNC,
+        Metric::RemappedUncorrectable,
+    ),
+    (field_id::NVML_FI_DEV_REMAPPED_PENDING, Metric::RemapPending),
+    (field_id::NVML_FI_DEV_REMAPPED_FAILURE, Metric::RemapFailure),
+];
+
+/// Per-GPU state kept between ticks.
+struct Slot {
+    handle: Option<Device<'static>>,
+    id: DeviceId,
+    state: DeviceState,
+    /// Sources that answered NotSupported (never asked again).
+    unsupported: u32,
+    /// Sources whose transient failure was already logged.
+    warned: u32,
+    /// Field IDs still worth asking for.
+    fields: Vec<FieldId>,
+    /// When a lost device was last probed.
+    lost_probe_ms: i64,
+}
+
+/// Marker: the device answered GpuLost / ResetRequired.
+struct Lost;
+
+impl Slot {
+    /// Runs one query unless its source is known unsupported, mapping errors to `None` or
+    /// [`Lost`].
+    fn query<T>(
+        &mut self,
+        src: Source,
+        f: impl FnOnce(&Device<'static>) -> Result<T, NvmlError>,
+    ) -> Result<Option<T>, Lost> {
+        if self.unsupported & src.bit() != 0 {
+            return Ok(None);
+        }
+        let Some(dev) = self.handle.as_ref() else {
+            return Err(Lost);
+        };
+        match f(dev) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) => self.failed(src, &e).map(|()| None),
+        }
+    }
+
+    fn failed(&mut self, src: Source, e: &NvmlError) -> Result<(), Lost> {
+        match e {
+            NvmlError::GpuLost | NvmlError::ResetRequired => Err(Lost),
+            NvmlError::NotSupported
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::FunctionNotFound
+            | NvmlError::NoPermission
+            | NvmlError::InvalidArg => {
+                tracing::debug!(
+                    "GPU {}: {src:?} not available ({e}); not asked again",
+                    self.id.index
+                );
+                self.unsupported |= src.bit();
+                Ok(())
+            }
+            NvmlError::NotFound | NvmlError::NoData => Ok(()),
+            _ => {
+                if self.warned & src.bit() == 0 {
+                    self.warned |= src.bit();
+                    tracing::warn!("GPU {}: reading {src:?} failed: {e}", self.id.index);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads every metric into `values`.
+    fn read(&mut self, values: &mut MetricValues) -> Result<(), Lost> {
+        let mut set = |m: Metric, v: Option<f64>| values.set(m, v);
+        if let Some(u) = self.query(Source::Utilization, Device::utilization_rates)? {
+            set(Metric::Util, Some(f64::from(u.gpu)));
+            set(Metric::MemUtil, Some(f64::from(u.memory)));
+        }
+        if let Some(m) = self.query(Source::Memory, Device::memory_info)? {
+            set(Metric::MemUsed, Some(m.used as f64));
+            set(Metric::MemFree, Some(m.free as f64));
+            set(Metric::MemTotal, Some(m.total as f64));
+            set(Metric::MemReserved, Some(m.reserved as f64));
+        }
+        let t = self.query(Source::Temperature, |d| {
+            d.temperature(TemperatureSensor::Gpu)
+        })?;
+        set(Metric::Temp, t.map(f64::from));
+        self.read_fields(&mut set)?;
+        let fields_gave_retired = self.unsupported & Source::Fields.bit() == 0
+            && self
+                .fields
+                .iter()
+                .any(|f| f.0 == field_id::NVML_FI_DEV_RETIRED_SBE);
+        if !fields_gave_retired {
+            // Drivers without the retired-page fields: ask the page-retirement API (pre-Ampere
+            // GPUs answer; newer ones say NotSupported once).
+            let sbe = self.query(Source::RetiredPages, |d| {
+                d.retired_pages(RetirementCause::MultipleSingleBitEccErrors)
+            })?;
+            if let Some(sbe) = sbe {
+                set(Metric::RetiredSbe, Some(sbe.len() as f64));
+                let dbe = self.query(Source::RetiredPages, |d| {
+                    d.retired_pages(RetirementCause::DoubleBitEccError)
+                })?;
+                set(Metric::RetiredDbe, dbe.map(|v| v.len() as f64));
+            }
+            let pending = self.query(Source::RetiredPending, Device::are_pages_pending_retired)?;
+            set(
+                Metric::RetiredPending,
+                pending.map(|p| f64::from(u8::from(p))),
+            );
+        }
+        let p = self.query(Source::Power, Device::power_usage)?;
+        set(Metric::Power, p.map(|mw| f64::from(mw) / 1000.0));
+        let p = self.query(Source::PowerLimit, Device::enforced_power_limit)?;
+        set(Metric::PowerLimit, p.map(|mw| f64::from(mw) / 1000.0));
+        let e = self.query(Source::Energy, Device::total_energy_consumption)?;
+        set(Metric::Energy, e.map(|mj| mj as f64 / 1000.0));
+        let c = self.query(Source::SmClock, |d| d.clock_info(Clock::SM))?;
+        set(Metric::SmClock, c.map(f64::from));
+        let c = self.query(Source::MemClock, |d| d.clock_info(Clock::Memory))?;
+        set(Metric::MemClock, c.map(f64::from));
+        let r = self.query(Source::Throttle, Device::current_throttle_reasons)?;
+        set(Metric::ClockEventReasons, r.map(|r| r.bits() as f64));
+        let p = self.query(Source::Pstate, Device::performance_state)?;
+        set(
+            Metric::Pstate,
+            p.map(|p| p.as_c()).filter(|&c| c <= 15).map(f64::from),
+        );
+        let f = self.query(Source::Fan, |d| d.fan_speed(0))?;
+        set(Metric::Fan, f.map(f64::from));
+        let c = self.query(Source::EccCorrected, |d| {
+            d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+        })?;
+        set(Metric::EccCorrected, c.map(|c| c as f64));
+        let c = self.query(Source::EccUncorrected, |d| {
+            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+        })?;
+        set(Metric::EccUncorrected, c.map(|c| c as f64));
+        // NVML reports PCIe throughput in KB/s; like nvitop we read KB as KiB.
+        let r = self.query(Source::PcieRx, |d| {
+            d.pcie_throughput(PcieUtilCounter::Receive)
+        })?;
+        set(Metric::PcieRx, r.map(|kb| f64::from(kb) * 1024.0));
+        let r = self.query(Source::PcieTx, |d| d.pcie_throughput(PcieUtilCounter::Send))?;
+        set(Metric::PcieTx, r.map(|kb| f64::from(kb) * 1024.0));
+        let r = self.query(Source::PcieReplay, Device::pcie_replay_counter)?;
+        set(Metric::PcieReplay, r.map(f64::from));
+        let u = self.query(Source::Encoder, Device::encoder_utilization)?;
+        set(Metric::EncUtil, u.map(|u| f64::from(u.utilization)));
+        let u = self.query(Source::Decoder, Device::decoder_utilization)?;
+        set(Metric::DecUtil, u.map(|u| f64::from(u.utilization)));
+        Ok(())
+    }
+
+    fn read_fields(&mut self, set: &mut impl FnMut(Metric, Option<f64>)) -> Result<(), Lost> {
+        if self.fields.is_empty() {
+            return Ok(());
+        }
+        let ids = std::mem::take(&mut self.fields);
+        let result = self.query(Source::Fields, |d| d.field_values_for(&ids));
+        let samples = match result {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                self.fields = ids;
+                return Ok(());
+            }
+            Err(Lost) => {
+                self.fields = ids;
+                return Err(Lost);
+            }
+        };
+        let mut keep = Vec::with_capacity(ids.len());
+        for (id, sample) in ids.iter().zip(samples) {
+            let Some(&(_, metric)) = FIELDS.iter().find(|(f, _)| *f == id.0) else {
+                continue;
+            };
+            let value = match sample.and_then(|s| s.value) {
+                Ok(SampleValue::F64(v)) => Some(v),
+                Ok(SampleValue::U32(v)) => Some(f64::from(v)),
+                Ok(SampleValue::U64(v)) => Some(v as f64),
+                Ok(SampleValue::I64(v)) => Some(v as f64),
+                Err(NvmlError::GpuLost | NvmlError::ResetRequired) => {
+                    self.fields = ids;
+                    return Err(Lost);
+                }
+                Err(NvmlError::NotSupported | NvmlError::InvalidArg | NvmlError::NoPermission) => {
+                    tracing::debug!(
+                        "GPU {}: field {} ({}) not supported; not asked again",
+                        self.id.index,
+                        id.0,
+                        metric.key()
+                    );
+                    continue;
+                }
+                Err(_) => None,
+            };
+            set(metric, value);
+            keep.push(FieldId(id.0));
+        }
+        self.fields = keep;
+        Ok(())
+    }
+
+    fn processes(&mut self, out: &mut Vec<(ProcessInfo, ProcKind)>) -> Result<(), Lost> {
+        if let Some(list) = self.query(Source::ComputeProcs, Device::running_compute_processes)? {
+            out.extend(list.into_iter().map(|p| (p, ProcKind::Compute)));
+        }
+        if let Some(list) = self.query(Source::GraphicsProcs, Device::running_graphics_processes)? {
+            for p in list {
+                if !out.iter().any(|(q, _)| q.pid == p.pid) {
+                    out.push((p, ProcKind::Graphics));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn mark_lost(&mut self, now_ms: i64) {
+        if self.state != DeviceState::Lost {
+            tracing::error!(
+                "GPU {} ({}) is lost (fallen off the bus or needs a reset); other GPUs keep being sampled",
+                self.id.index,
+                self.id.uuid
+            );
+        }
+        self.state = DeviceState::Lost;
+        self.lost_probe_ms = now_ms;
+    }
+}
+
+/// Samples every GPU through NVML. Not `Sync`: one thread owns it (the daemon runs it on its
+/// sampling thread and sends snapshots over a channel).
+pub struct Sampler {
+    nvml: &'static Nvml,
+    slots: Vec<Slot>,
+    xids: Option<events::XidListener>,
+    process_interval_ms: i64,
+    last_process_ms: Option<i64>,
+    proc_cache: procfs::ProcCache,
+    lib: String,
+    driver_version: Option<String>,
+    scratch: Vec<(ProcessInfo, ProcKind)>,
+}
+
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampler")
+            .field("lib", &self.lib)
+            .field("devices", &self.slots.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Resolves which library to load: `(path, is_sim)`.
+fn library_path(cfg: &SamplerConfig) -> Result<PathBuf, SamplerError> {
+    if let Some(p) = &cfg.nvml_lib {
+        return Ok(p.clone());
+    }
+    if cfg.sim_scenario.is_some() {
+        let exe = std::env::current_exe().ok();
+        let dir = exe
+            .as_deref()
+            .and_then(Path::parent)
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        let path = dir.join(SIM_LIB_FILE);
+        if !path.exists() {
+            return Err(SamplerError::NoSimLibrary { path });
+        }
+        return Ok(path);
+    }
+    Ok(PathBuf::from(DEFAULT_NVML_LIB))
+}
+
+impl Sampler {
+    /// Loads NVML, enumerates the GPUs and (if configured) starts the XID thread.
+    pub fn open(cfg: &SamplerConfig) -> Result<Sampler, SamplerError> {
+        let path = library_path(cfg)?;
+        let lib = path.display().to_string();
+        if let Some(s) = &cfg.sim_scenario {
+            // Set before init, while no other thread of ours reads the environment.
+            std::env::set_var("NVML_SIM_SCENARIO", s);
+        }
+        let os_path: OsString = path.into_os_string();
+        let nvml = match Nvml::builder().lib_path(&os_path).init() {
+            Ok(n) => n,
+            Err(NvmlError::LibloadingError(e)) => {
+                if cfg.sim_scenario.is_some() && cfg.nvml_lib.is_some() {
+                    return Err(SamplerError::NoSimLibrary {
+                        path: PathBuf::from(&os_path),
+                    });
+                }
+                return Err(SamplerError::NoDriver {
+                    lib,
+                    detail: e.to_string(),
+                });
+            }
+            Err(e @ (NvmlError::DriverNotLoaded | NvmlError::LibraryNotFound)) => {
+                return Err(SamplerError::NoDriver {
+                    lib,
+                    detail: e.to_string(),
+                })
+            }
+            Err(e) => {
+                return Err(match &cfg.sim_scenario {
+                    Some(s) => SamplerError::Scenario {
+                        scenario: s.clone(),
+                        source: e,
+                    },
+                    None => SamplerError::Init { lib, source: e },
+                })
+            }
+        };
+        let nvml: &'static Nvml = Box::leak(Box::new(nvml));
+        let count = nvml.device_count().map_err(|e| SamplerError::Init {
+            lib: lib.clone(),
+            source: e,
+        })?;
+        let driver_version = nvml.sys_driver_version().ok();
+        let now = now_ms();
+        let mut slots = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            slots.push(Self::open_slot(nvml, index, now));
+        }
+        let xids = if cfg.xid_events {
+            let regs: Vec<(&Device<'static>, u32, &str)> = slots
+                .iter()
+                .filter(|s| s.state == DeviceState::Ok)
+                .filter_map(|s| Some((s.handle.as_ref()?, s.id.index, s.id.uuid.as_str())))
+                .collect();
+            events::XidListener::start(nvml, &regs)
+        } else {
+            None
+        };
+        Ok(Sampler {
+            nvml,
+            slots,
+            xids,
+            process_interval_ms: i64::try_from(cfg.process_interval.as_millis())
+                .unwrap_or(i64::MAX),
+            last_process_ms: None,
+            proc_cache: procfs::ProcCache::default(),
+            lib,
+            driver_version,
+            scratch: Vec::new(),
+        })
+    }
+
+    fn open_slot(nvml: &'static Nvml, index: u32, now: i64) -> Slot {
+        let mut slot = Slot {
+            handle: None,
+            id: DeviceId {
+                index,
+                ..DeviceId::default()
+            },
+            state: DeviceState::Ok,
+            unsupported: 0,
+            warned: 0,
+            fields: FIELDS.iter().map(|(f, _)| FieldId(*f)).collect(),
+            lost_probe_ms: now,
+        };
+        match nvml.device_by_index(index) {
+            Ok(dev) => slot.handle = Some(dev),
+            Err(e) => {
+                tracing::error!("GPU {index}: no handle ({e}); treated as lost");
+                slot.state = DeviceState::Lost;
+                return slot;
+            }
+        }
+        let Some(dev) = slot.handle.as_ref() else {
+            return slot;
+        };
+        let mut lost = false;
+        let mut note = |r: Result<(), NvmlError>| {
+            if let Err(e) = r {
+                if matches!(e, NvmlError::GpuLost | NvmlError::ResetRequired) {
+                    lost = true;
+                } else {
+                    tracing::debug!("GPU {index}: identity incomplete: {e}");
+                }
+            }
+        };
+        note(dev.uuid().map(|u| slot.id.uuid = u));
+        note(dev.name().map(|n| slot.id.name = n));
+        note(dev.pci_info().map(|p| slot.id.pci_bus_id = p.bus_id));
+        note(dev.minor_number().map(|m| slot.id.minor = Some(m)));
+        if lost {
+            slot.mark_lost(now);
+        }
+        slot
+    }
+
+    /// Identities of all GPUs, in NVML index order.
+    pub fn devices(&self) -> Vec<DeviceId> {
+        self.slots.iter().map(|s| s.id.clone()).collect()
+    }
+
+    /// The library that was loaded (path or name).
+    pub fn library(&self) -> &str {
+        &self.lib
+    }
+
+    /// The driver version NVML reports, if any.
+    pub fn driver_version(&self) -> Option<&str> {
+        self.driver_version.as_deref()
+    }
+
+    /// NVML's own version string, if any.
+    pub fn nvml_version(&self) -> Option<String> {
+        self.nvml.sys_nvml_version().ok()
+    }
+
+    /// Takes one snapshot now.
+    pub fn sample(&mut self) -> Snapshot {
+        self.sample_at(now_ms())
+    }
+
+    /// Takes one snapshot stamped `time_ms`. The process list is refreshed at the first call and
+    /// then whenever the process interval has passed.
+    pub fn sample_at(&mut self, time_ms: i64) -> Snapshot {
+        let mut gpus = Vec::with_capacity(self.slots.len());
+        for slot in &mut self.slots {
+            let mut values = MetricValues::default();
+            if slot.state == DeviceState::Lost && time_ms - slot.lost_probe_ms >= LOST_PROBE_MS {
+                slot.lost_probe_ms = time_ms;
+                let probe = slot
+                    .handle
+                    .as_ref()
+                    .map(|d| d.temperature(TemperatureSensor::Gpu));
+                if let Some(Ok(_)) = probe {
+                    tracing::warn!("GPU {} answers again", slot.id.index);
+                    slot.state = DeviceState::Ok;
+                }
+            }
+            if slot.state == DeviceState::Ok && slot.read(&mut values).is_err() {
+                slot.mark_lost(time_ms);
+                values = MetricValues::default();
+            }
+            gpus.push(GpuSample {
+                time_ms,
+                id: slot.id.clone(),
+                state: slot.state,
+                values,
+            });
+        }
+        let due = self
+            .last_process_ms
+            .is_none_or(|last| time_ms - last >= self.process_interval_ms);
+        let processes = due.then(|| {
+            self.last_process_ms = Some(time_ms);
+            self.read_processes(time_ms)
+        });
+        // A device found lost while listing processes shows as lost from the next tick on.
+        let xids = self
+            .xids
+            .as_ref()
+            .map(events::XidListener::drain)
+            .unwrap_or_default();
+        Snapshot {
+            time_ms,
+            gpus,
+            processes,
+            xids,
+        }
+    }
+
+    fn read_processes(&mut self, time_ms: i64) -> Vec<ProcSample> {
+        let mut out = Vec::new();
+        for slot in &mut self.slots {
+            if slot.state != DeviceState::Ok {
+                continue;
+            }
+            self.scratch.clear();
+            if slot.processes(&mut self.scratch).is_err() {
+                slot.mark_lost(time_ms);
+                continue;
+            }
+            for (p, kind) in self.scratch.drain(..) {
+                let d = self.proc_cache.lookup(p.pid);
+                out.push(ProcSample {
+                    pid: p.pid,
+                    gpu_index: slot.id.index,
+                    gpu_uuid: slot.id.uuid.clone(),
+                    used_mem_bytes: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => Some(b),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                    kind,
+                    uid: d.uid,
+                    user: d.user,
+                    command: d.command,
+                    container: d.container,
+                    runtime_s: d.runtime_s,
+                });
+            }
+        }
+        let alive: Vec<u32> = out.iter().map(|p| p.pid).collect();
+        self.proc_cache.retain(&alive);
+        out
+    }
+}
+
+/// Absolute-time tick schedule: tick `k` is due at `start + k × interval`. A tick that could
+/// not be taken within half an interval of its time is skipped (a gap), never made up in a
+/// burst.
+#[derive(Debug, Clone)]
+pub struct Ticker {
+    start: Instant,
+    interval: Duration,
+    next_k: u64,
+    missed: u64,
+}
+
+impl Ticker {
+    /// A schedule whose first tick is due at `start`.
+    pub fn new(start: Instant, interval: Duration) -> Ticker {
+        Ticker {
+            start,
+            interval,
+            next_k: 0,
+            missed: 0,
+        }
+    }
+
+    fn due(&self, k: u64) -> Instant {
+        let nanos = self.interval.as_nanos().saturating_mul(u128::from(k));
+        self.start + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// When the next tick is due, given the time `now`; ticks already too late are skipped.
+    pub fn next(&mut self, now: Instant) -> Instant {
+        loop {
+            let t = self.due(self.next_k);
+            self.next_k += 1;
+            if now <= t + self.interval / 2 {
+                return t;
+            }
+            self.missed += 1;
+        }
+    }
+
+    /// Ticks skipped so far because they were late.
+    pub fn missed(&self) -> u64 {
+        self.missed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticker_keeps_absolute_schedule_and_skips_late_ticks() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut t = Ticker::new(t0, ms(100));
+        assert_eq!(t.next(t0), t0);
+        assert_eq!(t.next(t0 + ms(10)), t0 + ms(100));
+        // Woke 30 ms late for tick 2: still taken (within half an interval).
+        assert_eq!(t.next(t0 + ms(130)), t0 + ms(200));
+        // Work took long: ticks 3 and 4 are gone, the next due is 5.
+        assert_eq!(t.next(t0 + ms(460)), t0 + ms(500));
+        assert_eq!(t.missed(), 2);
+    }
+
+    #[test]
+    fn sampler_can_move_to_its_own_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Sampler>();
+    }
+
+    #[test]
+    fn missing_library_is_a_no_driver_error() {
+        let cfg = SamplerConfig {
+            nvml_lib: Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),
+            ..SamplerConfig::default()
+        };
+        let err = Sampler::open(&cfg).unwrap_err();
+        assert!(matches!(err, SamplerError::NoDriver { .. }), "{err:?}");
+        let line = err.to_string();
+        assert!(!line.contains('\n'));
+        assert!(line.contains("--sim overnight"), "{line}");
+    }
+}

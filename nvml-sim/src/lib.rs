@@ -1,1 +1,22 @@
+//! `nvml-sim`: a simulated `libnvidia-ml.so.1` driven by scenario files.
+//!
+//! Built as a cdylib with the soname `libnvidia-ml.so.1`, it exports the NVML C ABI that
+//! nvml-wrapper, pynvml (gpustat, nvitop) and friends look up, with exact struct layouts, version
+//! fields and return codes. What it reports comes from a scenario (`NVML_SIM_SCENARIO`: a shipped
+//! name or a TOML path): devices, per-metric signals over scenario time, timed events (XID, ECC,
+//! throttling, GPU lost), fault injection and processes. See `README.md` for the format.
+//!
+//! Modules: `signal` (signal shapes), `trace` (CSV replay), `scenario` (format + validation),
+//! `shipped` (embedded scenarios, env), `sim` (runtime state), `errors` (return codes),
+//! `ffi` (the exported C functions).
 
+pub mod errors;
+pub mod ffi;
+pub mod scenario;
+pub mod shipped;
+pub mod signal;
+pub mod sim;
+pub mod trace;
+
+/// Most devices a scenario may declare.
+pub const MAX_DEVICES: usize = 64;

@@ -1,30 +1,265 @@
-//! `gpuwatch` subcommands: check,test,replay (placeholder until implemented).
+//! `gpuwatch check`, `gpuwatch test` and `gpuwatch replay`: validate rules, run rule unit tests,
+//! and play a recording (gpuwatch CSV or nvidia-smi CSV) through the rules in virtual time.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 use super::GlobalArgs;
+use crate::config::Config;
+use crate::engine::{Engine, EngineOptions};
+use crate::model::{AlertEvent, AlertStatus};
+use crate::rules::{default_rule_paths, RuleSet, RulesConfig};
+use crate::trace::{format_time_ms, TraceReader};
 
 /// Arguments of `check`.
 #[derive(Debug, clap::Args)]
-pub struct CheckArgs {}
+pub struct CheckArgs {
+    /// Configuration file to validate (its `[daemon] rules` and `[rules] dirs` name the rules).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Rule directory or file (repeatable). Default: from the config, else ./rules, else the
+    /// stock rules shipped with gpuwatch.
+    #[arg(long = "rules", value_name = "DIR")]
+    pub rules: Vec<PathBuf>,
+}
+
+fn load_config(path: Option<&Path>) -> anyhow::Result<Option<Config>> {
+    path.map(crate::config::load).transpose()
+}
 
 /// Runs `check`.
-pub fn check(_global: &GlobalArgs, _args: &CheckArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`check` is not implemented yet")
+pub fn check(_global: &GlobalArgs, args: &CheckArgs) -> anyhow::Result<i32> {
+    let config = match load_config(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e:#}");
+            return Ok(1);
+        }
+    };
+    let rules_config = config.as_ref().map(|c| c.rules.clone()).unwrap_or_default();
+    let mut errors: Vec<String> = Vec::new();
+    if let Some(c) = &config {
+        if let Err(e) = crate::config::parse_duration_ms(&c.daemon.interval) {
+            errors.push(format!(
+                "{}: [daemon] interval: {e}",
+                display(args.config.as_deref())
+            ));
+        }
+    }
+    if let Err(e) = rules_config.eval_interval_ms() {
+        errors.push(format!(
+            "{}: [rules] eval_interval: {e}",
+            display(args.config.as_deref())
+        ));
+    }
+    let paths = default_rule_paths(&args.rules, config.as_ref(), &rules_config);
+    match RuleSet::load(&paths, &rules_config) {
+        Ok(set) => {
+            for p in set.check_params(&rules_config) {
+                errors.push(format!("{}: {p}", display(args.config.as_deref())));
+            }
+            if errors.is_empty() {
+                let names: Vec<&str> = set.rules().iter().map(|r| r.spec.name.as_str()).collect();
+                println!(
+                    "ok: {} rules in {} files ({})",
+                    set.len(),
+                    set.files().len(),
+                    names.join(", ")
+                );
+            }
+        }
+        Err(errs) => errors.extend(errs.iter().map(ToString::to_string)),
+    }
+    for e in &errors {
+        eprintln!("{e}");
+    }
+    Ok(i32::from(!errors.is_empty()))
+}
+
+fn display(p: Option<&Path>) -> String {
+    p.map_or_else(|| "config".to_string(), |p| p.display().to_string())
 }
 
 /// Arguments of `test`.
 #[derive(Debug, clap::Args)]
-pub struct TestArgs {}
+pub struct TestArgs {
+    /// Rule test files (TOML, see docs/rules.md); a directory runs every `*.toml` in it.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+}
 
 /// Runs `test`.
-pub fn test(_global: &GlobalArgs, _args: &TestArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`test` is not implemented yet")
+pub fn test(_global: &GlobalArgs, args: &TestArgs) -> anyhow::Result<i32> {
+    let mut files = Vec::new();
+    for f in &args.files {
+        if f.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(f)
+                .with_context(|| format!("cannot read {}", f.display()))?
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                .collect();
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(f.clone());
+        }
+    }
+    let (mut passed, mut failed) = (0, 0);
+    let mut out = std::io::stdout().lock();
+    for f in &files {
+        writeln!(out, "{}", f.display())?;
+        match crate::rules::testfile::run_file(f) {
+            Ok(reports) => {
+                for r in reports {
+                    if r.passed {
+                        passed += 1;
+                        writeln!(out, "  ok    {}", r.name)?;
+                    } else {
+                        failed += 1;
+                        writeln!(out, "  FAIL  {}", r.name)?;
+                        for l in r.detail.lines() {
+                            writeln!(out, "        {l}")?;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                writeln!(out, "  ERROR {e}")?;
+            }
+        }
+    }
+    writeln!(out, "{passed} passed, {failed} failed")?;
+    Ok(i32::from(failed > 0))
 }
 
 /// Arguments of `replay`.
 #[derive(Debug, clap::Args)]
-pub struct ReplayArgs {}
+pub struct ReplayArgs {
+    /// The recording: gpuwatch CSV or nvidia-smi `--query-gpu=… --format=csv` log (detected).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Rule directory or file (repeatable); default as for `check`.
+    #[arg(long = "rules", value_name = "DIR")]
+    pub rules: Vec<PathBuf>,
+    /// Configuration file (for `[rules]` parameters, directories and eval_interval).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// One JSON object per line per transition.
+    #[arg(long)]
+    pub json: bool,
+    /// Header line for an nvidia-smi log written with `noheader`, e.g.
+    /// "timestamp, index, utilization.gpu [%], memory.used [MiB]".
+    #[arg(long, value_name = "HEADER")]
+    pub smi_header: Option<String>,
+    /// Rule evaluation interval (default: `[rules] eval_interval`, else 5s; 0 = every snapshot).
+    #[arg(long, value_name = "DURATION")]
+    pub eval_interval: Option<String>,
+    /// Also print `repeat` re-notifications.
+    #[arg(long)]
+    pub repeats: bool,
+}
+
+/// One transition as `replay --json` prints it.
+pub fn event_json(ev: &AlertEvent) -> serde_json::Value {
+    serde_json::json!({
+        "at": format_time_ms(ev.at_ms),
+        "alert": ev.name,
+        "gpu": ev.gpu,
+        "state": match ev.status { AlertStatus::Firing => "firing", AlertStatus::Resolved => "resolved" },
+        "severity": ev.severity.as_str(),
+        "summary": ev.annotations.get("summary").cloned().unwrap_or_default(),
+    })
+}
 
 /// Runs `replay`.
-pub fn replay(_global: &GlobalArgs, _args: &ReplayArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`replay` is not implemented yet")
+pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
+    let config = load_config(args.config.as_deref())?;
+    let mut rules_config: RulesConfig =
+        config.as_ref().map(|c| c.rules.clone()).unwrap_or_default();
+    if let Some(e) = &args.eval_interval {
+        rules_config.eval_interval = Some(e.clone());
+    }
+    let eval_interval_ms = rules_config
+        .eval_interval_ms()
+        .map_err(|e| anyhow::anyhow!("eval interval: {e}"))?;
+    let paths = default_rule_paths(&args.rules, config.as_ref(), &rules_config);
+    let rules = match RuleSet::load(&paths, &rules_config) {
+        Ok(r) => r,
+        Err(errs) => {
+            for e in errs {
+                eprintln!("{e}");
+            }
+            return Ok(1);
+        }
+    };
+    let reader = TraceReader::open(&args.file, args.smi_header.as_deref())?;
+    let opts = EngineOptions {
+        hostname: crate::engine::local_hostname(),
+        eval_interval_ms,
+        sample_interval_ms: None,
+    };
+    let mut engine = Engine::new(rules, opts);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut transitions = 0u64;
+    let mut write_err: Option<std::io::Error> = None;
+    let started = std::time::Instant::now();
+    let stats = crate::engine::replay(&mut engine, reader, |ev| {
+        if ev.repeat && !args.repeats {
+            return;
+        }
+        transitions += 1;
+        let r = if args.json {
+            writeln!(out, "{}", event_json(ev))
+        } else {
+            let state = match (ev.status, ev.repeat) {
+                (AlertStatus::Firing, false) => "FIRING",
+                (AlertStatus::Firing, true) => "REPEAT",
+                (AlertStatus::Resolved, _) => "RESOLVED",
+            };
+            let gpu = ev
+                .gpu
+                .map_or_else(|| "host".to_string(), |g| format!("gpu {g}"));
+            writeln!(
+                out,
+                "{}  {state:<8}  {:<20} {gpu:<6} {:<8} {}",
+                format_time_ms(ev.at_ms),
+                ev.name,
+                ev.severity.as_str(),
+                ev.annotations.get("summary").map_or("", String::as_str)
+            )
+        };
+        if let Err(e) = r {
+            write_err.get_or_insert(e);
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e.into());
+    }
+    out.flush()?;
+    drop(out);
+    let still: Vec<String> = engine
+        .alerts()
+        .filter(|a| a.phase == crate::alert::Phase::Firing)
+        .map(|a| match a.gpu {
+            Some(g) => format!("{} (gpu {g})", a.labels.get("alertname").unwrap_or(&a.key)),
+            None => a.labels.get("alertname").unwrap_or(&a.key).clone(),
+        })
+        .collect();
+    eprintln!(
+        "replayed {} snapshots ({} GPU samples{}) through {} rules in {:.2} s: {transitions} transitions; firing at the end: {}",
+        stats.snapshots,
+        stats.gpu_samples,
+        match (stats.first_ms, stats.last_ms) {
+            (Some(a), Some(b)) => format!(", {} to {}", format_time_ms(a), format_time_ms(b)),
+            _ => String::new(),
+        },
+        engine.rule_count(),
+        started.elapsed().as_secs_f64(),
+        if still.is_empty() { "none".to_string() } else { still.join(", ") }
+    );
+    Ok(0)
 }

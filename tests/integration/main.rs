@@ -1,1 +1,9 @@
+//! The one integration test binary: each area is a module. Tests run the real `gpuwatch` binary
+//! as subprocesses against the simulated NVML library (built once by `common::sim_lib`).
+
+#[allow(dead_code)]
+mod common;
+mod fidelity;
 mod job;
+mod metrics_doc;
+mod sim;

@@ -1,0 +1,92 @@
+"""Side-by-side benchmark driver (run by bench/sampler.sh).
+
+Starts, at the same time, `gpuwatch record` (100 ms interval, CSV to /dev/null) and a Python
+process running gpustat's own query loop (`gpustat.new_query()` every 100 ms), both against the
+same simulated NVML library playing the `healthy` scenario (8 GPUs). CPU time (user + system) and
+peak RSS come from wait4() on each child, so each side is charged exactly its own process.
+gpuwatch's figure includes its start-up; gpustat's excludes Python and module start-up (the loop
+measures itself), which favours gpustat.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+GPUSTAT_LOOP = r"""
+import json, resource, sys, time
+import gpustat
+seconds, interval = float(sys.argv[1]), float(sys.argv[2])
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+gpus = len(gpustat.new_query().gpus)            # warm-up (imports, first init)
+c0, t0, ticks = cpu(), time.monotonic(), 0
+while True:
+    due = t0 + ticks * interval
+    now = time.monotonic()
+    if due - t0 >= seconds:
+        break
+    if due > now:
+        time.sleep(due - now)
+    gpustat.new_query()
+    ticks += 1
+print(json.dumps({"ticks": ticks, "cpu_s": cpu() - c0, "gpus": gpus}))
+"""
+
+
+def wait_rusage(proc):
+    _, status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return ru
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--interval", type=float, default=0.1)
+    ap.add_argument("--scenario", default="healthy")
+    ap.add_argument("--gpuwatch", required=True)
+    ap.add_argument("--sim-lib", required=True)
+    a = ap.parse_args()
+
+    libdir = tempfile.mkdtemp(prefix="gpuwatch-bench-")
+    os.symlink(os.path.abspath(a.sim_lib), os.path.join(libdir, "libnvidia-ml.so.1"))
+    env = dict(os.environ, NVML_SIM_SCENARIO=a.scenario, LD_LIBRARY_PATH=libdir)
+    for k in ("NVML_SIM_TIME_SCALE", "NVML_SIM_CONTROL", "GPUWATCH_NVML_LIB"):
+        env.pop(k, None)
+
+    interval_ms = int(round(a.interval * 1000))
+    gw_cmd = [a.gpuwatch, "--nvml-lib", os.path.join(libdir, "libnvidia-ml.so.1"), "record",
+              "--interval", f"{interval_ms}ms", "--duration", f"{a.seconds}s"]
+    with open(os.devnull, "wb") as devnull:
+        gw = subprocess.Popen(gw_cmd, env=env, stdout=devnull, stderr=subprocess.PIPE)
+        gs = subprocess.Popen([sys.executable, "-c", GPUSTAT_LOOP, str(a.seconds), str(a.interval)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        gs_ru = wait_rusage(gs)
+        gw_ru = wait_rusage(gw)
+    gs_out, gs_err = gs.stdout.read().decode(), gs.stderr.read().decode()
+    gw_err = gw.stderr.read().decode()
+    if gw.returncode != 0 or gs.returncode != 0:
+        sys.exit(f"benchmark run failed:\ngpuwatch: {gw_err}\ngpustat: {gs_err}")
+    g = json.loads(gs_out)
+    gw_ticks = int(a.seconds / a.interval)
+    gw_cpu = gw_ru.ru_utime + gw_ru.ru_stime
+    gw_per = gw_cpu / gw_ticks
+    gs_per = g["cpu_s"] / g["ticks"]
+    print(f"scenario {a.scenario}: {g['gpus']} simulated GPUs, interval {interval_ms} ms, {a.seconds:g} s side by side")
+    print(f"gpuwatch record : {gw_ticks:5d} ticks  CPU {gw_cpu:8.3f} s  = {gw_per * 1e6:9.1f} us/tick"
+          f"  peak RSS {gw_ru.ru_maxrss / 1024:6.1f} MiB")
+    print(f"gpustat loop    : {g['ticks']:5d} ticks  CPU {g['cpu_s']:8.3f} s  = {gs_per * 1e6:9.1f} us/tick"
+          f"  peak RSS {gs_ru.ru_maxrss / 1024:6.1f} MiB")
+    print(f"ratio           : gpustat uses {gs_per / gw_per:.0f}x the CPU per sample of gpuwatch"
+          f" (target >= 50x); gpuwatch RSS target < 20 MiB")
+    os.unlink(os.path.join(libdir, "libnvidia-ml.so.1"))
+    os.rmdir(libdir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# CPU time per sampled tick and peak RSS: gpuwatch vs gpustat, 8 simulated GPUs, 100 ms interval,
+# both running side by side against the same simulated libnvidia-ml.so.1 (release builds).
+#
+#   bash bench/sampler.sh [SECONDS]        (default 30; needs .venv-ci from .ci/run, or
+#                                           GPUWATCH_PEERS=<venv with gpustat>)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_TO_RUN="${1:-30}"
+PEERS="${GPUWATCH_PEERS:-$PWD/.venv-ci}"
+if [ ! -x "$PEERS/bin/python" ]; then
+    python3 -m venv "$PEERS"
+    "$PEERS/bin/python" -m pip install --quiet nvidia-ml-py gpustat nvitop
+fi
+cargo build --release -q -p gpuwatch -p nvml-sim
+exec "$PEERS/bin/python" bench/sampler.py --seconds "$SECONDS_TO_RUN" \
+    --gpuwatch target/release/gpuwatch --sim-lib target/release/libnvml_sim.so

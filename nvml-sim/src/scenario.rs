@@ -1,0 +1,1373 @@
+//! Scenario files: the TOML format (raw serde structs), its validation, and the resolved model
+//! (`Scenario`, `DeviceSpec`, `Event`, `Fault`, `ProcessSpec`) that the simulator evaluates.
+//!
+//! Every error names the file, line and column (toml spans give them). See `README.md` for the
+//! format reference.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::signal::{hash_str, mix, Shape, Signal};
+use crate::trace::{Trace, TraceSpec};
+
+/// Bytes in one MiB.
+pub const MIB: f64 = 1024.0 * 1024.0;
+
+/// A scenario error, displayed as `file:line:column: message`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScenarioError {
+    /// File path, or `<shipped scenario NAME>`.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column (in characters).
+    pub column: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file, self.line, self.column, self.message
+        )
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+/// 1-based line and column of a byte offset.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    let column = before
+        .get(line_start..)
+        .map(|s| s.chars().count())
+        .unwrap_or(0)
+        + 1;
+    (line, column)
+}
+
+/// The metrics a scenario can drive with signals. The key is the TOML name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    GpuUtilPct,
+    MemUtilPct,
+    MemoryUsedMib,
+    TemperatureC,
+    MemoryTemperatureC,
+    PowerW,
+    SmClockMhz,
+    GraphicsClockMhz,
+    MemClockMhz,
+    VideoClockMhz,
+    FanPct,
+    PcieTxKbS,
+    PcieRxKbS,
+    EncoderUtilPct,
+    DecoderUtilPct,
+    Pstate,
+    ClockEventReasons,
+}
+
+impl Metric {
+    /// Every metric, in table order.
+    pub const ALL: [Metric; 17] = [
+        Metric::GpuUtilPct,
+        Metric::MemUtilPct,
+        Metric::MemoryUsedMib,
+        Metric::TemperatureC,
+        Metric::MemoryTemperatureC,
+        Metric::PowerW,
+        Metric::SmClockMhz,
+        Metric::GraphicsClockMhz,
+        Metric::MemClockMhz,
+        Metric::VideoClockMhz,
+        Metric::FanPct,
+        Metric::PcieTxKbS,
+        Metric::PcieRxKbS,
+        Metric::EncoderUtilPct,
+        Metric::DecoderUtilPct,
+        Metric::Pstate,
+        Metric::ClockEventReasons,
+    ];
+
+    /// The TOML key.
+    pub fn key(self) -> &'static str {
+        match self {
+            Metric::GpuUtilPct => "gpu_util_pct",
+            Metric::MemUtilPct => "mem_util_pct",
+            Metric::MemoryUsedMib => "memory_used_mib",
+            Metric::TemperatureC => "temperature_c",
+            Metric::MemoryTemperatureC => "memory_temperature_c",
+            Metric::PowerW => "power_w",
+            Metric::SmClockMhz => "sm_clock_mhz",
+            Metric::GraphicsClockMhz => "graphics_clock_mhz",
+            Metric::MemClockMhz => "mem_clock_mhz",
+            Metric::VideoClockMhz => "video_clock_mhz",
+            Metric::FanPct => "fan_pct",
+            Metric::PcieTxKbS => "pcie_tx_kb_s",
+            Metric::PcieRxKbS => "pcie_rx_kb_s",
+            Metric::EncoderUtilPct => "encoder_util_pct",
+            Metric::DecoderUtilPct => "decoder_util_pct",
+            Metric::Pstate => "pstate",
+            Metric::ClockEventReasons => "clock_event_reasons",
+        }
+    }
+
+    /// Position in `ALL`.
+    pub fn position(self) -> usize {
+        self as usize
+    }
+
+    fn from_key(key: &str) -> Option<Metric> {
+        Metric::ALL.iter().copied().find(|m| m.key() == key)
+    }
+
+    /// Valid range (values are clamped into it).
+    pub fn range(self) -> (f64, f64) {
+        match self {
+            Metric::GpuUtilPct
+            | Metric::MemUtilPct
+            | Metric::FanPct
+            | Metric::EncoderUtilPct
+            | Metric::DecoderUtilPct => (0.0, 100.0),
+            Metric::Pstate => (0.0, 15.0),
+            Metric::TemperatureC | Metric::MemoryTemperatureC => (-40.0, 200.0),
+            _ => (0.0, f64::MAX),
+        }
+    }
+}
+
+/// How a device reports memory repairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryRepair {
+    /// Ampere and newer: remapped rows (fields 142–145); retired pages NOT_SUPPORTED.
+    RowRemap,
+    /// Pre-Ampere: retired pages; remapped rows NOT_SUPPORTED.
+    PageRetirement,
+}
+
+/// One simulated GPU's static description and its metric signals.
+#[derive(Debug, Clone)]
+pub struct DeviceSpec {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub serial: String,
+    pub pci_domain: u32,
+    pub pci_bus: u32,
+    pub pci_device: u32,
+    pub pci_device_id: u32,
+    pub pci_subsystem_id: u32,
+    pub minor: u32,
+    pub memory_total_bytes: u64,
+    pub memory_reserved_bytes: u64,
+    pub power_limit_mw: u32,
+    pub power_default_limit_mw: u32,
+    pub power_min_limit_mw: u32,
+    pub power_max_limit_mw: u32,
+    pub temp_shutdown_c: u32,
+    pub temp_slowdown_c: u32,
+    pub temp_gpu_max_c: u32,
+    pub temp_mem_max_c: u32,
+    pub ecc_enabled: bool,
+    pub num_fans: u32,
+    pub max_sm_clock_mhz: u32,
+    pub max_mem_clock_mhz: u32,
+    pub max_video_clock_mhz: u32,
+    pub pcie_gen: u32,
+    pub pcie_width: u32,
+    pub architecture: u32,
+    pub cuda_cc_major: i32,
+    pub cuda_cc_minor: i32,
+    pub vbios_version: String,
+    pub board_part_number: String,
+    pub persistence_mode: bool,
+    pub compute_mode: u32,
+    pub memory_repair: MemoryRepair,
+    pub energy_start_mj: u64,
+    /// One optional signal per `Metric::ALL` entry.
+    pub signals: Vec<Option<Signal>>,
+    /// Noise seed for this device.
+    pub seed: u64,
+}
+
+impl DeviceSpec {
+    /// The PCI bus id in NVML's 8-digit-domain form, e.g. `00000000:18:00.0`.
+    pub fn bus_id(&self) -> String {
+        format!(
+            "{:08X}:{:02X}:{:02X}.0",
+            self.pci_domain, self.pci_bus, self.pci_device
+        )
+    }
+
+    /// The legacy 4-digit-domain form, e.g. `0000:18:00.0`.
+    pub fn bus_id_legacy(&self) -> String {
+        format!(
+            "{:04X}:{:02X}:{:02X}.0",
+            self.pci_domain, self.pci_bus, self.pci_device
+        )
+    }
+
+    /// The signal for a metric, if the scenario set one.
+    pub fn signal(&self, metric: Metric) -> Option<&Signal> {
+        self.signals.get(metric.position()).and_then(Option::as_ref)
+    }
+}
+
+/// What a timed event does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventKind {
+    /// An XID error, delivered through event sets (`nvmlEventTypeXidCriticalError`).
+    Xid(u64),
+    /// ECC error counter increments (volatile and aggregate).
+    Ecc { corrected: u64, uncorrected: u64 },
+    /// A retired page (pre-Ampere page retirement).
+    RetiredPage {
+        double_bit: bool,
+        address: u64,
+        pending: bool,
+    },
+    /// Row remapping counters (Ampere+); `pending`/`failure` set those flags when given.
+    RemappedRow {
+        correctable: u64,
+        uncorrectable: u64,
+        pending: Option<bool>,
+        failure: Option<bool>,
+    },
+    /// Sets the clock event (throttle) reasons mask from now on; `None` returns to the signal.
+    ClockEventReasons(Option<u64>),
+    /// PCIe replay counter increment.
+    PcieReplay(u64),
+    /// The GPU falls off the bus: every later call on it returns GPU_IS_LOST.
+    Lost,
+}
+
+/// A timed event on one GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub at_s: f64,
+    pub gpu: u32,
+    pub kind: EventKind,
+}
+
+/// Per-function fault injection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    /// Exact symbol name, or a prefix ending in `*` (`nvmlDeviceGet*`), or `*`.
+    pub function: String,
+    /// Return this code instead of answering.
+    pub error: Option<u32>,
+    /// Sleep this long before answering.
+    pub latency_ms: f64,
+    /// Only these GPUs (device calls); `None` = all, and system calls too.
+    pub gpus: Option<Vec<u32>>,
+    pub from_s: f64,
+    pub until_s: f64,
+}
+
+impl Fault {
+    /// Whether this fault applies to a call.
+    pub fn matches(&self, function: &str, gpu: Option<u32>, t_s: f64) -> bool {
+        let name_ok = match self.function.strip_suffix('*') {
+            Some(prefix) => function.starts_with(prefix),
+            None => self.function == function,
+        };
+        let gpu_ok = match (&self.gpus, gpu) {
+            (None, _) => true,
+            (Some(list), Some(g)) => list.contains(&g),
+            (Some(_), None) => false,
+        };
+        name_ok && gpu_ok && t_s >= self.from_s && t_s < self.until_s
+    }
+}
+
+/// Which process id a process entry reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PidSpec {
+    Fixed(u32),
+    /// The process that loaded the library.
+    SelfPid,
+    /// Its parent.
+    Parent,
+}
+
+/// How much memory a process entry reports.
+#[derive(Debug, Clone)]
+pub enum ProcessMemory {
+    /// Follows the GPU's `memory_used_mib` signal.
+    Device,
+    /// A signal in MiB.
+    Signal(Signal),
+    /// NVML_VALUE_NOT_AVAILABLE.
+    Unknown,
+}
+
+/// A process shown on a GPU.
+#[derive(Debug, Clone)]
+pub struct ProcessSpec {
+    pub gpu: u32,
+    pub pid: PidSpec,
+    pub memory: ProcessMemory,
+    pub graphics: bool,
+    pub from_s: f64,
+    pub until_s: f64,
+    /// SM utilization reported by nvmlDeviceGetProcessUtilization (default: the GPU's).
+    pub sm_util_pct: Option<f64>,
+}
+
+/// A resolved scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    /// File path or `<shipped scenario NAME>`.
+    pub source: String,
+    pub time_scale: f64,
+    pub seed: u64,
+    pub driver_version: String,
+    pub nvml_version: String,
+    pub cuda_driver_version: i32,
+    pub devices: Vec<DeviceSpec>,
+    /// Sorted by time.
+    pub events: Vec<Event>,
+    pub faults: Vec<Fault>,
+    pub processes: Vec<ProcessSpec>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw TOML structures
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    name: Option<String>,
+    description: Option<String>,
+    time_scale: Option<Spanned<f64>>,
+    seed: Option<u64>,
+    driver_version: Option<String>,
+    nvml_version: Option<String>,
+    cuda_driver_version: Option<i32>,
+    devices: Option<Spanned<RawDevice>>,
+    #[serde(default)]
+    device: Vec<Spanned<RawDevice>>,
+    #[serde(default)]
+    event: Vec<Spanned<RawEvent>>,
+    #[serde(default)]
+    fault: Vec<Spanned<RawFault>>,
+    #[serde(default)]
+    process: Vec<Spanned<RawProcess>>,
+}
+
+#[derive(Debug, Default, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawDevice {
+    count: Option<u32>,
+    index: Option<Spanned<u32>>,
+    name: Option<String>,
+    uuid: Option<String>,
+    serial: Option<String>,
+    pci_bus_id: Option<Spanned<String>>,
+    pci_device_id: Option<u32>,
+    pci_subsystem_id: Option<u32>,
+    minor: Option<u32>,
+    memory_total_mib: Option<f64>,
+    memory_reserved_mib: Option<f64>,
+    power_limit_w: Option<f64>,
+    power_default_limit_w: Option<f64>,
+    power_min_limit_w: Option<f64>,
+    power_max_limit_w: Option<f64>,
+    temp_shutdown_c: Option<u32>,
+    temp_slowdown_c: Option<u32>,
+    temp_gpu_max_c: Option<u32>,
+    temp_mem_max_c: Option<u32>,
+    ecc_enabled: Option<bool>,
+    num_fans: Option<u32>,
+    max_sm_clock_mhz: Option<u32>,
+    max_mem_clock_mhz: Option<u32>,
+    max_video_clock_mhz: Option<u32>,
+    pcie_gen: Option<u32>,
+    pcie_width: Option<u32>,
+    architecture: Option<u32>,
+    cuda_compute_capability: Option<Spanned<String>>,
+    vbios_version: Option<String>,
+    board_part_number: Option<String>,
+    persistence_mode: Option<bool>,
+    compute_mode: Option<u32>,
+    memory_repair: Option<Spanned<String>>,
+    energy_start_j: Option<f64>,
+    #[serde(default)]
+    metrics: BTreeMap<String, Spanned<RawSignal>>,
+}
+
+/// A signal as written: a number (constant) or a table with a `type`.
+#[derive(Debug, Clone)]
+enum RawSignal {
+    Number(f64),
+    Table(Box<RawSignalTable>),
+}
+
+impl<'de> Deserialize<'de> for RawSignal {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SignalVisitor;
+        impl<'de> Visitor<'de> for SignalVisitor {
+            type Value = RawSignal;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a number or a signal table such as { type = \"noise\", mean = 95, amplitude = 3 }",
+                )
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawSignal, E> {
+                Ok(RawSignal::Number(v as f64))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawSignal, E> {
+                Ok(RawSignal::Number(v as f64))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawSignal, E> {
+                Ok(RawSignal::Number(v))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawSignal, A::Error> {
+                RawSignalTable::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(|t| RawSignal::Table(Box::new(t)))
+            }
+        }
+        deserializer.deserialize_any(SignalVisitor)
+    }
+}
+
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawSignalTable {
+    #[serde(rename = "type")]
+    kind: String,
+    value: Option<f64>,
+    from: Option<f64>,
+    to: Option<f64>,
+    start_s: Option<f64>,
+    duration_s: Option<f64>,
+    per_s: Option<f64>,
+    per_min: Option<f64>,
+    period_s: Option<f64>,
+    duty: Option<f64>,
+    high: Option<f64>,
+    low: Option<f64>,
+    phase_s: Option<f64>,
+    mean: Option<f64>,
+    amplitude: Option<f64>,
+    points: Option<Vec<(f64, RawSignal)>>,
+    file: Option<String>,
+    column: Option<String>,
+    time_column: Option<String>,
+    interval_s: Option<f64>,
+    match_column: Option<String>,
+    match_value: Option<String>,
+    #[serde(rename = "loop")]
+    looped: Option<bool>,
+    scale: Option<f64>,
+    offset: Option<f64>,
+    noise: Option<f64>,
+    noise_period_s: Option<f64>,
+    min: Option<f64>,
+    max: Option<f64>,
+    seed: Option<u64>,
+}
+
+/// `gpu = 3`, `gpu = [1, 2]` or `gpu = "all"`.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+enum RawGpus {
+    One(u32),
+    Many(Vec<u32>),
+    Word(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEvent {
+    at_s: f64,
+    gpu: RawGpus,
+    kind: String,
+    code: Option<u64>,
+    corrected: Option<u64>,
+    uncorrected: Option<u64>,
+    cause: Option<String>,
+    address: Option<u64>,
+    pending: Option<bool>,
+    failure: Option<bool>,
+    reasons: Option<Vec<String>>,
+    mask: Option<u64>,
+    count: Option<u64>,
+}
+
+/// `error = "NOT_SUPPORTED"` or `error = 15`.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+enum RawCode {
+    Number(u32),
+    Name(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFault {
+    function: String,
+    error: Option<RawCode>,
+    latency_ms: Option<f64>,
+    gpus: Option<Vec<u32>>,
+    from_s: Option<f64>,
+    until_s: Option<f64>,
+}
+
+/// `pid = 1234`, `"self"` or `"parent"`.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub(crate) enum RawPid {
+    Number(u32),
+    Word(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProcess {
+    gpu: RawGpus,
+    pid: RawPid,
+    used_memory_mib: Option<RawSignal>,
+    used_memory_unknown: Option<bool>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    from_s: Option<f64>,
+    until_s: Option<f64>,
+    sm_util_pct: Option<f64>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+/// Where a scenario's text came from, for error messages and relative trace paths.
+struct Source<'a> {
+    file: String,
+    text: &'a str,
+    base_dir: Option<PathBuf>,
+}
+
+impl Source<'_> {
+    fn err(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> ScenarioError {
+        let (line, column) = line_col(self.text, span.start);
+        ScenarioError {
+            file: self.file.clone(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+}
+
+/// Parses scenario text. `file` names it in errors; `base_dir` resolves relative trace paths.
+pub fn parse(text: &str, file: &str, base_dir: Option<&Path>) -> Result<Scenario, ScenarioError> {
+    let src = Source {
+        file: file.to_string(),
+        text,
+        base_dir: base_dir.map(Path::to_path_buf),
+    };
+    let raw: RawScenario = toml::from_str(text).map_err(|e| {
+        let span = e.span().unwrap_or(0..0);
+        src.err(span, e.message().trim().to_string())
+    })?;
+    resolve(raw, &src)
+}
+
+/// Loads a scenario file from disk.
+pub fn load_file(path: &Path) -> Result<Scenario, ScenarioError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        file: file.clone(),
+        line: 1,
+        column: 1,
+        message: format!("cannot read scenario file: {e}"),
+    })?;
+    let mut scenario = parse(&text, &file, path.parent())?;
+    if scenario.name.is_empty() {
+        scenario.name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+    }
+    Ok(scenario)
+}
+
+/// PCI bus numbers of the eight GPUs in a DGX H100, used for the first eight devices.
+const DGX_BUSES: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+
+fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError> {
+    let seed = raw.seed.unwrap_or(1);
+    let time_scale = match &raw.time_scale {
+        Some(ts) if !(*ts.get_ref() > 0.0 && ts.get_ref().is_finite()) => {
+            return Err(src.err(ts.span(), "time_scale must be a positive number"));
+        }
+        Some(ts) => *ts.get_ref(),
+        None => 1.0,
+    };
+    let defaults = raw
+        .devices
+        .as_ref()
+        .map(|d| d.get_ref().clone())
+        .unwrap_or_default();
+    if let Some(d) = &raw.devices {
+        if let Some(ix) = &d.get_ref().index {
+            return Err(src.err(
+                ix.span(),
+                "`index` belongs in a [[device]] entry, not [devices]",
+            ));
+        }
+    }
+    let count = defaults.count.unwrap_or(8);
+    if count == 0 || count > crate::MAX_DEVICES as u32 {
+        let span = raw.devices.as_ref().map(Spanned::span).unwrap_or(0..0);
+        return Err(src.err(
+            span,
+            format!("devices.count must be between 1 and {}", crate::MAX_DEVICES),
+        ));
+    }
+    let mut overrides: Vec<Option<RawDevice>> = vec![None; count as usize];
+    for entry in &raw.device {
+        let dev = entry.get_ref();
+        let Some(index) = &dev.index else {
+            return Err(src.err(entry.span(), "a [[device]] entry needs `index`"));
+        };
+        if dev.count.is_some() {
+            return Err(src.err(entry.span(), "`count` belongs in [devices]"));
+        }
+        let i = *index.get_ref();
+        if i >= count {
+            return Err(src.err(
+                index.span(),
+                format!("device index {i} is out of range (devices.count = {count})"),
+            ));
+        }
+        if overrides[i as usize].is_some() {
+            return Err(src.err(index.span(), format!("device {i} is described twice")));
+        }
+        overrides[i as usize] = Some(dev.clone());
+    }
+    let mut devices = Vec::with_capacity(count as usize);
+    for (i, ov) in overrides.into_iter().enumerate() {
+        devices.push(resolve_device(i as u32, &defaults, ov.as_ref(), seed, src)?);
+    }
+    // unique identities
+    for a in 0..devices.len() {
+        for b in a + 1..devices.len() {
+            if devices[a].uuid.eq_ignore_ascii_case(&devices[b].uuid) {
+                return Err(src.err(0..0, format!("devices {a} and {b} have the same uuid")));
+            }
+            if devices[a].bus_id() == devices[b].bus_id() {
+                return Err(src.err(
+                    0..0,
+                    format!("devices {a} and {b} have the same pci_bus_id"),
+                ));
+            }
+        }
+    }
+
+    let mut events = Vec::new();
+    for ev in &raw.event {
+        let span = ev.span();
+        let e = ev.get_ref();
+        let gpus = resolve_gpus(&e.gpu, count, src, span.clone())?;
+        let kind = resolve_event_kind(e, src, span.clone())?;
+        if !(e.at_s >= 0.0 && e.at_s.is_finite()) {
+            return Err(src.err(span, "at_s must be a time in seconds >= 0"));
+        }
+        for gpu in gpus {
+            events.push(Event {
+                at_s: e.at_s,
+                gpu,
+                kind: kind.clone(),
+            });
+        }
+    }
+    events.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+
+    let mut faults = Vec::new();
+    for f in &raw.fault {
+        let span = f.span();
+        let r = f.get_ref();
+        if !r.function.starts_with("nvml") && r.function != "*" {
+            return Err(src.err(
+                span,
+                format!("fault function `{}` is not an NVML symbol name", r.function),
+            ));
+        }
+        let error = match &r.error {
+            None => None,
+            Some(RawCode::Number(n)) => Some(*n),
+            Some(RawCode::Name(name)) => {
+                Some(crate::errors::code_by_name(name).ok_or_else(|| {
+                    src.err(span.clone(), format!("unknown NVML error name `{name}`"))
+                })?)
+            }
+        };
+        let latency_ms = r.latency_ms.unwrap_or(0.0);
+        if error.is_none() && latency_ms <= 0.0 {
+            return Err(src.err(span, "a fault needs `error` and/or `latency_ms`"));
+        }
+        if let Some(gpus) = &r.gpus {
+            if let Some(bad) = gpus.iter().find(|g| **g >= count) {
+                return Err(src.err(span, format!("fault gpu {bad} is out of range")));
+            }
+        }
+        faults.push(Fault {
+            function: r.function.clone(),
+            error,
+            latency_ms: latency_ms.max(0.0),
+            gpus: r.gpus.clone(),
+            from_s: r.from_s.unwrap_or(0.0),
+            until_s: r.until_s.unwrap_or(f64::INFINITY),
+        });
+    }
+
+    let mut processes = Vec::new();
+    for p in &raw.process {
+        let span = p.span();
+        let r = p.get_ref();
+        let gpus = resolve_gpus(&r.gpu, count, src, span.clone())?;
+        let pid = resolve_pid(&r.pid).map_err(|m| src.err(span.clone(), m))?;
+        let memory = if r.used_memory_unknown == Some(true) {
+            ProcessMemory::Unknown
+        } else {
+            match &r.used_memory_mib {
+                None => ProcessMemory::Device,
+                Some(sig) => ProcessMemory::Signal(resolve_signal(sig, src, span.clone())?),
+            }
+        };
+        let graphics = match r.kind.as_deref() {
+            None | Some("compute") => false,
+            Some("graphics") => true,
+            Some(other) => {
+                return Err(src.err(
+                    span,
+                    format!("process type `{other}`: expected \"compute\" or \"graphics\""),
+                ))
+            }
+        };
+        for gpu in gpus {
+            processes.push(ProcessSpec {
+                gpu,
+                pid,
+                memory: memory.clone(),
+                graphics,
+                from_s: r.from_s.unwrap_or(0.0),
+                until_s: r.until_s.unwrap_or(f64::INFINITY),
+                sm_util_pct: r.sm_util_pct,
+            });
+        }
+    }
+
+    Ok(Scenario {
+        name: raw.name.unwrap_or_default(),
+        description: raw.description.unwrap_or_default(),
+        source: src.file.clone(),
+        time_scale,
+        seed,
+        driver_version: raw.driver_version.unwrap_or_else(|| "550.54.15".into()),
+        nvml_version: raw.nvml_version.unwrap_or_else(|| "12.550.54.15".into()),
+        cuda_driver_version: raw.cuda_driver_version.unwrap_or(12040),
+        devices,
+        events,
+        faults,
+        processes,
+    })
+}
+
+/// Parses a `pid` value.
+pub(crate) fn resolve_pid(raw: &RawPid) -> Result<PidSpec, String> {
+    match raw {
+        RawPid::Number(n) => Ok(PidSpec::Fixed(*n)),
+        RawPid::Word(w) if w == "self" => Ok(PidSpec::SelfPid),
+        RawPid::Word(w) if w == "parent" => Ok(PidSpec::Parent),
+        RawPid::Word(w) => Err(format!(
+            "pid `{w}`: expected a number, \"self\" or \"parent\""
+        )),
+    }
+}
+
+fn resolve_gpus(
+    raw: &RawGpus,
+    count: u32,
+    src: &Source<'_>,
+    span: std::ops::Range<usize>,
+) -> Result<Vec<u32>, ScenarioError> {
+    let list = match raw {
+        RawGpus::One(g) => vec![*g],
+        RawGpus::Many(v) => v.clone(),
+        RawGpus::Word(w) if w == "all" => (0..count).collect(),
+        RawGpus::Word(w) => {
+            return Err(src.err(
+                span,
+                format!("gpu `{w}`: expected an index, a list of indices or \"all\""),
+            ))
+        }
+    };
+    if let Some(bad) = list.iter().find(|g| **g >= count) {
+        return Err(src.err(
+            span,
+            format!("gpu {bad} is out of range (devices.count = {count})"),
+        ));
+    }
+    Ok(list)
+}
+
+/// Clock event reason names (snake_case) and their bits.
+pub const REASON_BITS: [(&str, u64); 9] = [
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+];
+
+fn resolve_event_kind(
+    e: &RawEvent,
+    src: &Source<'_>,
+    span: std::ops::Range<usize>,
+) -> Result<EventKind, ScenarioError> {
+    let need = |v: Option<u64>, field: &str| {
+        v.ok_or_else(|| {
+            src.err(
+                span.clone(),
+                format!("event kind `{}` needs `{field}`", e.kind),
+            )
+        })
+    };
+    Ok(match e.kind.as_str() {
+        "xid" => EventKind::Xid(need(e.code, "code")?),
+        "ecc" => {
+            let corrected = e.corrected.unwrap_or(0);
+            let uncorrected = e.uncorrected.unwrap_or(0);
+            if corrected == 0 && uncorrected == 0 {
+                return Err(src.err(span, "an ecc event needs `corrected` and/or `uncorrected`"));
+            }
+            EventKind::Ecc {
+                corrected,
+                uncorrected,
+            }
+        }
+        "retired_page" => {
+            let double_bit = match e.cause.as_deref() {
+                Some("sbe") | Some("multiple_single_bit") => false,
+                Some("dbe") | Some("double_bit") | None => true,
+                Some(other) => {
+                    return Err(src.err(
+                        span,
+                        format!("retired_page cause `{other}`: expected \"sbe\" or \"dbe\""),
+                    ))
+                }
+            };
+            EventKind::RetiredPage {
+                double_bit,
+                address: e.address.unwrap_or(0x1_2345_6000),
+                pending: e.pending.unwrap_or(false),
+            }
+        }
+        "remapped_row" => EventKind::RemappedRow {
+            correctable: e.corrected.unwrap_or(0),
+            uncorrectable: e.uncorrected.unwrap_or(0),
+            pending: e.pending,
+            failure: e.failure,
+        },
+        "clock_event_reasons" | "throttle" => {
+            let mut mask = e.mask;
+            if let Some(names) = &e.reasons {
+                let mut m = mask.unwrap_or(0);
+                for n in names {
+                    let bit = REASON_BITS
+                        .iter()
+                        .find(|(k, _)| *k == n.as_str())
+                        .map(|(_, b)| *b)
+                        .ok_or_else(|| {
+                            src.err(
+                                span.clone(),
+                                format!(
+                                    "unknown clock event reason `{n}` (known: {})",
+                                    REASON_BITS.map(|r| r.0).join(", ")
+                                ),
+                            )
+                        })?;
+                    m |= bit;
+                }
+                mask = Some(m);
+            }
+            EventKind::ClockEventReasons(mask)
+        }
+        "pcie_replay" => EventKind::PcieReplay(e.count.unwrap_or(1)),
+        "lost" | "gpu_lost" => EventKind::Lost,
+        other => {
+            return Err(src.err(
+                span,
+                format!(
+                    "unknown event kind `{other}` (known: xid, ecc, retired_page, remapped_row, \
+                     clock_event_reasons, pcie_replay, lost)"
+                ),
+            ))
+        }
+    })
+}
+
+fn resolve_device(
+    index: u32,
+    defaults: &RawDevice,
+    ov: Option<&RawDevice>,
+    seed: u64,
+    src: &Source<'_>,
+) -> Result<DeviceSpec, ScenarioError> {
+    macro_rules! pick {
+        ($field:ident) => {
+            ov.and_then(|o| o.$field.clone())
+                .or_else(|| defaults.$field.clone())
+        };
+    }
+    let dev_seed = mix(seed, u64::from(index) + 1);
+    let uuid = pick!(uuid).unwrap_or_else(|| {
+        let a = mix(dev_seed, 0x75756964);
+        let b = mix(dev_seed, 0x75756965);
+        format!(
+            "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xffff,
+            b >> 48,
+            b & 0xffff_ffff_ffff
+        )
+    });
+    let (pci_domain, pci_bus, pci_device) = match ov.and_then(|o| o.pci_bus_id.as_ref()) {
+        Some(b) => parse_bus_id(b.get_ref()).ok_or_else(|| {
+            src.err(
+                b.span(),
+                format!("cannot read pci_bus_id `{}`", b.get_ref()),
+            )
+        })?,
+        None => (
+            0,
+            DGX_BUSES
+                .get(index as usize)
+                .copied()
+                .unwrap_or(0x100u32.saturating_sub(MAX_EXTRA) + index),
+            0,
+        ),
+    };
+    if let Some(b) = defaults.pci_bus_id.as_ref() {
+        return Err(src.err(
+            b.span(),
+            "pci_bus_id must be set per device in [[device]], not in [devices]",
+        ));
+    }
+    let (cuda_cc_major, cuda_cc_minor) = match pick!(cuda_compute_capability) {
+        Some(cc) => {
+            let parsed = cc
+                .get_ref()
+                .split_once('.')
+                .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+            parsed.ok_or_else(|| {
+                src.err(cc.span(), "cuda_compute_capability must look like \"9.0\"")
+            })?
+        }
+        None => (9, 0),
+    };
+    let memory_repair = match pick!(memory_repair) {
+        None => MemoryRepair::RowRemap,
+        Some(s) => match s.get_ref().as_str() {
+            "row_remap" => MemoryRepair::RowRemap,
+            "page_retirement" => MemoryRepair::PageRetirement,
+            other => {
+                return Err(src.err(
+                    s.span(),
+                    format!(
+                        "memory_repair `{other}`: expected \"row_remap\" or \"page_retirement\""
+                    ),
+                ))
+            }
+        },
+    };
+    let mw = |w: f64| (w * 1000.0).round().max(0.0) as u32;
+    let power_limit_w = pick!(power_limit_w).unwrap_or(700.0);
+    let memory_total_mib = pick!(memory_total_mib).unwrap_or(81559.0);
+    let mut signals: Vec<Option<Signal>> = vec![None; Metric::ALL.len()];
+    for map in [Some(&defaults.metrics), ov.map(|o| &o.metrics)]
+        .into_iter()
+        .flatten()
+    {
+        for (key, sig) in map {
+            let metric = Metric::from_key(key).ok_or_else(|| {
+                src.err(
+                    sig.span(),
+                    format!(
+                        "unknown metric `{key}` (known: {})",
+                        Metric::ALL.map(Metric::key).join(", ")
+                    ),
+                )
+            })?;
+            signals[metric.position()] = Some(resolve_signal(sig.get_ref(), src, sig.span())?);
+        }
+    }
+    Ok(DeviceSpec {
+        index,
+        name: pick!(name).unwrap_or_else(|| "NVIDIA H100 80GB HBM3".into()),
+        uuid,
+        serial: match (ov.and_then(|o| o.serial.clone()), &defaults.serial) {
+            (Some(serial), _) => serial,
+            (None, Some(prefix)) => format!("{prefix}{index}"),
+            (None, None) => format!("16542230{:05}", mix(dev_seed, 7) % 100_000),
+        },
+        pci_domain,
+        pci_bus,
+        pci_device,
+        pci_device_id: pick!(pci_device_id).unwrap_or(0x2330_10DE),
+        pci_subsystem_id: pick!(pci_subsystem_id).unwrap_or(0x16C1_10DE),
+        minor: pick!(minor).unwrap_or(index),
+        memory_total_bytes: (memory_total_mib * MIB) as u64,
+        memory_reserved_bytes: (pick!(memory_reserved_mib).unwrap_or(527.0) * MIB) as u64,
+        power_limit_mw: mw(power_limit_w),
+        power_default_limit_mw: mw(pick!(power_default_limit_w).unwrap_or(power_limit_w)),
+        power_min_limit_mw: mw(pick!(power_min_limit_w).unwrap_or(200.0)),
+        power_max_limit_mw: mw(pick!(power_max_limit_w).unwrap_or(power_limit_w)),
+        temp_shutdown_c: pick!(temp_shutdown_c).unwrap_or(92),
+        temp_slowdown_c: pick!(temp_slowdown_c).unwrap_or(89),
+        temp_gpu_max_c: pick!(temp_gpu_max_c).unwrap_or(87),
+        temp_mem_max_c: pick!(temp_mem_max_c).unwrap_or(95),
+        ecc_enabled: pick!(ecc_enabled).unwrap_or(true),
+        num_fans: pick!(num_fans).unwrap_or(0),
+        max_sm_clock_mhz: pick!(max_sm_clock_mhz).unwrap_or(1980),
+        max_mem_clock_mhz: pick!(max_mem_clock_mhz).unwrap_or(2619),
+        max_video_clock_mhz: pick!(max_video_clock_mhz).unwrap_or(1755),
+        pcie_gen: pick!(pcie_gen).unwrap_or(5),
+        pcie_width: pick!(pcie_width).unwrap_or(16),
+        architecture: pick!(architecture).unwrap_or(9),
+        cuda_cc_major,
+        cuda_cc_minor,
+        vbios_version: pick!(vbios_version).unwrap_or_else(|| "96.00.74.00.0D".into()),
+        board_part_number: pick!(board_part_number).unwrap_or_else(|| "692-2G520-0200-000".into()),
+        persistence_mode: pick!(persistence_mode).unwrap_or(true),
+        compute_mode: pick!(compute_mode).unwrap_or(0),
+        memory_repair,
+        energy_start_mj: (pick!(energy_start_j).unwrap_or(1_000_000.0 + f64::from(index) * 1234.5)
+            * 1000.0) as u64,
+        signals,
+        seed: dev_seed,
+    })
+}
+
+/// Bus numbers for devices beyond the eighth count down from 0xff.
+const MAX_EXTRA: u32 = crate::MAX_DEVICES as u32;
+
+/// Parses `00000000:18:00.0`, `0000:18:00.0` or `18:00.0` into (domain, bus, device).
+pub fn parse_bus_id(s: &str) -> Option<(u32, u32, u32)> {
+    let s = s.trim();
+    let (rest, _function) = s.rsplit_once('.')?;
+    let parts: Vec<&str> = rest.split(':').collect();
+    let hex = |p: &str| u32::from_str_radix(p, 16).ok();
+    match parts.as_slice() {
+        [domain, bus, device] => Some((hex(domain)?, hex(bus)?, hex(device)?)),
+        [bus, device] => Some((0, hex(bus)?, hex(device)?)),
+        _ => None,
+    }
+}
+
+fn resolve_signal(
+    raw: &RawSignal,
+    src: &Source<'_>,
+    span: std::ops::Range<usize>,
+) -> Result<Signal, ScenarioError> {
+    let t = match raw {
+        RawSignal::Number(v) => return Ok(Signal::constant(*v)),
+        RawSignal::Table(t) => t,
+    };
+    let err = |m: String| src.err(span.clone(), m);
+    let need = |v: Option<f64>, field: &str| {
+        v.ok_or_else(|| err(format!("signal type `{}` needs `{field}`", t.kind)))
+    };
+    let shape = match t.kind.as_str() {
+        "constant" => Shape::Constant(need(t.value, "value")?),
+        "ramp" | "linear" => {
+            let from = t.from.unwrap_or(0.0);
+            let start_s = t.start_s.unwrap_or(0.0);
+            let per_s = match (t.per_s, t.per_min, t.to, t.duration_s) {
+                (Some(p), None, _, _) => p,
+                (None, Some(p), _, _) => p / 60.0,
+                (None, None, Some(to), Some(d)) if d > 0.0 => (to - from) / d,
+                _ => {
+                    return Err(err(
+                        "a ramp needs `per_s` or `per_min`, or `to` and `duration_s` > 0".into(),
+                    ))
+                }
+            };
+            Shape::Ramp {
+                from,
+                to: t.to,
+                start_s,
+                per_s,
+            }
+        }
+        "square" => {
+            let period_s = need(t.period_s, "period_s")?;
+            let duty = t.duty.unwrap_or(0.5);
+            if period_s <= 0.0 || !(0.0..=1.0).contains(&duty) {
+                return Err(err("a square wave needs period_s > 0 and 0 <= duty <= 1".into()));
+            }
+            Shape::Square {
+                period_s,
+                duty,
+                high: need(t.high, "high")?,
+                low: t.low.unwrap_or(0.0),
+                phase_s: t.phase_s.unwrap_or(0.0),
+            }
+        }
+        "sine" => {
+            let period_s = need(t.period_s, "period_s")?;
+            if period_s <= 0.0 {
+                return Err(err("a sine needs period_s > 0".into()));
+            }
+            Shape::Sine {
+                mean: need(t.mean, "mean")?,
+                amplitude: need(t.amplitude, "amplitude")?,
+                period_s,
+                phase_s: t.phase_s.unwrap_or(0.0),
+            }
+        }
+        "noise" => Shape::Noise {
+            mean: need(t.mean, "mean")?,
+            amplitude: need(t.amplitude, "amplitude")?,
+            period_s: t.period_s.unwrap_or(1.0).max(1e-3),
+        },
+        "steps" => {
+            let points = t
+                .points
+                .as_ref()
+                .ok_or_else(|| err("a steps signal needs `points = [[time_s, value], ...]`".into()))?;
+            if points.is_empty() {
+                return Err(err("`points` is empty".into()));
+            }
+            let mut out = Vec::with_capacity(points.len());
+            for (at, sig) in points {
+                out.push((*at, resolve_signal(sig, src, span.clone())?));
+            }
+            out.sort_by(|a, b| a.0.total_cmp(&b.0));
+            Shape::Steps(out)
+        }
+        "trace" | "csv" => {
+            let file = t
+                .file
+                .as_ref()
+                .ok_or_else(|| err("a trace signal needs `file`".into()))?;
+            let column = t
+                .column
+                .as_ref()
+                .ok_or_else(|| err("a trace signal needs `column`".into()))?;
+            let mut path = PathBuf::from(file);
+            if path.is_relative() {
+                if let Some(dir) = &src.base_dir {
+                    path = dir.join(path);
+                }
+            }
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| err(format!("cannot read trace `{}`: {e}", path.display())))?;
+            let spec = TraceSpec {
+                column: column.clone(),
+                time_column: t.time_column.clone(),
+                interval_s: t.interval_s.unwrap_or(1.0),
+                match_column: t.match_column.clone(),
+                match_value: t.match_value.clone(),
+            };
+            let trace = Trace::parse(&text, &spec)
+                .map_err(|m| err(format!("trace `{}`: {m}", path.display())))?;
+            Shape::Trace {
+                trace: Arc::new(trace),
+                looped: t.looped.unwrap_or(false),
+                scale: t.scale.unwrap_or(1.0),
+                offset: t.offset.unwrap_or(0.0),
+            }
+        }
+        other => {
+            return Err(err(format!(
+                "unknown signal type `{other}` (known: constant, ramp, square, sine, noise, steps, trace)"
+            )))
+        }
+    };
+    Ok(Signal {
+        shape,
+        noise: t.noise.unwrap_or(0.0),
+        noise_period_s: t.noise_period_s.unwrap_or(1.0),
+        min: t.min,
+        max: t.max,
+        seed: t.seed.map(|s| mix(s, 0x5eed)).unwrap_or(0) ^ hash_str(&t.kind),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> ScenarioError {
+        parse(text, "bad.toml", None).unwrap_err()
+    }
+
+    #[test]
+    fn minimal_scenario_gets_eight_h100s() {
+        let s = parse("", "empty.toml", None).unwrap();
+        assert_eq!(s.devices.len(), 8);
+        assert_eq!(s.time_scale, 1.0);
+        assert_eq!(s.devices[0].name, "NVIDIA H100 80GB HBM3");
+        assert_eq!(s.devices[0].bus_id(), "00000000:18:00.0");
+        assert_eq!(s.devices[0].bus_id_legacy(), "0000:18:00.0");
+        assert!(s.devices[3].uuid.starts_with("GPU-") && s.devices[3].uuid.len() == 40);
+        assert_ne!(s.devices[0].uuid, s.devices[1].uuid);
+        assert_eq!(s.devices[5].minor, 5);
+    }
+
+    #[test]
+    fn device_overrides_and_signals() {
+        let s = parse(
+            r#"
+time_scale = 60
+driver_version = "580.82.07"
+[devices]
+count = 2
+name = "NVIDIA A100-SXM4-40GB"
+serial = "ABC"
+[devices.metrics]
+gpu_util_pct = 50
+[[device]]
+index = 1
+uuid = "GPU-11111111-2222-3333-4444-555555555555"
+pci_bus_id = "0000:07:00.0"
+minor = 4
+memory_repair = "page_retirement"
+[device.metrics]
+power_w = { type = "ramp", from = 100, to = 200, duration_s = 10 }
+[[event]]
+at_s = 5
+gpu = "all"
+kind = "xid"
+code = 13
+[[fault]]
+function = "nvmlDeviceGetPowerUsage"
+error = "NOT_SUPPORTED"
+gpus = [1]
+[[process]]
+gpu = [0, 1]
+pid = "self"
+used_memory_mib = 512
+"#,
+            "ok.toml",
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.time_scale, 60.0);
+        assert_eq!(s.driver_version, "580.82.07");
+        assert_eq!(s.devices.len(), 2);
+        assert_eq!(s.devices[0].serial, "ABC0");
+        assert_eq!(s.devices[1].bus_id(), "00000000:07:00.0");
+        assert_eq!(s.devices[1].minor, 4);
+        assert_eq!(s.devices[1].memory_repair, MemoryRepair::PageRetirement);
+        assert!(s.devices[1].signal(Metric::PowerW).is_some());
+        assert!(s.devices[0].signal(Metric::PowerW).is_none());
+        assert!(s.devices[1].signal(Metric::GpuUtilPct).is_some());
+        assert_eq!(s.events.len(), 2);
+        assert!(s.faults[0].matches("nvmlDeviceGetPowerUsage", Some(1), 0.0));
+        assert!(!s.faults[0].matches("nvmlDeviceGetPowerUsage", Some(0), 0.0));
+        assert_eq!(s.processes.len(), 2);
+        assert_eq!(s.processes[0].pid, PidSpec::SelfPid);
+    }
+
+    #[test]
+    fn syntax_error_position() {
+        let e = err("name = \"x\"\n[devices]\ncount = = 3\n");
+        assert_eq!((e.line, e.column), (3, 9), "{e}");
+        assert!(e.to_string().starts_with("bad.toml:3:9: "), "{e}");
+    }
+
+    #[test]
+    fn unknown_field_position() {
+        let e = err("[devices]\ncount = 2\nmemroy_total_mib = 5\n");
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.message.contains("memroy_total_mib"), "{e}");
+    }
+
+    #[test]
+    fn unknown_metric_and_signal_errors_point_at_the_value() {
+        let e = err("[devices.metrics]\ngpu_util_pct = 5\nwatts = 3\n");
+        assert_eq!((e.line, e.column), (3, 9), "{e}");
+        assert!(e.message.contains("unknown metric `watts`"), "{e}");
+        let e = err("[devices.metrics]\n\npower_w = { type = \"sqare\", period_s = 3 }\n");
+        assert_eq!((e.line, e.column), (3, 11), "{e}");
+        assert!(e.message.contains("unknown signal type `sqare`"), "{e}");
+        let e = err("[devices.metrics]\npower_w = { type = \"square\", high = 3 }\n");
+        assert!(e.message.contains("needs `period_s`"), "{e}");
+        let e = err("[devices.metrics]\npower_w = { type = \"noise\", mean = 3, amplitude = 1, bogus = 1 }\n");
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_have_positions() {
+        let e =
+            err("[devices]\ncount = 2\n\n[[event]]\nat_s = 1\ngpu = 5\nkind = \"xid\"\ncode = 1\n");
+        assert_eq!(e.line, 4, "{e}");
+        assert!(e.message.contains("gpu 5 is out of range"), "{e}");
+        let e = err("[[event]]\nat_s = 1\ngpu = 0\nkind = \"boom\"\n");
+        assert!(e.message.contains("unknown event kind `boom`"), "{e}");
+        let e = err("[[fault]]\nfunction = \"nvmlDeviceGetName\"\nerror = \"NOPE\"\n");
+        assert!(e.message.contains("unknown NVML error name `NOPE`"), "{e}");
+        let e = err("[[device]]\nindex = 9\n");
+        assert_eq!((e.line, e.column), (2, 9), "{e}");
+        let e = err("time_scale = -1\n");
+        assert_eq!((e.line, e.column), (1, 14), "{e}");
+        let e = err("[[process]]\ngpu = 0\npid = \"me\"\n");
+        assert!(e.message.contains("pid `me`"), "{e}");
+    }
+
+    #[test]
+    fn bus_ids() {
+        assert_eq!(parse_bus_id("00000000:18:00.0"), Some((0, 0x18, 0)));
+        assert_eq!(parse_bus_id("0000:DB:00.0"), Some((0, 0xdb, 0)));
+        assert_eq!(parse_bus_id("07:00.0"), Some((0, 7, 0)));
+        assert_eq!(parse_bus_id("garbage"), None);
+    }
+
+    #[test]
+    fn trace_signal_relative_to_scenario_dir() {
+        let dir = std::env::temp_dir().join(format!("nvml-sim-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("t.csv"), "time,util\n0,10\n5,90\n").unwrap();
+        let s = parse(
+            "[devices.metrics]\ngpu_util_pct = { type = \"trace\", file = \"t.csv\", column = \"util\", time_column = \"time\" }\n",
+            "x.toml",
+            Some(&dir),
+        )
+        .unwrap();
+        let sig = s.devices[0].signal(Metric::GpuUtilPct).unwrap();
+        assert_eq!(sig.eval(1.0, 0), 10.0);
+        assert_eq!(sig.eval(6.0, 0), 90.0);
+        let e = parse(
+            "[devices.metrics]\ngpu_util_pct = { type = \"trace\", file = \"missing.csv\", column = \"u\" }\n",
+            "x.toml",
+            Some(&dir),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("cannot read trace"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,569 @@
+//! The running simulation: library-global state (reference-counted init), scenario time, metric
+//! evaluation with derived defaults, counters from timed events, energy integration, processes
+//! (scenario + control file) and fault injection.
+//!
+//! Everything is computed on demand from the elapsed scenario time; the only mutable state is
+//! the energy integrator per GPU and the control-file cache.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+
+use crate::scenario::{
+    DeviceSpec, Event, EventKind, Fault, Metric, PidSpec, ProcessMemory, Scenario, MIB,
+};
+use crate::signal::{hash_str, mix};
+
+/// NVML return codes used by the simulator.
+pub mod code {
+    pub const SUCCESS: u32 = 0;
+    pub const UNINITIALIZED: u32 = 1;
+    pub const INVALID_ARGUMENT: u32 = 2;
+    pub const NOT_SUPPORTED: u32 = 3;
+    pub const NOT_FOUND: u32 = 6;
+    pub const INSUFFICIENT_SIZE: u32 = 7;
+    pub const TIMEOUT: u32 = 10;
+    pub const GPU_IS_LOST: u32 = 15;
+    pub const ARGUMENT_VERSION_MISMATCH: u32 = 25;
+    pub const UNKNOWN: u32 = 999;
+}
+
+/// Clock event reason bit: the GPU is idle.
+pub const REASON_GPU_IDLE: u64 = 0x1;
+
+/// How often the control file's mtime is checked, at most.
+const CONTROL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Counters accumulated from timed events up to some time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    pub ecc_corrected: u64,
+    pub ecc_uncorrected: u64,
+    /// (double bit?, address, scenario time of retirement)
+    pub retired_pages: Vec<(bool, u64, f64)>,
+    pub retired_pending: bool,
+    pub remapped_correctable: u64,
+    pub remapped_uncorrectable: u64,
+    pub remap_pending: bool,
+    pub remap_failure: bool,
+    pub pcie_replay: u64,
+    pub reasons_override: Option<u64>,
+}
+
+/// A process reported on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessEntry {
+    pub pid: u32,
+    /// `None` = NVML_VALUE_NOT_AVAILABLE.
+    pub used_bytes: Option<u64>,
+    pub sm_util_pct: Option<u32>,
+}
+
+#[derive(Debug)]
+struct Energy {
+    last_t_s: f64,
+    energy_mj: f64,
+}
+
+#[derive(Debug, Default)]
+struct ControlState {
+    last_check: Option<Instant>,
+    stamp: Option<(SystemTime, u64)>,
+    processes: Vec<(u32, ProcessEntry)>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawControl {
+    #[serde(default)]
+    process: Vec<RawControlProcess>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawControlProcess {
+    gpu: u32,
+    pid: crate::scenario::RawPid,
+    used_memory_mib: Option<f64>,
+    sm_util_pct: Option<f64>,
+}
+
+/// One loaded simulation.
+#[derive(Debug)]
+pub struct Sim {
+    pub scenario: Scenario,
+    start: Instant,
+    wall_start_us: u64,
+    time_scale: f64,
+    offset_s: f64,
+    self_pid: u32,
+    parent_pid: u32,
+    lost_at_s: Vec<f64>,
+    events_by_gpu: Vec<Vec<Event>>,
+    energy: Vec<Mutex<Energy>>,
+    control_path: Option<PathBuf>,
+    control: Mutex<ControlState>,
+    metric_seeds: Vec<u64>,
+}
+
+impl Sim {
+    /// Starts a simulation of `scenario` now (scenario time 0 = now + `offset_s`).
+    pub fn new(
+        scenario: Scenario,
+        time_scale: f64,
+        offset_s: f64,
+        control_path: Option<PathBuf>,
+    ) -> Sim {
+        let n = scenario.devices.len();
+        let mut events_by_gpu = vec![Vec::new(); n];
+        let mut lost_at_s = vec![f64::INFINITY; n];
+        for ev in &scenario.events {
+            let g = ev.gpu as usize;
+            if g < n {
+                if ev.kind == EventKind::Lost {
+                    lost_at_s[g] = lost_at_s[g].min(ev.at_s);
+                }
+                events_by_gpu[g].push(ev.clone());
+            }
+        }
+        let energy = scenario
+            .devices
+            .iter()
+            .map(|d| {
+                Mutex::new(Energy {
+                    last_t_s: offset_s,
+                    energy_mj: d.energy_start_mj as f64,
+                })
+            })
+            .collect();
+        // SAFETY: getppid has no preconditions.
+        let parent_pid = unsafe { libc::getppid() } as u32;
+        Sim {
+            scenario,
+            start: Instant::now(),
+            wall_start_us: wall_now_us(),
+            time_scale,
+            offset_s,
+            self_pid: std::process::id(),
+            parent_pid,
+            lost_at_s,
+            events_by_gpu,
+            energy,
+            control_path,
+            control: Mutex::new(ControlState::default()),
+            metric_seeds: Metric::ALL.iter().map(|m| hash_str(m.key())).collect(),
+        }
+    }
+
+    /// Current scenario time in seconds.
+    pub fn now_s(&self) -> f64 {
+        self.offset_s + self.start.elapsed().as_secs_f64() * self.time_scale
+    }
+
+    /// Scenario seconds per real second.
+    pub fn time_scale(&self) -> f64 {
+        self.time_scale
+    }
+
+    /// Scenario time of a wall-clock timestamp in microseconds.
+    pub fn scenario_time_of_wall_us(&self, wall_us: u64) -> f64 {
+        self.offset_s + (wall_us as f64 - self.wall_start_us as f64) / 1e6 * self.time_scale
+    }
+
+    /// Wall-clock microseconds of a scenario time.
+    pub fn wall_us_of_scenario_time(&self, t_s: f64) -> u64 {
+        let real_s = (t_s - self.offset_s) / self.time_scale;
+        (self.wall_start_us as f64 + real_s * 1e6).max(0.0) as u64
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> usize {
+        self.scenario.devices.len()
+    }
+
+    /// The static spec of a device.
+    pub fn device(&self, gpu: usize) -> &DeviceSpec {
+        &self.scenario.devices[gpu]
+    }
+
+    /// Whether the GPU has fallen off the bus at time `t_s`.
+    pub fn is_lost(&self, gpu: usize, t_s: f64) -> bool {
+        self.lost_at_s.get(gpu).is_some_and(|at| t_s >= *at)
+    }
+
+    /// Applies fault injection for a call: sleeps for added latency, returns an injected error.
+    pub fn inject(&self, function: &str, gpu: Option<usize>, t_s: f64) -> Result<(), u32> {
+        if self.scenario.faults.is_empty() {
+            return Ok(());
+        }
+        let gpu = gpu.map(|g| g as u32);
+        let mut error = None;
+        let mut latency_ms = 0.0;
+        for f in self
+            .scenario
+            .faults
+            .iter()
+            .filter(|f| f.matches(function, gpu, t_s))
+        {
+            latency_ms += f.latency_ms;
+            if error.is_none() {
+                error = f.error;
+            }
+        }
+        if latency_ms > 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(latency_ms / 1000.0));
+        }
+        match error {
+            Some(code) if code != code::SUCCESS => Err(code),
+            _ => Ok(()),
+        }
+    }
+
+    /// The value of a metric at time `t_s`, in the metric's scenario unit, clamped to its range.
+    pub fn metric(&self, gpu: usize, metric: Metric, t_s: f64) -> f64 {
+        let dev = self.device(gpu);
+        let value = match dev.signal(metric) {
+            Some(signal) => signal.eval(t_s, mix(dev.seed, self.metric_seeds[metric.position()])),
+            None => self.default_metric(gpu, metric, t_s),
+        };
+        let (lo, hi) = metric.range();
+        let value = if value.is_finite() { value } else { 0.0 };
+        let value = value.clamp(lo, hi);
+        if metric == Metric::MemoryUsedMib {
+            let cap = dev
+                .memory_total_bytes
+                .saturating_sub(dev.memory_reserved_bytes) as f64
+                / MIB;
+            value.min(cap)
+        } else {
+            value
+        }
+    }
+
+    /// Values for metrics the scenario leaves unset, derived from the ones it sets.
+    fn default_metric(&self, gpu: usize, metric: Metric, t_s: f64) -> f64 {
+        let dev = self.device(gpu);
+        let util = || self.metric(gpu, Metric::GpuUtilPct, t_s);
+        let limit_w = f64::from(dev.power_limit_mw) / 1000.0;
+        match metric {
+            Metric::GpuUtilPct | Metric::MemoryUsedMib => 0.0,
+            Metric::EncoderUtilPct | Metric::DecoderUtilPct | Metric::Pstate => 0.0,
+            Metric::MemUtilPct => (util() * 0.45).round(),
+            Metric::PowerW => 70.0 + (limit_w * 0.86 - 70.0).max(0.0) * util() / 100.0,
+            Metric::TemperatureC => {
+                let p = self.metric(gpu, Metric::PowerW, t_s);
+                (30.0 + 40.0 * p / limit_w.max(1.0)).round()
+            }
+            Metric::MemoryTemperatureC => self.metric(gpu, Metric::TemperatureC, t_s) + 6.0,
+            Metric::SmClockMhz => {
+                if util() >= 1.0 {
+                    f64::from(dev.max_sm_clock_mhz)
+                } else {
+                    345.0
+                }
+            }
+            Metric::GraphicsClockMhz => self.metric(gpu, Metric::SmClockMhz, t_s),
+            Metric::MemClockMhz => f64::from(dev.max_mem_clock_mhz),
+            Metric::VideoClockMhz => {
+                if util() >= 1.0 {
+                    f64::from(dev.max_video_clock_mhz)
+                } else {
+                    765.0
+                }
+            }
+            Metric::FanPct => {
+                (self.metric(gpu, Metric::TemperatureC, t_s) - 10.0).clamp(30.0, 100.0)
+            }
+            Metric::PcieTxKbS => (util() * 5000.0).round(),
+            Metric::PcieRxKbS => (util() * 12000.0).round(),
+            Metric::ClockEventReasons => {
+                if util() < 1.0 {
+                    REASON_GPU_IDLE as f64
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+
+    /// Memory used in bytes at `t_s`.
+    pub fn memory_used_bytes(&self, gpu: usize, t_s: f64) -> u64 {
+        (self.metric(gpu, Metric::MemoryUsedMib, t_s) * MIB) as u64
+    }
+
+    /// Clock event (throttle) reasons at `t_s`: an event override, else the signal/default.
+    pub fn clock_event_reasons(&self, gpu: usize, t_s: f64) -> u64 {
+        match self.counters(gpu, t_s).reasons_override {
+            Some(mask) => mask,
+            None => self.metric(gpu, Metric::ClockEventReasons, t_s) as u64,
+        }
+    }
+
+    /// Counters from every event on `gpu` up to `t_s`.
+    pub fn counters(&self, gpu: usize, t_s: f64) -> Counters {
+        let mut c = Counters::default();
+        for ev in self.events_by_gpu.get(gpu).into_iter().flatten() {
+            if ev.at_s > t_s {
+                break;
+            }
+            match &ev.kind {
+                EventKind::Ecc {
+                    corrected,
+                    uncorrected,
+                } => {
+                    c.ecc_corrected += corrected;
+                    c.ecc_uncorrected += uncorrected;
+                }
+                EventKind::RetiredPage {
+                    double_bit,
+                    address,
+                    pending,
+                } => {
+                    c.retired_pages.push((*double_bit, *address, ev.at_s));
+                    c.retired_pending = *pending;
+                }
+                EventKind::RemappedRow {
+                    correctable,
+                    uncorrectable,
+                    pending,
+                    failure,
+                } => {
+                    c.remapped_correctable += correctable;
+                    c.remapped_uncorrectable += uncorrectable;
+                    if let Some(p) = pending {
+                        c.remap_pending = *p;
+                    }
+                    if let Some(f) = failure {
+                        c.remap_failure = *f;
+                    }
+                }
+                EventKind::ClockEventReasons(mask) => c.reasons_override = *mask,
+                EventKind::PcieReplay(n) => c.pcie_replay += n,
+                EventKind::Xid(_) | EventKind::Lost => {}
+            }
+        }
+        c
+    }
+
+    /// Total energy in mJ since the simulated driver load, integrating power over time.
+    pub fn energy_mj(&self, gpu: usize, t_s: f64) -> u64 {
+        let Some(cell) = self.energy.get(gpu) else {
+            return 0;
+        };
+        let mut e = cell.lock().unwrap_or_else(|p| p.into_inner());
+        if t_s > e.last_t_s {
+            let span = t_s - e.last_t_s;
+            let steps = (span.ceil() as usize).clamp(1, 10_000);
+            let dt = span / steps as f64;
+            let mut acc = 0.0;
+            for i in 0..steps {
+                let mid = e.last_t_s + (i as f64 + 0.5) * dt;
+                acc += self.metric(gpu, Metric::PowerW, mid) * dt;
+            }
+            e.energy_mj += acc * 1000.0;
+            e.last_t_s = t_s;
+        }
+        e.energy_mj as u64
+    }
+
+    fn resolve_pid(&self, pid: PidSpec) -> u32 {
+        match pid {
+            PidSpec::Fixed(p) => p,
+            PidSpec::SelfPid => self.self_pid,
+            PidSpec::Parent => self.parent_pid,
+        }
+    }
+
+    /// Processes on `gpu` at `t_s`: compute (scenario + control file) or graphics.
+    pub fn processes(&self, gpu: usize, t_s: f64, graphics: bool) -> Vec<ProcessEntry> {
+        let mut out = Vec::new();
+        for p in &self.scenario.processes {
+            if p.gpu as usize != gpu || p.graphics != graphics || t_s < p.from_s || t_s >= p.until_s
+            {
+                continue;
+            }
+            let used_bytes = match &p.memory {
+                ProcessMemory::Device => Some(self.memory_used_bytes(gpu, t_s)),
+                ProcessMemory::Signal(s) => {
+                    let seed = mix(self.device(gpu).seed, u64::from(p.gpu) ^ 0x70726f63);
+                    Some((s.eval(t_s, seed).max(0.0) * MIB) as u64)
+                }
+                ProcessMemory::Unknown => None,
+            };
+            out.push(ProcessEntry {
+                pid: self.resolve_pid(p.pid),
+                used_bytes,
+                sm_util_pct: p.sm_util_pct.map(|u| u.clamp(0.0, 100.0) as u32),
+            });
+        }
+        if !graphics {
+            self.refresh_control();
+            let state = self.control.lock().unwrap_or_else(|p| p.into_inner());
+            out.extend(
+                state
+                    .processes
+                    .iter()
+                    .filter(|(g, _)| *g as usize == gpu)
+                    .map(|(_, p)| *p),
+            );
+        }
+        out
+    }
+
+    /// Re-reads the control file when its mtime or size changed (checked at most every 100 ms).
+    fn refresh_control(&self) {
+        let Some(path) = &self.control_path else {
+            return;
+        };
+        let mut state = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        if state
+            .last_check
+            .is_some_and(|at| at.elapsed() < CONTROL_CHECK_INTERVAL)
+        {
+            return;
+        }
+        state.last_check = Some(Instant::now());
+        let stamp = std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.modified().unwrap_or(UNIX_EPOCH), m.len()));
+        if stamp == state.stamp {
+            return;
+        }
+        state.stamp = stamp;
+        if stamp.is_none() {
+            state.processes.clear();
+            return;
+        }
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("nvml-sim: cannot read control file {}: {e}", path.display());
+                return;
+            }
+        };
+        match parse_control(&text, &path.display().to_string(), self.device_count()) {
+            Ok(list) => {
+                state.processes = list
+                    .into_iter()
+                    .map(|(gpu, pid, used_bytes, sm)| {
+                        (
+                            gpu,
+                            ProcessEntry {
+                                pid: self.resolve_pid(pid),
+                                used_bytes,
+                                sm_util_pct: sm,
+                            },
+                        )
+                    })
+                    .collect();
+            }
+            Err(msg) => eprintln!("nvml-sim: {msg} (control file ignored)"),
+        }
+    }
+}
+
+type ControlEntry = (u32, PidSpec, Option<u64>, Option<u32>);
+
+/// Parses control-file text into (gpu, pid, used bytes, sm util) entries.
+pub(crate) fn parse_control(
+    text: &str,
+    file: &str,
+    device_count: usize,
+) -> Result<Vec<ControlEntry>, String> {
+    let raw: RawControl = toml::from_str(text).map_err(|e| {
+        let (line, col) = crate::scenario::line_col(text, e.span().map(|s| s.start).unwrap_or(0));
+        format!("{file}:{line}:{col}: {}", e.message().trim())
+    })?;
+    let mut out = Vec::new();
+    for p in raw.process {
+        if p.gpu as usize >= device_count {
+            return Err(format!(
+                "{file}: process gpu {} is out of range ({} devices)",
+                p.gpu, device_count
+            ));
+        }
+        let pid = crate::scenario::resolve_pid(&p.pid).map_err(|m| format!("{file}: {m}"))?;
+        out.push((
+            p.gpu,
+            pid,
+            p.used_memory_mib.map(|m| (m.max(0.0) * MIB) as u64),
+            p.sm_util_pct.map(|u| u.clamp(0.0, 100.0) as u32),
+        ));
+    }
+    Ok(out)
+}
+
+/// Wall-clock time in microseconds since the Unix epoch.
+pub fn wall_now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Library-global state
+
+#[derive(Default)]
+struct Global {
+    refcount: u32,
+    sim: Option<Arc<Sim>>,
+}
+
+static GLOBAL: RwLock<Global> = RwLock::new(Global {
+    refcount: 0,
+    sim: None,
+});
+
+/// The running simulation, or UNINITIALIZED.
+pub fn current() -> Result<Arc<Sim>, u32> {
+    let g = GLOBAL.read().unwrap_or_else(|p| p.into_inner());
+    match (&g.sim, g.refcount) {
+        (Some(sim), n) if n > 0 => Ok(Arc::clone(sim)),
+        _ => Err(code::UNINITIALIZED),
+    }
+}
+
+/// `nvmlInit*`: loads the scenario on first use (scenario time starts then) and counts up.
+pub fn init() -> Result<(), u32> {
+    let mut g = GLOBAL.write().unwrap_or_else(|p| p.into_inner());
+    if g.sim.is_none() {
+        match crate::shipped::load_from_env() {
+            Ok(sim) => g.sim = Some(Arc::new(sim)),
+            Err(msg) => {
+                eprintln!("nvml-sim: error: {msg}");
+                return Err(code::UNKNOWN);
+            }
+        }
+    }
+    g.refcount = g.refcount.saturating_add(1);
+    Ok(())
+}
+
+/// `nvmlShutdown`: counts down; UNINITIALIZED when not initialised.
+pub fn shutdown() -> Result<(), u32> {
+    let mut g = GLOBAL.write().unwrap_or_else(|p| p.into_inner());
+    if g.refcount == 0 {
+        return Err(code::UNINITIALIZED);
+    }
+    g.refcount -= 1;
+    Ok(())
+}
+
+/// Faults from `NVML_SIM_NOT_SUPPORTED` (comma-separated symbol names or `prefix*`).
+pub fn env_faults(list: &str) -> Vec<Fault> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|name| Fault {
+            function: name.to_string(),
+            error: Some(code::NOT_SUPPORTED),
+            latency_ms: 0.0,
+            gpus: None,
+            from_s: 0.0,
+            until_s: f64::INFINITY,
+        })
+        .collect()
+}

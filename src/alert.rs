@@ -1,0 +1,543 @@
+//! The alert lifecycle: a pure, clock-injected state machine, and its persistence.
+//!
+//! Each (rule, GPU) pair is an *alert instance*. At every evaluation the engine hands
+//! [`AlertBook::step`] the rule's [`Outcome`] and the evaluation time; the book moves the instance
+//! through inactive → pending (`hold`) → firing → resolved, honouring `keep_firing_for` and
+//! `repeat`, and returns the [`AlertEvent`]s worth announcing (firing, repeat firing, resolved).
+//! Nothing here reads a clock or touches a file except [`save_state`] / [`load_state`].
+//!
+//! Semantics (Prometheus alerting rules, see docs/rules.md):
+//! * inactive + active → pending at `now` (or firing at once when `hold` is 0);
+//! * pending + active for `hold` → firing (announced);
+//! * pending + inactive → inactive (nothing announced);
+//! * firing + active → stays firing; re-announced with `repeat: true` every `repeat`;
+//! * firing + inactive for `keep_firing_for` → resolved (announced);
+//! * [`Outcome::NoData`] (the rule did not fire and some window it read was too sparse) freezes
+//!   the instance: a pending timer keeps its start, a firing alert keeps firing. After
+//!   [`NODATA_RESOLVE_MS`] of continuous no-data a firing alert resolves and a pending one is
+//!   dropped, so a metric that disappears for good cannot keep an alert forever.
+//!
+//! The fingerprint is FNV-1a 64 over the sorted identity labels, stable across runs and builds.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{AlertEvent, AlertStatus, Severity};
+
+/// How long a firing (or pending) alert survives continuous no-data before it resolves.
+pub const NODATA_RESOLVE_MS: i64 = 10 * 60 * 1000;
+
+/// Version of the state file format.
+pub const STATE_VERSION: u32 = 1;
+
+/// File name of the alert state inside the state directory.
+pub const STATE_FILE: &str = "alerts.json";
+
+/// The lifecycle settings of one rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlertSpec {
+    /// Rule name (`alertname`).
+    pub name: String,
+    /// Severity.
+    pub severity: Severity,
+    /// How long the condition must hold before firing, ms.
+    pub hold_ms: i64,
+    /// How long it keeps firing after the condition cleared, ms.
+    pub keep_firing_for_ms: i64,
+    /// Re-announce interval while firing, ms (0 = never).
+    pub repeat_ms: i64,
+    /// User labels.
+    pub labels: BTreeMap<String, String>,
+    /// `file:line` of the rule, for the `rule_file` annotation.
+    pub source: String,
+}
+
+/// What one evaluation of a rule for one instance said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The condition holds.
+    Active {
+        /// Summary text.
+        summary: String,
+        /// Extra annotations (`values`, …).
+        annotations: BTreeMap<String, String>,
+    },
+    /// The condition does not hold.
+    Inactive,
+    /// The rule did not fire but could not see enough data to say so.
+    NoData,
+}
+
+/// Where an instance is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Active, waiting for `hold`.
+    Pending,
+    /// Announced.
+    Firing,
+}
+
+/// One alert instance, as persisted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AlertInstanceState {
+    /// Instance key: rule name (or `rule_error/<rule>`).
+    pub key: String,
+    /// GPU index for per-GPU rules.
+    pub gpu: Option<u32>,
+    /// Pending or firing.
+    pub phase: Phase,
+    /// Identity labels.
+    pub labels: BTreeMap<String, String>,
+    /// Fingerprint of `labels`.
+    pub fingerprint: String,
+    /// Severity.
+    pub severity: Severity,
+    /// When the condition became active (pending start), UTC ms.
+    pub active_since_ms: i64,
+    /// When it started firing, UTC ms.
+    pub fired_at_ms: Option<i64>,
+    /// Last evaluation at which the condition held.
+    pub last_active_ms: i64,
+    /// Last announcement (firing or repeat), UTC ms.
+    pub last_notified_ms: Option<i64>,
+    /// Start of the current run of no-data evaluations.
+    pub nodata_since_ms: Option<i64>,
+    /// Latest annotations (summary, values, rule_file).
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The persisted alert state.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct AlertStateFile {
+    /// Format version ([`STATE_VERSION`]).
+    pub version: u32,
+    /// Engine time of the save, UTC ms.
+    pub saved_at_ms: i64,
+    /// Every pending or firing instance.
+    pub instances: Vec<AlertInstanceState>,
+}
+
+/// FNV-1a 64-bit hash of the sorted labels as `name=value\n` lines, in 16 hex digits.
+pub fn fingerprint(labels: &BTreeMap<String, String>) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (k, v) in labels {
+        for b in k
+            .bytes()
+            .chain(std::iter::once(b'='))
+            .chain(v.bytes())
+            .chain(std::iter::once(b'\n'))
+        {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+/// All live alert instances.
+#[derive(Debug, Clone, Default)]
+pub struct AlertBook {
+    instances: BTreeMap<(String, Option<u32>), AlertInstanceState>,
+}
+
+/// Identity of the instance being stepped. `labels` is only called when a new instance starts.
+pub struct InstanceId<'a> {
+    /// Instance key (rule name, or `rule_error/<rule>`).
+    pub key: &'a str,
+    /// GPU index, for per-GPU rules.
+    pub gpu: Option<u32>,
+    /// Identity labels (alertname, severity, gpu, uuid, hostname, user labels).
+    pub labels: &'a dyn Fn() -> BTreeMap<String, String>,
+}
+
+impl AlertBook {
+    /// An empty book.
+    pub fn new() -> Self {
+        AlertBook::default()
+    }
+
+    /// Rebuilds a book from a saved state.
+    pub fn from_state(state: &AlertStateFile) -> Self {
+        let instances = state
+            .instances
+            .iter()
+            .map(|i| ((i.key.clone(), i.gpu), i.clone()))
+            .collect();
+        AlertBook { instances }
+    }
+
+    /// The state to persist.
+    pub fn state(&self, now_ms: i64) -> AlertStateFile {
+        AlertStateFile {
+            version: STATE_VERSION,
+            saved_at_ms: now_ms,
+            instances: self.instances.values().cloned().collect(),
+        }
+    }
+
+    /// Live instances (pending and firing).
+    pub fn instances(&self) -> impl Iterator<Item = &AlertInstanceState> {
+        self.instances.values()
+    }
+
+    /// Keeps only instances for which `keep(key)` holds; returns the removed firing ones as
+    /// resolved events at `now_ms`.
+    pub fn retain_keys(
+        &mut self,
+        now_ms: i64,
+        mut keep: impl FnMut(&str) -> bool,
+    ) -> Vec<AlertEvent> {
+        let mut events = Vec::new();
+        let removed: Vec<_> = self
+            .instances
+            .keys()
+            .filter(|(k, _)| !keep(k))
+            .cloned()
+            .collect();
+        for key in removed {
+            if let Some(inst) = self.instances.remove(&key) {
+                if inst.phase == Phase::Firing {
+                    events.push(event(&inst, AlertStatus::Resolved, now_ms, false));
+                }
+            }
+        }
+        events
+    }
+
+    /// Advances one instance with the outcome of an evaluation at `now_ms`.
+    pub fn step(
+        &mut self,
+        now_ms: i64,
+        spec: &AlertSpec,
+        id: &InstanceId<'_>,
+        outcome: Outcome,
+    ) -> Option<AlertEvent> {
+        match outcome {
+            Outcome::Active {
+                summary,
+                mut annotations,
+            } => {
+                annotations.insert("summary".into(), summary);
+                annotations.insert("rule_file".into(), spec.source.clone());
+                let map_key = (id.key.to_string(), id.gpu);
+                let inst = self.instances.entry(map_key).or_insert_with(|| {
+                    let labels = (id.labels)();
+                    AlertInstanceState {
+                        key: id.key.to_string(),
+                        gpu: id.gpu,
+                        phase: Phase::Pending,
+                        fingerprint: fingerprint(&labels),
+                        labels,
+                        severity: spec.severity,
+                        active_since_ms: now_ms,
+                        fired_at_ms: None,
+                        last_active_ms: now_ms,
+                        last_notified_ms: None,
+                        nodata_since_ms: None,
+                        annotations: BTreeMap::new(),
+                    }
+                });
+                inst.last_active_ms = now_ms;
+                inst.nodata_since_ms = None;
+                inst.annotations = annotations;
+                match inst.phase {
+                    Phase::Pending => {
+                        if now_ms - inst.active_since_ms >= spec.hold_ms {
+                            inst.phase = Phase::Firing;
+                            inst.fired_at_ms = Some(now_ms);
+                            inst.last_notified_ms = Some(now_ms);
+                            return Some(event(inst, AlertStatus::Firing, now_ms, false));
+                        }
+                        None
+                    }
+                    Phase::Firing => repeat_due(inst, spec, now_ms),
+                }
+            }
+            Outcome::Inactive => {
+                let map_key = (id.key.to_string(), id.gpu);
+                let inst = self.instances.get_mut(&map_key)?;
+                inst.nodata_since_ms = None;
+                match inst.phase {
+                    Phase::Pending => {
+                        self.instances.remove(&map_key);
+                        None
+                    }
+                    Phase::Firing => {
+                        if now_ms - inst.last_active_ms >= spec.keep_firing_for_ms {
+                            let ev = event(inst, AlertStatus::Resolved, now_ms, false);
+                            self.instances.remove(&map_key);
+                            Some(ev)
+                        } else {
+                            repeat_due(inst, spec, now_ms)
+                        }
+                    }
+                }
+            }
+            Outcome::NoData => {
+                let map_key = (id.key.to_string(), id.gpu);
+                let inst = self.instances.get_mut(&map_key)?;
+                let since = *inst.nodata_since_ms.get_or_insert(now_ms);
+                if now_ms - since < NODATA_RESOLVE_MS {
+                    return match inst.phase {
+                        Phase::Firing => repeat_due(inst, spec, now_ms),
+                        Phase::Pending => None,
+                    };
+                }
+                let inst = self.instances.remove(&map_key)?;
+                (inst.phase == Phase::Firing)
+                    .then(|| event(&inst, AlertStatus::Resolved, now_ms, false))
+            }
+        }
+    }
+}
+
+fn repeat_due(inst: &mut AlertInstanceState, spec: &AlertSpec, now_ms: i64) -> Option<AlertEvent> {
+    let last = inst.last_notified_ms.unwrap_or(now_ms);
+    if spec.repeat_ms > 0 && now_ms - last >= spec.repeat_ms {
+        inst.last_notified_ms = Some(now_ms);
+        return Some(event(inst, AlertStatus::Firing, now_ms, true));
+    }
+    None
+}
+
+fn event(inst: &AlertInstanceState, status: AlertStatus, now_ms: i64, repeat: bool) -> AlertEvent {
+    AlertEvent {
+        fingerprint: inst.fingerprint.clone(),
+        name: inst
+            .labels
+            .get("alertname")
+            .cloned()
+            .unwrap_or_else(|| inst.key.clone()),
+        severity: inst.severity,
+        status,
+        labels: inst.labels.clone(),
+        annotations: inst.annotations.clone(),
+        starts_at_ms: inst.fired_at_ms.unwrap_or(inst.active_since_ms),
+        ends_at_ms: (status == AlertStatus::Resolved).then_some(now_ms),
+        at_ms: now_ms,
+        repeat,
+        gpu: inst.gpu,
+    }
+}
+
+/// Path of the state file in `dir`.
+pub fn state_path(dir: &Path) -> PathBuf {
+    dir.join(STATE_FILE)
+}
+
+/// Saves the state atomically: write a temporary file, fsync it, rename it over
+/// `dir/alerts.json`, fsync the directory. Creates `dir` if needed.
+pub fn save_state(dir: &Path, state: &AlertStateFile) -> anyhow::Result<()> {
+    use anyhow::Context;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create state dir {}", dir.display()))?;
+    let path = state_path(dir);
+    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
+    let json = serde_json::to_vec_pretty(state)?;
+    {
+        let mut f = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.write_all(&json)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.sync_all()
+            .with_context(|| format!("cannot sync {}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, &path)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        // Best effort: not every filesystem lets a directory be synced.
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Loads the state saved in `dir`; `Ok(None)` when there is none yet.
+pub fn load_state(dir: &Path) -> anyhow::Result<Option<AlertStateFile>> {
+    let path = state_path(dir);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+    };
+    let state: AlertStateFile = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}:{}:{}: {e}", path.display(), e.line(), e.column()))?;
+    if state.version != STATE_VERSION {
+        anyhow::bail!(
+            "{}: unsupported state version {} (expected {STATE_VERSION})",
+            path.display(),
+            state.version
+        );
+    }
+    Ok(Some(state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(hold_s: i64, keep_s: i64, repeat_s: i64) -> AlertSpec {
+        AlertSpec {
+            name: "gpu_hot".into(),
+            severity: Severity::Warning,
+            hold_ms: hold_s * 1000,
+            keep_firing_for_ms: keep_s * 1000,
+            repeat_ms: repeat_s * 1000,
+            labels: BTreeMap::new(),
+            source: "rules/gpu_hot.rhai:1".into(),
+        }
+    }
+
+    fn labels() -> BTreeMap<String, String> {
+        [("alertname", "gpu_hot"), ("gpu", "0"), ("hostname", "h")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn active() -> Outcome {
+        Outcome::Active {
+            summary: "hot".into(),
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    /// Runs `pattern` (one char per second: `1` active, `0` inactive, `n` no data) and returns
+    /// `(second, status, repeat)` of every event.
+    fn run(
+        book: &mut AlertBook,
+        spec: &AlertSpec,
+        pattern: &str,
+        t0: i64,
+    ) -> Vec<(i64, AlertStatus, bool)> {
+        let id = InstanceId {
+            key: "gpu_hot",
+            gpu: Some(0),
+            labels: &labels,
+        };
+        let mut out = Vec::new();
+        for (i, c) in pattern.chars().enumerate() {
+            let t = t0 + i as i64;
+            let o = match c {
+                '1' => active(),
+                'n' => Outcome::NoData,
+                _ => Outcome::Inactive,
+            };
+            if let Some(ev) = book.step(t * 1000, spec, &id, o) {
+                out.push((t, ev.status, ev.repeat));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn pending_then_firing_then_resolved() {
+        let mut b = AlertBook::new();
+        let ev = run(&mut b, &spec(3, 0, 0), "0111110", 0);
+        assert_eq!(
+            ev,
+            vec![
+                (4, AlertStatus::Firing, false),
+                (6, AlertStatus::Resolved, false)
+            ]
+        );
+        assert_eq!(b.instances().count(), 0);
+    }
+
+    #[test]
+    fn pending_is_reset_by_an_inactive_evaluation() {
+        let mut b = AlertBook::new();
+        assert!(run(&mut b, &spec(3, 0, 0), "1101101101", 0).is_empty());
+    }
+
+    #[test]
+    fn zero_hold_fires_at_once_and_keep_firing_for_delays_resolution() {
+        let mut b = AlertBook::new();
+        let ev = run(&mut b, &spec(0, 3, 0), "1001000000", 0);
+        // fires at 0, inactive at 1 and 2 (within 3 s), active at 3 again, resolves 3 s later
+        assert_eq!(
+            ev,
+            vec![
+                (0, AlertStatus::Firing, false),
+                (6, AlertStatus::Resolved, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn repeat_while_firing() {
+        let mut b = AlertBook::new();
+        let ev = run(&mut b, &spec(0, 0, 3), "11111110", 0);
+        assert_eq!(
+            ev,
+            vec![
+                (0, AlertStatus::Firing, false),
+                (3, AlertStatus::Firing, true),
+                (6, AlertStatus::Firing, true),
+                (7, AlertStatus::Resolved, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn no_data_freezes_then_gives_up() {
+        let mut b = AlertBook::new();
+        let s = spec(2, 0, 0);
+        let ev = run(&mut b, &s, "11nnn1", 0);
+        // pending since 0, frozen through no data, fires when active again at 5
+        assert_eq!(ev, vec![(5, AlertStatus::Firing, false)]);
+        let long_nodata = "n".repeat(601);
+        let ev = run(&mut b, &s, &long_nodata, 6);
+        assert_eq!(ev, vec![(606, AlertStatus::Resolved, false)]);
+    }
+
+    #[test]
+    fn fingerprint_is_stable() {
+        // Golden value: must never change between runs or builds.
+        assert_eq!(fingerprint(&labels()), "5c34770c2eb190f0");
+        let mut other = labels();
+        other.insert("gpu".into(), "1".into());
+        assert_ne!(fingerprint(&other), fingerprint(&labels()));
+    }
+
+    #[test]
+    fn restart_keeps_firing_without_reannouncing_and_keeps_pending_timer() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(3, 0, 0);
+        let mut b = AlertBook::new();
+        assert_eq!(
+            run(&mut b, &s, "1111", 0),
+            vec![(3, AlertStatus::Firing, false)]
+        );
+        save_state(dir.path(), &b.state(3000)).unwrap();
+        let loaded = load_state(dir.path()).unwrap().unwrap();
+        let mut b2 = AlertBook::from_state(&loaded);
+        // still active after the restart: nothing announced; then it resolves once
+        assert_eq!(
+            run(&mut b2, &s, "110", 10),
+            vec![(12, AlertStatus::Resolved, false)]
+        );
+
+        // a pending timer survives too
+        let mut b = AlertBook::new();
+        assert!(run(&mut b, &s, "11", 0).is_empty());
+        save_state(dir.path(), &b.state(1000)).unwrap();
+        let mut b2 = AlertBook::from_state(&load_state(dir.path()).unwrap().unwrap());
+        assert_eq!(
+            run(&mut b2, &s, "1", 3),
+            vec![(3, AlertStatus::Firing, false)]
+        );
+    }
+
+    #[test]
+    fn missing_state_is_none_and_garbage_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load_state(dir.path()).unwrap().is_none());
+        std::fs::write(state_path(dir.path()), "{ nope").unwrap();
+        let err = load_state(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("alerts.json:1:"), "{err}");
+    }
+}

@@ -1,0 +1,504 @@
+//! The engine: windows + rules + alert lifecycle, a pure function of timestamped snapshots.
+//!
+//! [`Engine::observe`] ingests a [`Snapshot`] into the per-GPU windows and, when an evaluation is
+//! due, evaluates every rule at the snapshot's time and steps the alert book;
+//! [`Engine::advance`] evaluates host-scope rules (e.g. `collector_stale`) at a time when no
+//! snapshot arrived. Both return the [`AlertEvent`]s to announce. The clock is always an argument
+//! and there is no I/O, so `replay`, `test` and the daemon behave identically given the same
+//! snapshots and the same evaluation interval.
+//!
+//! **Evaluation interval** (Prometheus's `evaluation_interval`): rules run at most once per
+//! `eval_interval_ms` slot, slots being aligned multiples of the interval in UTC
+//! (`floor(t / interval)`), so a restarted daemon and a replay evaluate at the same instants.
+//! `hold`, `keep_firing_for` and `repeat` are measured between evaluation times. 0 evaluates at
+//! every snapshot.
+//!
+//! While no snapshots arrive only host-scope rules run; per-GPU alerts keep their state (a stale
+//! collector must not silently resolve them).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::alert::{AlertBook, AlertSpec, AlertStateFile, InstanceId, Outcome};
+use crate::model::{AlertEvent, Severity, Snapshot};
+use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet, RulesConfig};
+use crate::window::GpuHistory;
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Value of the `hostname` label.
+    pub hostname: String,
+    /// Evaluate rules at most once per this many ms (0 = every snapshot).
+    pub eval_interval_ms: i64,
+    /// The configured sampling interval (`host.interval`), when known; otherwise observed.
+    pub sample_interval_ms: Option<i64>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            hostname: "localhost".into(),
+            eval_interval_ms: 0,
+            sample_interval_ms: None,
+        }
+    }
+}
+
+impl EngineOptions {
+    /// Options from a loaded config: `[rules] eval_interval` (default 5 s), `[daemon] interval`.
+    pub fn from_config(
+        config: &crate::config::Config,
+        rules: &RulesConfig,
+        hostname: &str,
+    ) -> Result<Self, String> {
+        Ok(EngineOptions {
+            hostname: hostname.to_string(),
+            eval_interval_ms: rules.eval_interval_ms()?,
+            sample_interval_ms: Some(crate::config::parse_duration_ms(&config.daemon.interval)?),
+        })
+    }
+}
+
+/// The host name from the OS (`gethostname`), or `localhost`. Call it outside the engine.
+pub fn local_hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success or
+    // truncates, and we stop at the first NUL or the end.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Name of the alert a failing rule raises.
+pub const RULE_ERROR: &str = "rule_error";
+
+/// Windows, rules and alert lifecycle.
+#[derive(Debug)]
+pub struct Engine {
+    rules: RuleSet,
+    opts: EngineOptions,
+    gpus: BTreeMap<u32, Arc<GpuHistory>>,
+    present: Vec<u32>,
+    book: AlertBook,
+    last_snapshot_ms: Option<i64>,
+    first_seen_ms: Option<i64>,
+    last_eval_slot: Option<i64>,
+    last_now_ms: i64,
+    recent_snapshots: VecDeque<i64>,
+    rule_error_spec: AlertSpec,
+}
+
+impl Engine {
+    /// A fresh engine with no alert state.
+    pub fn new(rules: RuleSet, opts: EngineOptions) -> Self {
+        Engine {
+            rules,
+            opts,
+            gpus: BTreeMap::new(),
+            present: Vec::new(),
+            book: AlertBook::new(),
+            last_snapshot_ms: None,
+            first_seen_ms: None,
+            last_eval_slot: None,
+            last_now_ms: 0,
+            recent_snapshots: VecDeque::new(),
+            rule_error_spec: AlertSpec {
+                name: RULE_ERROR.into(),
+                severity: Severity::Warning,
+                hold_ms: 0,
+                keep_firing_for_ms: 0,
+                repeat_ms: 0,
+                labels: BTreeMap::new(),
+                source: "gpuwatch".into(),
+            },
+        }
+    }
+
+    /// An engine resuming from persisted alert state: firing alerts are not announced again and
+    /// pending timers keep their start.
+    pub fn with_state(rules: RuleSet, opts: EngineOptions, state: &AlertStateFile) -> Self {
+        let mut e = Engine::new(rules, opts);
+        e.book = AlertBook::from_state(state);
+        e.last_now_ms = state.saved_at_ms;
+        e
+    }
+
+    /// The alert state to persist (`alert::save_state`).
+    pub fn state(&self) -> AlertStateFile {
+        self.book.state(self.last_now_ms)
+    }
+
+    /// Number of loaded rules.
+    pub fn rule_count(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// The loaded rules.
+    pub fn rules(&self) -> &RuleSet {
+        &self.rules
+    }
+
+    /// The options.
+    pub fn options(&self) -> &EngineOptions {
+        &self.opts
+    }
+
+    /// Live alert instances (pending and firing).
+    pub fn alerts(&self) -> impl Iterator<Item = &crate::alert::AlertInstanceState> {
+        self.book.instances()
+    }
+
+    /// Replaces the rule set, keeping the alert state of rules that still exist. Firing alerts of
+    /// removed rules are resolved (returned).
+    pub fn reload(&mut self, rules: RuleSet) -> Vec<AlertEvent> {
+        let names: Vec<String> = rules.rules().iter().map(|r| r.spec.name.clone()).collect();
+        self.rules = rules;
+        let now = self.last_now_ms;
+        self.book.retain_keys(now, |key| {
+            let rule = key
+                .strip_prefix(RULE_ERROR)
+                .and_then(|k| k.strip_prefix('/'))
+                .unwrap_or(key);
+            names.iter().any(|n| n == rule)
+        })
+    }
+
+    /// Loads rules from `paths` and swaps them in; on any error the current rules keep running
+    /// and the errors are returned.
+    pub fn reload_from(
+        &mut self,
+        paths: &[PathBuf],
+        config: &RulesConfig,
+    ) -> Result<Vec<AlertEvent>, Vec<RuleError>> {
+        let rules = RuleSet::load(paths, config)?;
+        Ok(self.reload(rules))
+    }
+
+    /// Ingests a snapshot and evaluates the rules at its time when an evaluation is due.
+    pub fn observe(&mut self, snap: &Snapshot) -> Vec<AlertEvent> {
+        let now = snap.time_ms;
+        self.ingest(snap);
+        if !self.eval_due(now) {
+            return Vec::new();
+        }
+        self.evaluate(now, true)
+    }
+
+    /// Evaluates host-scope rules at `now_ms` with no new data (call it periodically, e.g. every
+    /// sampling interval, so `collector_stale` can fire).
+    pub fn advance(&mut self, now_ms: i64) -> Vec<AlertEvent> {
+        self.first_seen_ms.get_or_insert(now_ms);
+        if now_ms < self.last_now_ms || !self.eval_due(now_ms) {
+            return Vec::new();
+        }
+        self.evaluate(now_ms, false)
+    }
+
+    fn eval_due(&mut self, now_ms: i64) -> bool {
+        let slot = if self.opts.eval_interval_ms > 0 {
+            now_ms.div_euclid(self.opts.eval_interval_ms)
+        } else {
+            now_ms
+        };
+        if self.last_eval_slot.is_some_and(|s| slot <= s) {
+            return false;
+        }
+        self.last_eval_slot = Some(slot);
+        true
+    }
+
+    fn ingest(&mut self, snap: &Snapshot) {
+        let now = snap.time_ms;
+        self.first_seen_ms.get_or_insert(now);
+        if self.last_snapshot_ms.is_some_and(|t| now <= t) {
+            // Out of order or duplicate: windows ignore older points, but keep XIDs.
+        } else {
+            self.last_snapshot_ms = Some(now);
+            self.recent_snapshots.push_back(now);
+            if self.recent_snapshots.len() > 16 {
+                self.recent_snapshots.pop_front();
+            }
+        }
+        self.present.clear();
+        let cutoff = now - self.rules.retention_ms();
+        for sample in &snap.gpus {
+            let index = sample.id.index;
+            let entry = self
+                .gpus
+                .entry(index)
+                .or_insert_with(|| Arc::new(GpuHistory::new(sample.id.clone())));
+            if !sample.id.uuid.is_empty()
+                && !entry.id.uuid.is_empty()
+                && entry.id.uuid != sample.id.uuid
+            {
+                // A different board at this index: start over.
+                *entry = Arc::new(GpuHistory::new(sample.id.clone()));
+            }
+            let h = Arc::make_mut(entry);
+            h.push(sample);
+            h.evict_before(cutoff);
+            self.present.push(index);
+        }
+        if let Some(procs) = &snap.processes {
+            for (index, h) in &mut self.gpus {
+                let list: Vec<_> = procs
+                    .iter()
+                    .filter(|p| p.gpu_index == *index)
+                    .cloned()
+                    .collect();
+                if list != h.processes {
+                    Arc::make_mut(h).processes = list;
+                }
+            }
+        }
+        for x in &snap.xids {
+            if let Some(h) = self.gpus.get_mut(&x.gpu_index) {
+                Arc::make_mut(h).push_xid(x.time_ms, x.xid);
+            }
+        }
+    }
+
+    fn interval_ms(&self) -> Option<i64> {
+        if let Some(i) = self.opts.sample_interval_ms.filter(|i| *i > 0) {
+            return Some(i);
+        }
+        if self.recent_snapshots.len() < 2 {
+            return None;
+        }
+        let mut gaps: Vec<i64> = self
+            .recent_snapshots
+            .iter()
+            .zip(self.recent_snapshots.iter().skip(1))
+            .map(|(a, b)| b - a)
+            .collect();
+        gaps.sort_unstable();
+        Some(gaps[gaps.len() / 2])
+    }
+
+    fn host_handle(&self, now_ms: i64) -> HostHandle {
+        #[expect(clippy::cast_precision_loss, reason = "ms")]
+        let secs = |ms: i64| ms as f64 / 1000.0;
+        let reference = self.last_snapshot_ms.or(self.first_seen_ms);
+        HostHandle {
+            gpus: self
+                .present
+                .iter()
+                .filter_map(|i| self.gpus.get(i))
+                .map(|h| GpuHandle::new(h.clone(), now_ms))
+                .collect(),
+            hostname: self.opts.hostname.clone(),
+            now_ms,
+            sample_age_s: reference.map(|t| secs(now_ms - t)),
+            interval_s: self.interval_ms().map(secs),
+        }
+    }
+
+    fn evaluate(&mut self, now: i64, gpu_rules: bool) -> Vec<AlertEvent> {
+        self.last_now_ms = now;
+        let mut events = Vec::new();
+        let present = self.present.clone();
+        let hostname = self.opts.hostname.clone();
+        for idx in 0..self.rules.len() {
+            let rule = &self.rules.rules()[idx];
+            let spec = rule.spec.clone();
+            let mut error: Option<RuleError> = None;
+            match rule.scope {
+                RuleScope::Gpu => {
+                    if !gpu_rules {
+                        continue;
+                    }
+                    for index in &present {
+                        let Some(hist) = self.gpus.get(index).cloned() else {
+                            continue;
+                        };
+                        let result = self.rules.eval_gpu(idx, &hist, now);
+                        let outcome = match result {
+                            EvalResult::Error(e) => {
+                                error.get_or_insert(e);
+                                continue;
+                            }
+                            other => to_outcome(other),
+                        };
+                        let (outcome, spec) = severity_override(outcome, &spec);
+                        let labels = || labels(&hostname, &spec, Some(&hist));
+                        let id = InstanceId {
+                            key: &spec.name,
+                            gpu: Some(*index),
+                            labels: &labels,
+                        };
+                        if let Some(ev) = self.book.step(now, &spec, &id, outcome) {
+                            events.push(ev);
+                        }
+                    }
+                }
+                RuleScope::Host => {
+                    let host = self.host_handle(now);
+                    match self.rules.eval_host(idx, host) {
+                        EvalResult::Error(e) => error = Some(e),
+                        other => {
+                            let (outcome, spec) = severity_override(to_outcome(other), &spec);
+                            let labels = || labels(&hostname, &spec, None);
+                            let id = InstanceId {
+                                key: &spec.name,
+                                gpu: None,
+                                labels: &labels,
+                            };
+                            if let Some(ev) = self.book.step(now, &spec, &id, outcome) {
+                                events.push(ev);
+                            }
+                        }
+                    }
+                }
+            }
+            let key = format!("{RULE_ERROR}/{}", spec.name);
+            let outcome = match error {
+                Some(e) => Outcome::Active {
+                    summary: format!("rule {} failed: {e}", spec.name),
+                    annotations: [("error_location".to_string(), e.location())]
+                        .into_iter()
+                        .collect(),
+                },
+                None => Outcome::Inactive,
+            };
+            let err_spec = AlertSpec {
+                source: spec.source.clone(),
+                ..self.rule_error_spec.clone()
+            };
+            let error_spec = &self.rule_error_spec;
+            let labels = || {
+                let mut l = labels(&hostname, error_spec, None);
+                l.insert("rule".into(), spec.name.clone());
+                l
+            };
+            let id = InstanceId {
+                key: &key,
+                gpu: None,
+                labels: &labels,
+            };
+            if let Some(ev) = self.book.step(now, &err_spec, &id, outcome) {
+                events.push(ev);
+            }
+        }
+        events
+    }
+}
+
+/// Identity labels of an alert instance.
+fn labels(hostname: &str, spec: &AlertSpec, gpu: Option<&GpuHistory>) -> BTreeMap<String, String> {
+    let mut labels = spec.labels.clone();
+    labels.insert("alertname".into(), spec.name.clone());
+    labels.insert("severity".into(), spec.severity.as_str().into());
+    labels.insert("hostname".into(), hostname.to_string());
+    if let Some(h) = gpu {
+        labels.insert("gpu".into(), h.id.index.to_string());
+        if !h.id.uuid.is_empty() {
+            labels.insert("uuid".into(), h.id.uuid.clone());
+        }
+    }
+    labels
+}
+
+/// Counts from [`replay`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayStats {
+    /// Snapshots fed.
+    pub snapshots: u64,
+    /// GPU samples fed.
+    pub gpu_samples: u64,
+    /// `advance` calls made inside gaps.
+    pub advances: u64,
+    /// Time of the first snapshot, UTC ms.
+    pub first_ms: Option<i64>,
+    /// Time of the last snapshot, UTC ms.
+    pub last_ms: Option<i64>,
+}
+
+/// Feeds snapshots through `engine` in virtual time. Inside a gap longer than twice the
+/// observed sampling interval it calls `advance` every evaluation interval (at least every
+/// sampling interval), as the daemon's timer would, so `collector_stale` behaves as live.
+pub fn replay<E>(
+    engine: &mut Engine,
+    snapshots: impl Iterator<Item = Result<Snapshot, E>>,
+    mut on_event: impl FnMut(&AlertEvent),
+) -> Result<ReplayStats, E> {
+    let mut stats = ReplayStats::default();
+    for snap in snapshots {
+        let snap = snap?;
+        if let Some(last) = stats.last_ms {
+            let interval = engine.interval_ms().unwrap_or(1000).max(1);
+            if snap.time_ms - last > 2 * interval {
+                let step = engine.opts.eval_interval_ms.max(interval);
+                let mut t = last + step;
+                while t < snap.time_ms {
+                    stats.advances += 1;
+                    for ev in engine.advance(t) {
+                        on_event(&ev);
+                    }
+                    t += step;
+                }
+            }
+        }
+        stats.snapshots += 1;
+        stats.gpu_samples += snap.gpus.len() as u64;
+        stats.first_ms.get_or_insert(snap.time_ms);
+        stats.last_ms = Some(snap.time_ms);
+        for ev in engine.observe(&snap) {
+            on_event(&ev);
+        }
+    }
+    Ok(stats)
+}
+
+/// A check may return `#{ summary, severity }`: the severity applies to a new instance.
+fn severity_override<'a>(
+    outcome: Outcome,
+    spec: &'a AlertSpec,
+) -> (Outcome, std::borrow::Cow<'a, AlertSpec>) {
+    match outcome {
+        Outcome::Active {
+            summary,
+            mut annotations,
+        } => {
+            let sev = annotations
+                .remove("severity")
+                .and_then(|s| Severity::parse(&s));
+            let spec = match sev {
+                Some(severity) if severity != spec.severity => std::borrow::Cow::Owned(AlertSpec {
+                    severity,
+                    ..spec.clone()
+                }),
+                _ => std::borrow::Cow::Borrowed(spec),
+            };
+            (
+                Outcome::Active {
+                    summary,
+                    annotations,
+                },
+                spec,
+            )
+        }
+        other => (other, std::borrow::Cow::Borrowed(spec)),
+    }
+}
+
+fn to_outcome(r: EvalResult) -> Outcome {
+    match r {
+        EvalResult::Fire {
+            summary,
+            annotations,
+        } => Outcome::Active {
+            summary,
+            annotations,
+        },
+        EvalResult::Quiet | EvalResult::Error(_) => Outcome::Inactive,
+        EvalResult::NoData => Outcome::NoData,
+    }
+}
+
+#[cfg(test)]
+mod tests;

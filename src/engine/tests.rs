@@ -1,0 +1,235 @@
+//! Unit tests of the engine: evaluation interval, rule errors, restart, reload, staleness.
+
+use super::*;
+use crate::alert::{load_state, save_state};
+use crate::model::{AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, XidEvent};
+use std::path::Path;
+
+fn rules(dir: &Path, files: &[(&str, &str)]) -> RuleSet {
+    let mut paths = Vec::new();
+    for (name, text) in files {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        paths.push(p);
+    }
+    RuleSet::load(&paths, &RulesConfig::default()).unwrap()
+}
+
+fn snap(t_s: i64, temps: &[f64]) -> Snapshot {
+    Snapshot {
+        time_ms: t_s * 1000,
+        gpus: temps
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let mut values = MetricValues::default();
+                values.set(Metric::Temp, Some(*t));
+                GpuSample {
+                    time_ms: t_s * 1000,
+                    id: DeviceId {
+                        index: i as u32,
+                        uuid: format!("GPU-{i}"),
+                        ..DeviceId::default()
+                    },
+                    state: DeviceState::Ok,
+                    values,
+                }
+            })
+            .collect(),
+        processes: None,
+        xids: Vec::new(),
+    }
+}
+
+const HOT: &str = r#"rule(#{ name: "hot", hold: "10s", check: |gpu| {
+    let t = gpu.temp.last();
+    if t > 80 { `hot ${t}` }
+} });"#;
+const SPIN: &str = r#"rule(#{ name: "spin", check: |gpu| { let i = 0; loop { i += 1; } } });"#;
+
+fn run(e: &mut Engine, from: i64, to: i64, temp: f64) -> Vec<(i64, String, AlertStatus)> {
+    let mut out = Vec::new();
+    for t in from..to {
+        for ev in e.observe(&snap(t, &[temp, 50.0])) {
+            out.push((ev.at_ms / 1000, ev.name.clone(), ev.status));
+        }
+    }
+    out
+}
+
+#[test]
+fn infinite_loop_rule_is_reported_while_others_fire() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = rules(dir.path(), &[("a_spin.rhai", SPIN), ("hot.rhai", HOT)]);
+    let mut e = Engine::new(set, EngineOptions::default());
+    let evs = run(&mut e, 0, 12, 90.0);
+    assert_eq!(
+        evs,
+        vec![
+            (0, "rule_error".to_string(), AlertStatus::Firing),
+            (10, "hot".to_string(), AlertStatus::Firing)
+        ]
+    );
+    let err = e.alerts().find(|a| a.key == "rule_error/spin").unwrap();
+    assert!(
+        err.annotations["summary"].contains("a_spin.rhai:1"),
+        "{:?}",
+        err.annotations
+    );
+    assert_eq!(err.labels["rule"], "spin");
+}
+
+#[test]
+fn eval_interval_aligns_evaluations() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = rules(dir.path(), &[("hot.rhai", HOT)]);
+    let opts = EngineOptions {
+        eval_interval_ms: 5000,
+        ..EngineOptions::default()
+    };
+    let mut e = Engine::new(set, opts);
+    // hot from t=3: evaluations at 0,5,10,15 → pending at 5, firing at 15
+    let mut evs = run(&mut e, 0, 3, 50.0);
+    evs.extend(run(&mut e, 3, 20, 90.0));
+    assert_eq!(evs, vec![(15, "hot".to_string(), AlertStatus::Firing)]);
+}
+
+#[test]
+fn restart_mid_firing_does_not_reannounce() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = dir.path().join("state");
+    let set = rules(dir.path(), &[("hot.rhai", HOT)]);
+    let mut e = Engine::new(set.clone(), EngineOptions::default());
+    assert_eq!(run(&mut e, 0, 20, 90.0).len(), 1);
+    save_state(&state_dir, &e.state()).unwrap();
+    drop(e);
+    let state = load_state(&state_dir).unwrap().unwrap();
+    let mut e = Engine::with_state(set, EngineOptions::default(), &state);
+    assert!(run(&mut e, 25, 40, 90.0).is_empty());
+    assert_eq!(
+        run(&mut e, 40, 42, 50.0),
+        vec![(40, "hot".to_string(), AlertStatus::Resolved)]
+    );
+}
+
+#[test]
+fn reload_keeps_state_and_broken_edit_keeps_old_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = rules(dir.path(), &[("hot.rhai", HOT)]);
+    let mut e = Engine::new(set, EngineOptions::default());
+    assert_eq!(run(&mut e, 0, 12, 90.0).len(), 1);
+    let path = dir.path().join("hot.rhai");
+    std::fs::write(
+        &path,
+        "rule(#{ name: \"hot\", check: |gpu| { gpu.temp.last( } });",
+    )
+    .unwrap();
+    let errs = e
+        .reload_from(std::slice::from_ref(&path), &RulesConfig::default())
+        .unwrap_err();
+    assert!(errs[0].to_string().contains("hot.rhai:1:"), "{}", errs[0]);
+    assert_eq!(e.rule_count(), 1);
+    assert!(
+        run(&mut e, 12, 14, 90.0).is_empty(),
+        "still firing, not re-announced"
+    );
+    std::fs::write(&path, HOT).unwrap();
+    assert!(e
+        .reload_from(&[path], &RulesConfig::default())
+        .unwrap()
+        .is_empty());
+    assert!(
+        run(&mut e, 14, 16, 90.0).is_empty(),
+        "state kept across reload"
+    );
+    let other = rules(
+        dir.path(),
+        &[("other.rhai", "rule(#{ name: \"o\", check: |g| false });")],
+    );
+    let evs = e.reload(other);
+    assert_eq!(evs.len(), 1);
+    assert_eq!(evs[0].status, AlertStatus::Resolved);
+}
+
+#[test]
+fn collector_stale_fires_from_advance() {
+    let dir = tempfile::tempdir().unwrap();
+    let stale = r#"rule(#{ name: "collector_stale", scope: "host", check: |host| {
+        let age = host.sample_age;
+        if age > 5 * host.interval { `no samples for ${age} s` }
+    } });"#;
+    let set = rules(dir.path(), &[("stale.rhai", stale)]);
+    let opts = EngineOptions {
+        sample_interval_ms: Some(1000),
+        ..EngineOptions::default()
+    };
+    let mut e = Engine::new(set, opts);
+    assert!(run(&mut e, 0, 10, 50.0).is_empty());
+    let mut evs = Vec::new();
+    for t in 10..20 {
+        evs.extend(
+            e.advance(t * 1000)
+                .into_iter()
+                .map(|ev| (ev.at_ms / 1000, ev.status)),
+        );
+    }
+    assert_eq!(evs, vec![(15, AlertStatus::Firing)]);
+    let evs = run(&mut e, 20, 21, 50.0);
+    assert_eq!(
+        evs,
+        vec![(20, "collector_stale".to_string(), AlertStatus::Resolved)]
+    );
+}
+
+#[test]
+fn xids_processes_and_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = r#"rule(#{ name: "x", severity: "critical", labels: #{ team: "ml" }, check: |gpu| {
+        let x = gpu.xids("1m");
+        if x.len() > 0 { `xid ${x} pids ${gpu.processes.len()}` }
+    } });"#;
+    let set = rules(dir.path(), &[("x.rhai", r)]);
+    let mut e = Engine::new(
+        set,
+        EngineOptions {
+            hostname: "box".into(),
+            ..EngineOptions::default()
+        },
+    );
+    let mut s = snap(0, &[50.0, 50.0]);
+    s.xids.push(XidEvent {
+        time_ms: 0,
+        gpu_index: 1,
+        gpu_uuid: "GPU-1".into(),
+        xid: 79,
+    });
+    s.processes = Some(vec![crate::model::ProcSample {
+        pid: 7,
+        gpu_index: 1,
+        gpu_uuid: "GPU-1".into(),
+        used_mem_bytes: Some(1),
+        kind: crate::model::ProcKind::Compute,
+        uid: None,
+        user: None,
+        command: None,
+        container: None,
+        runtime_s: None,
+    }]);
+    let evs = e.observe(&s);
+    assert_eq!(evs.len(), 1);
+    let ev = &evs[0];
+    assert_eq!(ev.gpu, Some(1));
+    assert_eq!(ev.annotations["summary"], "xid [79] pids 1");
+    assert_eq!(ev.labels["hostname"], "box");
+    assert_eq!(ev.labels["uuid"], "GPU-1");
+    assert_eq!(ev.labels["team"], "ml");
+    assert_eq!(ev.labels["severity"], "critical");
+    // XIDs are events: after the window passes the alert resolves.
+    let mut resolved = None;
+    for t in 1..70 {
+        for ev in e.observe(&snap(t, &[50.0, 50.0])) {
+            resolved = Some((t, ev.status));
+        }
+    }
+    assert_eq!(resolved, Some((60, AlertStatus::Resolved)));
+}

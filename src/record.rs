@@ -1,0 +1,463 @@
+//! Writer of gpuwatch's CSV recording format (the reader lives in `trace.rs`).
+//!
+//! Format (fixed in the project brief): a header `timestamp,index,uuid,name,pci_bus_id,minor,
+//! state,` + every [`METRICS`] key in table order + `xids,processes`; one row per GPU per tick,
+//! all rows of a tick sharing an RFC 3339 UTC timestamp with milliseconds; an empty cell means
+//! "absent" (not supported, or the GPU is lost); values in canonical units, integral values
+//! without a decimal point and others in shortest round-trip form; `xids` lists the XID codes
+//! received since the previous tick (`;`-separated); `processes` the GPU's current process list
+//! as `pid:used_bytes` items (`pid:` when the memory is unknown). Fields with `,` or `"` are
+//! quoted RFC 4180 style. A missed tick simply has no rows.
+//!
+//! [`RotatingFile`] adds what `gpuwatch record --out FILE` needs: a header at the top of every
+//! file, a flush per tick, and size-based rotation at tick boundaries (`FILE.1`, `FILE.2`, …).
+
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use crate::model::{DeviceState, ProcSample, Snapshot, METRICS};
+
+/// Columns before the metric columns.
+pub const LEADING_COLUMNS: [&str; 7] = [
+    "timestamp",
+    "index",
+    "uuid",
+    "name",
+    "pci_bus_id",
+    "minor",
+    "state",
+];
+/// Columns after the metric columns.
+pub const TRAILING_COLUMNS: [&str; 2] = ["xids", "processes"];
+
+/// Every column name, in order.
+pub fn columns() -> impl Iterator<Item = &'static str> {
+    LEADING_COLUMNS
+        .into_iter()
+        .chain(METRICS.iter().map(|d| d.key))
+        .chain(TRAILING_COLUMNS)
+}
+
+/// The header line, without the line end.
+pub fn header_line() -> String {
+    columns().collect::<Vec<_>>().join(",")
+}
+
+/// `2026-12-02T15:00:00.123Z` for a UTC millisecond timestamp.
+pub fn format_timestamp(time_ms: i64) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(time_ms).map_or_else(
+        || time_ms.to_string(),
+        |t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+    )
+}
+
+/// Appends a value: integral values without a decimal point, others in shortest round-trip
+/// form; nothing for NaN or infinities.
+pub fn push_value(out: &mut String, v: f64) {
+    if !v.is_finite() {
+        return;
+    }
+    if v.fract() == 0.0 && v.abs() < 9.007_199_254_740_992e15 {
+        // Exact: the value is an integer below 2^53.
+        let _ = write!(out, "{}", v as i64);
+    } else {
+        let _ = write!(out, "{v}");
+    }
+}
+
+/// Appends a text field, quoted RFC 4180 style when it contains `,`, `"` or a line break.
+pub fn push_field(out: &mut String, s: &str) {
+    if s.contains([',', '"', '\n', '\r']) {
+        out.push('"');
+        for c in s.chars() {
+            if c == '"' {
+                out.push('"');
+            }
+            out.push(c);
+        }
+        out.push('"');
+    } else {
+        out.push_str(s);
+    }
+}
+
+/// Turns snapshots into CSV rows, remembering the last process list (snapshots carry one only
+/// when it was refreshed).
+#[derive(Debug, Default)]
+pub struct CsvRows {
+    processes: Vec<ProcSample>,
+}
+
+impl CsvRows {
+    /// A renderer with no known processes.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends one row per GPU of `snap` (each ending in `\n`) to `out`.
+    pub fn render(&mut self, snap: &Snapshot, out: &mut String) {
+        if let Some(p) = &snap.processes {
+            self.processes.clone_from(p);
+        }
+        let ts = format_timestamp(snap.time_ms);
+        for gpu in &snap.gpus {
+            out.push_str(&ts);
+            let _ = write!(out, ",{},", gpu.id.index);
+            push_field(out, &gpu.id.uuid);
+            out.push(',');
+            push_field(out, &gpu.id.name);
+            out.push(',');
+            push_field(out, &gpu.id.pci_bus_id);
+            out.push(',');
+            if let Some(m) = gpu.id.minor {
+                let _ = write!(out, "{m}");
+            }
+            out.push_str(match gpu.state {
+                DeviceState::Ok => ",ok",
+                DeviceState::Lost => ",lost",
+            });
+            for d in METRICS {
+                out.push(',');
+                if let Some(v) = gpu.values.get(d.id) {
+                    push_value(out, v);
+                }
+            }
+            out.push(',');
+            let mut first = true;
+            for x in snap.xids.iter().filter(|x| x.gpu_index == gpu.id.index) {
+                if !first {
+                    out.push(';');
+                }
+                first = false;
+                let _ = write!(out, "{}", x.xid);
+            }
+            out.push(',');
+            let mut first = true;
+            for p in self
+                .processes
+                .iter()
+                .filter(|p| p.gpu_index == gpu.id.index)
+            {
+                if !first {
+                    out.push(';');
+                }
+                first = false;
+                let _ = write!(out, "{}:", p.pid);
+                if let Some(b) = p.used_mem_bytes {
+                    let _ = write!(out, "{b}");
+                }
+            }
+            out.push('\n');
+        }
+    }
+}
+
+/// Where rows go: a file with size-based rotation, or any writer (stdout).
+pub enum Sink {
+    /// A rotating file.
+    File(RotatingFile),
+    /// A plain stream: header once, then rows, flushed each tick.
+    Stream(Box<dyn Write>),
+}
+
+impl Sink {
+    /// Writes the header to a stream sink (files write their own).
+    pub fn start(&mut self) -> io::Result<()> {
+        match self {
+            Sink::File(_) => Ok(()),
+            Sink::Stream(w) => {
+                writeln!(w, "{}", header_line())?;
+                w.flush()
+            }
+        }
+    }
+
+    /// Writes the rows of one tick and flushes them.
+    pub fn write_tick(&mut self, rows: &str) -> io::Result<()> {
+        match self {
+            Sink::File(f) => f.write_tick(rows),
+            Sink::Stream(w) => {
+                w.write_all(rows.as_bytes())?;
+                w.flush()
+            }
+        }
+    }
+}
+
+/// A CSV file that starts a new file (shifting `FILE` → `FILE.1` → `FILE.2` …, keeping `keep`
+/// old files) before a tick would push it past `max_bytes`. Every file starts with the header.
+#[derive(Debug)]
+pub struct RotatingFile {
+    path: PathBuf,
+    max_bytes: Option<u64>,
+    keep: usize,
+    file: File,
+    size: u64,
+    header: String,
+}
+
+fn rotated(path: &Path, n: usize) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(format!(".{n}"));
+    PathBuf::from(s)
+}
+
+impl RotatingFile {
+    /// Opens `path`. An existing file with the same header is appended to (a gap marks the
+    /// restart); any other existing file is rotated away first, so nothing is overwritten.
+    pub fn open(path: &Path, max_bytes: Option<u64>, keep: usize) -> io::Result<RotatingFile> {
+        let header = format!("{}\n", header_line());
+        let existing = std::fs::metadata(path).ok().map(|m| m.len());
+        let same_header = existing.is_some_and(|n| n > 0)
+            && File::open(path).ok().is_some_and(|f| {
+                let mut first = String::new();
+                BufReader::new(f).read_line(&mut first).is_ok() && first == header
+            });
+        if existing.is_some_and(|n| n > 0) && !same_header {
+            shift(path, keep)?;
+        }
+        let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+        let mut size = file.metadata()?.len();
+        if size == 0 {
+            file.write_all(header.as_bytes())?;
+            file.flush()?;
+            size = header.len() as u64;
+        }
+        Ok(RotatingFile {
+            path: path.to_path_buf(),
+            max_bytes,
+            keep,
+            file,
+            size,
+            header,
+        })
+    }
+
+    /// Writes the rows of one tick (rotating first when they would not fit) and flushes.
+    pub fn write_tick(&mut self, rows: &str) -> io::Result<()> {
+        let header_len = self.header.len() as u64;
+        if let Some(max) = self.max_bytes {
+            if self.size > header_len && self.size + rows.len() as u64 > max {
+                self.rotate()?;
+            }
+        }
+        self.file.write_all(rows.as_bytes())?;
+        self.file.flush()?;
+        self.size += rows.len() as u64;
+        Ok(())
+    }
+
+    fn rotate(&mut self) -> io::Result<()> {
+        self.file.sync_data()?;
+        shift(&self.path, self.keep)?;
+        let mut file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&self.path)?;
+        file.write_all(self.header.as_bytes())?;
+        file.flush()?;
+        self.file = file;
+        self.size = self.header.len() as u64;
+        Ok(())
+    }
+
+    /// Flushes file contents to disk (at the end of a recording).
+    pub fn sync(&mut self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+}
+
+/// Renames `path.(keep-1)` → `path.keep` … `path` → `path.1`, deleting what falls past `keep`
+/// (with `keep == 0` the old file is deleted).
+fn shift(path: &Path, keep: usize) -> io::Result<()> {
+    if keep == 0 {
+        return match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    }
+    let _ = std::fs::remove_file(rotated(path, keep));
+    for n in (1..keep).rev() {
+        let from = rotated(path, n);
+        if from.exists() {
+            std::fs::rename(&from, rotated(path, n + 1))?;
+        }
+    }
+    std::fs::rename(path, rotated(path, 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DeviceId, GpuSample, Metric, MetricValues, ProcKind, XidEvent};
+
+    fn gpu(index: u32, state: DeviceState, util: Option<f64>) -> GpuSample {
+        let mut values = MetricValues::default();
+        values.set(Metric::Util, util);
+        if state == DeviceState::Ok {
+            values.set(Metric::Power, Some(312.5));
+            values.set(Metric::MemUsed, Some(81_559_000_000.0));
+        }
+        GpuSample {
+            time_ms: 0,
+            id: DeviceId {
+                index,
+                minor: Some(index),
+                uuid: format!("GPU-{index}"),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                pci_bus_id: format!("00000000:0{index}:00.0"),
+            },
+            state,
+            values,
+        }
+    }
+
+    fn proc(pid: u32, gpu: u32, mem: Option<u64>) -> ProcSample {
+        ProcSample {
+            pid,
+            gpu_index: gpu,
+            gpu_uuid: format!("GPU-{gpu}"),
+            used_mem_bytes: mem,
+            kind: ProcKind::Compute,
+            uid: None,
+            user: None,
+            command: None,
+            container: None,
+            runtime_s: None,
+        }
+    }
+
+    #[test]
+    fn header_has_every_metric_in_table_order() {
+        let h = header_line();
+        assert!(h.starts_with("timestamp,index,uuid,name,pci_bus_id,minor,state,util,mem_util,"));
+        assert!(h.ends_with(",dec_util,xids,processes"));
+        assert_eq!(h.split(',').count(), 7 + METRICS.len() + 2);
+    }
+
+    #[test]
+    fn values_are_canonical_text() {
+        let mut s = String::new();
+        for v in [45.0, 312.5, 0.1, 81_559_000_000.0, -3.0, 1e20, f64::NAN] {
+            push_value(&mut s, v);
+            s.push('|');
+        }
+        assert_eq!(s, "45|312.5|0.1|81559000000|-3|100000000000000000000||");
+        assert_eq!(
+            format_timestamp(1_796_223_600_123),
+            "2026-12-02T15:00:00.123Z"
+        );
+        let mut f = String::new();
+        push_field(&mut f, r#"a,"b""#);
+        assert_eq!(f, r#""a,""b""""#);
+    }
+
+    #[test]
+    fn rows_carry_state_xids_and_last_process_list() {
+        let mut rows = CsvRows::new();
+        let snap = Snapshot {
+            time_ms: 1_796_223_600_123,
+            gpus: vec![
+                gpu(0, DeviceState::Ok, Some(98.0)),
+                gpu(1, DeviceState::Lost, None),
+            ],
+            processes: Some(vec![
+                proc(10, 0, Some(1024)),
+                proc(11, 0, None),
+                proc(12, 1, None),
+            ]),
+            xids: vec![
+                XidEvent {
+                    time_ms: 0,
+                    gpu_index: 1,
+                    gpu_uuid: "GPU-1".into(),
+                    xid: 79,
+                },
+                XidEvent {
+                    time_ms: 0,
+                    gpu_index: 1,
+                    gpu_uuid: "GPU-1".into(),
+                    xid: 48,
+                },
+            ],
+        };
+        let mut out = String::new();
+        rows.render(&snap, &mut out);
+        let empty_metrics = |skip: usize| ",".repeat(METRICS.len() - skip);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2);
+        let mut c0: Vec<&str> = lines[0].split(',').collect();
+        assert_eq!(c0.len(), 7 + METRICS.len() + 2);
+        assert_eq!(
+            &c0[..7],
+            [
+                "2026-12-02T15:00:00.123Z",
+                "0",
+                "GPU-0",
+                "NVIDIA H100 80GB HBM3",
+                "00000000:00:00.0",
+                "0",
+                "ok"
+            ]
+        );
+        assert_eq!(c0[7 + Metric::Util as usize], "98");
+        assert_eq!(c0[7 + Metric::MemUsed as usize], "81559000000");
+        assert_eq!(c0[7 + Metric::Power as usize], "312.5");
+        assert_eq!(c0[7 + Metric::Temp as usize], "", "absent is empty, not 0");
+        assert_eq!(c0.pop(), Some("10:1024;11:"));
+        assert_eq!(c0.pop(), Some(""));
+        assert_eq!(
+            lines[1],
+            format!(
+                "2026-12-02T15:00:00.123Z,1,GPU-1,NVIDIA H100 80GB HBM3,00000000:01:00.0,1,lost{},79;48,12:",
+                empty_metrics(0)
+            )
+        );
+        // Next tick: no refreshed list → the last one is repeated; no new XIDs.
+        let snap2 = Snapshot {
+            time_ms: 1_796_223_601_123,
+            gpus: vec![gpu(1, DeviceState::Lost, None)],
+            processes: None,
+            xids: vec![],
+        };
+        let mut out2 = String::new();
+        rows.render(&snap2, &mut out2);
+        assert!(
+            out2.ends_with(&format!("lost{},,12:\n", empty_metrics(0))),
+            "{out2}"
+        );
+    }
+
+    #[test]
+    fn rotation_keeps_ticks_whole_and_headers_everywhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpu.csv");
+        let header = format!("{}\n", header_line());
+        let tick = "row-a\nrow-b\n";
+        let max = header.len() as u64 + 2 * tick.len() as u64;
+        let mut f = RotatingFile::open(&path, Some(max), 2).unwrap();
+        for _ in 0..7 {
+            f.write_tick(tick).unwrap();
+        }
+        f.sync().unwrap();
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+        assert_eq!(read(&path), format!("{header}{tick}"));
+        assert_eq!(read(&rotated(&path, 1)), format!("{header}{tick}{tick}"));
+        assert_eq!(read(&rotated(&path, 2)), format!("{header}{tick}{tick}"));
+        assert!(!rotated(&path, 3).exists());
+
+        // Reopening with the same header appends; a foreign file is rotated away, not lost.
+        drop(f);
+        let mut again = RotatingFile::open(&path, None, 2).unwrap();
+        again.write_tick(tick).unwrap();
+        assert_eq!(read(&path), format!("{header}{tick}{tick}"));
+        let other = dir.path().join("other.csv");
+        std::fs::write(&other, "something else\n").unwrap();
+        let _f = RotatingFile::open(&other, None, 3).unwrap();
+        assert_eq!(read(&rotated(&other, 1)), "something else\n");
+        assert_eq!(read(&other), header);
+    }
+}

@@ -1,0 +1,753 @@
+//! Rule scripts: loading `*.rhai` files into a [`RuleSet`], the sandbox, and evaluating one rule
+//! for one GPU (or the host).
+//!
+//! A rule file registers rules with `rule(#{ name, severity, scope, hold, keep_firing_for,
+//! repeat, labels, check })` (see docs/rules.md). Files are compiled once; loading runs their top
+//! level once, which calls `rule(..)`; evaluation calls each rule's `check` closure with a
+//! by-value `gpu` (or `host`) handle.
+//!
+//! Sandbox: rhai is built with `no_module` (no `import`), `eval` is disabled, `print`/`debug` go to
+//! the log, and every evaluation is bounded ([`MAX_OPERATIONS`] operations, call depth 32,
+//! expression depth 64, strings 64 KiB, arrays 10 000, maps 1 000 entries). A runaway rule fails
+//! with "too many operations" like any other run-time error: the engine turns it into a
+//! `rule_error` alert naming `file:line` and keeps evaluating the other rules.
+
+pub mod api;
+pub mod testfile;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, Map, NativeCallContext, Position, AST};
+use serde::Deserialize;
+
+use crate::alert::AlertSpec;
+use crate::config::parse_duration_ms;
+use crate::model::Severity;
+use crate::window::GpuHistory;
+pub use api::{GpuHandle, HostHandle};
+
+/// Operation budget of one evaluation of one rule.
+pub const MAX_OPERATIONS: u64 = 200_000;
+
+/// Retention floor: windows keep at least this much history.
+pub const MIN_RETENTION_MS: i64 = 15 * 60 * 1000;
+
+/// `[rules]` section of the config.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RulesConfig {
+    /// Per-rule parameter overrides: `[rules.params] low_utilization.threshold = 40`.
+    pub params: BTreeMap<String, toml::Table>,
+    /// Evaluate rules at most this often (`"5s"` by default; `"0s"` = every snapshot).
+    pub eval_interval: Option<String>,
+    /// Extra rule directories or files, relative to the config file.
+    pub dirs: Vec<PathBuf>,
+    /// Minimum history to keep per metric (default: the longest duration literal in the rules,
+    /// at least 15 min).
+    pub retention: Option<String>,
+}
+
+/// Default evaluation interval for the daemon and `replay`.
+pub const DEFAULT_EVAL_INTERVAL_MS: i64 = 5000;
+
+impl RulesConfig {
+    /// The evaluation interval in ms.
+    pub fn eval_interval_ms(&self) -> Result<i64, String> {
+        self.eval_interval
+            .as_deref()
+            .map_or(Ok(DEFAULT_EVAL_INTERVAL_MS), parse_duration_ms)
+    }
+}
+
+/// A rule problem, displayed as `file:line:column: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleError {
+    /// The rule file.
+    pub file: String,
+    /// 1-based line (0 when unknown).
+    pub line: usize,
+    /// 1-based column (0 when unknown).
+    pub column: usize,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file,
+            self.line.max(1),
+            self.column.max(1),
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for RuleError {}
+
+impl RuleError {
+    fn at(file: &str, pos: Position, message: impl Into<String>) -> Self {
+        RuleError {
+            file: file.to_string(),
+            line: pos.line().unwrap_or(0),
+            column: pos.position().unwrap_or(0),
+            message: message.into(),
+        }
+    }
+
+    /// `file:line`, for alert annotations.
+    pub fn location(&self) -> String {
+        format!("{}:{}", self.file, self.line.max(1))
+    }
+}
+
+/// Whether a rule runs per GPU or once per host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleScope {
+    /// Once per GPU per evaluation.
+    Gpu,
+    /// Once per evaluation.
+    Host,
+}
+
+/// One loaded rule.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// Lifecycle settings and labels.
+    pub spec: AlertSpec,
+    /// GPU or host.
+    pub scope: RuleScope,
+    /// File it came from.
+    pub file: String,
+    /// Line of its `rule(..)` call.
+    pub line: usize,
+    check: FnPtr,
+    ast: Arc<AST>,
+    params: Arc<Map>,
+}
+
+/// What one evaluation of a rule said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EvalResult {
+    /// The condition holds.
+    Fire {
+        /// Summary.
+        summary: String,
+        /// Extra annotations.
+        annotations: BTreeMap<String, String>,
+    },
+    /// It does not.
+    Quiet,
+    /// It did not fire, and a window it read had too little data.
+    NoData,
+    /// The script failed.
+    Error(RuleError),
+}
+
+/// Every loaded rule, with the sandboxed engine that runs them.
+#[derive(Clone)]
+pub struct RuleSet {
+    engine: Arc<Engine>,
+    rules: Vec<Rule>,
+    files: Vec<PathBuf>,
+    retention_ms: i64,
+    param_keys: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl fmt::Debug for RuleSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuleSet")
+            .field(
+                "rules",
+                &self.rules.iter().map(|r| &r.spec.name).collect::<Vec<_>>(),
+            )
+            .field("retention_ms", &self.retention_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A `rule(..)` call collected while loading a file.
+struct Registration {
+    def: Map,
+    pos: Position,
+}
+
+type Collector = Arc<Mutex<Vec<Registration>>>;
+
+/// The sandboxed engine.
+fn new_engine(collector: Collector) -> Engine {
+    let mut engine = Engine::new();
+    engine
+        .set_max_operations(MAX_OPERATIONS)
+        .set_max_call_levels(32)
+        .set_max_expr_depths(64, 32)
+        .set_max_string_size(64 * 1024)
+        .set_max_array_size(10_000)
+        .set_max_map_size(1_000)
+        .set_max_variables(256)
+        .set_max_functions(256)
+        .set_strict_variables(true)
+        .disable_symbol("eval");
+    engine.on_print(|s| tracing::info!(target: "gpuwatch::rules", "{s}"));
+    engine.on_debug(|s, src, pos| {
+        tracing::debug!(target: "gpuwatch::rules", "{}:{pos}: {s}", src.unwrap_or("rule"));
+    });
+    api::register(&mut engine);
+    engine.register_fn(
+        "rule",
+        move |ctx: NativeCallContext, def: Map| -> Result<(), Box<EvalAltResult>> {
+            let pos = ctx.call_position();
+            collector
+                .lock()
+                .map_err(|_| "rule registry poisoned")?
+                .push(Registration { def, pos });
+            Ok(())
+        },
+    );
+    engine
+}
+
+/// Every `*.rhai` file named by `paths` (files as given, directories non-recursively, sorted).
+pub fn rule_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Vec<RuleError>> {
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            match std::fs::read_dir(p) {
+                Ok(rd) => {
+                    let mut found: Vec<PathBuf> = rd
+                        .filter_map(Result::ok)
+                        .map(|e| e.path())
+                        .filter(|f| f.extension().is_some_and(|x| x == "rhai") && f.is_file())
+                        .collect();
+                    found.sort();
+                    files.extend(found);
+                }
+                Err(e) => errors.push(RuleError {
+                    file: p.display().to_string(),
+                    line: 0,
+                    column: 0,
+                    message: format!("cannot read rule directory: {e}"),
+                }),
+            }
+        } else if p.is_file() {
+            files.push(p.clone());
+        } else {
+            errors.push(RuleError {
+                file: p.display().to_string(),
+                line: 0,
+                column: 0,
+                message: "no such rule file or directory".into(),
+            });
+        }
+    }
+    if errors.is_empty() {
+        Ok(files)
+    } else {
+        Err(errors)
+    }
+}
+
+fn toml_to_dynamic(v: &toml::Value) -> Dynamic {
+    match v {
+        toml::Value::String(s) => Dynamic::from(s.clone()),
+        toml::Value::Integer(i) => Dynamic::from_int(*i),
+        toml::Value::Float(f) => Dynamic::from_float(*f),
+        toml::Value::Boolean(b) => Dynamic::from_bool(*b),
+        toml::Value::Datetime(d) => Dynamic::from(d.to_string()),
+        toml::Value::Array(a) => Dynamic::from_array(a.iter().map(toml_to_dynamic).collect()),
+        toml::Value::Table(t) => Dynamic::from_map(
+            t.iter()
+                .map(|(k, v)| (k.as_str().into(), toml_to_dynamic(v)))
+                .collect(),
+        ),
+    }
+}
+
+fn params_for(config: &RulesConfig, name: &str) -> Arc<Map> {
+    Arc::new(config.params.get(name).map_or_else(Map::new, |t| {
+        t.iter()
+            .map(|(k, v)| (k.as_str().into(), toml_to_dynamic(v)))
+            .collect()
+    }))
+}
+
+/// Longest duration literal (`"90s"`, `"2h"`) in a script, ms.
+fn longest_duration_literal(source: &str) -> i64 {
+    let mut best = 0;
+    for part in source.split(['"', '`', '\'']) {
+        let p = part.trim();
+        if p.len() <= 12
+            && p.starts_with(|c: char| c.is_ascii_digit())
+            && p.ends_with(|c: char| c.is_ascii_alphabetic())
+        {
+            if let Ok(ms) = parse_duration_ms(p) {
+                best = best.max(ms);
+            }
+        }
+    }
+    best
+}
+
+/// Names of the `param("key", ..)` calls in a script.
+fn param_keys(source: &str) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    let mut rest = source;
+    while let Some(i) = rest.find("param(") {
+        rest = &rest[i + 6..];
+        let t = rest.trim_start();
+        if let Some(t) = t.strip_prefix('"') {
+            if let Some(end) = t.find('"') {
+                keys.insert(t[..end].to_string());
+            }
+        }
+    }
+    keys
+}
+
+fn get_str(def: &Map, key: &str) -> Result<Option<String>, String> {
+    match def.get(key) {
+        None => Ok(None),
+        Some(v) if v.is_unit() => Ok(None),
+        Some(v) => v
+            .clone()
+            .into_immutable_string()
+            .map(|s| Some(s.to_string()))
+            .map_err(|t| format!("`{key}` must be a string, got {t}")),
+    }
+}
+
+fn get_duration(def: &Map, key: &str) -> Result<i64, String> {
+    match def.get(key) {
+        None => Ok(0),
+        Some(v) if v.is_unit() => Ok(0),
+        Some(v) => api::duration_ms(v).map_err(|e| format!("`{key}`: {e}")),
+    }
+}
+
+/// Turns one `rule(#{..})` map into a [`Rule`].
+fn build_rule(
+    file: &str,
+    reg: Registration,
+    ast: &Arc<AST>,
+    config: &RulesConfig,
+) -> Result<Rule, RuleError> {
+    let err = |m: String| RuleError::at(file, reg.pos, m);
+    const KEYS: &[&str] = &[
+        "name",
+        "severity",
+        "scope",
+        "hold",
+        "keep_firing_for",
+        "repeat",
+        "labels",
+        "check",
+        "description",
+    ];
+    for k in reg.def.keys() {
+        if !KEYS.contains(&k.as_str()) {
+            return Err(err(format!(
+                "unknown rule field `{k}` (expected one of {})",
+                KEYS.join(", ")
+            )));
+        }
+    }
+    let name = get_str(&reg.def, "name")
+        .map_err(&err)?
+        .ok_or_else(|| err("rule needs a `name`".into()))?;
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(err(format!(
+            "rule name {name:?} must be letters, digits, `_` or `-`"
+        )));
+    }
+    let severity = match get_str(&reg.def, "severity").map_err(&err)? {
+        None => Severity::Warning,
+        Some(s) => Severity::parse(&s).ok_or_else(|| {
+            err(format!(
+                "severity {s:?} must be \"info\", \"warning\" or \"critical\""
+            ))
+        })?,
+    };
+    let scope = match get_str(&reg.def, "scope").map_err(&err)?.as_deref() {
+        None | Some("gpu") => RuleScope::Gpu,
+        Some("host") => RuleScope::Host,
+        Some(s) => return Err(err(format!("scope {s:?} must be \"gpu\" or \"host\""))),
+    };
+    let hold_ms = get_duration(&reg.def, "hold").map_err(&err)?;
+    let keep_firing_for_ms = get_duration(&reg.def, "keep_firing_for").map_err(&err)?;
+    let repeat_ms = get_duration(&reg.def, "repeat").map_err(&err)?;
+    let mut labels = BTreeMap::new();
+    if let Some(l) = reg.def.get("labels") {
+        let map = l
+            .read_lock::<Map>()
+            .ok_or_else(|| err("`labels` must be a map".into()))?;
+        for (k, v) in map.iter() {
+            if matches!(
+                k.as_str(),
+                "alertname" | "severity" | "gpu" | "uuid" | "hostname" | "rule"
+            ) {
+                return Err(err(format!("label `{k}` is reserved")));
+            }
+            labels.insert(k.to_string(), v.to_string());
+        }
+    }
+    let check = reg
+        .def
+        .get("check")
+        .and_then(|c| c.read_lock::<FnPtr>().map(|f| f.clone()))
+        .ok_or_else(|| err("rule needs a `check` closure, e.g. `check: |gpu| { .. }`".into()))?;
+    let line = reg.pos.line().unwrap_or(0);
+    Ok(Rule {
+        spec: AlertSpec {
+            name: name.clone(),
+            severity,
+            hold_ms,
+            keep_firing_for_ms,
+            repeat_ms,
+            labels,
+            source: format!("{file}:{}", line.max(1)),
+        },
+        scope,
+        file: file.to_string(),
+        line,
+        check,
+        ast: ast.clone(),
+        params: params_for(config, &name),
+    })
+}
+
+impl RuleSet {
+    /// Loads every rule from `paths` (files or directories of `*.rhai`). Returns every error
+    /// found, each naming `file:line:column`.
+    pub fn load(paths: &[PathBuf], config: &RulesConfig) -> Result<RuleSet, Vec<RuleError>> {
+        let files = rule_files(paths)?;
+        let collector: Collector = Arc::new(Mutex::new(Vec::new()));
+        let engine = Arc::new(new_engine(collector.clone()));
+        let mut errors = Vec::new();
+        let mut rules: Vec<Rule> = Vec::new();
+        let mut retention_ms = MIN_RETENTION_MS;
+        let mut param_keys_by_rule: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for path in &files {
+            let file = path.display().to_string();
+            let source = match std::fs::read_to_string(path) {
+                Ok(s) => s,
+                Err(e) => {
+                    errors.push(RuleError::at(
+                        &file,
+                        Position::NONE,
+                        format!("cannot read: {e}"),
+                    ));
+                    continue;
+                }
+            };
+            let mut ast = match engine.compile(&source) {
+                Ok(a) => a,
+                Err(e) => {
+                    errors.push(RuleError::at(&file, e.position(), e.err_type().to_string()));
+                    continue;
+                }
+            };
+            ast.set_source(file.as_str());
+            let ast = Arc::new(ast);
+            retention_ms = retention_ms.max(longest_duration_literal(&source));
+            let stem = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let keys = param_keys(&source);
+            if let Ok(mut c) = collector.lock() {
+                c.clear();
+            }
+            api::PARAMS.with(|p| *p.borrow_mut() = Some(params_for(config, &stem)));
+            let run = engine.run_ast(&ast);
+            api::PARAMS.with(|p| *p.borrow_mut() = None);
+            if let Err(e) = run {
+                let (pos, msg) = api::split_error(e);
+                errors.push(RuleError::at(&file, pos, msg));
+                continue;
+            }
+            let regs: Vec<Registration> = collector
+                .lock()
+                .map(|mut c| std::mem::take(&mut *c))
+                .unwrap_or_default();
+            if regs.is_empty() {
+                errors.push(RuleError::at(
+                    &file,
+                    Position::new(1, 1),
+                    "file registers no rule (call `rule(#{ name: .., check: |gpu| .. })`)",
+                ));
+            }
+            for reg in regs {
+                match build_rule(&file, reg, &ast, config) {
+                    Ok(rule) => {
+                        if let Some(prev) = rules.iter().find(|r| r.spec.name == rule.spec.name) {
+                            errors.push(RuleError::at(
+                                &file,
+                                Position::new(rule.line.try_into().unwrap_or(1), 1),
+                                format!(
+                                    "rule `{}` already defined at {}",
+                                    rule.spec.name, prev.spec.source
+                                ),
+                            ));
+                        } else {
+                            param_keys_by_rule
+                                .entry(rule.spec.name.clone())
+                                .or_default()
+                                .extend(keys.iter().cloned());
+                            param_keys_by_rule
+                                .entry(stem.clone())
+                                .or_default()
+                                .extend(keys.iter().cloned());
+                            rules.push(rule);
+                        }
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        for table in config.params.values() {
+            for v in table.values() {
+                if let toml::Value::String(s) = v {
+                    if let Ok(ms) = parse_duration_ms(s) {
+                        retention_ms = retention_ms.max(ms);
+                    }
+                }
+            }
+        }
+        if let Some(r) = &config.retention {
+            match parse_duration_ms(r) {
+                Ok(ms) => retention_ms = retention_ms.max(ms),
+                Err(e) => errors.push(RuleError::at("config [rules] retention", Position::NONE, e)),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(RuleSet {
+            engine,
+            rules,
+            files,
+            retention_ms: retention_ms + 60_000,
+            param_keys: param_keys_by_rule,
+        })
+    }
+
+    /// Problems with `[rules.params]`: overrides for rules that are not loaded or keys the rule's
+    /// file never asks for with `param("key", ..)`.
+    pub fn check_params(&self, config: &RulesConfig) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (rule, table) in &config.params {
+            match self.param_keys.get(rule) {
+                None => problems.push(format!(
+                    "[rules.params] {rule}: no loaded rule or rule file is called `{rule}`"
+                )),
+                Some(keys) => {
+                    for k in table.keys() {
+                        if !keys.contains(k) {
+                            problems.push(format!(
+                                "[rules.params] {rule}.{k}: the rule has no parameter `{k}` (it has: {})",
+                                keys.iter().cloned().collect::<Vec<_>>().join(", ")
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        problems
+    }
+
+    /// The loaded rules, in file order.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Number of rules.
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// True when no rule is loaded.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// The files the rules came from.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// How much history windows must keep, ms.
+    pub fn retention_ms(&self) -> i64 {
+        self.retention_ms
+    }
+
+    /// Evaluates rule `idx` for one GPU at `now_ms`.
+    pub fn eval_gpu(&self, idx: usize, gpu: &Arc<GpuHistory>, now_ms: i64) -> EvalResult {
+        let handle = GpuHandle::new(gpu.clone(), now_ms);
+        let default = || format!("{} on GPU {}", self.rules[idx].spec.name, gpu.id.index);
+        self.eval(idx, Dynamic::from(handle), default)
+    }
+
+    /// Evaluates host-scope rule `idx`.
+    pub fn eval_host(&self, idx: usize, host: HostHandle) -> EvalResult {
+        let default = || format!("{} on {}", self.rules[idx].spec.name, host.hostname);
+        let name = default();
+        self.eval(idx, Dynamic::from(host), move || name)
+    }
+
+    fn eval(&self, idx: usize, arg: Dynamic, default: impl FnOnce() -> String) -> EvalResult {
+        let rule = &self.rules[idx];
+        api::NODATA.with(|c| c.set(false));
+        api::PARAMS.with(|p| *p.borrow_mut() = Some(rule.params.clone()));
+        let result: Result<Dynamic, _> = rule.check.call(&self.engine, &rule.ast, (arg,));
+        api::PARAMS.with(|p| *p.borrow_mut() = None);
+        let nodata = api::NODATA.with(std::cell::Cell::get);
+        let value = match result {
+            Ok(v) => v,
+            Err(e) => {
+                let (pos, msg) = api::split_error(e);
+                let pos = if pos.is_none() {
+                    Position::new(rule.line.try_into().unwrap_or(1), 1)
+                } else {
+                    pos
+                };
+                return EvalResult::Error(RuleError::at(&rule.file, pos, msg));
+            }
+        };
+        let quiet = if nodata {
+            EvalResult::NoData
+        } else {
+            EvalResult::Quiet
+        };
+        if value.is_unit() {
+            return quiet;
+        }
+        if let Ok(b) = value.as_bool() {
+            return if b {
+                EvalResult::Fire {
+                    summary: default(),
+                    annotations: BTreeMap::new(),
+                }
+            } else {
+                quiet
+            };
+        }
+        if value.is_string() {
+            return EvalResult::Fire {
+                summary: value.to_string(),
+                annotations: BTreeMap::new(),
+            };
+        }
+        if let Some(map) = value.read_lock::<Map>() {
+            let mut annotations = BTreeMap::new();
+            let mut summary = None;
+            let mut values = Vec::new();
+            for (k, v) in map.iter() {
+                match k.as_str() {
+                    "summary" => summary = Some(v.to_string()),
+                    "severity" => {
+                        let sev = v.to_string();
+                        if Severity::parse(&sev).is_none() {
+                            return EvalResult::Error(RuleError::at(
+                                &rule.file,
+                                Position::new(rule.line.try_into().unwrap_or(1), 1),
+                                format!("check returned severity {sev:?}; expected info, warning or critical"),
+                            ));
+                        }
+                        annotations.insert("severity".into(), sev);
+                    }
+                    "values" => {
+                        if let Some(vm) = v.read_lock::<Map>() {
+                            for (vk, vv) in vm.iter() {
+                                values.push(format!("{vk}={vv}"));
+                            }
+                        } else {
+                            values.push(v.to_string());
+                        }
+                    }
+                    other => {
+                        annotations.insert(other.to_string(), v.to_string());
+                    }
+                }
+            }
+            if !values.is_empty() {
+                annotations.insert("values".into(), values.join(", "));
+            }
+            return EvalResult::Fire {
+                summary: summary.unwrap_or_else(default),
+                annotations,
+            };
+        }
+        EvalResult::Error(RuleError::at(
+            &rule.file,
+            Position::new(rule.line.try_into().unwrap_or(1), 1),
+            format!(
+                "check returned {}; expected a string (fires), true/false, () or a map",
+                value.type_name()
+            ),
+        ))
+    }
+}
+
+/// Resolves the rule paths for commands: `--rules DIR` when given; else the config's
+/// `[daemon] rules` and `[rules] dirs` relative to the config file; else `./rules`; else the
+/// `rules/` directory of the source tree the executable was built in (`target/*/gpuwatch` →
+/// `../../rules`).
+pub fn default_rule_paths(
+    explicit: &[PathBuf],
+    config: Option<&crate::config::Config>,
+    rules_config: &RulesConfig,
+) -> Vec<PathBuf> {
+    if !explicit.is_empty() {
+        return explicit.to_vec();
+    }
+    if let Some(c) = config {
+        let mut out: Vec<PathBuf> = c
+            .daemon
+            .rules
+            .iter()
+            .chain(&rules_config.dirs)
+            .map(|p| c.base_dir.join(p))
+            .collect();
+        out.dedup();
+        if out.iter().any(|p| p.exists()) {
+            out.retain(|p| p.exists());
+            return out;
+        }
+    }
+    let cwd = PathBuf::from("rules");
+    if cwd.is_dir() {
+        return vec![cwd];
+    }
+    if let Some(dir) = shipped_rules_dir() {
+        return vec![dir];
+    }
+    vec![cwd]
+}
+
+/// The stock `rules/` directory next to the executable's source tree, if findable.
+pub fn shipped_rules_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let mut dir: Option<&Path> = exe.parent();
+    for _ in 0..4 {
+        let d = dir?;
+        let candidate = d.join("rules");
+        if candidate.join("gpu_lost.rhai").is_file() {
+            return Some(candidate);
+        }
+        dir = d.parent();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

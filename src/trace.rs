@@ -1,0 +1,738 @@
+//! Trace readers for `replay`: gpuwatch's own CSV recordings and nvidia-smi
+//! `--query-gpu=… --format=csv` logs, both turned into [`Snapshot`]s in time order.
+//!
+//! * gpuwatch CSV (COMMON.md, interface 1): header `timestamp,index,uuid,name,pci_bus_id,minor,
+//!   state,<METRICS keys…>,xids,processes`; one row per GPU per tick, rows of a tick share the
+//!   RFC 3339 timestamp; empty cell = absent. Columns are matched by name.
+//! * nvidia-smi CSV: header names as nvidia-smi writes them (`utilization.gpu [%]`,
+//!   `memory.used [MiB]`), with or without `nounits`; `noheader` logs need the header given
+//!   separately (`replay --smi-header`). Columns map to metrics through the metric table's `smi`
+//!   names and `smi_unit` conversions (MiB → bytes, `P0` → 0, hex bitmask); `[N/A]`,
+//!   `[Not Supported]`, `N/A` and empty cells are absent. Timestamps are nvidia-smi's local
+//!   `2026/12/02 15:00:00.123` form, read as UTC. A tick is the run of rows until a GPU repeats
+//!   (nvidia-smi `-l` writes every GPU once per loop, with slightly different timestamps).
+//!
+//! Format detection ([`detect`]): a first line starting `timestamp,index,uuid,` and containing
+//! `processes` is gpuwatch's; anything else with a known nvidia-smi column is nvidia-smi's.
+
+use std::io::BufRead;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context};
+
+use crate::model::{
+    DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcKind, ProcSample, SmiUnit,
+    Snapshot, XidEvent, METRICS,
+};
+
+/// Which kind of log a file is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// gpuwatch's own recording.
+    Gpuwatch,
+    /// nvidia-smi `--format=csv`.
+    NvidiaSmi,
+}
+
+/// Splits one CSV line (RFC 4180 quoting) into fields.
+pub fn split_csv(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if quoted {
+            if c == '"' {
+                if chars.peek() == Some(&'"') {
+                    cur.push('"');
+                    chars.next();
+                } else {
+                    quoted = false;
+                }
+            } else {
+                cur.push(c);
+            }
+        } else if c == '"' {
+            quoted = true;
+        } else if c == ',' {
+            out.push(std::mem::take(&mut cur));
+        } else {
+            cur.push(c);
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// Guesses the format from the first line.
+pub fn detect(first_line: &str) -> Option<TraceFormat> {
+    let l = first_line.trim_start_matches('\u{feff}').trim();
+    if l.starts_with("timestamp,index,uuid,") && l.contains("processes") {
+        return Some(TraceFormat::Gpuwatch);
+    }
+    let names: Vec<String> = split_csv(l).iter().map(|f| smi_name(f)).collect();
+    if names.iter().any(|n| smi_column(n).is_some()) {
+        return Some(TraceFormat::NvidiaSmi);
+    }
+    None
+}
+
+/// `utilization.gpu [%]` → `utilization.gpu`.
+fn smi_name(field: &str) -> String {
+    let f = field.trim();
+    f.split(" [")
+        .next()
+        .unwrap_or(f)
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// What an nvidia-smi column holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum SmiColumn {
+    Timestamp,
+    Index,
+    Uuid,
+    Name,
+    PciBusId,
+    Metric(Metric),
+}
+
+fn smi_column(name: &str) -> Option<SmiColumn> {
+    let aliases: &[(&str, &str)] = &[
+        ("power.draw.average", "power.draw"),
+        ("power.draw.instant", "power.draw"),
+        (
+            "clocks_throttle_reasons.active",
+            "clocks_event_reasons.active",
+        ),
+        ("clocks.current.sm", "clocks.sm"),
+        ("clocks.current.memory", "clocks.mem"),
+        ("power.limit", "enforced.power.limit"),
+    ];
+    let name = aliases
+        .iter()
+        .find(|(a, _)| *a == name)
+        .map_or(name, |(_, b)| *b);
+    Some(match name {
+        "timestamp" => SmiColumn::Timestamp,
+        "index" => SmiColumn::Index,
+        "uuid" | "gpu_uuid" => SmiColumn::Uuid,
+        "name" | "gpu_name" => SmiColumn::Name,
+        "pci.bus_id" | "gpu_bus_id" => SmiColumn::PciBusId,
+        other => SmiColumn::Metric(METRICS.iter().find(|d| d.smi == Some(other))?.id),
+    })
+}
+
+/// Parses a gpuwatch timestamp (RFC 3339) or an nvidia-smi one (`2026/12/02 15:00:00.123`, UTC).
+pub fn parse_time_ms(s: &str) -> Option<i64> {
+    let s = s.trim();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Some(t.timestamp_millis());
+    }
+    for fmt in [
+        "%Y/%m/%d %H:%M:%S%.f",
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y/%m/%d %H:%M:%S",
+    ] {
+        if let Ok(t) = chrono::NaiveDateTime::parse_from_str(s, fmt) {
+            return Some(t.and_utc().timestamp_millis());
+        }
+    }
+    None
+}
+
+/// Formats UTC ms as RFC 3339 with milliseconds (`2026-12-02T15:00:00.123Z`).
+pub fn format_time_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || ms.to_string(),
+        |t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+    )
+}
+
+/// Parses an nvidia-smi value in the metric's canonical unit; `None` for N/A and friends.
+fn smi_value(raw: &str, unit: SmiUnit) -> Result<Option<f64>, String> {
+    let v = raw.trim();
+    if v.is_empty()
+        || v.starts_with('[')
+        || v.eq_ignore_ascii_case("n/a")
+        || v.eq_ignore_ascii_case("not supported")
+    {
+        return Ok(None);
+    }
+    let number = |s: &str| -> Result<f64, String> {
+        let s = s
+            .trim()
+            .trim_end_matches(|c: char| c.is_ascii_alphabetic() || c == '%' || c == ' ')
+            .trim();
+        s.parse::<f64>()
+            .map_err(|_| format!("cannot read {raw:?} as a number"))
+    };
+    Ok(Some(match unit {
+        SmiUnit::Same => number(v)?,
+        SmiUnit::MiB => number(v)? * 1_048_576.0,
+        SmiUnit::Pstate => {
+            let p = v.trim_start_matches(['P', 'p']);
+            p.parse::<f64>()
+                .map_err(|_| format!("cannot read {raw:?} as a pstate"))?
+        }
+        SmiUnit::Hex => {
+            let h = v.trim_start_matches("0x").trim_start_matches("0X");
+            #[expect(clippy::cast_precision_loss, reason = "bitmask below 2^53")]
+            let x = u64::from_str_radix(h, 16)
+                .map_err(|_| format!("cannot read {raw:?} as a hex bitmask"))?
+                as f64;
+            x
+        }
+    }))
+}
+
+/// A reader of snapshots from a trace file.
+pub struct TraceReader {
+    lines: std::io::Lines<std::io::BufReader<std::fs::File>>,
+    path: String,
+    line_no: usize,
+    format: TraceFormat,
+    columns: Vec<Col>,
+    pending: Option<Row>,
+    done: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Col {
+    Time,
+    Index,
+    Uuid,
+    Name,
+    Pci,
+    Minor,
+    State,
+    Metric(Metric, SmiUnit),
+    Xids,
+    Processes,
+    Ignore,
+}
+
+struct Row {
+    time_ms: i64,
+    sample: GpuSample,
+    xids: Vec<u64>,
+    procs: Option<Vec<ProcSample>>,
+    key: String,
+}
+
+impl TraceReader {
+    /// Opens `path`, detecting its format. `smi_header` supplies the header of a `noheader`
+    /// nvidia-smi log.
+    pub fn open(path: &Path, smi_header: Option<&str>) -> anyhow::Result<TraceReader> {
+        let f =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let mut lines = std::io::BufReader::new(f).lines();
+        let pathname = path.display().to_string();
+        let mut line_no = 0;
+        let header = if let Some(h) = smi_header {
+            h.to_string()
+        } else {
+            line_no += 1;
+            lines
+                .next()
+                .transpose()
+                .with_context(|| format!("cannot read {pathname}"))?
+                .ok_or_else(|| anyhow!("{pathname}:1:1: empty file"))?
+        };
+        let format = if smi_header.is_some() {
+            TraceFormat::NvidiaSmi
+        } else {
+            detect(&header).ok_or_else(|| {
+                anyhow!(
+                    "{pathname}:1:1: not a gpuwatch CSV recording nor an nvidia-smi CSV log with a \
+                     header (for `--format=csv,noheader` logs pass the header with --smi-header)"
+                )
+            })?
+        };
+        let header = header.trim_start_matches('\u{feff}');
+        let columns = split_csv(header)
+            .iter()
+            .map(|h| match format {
+                TraceFormat::Gpuwatch => match h.trim() {
+                    "timestamp" => Col::Time,
+                    "index" => Col::Index,
+                    "uuid" => Col::Uuid,
+                    "name" => Col::Name,
+                    "pci_bus_id" => Col::Pci,
+                    "minor" => Col::Minor,
+                    "state" => Col::State,
+                    "xids" => Col::Xids,
+                    "processes" => Col::Processes,
+                    k => Metric::from_key(k).map_or(Col::Ignore, |m| Col::Metric(m, SmiUnit::Same)),
+                },
+                TraceFormat::NvidiaSmi => match smi_column(&smi_name(h)) {
+                    Some(SmiColumn::Timestamp) => Col::Time,
+                    Some(SmiColumn::Index) => Col::Index,
+                    Some(SmiColumn::Uuid) => Col::Uuid,
+                    Some(SmiColumn::Name) => Col::Name,
+                    Some(SmiColumn::PciBusId) => Col::Pci,
+                    Some(SmiColumn::Metric(m)) => Col::Metric(m, m.desc().smi_unit),
+                    None => Col::Ignore,
+                },
+            })
+            .collect::<Vec<_>>();
+        if !columns.iter().any(|c| matches!(c, Col::Time)) {
+            bail!("{pathname}:1:1: the header has no `timestamp` column");
+        }
+        Ok(TraceReader {
+            lines,
+            path: pathname,
+            line_no,
+            format,
+            columns,
+            pending: None,
+            done: false,
+        })
+    }
+
+    /// The detected format.
+    pub fn format(&self) -> TraceFormat {
+        self.format
+    }
+
+    fn err(&self, col: usize, msg: impl std::fmt::Display) -> anyhow::Error {
+        anyhow!("{}:{}:{}: {msg}", self.path, self.line_no, col + 1)
+    }
+
+    fn next_row(&mut self) -> anyhow::Result<Option<Row>> {
+        loop {
+            let Some(line) = self.lines.next() else {
+                return Ok(None);
+            };
+            self.line_no += 1;
+            let line = line.with_context(|| format!("cannot read {}", self.path))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            return self.parse_row(&line).map(Some);
+        }
+    }
+
+    fn parse_row(&self, line: &str) -> anyhow::Result<Row> {
+        let fields = split_csv(line);
+        let mut time_ms = None;
+        let mut id = DeviceId::default();
+        let mut has_index = false;
+        let mut state = DeviceState::Ok;
+        let mut values = MetricValues::default();
+        let mut xids = Vec::new();
+        let mut procs = None;
+        // column offset of each field, for error messages
+        let mut offset = 0;
+        for (i, raw) in fields.iter().enumerate() {
+            let col = offset;
+            offset += raw.len() + 1;
+            let Some(kind) = self.columns.get(i) else {
+                break;
+            };
+            let v = raw.trim();
+            match kind {
+                Col::Time => {
+                    time_ms = Some(
+                        parse_time_ms(v)
+                            .ok_or_else(|| self.err(col, format!("bad timestamp {v:?}")))?,
+                    );
+                }
+                Col::Index => {
+                    id.index = v
+                        .parse()
+                        .map_err(|_| self.err(col, format!("bad GPU index {v:?}")))?;
+                    has_index = true;
+                }
+                Col::Uuid => id.uuid = v.to_string(),
+                Col::Name => id.name = v.to_string(),
+                Col::Pci => id.pci_bus_id = v.to_string(),
+                Col::Minor => id.minor = v.parse().ok(),
+                Col::State => {
+                    state = match v {
+                        "" | "ok" => DeviceState::Ok,
+                        "lost" => DeviceState::Lost,
+                        other => return Err(self.err(col, format!("bad state {other:?}"))),
+                    }
+                }
+                Col::Metric(m, unit) => {
+                    let value = if self.format == TraceFormat::Gpuwatch {
+                        if v.is_empty() {
+                            None
+                        } else {
+                            Some(v.parse::<f64>().map_err(|_| {
+                                self.err(col, format!("bad {} value {v:?}", m.key()))
+                            })?)
+                        }
+                    } else {
+                        smi_value(v, *unit).map_err(|e| self.err(col, e))?
+                    };
+                    values.set(*m, value);
+                }
+                Col::Xids => {
+                    for x in v.split(';').filter(|x| !x.trim().is_empty()) {
+                        xids.push(
+                            x.trim()
+                                .parse()
+                                .map_err(|_| self.err(col, format!("bad XID {x:?}")))?,
+                        );
+                    }
+                }
+                Col::Processes => {
+                    let mut list = Vec::new();
+                    for p in v.split(';').filter(|x| !x.trim().is_empty()) {
+                        let (pid, used) = p.split_once(':').unwrap_or((p, ""));
+                        list.push(ProcSample {
+                            pid: pid
+                                .trim()
+                                .parse()
+                                .map_err(|_| self.err(col, format!("bad process {p:?}")))?,
+                            gpu_index: 0,
+                            gpu_uuid: String::new(),
+                            used_mem_bytes: used.trim().parse().ok(),
+                            kind: ProcKind::Compute,
+                            uid: None,
+                            user: None,
+                            command: None,
+                            container: None,
+                            runtime_s: None,
+                        });
+                    }
+                    procs = Some(list);
+                }
+                Col::Ignore => {}
+            }
+        }
+        let time_ms = time_ms.ok_or_else(|| self.err(0, "row without a timestamp"))?;
+        let key = if has_index {
+            id.index.to_string()
+        } else if !id.uuid.is_empty() {
+            id.uuid.clone()
+        } else {
+            id.pci_bus_id.clone()
+        };
+        if let Some(list) = &mut procs {
+            for p in list {
+                p.gpu_index = id.index;
+                p.gpu_uuid.clone_from(&id.uuid);
+            }
+        }
+        if state == DeviceState::Lost {
+            values = MetricValues::default();
+        }
+        Ok(Row {
+            time_ms,
+            sample: GpuSample {
+                time_ms,
+                id,
+                state,
+                values,
+            },
+            xids,
+            procs,
+            key,
+        })
+    }
+
+    fn next_snapshot(&mut self) -> anyhow::Result<Option<Snapshot>> {
+        let first = match self.pending.take() {
+            Some(r) => r,
+            None => match self.next_row()? {
+                Some(r) => r,
+                None => return Ok(None),
+            },
+        };
+        let tick_time = first.time_ms;
+        let mut rows = vec![first];
+        let mut keys_seen: Vec<String> = vec![rows[0].key.clone()];
+        while let Some(row) = self.next_row()? {
+            let same_tick = match self.format {
+                TraceFormat::Gpuwatch => row.time_ms == tick_time,
+                TraceFormat::NvidiaSmi => {
+                    !keys_seen.contains(&row.key) && row.time_ms - tick_time < 60_000
+                }
+            };
+            if same_tick {
+                keys_seen.push(row.key.clone());
+                rows.push(row);
+            } else {
+                if row.time_ms < tick_time {
+                    return Err(self.err(0, "timestamps go backwards"));
+                }
+                self.pending = Some(row);
+                break;
+            }
+        }
+        // Without index columns, number GPUs in order of appearance.
+        let mut snap = Snapshot {
+            time_ms: tick_time,
+            ..Snapshot::default()
+        };
+        let mut procs: Option<Vec<ProcSample>> = None;
+        for (pos, mut row) in rows.into_iter().enumerate() {
+            if !self.columns.iter().any(|c| matches!(c, Col::Index)) {
+                row.sample.id.index = u32::try_from(pos).unwrap_or(u32::MAX);
+            }
+            row.sample.time_ms = tick_time;
+            for x in row.xids {
+                snap.xids.push(XidEvent {
+                    time_ms: tick_time,
+                    gpu_index: row.sample.id.index,
+                    gpu_uuid: row.sample.id.uuid.clone(),
+                    xid: x,
+                });
+            }
+            if let Some(list) = row.procs {
+                let all = procs.get_or_insert_with(Vec::new);
+                all.extend(list.into_iter().map(|mut p| {
+                    p.gpu_index = row.sample.id.index;
+                    p
+                }));
+            }
+            snap.gpus.push(row.sample);
+        }
+        snap.processes = procs;
+        Ok(Some(snap))
+    }
+}
+
+impl Iterator for TraceReader {
+    type Item = anyhow::Result<Snapshot>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.next_snapshot() {
+            Ok(Some(s)) => Some(Ok(s)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// Writes snapshots as a gpuwatch CSV recording (used by tests, fixtures and the benchmark; the
+/// recorder owns the live writer).
+pub fn write_gpuwatch_csv(
+    out: &mut impl std::io::Write,
+    snaps: &[Snapshot],
+) -> std::io::Result<()> {
+    write_gpuwatch_header(out)?;
+    for s in snaps {
+        write_gpuwatch_rows(out, s)?;
+    }
+    Ok(())
+}
+
+/// The gpuwatch CSV header line.
+pub fn write_gpuwatch_header(out: &mut impl std::io::Write) -> std::io::Result<()> {
+    let mut header = String::from("timestamp,index,uuid,name,pci_bus_id,minor,state");
+    for d in METRICS {
+        header.push(',');
+        header.push_str(d.key);
+    }
+    header.push_str(",xids,processes");
+    writeln!(out, "{header}")
+}
+
+/// The rows of one snapshot in gpuwatch CSV.
+pub fn write_gpuwatch_rows(out: &mut impl std::io::Write, s: &Snapshot) -> std::io::Result<()> {
+    use std::fmt::Write as _;
+    let ts = format_time_ms(s.time_ms);
+    for g in &s.gpus {
+        let mut line = String::with_capacity(256);
+        let quote = |f: &str| {
+            if f.contains([',', '"']) {
+                format!("\"{}\"", f.replace('"', "\"\""))
+            } else {
+                f.to_string()
+            }
+        };
+        let _ = write!(
+            line,
+            "{ts},{},{},{},{},{},{}",
+            g.id.index,
+            quote(&g.id.uuid),
+            quote(&g.id.name),
+            quote(&g.id.pci_bus_id),
+            g.id.minor.map(|m| m.to_string()).unwrap_or_default(),
+            if g.state == DeviceState::Lost {
+                "lost"
+            } else {
+                "ok"
+            }
+        );
+        for v in &g.values.0 {
+            line.push(',');
+            if let Some(v) = v {
+                let _ = write!(line, "{v}");
+            }
+        }
+        line.push(',');
+        let xids: Vec<String> = s
+            .xids
+            .iter()
+            .filter(|x| x.gpu_index == g.id.index)
+            .map(|x| x.xid.to_string())
+            .collect();
+        line.push_str(&xids.join(";"));
+        line.push(',');
+        if let Some(procs) = &s.processes {
+            let items: Vec<String> = procs
+                .iter()
+                .filter(|p| p.gpu_index == g.id.index)
+                .map(|p| {
+                    format!(
+                        "{}:{}",
+                        p.pid,
+                        p.used_mem_bytes.map(|b| b.to_string()).unwrap_or_default()
+                    )
+                })
+                .collect();
+            line.push_str(&items.join(";"));
+        }
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_quotes() {
+        assert_eq!(
+            split_csv(r#"a,"b,c","d""e",,f"#),
+            vec!["a", "b,c", "d\"e", "", "f"]
+        );
+    }
+
+    #[test]
+    fn smi_values_and_times() {
+        assert_eq!(
+            smi_value("1024 MiB", SmiUnit::MiB),
+            Ok(Some(1_073_741_824.0))
+        );
+        assert_eq!(smi_value("1024", SmiUnit::MiB), Ok(Some(1_073_741_824.0)));
+        assert_eq!(smi_value("250.50 W", SmiUnit::Same), Ok(Some(250.5)));
+        assert_eq!(smi_value("87 %", SmiUnit::Same), Ok(Some(87.0)));
+        assert_eq!(smi_value("[N/A]", SmiUnit::Same), Ok(None));
+        assert_eq!(smi_value("[Not Supported]", SmiUnit::Same), Ok(None));
+        assert_eq!(smi_value("P2", SmiUnit::Pstate), Ok(Some(2.0)));
+        assert_eq!(
+            smi_value("0x0000000000000024", SmiUnit::Hex),
+            Ok(Some(36.0))
+        );
+        assert!(smi_value("abc", SmiUnit::Same).is_err());
+        assert_eq!(
+            parse_time_ms("2026/12/02 15:00:00.123"),
+            parse_time_ms("2026-12-02T15:00:00.123Z")
+        );
+        assert_eq!(format_time_ms(0), "1970-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn detects_formats() {
+        assert_eq!(
+            detect("timestamp,index,uuid,name,pci_bus_id,minor,state,util,xids,processes"),
+            Some(TraceFormat::Gpuwatch)
+        );
+        assert_eq!(
+            detect("timestamp, index, utilization.gpu [%], memory.used [MiB]"),
+            Some(TraceFormat::NvidiaSmi)
+        );
+        assert_eq!(detect("2026/12/02 15:00:00.000, 0, 45 %"), None);
+    }
+
+    #[test]
+    fn round_trip_gpuwatch_csv() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut snaps = Vec::new();
+        for t in 0..3 {
+            let mut values = MetricValues::default();
+            values.set(Metric::Util, Some(50.5));
+            values.set(Metric::MemUsed, Some(1e9));
+            let gpus = (0..2)
+                .map(|i| GpuSample {
+                    time_ms: t * 1000,
+                    id: DeviceId {
+                        index: i,
+                        uuid: format!("GPU-{i}"),
+                        name: "NVIDIA \"X\", 80GB".into(),
+                        ..DeviceId::default()
+                    },
+                    state: DeviceState::Ok,
+                    values: values.clone(),
+                })
+                .collect();
+            snaps.push(Snapshot {
+                time_ms: 1_700_000_000_000 + t * 1000,
+                gpus,
+                processes: Some(vec![]),
+                xids: if t == 1 {
+                    vec![XidEvent {
+                        time_ms: 0,
+                        gpu_index: 1,
+                        gpu_uuid: "GPU-1".into(),
+                        xid: 79,
+                    }]
+                } else {
+                    vec![]
+                },
+            });
+        }
+        let path = dir.path().join("t.csv");
+        let mut f = std::fs::File::create(&path).unwrap();
+        write_gpuwatch_csv(&mut f, &snaps).unwrap();
+        drop(f);
+        let r = TraceReader::open(&path, None).unwrap();
+        assert_eq!(r.format(), TraceFormat::Gpuwatch);
+        let back: Vec<Snapshot> = r.collect::<anyhow::Result<_>>().unwrap();
+        assert_eq!(back.len(), 3);
+        assert_eq!(back[1].xids.len(), 1);
+        assert_eq!(back[1].xids[0].gpu_index, 1);
+        assert_eq!(back[0].gpus[1].id.name, "NVIDIA \"X\", 80GB");
+        assert_eq!(back[2].gpus[0].get(Metric::Util), Some(50.5));
+        assert_eq!(back[2].gpus[0].get(Metric::Temp), None);
+    }
+
+    #[test]
+    fn reads_nvidia_smi_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("smi.csv");
+        std::fs::write(
+            &path,
+            "timestamp, index, name, utilization.gpu [%], memory.used [MiB], power.draw [W], temperature.gpu\n\
+             2026/12/02 15:00:00.101, 0, NVIDIA H100, 87 %, 1024 MiB, 300.50 W, 60\n\
+             2026/12/02 15:00:00.105, 1, NVIDIA H100, 0 %, 0 MiB, [N/A], 40\n\
+             2026/12/02 15:00:01.101, 0, NVIDIA H100, 90 %, 1024 MiB, 301.00 W, 61\n\
+             2026/12/02 15:00:01.104, 1, NVIDIA H100, bogus, 0 MiB, 70 W, 40\n",
+        )
+        .unwrap();
+        let mut r = TraceReader::open(&path, None).unwrap();
+        assert_eq!(r.format(), TraceFormat::NvidiaSmi);
+        let s = r.next().unwrap().unwrap();
+        assert_eq!(s.gpus.len(), 2);
+        assert_eq!(s.gpus[0].get(Metric::MemUsed), Some(1_073_741_824.0));
+        assert_eq!(s.gpus[1].get(Metric::Power), None);
+        let err = r.next().unwrap().unwrap_err().to_string();
+        assert!(err.contains("smi.csv:5:"), "{err}");
+        // noheader + nounits with the header given
+        std::fs::write(&path, "2026/12/02 15:00:00.101, 0, 87, 1024\n").unwrap();
+        let mut r = TraceReader::open(
+            &path,
+            Some("timestamp, index, utilization.gpu [%], memory.used [MiB]"),
+        )
+        .unwrap();
+        let s = r.next().unwrap().unwrap();
+        assert_eq!(s.gpus[0].get(Metric::Util), Some(87.0));
+    }
+}

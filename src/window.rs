@@ -1,0 +1,593 @@
+//! Rolling windows: per (GPU, metric) timestamped history with gaps kept, and the exact
+//! aggregates rules ask for.
+//!
+//! Every GPU has one [`GpuHistory`] holding a [`Window`] per metric of the metric table, the XID
+//! events it reported and its latest process list. A window is a `VecDeque<(time_ms, value)>`
+//! trimmed to the longest duration any loaded rule uses (the *retention*); a missed tick or an
+//! absent value simply leaves no point, so gaps stay visible.
+//!
+//! Aggregates look at the half-open range `(now - duration, now]`, found with `partition_point`
+//! (two binary searches), and scan only that range. Results are cached per evaluation tick in
+//! the history (key: metric, function, duration, argument), so ten rules asking for
+//! `gpu.util.mean("10m")` pay once.
+//!
+//! **No data.** An aggregate gives `None` (rhai `()`) when the window is *too sparse*:
+//! fewer samples than half of what the observed sampling interval predicts
+//! (`count < ceil(0.5 × duration / interval)`, at least one sample), or fewer than two samples for
+//! `delta`, `increase`, `rate` and `slope`. The interval is the median of the last 15 gaps between
+//! this GPU's samples. A rule therefore cannot fire on missing data, including during the warm-up
+//! after a start (a 10-minute window needs 5 minutes of samples first).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use crate::model::{DeviceId, DeviceState, GpuSample, Metric, ProcSample, METRIC_COUNT};
+
+/// Timestamped values of one metric of one GPU, oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct Window {
+    points: VecDeque<(i64, f64)>,
+}
+
+/// The aggregate functions a window can compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Agg {
+    /// Newest value in the window.
+    Last,
+    /// Arithmetic mean.
+    Mean,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+    /// Percentile `arg` (0–100), nearest rank.
+    Percentile,
+    /// Population standard deviation.
+    Stddev,
+    /// Number of samples present (never "no data"; 0 for an empty window).
+    Count,
+    /// Last minus first value (may be negative).
+    Delta,
+    /// Sum of increases, counter resets (a drop) counted as a restart from 0.
+    Increase,
+    /// `Increase` per second of the span covered.
+    Rate,
+    /// Least-squares slope, units per second.
+    Slope,
+    /// Fraction (0–1) of samples strictly above `arg`.
+    FracAbove,
+    /// Fraction (0–1) of samples strictly below `arg`.
+    FracBelow,
+    /// Fraction of samples whose value has any bit of mask `arg` set.
+    FracBits,
+}
+
+impl Window {
+    /// Appends a point. Times must not go backwards; a point at the same time as the newest one
+    /// replaces it, an older one is ignored.
+    pub fn push(&mut self, time_ms: i64, value: f64) {
+        match self.points.back_mut() {
+            Some(last) if last.0 == time_ms => last.1 = value,
+            Some(last) if last.0 > time_ms => {}
+            _ => self.points.push_back((time_ms, value)),
+        }
+    }
+
+    /// Drops points older than `cutoff_ms` (keeps one point before it as a counter baseline).
+    pub fn evict_before(&mut self, cutoff_ms: i64) {
+        while self.points.len() > 1 && self.points[1].0 < cutoff_ms {
+            self.points.pop_front();
+        }
+    }
+
+    /// Number of stored points.
+    pub fn len(&self) -> usize {
+        self.points.len()
+    }
+
+    /// True when nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+
+    /// Newest point.
+    pub fn newest(&self) -> Option<(i64, f64)> {
+        self.points.back().copied()
+    }
+
+    /// Index range of points with `start < t <= end`.
+    fn range(&self, start_ms: i64, end_ms: i64) -> (usize, usize) {
+        let lo = self.points.partition_point(|p| p.0 <= start_ms);
+        let hi = self.points.partition_point(|p| p.0 <= end_ms);
+        (lo, hi.max(lo))
+    }
+
+    /// Computes `agg` over `(now - duration, now]`. `interval_ms` is the sampling interval used for
+    /// the sparseness test (0 = unknown: every window is too sparse).
+    pub fn aggregate(
+        &self,
+        agg: Agg,
+        now_ms: i64,
+        duration_ms: i64,
+        arg: f64,
+        interval_ms: i64,
+    ) -> Option<f64> {
+        let (lo, hi) = self.range(now_ms - duration_ms, now_ms);
+        let n = hi - lo;
+        if agg == Agg::Count {
+            return Some(n as f64);
+        }
+        if interval_ms <= 0 {
+            // Interval unknown (fewer than two samples so far): too early to judge any window.
+            return None;
+        }
+        // ceil(0.5 * duration / interval), at least 1
+        let expected = duration_ms as f64 / interval_ms as f64;
+        let needed = ((expected * 0.5).ceil() as usize).max(1);
+        let needs_two = matches!(agg, Agg::Delta | Agg::Increase | Agg::Rate | Agg::Slope);
+        if n < needed || n == 0 || (needs_two && n < 2) {
+            return None;
+        }
+        let it = || self.points.range(lo..hi).map(|p| p.1);
+        let nf = n as f64;
+        let value = match agg {
+            Agg::Count => nf,
+            Agg::Last => self.points[hi - 1].1,
+            Agg::Mean => it().sum::<f64>() / nf,
+            Agg::Min => it().fold(f64::INFINITY, f64::min),
+            Agg::Max => it().fold(f64::NEG_INFINITY, f64::max),
+            Agg::Stddev => {
+                let mean = it().sum::<f64>() / nf;
+                (it().map(|v| (v - mean) * (v - mean)).sum::<f64>() / nf).sqrt()
+            }
+            Agg::Percentile => {
+                let mut vals: Vec<f64> = it().collect();
+                let p = arg.clamp(0.0, 100.0) / 100.0;
+                let k = (p * (nf - 1.0)).round() as usize;
+                let (_, v, _) = vals.select_nth_unstable_by(k.min(n - 1), f64::total_cmp);
+                *v
+            }
+            Agg::Delta => self.points[hi - 1].1 - self.points[lo].1,
+            Agg::Increase | Agg::Rate => {
+                let mut inc = 0.0;
+                let mut prev = self.points[lo].1;
+                for v in it().skip(1) {
+                    inc += if v >= prev { v - prev } else { v };
+                    prev = v;
+                }
+                if agg == Agg::Rate {
+                    let span_s = (self.points[hi - 1].0 - self.points[lo].0) as f64 / 1000.0;
+                    if span_s <= 0.0 {
+                        return None;
+                    }
+                    inc / span_s
+                } else {
+                    inc
+                }
+            }
+            Agg::Slope => {
+                let t0 = self.points[lo].0;
+                let ts = || {
+                    self.points
+                        .range(lo..hi)
+                        .map(move |p| ((p.0 - t0) as f64 / 1000.0, p.1))
+                };
+                let mean_t = ts().map(|p| p.0).sum::<f64>() / nf;
+                let mean_v = ts().map(|p| p.1).sum::<f64>() / nf;
+                let (mut sxy, mut sxx) = (0.0, 0.0);
+                for (t, v) in ts() {
+                    sxy += (t - mean_t) * (v - mean_v);
+                    sxx += (t - mean_t) * (t - mean_t);
+                }
+                if sxx <= 0.0 {
+                    return None;
+                }
+                sxy / sxx
+            }
+            Agg::FracAbove => it().filter(|v| *v > arg).count() as f64 / nf,
+            Agg::FracBelow => it().filter(|v| *v < arg).count() as f64 / nf,
+            Agg::FracBits => {
+                let mask = arg as u64;
+                it().filter(|v| (*v as u64) & mask != 0).count() as f64 / nf
+            }
+        };
+        Some(value)
+    }
+}
+
+/// Runs of consecutive samples below a threshold in a window (`idle_runs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunStats {
+    /// Number of runs that start inside the window.
+    pub runs: usize,
+    /// Fraction of samples below the threshold.
+    pub share: f64,
+    /// Median seconds between consecutive run starts (`None` with fewer than 2 runs).
+    pub period_s: Option<f64>,
+    /// Coefficient of variation of the gaps between run starts (`None` with fewer than 3 runs).
+    pub period_cv: Option<f64>,
+    /// Median run length, seconds (a run's length is first-below to first-not-below).
+    pub median_len_s: f64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_unstable_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+impl Window {
+    /// Idle-run statistics over `(now - duration, now]` for samples `< threshold`; `None` when
+    /// the window is too sparse (same rule as [`Window::aggregate`]).
+    pub fn runs_below(
+        &self,
+        now_ms: i64,
+        duration_ms: i64,
+        threshold: f64,
+        interval_ms: i64,
+    ) -> Option<RunStats> {
+        // Reuse the sparseness test.
+        self.aggregate(Agg::Mean, now_ms, duration_ms, 0.0, interval_ms)?;
+        let (lo, hi) = self.range(now_ms - duration_ms, now_ms);
+        let mut starts = Vec::new();
+        let mut lens = Vec::new();
+        let mut below = 0usize;
+        let mut run_start: Option<i64> = None;
+        let mut prev_below = lo > 0 && self.points[lo - 1].1 < threshold;
+        for &(t, v) in self.points.range(lo..hi) {
+            let b = v < threshold;
+            if b {
+                below += 1;
+            }
+            if b && !prev_below {
+                run_start = Some(t);
+                starts.push(t);
+            } else if !b && prev_below {
+                if let Some(s) = run_start.take() {
+                    lens.push((t - s) as f64 / 1000.0);
+                }
+            }
+            prev_below = b;
+        }
+        if let Some(s) = run_start {
+            lens.push((self.points[hi - 1].0 - s) as f64 / 1000.0);
+        }
+        let mut gaps: Vec<f64> = starts
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as f64 / 1000.0)
+            .collect();
+        let period_cv = (gaps.len() >= 2).then(|| {
+            let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+            let var = gaps.iter().map(|g| (g - mean) * (g - mean)).sum::<f64>() / gaps.len() as f64;
+            if mean > 0.0 {
+                var.sqrt() / mean
+            } else {
+                0.0
+            }
+        });
+        let period_s = (!gaps.is_empty()).then(|| median(&mut gaps));
+        Some(RunStats {
+            runs: starts.len(),
+            share: below as f64 / (hi - lo) as f64,
+            period_s,
+            period_cv,
+            median_len_s: if lens.is_empty() {
+                0.0
+            } else {
+                median(&mut lens)
+            },
+        })
+    }
+
+    /// Maxima of `n` consecutive sub-windows covering `(now - duration, now]`, oldest first;
+    /// `None` if any sub-window is too sparse.
+    pub fn maxima(
+        &self,
+        now_ms: i64,
+        duration_ms: i64,
+        n: usize,
+        interval_ms: i64,
+    ) -> Option<Vec<f64>> {
+        let n_i = i64::try_from(n).ok()?.max(1);
+        let sub = duration_ms / n_i;
+        (0..n_i)
+            .rev()
+            .map(|k| self.aggregate(Agg::Max, now_ms - k * sub, sub, 0.0, interval_ms))
+            .collect()
+    }
+}
+
+/// Cache key: metric, function, duration, argument bits.
+type CacheKey = (u8, u8, i64, u64);
+/// Aggregates computed at one evaluation time.
+type AggCache = (i64, Vec<(CacheKey, Option<f64>)>);
+
+/// Everything gpuwatch remembers about one GPU.
+#[derive(Debug, Default)]
+pub struct GpuHistory {
+    /// Identity from the newest sample.
+    pub id: DeviceId,
+    /// State from the newest sample.
+    pub state: DeviceState,
+    /// Time of the newest sample, UTC ms (0 before the first).
+    pub last_time_ms: i64,
+    /// One window per metric, indexed by `Metric as usize`.
+    pub series: Vec<Window>,
+    /// XID events `(time_ms, code)`, oldest first.
+    pub xids: VecDeque<(i64, u64)>,
+    /// The newest process list for this GPU.
+    pub processes: Vec<ProcSample>,
+    /// Recent sample times, for the interval estimate.
+    recent_times: VecDeque<i64>,
+    /// Estimated sampling interval, ms (0 = unknown).
+    pub interval_ms: i64,
+    cache: Mutex<AggCache>,
+}
+
+impl Clone for GpuHistory {
+    fn clone(&self) -> Self {
+        GpuHistory {
+            id: self.id.clone(),
+            state: self.state,
+            last_time_ms: self.last_time_ms,
+            series: self.series.clone(),
+            xids: self.xids.clone(),
+            processes: self.processes.clone(),
+            recent_times: self.recent_times.clone(),
+            interval_ms: self.interval_ms,
+            cache: Mutex::new((i64::MIN, Vec::new())),
+        }
+    }
+}
+
+impl GpuHistory {
+    /// An empty history for a device.
+    pub fn new(id: DeviceId) -> Self {
+        GpuHistory {
+            id,
+            series: vec![Window::default(); METRIC_COUNT],
+            cache: Mutex::new((i64::MIN, Vec::new())),
+            ..GpuHistory::default()
+        }
+    }
+
+    /// Adds one sample.
+    pub fn push(&mut self, sample: &GpuSample) {
+        self.id.clone_from(&sample.id);
+        self.state = sample.state;
+        if sample.time_ms <= self.last_time_ms && self.last_time_ms != 0 {
+            return;
+        }
+        self.last_time_ms = sample.time_ms;
+        for (i, v) in sample.values.0.iter().enumerate() {
+            if let Some(v) = v {
+                if v.is_finite() {
+                    self.series[i].push(sample.time_ms, *v);
+                }
+            }
+        }
+        self.recent_times.push_back(sample.time_ms);
+        if self.recent_times.len() > 16 {
+            self.recent_times.pop_front();
+        }
+        if self.recent_times.len() >= 2 {
+            let mut gaps: Vec<i64> = self
+                .recent_times
+                .iter()
+                .zip(self.recent_times.iter().skip(1))
+                .map(|(a, b)| b - a)
+                .collect();
+            gaps.sort_unstable();
+            self.interval_ms = gaps[gaps.len() / 2];
+        }
+    }
+
+    /// Records an XID event.
+    pub fn push_xid(&mut self, time_ms: i64, code: u64) {
+        let pos = self.xids.partition_point(|e| e.0 <= time_ms);
+        self.xids.insert(pos, (time_ms, code));
+    }
+
+    /// Drops everything older than `cutoff_ms`.
+    pub fn evict_before(&mut self, cutoff_ms: i64) {
+        for w in &mut self.series {
+            w.evict_before(cutoff_ms);
+        }
+        while self.xids.front().is_some_and(|e| e.0 < cutoff_ms) {
+            self.xids.pop_front();
+        }
+    }
+
+    /// The window of `metric`.
+    pub fn window(&self, metric: Metric) -> &Window {
+        &self.series[metric as usize]
+    }
+
+    /// Cached aggregate of `metric` at `now_ms` (see [`Window::aggregate`]).
+    pub fn aggregate(
+        &self,
+        metric: Metric,
+        agg: Agg,
+        now_ms: i64,
+        duration_ms: i64,
+        arg: f64,
+    ) -> Option<f64> {
+        let key = (metric as u8, agg as u8, duration_ms, arg.to_bits());
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.0 != now_ms {
+                cache.0 = now_ms;
+                cache.1.clear();
+            }
+            if let Some((_, v)) = cache.1.iter().find(|(k, _)| *k == key) {
+                return *v;
+            }
+            let v = self.series[metric as usize].aggregate(
+                agg,
+                now_ms,
+                duration_ms,
+                arg,
+                self.interval_ms,
+            );
+            cache.1.push((key, v));
+            return v;
+        }
+        self.series[metric as usize].aggregate(agg, now_ms, duration_ms, arg, self.interval_ms)
+    }
+
+    /// Distinct XID codes with `now - duration < t <= now`, in order of first occurrence.
+    pub fn xids_in(&self, now_ms: i64, duration_ms: i64) -> Vec<u64> {
+        let lo = self.xids.partition_point(|e| e.0 <= now_ms - duration_ms);
+        let hi = self.xids.partition_point(|e| e.0 <= now_ms);
+        let mut out = Vec::new();
+        for (_, code) in self.xids.range(lo..hi.max(lo)) {
+            if !out.contains(code) {
+                out.push(*code);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn win(points: &[(i64, f64)]) -> Window {
+        let mut w = Window::default();
+        for (t, v) in points {
+            w.push(*t, *v);
+        }
+        w
+    }
+
+    fn series(n: i64, f: impl Fn(i64) -> f64) -> Window {
+        win(&(0..n).map(|i| (i * 1000, f(i))).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn basic_aggregates() {
+        let w = series(10, |i| i as f64); // t=0..9 s, v=0..9
+        let now = 9000;
+        let a = |agg, d, arg| w.aggregate(agg, now, d, arg, 1000);
+        assert_eq!(a(Agg::Last, 10_000, 0.0), Some(9.0));
+        assert_eq!(a(Agg::Mean, 10_000, 0.0), Some(4.5));
+        assert_eq!(a(Agg::Mean, 5_000, 0.0), Some(7.0)); // 5..9
+        assert_eq!(a(Agg::Min, 5_000, 0.0), Some(5.0));
+        assert_eq!(a(Agg::Max, 5_000, 0.0), Some(9.0));
+        assert_eq!(a(Agg::Count, 5_000, 0.0), Some(5.0));
+        assert_eq!(a(Agg::Percentile, 10_000, 50.0), Some(5.0));
+        assert_eq!(a(Agg::Percentile, 10_000, 100.0), Some(9.0));
+        assert_eq!(a(Agg::Delta, 10_000, 0.0), Some(9.0));
+        assert_eq!(a(Agg::Increase, 10_000, 0.0), Some(9.0));
+        assert_eq!(a(Agg::Rate, 10_000, 0.0), Some(1.0));
+        let slope = a(Agg::Slope, 10_000, 0.0).unwrap();
+        assert!((slope - 1.0).abs() < 1e-9, "{slope}");
+        assert_eq!(a(Agg::FracAbove, 10_000, 6.5), Some(0.3));
+        assert_eq!(a(Agg::FracBelow, 10_000, 2.0), Some(0.2));
+        let sd = a(Agg::Stddev, 10_000, 0.0).unwrap();
+        assert!((sd - 8.25f64.sqrt()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn counter_reset_is_not_negative_increase() {
+        let w = win(&[(0, 5.0), (1000, 7.0), (2000, 1.0), (3000, 4.0)]);
+        assert_eq!(
+            w.aggregate(Agg::Increase, 3000, 4_000, 0.0, 1000),
+            Some(6.0)
+        );
+        assert_eq!(w.aggregate(Agg::Delta, 3000, 4_000, 0.0, 1000), Some(-1.0));
+        assert_eq!(
+            w.aggregate(Agg::Delta, 3000, 4_000, 0.0, 0),
+            None,
+            "interval unknown"
+        );
+    }
+
+    #[test]
+    fn empty_and_sparse_windows_are_no_data() {
+        let w = Window::default();
+        assert_eq!(w.aggregate(Agg::Mean, 0, 60_000, 0.0, 1000), None);
+        assert_eq!(w.aggregate(Agg::Count, 0, 60_000, 0.0, 1000), Some(0.0));
+        // 20 samples in a 60 s window at 1 s: fewer than 30 needed.
+        let w = series(20, |_| 1.0);
+        assert_eq!(w.aggregate(Agg::Mean, 19_000, 60_000, 0.0, 1000), None);
+        assert_eq!(w.aggregate(Agg::Mean, 19_000, 40_000, 0.0, 1000), Some(1.0));
+        // one sample: no slope or rate
+        let w = series(1, |_| 1.0);
+        assert_eq!(w.aggregate(Agg::Slope, 0, 1000, 0.0, 1000), None);
+        assert_eq!(w.aggregate(Agg::Rate, 0, 1000, 0.0, 1000), None);
+        assert_eq!(w.aggregate(Agg::Last, 0, 1000, 0.0, 1000), Some(1.0));
+    }
+
+    #[test]
+    fn gaps_are_kept() {
+        // 0..29 s present, 30..89 s missing, 90..119 present.
+        let mut pts: Vec<(i64, f64)> = (0..30).map(|i| (i * 1000, 50.0)).collect();
+        pts.extend((90..120).map(|i| (i * 1000, 50.0)));
+        let w = win(&pts);
+        assert_eq!(
+            w.aggregate(Agg::Count, 119_000, 120_000, 0.0, 1000),
+            Some(60.0)
+        );
+        assert_eq!(
+            w.aggregate(Agg::Mean, 119_000, 120_000, 0.0, 1000),
+            Some(50.0)
+        );
+        assert_eq!(w.aggregate(Agg::Mean, 89_000, 40_000, 0.0, 1000), None);
+    }
+
+    #[test]
+    fn idle_runs_and_maxima() {
+        // 60 s period: 45 s busy, 15 s idle, over 10 minutes
+        let w = series(600, |i| if i % 60 >= 45 { 0.0 } else { 100.0 });
+        let r = w.runs_below(599_000, 600_000, 10.0, 1000).unwrap();
+        assert_eq!(r.runs, 10);
+        assert!((r.share - 0.25).abs() < 1e-9);
+        assert_eq!(r.period_s, Some(60.0));
+        assert_eq!(r.period_cv, Some(0.0));
+        assert_eq!(r.median_len_s, 15.0);
+        let w = series(600, |i| i as f64);
+        assert_eq!(
+            w.maxima(599_000, 600_000, 3, 1000),
+            Some(vec![199.0, 399.0, 599.0])
+        );
+        assert_eq!(w.maxima(599_000, 1_200_000, 2, 1000), None);
+    }
+
+    #[test]
+    fn eviction_keeps_a_baseline() {
+        let mut w = series(100, |i| i as f64);
+        w.evict_before(50_000);
+        assert_eq!(w.len(), 51);
+        assert_eq!(w.points.front().map(|p| p.0), Some(49_000));
+    }
+
+    #[test]
+    fn history_interval_xids_and_cache() {
+        use crate::model::MetricValues;
+        let mut h = GpuHistory::new(DeviceId::default());
+        for i in 0..10 {
+            let mut values = MetricValues::default();
+            values.set(Metric::Util, Some(f64::from(i)));
+            h.push(&GpuSample {
+                time_ms: i64::from(i) * 2000,
+                id: DeviceId::default(),
+                state: DeviceState::Ok,
+                values,
+            });
+        }
+        assert_eq!(h.interval_ms, 2000);
+        h.push_xid(5000, 13);
+        h.push_xid(7000, 79);
+        h.push_xid(8000, 13);
+        assert_eq!(h.xids_in(18_000, 20_000), vec![13, 79]);
+        assert_eq!(h.xids_in(18_000, 5_000), Vec::<u64>::new());
+        let m = h.aggregate(Metric::Util, Agg::Mean, 18_000, 20_000, 0.0);
+        assert_eq!(m, Some(4.5));
+        assert_eq!(h.aggregate(Metric::Util, Agg::Mean, 18_000, 20_000, 0.0), m);
+        assert_eq!(
+            h.aggregate(Metric::Temp, Agg::Mean, 18_000, 20_000, 0.0),
+            None
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! Shared helpers for the integration tests: build the simulated NVML library once, run the real
+//! `gpuwatch` binary as a subprocess (NVML state is per process) and capture what it prints.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// Every scenario nvml-sim ships.
+pub const SCENARIOS: &[&str] = &[
+    "healthy",
+    "dataloader-stall",
+    "memory-leak",
+    "oom",
+    "small-batch",
+    "thermal-throttle",
+    "power-anomaly",
+    "ecc-errors",
+    "xid-79",
+    "nccl-hang",
+    "overnight",
+];
+
+/// Environment variables that would change what gpuwatch or the simulated library does; removed
+/// from every child so the tests do not depend on the caller's shell.
+const SCRUBBED_ENV: &[&str] = &[
+    "GPUWATCH_NVML_LIB",
+    "GPUWATCH_LOG",
+    "NVML_SIM_SCENARIO",
+    "NVML_SIM_TIME_SCALE",
+    "NVML_SIM_CONTROL",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+];
+
+/// The `gpuwatch` binary under test.
+pub fn gpuwatch_exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_gpuwatch"))
+}
+
+/// Builds the nvml-sim cdylib once per test run (`cargo test` does not build a member's cdylib)
+/// and returns the path of `libnvml_sim.so`, which sits next to the gpuwatch binary, where
+/// `--sim` looks for it.
+pub fn sim_lib() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let exe_dir = gpuwatch_exe()
+            .parent()
+            .expect("the test binary lives in a target directory");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-q", "-p", "nvml-sim"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if exe_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("running cargo build -p nvml-sim");
+        assert!(status.success(), "cargo build -p nvml-sim failed");
+        let lib = exe_dir.join("libnvml_sim.so");
+        assert!(lib.exists(), "{} missing after the build", lib.display());
+        lib
+    })
+}
+
+/// What a finished gpuwatch run left behind.
+#[derive(Debug)]
+pub struct Run {
+    /// Exit code (-1 when killed by a signal).
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl Run {
+    /// Asserts exit code 0 and returns stdout parsed as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        assert_eq!(self.code, 0, "gpuwatch failed: {}", self.stderr);
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
+    }
+}
+
+/// A `gpuwatch` command with a scrubbed environment plus `envs`.
+pub fn command(args: &[&str], envs: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(gpuwatch_exe());
+    cmd.args(args).stdin(Stdio::null());
+    for k in SCRUBBED_ENV {
+        cmd.env_remove(k);
+    }
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Runs gpuwatch to completion.
+pub fn gpuwatch(args: &[&str], envs: &[(&str, &str)]) -> Run {
+    let out = command(args, envs).output().expect("running gpuwatch");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs gpuwatch with `--sim SCENARIO` (building the simulated library first).
+pub fn sim(scenario: &str, args: &[&str], envs: &[(&str, &str)]) -> Run {
+    sim_lib();
+    let mut all = vec!["--sim", scenario];
+    all.extend_from_slice(args);
+    gpuwatch(&all, envs)
+}
+
+/// Splits a gpuwatch CSV recording into its header and rows, checking every row has as many
+/// fields as the header (a cut-off line would not).
+pub fn csv_rows(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut lines = text.lines();
+    let header: Vec<String> = lines
+        .next()
+        .expect("a header line")
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let rows: Vec<Vec<String>> = lines.map(split_csv_line).collect();
+    for r in &rows {
+        assert_eq!(r.len(), header.len(), "row with a wrong field count: {r:?}");
+    }
+    assert!(
+        text.is_empty() || text.ends_with('\n'),
+        "recording does not end in a newline"
+    );
+    (header, rows)
+}
+
+/// Splits one CSV line, honouring RFC 4180 quotes.
+pub fn split_csv_line(line: &str) -> Vec<String> {
+    let mut fields = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => fields.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    fields.push(cur);
+    fields
+}
+
+/// The value of column `name` in `row`.
+pub fn col<'a>(header: &[String], row: &'a [String], name: &str) -> &'a str {
+    let i = header
+        .iter()
+        .position(|h| h == name)
+        .unwrap_or_else(|| panic!("no column {name}"));
+    &row[i]
+}

@@ -1,0 +1,528 @@
+//! `status`, `devices` and `record` against the simulated NVML library, through the real
+//! nvml-wrapper code path: every shipped scenario, faults (lost GPU, NOT_SUPPORTED), a malformed
+//! scenario, a missing library, the CUDA_VISIBLE_DEVICES mapping, rotation and SIGTERM.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::{self, col, csv_rows, sim};
+
+const METRIC_KEYS: usize = gpuwatch::model::METRIC_COUNT;
+
+fn gpus(doc: &Value) -> &Vec<Value> {
+    doc["gpus"].as_array().expect("gpus array")
+}
+
+/// Checks the three commands on one scenario and returns `status --json`.
+fn check_scenario(name: &str) -> Value {
+    let status = sim(name, &["status", "--json"], &[]).json();
+    let list = gpus(&status);
+    assert!(!list.is_empty(), "{name}: no GPUs");
+    for (i, g) in list.iter().enumerate() {
+        assert_eq!(g["index"], i, "{name}: indices in order");
+        assert!(
+            g["uuid"].as_str().is_some_and(|u| u.starts_with("GPU-")),
+            "{name}: {g}"
+        );
+        assert!(!g["name"].as_str().unwrap_or("").is_empty(), "{name}: {g}");
+        assert!(g["processes"].is_array());
+        if g["state"] == "ok" {
+            let total = g["memory_total_bytes"].as_u64().expect("memory total");
+            let used = g["memory_used_bytes"].as_u64().expect("memory used");
+            assert!(total > 1 << 30 && used <= total, "{name}: {g}");
+            let util = g["utilization_gpu_percent"].as_f64().expect("util");
+            assert!((0.0..=100.0).contains(&util), "{name}: {g}");
+        }
+        assert_eq!(
+            g["metrics"].as_object().map(serde_json::Map::len),
+            Some(METRIC_KEYS)
+        );
+    }
+    // The table prints every GPU.
+    let table = sim(name, &["status"], &[]);
+    assert_eq!(table.code, 0, "{name}: {}", table.stderr);
+    for g in list {
+        assert!(
+            table.stdout.contains(g["name"].as_str().unwrap_or("?")),
+            "{}",
+            table.stdout
+        );
+    }
+
+    let devices = sim(name, &["devices", "--json"], &[]).json();
+    let devs = devices["devices"].as_array().expect("devices array");
+    assert_eq!(devs.len(), list.len());
+    for (d, g) in devs.iter().zip(list) {
+        assert_eq!(d["uuid"], g["uuid"]);
+        assert_eq!(d["pci_bus_id"], g["pci_bus_id"]);
+        assert!(d["device_path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("/dev/nvidia")));
+    }
+    let text = sim(name, &["devices"], &[]);
+    assert_eq!(text.code, 0);
+    assert!(text.stdout.contains("/dev/nvidia"), "{}", text.stdout);
+
+    let rec = sim(
+        name,
+        &["record", "--interval", "100ms", "--duration", "450ms"],
+        &[],
+    );
+    assert_eq!(rec.code, 0, "{name}: {}", rec.stderr);
+    let (header, rows) = csv_rows(&rec.stdout);
+    assert_eq!(header.len(), 7 + METRIC_KEYS + 2);
+    assert_eq!(rows.len() % list.len(), 0, "{name}: whole ticks only");
+    let ticks = rows.len() / list.len();
+    assert!(
+        (3..=5).contains(&ticks),
+        "{name}: {ticks} ticks in 450 ms at 100 ms"
+    );
+    for tick in rows.chunks(list.len()) {
+        let ts = col(&header, &tick[0], "timestamp");
+        assert!(tick.iter().all(|r| col(&header, r, "timestamp") == ts));
+        assert!(ts.ends_with('Z') && ts.len() == 24, "{ts}");
+    }
+    status
+}
+
+fn ok_gpus(doc: &Value) -> impl Iterator<Item = &Value> {
+    gpus(doc).iter().filter(|g| g["state"] == "ok")
+}
+
+fn num(g: &Value, key: &str) -> f64 {
+    g[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {g}"))
+}
+
+#[test]
+fn healthy() {
+    let s = check_scenario("healthy");
+    assert_eq!(gpus(&s).len(), 8);
+    for g in ok_gpus(&s) {
+        assert!(num(g, "utilization_gpu_percent") >= 80.0, "{g}");
+        assert!(g["ecc_uncorrected"] == 0, "{g}");
+    }
+    assert_eq!(ok_gpus(&s).count(), 8);
+}
+
+#[test]
+fn dataloader_stall() {
+    check_scenario("dataloader-stall");
+}
+
+#[test]
+fn memory_leak() {
+    check_scenario("memory-leak");
+}
+
+#[test]
+fn oom() {
+    check_scenario("oom");
+}
+
+#[test]
+fn small_batch() {
+    let s = check_scenario("small-batch");
+    let g = ok_gpus(&s).next().expect("a GPU");
+    assert!(
+        num(g, "memory_used_bytes") < num(g, "memory_total_bytes") / 2.0,
+        "{g}"
+    );
+}
+
+#[test]
+fn thermal_throttle() {
+    check_scenario("thermal-throttle");
+}
+
+#[test]
+fn power_anomaly() {
+    check_scenario("power-anomaly");
+}
+
+#[test]
+fn ecc_errors() {
+    check_scenario("ecc-errors");
+}
+
+#[test]
+fn nccl_hang() {
+    check_scenario("nccl-hang");
+}
+
+#[test]
+fn overnight() {
+    let s = check_scenario("overnight");
+    assert_eq!(gpus(&s).len(), 8);
+}
+
+#[test]
+fn xid_79_leaves_the_other_gpus_sampled() {
+    check_scenario("xid-79");
+    // Play the scenario fast enough to get past the XID within the recording.
+    let rec = sim(
+        "xid-79",
+        &["record", "--interval", "100ms", "--duration", "4s"],
+        &[("NVML_SIM_TIME_SCALE", "600")],
+    );
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let (h, rows) = csv_rows(&rec.stdout);
+    let n_gpus = rows
+        .iter()
+        .map(|r| col(&h, r, "index").to_string())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    let last_tick = &rows[rows.len() - n_gpus..];
+    let lost: Vec<&Vec<String>> = last_tick
+        .iter()
+        .filter(|r| col(&h, r, "state") == "lost")
+        .collect();
+    assert_eq!(
+        lost.len(),
+        1,
+        "exactly one GPU lost at the end:\n{}",
+        rec.stdout
+    );
+    assert_eq!(
+        n_gpus - 1,
+        last_tick
+            .iter()
+            .filter(|r| col(&h, r, "state") == "ok")
+            .count()
+    );
+    let lost_index = col(&h, lost[0], "index").to_string();
+    // The lost GPU's values are empty, not 0; the others still have values.
+    for key in ["util", "mem_used", "temp", "power"] {
+        assert_eq!(col(&h, lost[0], key), "", "{key} of a lost GPU");
+    }
+    for r in last_tick.iter().filter(|r| col(&h, r, "state") == "ok") {
+        assert!(
+            !col(&h, r, "util").is_empty() && !col(&h, r, "mem_used").is_empty(),
+            "{r:?}"
+        );
+    }
+    // XID 79 was recorded on that GPU, once.
+    let xids: Vec<&str> = rows
+        .iter()
+        .filter(|r| col(&h, r, "index") == lost_index)
+        .map(|r| col(&h, r, "xids"))
+        .filter(|x| !x.is_empty())
+        .collect();
+    assert!(
+        xids.iter().any(|x| x.split(';').any(|c| c == "79")),
+        "xids: {xids:?}"
+    );
+    // Identity stays on the lost GPU's rows.
+    assert!(col(&h, lost[0], "uuid").starts_with("GPU-"));
+}
+
+fn write_scenario(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write scenario");
+    p.display().to_string()
+}
+
+#[test]
+fn malformed_scenario_is_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_scenario(
+        dir.path(),
+        "bad.toml",
+        "name = \"bad\"\n[devices]\ncount = 2\nmemory_total_mib = \"lots\"\n",
+    );
+    for args in [
+        &["status"][..],
+        &["record", "--duration", "1s"],
+        &["devices"],
+    ] {
+        let run = sim(&path, args, &[]);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(run.stdout.is_empty(), "{}", run.stdout);
+        assert!(
+            run.stderr.contains(&format!("{path}:4:")),
+            "names file:line:col:\n{}",
+            run.stderr
+        );
+        let ours: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("gpuwatch:"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{}", run.stderr);
+        assert!(ours[0].contains("scenario"), "{}", ours[0]);
+        assert!(run.stderr.lines().count() <= 3, "short: {}", run.stderr);
+    }
+}
+
+#[test]
+fn missing_library_is_one_clear_error() {
+    for args in [&["status"][..], &["devices", "--json"], &["record"]] {
+        let mut all = vec!["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"];
+        all.extend_from_slice(args);
+        let run = common::gpuwatch(&all, &[]);
+        assert_eq!(run.code, 2, "{}", run.stderr);
+        assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+        assert!(run.stderr.contains("NVML not found"), "{}", run.stderr);
+        assert!(run.stderr.contains("--sim overnight"), "{}", run.stderr);
+        assert!(run.stdout.is_empty());
+    }
+    // The environment variable works like the option.
+    let run = common::gpuwatch(
+        &["status"],
+        &[("GPUWATCH_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert_eq!(run.code, 2);
+}
+
+#[test]
+fn not_supported_is_an_empty_cell_not_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_scenario(
+        dir.path(),
+        "faults.toml",
+        r#"name = "faults"
+[devices]
+count = 2
+name = "NVIDIA H100 80GB HBM3"
+memory_total_mib = 81559
+[devices.metrics]
+gpu_util_pct = 50
+temperature_c = 60
+power_w = 300
+
+[[fault]]
+function = "nvmlDeviceGetTemperature"
+error = "NOT_SUPPORTED"
+gpus = [1]
+
+[[fault]]
+function = "nvmlDeviceGetPowerUsage"
+error = "NOT_SUPPORTED"
+"#,
+    );
+    let s = sim(&path, &["status", "--json"], &[]).json();
+    let g = gpus(&s);
+    assert_eq!(g[0]["temperature_celsius"], 60);
+    assert_eq!(g[1]["temperature_celsius"], Value::Null);
+    assert_eq!(g[1]["metrics"]["temp"], Value::Null);
+    assert_eq!(g[0]["power_watts"], Value::Null);
+    assert_eq!(g[1]["utilization_gpu_percent"], 50);
+    let table = sim(&path, &["status"], &[]).stdout;
+    assert!(table.contains("n/a"), "{table}");
+
+    let rec = sim(
+        &path,
+        &["record", "--interval", "100ms", "--duration", "350ms"],
+        &[],
+    );
+    let (h, rows) = csv_rows(&rec.stdout);
+    assert!(rows.len() >= 4);
+    for r in &rows {
+        assert_eq!(col(&h, r, "power"), "");
+        assert_eq!(col(&h, r, "util"), "50");
+        assert_eq!(col(&h, r, "state"), "ok");
+    }
+    assert_eq!(col(&h, &rows[0], "temp"), "60");
+    assert_eq!(col(&h, &rows[1], "temp"), "");
+}
+
+#[test]
+fn processes_are_listed_with_proc_details() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_scenario(
+        dir.path(),
+        "procs.toml",
+        r#"name = "procs"
+[devices]
+count = 2
+[[process]]
+gpu = 1
+pid = "self"
+used_memory_mib = 1024
+"#,
+    );
+    let s = sim(&path, &["status", "--json"], &[]).json();
+    let procs = gpus(&s)[1]["processes"]
+        .as_array()
+        .expect("processes")
+        .clone();
+    assert_eq!(procs.len(), 1, "{s}");
+    let p = &procs[0];
+    assert_eq!(p["used_memory_bytes"], 1024 * 1_048_576_u64);
+    // "self" is the gpuwatch process: /proc gives its command line and owner.
+    assert!(
+        p["command"]
+            .as_str()
+            .is_some_and(|c| c.contains("gpuwatch")),
+        "{p}"
+    );
+    assert!(p["user"].is_string() && p["uid"].is_u64(), "{p}");
+    assert!(gpus(&s)[0]["processes"]
+        .as_array()
+        .is_some_and(Vec::is_empty));
+    let rec = sim(
+        &path,
+        &["record", "--interval", "100ms", "--duration", "250ms"],
+        &[],
+    );
+    let (h, rows) = csv_rows(&rec.stdout);
+    let pid = p["pid"].as_u64().unwrap();
+    // Each `record` run is its own process, so only the shape is compared.
+    let cell = col(&h, &rows[1], "processes");
+    assert!(
+        cell.ends_with(&format!(":{}", 1024 * 1_048_576_u64)),
+        "{cell} (status pid {pid})"
+    );
+    assert_eq!(col(&h, &rows[0], "processes"), "");
+}
+
+#[test]
+fn cuda_visible_devices_mapping() {
+    let all = sim("healthy", &["devices", "--json"], &[]).json();
+    let uuid1 = all["devices"][1]["uuid"].as_str().unwrap().to_string();
+    let prefix = &uuid1[..12];
+    let spec = format!("3,{prefix},9,0");
+    let d = sim(
+        "healthy",
+        &["devices", "--json"],
+        &[("CUDA_VISIBLE_DEVICES", &spec)],
+    )
+    .json();
+    let c = &d["cuda_visible_devices"];
+    let visible: Vec<u64> = c["visible"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(visible, vec![3, 1], "{c}");
+    assert_eq!(c["visible"][1]["cuda"], 1);
+    assert_eq!(c["stopped_at"]["entry"], "9");
+
+    let text = sim("healthy", &["devices"], &[("CUDA_VISIBLE_DEVICES", &spec)]).stdout;
+    assert!(text.contains("cuda:0 = NVML index 3"), "{text}");
+    assert!(text.contains("cuda:1 = NVML index 1"), "{text}");
+    assert!(text.contains("\"9\" ends the list"), "{text}");
+    assert!(
+        text.contains("renumbered"),
+        "explains the container trap:\n{text}"
+    );
+
+    let dup = sim(
+        "healthy",
+        &["devices", "--json"],
+        &[("CUDA_VISIBLE_DEVICES", "0,1,0")],
+    )
+    .json();
+    assert_eq!(
+        dup["cuda_visible_devices"]["visible"]
+            .as_array()
+            .map(Vec::len),
+        Some(0)
+    );
+
+    let nv = sim(
+        "healthy",
+        &["devices", "--json"],
+        &[("NVIDIA_VISIBLE_DEVICES", "all")],
+    )
+    .json();
+    assert_eq!(nv["nvidia_visible_devices"]["mode"], "all");
+    let unset = sim("healthy", &["devices", "--json"], &[]).json();
+    assert_eq!(unset["cuda_visible_devices"], Value::Null);
+}
+
+#[test]
+fn record_rotates_by_size_with_whole_ticks() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gpu.csv");
+    let out_s = out.display().to_string();
+    let run = sim(
+        "healthy",
+        &[
+            "record",
+            "--interval",
+            "100ms",
+            "--duration",
+            "1500ms",
+            "--out",
+            &out_s,
+            "--max-size",
+            "12KB",
+            "--keep",
+            "3",
+        ],
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.is_empty());
+    let mut files = vec![out.clone()];
+    for n in 1..=3 {
+        let p = dir.path().join(format!("gpu.csv.{n}"));
+        if p.exists() {
+            files.push(p);
+        }
+    }
+    assert!(files.len() >= 3, "rotated: {files:?}");
+    assert!(!dir.path().join("gpu.csv.4").exists());
+    let mut header = None;
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        assert!(
+            text.len() as u64 <= 12_000,
+            "{} is {} bytes",
+            f.display(),
+            text.len()
+        );
+        let (h, rows) = csv_rows(&text);
+        assert_eq!(rows.len() % 8, 0, "{}: whole ticks", f.display());
+        assert!(!rows.is_empty());
+        if let Some(prev) = &header {
+            assert_eq!(prev, &h);
+        }
+        header = Some(h);
+    }
+}
+
+#[test]
+fn sigterm_leaves_a_valid_file() {
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rec.csv");
+    let mut child = common::command(
+        &[
+            "--sim",
+            "healthy",
+            "record",
+            "--interval",
+            "100ms",
+            "--out",
+            &out.display().to_string(),
+        ],
+        &[],
+    )
+    .spawn()
+    .expect("spawn gpuwatch record");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lines = std::fs::read_to_string(&out)
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        if lines > 1 + 8 * 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "recording did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: plain kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "clean exit on SIGTERM");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let (_, rows) = csv_rows(&text);
+    assert_eq!(rows.len() % 8, 0, "whole ticks");
+}
