@@ -21,6 +21,9 @@ pub mod scan;
 pub mod script;
 pub mod tty;
 
+#[cfg(test)]
+mod rules_tests;
+
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;

@@ -17,12 +17,17 @@ use crate::model::{ProcKind, ProcSample};
 pub struct ProcessHandle {
     /// The process as sampled.
     pub proc_: Arc<ProcSample>,
+    /// The rules engine's `gpu` handle of its GPU (`p.gpu_series`), `()` when not set.
+    pub gpu_series: Dynamic,
 }
 
 impl ProcessHandle {
     /// A handle on `p`.
     pub fn new(p: ProcSample) -> ProcessHandle {
-        ProcessHandle { proc_: Arc::new(p) }
+        ProcessHandle {
+            proc_: Arc::new(p),
+            gpu_series: Dynamic::UNIT,
+        }
     }
 }
 
@@ -57,9 +62,13 @@ pub fn register(engine: &mut Engine) {
         opt_str(p.proc_.command.as_ref())
     });
     engine.register_get("mem", |p: &mut ProcessHandle| {
-        p.proc_.used_mem_bytes.map_or(Dynamic::UNIT, |b| {
-            Dynamic::from_int(i64::try_from(b).unwrap_or(i64::MAX))
-        })
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "bytes fit f64 exactly below 2^53"
+        )]
+        p.proc_
+            .used_mem_bytes
+            .map_or(Dynamic::UNIT, |b| Dynamic::from_float(b as f64))
     });
     engine.register_get("gpu", |p: &mut ProcessHandle| i64::from(p.proc_.gpu_index));
     engine.register_get("gpu_uuid", |p: &mut ProcessHandle| p.proc_.gpu_uuid.clone());
@@ -73,6 +82,7 @@ pub fn register(engine: &mut Engine) {
         ProcKind::Compute => "compute".to_string(),
         ProcKind::Graphics => "graphics".to_string(),
     });
+    engine.register_get("gpu_series", |p: &mut ProcessHandle| p.gpu_series.clone());
     engine.register_fn("to_string", |p: &mut ProcessHandle| {
         format!(
             "pid {} ({}: {})",
@@ -117,7 +127,10 @@ mod tests {
         assert_eq!(eval("p.pid", sample()).as_int().unwrap(), 4242);
         assert_eq!(eval("p.name", sample()).into_string().unwrap(), "python3");
         assert_eq!(eval("p.user", sample()).into_string().unwrap(), "alice");
-        assert_eq!(eval("p.mem", sample()).as_int().unwrap(), 30 << 30);
+        assert_eq!(
+            eval("p.mem", sample()).as_float().unwrap(),
+            (30u64 << 30) as f64
+        );
         assert_eq!(eval("p.gpu", sample()).as_int().unwrap(), 1);
         assert_eq!(eval("p.runtime", sample()).as_float().unwrap(), 7200.0);
         assert!(eval("p.container", sample()).is_unit());

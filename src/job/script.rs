@@ -1,5 +1,6 @@
 //! The `job` object job rules see: `job.step`, `job.epoch`, `job.progress_age()`, `job.pid`,
-//! `job.command`, and how the job ended.
+//! `job.command`, `job.gpus` (the engine's `gpu` objects of the GPUs the job is on), and how
+//! the job ended.
 //!
 //! Values that are not known (no progress line seen yet, the job still running) are `()`, the
 //! rules engine's "no data", so comparisons with them do not fire. Registered into the rules
@@ -18,6 +19,8 @@ pub struct JobHandle {
     pub sample: Arc<JobSample>,
     /// GPU indices the job's processes are on (empty when unknown).
     pub gpus: Arc<Vec<u32>>,
+    /// The rules engine's `gpu` handles of those GPUs (`job.gpus`), set by the engine.
+    pub gpu_handles: rhai::Array,
 }
 
 impl JobHandle {
@@ -26,6 +29,7 @@ impl JobHandle {
         JobHandle {
             sample: Arc::new(sample),
             gpus: Arc::new(gpus),
+            gpu_handles: rhai::Array::new(),
         }
     }
 }
@@ -94,6 +98,23 @@ pub fn register(engine: &mut Engine) {
             .map(|&g| Dynamic::from_int(i64::from(g)))
             .collect::<rhai::Array>()
     });
+    engine.register_get("gpus", |j: &mut JobHandle| j.gpu_handles.clone());
+    // `seconds("10m")` → 600.0: compare ages and runtimes with duration parameters.
+    engine.register_fn(
+        "seconds",
+        |d: Dynamic| -> Result<f64, Box<rhai::EvalAltResult>> {
+            if let Some(s) = d.read_lock::<rhai::ImmutableString>() {
+                return crate::config::parse_duration_ms(&s)
+                    .map(|ms| ms as f64 / 1000.0)
+                    .map_err(Into::into);
+            }
+            d.as_float()
+                .or_else(|_| d.as_int().map(|i| i as f64))
+                .map_err(|t| {
+                    format!("seconds(): expected a duration such as \"5m\", got {t}").into()
+                })
+        },
+    );
     engine.register_fn("to_string", |j: &mut JobHandle| {
         format!("job {} ({})", j.sample.pid, j.sample.progress.describe())
     });
@@ -154,6 +175,11 @@ mod tests {
         assert!(eval("job.alive && !job.ended", sample()).as_bool().unwrap());
         assert!(eval("job.exit_code", sample()).is_unit());
         assert_eq!(eval("job.gpu_indices.len()", sample()).as_int().unwrap(), 2);
+        assert_eq!(
+            eval(r#"seconds("10m")"#, sample()).as_float().unwrap(),
+            600.0
+        );
+        assert_eq!(eval("seconds(90)", sample()).as_float().unwrap(), 90.0);
         let mut none = sample();
         none.progress = ProgressState::default();
         assert!(eval("job.progress_age()", none.clone()).is_unit());
