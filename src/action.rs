@@ -14,6 +14,7 @@ pub mod exec;
 pub mod ladder;
 pub mod pidns;
 pub mod policy;
+pub mod runner;
 pub mod script;
 pub mod settings;
 
@@ -24,6 +25,7 @@ pub use exec::{run_exec, ExecOutcome, ExecSection};
 pub use ladder::{KillManager, KillRequest};
 pub use pidns::PidMapper;
 pub use policy::{KillPolicy, KillSection, Refusal, SelfFacts, SignalTarget, TargetFacts};
+pub use runner::ActionRunner;
 
 /// `[actions]` in the config file.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
