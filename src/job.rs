@@ -20,6 +20,7 @@ pub mod report;
 pub mod scan;
 pub mod script;
 pub mod tty;
+pub mod watch;
 
 #[cfg(test)]
 mod rules_tests;
@@ -149,8 +150,13 @@ impl JobSample {
 /// Receives the job's samples while it runs. The daemon-side implementation samples GPUs,
 /// evaluates job rules and runs actions; the default does nothing.
 pub trait JobObserver {
-    /// Called every tick while the job runs, and once more with `alive == false` at the end.
+    /// Called every tick while the job runs.
     fn tick(&mut self, _sample: &JobSample) {}
+    /// Called once at the end with the final sample (`alive == false`, exit set) and the
+    /// report, which the observer may complete (its `alerts`).
+    fn finish(&mut self, sample: &JobSample, _report: &mut JobReport) {
+        self.tick(sample);
+    }
     /// When gpuwatch's kill action signalled the job, the reason (for the crash class).
     fn killed_by_gpuwatch(&self) -> Option<String> {
         None
@@ -486,8 +492,7 @@ fn finish(shared: &Shared, observer: &mut dyn JobObserver, info: FinishInfo) -> 
     last.time_ms = info.ended_at_ms;
     last.exit = Some(info.exit);
     last.crash_class = Some(crash_class);
-    observer.tick(&last);
-    JobReport {
+    let mut report = JobReport {
         command: info.command,
         pid: info.pid,
         mode: info.mode.into(),
@@ -501,7 +506,10 @@ fn finish(shared: &Shared, observer: &mut dyn JobObserver, info: FinishInfo) -> 
         progress,
         gpus: observer.gpu_stats(),
         last_lines,
-    }
+        alerts: Vec::new(),
+    };
+    observer.finish(&last, &mut report);
+    report
 }
 
 /// The PIDs of `root` and all its descendants (our PID namespace), from `/proc/*/stat`.
@@ -692,7 +700,7 @@ pub fn attach_job(
             .then(|| oom_watch.evidence())
             .flatten(),
     };
-    let mut report = finish(
+    Ok(finish(
         &shared,
         observer,
         FinishInfo {
@@ -705,14 +713,7 @@ pub fn attach_job(
             exit,
             evidence,
         },
-    );
-    if exit == JobExit::Ended && report.crash_class == CrashClass::Ended {
-        if let Some(oom) = oom_watch.evidence() {
-            report.crash_class = CrashClass::KernelOomKill;
-            report.crash_detail = format!("possibly: {oom}");
-        }
-    }
-    Ok(report)
+    ))
 }
 
 /// Regular files the process writes its stdout and stderr to (deduplicated).

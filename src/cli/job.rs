@@ -7,7 +7,8 @@ use anyhow::Context;
 
 use super::GlobalArgs;
 use crate::config::Config;
-use crate::job::{JobOptions, JobReport, NoObserver};
+use crate::job::watch::{start_sampler, StderrSink, Watch};
+use crate::job::{JobOptions, JobReport};
 
 /// Flags shared by `run` and `attach`.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,9 +32,12 @@ pub struct JobFlags {
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub report_json: Option<PathBuf>,
-    /// Do not print the report to stderr at the end.
+    /// Do not print alerts and the report to stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// Do not evaluate rules or sample GPUs: only pass output through and report the end.
+    #[arg(long)]
+    pub no_rules: bool,
 }
 
 /// Arguments of `run`.
@@ -75,6 +79,52 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
         .validate()
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok(config)
+}
+
+/// The rules-and-actions watch: the configured (or stock) rules including job rules, a sampler
+/// thread when NVML is available, kill/exec actions, alerts printed on stderr.
+fn watch(
+    global: &GlobalArgs,
+    config: &Config,
+    config_given: bool,
+    flags: &JobFlags,
+) -> anyhow::Result<Watch> {
+    let hostname = crate::engine::local_hostname();
+    let mut paths =
+        crate::rules::default_rule_paths(&[], config_given.then_some(config), &config.rules);
+    if !config_given {
+        paths.retain(|p| p.exists());
+    }
+    let rules = crate::rules::RuleSet::load(&paths, &config.rules).map_err(|errors| {
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("rule errors:\n{}", lines.join("\n"))
+    })?;
+    let opts = crate::engine::EngineOptions::from_config(config, &config.rules, &hostname)
+        .map_err(|e| anyhow::anyhow!("config: {e}"))?;
+    let engine = crate::engine::Engine::new(rules, opts);
+    let actions =
+        crate::action::ActionRunner::new(&config.actions, &config.daemon.state_dir, &hostname);
+    let interval_ms = crate::config::parse_duration_ms(&config.daemon.interval)
+        .map_err(|e| anyhow::anyhow!("daemon.interval: {e}"))?;
+    let interval =
+        std::time::Duration::from_millis(u64::try_from(interval_ms.max(100)).unwrap_or(1000));
+    let mut sampler_cfg = global.sampler_config();
+    sampler_cfg.process_interval = interval.max(std::time::Duration::from_secs(1));
+    let snapshots = match start_sampler(&sampler_cfg, interval) {
+        Ok(rx) => Some(rx),
+        Err(e) if global.sim.is_some() || global.nvml_lib.is_some() => return Err(e.into()),
+        Err(e) => {
+            if !flags.quiet {
+                eprintln!("gpuwatch: no GPU data: {e}");
+            }
+            None
+        }
+    };
+    let mut watch = Watch::new(engine, actions, snapshots);
+    if !flags.quiet {
+        watch.add_sink(Box::new(StderrSink));
+    }
+    Ok(watch)
 }
 
 fn options(config: &Config, flags: &JobFlags, tee: Option<&PathBuf>) -> anyhow::Result<JobOptions> {
@@ -119,19 +169,29 @@ fn finish(report: &JobReport, flags: &JobFlags) -> anyhow::Result<()> {
 }
 
 /// Runs `run`: the job's exit code (128 + signal when a signal ended it).
-pub fn run(_global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
+pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
     let config = load_config(args.flags.config.as_deref())?;
     let opts = options(&config, &args.flags, args.tee.as_ref())?;
-    let report = crate::job::run_job(&args.command, &opts, &mut NoObserver)?;
+    let report = if args.flags.no_rules {
+        crate::job::run_job(&args.command, &opts, &mut crate::job::NoObserver)?
+    } else {
+        let mut w = watch(global, &config, args.flags.config.is_some(), &args.flags)?;
+        crate::job::run_job(&args.command, &opts, &mut w)?
+    };
     finish(&report, &args.flags)?;
     Ok(report.exit_code)
 }
 
 /// Runs `attach`: the process's exit code when the kernel told it, else 0.
-pub fn attach(_global: &GlobalArgs, args: &AttachArgs) -> anyhow::Result<i32> {
+pub fn attach(global: &GlobalArgs, args: &AttachArgs) -> anyhow::Result<i32> {
     let config = load_config(args.flags.config.as_deref())?;
     let opts = options(&config, &args.flags, None)?;
-    let report = crate::job::attach_job(args.pid, &opts, &mut NoObserver)?;
+    let report = if args.flags.no_rules {
+        crate::job::attach_job(args.pid, &opts, &mut crate::job::NoObserver)?
+    } else {
+        let mut w = watch(global, &config, args.flags.config.is_some(), &args.flags)?;
+        crate::job::attach_job(args.pid, &opts, &mut w)?
+    };
     finish(&report, &args.flags)?;
     Ok(report.exit_code)
 }

@@ -177,10 +177,13 @@ pub fn classify(exit: JobExit, evidence: &ExitEvidence, markers: &Markers) -> (C
     match exit {
         JobExit::Exited { code: 0 } => return (CrashClass::CleanExit, "exit code 0".into()),
         JobExit::Ended => {
+            if let Some(oom) = &evidence.oom_kill {
+                return (CrashClass::KernelOomKill, format!("possibly: {oom}"));
+            }
             return (
                 CrashClass::Ended,
                 "the kernel gives the exit status only to the parent".into(),
-            )
+            );
         }
         JobExit::Signaled { signal, .. } if signal == libc::SIGKILL => {
             if let Some(oom) = &evidence.oom_kill {
@@ -331,6 +334,9 @@ pub struct JobReport {
     pub gpus: Option<Vec<GpuJobStats>>,
     /// The last output lines, oldest first.
     pub last_lines: Vec<String>,
+    /// Alerts announced while the job ran (at most 200), including the end notice.
+    #[serde(default)]
+    pub alerts: Vec<crate::model::AlertEvent>,
 }
 
 impl JobReport {

@@ -156,7 +156,7 @@ fn job_stalled_fires_when_progress_stops_and_resolves_at_the_end() {
     assert_eq!(*at, 119);
     assert_eq!(ev.status, AlertStatus::Firing);
     assert_eq!(ev.labels["pid"], "4242");
-    assert!(ev.annotations["summary"].contains("made no progress for 1.0 min"));
+    assert!(ev.annotations["summary"].contains("made no progress for 60 s"));
     assert_eq!(ev.annotations["progress"], "step 59");
     assert!(!events
         .iter()
