@@ -164,7 +164,9 @@ impl Watch {
                 events.extend(self.engine.observe(&snap));
             }
         }
-        if !got {
+        // Without a sampler there is nothing to be stale: host rules such as collector_stale
+        // only run when snapshots are expected.
+        if !got && self.snapshots.is_some() {
             events.extend(self.engine.advance(now_ms));
         }
         (events, procs)
