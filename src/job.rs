@@ -47,7 +47,7 @@ pub use scan::{Markers, OutputScanner, Stream};
 pub struct JobSection {
     /// Extra progress regexes (tried before the defaults). Named groups `step`, `total`,
     /// `epoch`, `epochs` are read; a pattern without them counts every match as progress.
-    pub progress: Vec<String>,
+    pub progress: Vec<crate::action::settings::RegexSetting>,
     /// Whether the built-in patterns (Epoch 3/10, step N, tqdm, Lightning, HF Trainer) apply.
     pub default_patterns: bool,
     /// How many output lines the end-of-job report keeps.
@@ -56,8 +56,8 @@ pub struct JobSection {
     pub tee: Option<PathBuf>,
     /// Follow this log file for progress.
     pub progress_log: Option<PathBuf>,
-    /// How often the job is sampled for rules, e.g. `"1s"`.
-    pub tick: String,
+    /// How often the job is sampled for rules, e.g. `"1s"` (at least 10 ms).
+    pub tick: crate::action::settings::DurationSetting,
 }
 
 impl Default for JobSection {
@@ -68,22 +68,27 @@ impl Default for JobSection {
             tail_lines: 20,
             tee: None,
             progress_log: None,
-            tick: "1s".into(),
+            tick: crate::action::settings::DurationSetting::from_ms(1000),
         }
     }
 }
 
 impl JobSection {
-    /// Checks the regexes and the tick; errors name the key.
+    /// Checks what serde could not (the regexes and durations are checked while parsing, with
+    /// their file:line:column); errors name the key.
     pub fn validate(&self) -> Result<(), String> {
-        ProgressParser::new(&self.progress, self.default_patterns)
-            .map_err(|e| format!("job.progress: {e}"))?;
-        let tick =
-            crate::config::parse_duration_ms(&self.tick).map_err(|e| format!("job.tick: {e}"))?;
-        if tick < 10 {
+        if self.tick.ms < 10 {
             return Err("job.tick: must be at least 10ms".into());
         }
         Ok(())
+    }
+
+    /// The progress patterns as text.
+    pub fn progress_patterns(&self) -> Vec<String> {
+        self.progress
+            .iter()
+            .map(|r| r.as_str().to_string())
+            .collect()
     }
 }
 
@@ -766,9 +771,16 @@ mod tests {
     fn section_validation() {
         assert!(JobSection::default().validate().is_ok());
         let bad = JobSection {
-            progress: vec!["(".into()],
+            tick: crate::action::settings::DurationSetting::from_ms(1),
             ..JobSection::default()
         };
-        assert!(bad.validate().unwrap_err().starts_with("job.progress: "));
+        assert!(bad.validate().unwrap_err().starts_with("job.tick: "));
+        let text = "[job]\ntail_lines = 5\nprogress = ['it=(?P<step>\\d+)', '(']\n";
+        let err = crate::config::parse(text, std::path::Path::new("c.toml")).unwrap_err();
+        assert_eq!(err.line, 3, "{err}");
+        assert!(err.message.contains("invalid regex"), "{err}");
+        let cfg = crate::config::parse("[job]\ntick = \"250ms\"\n", std::path::Path::new("c.toml"))
+            .unwrap();
+        assert_eq!(cfg.job.tick.ms, 250);
     }
 }

@@ -40,15 +40,25 @@ pub struct ExecSection {
     pub alerts: Vec<RegexSetting>,
     /// Run on `firing`, `resolved` or both (default `["firing"]`).
     #[serde(default = "default_on")]
-    pub on: Vec<String>,
+    pub on: Vec<ExecOn>,
+}
+
+/// Which alert transitions run an exec action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecOn {
+    /// The alert fires (and repeats).
+    Firing,
+    /// The alert resolves.
+    Resolved,
 }
 
 fn default_timeout() -> DurationSetting {
     DurationSetting::from_ms(30_000)
 }
 
-fn default_on() -> Vec<String> {
-    vec!["firing".into()]
+fn default_on() -> Vec<ExecOn> {
+    vec![ExecOn::Firing]
 }
 
 impl ExecSection {
@@ -57,16 +67,6 @@ impl ExecSection {
         if self.command.is_empty() || self.command[0].is_empty() {
             return Err(format!("actions.exec {:?}: command is empty", self.name));
         }
-        if let Some(bad) = self
-            .on
-            .iter()
-            .find(|o| !matches!(o.as_str(), "firing" | "resolved"))
-        {
-            return Err(format!(
-                "actions.exec {:?}: on = {bad:?}; use \"firing\" and/or \"resolved\"",
-                self.name
-            ));
-        }
         Ok(())
     }
 
@@ -74,10 +74,10 @@ impl ExecSection {
     /// `exec:NAME`) or the alert name matches `alerts`, and the status is in `on`.
     pub fn matches(&self, event: &AlertEvent) -> bool {
         let status = match event.status {
-            AlertStatus::Firing => "firing",
-            AlertStatus::Resolved => "resolved",
+            AlertStatus::Firing => ExecOn::Firing,
+            AlertStatus::Resolved => ExecOn::Resolved,
         };
-        if !self.on.iter().any(|o| o == status) {
+        if !self.on.contains(&status) {
             return false;
         }
         let named = event.annotations.get("action").is_some_and(|a| {
@@ -401,9 +401,12 @@ mod tests {
         assert!(s.matches(&e));
         e.status = AlertStatus::Resolved;
         assert!(!s.matches(&e));
-        s.on = vec!["resolved".into()];
+        s.on = vec![ExecOn::Resolved];
         assert!(s.matches(&e));
-        s.on = vec!["sometimes".into()];
+        s.command.clear();
         assert!(s.validate().is_err());
+        let text = "[[actions.exec]]\nname = \"x\"\ncommand = [\"true\"]\non = [\"sometimes\"]\n";
+        let err = crate::config::parse(text, std::path::Path::new("c.toml")).unwrap_err();
+        assert_eq!(err.line, 4, "{err}");
     }
 }

@@ -298,7 +298,7 @@ mod tests {
                 ],
                 timeout: DurationSetting::from_ms(5000),
                 alerts: vec![],
-                on: vec!["firing".into()],
+                on: vec![crate::action::exec::ExecOn::Firing],
             }],
             ..ActionsSection::default()
         };

@@ -137,9 +137,8 @@ fn options(config: &Config, flags: &JobFlags, tee: Option<&PathBuf>) -> anyhow::
         }
     };
     let mut progress = flags.progress.clone();
-    progress.extend(job.progress.iter().cloned());
-    let tick_ms = crate::config::parse_duration_ms(&job.tick)
-        .map_err(|e| anyhow::anyhow!("job.tick: {e}"))?;
+    progress.extend(job.progress_patterns());
+    let tick_ms = job.tick.ms;
     Ok(JobOptions {
         progress,
         default_patterns: job.default_patterns && !flags.no_default_progress,
