@@ -50,17 +50,6 @@ impl GlobalArgs {
     }
 }
 
-/// Sends `tracing` output to stderr, filtered by `GPUWATCH_LOG` (default `warn`).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUWATCH_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
-}
-
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -89,7 +78,12 @@ pub enum Command {
 /// Parses the command line, runs the command and returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
-    init_logging();
+    // `tracing` to stderr, filtered by `GPUWATCH_LOG`: `info` for the daemon, `warn` otherwise.
+    crate::daemon::init_logging(if matches!(cli.command, Command::Daemon(_)) {
+        "info"
+    } else {
+        "warn"
+    });
     let result = match &cli.command {
         Command::Status(a) => inspect::status(&cli.global, a),
         Command::Devices(a) => inspect::devices(&cli.global, a),

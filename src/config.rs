@@ -17,10 +17,12 @@ pub struct Config {
     /// `[rules]`: evaluation interval, extra rule directories, stock-rule parameter overrides
     /// (owned by `rules`).
     pub rules: crate::rules::RulesConfig,
+    /// `[notify]`: global delivery settings (owned by `notify`).
+    pub notify: crate::notify::settings::NotifySection,
     /// `[[channel]]`: notification channels (owned by `notify`).
-    pub channel: Vec<toml::Table>,
+    pub channel: Vec<crate::notify::settings::ChannelSection>,
     /// `[[route]]`: which alerts go to which channels (owned by `notify`).
-    pub route: Vec<toml::Table>,
+    pub route: Vec<crate::notify::settings::RouteSection>,
     /// `[actions]`: kill / exec policy (owned by `action`).
     pub actions: crate::action::ActionsSection,
     /// `[job]`: `gpuwatch run` / `attach` settings (owned by `job`).
@@ -28,6 +30,22 @@ pub struct Config {
     /// Directory the config file lives in; relative paths in it resolve against this.
     #[serde(skip)]
     pub base_dir: PathBuf,
+    /// The config file's path (for messages).
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// The config file's text (to turn spans into `line:column`).
+    #[serde(skip)]
+    pub text: String,
+}
+
+impl Config {
+    /// `[daemon] hostname`, or the machine's host name when unset.
+    pub fn hostname(&self) -> String {
+        if !self.daemon.hostname.is_empty() {
+            return self.daemon.hostname.clone();
+        }
+        crate::engine::local_hostname()
+    }
 }
 
 /// `[daemon]`.
@@ -40,6 +58,8 @@ pub struct DaemonSection {
     pub state_dir: PathBuf,
     /// Rule directories or files, relative to the config file.
     pub rules: Vec<PathBuf>,
+    /// Host name put in alerts and messages (default: the machine's host name).
+    pub hostname: String,
 }
 
 impl Default for DaemonSection {
@@ -48,6 +68,7 @@ impl Default for DaemonSection {
             interval: "1s".into(),
             state_dir: PathBuf::from("/var/lib/gpuwatch"),
             rules: vec![PathBuf::from("rules/")],
+            hostname: String::new(),
         }
     }
 }
@@ -89,6 +110,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         }
     })?;
     config.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    config.path = path.to_path_buf();
+    config.text = text.to_string();
     Ok(config)
 }
 

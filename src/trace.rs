@@ -8,7 +8,8 @@
 //!   `memory.used [MiB]`), with or without `nounits`; `noheader` logs need the header given
 //!   separately (`replay --smi-header`). Columns map to metrics through the metric table's `smi`
 //!   names and `smi_unit` conversions (MiB → bytes, `P0` → 0, hex bitmask); `[N/A]`,
-//!   `[Not Supported]`, `N/A` and empty cells are absent. Timestamps are nvidia-smi's local
+//!   `[Not Supported]`, `N/A` and empty cells are absent; a `[GPU is lost]` cell marks the GPU
+//!   lost. nvidia-smi logs carry no XIDs and no process lists. Timestamps are nvidia-smi's local
 //!   `2026/12/02 15:00:00.123` form, read as UTC. A tick is the run of rows until a GPU repeats
 //!   (nvidia-smi `-l` writes every GPU once per loop, with slightly different timestamps).
 //!
@@ -196,6 +197,7 @@ pub struct TraceReader {
     columns: Vec<Col>,
     pending: Option<Row>,
     done: bool,
+    last_time: (String, i64),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -288,6 +290,7 @@ impl TraceReader {
             columns,
             pending: None,
             done: false,
+            last_time: (String::new(), 0),
         })
     }
 
@@ -314,8 +317,15 @@ impl TraceReader {
         }
     }
 
-    fn parse_row(&self, line: &str) -> anyhow::Result<Row> {
-        let fields = split_csv(line);
+    fn parse_row(&mut self, line: &str) -> anyhow::Result<Row> {
+        let fields: Vec<std::borrow::Cow<'_, str>> = if line.contains('"') {
+            split_csv(line)
+                .into_iter()
+                .map(std::borrow::Cow::Owned)
+                .collect()
+        } else {
+            line.split(',').map(std::borrow::Cow::Borrowed).collect()
+        };
         let mut time_ms = None;
         let mut id = DeviceId::default();
         let mut has_index = false;
@@ -334,10 +344,12 @@ impl TraceReader {
             let v = raw.trim();
             match kind {
                 Col::Time => {
-                    time_ms = Some(
-                        parse_time_ms(v)
-                            .ok_or_else(|| self.err(col, format!("bad timestamp {v:?}")))?,
-                    );
+                    if self.last_time.0 != v {
+                        let t = parse_time_ms(v)
+                            .ok_or_else(|| self.err(col, format!("bad timestamp {v:?}")))?;
+                        self.last_time = (v.to_string(), t);
+                    }
+                    time_ms = Some(self.last_time.1);
                 }
                 Col::Index => {
                     id.index = v
@@ -366,6 +378,9 @@ impl TraceReader {
                             })?)
                         }
                     } else {
+                        if v.eq_ignore_ascii_case("[GPU is lost]") {
+                            state = DeviceState::Lost;
+                        }
                         smi_value(v, *unit).map_err(|e| self.err(col, e))?
                     };
                     values.set(*m, value);

@@ -23,10 +23,43 @@ use std::sync::Mutex;
 
 use crate::model::{DeviceId, DeviceState, GpuSample, Metric, ProcSample, METRIC_COUNT};
 
+/// Points per summary block.
+const BLOCK: u64 = 64;
+
+/// Min, max and sum of one aligned block of [`BLOCK`] points.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    min: f64,
+    max: f64,
+    sum: f64,
+}
+
+impl Block {
+    const EMPTY: Block = Block {
+        min: f64::INFINITY,
+        max: f64::NEG_INFINITY,
+        sum: 0.0,
+    };
+
+    fn add(&mut self, v: f64) {
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+        self.sum += v;
+    }
+}
+
 /// Timestamped values of one metric of one GPU, oldest first.
+///
+/// Besides the points, the window keeps min/max/sum per aligned block of 64 points, so `min`,
+/// `max` and `mean` over an hour cost ~60 block reads plus at most 128 point reads.
 #[derive(Debug, Clone, Default)]
 pub struct Window {
     points: VecDeque<(i64, f64)>,
+    /// Points ever evicted: the sequence number of `points[0]`.
+    evicted: u64,
+    /// Block summaries; `blocks[0]` is block number `first_block`.
+    blocks: VecDeque<Block>,
+    first_block: u64,
 }
 
 /// The aggregate functions a window can compute.
@@ -68,9 +101,41 @@ impl Window {
     /// replaces it, an older one is ignored.
     pub fn push(&mut self, time_ms: i64, value: f64) {
         match self.points.back_mut() {
-            Some(last) if last.0 == time_ms => last.1 = value,
+            Some(last) if last.0 == time_ms => {
+                last.1 = value;
+                self.rebuild_last_block();
+            }
             Some(last) if last.0 > time_ms => {}
-            _ => self.points.push_back((time_ms, value)),
+            _ => {
+                let seq = self.evicted + self.points.len() as u64;
+                self.points.push_back((time_ms, value));
+                let block = seq / BLOCK;
+                if self.blocks.is_empty() {
+                    self.first_block = block;
+                }
+                if self.first_block + self.blocks.len() as u64 <= block {
+                    self.blocks.push_back(Block::EMPTY);
+                }
+                if let Some(b) = self.blocks.back_mut() {
+                    b.add(value);
+                }
+            }
+        }
+    }
+
+    fn rebuild_last_block(&mut self) {
+        let len = self.points.len() as u64;
+        if len == 0 {
+            return;
+        }
+        let last_seq = self.evicted + len - 1;
+        let start_seq = (last_seq / BLOCK * BLOCK).max(self.evicted);
+        let mut b = Block::EMPTY;
+        for i in (start_seq - self.evicted)..len {
+            b.add(self.points[i as usize].1);
+        }
+        if let Some(last) = self.blocks.back_mut() {
+            *last = b;
         }
     }
 
@@ -78,7 +143,43 @@ impl Window {
     pub fn evict_before(&mut self, cutoff_ms: i64) {
         while self.points.len() > 1 && self.points[1].0 < cutoff_ms {
             self.points.pop_front();
+            self.evicted += 1;
+            while self.first_block < self.evicted / BLOCK && !self.blocks.is_empty() {
+                self.blocks.pop_front();
+                self.first_block += 1;
+            }
         }
+    }
+
+    /// Min, max and sum of points `lo..hi`, using block summaries for whole blocks.
+    fn fold(&self, lo: usize, hi: usize) -> Block {
+        let mut acc = Block::EMPTY;
+        let (s_lo, s_hi) = (self.evicted + lo as u64, self.evicted + hi as u64);
+        let first_full = s_lo.div_ceil(BLOCK);
+        let end_full = s_hi / BLOCK;
+        if first_full >= end_full || first_full < self.first_block {
+            for p in self.points.range(lo..hi) {
+                acc.add(p.1);
+            }
+            return acc;
+        }
+        let head_end = (first_full * BLOCK - self.evicted) as usize;
+        let tail_start = (end_full * BLOCK - self.evicted) as usize;
+        for p in self.points.range(lo..head_end) {
+            acc.add(p.1);
+        }
+        for b in self
+            .blocks
+            .range((first_full - self.first_block) as usize..(end_full - self.first_block) as usize)
+        {
+            acc.min = acc.min.min(b.min);
+            acc.max = acc.max.max(b.max);
+            acc.sum += b.sum;
+        }
+        for p in self.points.range(tail_start..hi) {
+            acc.add(p.1);
+        }
+        acc
     }
 
     /// Number of stored points.
@@ -134,9 +235,9 @@ impl Window {
         let value = match agg {
             Agg::Count => nf,
             Agg::Last => self.points[hi - 1].1,
-            Agg::Mean => it().sum::<f64>() / nf,
-            Agg::Min => it().fold(f64::INFINITY, f64::min),
-            Agg::Max => it().fold(f64::NEG_INFINITY, f64::max),
+            Agg::Mean => self.fold(lo, hi).sum / nf,
+            Agg::Min => self.fold(lo, hi).min,
+            Agg::Max => self.fold(lo, hi).max,
             Agg::Stddev => {
                 let mean = it().sum::<f64>() / nf;
                 (it().map(|v| (v - mean) * (v - mean)).sum::<f64>() / nf).sqrt()
@@ -552,6 +653,34 @@ mod tests {
             Some(vec![199.0, 399.0, 599.0])
         );
         assert_eq!(w.maxima(599_000, 1_200_000, 2, 1000), None);
+    }
+
+    #[test]
+    fn block_summaries_match_scans() {
+        let mut w = Window::default();
+        let mut rng = 1u64;
+        let mut t = 0;
+        for round in 0..5 {
+            for _ in 0..700 {
+                rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                t += 1000;
+                w.push(t, (rng >> 40) as f64);
+            }
+            w.push(t, 5.0); // same-time replacement rebuilds the last block
+            w.evict_before(t - 1_000_000 + round * 37_000);
+            for (dur, lo_off) in [(1_000_000, 0), (300_000, 0), (65_000, 3000), (64_000, 0)] {
+                let now = t - lo_off;
+                let (lo, hi) = w.range(now - dur, now);
+                let vals: Vec<f64> = w.points.range(lo..hi).map(|p| p.1).collect();
+                let b = w.fold(lo, hi);
+                assert_eq!(b.min, vals.iter().copied().fold(f64::INFINITY, f64::min));
+                assert_eq!(
+                    b.max,
+                    vals.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+                );
+                assert!((b.sum - vals.iter().sum::<f64>()).abs() < 1e-6 * b.sum.abs().max(1.0));
+            }
+        }
     }
 
     #[test]

@@ -335,6 +335,8 @@ pub struct Scenario {
     /// File path or `<shipped scenario NAME>`.
     pub source: String,
     pub time_scale: f64,
+    /// Scenario time at the first `nvmlInit*` (env NVML_SIM_START_S overrides).
+    pub start_s: f64,
     pub seed: u64,
     pub driver_version: String,
     pub nvml_version: String,
@@ -355,6 +357,7 @@ struct RawScenario {
     name: Option<String>,
     description: Option<String>,
     time_scale: Option<Spanned<f64>>,
+    start_s: Option<Spanned<f64>>,
     seed: Option<u64>,
     driver_version: Option<String>,
     nvml_version: Option<String>,
@@ -564,11 +567,13 @@ struct Source<'a> {
 impl Source<'_> {
     fn err(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> ScenarioError {
         let (line, column) = line_col(self.text, span.start);
+        // one line, whatever the parser's message looks like
+        let message: String = message.into();
         ScenarioError {
             file: self.file.clone(),
             line,
             column,
-            message: message.into(),
+            message: message.split_whitespace().collect::<Vec<_>>().join(" "),
         }
     }
 }
@@ -612,11 +617,21 @@ const DGX_BUSES: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
 fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError> {
     let seed = raw.seed.unwrap_or(1);
     let time_scale = match &raw.time_scale {
-        Some(ts) if !(*ts.get_ref() > 0.0 && ts.get_ref().is_finite()) => {
-            return Err(src.err(ts.span(), "time_scale must be a positive number"));
+        Some(ts) if !(*ts.get_ref() >= 0.0 && ts.get_ref().is_finite()) => {
+            return Err(src.err(
+                ts.span(),
+                "time_scale must be a number >= 0 (0 freezes the clock)",
+            ));
         }
         Some(ts) => *ts.get_ref(),
         None => 1.0,
+    };
+    let start_s = match &raw.start_s {
+        Some(st) if !(*st.get_ref() >= 0.0 && st.get_ref().is_finite()) => {
+            return Err(src.err(st.span(), "start_s must be a time in seconds >= 0"));
+        }
+        Some(st) => *st.get_ref(),
+        None => 0.0,
     };
     let defaults = raw
         .devices
@@ -778,6 +793,7 @@ fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError
         description: raw.description.unwrap_or_default(),
         source: src.file.clone(),
         time_scale,
+        start_s,
         seed,
         driver_version: raw.driver_version.unwrap_or_else(|| "550.54.15".into()),
         nvml_version: raw.nvml_version.unwrap_or_else(|| "12.550.54.15".into()),
@@ -1086,6 +1102,58 @@ pub fn parse_bus_id(s: &str) -> Option<(u32, u32, u32)> {
     }
 }
 
+/// The first field set in a signal table that its type does not use.
+fn misplaced_field(t: &RawSignalTable) -> Option<&'static str> {
+    let set: [(&'static str, bool); 23] = [
+        ("value", t.value.is_some()),
+        ("from", t.from.is_some()),
+        ("to", t.to.is_some()),
+        ("start_s", t.start_s.is_some()),
+        ("duration_s", t.duration_s.is_some()),
+        ("per_s", t.per_s.is_some()),
+        ("per_min", t.per_min.is_some()),
+        ("period_s", t.period_s.is_some()),
+        ("duty", t.duty.is_some()),
+        ("high", t.high.is_some()),
+        ("low", t.low.is_some()),
+        ("phase_s", t.phase_s.is_some()),
+        ("mean", t.mean.is_some()),
+        ("amplitude", t.amplitude.is_some()),
+        ("points", t.points.is_some()),
+        ("file", t.file.is_some()),
+        ("column", t.column.is_some()),
+        ("time_column", t.time_column.is_some()),
+        ("interval_s", t.interval_s.is_some()),
+        ("match_column", t.match_column.is_some()),
+        ("match_value", t.match_value.is_some()),
+        ("loop", t.looped.is_some()),
+        ("scale", t.scale.is_some() || t.offset.is_some()),
+    ];
+    let allowed: &[&str] = match t.kind.as_str() {
+        "constant" => &["value"],
+        "ramp" | "linear" => &["from", "to", "start_s", "duration_s", "per_s", "per_min"],
+        "square" => &["period_s", "duty", "high", "low", "phase_s"],
+        "sine" => &["mean", "amplitude", "period_s", "phase_s"],
+        "noise" => &["mean", "amplitude", "period_s"],
+        "steps" => &["points"],
+        "trace" | "csv" => &[
+            "file",
+            "column",
+            "time_column",
+            "interval_s",
+            "match_column",
+            "match_value",
+            "loop",
+            "scale",
+        ],
+        // unknown types are reported by the caller
+        _ => return None,
+    };
+    set.iter()
+        .find(|(name, is_set)| *is_set && !allowed.contains(name))
+        .map(|(name, _)| *name)
+}
+
 fn resolve_signal(
     raw: &RawSignal,
     src: &Source<'_>,
@@ -1096,6 +1164,12 @@ fn resolve_signal(
         RawSignal::Table(t) => t,
     };
     let err = |m: String| src.err(span.clone(), m);
+    if let Some(field) = misplaced_field(t) {
+        return Err(err(format!(
+            "`{field}` does not apply to a `{}` signal",
+            t.kind
+        )));
+    }
     let need = |v: Option<f64>, field: &str| {
         v.ok_or_else(|| err(format!("signal type `{}` needs `{field}`", t.kind)))
     };
@@ -1316,6 +1390,12 @@ used_memory_mib = 512
         assert!(e.message.contains("unknown signal type `sqare`"), "{e}");
         let e = err("[devices.metrics]\npower_w = { type = \"square\", high = 3 }\n");
         assert!(e.message.contains("needs `period_s`"), "{e}");
+        let e = err("[devices.metrics]\npower_w = { type = \"noise\", mean = 3, amplitude = 1, high = 4 }\n");
+        assert!(
+            e.message
+                .contains("`high` does not apply to a `noise` signal"),
+            "{e}"
+        );
         let e = err("[devices.metrics]\npower_w = { type = \"noise\", mean = 3, amplitude = 1, bogus = 1 }\n");
         assert_eq!(e.line, 2, "{e}");
         assert!(e.message.contains("bogus"), "{e}");
@@ -1333,6 +1413,12 @@ used_memory_mib = 512
         assert!(e.message.contains("unknown NVML error name `NOPE`"), "{e}");
         let e = err("[[device]]\nindex = 9\n");
         assert_eq!((e.line, e.column), (2, 9), "{e}");
+        assert_eq!(
+            parse("time_scale = 0\n", "f.toml", None)
+                .unwrap()
+                .time_scale,
+            0.0
+        );
         let e = err("time_scale = -1\n");
         assert_eq!((e.line, e.column), (1, 14), "{e}");
         let e = err("[[process]]\ngpu = 0\npid = \"me\"\n");

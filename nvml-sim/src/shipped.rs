@@ -70,8 +70,12 @@ pub fn load_from_env() -> Result<Sim, String> {
     let mut scenario = resolve(value.trim())?;
     let time_scale = match std::env::var("NVML_SIM_TIME_SCALE") {
         Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s > 0.0 && s.is_finite() => s,
-            _ => return Err(format!("NVML_SIM_TIME_SCALE={v} is not a positive number")),
+            Ok(s) if s >= 0.0 && s.is_finite() => s,
+            _ => {
+                return Err(format!(
+                    "NVML_SIM_TIME_SCALE={v} is not a number >= 0 (0 freezes the clock)"
+                ))
+            }
         },
         Err(_) => scenario.time_scale,
     };
@@ -84,7 +88,7 @@ pub fn load_from_env() -> Result<Sim, String> {
                 ))
             }
         },
-        Err(_) => 0.0,
+        Err(_) => scenario.start_s,
     };
     if let Ok(list) = std::env::var("NVML_SIM_NOT_SUPPORTED") {
         scenario.faults.extend(env_faults(&list));

@@ -162,7 +162,7 @@ impl Sim {
         self.offset_s + self.start.elapsed().as_secs_f64() * self.time_scale
     }
 
-    /// Scenario seconds per real second.
+    /// Scenario seconds per real second (0 = frozen clock).
     pub fn time_scale(&self) -> f64 {
         self.time_scale
     }
@@ -174,7 +174,13 @@ impl Sim {
 
     /// Wall-clock microseconds of a scenario time.
     pub fn wall_us_of_scenario_time(&self, t_s: f64) -> u64 {
-        let real_s = (t_s - self.offset_s) / self.time_scale;
+        // a frozen clock (scale 0) maps scenario seconds to real seconds one to one here
+        let scale = if self.time_scale > 0.0 {
+            self.time_scale
+        } else {
+            1.0
+        };
+        let real_s = (t_s - self.offset_s) / scale;
         (self.wall_start_us as f64 + real_s * 1e6).max(0.0) as u64
     }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
-    Clock, EccCounter, MemoryError, MemoryLocation, PcieUtilCounter, RetirementCause,
+    Clock, EccCounter, MemoryError, MemoryLocation, PcieUtilCounter, RetirementCause, Sampling,
     TemperatureSensor, TemperatureThreshold,
 };
 use nvml_wrapper::enums::device::SampleValue;
@@ -125,6 +125,7 @@ fn child() {
             println!("init error: {err}");
         }
         "every_scenario" => check_every_scenario(),
+        "frozen" => check_frozen(),
         other => panic!("unknown check {other}"),
     }
     println!("CHECK OK");
@@ -245,6 +246,21 @@ fn check_healthy() {
         let events = d.supported_event_types().unwrap();
         assert!(events.contains(EventTypes::CRITICAL_XID_ERROR));
     }
+    // driver sample buffer: a first read returns samples, re-reading from the newest is NOT_FOUND
+    let d0 = nvml.device_by_index(0).unwrap();
+    let samples = d0.samples(Sampling::GpuUtilization, None).unwrap();
+    assert!(!samples.is_empty());
+    for s in &samples {
+        assert!(
+            matches!(s.value, SampleValue::U32(v) if (90..=100).contains(&v)),
+            "{s:?}"
+        );
+    }
+    let newest = samples.iter().map(|s| s.timestamp).max().unwrap();
+    assert!(matches!(
+        d0.samples(Sampling::GpuUtilization, newest),
+        Err(NvmlError::NotFound)
+    ));
     let mut sorted = uuids.clone();
     sorted.dedup();
     assert_eq!(sorted.len(), 8);
@@ -428,6 +444,27 @@ fn check_retired() {
     let remap = fields.iter().flatten().find(|f| f.field.0 == 142).unwrap();
     assert!(matches!(remap.value, Err(NvmlError::NotSupported)));
     assert!(d.current_throttle_reasons().unwrap().bits() == 0x44);
+}
+
+fn check_frozen() {
+    // NVML_SIM_TIME_SCALE=0: every process sees the same values at the same scenario time
+    let nvml = nvml();
+    let d = nvml.device_by_index(0).unwrap();
+    let first = (
+        d.utilization_rates().unwrap().gpu,
+        d.memory_info().unwrap().used,
+        d.power_usage().unwrap(),
+        d.total_energy_consumption().unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(30));
+    let second = (
+        d.utilization_rates().unwrap().gpu,
+        d.memory_info().unwrap().used,
+        d.power_usage().unwrap(),
+        d.total_energy_consumption().unwrap(),
+    );
+    assert_eq!(first, second);
+    println!("VALUES {first:?}");
 }
 
 fn check_every_scenario() {
@@ -634,6 +671,24 @@ fn control_file_places_real_processes() {
 }
 
 #[test]
+fn frozen_clock_gives_every_process_the_same_values() {
+    let env = [
+        ("NVML_SIM_SCENARIO", "overnight"),
+        ("NVML_SIM_TIME_SCALE", "0"),
+        ("NVML_SIM_START_S", "42.5"),
+    ];
+    let values = |out: Output| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.split_once("VALUES").map(|(_, v)| v.to_string()))
+            .unwrap()
+    };
+    let a = values(assert_check("frozen", &env));
+    let b = values(assert_check("frozen", &env));
+    assert_eq!(a, b);
+}
+
+#[test]
 fn raw_protocol() {
     assert_check("raw", &[]);
 }
@@ -691,4 +746,190 @@ fn debug_log_names_each_call() {
         stderr.contains("nvmlInitWithFlags() -> 0 SUCCESS"),
         "{stderr}"
     );
+}
+
+/// Every symbol nvml-wrapper (for gpuwatch's methods), gpustat and nvitop look up
+/// (nvml-facts.md §2–3, and `LD_DEBUG=symbols` runs of gpustat/nvitop).
+const REQUIRED_SYMBOLS: &[&str] = &[
+    // init / system
+    "nvmlInit",
+    "nvmlInit_v2",
+    "nvmlInitWithFlags",
+    "nvmlShutdown",
+    "nvmlErrorString",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetNVMLVersion",
+    "nvmlSystemGetCudaDriverVersion",
+    "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlSystemGetProcessName",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetHandleByUUID",
+    "nvmlDeviceGetHandleByPciBusId_v2",
+    "nvmlDeviceGetHandleBySerial",
+    // identity
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetIndex",
+    "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetArchitecture",
+    "nvmlDeviceGetBrand",
+    "nvmlDeviceGetCudaComputeCapability",
+    "nvmlDeviceGetVbiosVersion",
+    "nvmlDeviceGetBoardPartNumber",
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetDisplayActive",
+    "nvmlDeviceGetDisplayMode",
+    "nvmlDeviceGetComputeMode",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceIsMigDeviceHandle",
+    "nvmlDeviceGetDriverModel",
+    "nvmlDeviceGetDriverModel_v2",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    // metrics
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetEncoderUtilization",
+    "nvmlDeviceGetDecoderUtilization",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetBAR1MemoryInfo",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetTemperatureV",
+    "nvmlDeviceGetTemperatureThreshold",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetPowerManagementLimit",
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetPowerManagementLimitConstraints",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetClock",
+    "nvmlDeviceGetApplicationsClock",
+    "nvmlDeviceGetPerformanceState",
+    "nvmlDeviceGetFanSpeed",
+    "nvmlDeviceGetFanSpeed_v2",
+    "nvmlDeviceGetNumFans",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetSupportedClocksThrottleReasons",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetSupportedClocksEventReasons",
+    "nvmlDeviceGetViolationStatus",
+    "nvmlDeviceGetEccMode",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetMemoryErrorCounter",
+    "nvmlDeviceGetDetailedEccErrors",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPages_v2",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetSamples",
+    // processes
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetProcessUtilization",
+    // events, GPM
+    "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlEventSetWait_v2",
+    "nvmlEventSetWait",
+    "nvmlEventSetFree",
+    "nvmlGpmSampleFree",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+];
+
+#[test]
+fn exports_every_symbol_clients_look_up_and_not_the_nvitop_trap() {
+    let lib = std::ffi::CString::new(library().to_str().unwrap()).unwrap();
+    // SAFETY: dlopen/dlsym/dlclose on our own library with valid C strings.
+    unsafe {
+        let handle = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        assert!(!handle.is_null(), "dlopen failed");
+        let missing: Vec<&str> = REQUIRED_SYMBOLS
+            .iter()
+            .copied()
+            .filter(|name| {
+                let c = std::ffi::CString::new(*name).unwrap();
+                libc::dlsym(handle, c.as_ptr()).is_null()
+            })
+            .collect();
+        assert!(missing.is_empty(), "missing exports: {missing:?}");
+        for trap in [
+            "nvmlDeviceGetConfComputeMemSizeInfo",
+            "nvmlInternalGetExportTable",
+        ] {
+            let c = std::ffi::CString::new(trap).unwrap();
+            assert!(
+                libc::dlsym(handle, c.as_ptr()).is_null(),
+                "{trap} must not be exported"
+            );
+        }
+        libc::dlclose(handle);
+    }
+}
+
+/// gpustat and nvitop (pynvml) against the library, when `NVML_SIM_PYTHONPATH` names a folder
+/// with them (`pip install --target DIR nvidia-ml-py gpustat nvitop`); skipped otherwise.
+#[test]
+fn python_peers_read_the_library_without_errors() {
+    let Some(pythonpath) = std::env::var_os("NVML_SIM_PYTHONPATH") else {
+        eprintln!("skipped: set NVML_SIM_PYTHONPATH to a pip --target folder with gpustat, nvitop");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("nvml-sim-py-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libnvidia-ml.so.1");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(library(), &link).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new("python3")
+            .args(args)
+            .env("PYTHONPATH", &pythonpath)
+            .env("LD_LIBRARY_PATH", &dir)
+            .env("NVML_SIM_SCENARIO", "overnight")
+            .env_remove("NVML_SIM_TIME_SCALE")
+            .env_remove("NVML_SIM_START_S")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}\n{stdout}\n{stderr}");
+        assert!(
+            stderr.trim().is_empty(),
+            "{args:?} wrote to stderr:\n{stderr}"
+        );
+        stdout
+    };
+    let json = run(&["-m", "gpustat", "--json"]);
+    assert_eq!(
+        json.matches("\"NVIDIA H100 80GB HBM3\"").count(),
+        8,
+        "{json}"
+    );
+    assert!(json.contains("\"driver_version\": \"550.54.15\""), "{json}");
+    let parent = std::process::id().to_string();
+    assert!(json.contains(&format!("\"pid\": {parent}")), "{json}");
+    let plain = run(&["-m", "gpustat", "-a"]);
+    assert_eq!(plain.matches("H100").count(), 8, "{plain}");
+    let top = run(&["-m", "nvitop", "--once"]);
+    assert_eq!(top.matches("H100 80GB HBM3").count(), 8, "{top}");
+    assert!(!top.contains("ERROR"), "{top}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,21 +1,170 @@
-//! `gpuwatch` subcommands: daemon,notify_test (placeholder until implemented).
+//! `gpuwatch daemon` and `gpuwatch notify-test`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use super::GlobalArgs;
+use crate::model::{AlertEvent, AlertStatus, Severity};
+use crate::notify::settings::NotifySettings;
+use crate::notify::transport::Transport;
+use crate::notify::{now_ms, Notification, Reason};
+
+/// Default config path.
+const DEFAULT_CONFIG: &str = "/etc/gpuwatch/config.toml";
 
 /// Arguments of `daemon`.
 #[derive(Debug, clap::Args)]
-pub struct DaemonArgs {}
-
-/// Runs `daemon`.
-pub fn daemon(_global: &GlobalArgs, _args: &DaemonArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`daemon` is not implemented yet")
+pub struct DaemonArgs {
+    /// Configuration file [default: /etc/gpuwatch/config.toml when it exists, else built-in
+    /// defaults: stock rules, no channels (alerts are only logged), state in
+    /// ~/.local/state/gpuwatch].
+    #[arg(long, short, value_name = "FILE", env = "GPUWATCH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Instead of sampling GPUs, read alert events (JSON lines, `-` for stdin) and deliver them
+    /// through the configured channels; stops at end of input. For scripts and channel tests.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
 }
 
-/// Arguments of `notify_test`.
-#[derive(Debug, clap::Args)]
-pub struct NotifyTestArgs {}
+/// Runs `daemon`.
+pub fn daemon(global: &GlobalArgs, args: &DaemonArgs) -> anyhow::Result<i32> {
+    let config = args
+        .config
+        .clone()
+        .or_else(|| Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.exists()));
+    if let Some(events) = &args.events {
+        return crate::daemon::run_events(config.as_deref(), events);
+    }
+    crate::daemon::run(global, config.as_deref())
+}
 
-/// Runs `notify_test`.
-pub fn notify_test(_global: &GlobalArgs, _args: &NotifyTestArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`notify_test` is not implemented yet")
+/// Arguments of `notify-test`.
+#[derive(Debug, clap::Args)]
+pub struct NotifyTestArgs {
+    /// Configuration file.
+    #[arg(long, short, value_name = "FILE", env = "GPUWATCH_CONFIG", default_value = DEFAULT_CONFIG)]
+    pub config: PathBuf,
+    /// Test only this channel (repeatable); default: every channel.
+    #[arg(long, value_name = "NAME")]
+    pub channel: Vec<String>,
+}
+
+/// The test message for `channel`.
+pub fn test_notification(settings: &NotifySettings, channel: &str, now: i64) -> Notification {
+    let mut labels = BTreeMap::new();
+    labels.insert("alertname".to_string(), "gpuwatch_test".to_string());
+    labels.insert("severity".to_string(), "info".to_string());
+    labels.insert("hostname".to_string(), settings.hostname.clone());
+    let mut annotations = BTreeMap::new();
+    annotations.insert(
+        "summary".to_string(),
+        format!(
+            "Test message from gpuwatch on {}: channel {channel:?} works.",
+            settings.hostname
+        ),
+    );
+    annotations.insert(
+        "action".to_string(),
+        "Nothing: this was sent by `gpuwatch notify-test`.".to_string(),
+    );
+    let alert = AlertEvent {
+        fingerprint: "gpuwatch_test".into(),
+        name: "gpuwatch_test".into(),
+        severity: Severity::Info,
+        status: AlertStatus::Firing,
+        labels: labels.clone(),
+        annotations,
+        starts_at_ms: now,
+        ends_at_ms: None,
+        at_ms: now,
+        repeat: false,
+        gpu: None,
+    };
+    let mut n = Notification {
+        id: String::new(),
+        channel: channel.to_string(),
+        group_key: "test".into(),
+        group_labels: labels,
+        status: AlertStatus::Firing,
+        reason: Reason::Test,
+        alerts: vec![alert],
+        truncated_alerts: 0,
+        created_ms: now,
+        repeat_interval_ms: 60_000,
+        hostname: settings.hostname.clone(),
+        devices: Vec::new(),
+        processes: Vec::new(),
+        note: None,
+    };
+    n.compute_id();
+    n
+}
+
+/// Runs `notify-test`: one test message per channel, concurrently; prints `ok` or the exact
+/// failure per channel; exit 1 if any failed.
+#[expect(clippy::print_stdout, reason = "command output")]
+pub fn notify_test(_global: &GlobalArgs, args: &NotifyTestArgs) -> anyhow::Result<i32> {
+    let config = crate::config::load(&args.config)?;
+    let settings = NotifySettings::from_config(&config)?;
+    for name in &args.channel {
+        if settings.channel(name).is_none() {
+            anyhow::bail!("no channel named {name:?} in {}", args.config.display());
+        }
+    }
+    let channels: Vec<_> = settings
+        .channels
+        .iter()
+        .filter(|c| args.channel.is_empty() || args.channel.contains(&c.name))
+        .cloned()
+        .collect();
+    if channels.is_empty() {
+        anyhow::bail!("no channels configured in {}", args.config.display());
+    }
+    let transport = Transport::new()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let now = now_ms();
+    let results = rt.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, spec) in channels.iter().enumerate() {
+            let n = test_notification(&settings, &spec.name, now);
+            let spec = spec.clone();
+            let t = transport.clone();
+            set.spawn(async move {
+                let start = std::time::Instant::now();
+                let r = t.send(&spec, &n).await;
+                (i, r, start.elapsed())
+            });
+        }
+        let mut results = vec![None; channels.len()];
+        while let Some(Ok((i, r, took))) = set.join_next().await {
+            results[i] = Some((r, took));
+        }
+        results
+    });
+    let mut failed = 0;
+    for (spec, r) in channels.iter().zip(results) {
+        match r {
+            Some((Ok(()), took)) => println!(
+                "ok    {} ({}) in {} ms",
+                spec.name,
+                spec.kind.as_str(),
+                took.as_millis()
+            ),
+            Some((Err(e), _)) => {
+                failed += 1;
+                println!("FAIL  {} ({}): {e}", spec.name, spec.kind.as_str());
+            }
+            None => {
+                failed += 1;
+                println!(
+                    "FAIL  {} ({}): send task crashed",
+                    spec.name,
+                    spec.kind.as_str()
+                );
+            }
+        }
+    }
+    Ok(i32::from(failed > 0))
 }

@@ -248,6 +248,9 @@ pub(crate) fn register(engine: &mut Engine) {
         g.hist.state == DeviceState::Lost
     });
     engine.register_get("processes", |g: &mut GpuHandle| processes(&g.hist));
+    engine.register_get("process_count", |g: &mut GpuHandle| {
+        i64::try_from(g.hist.processes.len()).unwrap_or(i64::MAX)
+    });
     engine.register_get("interval", |g: &mut GpuHandle| {
         #[expect(clippy::cast_precision_loss, reason = "small")]
         if g.hist.interval_ms > 0 {

@@ -3,7 +3,10 @@
 
 #[allow(dead_code)]
 mod common;
+mod daemon;
+mod engine;
 mod fidelity;
 mod job;
 mod metrics_doc;
+mod notify;
 mod sim;

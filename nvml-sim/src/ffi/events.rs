@@ -168,12 +168,14 @@ unsafe fn wait(
     timeout_ms: c_uint,
 ) -> nvmlReturn_t {
     entry(name, || {
-        let sim = system(name)?;
+        system(name)?;
         if data.is_null() {
             return Err(code::INVALID_ARGUMENT);
         }
         let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
         loop {
+            // re-checked every round, so a shutdown while waiting ends the wait
+            let sim = sim::current()?;
             match poll(set as usize, &sim)? {
                 Poll::Ready(event) => return unsafe { put(data, event) },
                 Poll::Wait(next) => {
@@ -182,7 +184,7 @@ unsafe fn wait(
                         return Err(code::TIMEOUT);
                     }
                     let mut sleep = deadline - now;
-                    if let Some(at) = next {
+                    if let (Some(at), true) = (next, sim.time_scale() > 0.0) {
                         let real_s = ((at - sim.now_s()) / sim.time_scale()).max(0.0);
                         sleep = sleep.min(Duration::from_secs_f64(real_s + 0.000_5));
                     }

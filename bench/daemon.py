@@ -1,0 +1,126 @@
+"""Daemon benchmark driver (run by bench/daemon.sh).
+
+Starts a webhook receiver on 127.0.0.1 (Python http.server, records the arrival time of every
+POST), then `gpuwatch --sim SCENARIO daemon` (release build, 8 simulated GPUs, every stock rule,
+`interval = "1s"`, `[rules] eval_interval = "1s"`, `group_wait = "0s"`) for SECONDS, then SIGTERM.
+
+* Notification latency: for every alert received, arrival time minus its `startsAt`, which the
+  engine stamps with the time of the sample that tripped the rule (same host clock).
+  Goal: <= one poll interval + 200 ms for rules without `hold`.
+* CPU: user + system time of the daemon from wait4(), divided by wall time (start-up included).
+* Memory: peak RSS (ru_maxrss) and the last VmRSS read from /proc while running.
+"""
+
+import argparse
+import datetime
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ARRIVALS = []
+
+
+class Hook(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        t = time.time()
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        ARRIVALS.append((t, json.loads(body)))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def parse_ts(s):
+    return datetime.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--scenario", default="xid-79")
+    ap.add_argument("--gpuwatch", required=True)
+    ap.add_argument("--rules", required=True)
+    a = ap.parse_args()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    tmp = tempfile.mkdtemp(prefix="gpuwatch-bench-")
+    config = os.path.join(tmp, "config.toml")
+    with open(config, "w") as f:
+        f.write(f"""
+[daemon]
+interval = "1s"
+state_dir = "{tmp}/state"
+rules = ["{os.path.abspath(a.rules)}"]
+
+[rules]
+eval_interval = "1s"
+
+[notify]
+rate_limit = {{ max = 0 }}
+
+[[channel]]
+name = "ops"
+type = "webhook"
+url = "http://127.0.0.1:{port}/hook"
+
+[[route]]
+channels = ["ops"]
+group_by = ["..."]
+group_wait = "0s"
+""")
+    env = dict(os.environ, GPUWATCH_LOG="info")
+    for k in ("NVML_SIM_TIME_SCALE", "NVML_SIM_CONTROL", "GPUWATCH_NVML_LIB"):
+        env.pop(k, None)
+    log = open(os.path.join(tmp, "daemon.log"), "w")
+    start = time.time()
+    proc = subprocess.Popen([a.gpuwatch, "--sim", a.scenario, "daemon", "--config", config],
+                            env=env, stderr=log, stdout=subprocess.DEVNULL)
+    rss_kib = []
+    while time.time() - start < a.seconds and proc.poll() is None:
+        time.sleep(1)
+        try:
+            with open(f"/proc/{proc.pid}/status") as s:
+                for line in s:
+                    if line.startswith("VmRSS:"):
+                        rss_kib.append(int(line.split()[1]))
+        except OSError:
+            pass
+    proc.send_signal(signal.SIGTERM)
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.time() - start
+    server.shutdown()
+
+    latencies = []
+    for t, body in ARRIVALS:
+        for al in body.get("alerts", []):
+            if al.get("status") == "firing":
+                latencies.append((al["labels"].get("alertname"), al["labels"].get("gpu"),
+                                  round((t - parse_ts(al["startsAt"])) * 1000)))
+    cpu = ru.ru_utime + ru.ru_stime
+    print(json.dumps({
+        "scenario": a.scenario,
+        "seconds": round(wall, 1),
+        "exit": os.waitstatus_to_exitcode(status),
+        "cpu_percent_of_one_core": round(100 * cpu / wall, 3),
+        "peak_rss_mib": round(ru.ru_maxrss / 1024, 1),
+        "last_rss_mib": round(rss_kib[-1] / 1024, 1) if rss_kib else None,
+        "messages": len(ARRIVALS),
+        "latency_ms": latencies,
+        "log": log.name,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

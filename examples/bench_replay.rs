@@ -1,0 +1,215 @@
+//! Replay benchmark: synthesizes 24 h × 8 GPUs × 1 Hz (691,200 device-samples) as a gpuwatch CSV
+//! recording and times `replay` through every stock rule, then measures the rule evaluation cost
+//! per tick for 8 GPUs.
+//!
+//! Run: `cargo run --release --example bench_replay [HOURS] [EVAL_INTERVAL]` (defaults 24, 5s).
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use gpuwatch::engine::{Engine, EngineOptions};
+use gpuwatch::model::{
+    DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcKind, ProcSample, Snapshot,
+};
+use gpuwatch::rules::{RuleSet, RulesConfig};
+
+const GPUS: u32 = 8;
+const T0_MS: i64 = 1_796_212_800_000; // 2026-12-02T12:00:00Z
+
+fn snapshot(t: i64, rng: &mut u64) -> Snapshot {
+    let mut noise = || {
+        *rng = rng
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((*rng >> 33) as f64 / f64::from(1u32 << 31)) - 0.5
+    };
+    let gpus = (0..GPUS)
+        .map(|i| {
+            let mut v = MetricValues::default();
+            // a training job: 97 % busy with a 20 s dip every 30 min (checkpoint)
+            let dip = t % 1800 < 20;
+            v.set(
+                Metric::Util,
+                Some(if dip { 0.0 } else { 96.0 + 3.0 * noise() }),
+            );
+            v.set(Metric::MemUtil, Some(45.0 + 5.0 * noise()));
+            v.set(Metric::MemUsed, Some(62.0 * 1_073_741_824.0));
+            v.set(Metric::MemFree, Some(18.0 * 1_073_741_824.0));
+            v.set(Metric::MemTotal, Some(80.0 * 1_073_741_824.0));
+            v.set(Metric::Temp, Some((68.0 + 4.0 * noise()).round()));
+            v.set(Metric::MemTemp, Some((75.0 + 4.0 * noise()).round()));
+            v.set(
+                Metric::Power,
+                Some(if dip { 90.0 } else { 560.0 + 40.0 * noise() }),
+            );
+            v.set(Metric::PowerLimit, Some(700.0));
+            v.set(Metric::Energy, Some(t as f64 * 500.0));
+            v.set(Metric::SmClock, Some(1980.0));
+            v.set(Metric::MemClock, Some(2619.0));
+            v.set(Metric::ClockEventReasons, Some(0.0));
+            v.set(Metric::Pstate, Some(0.0));
+            v.set(Metric::EccCorrected, Some(3.0));
+            v.set(Metric::EccUncorrected, Some(0.0));
+            v.set(Metric::RemappedCorrectable, Some(0.0));
+            v.set(Metric::RemappedUncorrectable, Some(0.0));
+            v.set(Metric::RemapPending, Some(0.0));
+            v.set(Metric::RemapFailure, Some(0.0));
+            v.set(Metric::PcieRx, Some(1.0e9));
+            v.set(Metric::PcieTx, Some(2.0e8));
+            v.set(Metric::PcieReplay, Some(0.0));
+            GpuSample {
+                time_ms: T0_MS + t * 1000,
+                id: DeviceId {
+                    index: i,
+                    minor: Some(i),
+                    uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000"),
+                    pci_bus_id: format!("00000000:{:02X}:00.0", i + 0x18),
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                },
+                state: DeviceState::Ok,
+                values: v,
+            }
+        })
+        .collect();
+    let processes = (t % 10 == 0).then(|| {
+        (0..GPUS)
+            .map(|i| ProcSample {
+                pid: 1000 + i,
+                gpu_index: i,
+                gpu_uuid: String::new(),
+                used_mem_bytes: Some(61 * 1_073_741_824),
+                kind: ProcKind::Compute,
+                uid: None,
+                user: None,
+                command: None,
+                container: None,
+                runtime_s: None,
+            })
+            .collect()
+    });
+    Snapshot {
+        time_ms: T0_MS + t * 1000,
+        gpus,
+        processes,
+        xids: Vec::new(),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let hours: i64 = args.get(1).map_or(Ok(24), |h| h.parse())?;
+    let eval = args.get(2).cloned().unwrap_or_else(|| "5s".into());
+    let ticks = hours * 3600;
+    let rules_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let cfg = RulesConfig {
+        eval_interval: Some(eval.clone()),
+        ..RulesConfig::default()
+    };
+    let rules = RuleSet::load(&[rules_dir], &cfg).map_err(|e| {
+        anyhow::anyhow!(
+            "{}",
+            e.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    })?;
+
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("bench.csv");
+    let t = Instant::now();
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        gpuwatch::trace::write_gpuwatch_header(&mut f)?;
+        let mut rng = 42u64;
+        for k in 0..ticks {
+            gpuwatch::trace::write_gpuwatch_rows(&mut f, &snapshot(k, &mut rng))?;
+        }
+        f.flush()?;
+    }
+    let size = std::fs::metadata(&path)?.len();
+    println!(
+        "synthesized {hours} h x {GPUS} GPUs x 1 Hz = {} device-samples, {:.0} MB CSV, in {:.1} s",
+        ticks * i64::from(GPUS),
+        size as f64 / 1e6,
+        t.elapsed().as_secs_f64()
+    );
+
+    // 1. Parsing alone.
+    let t = Instant::now();
+    let mut n = 0u64;
+    for s in gpuwatch::trace::TraceReader::open(&path, None)? {
+        n += s?.gpus.len() as u64;
+    }
+    let parse_s = t.elapsed().as_secs_f64();
+    println!("parse only: {n} device-samples in {parse_s:.2} s");
+
+    // 2. Full replay (parse + windows + {} rules + alerts), as `gpuwatch replay` does it.
+    let opts = EngineOptions {
+        hostname: "bench".into(),
+        eval_interval_ms: cfg.eval_interval_ms().map_err(anyhow::Error::msg)?,
+        sample_interval_ms: None,
+    };
+    let mut engine = Engine::new(rules.clone(), opts);
+    let t = Instant::now();
+    let mut events = 0;
+    let stats = gpuwatch::engine::replay(
+        &mut engine,
+        gpuwatch::trace::TraceReader::open(&path, None)?,
+        |_| events += 1,
+    )?;
+    let replay_s = t.elapsed().as_secs_f64();
+    println!(
+        "replay: {} snapshots, {} device-samples through {} rules (eval every {eval}) in {replay_s:.2} s ({events} events)",
+        stats.snapshots, stats.gpu_samples, engine.rule_count()
+    );
+
+    // 3. Rule evaluation cost per tick for 8 GPUs: warm windows, then evaluate at every snapshot.
+    let opts = EngineOptions {
+        hostname: "bench".into(),
+        eval_interval_ms: 0,
+        sample_interval_ms: Some(1000),
+    };
+    let mut engine = Engine::new(rules, opts);
+    let mut rng = 7u64;
+    let warm = 3600;
+    let snaps: Vec<Snapshot> = (0..warm + 600).map(|k| snapshot(k, &mut rng)).collect();
+    for s in &snaps[..warm as usize] {
+        engine.observe(s);
+    }
+    let t = Instant::now();
+    for s in &snaps[warm as usize..] {
+        engine.observe(s);
+    }
+    let per_tick_us = t.elapsed().as_secs_f64() * 1e6 / 600.0;
+    println!(
+        "evaluation cost: {per_tick_us:.0} µs per tick for {GPUS} GPUs x {} rules ({:.2} µs per rule evaluation, ingest included)",
+        engine.rule_count(),
+        per_tick_us / (f64::from(GPUS) * engine.rule_count() as f64)
+    );
+    // 4. Per rule, on one warm GPU history.
+    let mut hist = gpuwatch::window::GpuHistory::new(DeviceId::default());
+    for s in &snaps {
+        hist.push(&s.gpus[0]);
+    }
+    let hist = std::sync::Arc::new(hist);
+    let now = snaps.last().map_or(0, |s| s.time_ms);
+    let set = engine.rules().clone();
+    for (i, r) in set.rules().iter().enumerate() {
+        if r.scope != gpuwatch::rules::RuleScope::Gpu {
+            continue;
+        }
+        let t = Instant::now();
+        for k in 0..2000 {
+            // a new time defeats the per-tick cache, as a real evaluation would
+            let _ = set.eval_gpu(i, &hist, now - k % 2);
+        }
+        println!(
+            "  {:<20} {:6.2} µs",
+            r.spec.name,
+            t.elapsed().as_secs_f64() * 1e6 / 2000.0
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,602 @@
+//! The dispatcher: a worker thread running a tokio current-thread runtime, fed by a channel, so a
+//! slow SMTP server or webhook never stalls sampling. It feeds engine events to the
+//! [`Grouper`], writes every resulting [`Notification`] to the [`Outbox`] before sending,
+//! sends (one message in flight per channel, keeping order), retries with exponential backoff,
+//! raises `notifier_failing` through the other channels when a channel keeps failing (and
+//! resolves it when the channel recovers), pings the dead-man heartbeat URL while the daemon
+//! reports healthy ticks, and persists the grouper state to `state_dir/notify-state.json`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::{debug, error, info, warn};
+
+use super::grouping::{Grouper, GrouperState};
+use super::outbox::{write_atomic, Outbox, OutboxEntry};
+use super::settings::{ChannelSpec, NotifySettings};
+use super::transport::{SendError, Transport};
+use super::{now_ms, Notification, Reason};
+use crate::model::{AlertEvent, AlertStatus, DeviceId, ProcSample, Severity};
+
+/// Name of the grouper state file in the state directory.
+pub const STATE_FILE: &str = "notify-state.json";
+
+/// What the daemon tells the dispatcher.
+#[derive(Debug)]
+pub enum Input {
+    /// Alert transitions from the engine.
+    Events(Vec<AlertEvent>),
+    /// Latest device identities and (when refreshed) process list, for message context.
+    Context {
+        /// GPUs seen in the latest snapshot.
+        devices: Vec<DeviceId>,
+        /// The process list, when it was refreshed.
+        processes: Option<Vec<ProcSample>>,
+    },
+    /// The sampling loop completed a tick at this time (drives the dead-man heartbeat).
+    Healthy(i64),
+    /// New settings (SIGHUP reload).
+    Reload(Box<NotifySettings>),
+    /// Finish in-flight sends (up to the grace period), save state, exit.
+    Stop,
+}
+
+/// Handle to the dispatcher thread.
+pub struct Dispatcher {
+    tx: mpsc::UnboundedSender<Input>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Dispatcher {
+    /// Opens the outbox and state under `state_dir` and starts the worker thread.
+    pub fn start(settings: NotifySettings, state_dir: &Path) -> anyhow::Result<Dispatcher> {
+        std::fs::create_dir_all(state_dir)
+            .map_err(|e| anyhow::anyhow!("cannot create state_dir {}: {e}", state_dir.display()))?;
+        let outbox = Outbox::open(state_dir)
+            .map_err(|e| anyhow::anyhow!("cannot open outbox in {}: {e}", state_dir.display()))?;
+        let state_path = state_dir.join(STATE_FILE);
+        let state = match std::fs::read(&state_path) {
+            Ok(bytes) => serde_json::from_slice::<GrouperState>(&bytes).unwrap_or_else(|e| {
+                warn!(path = %state_path.display(), "ignoring unreadable notify state: {e}");
+                GrouperState::default()
+            }),
+            Err(_) => GrouperState::default(),
+        };
+        let transport = Transport::new()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let thread = std::thread::Builder::new()
+            .name("gpuwatch-notify".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        error!("cannot start the notification runtime: {e}");
+                        return;
+                    }
+                };
+                let worker = Worker::new(settings, outbox, state_path, state, transport);
+                rt.block_on(worker.run(rx));
+            })?;
+        Ok(Dispatcher {
+            tx,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues an input (never blocks).
+    pub fn send(&self, input: Input) {
+        let _ = self.tx.send(input);
+    }
+
+    /// A sender other threads can keep.
+    pub fn sender(&self) -> mpsc::UnboundedSender<Input> {
+        self.tx.clone()
+    }
+
+    /// Stops the worker: in-flight sends get their timeout to finish; everything unsent stays in
+    /// the outbox for the next start.
+    pub fn stop(mut self) {
+        let _ = self.tx.send(Input::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = self.tx.send(Input::Stop);
+            let _ = t.join();
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    consecutive_failures: u32,
+    failing: bool,
+    last_error: String,
+}
+
+enum Done {
+    Send {
+        id: String,
+        channel: String,
+        result: Result<(), SendError>,
+    },
+    Ping(Result<(), SendError>),
+}
+
+struct Worker {
+    settings: Arc<NotifySettings>,
+    grouper: Grouper,
+    outbox: Outbox,
+    state_path: PathBuf,
+    saved_state: String,
+    transport: Transport,
+    pending: BTreeMap<String, OutboxEntry>,
+    in_flight: HashSet<String>,
+    tasks: JoinSet<Done>,
+    health: HashMap<String, Health>,
+    last_healthy_ms: Option<i64>,
+    last_ping_ms: i64,
+    ping_in_flight: bool,
+}
+
+impl Worker {
+    fn new(
+        settings: NotifySettings,
+        outbox: Outbox,
+        state_path: PathBuf,
+        state: GrouperState,
+        transport: Transport,
+    ) -> Worker {
+        let settings = Arc::new(settings);
+        let saved_state = serde_json::to_string(&state).unwrap_or_default();
+        Worker {
+            grouper: Grouper::new(settings.clone(), state),
+            settings,
+            outbox,
+            state_path,
+            saved_state,
+            transport,
+            pending: BTreeMap::new(),
+            in_flight: HashSet::new(),
+            tasks: JoinSet::new(),
+            health: HashMap::new(),
+            last_healthy_ms: None,
+            last_ping_ms: 0,
+            ping_in_flight: false,
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Input>) {
+        match self.outbox.load() {
+            Ok((entries, problems)) => {
+                for p in problems {
+                    error!("corrupt outbox entry set aside: {p}");
+                }
+                if !entries.is_empty() {
+                    info!(
+                        count = entries.len(),
+                        "resuming undelivered notifications from the outbox"
+                    );
+                }
+                let now = now_ms();
+                for mut e in entries {
+                    e.next_attempt_ms = e.next_attempt_ms.min(now);
+                    self.pending.insert(e.notification.id.clone(), e);
+                }
+            }
+            Err(e) => error!("cannot read the outbox: {e}"),
+        }
+        loop {
+            let now = now_ms();
+            let made = self.grouper.tick(now);
+            for n in made {
+                self.enqueue(n, now);
+            }
+            self.save_state();
+            self.start_due(now);
+            self.heartbeat(now);
+            let wake = self.next_wakeup(now);
+            let sleep =
+                Duration::from_millis(u64::try_from((wake - now).clamp(0, 3_600_000)).unwrap_or(0));
+            tokio::select! {
+                msg = rx.recv() => match msg {
+                    None | Some(Input::Stop) => break,
+                    Some(input) => self.handle(input),
+                },
+                Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    if let Ok(done) = done {
+                        self.finish(done);
+                    }
+                }
+                () = tokio::time::sleep(sleep) => {}
+            }
+        }
+        // Graceful stop: drain what is already queued, let in-flight sends finish.
+        while let Ok(input) = rx.try_recv() {
+            if !matches!(input, Input::Stop) {
+                self.handle(input);
+            }
+        }
+        let now = now_ms();
+        let made = self.grouper.tick(now);
+        for n in made {
+            self.enqueue(n, now);
+        }
+        self.save_state();
+        let grace = Duration::from_millis(
+            u64::try_from(
+                self.settings
+                    .channels
+                    .iter()
+                    .map(|c| c.timeout_ms)
+                    .max()
+                    .unwrap_or(0),
+            )
+            .unwrap_or(10_000)
+                + 1000,
+        );
+        let _ = tokio::time::timeout(grace, async {
+            while let Some(done) = self.tasks.join_next().await {
+                if let Ok(done) = done {
+                    self.finish(done);
+                }
+            }
+        })
+        .await;
+        self.save_state();
+        info!(
+            queued = self.pending.len(),
+            "notification dispatcher stopped; undelivered messages stay in the outbox"
+        );
+    }
+
+    fn handle(&mut self, input: Input) {
+        match input {
+            Input::Events(events) => {
+                let now = now_ms();
+                for e in &events {
+                    debug!(alert = %e.name, status = ?e.status, gpu = ?e.gpu, "alert event");
+                }
+                self.grouper.ingest(now, &events);
+                self.save_state();
+            }
+            Input::Context { devices, processes } => self.grouper.set_context(devices, processes),
+            Input::Healthy(t) => self.last_healthy_ms = Some(t),
+            Input::Reload(s) => {
+                let s = Arc::new(*s);
+                self.grouper.set_settings(s.clone());
+                self.settings = s;
+                info!("notification settings reloaded");
+            }
+            Input::Stop => {}
+        }
+    }
+
+    fn save_state(&mut self) {
+        let Ok(json) = serde_json::to_string(self.grouper.state()) else {
+            return;
+        };
+        if json == self.saved_state {
+            return;
+        }
+        match write_atomic(&self.state_path, json.as_bytes()) {
+            Ok(()) => self.saved_state = json,
+            Err(e) => error!(path = %self.state_path.display(), "cannot save notify state: {e}"),
+        }
+    }
+
+    fn enqueue(&mut self, n: Notification, now: i64) {
+        let entry = OutboxEntry {
+            notification: n,
+            attempts: 0,
+            next_attempt_ms: now,
+            last_error: None,
+        };
+        if let Err(e) = self.outbox.put(&entry) {
+            error!(id = %entry.notification.id, "cannot write to the outbox (sending anyway): {e}");
+        }
+        info!(
+            channel = %entry.notification.channel,
+            id = %entry.notification.id,
+            alerts = entry.notification.alerts.len(),
+            reason = ?entry.notification.reason,
+            "queued: {}",
+            super::render::title(&entry.notification)
+        );
+        self.pending.insert(entry.notification.id.clone(), entry);
+    }
+
+    fn start_due(&mut self, now: i64) {
+        let mut due: Vec<&OutboxEntry> = self
+            .pending
+            .values()
+            .filter(|e| {
+                e.next_attempt_ms <= now && !self.in_flight.contains(&e.notification.channel)
+            })
+            .collect();
+        due.sort_by_key(|e| e.notification.created_ms);
+        let mut start: Vec<(String, String)> = Vec::new();
+        let mut seen = HashSet::new();
+        for e in due {
+            if seen.insert(e.notification.channel.clone()) {
+                start.push((e.notification.id.clone(), e.notification.channel.clone()));
+            }
+        }
+        for (id, channel) in start {
+            let Some(spec) = self.settings.channel(&channel).cloned() else {
+                if let Some(mut e) = self.pending.remove(&id) {
+                    e.last_error = Some(format!("channel {channel:?} is no longer configured"));
+                    error!(
+                        id,
+                        channel, "dropping message for a removed channel (kept in outbox/dead)"
+                    );
+                    let _ = self.outbox.bury(&e);
+                }
+                continue;
+            };
+            let Some(entry) = self.pending.get(&id) else {
+                continue;
+            };
+            let n = entry.notification.clone();
+            let transport = self.transport.clone();
+            self.in_flight.insert(channel.clone());
+            self.tasks.spawn(async move {
+                let result = transport.send(&spec, &n).await;
+                Done::Send {
+                    id: n.id,
+                    channel: spec.name,
+                    result,
+                }
+            });
+        }
+    }
+
+    fn heartbeat(&mut self, now: i64) {
+        let Some(hb) = &self.settings.heartbeat else {
+            return;
+        };
+        let healthy = self
+            .last_healthy_ms
+            .is_some_and(|t| now - t <= hb.interval_ms.max(30_000));
+        if !healthy || self.ping_in_flight || now - self.last_ping_ms < hb.interval_ms {
+            return;
+        }
+        self.ping_in_flight = true;
+        self.last_ping_ms = now;
+        let url = hb.url.clone();
+        let transport = self.transport.clone();
+        self.tasks
+            .spawn(async move { Done::Ping(transport.ping(&url, Duration::from_secs(10)).await) });
+    }
+
+    fn next_wakeup(&self, now: i64) -> i64 {
+        let mut wake = now + 3_600_000;
+        if let Some(t) = self.grouper.next_wakeup(now) {
+            wake = wake.min(t);
+        }
+        for e in self.pending.values() {
+            if !self.in_flight.contains(&e.notification.channel) {
+                wake = wake.min(e.next_attempt_ms);
+            }
+        }
+        if let Some(hb) = &self.settings.heartbeat {
+            if !self.ping_in_flight && self.last_healthy_ms.is_some() {
+                wake = wake.min(self.last_ping_ms + hb.interval_ms);
+            }
+        }
+        wake.max(now)
+    }
+
+    fn finish(&mut self, done: Done) {
+        let now = now_ms();
+        let (id, channel, result) = match done {
+            Done::Ping(r) => {
+                self.ping_in_flight = false;
+                match r {
+                    Ok(()) => debug!("heartbeat sent"),
+                    Err(e) => warn!("heartbeat ping failed: {e}"),
+                }
+                return;
+            }
+            Done::Send {
+                id,
+                channel,
+                result,
+            } => (id, channel, result),
+        };
+        self.in_flight.remove(&channel);
+        match result {
+            Ok(()) => {
+                if let Some(e) = self.pending.remove(&id) {
+                    info!(channel, id, attempts = e.attempts + 1, "delivered");
+                }
+                if let Err(e) = self.outbox.remove(&id) {
+                    error!(id, "cannot remove a delivered message from the outbox: {e}");
+                }
+                // The channel works again: retry its other messages now.
+                for e in self.pending.values_mut() {
+                    if e.notification.channel == channel {
+                        e.next_attempt_ms = e.next_attempt_ms.min(now);
+                    }
+                }
+                let h = self.health.entry(channel.clone()).or_default();
+                h.consecutive_failures = 0;
+                if h.failing {
+                    h.failing = false;
+                    info!(channel, "channel recovered");
+                    self.notifier_failing(&channel, AlertStatus::Resolved, now);
+                }
+            }
+            Err(err) => {
+                let Some(mut entry) = self.pending.remove(&id) else {
+                    return;
+                };
+                entry.attempts += 1;
+                entry.last_error = Some(err.message.clone());
+                let age = now - entry.notification.created_ms;
+                if !err.retryable || age > self.settings.delivery.give_up_after_ms {
+                    error!(
+                        channel,
+                        id,
+                        attempts = entry.attempts,
+                        "giving up on message (kept in outbox/dead): {err}"
+                    );
+                    if let Err(e) = self.outbox.bury(&entry) {
+                        error!(id, "cannot move message to outbox/dead: {e}");
+                    }
+                } else {
+                    let delay = self
+                        .settings
+                        .delivery
+                        .backoff_ms(entry.attempts)
+                        .max(err.retry_after_ms.unwrap_or(0));
+                    entry.next_attempt_ms = now + delay;
+                    warn!(
+                        channel,
+                        id,
+                        attempts = entry.attempts,
+                        retry_in_ms = delay,
+                        "send failed, will retry: {err}"
+                    );
+                    if let Err(e) = self.outbox.put(&entry) {
+                        error!(id, "cannot update the outbox: {e}");
+                    }
+                    let next = entry.next_attempt_ms;
+                    for e in self.pending.values_mut() {
+                        if e.notification.channel == channel {
+                            e.next_attempt_ms = e.next_attempt_ms.max(next);
+                        }
+                    }
+                    self.pending.insert(id, entry);
+                }
+                let failing_after = self.settings.delivery.failing_after;
+                let h = self.health.entry(channel.clone()).or_default();
+                h.consecutive_failures += 1;
+                h.last_error = err.message;
+                if !h.failing && h.consecutive_failures >= failing_after {
+                    h.failing = true;
+                    error!(
+                        channel,
+                        failures = h.consecutive_failures,
+                        "channel keeps failing"
+                    );
+                    self.notifier_failing(&channel, AlertStatus::Firing, now);
+                }
+            }
+        }
+    }
+
+    /// Sends (or resolves) the `notifier_failing` alert for `failed` through every other channel.
+    fn notifier_failing(&mut self, failed: &str, status: AlertStatus, now: i64) {
+        let Some(spec) = self.settings.channel(failed).cloned() else {
+            return;
+        };
+        let last_error = self
+            .health
+            .get(failed)
+            .map(|h| h.last_error.clone())
+            .unwrap_or_default();
+        let event = notifier_failing_event(
+            &spec,
+            &self.settings.hostname,
+            &last_error,
+            status,
+            now,
+            self.outbox.dir(),
+        );
+        let others: Vec<ChannelSpec> = self
+            .settings
+            .channels
+            .iter()
+            .filter(|c| c.name != failed && (status == AlertStatus::Firing || c.send_resolved))
+            .cloned()
+            .collect();
+        for other in others {
+            let mut n = Notification {
+                id: String::new(),
+                channel: other.name.clone(),
+                group_key: format!("notifier_failing:{failed}"),
+                group_labels: event.labels.clone(),
+                status,
+                reason: Reason::NotifierFailing,
+                alerts: vec![event.clone()],
+                truncated_alerts: 0,
+                created_ms: now,
+                repeat_interval_ms: 4 * 3_600_000,
+                hostname: self.settings.hostname.clone(),
+                devices: Vec::new(),
+                processes: Vec::new(),
+                note: None,
+            };
+            n.compute_id();
+            self.enqueue(n, now);
+        }
+    }
+}
+
+/// The `notifier_failing` alert for channel `spec`.
+pub fn notifier_failing_event(
+    spec: &ChannelSpec,
+    hostname: &str,
+    last_error: &str,
+    status: AlertStatus,
+    now: i64,
+    outbox_dir: &Path,
+) -> AlertEvent {
+    let mut labels = BTreeMap::new();
+    labels.insert("alertname".into(), "notifier_failing".into());
+    labels.insert("severity".into(), "warning".into());
+    labels.insert("hostname".into(), hostname.into());
+    labels.insert("channel".into(), spec.name.clone());
+    let mut annotations = BTreeMap::new();
+    annotations.insert(
+        "summary".into(),
+        match status {
+            AlertStatus::Firing => format!(
+                "Notification channel {:?} ({}) keeps failing: {last_error}",
+                spec.name,
+                spec.kind.as_str()
+            ),
+            AlertStatus::Resolved => format!(
+                "Notification channel {:?} ({}) delivers again",
+                spec.name,
+                spec.kind.as_str()
+            ),
+        },
+    );
+    annotations.insert(
+        "action".into(),
+        format!(
+            "Check the endpoint and credentials of channel {:?} (`gpuwatch notify-test --channel {}`). \
+             Undelivered messages stay queued in {} and are retried.",
+            spec.name,
+            spec.name,
+            outbox_dir.display()
+        ),
+    );
+    AlertEvent {
+        fingerprint: format!("notifier_failing:{}", spec.name),
+        name: "notifier_failing".into(),
+        severity: Severity::Warning,
+        status,
+        labels,
+        annotations,
+        starts_at_ms: now,
+        ends_at_ms: (status == AlertStatus::Resolved).then_some(now),
+        at_ms: now,
+        repeat: false,
+        gpu: None,
+    }
+}

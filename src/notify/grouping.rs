@@ -1,0 +1,740 @@
+//! The delivery decisions, as a pure state machine with the clock as an input (no I/O, no clock
+//! reads): routing ([`RouteSpec`] matchers, first match wins unless `continue`), aggregation
+//! groups (`group_by`, `group_wait`, `group_interval`), `repeat_interval`, resolved notices,
+//! quiet hours (non-critical messages held, one digest per channel when they end; critical
+//! bypasses) and the per-channel rate limit (excess collapsed into one digest when a slot frees).
+//!
+//! Alertmanager semantics: a new group waits `group_wait`, then sends; afterwards it is looked at
+//! every `group_interval` and sends when an alert started or resolved since the last message, or
+//! when `repeat_interval` passed with alerts still firing. An alert that resolves before it was
+//! ever announced is dropped silently (flap suppression). [`GrouperState`] is serialisable so the
+//! dispatcher persists it: the remaining repeat interval, held digests and unsent group members
+//! survive a restart.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::settings::NotifySettings;
+use super::{Notification, Reason};
+use crate::model::{AlertEvent, AlertStatus, DeviceId, ProcSample, Severity};
+
+/// One aggregation group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Group {
+    route: usize,
+    labels: BTreeMap<String, String>,
+    /// Current members by fingerprint.
+    alerts: BTreeMap<String, AlertEvent>,
+    /// Status each member had in the last message sent.
+    notified: BTreeMap<String, AlertStatus>,
+    next_flush_ms: i64,
+    last_sent_ms: Option<i64>,
+}
+
+/// Everything the grouper remembers (persisted by the dispatcher).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrouperState {
+    groups: BTreeMap<String, Group>,
+    quiet_held: BTreeMap<String, Vec<Notification>>,
+    rate_held: BTreeMap<String, Vec<Notification>>,
+    sent_log: BTreeMap<String, VecDeque<i64>>,
+    /// Firing alerts (fingerprint → labels), for inhibition.
+    #[serde(default)]
+    active: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl GrouperState {
+    /// True when nothing is pending (no groups, nothing held).
+    pub fn is_idle(&self) -> bool {
+        self.groups.is_empty()
+            && self.quiet_held.is_empty()
+            && self.rate_held.is_empty()
+            && self.active.is_empty()
+    }
+}
+
+/// The routing / grouping / gating state machine.
+#[derive(Debug, Clone)]
+pub struct Grouper {
+    settings: Arc<NotifySettings>,
+    state: GrouperState,
+    devices: Vec<DeviceId>,
+    processes: Vec<ProcSample>,
+}
+
+impl Grouper {
+    /// A grouper continuing from `state`.
+    pub fn new(settings: Arc<NotifySettings>, state: GrouperState) -> Grouper {
+        Grouper {
+            settings,
+            state,
+            devices: Vec::new(),
+            processes: Vec::new(),
+        }
+    }
+
+    /// Replaces the settings (reload); groups of routes that no longer exist are dropped at
+    /// their next tick.
+    pub fn set_settings(&mut self, settings: Arc<NotifySettings>) {
+        self.settings = settings;
+    }
+
+    /// The state to persist.
+    pub fn state(&self) -> &GrouperState {
+        &self.state
+    }
+
+    /// Latest device identities and process list, attached to messages made from now on.
+    pub fn set_context(&mut self, devices: Vec<DeviceId>, processes: Option<Vec<ProcSample>>) {
+        if !devices.is_empty() {
+            self.devices = devices;
+        }
+        if let Some(p) = processes {
+            self.processes = p;
+        }
+    }
+
+    /// Takes engine events observed at `now_ms`.
+    pub fn ingest(&mut self, now_ms: i64, events: &[AlertEvent]) {
+        for ev in events {
+            let full = super::full_labels(ev, &self.settings.hostname);
+            match ev.status {
+                AlertStatus::Firing => {
+                    self.state
+                        .active
+                        .insert(ev.fingerprint.clone(), full.clone());
+                }
+                AlertStatus::Resolved => {
+                    self.state.active.remove(&ev.fingerprint);
+                }
+            }
+            for (i, route) in self.settings.routes.iter().enumerate() {
+                if !route.matches(&ev.name, ev.severity, &full) {
+                    continue;
+                }
+                let (key, labels) = match &route.group_by {
+                    Some(by) => {
+                        let labels: BTreeMap<String, String> = by
+                            .iter()
+                            .map(|l| (l.clone(), full.get(l).cloned().unwrap_or_default()))
+                            .collect();
+                        let inner: Vec<String> =
+                            labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+                        (format!("{i}:{{{}}}", inner.join(",")), labels)
+                    }
+                    None => (format!("{i}:{}", ev.fingerprint), full.clone()),
+                };
+                match ev.status {
+                    AlertStatus::Firing => {
+                        let group = self.state.groups.entry(key).or_insert_with(|| Group {
+                            route: i,
+                            labels,
+                            alerts: BTreeMap::new(),
+                            notified: BTreeMap::new(),
+                            next_flush_ms: now_ms + route.group_wait_ms,
+                            last_sent_ms: None,
+                        });
+                        group.alerts.insert(ev.fingerprint.clone(), ev.clone());
+                    }
+                    AlertStatus::Resolved => {
+                        if let Some(group) = self.state.groups.get_mut(&key) {
+                            if group.notified.contains_key(&ev.fingerprint) {
+                                group.alerts.insert(ev.fingerprint.clone(), ev.clone());
+                            } else {
+                                group.alerts.remove(&ev.fingerprint);
+                                if group.alerts.is_empty() && group.notified.is_empty() {
+                                    self.state.groups.remove(&key);
+                                }
+                            }
+                        }
+                    }
+                }
+                if !route.continue_matching {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// When [`tick`](Self::tick) next has something to do.
+    pub fn next_wakeup(&self, now_ms: i64) -> Option<i64> {
+        let mut next = self.state.groups.values().map(|g| g.next_flush_ms).min();
+        let mut consider = |t: i64| next = Some(next.map_or(t, |n: i64| n.min(t)));
+        if !self.state.quiet_held.is_empty() {
+            // Quiet hours end on a minute boundary.
+            consider((now_ms.div_euclid(60_000) + 1) * 60_000);
+        }
+        if let Some((_, per)) = self.settings.rate_limit {
+            for (ch, held) in &self.state.rate_held {
+                if held.is_empty() {
+                    continue;
+                }
+                let oldest = self.state.sent_log.get(ch).and_then(|l| l.front().copied());
+                consider(oldest.map_or(now_ms, |t| t + per));
+            }
+        }
+        next
+    }
+
+    /// Makes the messages due at `now_ms`.
+    pub fn tick(&mut self, now_ms: i64) -> Vec<Notification> {
+        let mut out = Vec::new();
+        let keys: Vec<String> = self
+            .state
+            .groups
+            .iter()
+            .filter(|(_, g)| g.next_flush_ms <= now_ms)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            let Some(mut group) = self.state.groups.remove(&key) else {
+                continue;
+            };
+            let Some(route) = self.settings.routes.get(group.route).cloned() else {
+                continue;
+            };
+            // Inhibited firing alerts are left out (and not marked notified, so they are
+            // announced if the inhibition ends while they still fire).
+            let visible: BTreeMap<String, AlertEvent> = group
+                .alerts
+                .iter()
+                .filter(|(_, a)| !self.inhibited(a))
+                .map(|(fp, a)| (fp.clone(), a.clone()))
+                .collect();
+            let changed = visible
+                .iter()
+                .any(|(fp, a)| group.notified.get(fp) != Some(&a.status));
+            let any_firing = visible.values().any(|a| a.status == AlertStatus::Firing);
+            let repeat_due = any_firing
+                && group
+                    .last_sent_ms
+                    .is_some_and(|t| now_ms - t >= route.repeat_interval_ms);
+            if changed || repeat_due {
+                let reason = if changed {
+                    Reason::Update
+                } else {
+                    Reason::Repeat
+                };
+                for ch in &route.channels {
+                    if let Some(n) = self.make(
+                        ch,
+                        &key,
+                        &group.labels,
+                        &visible,
+                        reason,
+                        now_ms,
+                        route.repeat_interval_ms,
+                    ) {
+                        out.push(n);
+                    }
+                }
+                group.notified = visible
+                    .iter()
+                    .filter(|(_, a)| a.status == AlertStatus::Firing)
+                    .map(|(fp, a)| (fp.clone(), a.status))
+                    .collect();
+                group.alerts.retain(|_, a| a.status == AlertStatus::Firing);
+                group.last_sent_ms = Some(now_ms);
+            }
+            group.next_flush_ms = now_ms + route.group_interval_ms;
+            if !group.alerts.is_empty() {
+                self.state.groups.insert(key, group);
+            }
+        }
+        self.gate(now_ms, out)
+    }
+
+    fn inhibited(&self, a: &AlertEvent) -> bool {
+        if a.status != AlertStatus::Firing {
+            return false;
+        }
+        let labels = super::full_labels(a, &self.settings.hostname);
+        self.settings
+            .inhibit
+            .iter()
+            .any(|rule| rule.mutes(&a.fingerprint, &labels, self.state.active.iter()))
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "internal helper")]
+    fn make(
+        &self,
+        channel: &str,
+        key: &str,
+        labels: &BTreeMap<String, String>,
+        members: &BTreeMap<String, AlertEvent>,
+        reason: Reason,
+        now_ms: i64,
+        repeat_interval_ms: i64,
+    ) -> Option<Notification> {
+        let spec = self.settings.channel(channel)?;
+        let mut alerts: Vec<AlertEvent> = members
+            .values()
+            .filter(|a| spec.send_resolved || a.status == AlertStatus::Firing)
+            .cloned()
+            .collect();
+        if alerts.is_empty() {
+            return None;
+        }
+        sort_alerts(&mut alerts);
+        let mut truncated = 0;
+        if spec.max_alerts > 0 && alerts.len() > spec.max_alerts {
+            truncated = alerts.len() - spec.max_alerts;
+            alerts.truncate(spec.max_alerts);
+        }
+        Some(self.notification(
+            channel,
+            key.to_string(),
+            labels.clone(),
+            reason,
+            alerts,
+            truncated,
+            now_ms,
+            repeat_interval_ms,
+            None,
+        ))
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "a plain constructor")]
+    fn notification(
+        &self,
+        channel: &str,
+        group_key: String,
+        group_labels: BTreeMap<String, String>,
+        reason: Reason,
+        alerts: Vec<AlertEvent>,
+        truncated_alerts: usize,
+        now_ms: i64,
+        repeat_interval_ms: i64,
+        note: Option<String>,
+    ) -> Notification {
+        let gpus: Vec<u32> = alerts.iter().filter_map(|a| a.gpu).collect();
+        let status = if alerts.iter().any(|a| a.status == AlertStatus::Firing) {
+            AlertStatus::Firing
+        } else {
+            AlertStatus::Resolved
+        };
+        let mut n = Notification {
+            id: String::new(),
+            channel: channel.to_string(),
+            group_key,
+            group_labels,
+            status,
+            reason,
+            alerts,
+            truncated_alerts,
+            created_ms: now_ms,
+            repeat_interval_ms,
+            hostname: self.settings.hostname.clone(),
+            devices: self
+                .devices
+                .iter()
+                .filter(|d| gpus.contains(&d.index))
+                .cloned()
+                .collect(),
+            processes: self
+                .processes
+                .iter()
+                .filter(|p| gpus.contains(&p.gpu_index))
+                .cloned()
+                .collect(),
+            note,
+        };
+        n.compute_id();
+        n
+    }
+
+    /// Quiet hours and rate limit.
+    fn gate(&mut self, now_ms: i64, notifications: Vec<Notification>) -> Vec<Notification> {
+        let quiet = self
+            .settings
+            .quiet_hours
+            .is_some_and(|q| q.contains(now_ms));
+        let mut out = Vec::new();
+        for n in notifications {
+            let critical = n.alerts.iter().any(|a| a.severity == Severity::Critical);
+            if quiet && !critical {
+                self.state
+                    .quiet_held
+                    .entry(n.channel.clone())
+                    .or_default()
+                    .push(n);
+            } else {
+                self.rate_gate(now_ms, n, &mut out);
+            }
+        }
+        if !quiet {
+            let held = std::mem::take(&mut self.state.quiet_held);
+            for (channel, list) in held {
+                let count = list.len();
+                let digest = self.digest(
+                    &channel,
+                    list,
+                    now_ms,
+                    format!(
+                        "{count} message(s) held during quiet hours; latest state of each alert:"
+                    ),
+                );
+                self.rate_gate(now_ms, digest, &mut out);
+            }
+        }
+        if let Some((max, per)) = self.settings.rate_limit {
+            let channels: Vec<String> = self.state.rate_held.keys().cloned().collect();
+            for channel in channels {
+                let log = self.state.sent_log.entry(channel.clone()).or_default();
+                while log.front().is_some_and(|t| *t <= now_ms - per) {
+                    log.pop_front();
+                }
+                if log.len() < max as usize {
+                    let list = self.state.rate_held.remove(&channel).unwrap_or_default();
+                    if list.is_empty() {
+                        continue;
+                    }
+                    let count = list.len();
+                    let digest = self.digest(
+                        &channel,
+                        list,
+                        now_ms,
+                        format!(
+                            "{count} message(s) held by the rate limit ({max} per {} s); latest state of each alert:",
+                            per / 1000
+                        ),
+                    );
+                    self.state
+                        .sent_log
+                        .entry(channel)
+                        .or_default()
+                        .push_back(now_ms);
+                    out.push(digest);
+                }
+            }
+        }
+        out
+    }
+
+    fn rate_gate(&mut self, now_ms: i64, n: Notification, out: &mut Vec<Notification>) {
+        let Some((max, per)) = self.settings.rate_limit else {
+            out.push(n);
+            return;
+        };
+        let log = self.state.sent_log.entry(n.channel.clone()).or_default();
+        while log.front().is_some_and(|t| *t <= now_ms - per) {
+            log.pop_front();
+        }
+        if log.len() < max as usize && !self.state.rate_held.contains_key(&n.channel) {
+            log.push_back(now_ms);
+            out.push(n);
+        } else {
+            self.state
+                .rate_held
+                .entry(n.channel.clone())
+                .or_default()
+                .push(n);
+        }
+    }
+
+    fn digest(
+        &self,
+        channel: &str,
+        held: Vec<Notification>,
+        now_ms: i64,
+        note: String,
+    ) -> Notification {
+        let mut latest: BTreeMap<String, AlertEvent> = BTreeMap::new();
+        let mut devices: Vec<DeviceId> = Vec::new();
+        let mut processes: Vec<ProcSample> = Vec::new();
+        let mut repeat_interval_ms = 0;
+        for n in held {
+            repeat_interval_ms = repeat_interval_ms.max(n.repeat_interval_ms);
+            for a in n.alerts {
+                latest.insert(a.fingerprint.clone(), a);
+            }
+            for d in n.devices {
+                if !devices.contains(&d) {
+                    devices.push(d);
+                }
+            }
+            for p in n.processes {
+                if !processes.contains(&p) {
+                    processes.push(p);
+                }
+            }
+        }
+        let mut alerts: Vec<AlertEvent> = latest.into_values().collect();
+        sort_alerts(&mut alerts);
+        let mut n = self.notification(
+            channel,
+            "digest".into(),
+            BTreeMap::new(),
+            Reason::Digest,
+            alerts,
+            0,
+            now_ms,
+            repeat_interval_ms,
+            Some(note),
+        );
+        n.devices = devices;
+        n.processes = processes;
+        n.compute_id();
+        n
+    }
+}
+
+/// Firing first, then by GPU, then by name and fingerprint.
+fn sort_alerts(alerts: &mut [AlertEvent]) {
+    alerts.sort_by(|a, b| {
+        (
+            a.status != AlertStatus::Firing,
+            a.gpu,
+            &a.name,
+            &a.fingerprint,
+        )
+            .cmp(&(
+                b.status != AlertStatus::Firing,
+                b.gpu,
+                &b.name,
+                &b.fingerprint,
+            ))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+    use std::path::Path;
+
+    const MIN: i64 = 60_000;
+
+    fn grouper(extra: &str) -> Grouper {
+        let text = format!(
+            "[daemon]\nhostname = \"node7\"\n{extra}\n[[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\n[[channel]]\nname = \"mail\"\ntype = \"email\"\nsmtp = \"127.0.0.1:2525\"\ntls = \"none\"\nfrom = \"a@b.c\"\nto = [\"d@e.f\"]\n"
+        );
+        let config = parse(&text, Path::new("c.toml")).unwrap();
+        let s = NotifySettings::from_config(&config).unwrap();
+        Grouper::new(Arc::new(s), GrouperState::default())
+    }
+
+    fn ev(name: &str, gpu: u32, sev: Severity, status: AlertStatus, at: i64) -> AlertEvent {
+        let mut labels = BTreeMap::new();
+        labels.insert("alertname".to_string(), name.to_string());
+        labels.insert("gpu".to_string(), gpu.to_string());
+        AlertEvent {
+            fingerprint: format!("{name}-{gpu}"),
+            name: name.into(),
+            severity: sev,
+            status,
+            labels,
+            annotations: BTreeMap::new(),
+            starts_at_ms: 0,
+            ends_at_ms: (status == AlertStatus::Resolved).then_some(at),
+            at_ms: at,
+            repeat: false,
+            gpu: Some(gpu),
+        }
+    }
+
+    fn summary(ns: &[Notification]) -> Vec<String> {
+        ns.iter()
+            .map(|n| {
+                let alerts: Vec<String> = n
+                    .alerts
+                    .iter()
+                    .map(|a| {
+                        format!(
+                            "{}{}",
+                            a.fingerprint,
+                            if a.status == AlertStatus::Firing {
+                                ""
+                            } else {
+                                "(r)"
+                            }
+                        )
+                    })
+                    .collect();
+                format!("{}:{:?}:{}", n.channel, n.reason, alerts.join(","))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn eight_gpus_one_message_per_channel() {
+        let mut g = grouper("[notify]\ngroup_wait = \"30s\"\n");
+        let t0 = 1_000_000;
+        let events: Vec<_> = (0..8)
+            .map(|i| {
+                ev(
+                    "XidCritical",
+                    i,
+                    Severity::Critical,
+                    AlertStatus::Firing,
+                    t0,
+                )
+            })
+            .collect();
+        g.ingest(t0, &events[..3]);
+        g.ingest(t0 + 5_000, &events[3..]);
+        assert!(g.tick(t0 + 29_999).is_empty());
+        assert_eq!(g.next_wakeup(t0), Some(t0 + 30_000));
+        let out = g.tick(t0 + 30_000);
+        assert_eq!(out.len(), 2, "{:?}", summary(&out));
+        assert_eq!(out[0].alerts.len(), 8);
+        assert_eq!(out[0].channel, "ops");
+        assert_eq!(out[1].channel, "mail");
+        assert_eq!(out[0].group_labels.get("alertname").unwrap(), "XidCritical");
+        // Nothing new: no message until repeat_interval.
+        assert!(g.tick(t0 + 30_000 + 5 * MIN).is_empty());
+        let out = g.tick(t0 + 30_000 + 4 * 60 * MIN);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].reason, Reason::Repeat);
+    }
+
+    #[test]
+    fn resolved_notice_at_next_group_interval() {
+        let mut g = grouper("[notify]\ngroup_wait = \"0s\"\ngroup_interval = \"1m\"\n");
+        let a = ev("EccErrors", 0, Severity::Warning, AlertStatus::Firing, 0);
+        g.ingest(0, &[a]);
+        assert_eq!(
+            summary(&g.tick(0)),
+            vec!["ops:Update:EccErrors-0", "mail:Update:EccErrors-0"]
+        );
+        let r = ev(
+            "EccErrors",
+            0,
+            Severity::Warning,
+            AlertStatus::Resolved,
+            10_000,
+        );
+        g.ingest(10_000, &[r]);
+        assert!(g.tick(10_000).is_empty());
+        assert_eq!(
+            summary(&g.tick(MIN)),
+            vec!["ops:Update:EccErrors-0(r)", "mail:Update:EccErrors-0(r)"]
+        );
+        assert!(g.state().is_idle());
+        assert_eq!(g.next_wakeup(MIN), None);
+    }
+
+    #[test]
+    fn flap_inside_group_wait_sends_nothing() {
+        let mut g = grouper("[notify]\ngroup_wait = \"30s\"\n");
+        g.ingest(0, &[ev("X", 0, Severity::Warning, AlertStatus::Firing, 0)]);
+        g.ingest(
+            10_000,
+            &[ev("X", 0, Severity::Warning, AlertStatus::Resolved, 10_000)],
+        );
+        assert!(g.tick(30_000).is_empty());
+        assert!(g.state().is_idle());
+    }
+
+    #[test]
+    fn routes_match_first_and_continue() {
+        let mut g = grouper(
+            "[[route]]\nseverity = [\"critical\"]\nchannels = [\"mail\"]\ngroup_wait = \"0s\"\ncontinue = true\n[[route]]\nchannels = [\"ops\"]\ngroup_wait = \"0s\"\ngroup_by = [\"...\"]\n",
+        );
+        g.ingest(
+            0,
+            &[
+                ev("A", 0, Severity::Critical, AlertStatus::Firing, 0),
+                ev("B", 1, Severity::Warning, AlertStatus::Firing, 0),
+                ev("B", 2, Severity::Warning, AlertStatus::Firing, 0),
+            ],
+        );
+        let mut out = summary(&g.tick(0));
+        out.sort();
+        assert_eq!(
+            out,
+            vec![
+                "mail:Update:A-0",
+                "ops:Update:A-0",
+                "ops:Update:B-1",
+                "ops:Update:B-2"
+            ]
+        );
+    }
+
+    #[test]
+    fn quiet_hours_hold_non_critical_and_send_a_digest() {
+        let mut g = grouper(
+            "[notify]\ngroup_wait = \"0s\"\nrate_limit = { max = 0 }\nquiet_hours = { start = \"00:00\", end = \"01:00\", timezone = \"UTC\" }\n[[route]]\nchannels = [\"ops\"]\n",
+        );
+        g.ingest(
+            MIN,
+            &[ev("Warm", 0, Severity::Warning, AlertStatus::Firing, MIN)],
+        );
+        assert!(g.tick(MIN).is_empty());
+        g.ingest(
+            2 * MIN,
+            &[ev(
+                "Lost",
+                1,
+                Severity::Critical,
+                AlertStatus::Firing,
+                2 * MIN,
+            )],
+        );
+        assert_eq!(summary(&g.tick(2 * MIN)), vec!["ops:Update:Lost-1"]);
+        assert_eq!(g.next_wakeup(2 * MIN), Some(3 * MIN));
+        assert!(g.tick(59 * MIN).is_empty());
+        let out = g.tick(60 * MIN);
+        assert_eq!(summary(&out), vec!["ops:Digest:Warm-0"]);
+        assert!(out[0].note.as_deref().unwrap().contains("quiet hours"));
+    }
+
+    #[test]
+    fn rate_limit_collapses_a_storm() {
+        let mut g = grouper(
+            "[notify]\ngroup_wait = \"0s\"\nrate_limit = { max = 2, per = \"10m\" }\n[[route]]\nchannels = [\"ops\"]\ngroup_by = [\"...\"]\n",
+        );
+        let storm: Vec<_> = (0..6)
+            .map(|i| ev("S", i, Severity::Warning, AlertStatus::Firing, 0))
+            .collect();
+        g.ingest(0, &storm);
+        assert_eq!(
+            summary(&g.tick(0)),
+            vec!["ops:Update:S-0", "ops:Update:S-1"]
+        );
+        assert_eq!(g.next_wakeup(0), Some(5 * MIN), "group ticks come first");
+        assert!(g.tick(5 * MIN).is_empty());
+        let out = g.tick(10 * MIN);
+        assert_eq!(summary(&out), vec!["ops:Digest:S-2,S-3,S-4,S-5"]);
+    }
+
+    #[test]
+    fn a_lost_gpu_mutes_its_other_alerts() {
+        let mut g = grouper("[notify]\ngroup_wait = \"0s\"\ngroup_interval = \"1m\"\n[[route]]\nchannels = [\"ops\"]\n");
+        g.ingest(
+            0,
+            &[
+                ev("xid_error", 3, Severity::Critical, AlertStatus::Firing, 0),
+                ev("gpu_lost", 3, Severity::Critical, AlertStatus::Firing, 0),
+                ev("xid_error", 4, Severity::Critical, AlertStatus::Firing, 0),
+            ],
+        );
+        let mut out = summary(&g.tick(0));
+        out.sort();
+        assert_eq!(out, vec!["ops:Update:gpu_lost-3", "ops:Update:xid_error-4"]);
+        // The muted alert resolves: nothing to say.
+        g.ingest(
+            MIN,
+            &[ev(
+                "xid_error",
+                3,
+                Severity::Critical,
+                AlertStatus::Resolved,
+                MIN,
+            )],
+        );
+        assert!(g.tick(2 * MIN).is_empty());
+    }
+
+    #[test]
+    fn state_round_trips_through_json() {
+        let mut g = grouper("");
+        g.ingest(0, &[ev("X", 0, Severity::Warning, AlertStatus::Firing, 0)]);
+        let json = serde_json::to_string(g.state()).unwrap();
+        let back: GrouperState = serde_json::from_str(&json).unwrap();
+        assert_eq!(&back, g.state());
+    }
+}

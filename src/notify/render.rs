@@ -1,0 +1,309 @@
+//! Human-readable text shared by the channel renderers: the title line, one block per alert (GPU
+//! identity, summary, values, start time), the processes on the affected GPUs and what to do next.
+//! Pure functions of a [`Notification`]; chat renderers wrap this text in their JSON.
+
+use std::fmt::Write as _;
+
+use super::{rfc3339_ms, Notification, Reason};
+use crate::model::{AlertEvent, AlertStatus, Severity};
+
+/// `[CRITICAL] XidCritical on node7: GPU 1` style title.
+pub fn title(n: &Notification) -> String {
+    let mut names: Vec<&str> = n.alerts.iter().map(|a| a.name.as_str()).collect();
+    names.dedup();
+    names.sort_unstable();
+    names.dedup();
+    let tag = match (n.reason, n.status) {
+        (Reason::Test, _) => "TEST".to_string(),
+        (_, AlertStatus::Resolved) => "RESOLVED".to_string(),
+        (_, AlertStatus::Firing) => n.severity().as_str().to_uppercase(),
+    };
+    let mut gpus: Vec<u32> = n.alerts.iter().filter_map(|a| a.gpu).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    let where_ = match gpus.as_slice() {
+        [] => String::new(),
+        [g] => format!(": GPU {g}"),
+        gs => format!(
+            ": GPUs {}",
+            gs.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+        ),
+    };
+    let names = if names.is_empty() {
+        "gpuwatch".to_string()
+    } else {
+        names.join(", ")
+    };
+    let count = if n.alerts.len() > 1 {
+        let firing = n.firing_count();
+        let resolved = n.alerts.len() - firing;
+        match (firing, resolved) {
+            (f, 0) => format!(" ({f} firing)"),
+            (0, r) => format!(" ({r} resolved)"),
+            (f, r) => format!(" ({f} firing, {r} resolved)"),
+        }
+    } else {
+        String::new()
+    };
+    let digest = if n.reason == Reason::Digest {
+        "digest: "
+    } else {
+        ""
+    };
+    format!("[{tag}] {digest}{names} on {}{where_}{count}", n.hostname)
+}
+
+/// One-line GPU description: `GPU 1 (NVIDIA H100 80GB HBM3, GPU-…)`.
+pub fn gpu_line(n: &Notification, a: &AlertEvent) -> Option<String> {
+    let index = a.gpu?;
+    let uuid = a
+        .labels
+        .get("uuid")
+        .cloned()
+        .or_else(|| n.device(index).map(|d| d.uuid.clone()))
+        .unwrap_or_default();
+    let name = n.device(index).map(|d| d.name.as_str()).unwrap_or("");
+    let mut s = format!("GPU {index}");
+    match (name.is_empty(), uuid.is_empty()) {
+        (false, false) => {
+            let _ = write!(s, " ({name}, {uuid})");
+        }
+        (false, true) => {
+            let _ = write!(s, " ({name})");
+        }
+        (true, false) => {
+            let _ = write!(s, " ({uuid})");
+        }
+        (true, true) => {}
+    }
+    Some(s)
+}
+
+/// The summary of an alert (annotation `summary`, else its name).
+pub fn summary(a: &AlertEvent) -> String {
+    a.annotations
+        .get("summary")
+        .cloned()
+        .unwrap_or_else(|| a.name.clone())
+}
+
+/// What to do next: the rule's `action` annotation or a default by severity.
+pub fn next_steps(a: &AlertEvent) -> String {
+    if let Some(action) = a.annotations.get("action") {
+        return action.clone();
+    }
+    if a.status == AlertStatus::Resolved {
+        return "Nothing: the condition cleared. Check the job's output if it was affected.".into();
+    }
+    match a.severity {
+        Severity::Critical => "Act now: check the training job, `nvidia-smi -q` for this GPU and the \
+            kernel log (`journalctl -k | grep -i xid`); drain or reboot the node if the GPU is gone."
+            .into(),
+        Severity::Warning => {
+            "Look soon: run `gpuwatch status` and check the job before this gets worse.".into()
+        }
+        Severity::Info => "No action needed.".into(),
+    }
+}
+
+/// Labels worth showing that are not already in the text (rule labels).
+fn extra_labels(a: &AlertEvent) -> Vec<(String, String)> {
+    const SHOWN: &[&str] = &["alertname", "severity", "gpu", "uuid", "hostname"];
+    a.labels
+        .iter()
+        .filter(|(k, _)| !SHOWN.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// One field of an alert's block: (label, value).
+pub fn alert_fields(n: &Notification, a: &AlertEvent) -> Vec<(&'static str, String)> {
+    let mut f = Vec::new();
+    f.push((
+        "Status",
+        format!("{} ({})", status_word(a.status), a.severity.as_str()),
+    ));
+    f.push(("Rule", a.name.clone()));
+    if let Some(g) = gpu_line(n, a) {
+        f.push(("GPU", g));
+    }
+    f.push(("Host", n.hostname.clone()));
+    if let Some(v) = a.annotations.get("values") {
+        f.push(("Values", v.clone()));
+    }
+    f.push(("Started", rfc3339_ms(a.starts_at_ms)));
+    if let Some(end) = a.ends_at_ms {
+        f.push(("Resolved", rfc3339_ms(end)));
+    }
+    if let Some(d) = a.annotations.get("description") {
+        f.push(("Details", d.clone()));
+    }
+    let extra = extra_labels(a);
+    if !extra.is_empty() {
+        f.push((
+            "Labels",
+            extra
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ));
+    }
+    f.push(("Next", next_steps(a)));
+    f
+}
+
+fn status_word(s: AlertStatus) -> &'static str {
+    match s {
+        AlertStatus::Firing => "FIRING",
+        AlertStatus::Resolved => "RESOLVED",
+    }
+}
+
+/// The process table lines (`pid user mem command`) for the GPUs in the message.
+pub fn process_lines(n: &Notification) -> Vec<String> {
+    let gpus: Vec<u32> = n.alerts.iter().filter_map(|a| a.gpu).collect();
+    n.processes
+        .iter()
+        .filter(|p| gpus.is_empty() || gpus.contains(&p.gpu_index))
+        .map(|p| {
+            let mem = p
+                .used_mem_bytes
+                .map_or_else(|| "?".into(), |b| format!("{} MiB", b >> 20));
+            let runtime = p
+                .runtime_s
+                .map_or_else(String::new, |s| format!(", up {}", human_secs(s)));
+            format!(
+                "GPU {} pid {} user {} mem {}{}: {}",
+                p.gpu_index,
+                p.pid,
+                p.user.as_deref().unwrap_or("?"),
+                mem,
+                runtime,
+                p.command.as_deref().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
+fn human_secs(s: f64) -> String {
+    #[expect(clippy::cast_possible_truncation, reason = "display only")]
+    let s = s.max(0.0) as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{}s", s / 60, s % 60),
+        _ => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The whole message as plain text (email text part, chat channels).
+pub fn text(n: &Notification) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", title(n));
+    if let Some(note) = &n.note {
+        let _ = writeln!(out, "{note}");
+    }
+    for a in &n.alerts {
+        out.push('\n');
+        let _ = writeln!(out, "{}", summary(a));
+        for (k, v) in alert_fields(n, a) {
+            let _ = writeln!(out, "  {k}: {v}");
+        }
+    }
+    if n.truncated_alerts > 0 {
+        let _ = writeln!(out, "\n(+{} more alerts not shown)", n.truncated_alerts);
+    }
+    let procs = process_lines(n);
+    if !procs.is_empty() {
+        let _ = writeln!(out, "\nProcesses:");
+        for p in procs {
+            let _ = writeln!(out, "  {p}");
+        }
+    }
+    let _ = write!(out, "\n-- gpuwatch on {} (message {})", n.hostname, n.id);
+    out
+}
+
+/// Escapes `&`, `<`, `>` and `"` for HTML.
+pub fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Cuts `s` to at most `max` characters, ending in `…` when cut.
+pub fn truncate_chars(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary, ending in `…` when cut.
+pub fn truncate_bytes(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testdata::*;
+    use super::*;
+
+    #[test]
+    fn text_golden() {
+        let n = notification(vec![alert(1, AlertStatus::Firing)]);
+        let expected = "\
+[CRITICAL] XidCritical on node7: GPU 1
+\nGPU 1 reported XID 79 (fallen off the bus)
+  Status: FIRING (critical)
+  Rule: XidCritical
+  GPU: GPU 1 (NVIDIA H100 80GB HBM3, GPU-00000001-aaaa-bbbb-cccc-dddddddddddd)
+  Host: node7
+  Values: xid=79
+  Started: 2026-12-02T15:20:00.000Z
+  Next: Drain the node and reboot it; reseat or RMA the GPU if it recurs.
+\nProcesses:
+  GPU 1 pid 4242 user alice mem 40960 MiB, up 2h1m: python train.py --lr 3e-4
+\n-- gpuwatch on node7 (message 0123456789abcdef0123456789abcdef)";
+        assert_eq!(text(&n), expected);
+    }
+
+    #[test]
+    fn titles() {
+        let n = notification(vec![
+            alert(0, AlertStatus::Firing),
+            alert(1, AlertStatus::Firing),
+            alert(2, AlertStatus::Resolved),
+        ]);
+        assert_eq!(
+            title(&n),
+            "[CRITICAL] XidCritical on node7: GPUs 0,1,2 (2 firing, 1 resolved)"
+        );
+        let n = notification(vec![alert(3, AlertStatus::Resolved)]);
+        assert_eq!(title(&n), "[RESOLVED] XidCritical on node7: GPU 3");
+    }
+
+    #[test]
+    fn truncation() {
+        assert_eq!(truncate_chars("abcdef", 4), "abc…");
+        assert_eq!(truncate_chars("abc", 4), "abc");
+        assert_eq!(truncate_bytes("ééé", 5), "é…");
+    }
+}

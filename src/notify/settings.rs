@@ -1,0 +1,1026 @@
+//! Notification configuration: the `[notify]`, `[[channel]]` and `[[route]]` sections as they are
+//! written in `config.toml` (serde structs, defaults documented in `config.example.toml`), and
+//! [`NotifySettings`], the validated form with durations parsed and secrets resolved from
+//! inline values, environment variables or files. Errors name `file:line:column` and the
+//! channel, never a secret's value.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::secret::{self, Secret};
+use crate::config::{line_col, parse_duration_ms, Config};
+use crate::model::Severity;
+
+/// `[notify]`: global delivery settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NotifySection {
+    /// Default `group_wait` of routes: wait before the first message of a new group.
+    pub group_wait: String,
+    /// Default `group_interval` of routes: how often a group may send an update.
+    pub group_interval: String,
+    /// Default `repeat_interval` of routes: re-send an unchanged firing group this often.
+    pub repeat_interval: String,
+    /// Default per-send timeout of channels (HTTP request or whole SMTP conversation).
+    pub timeout: String,
+    /// First retry delay after a failed send; doubles per attempt.
+    pub retry_initial: String,
+    /// Longest retry delay.
+    pub retry_max: String,
+    /// A notification still undelivered after this long is moved to `outbox/dead/`.
+    pub give_up_after: String,
+    /// Consecutive failed sends after which a channel counts as failing (`notifier_failing`).
+    pub failing_after: u32,
+    /// Quiet hours: non-critical messages are held and sent as one digest when they end.
+    pub quiet_hours: Option<QuietHoursSection>,
+    /// Per-channel rate limit for storms; `max = 0` disables it.
+    pub rate_limit: RateLimitSection,
+    /// Dead-man heartbeat URL pinged (HTTP GET) while the daemon is healthy.
+    pub heartbeat_url: Option<String>,
+    /// The heartbeat URL from this environment variable.
+    pub heartbeat_url_env: Option<String>,
+    /// The heartbeat URL from this file.
+    pub heartbeat_url_file: Option<PathBuf>,
+    /// How often to ping the heartbeat URL.
+    pub heartbeat_interval: String,
+    /// Inhibition rules (`[[notify.inhibit]]`); default: `gpu_lost` mutes every other alert of
+    /// the same GPU.
+    pub inhibit: Vec<InhibitSection>,
+}
+
+/// `[[notify.inhibit]]`: while an alert matching `source` fires, alerts matching `target` with
+/// equal values of the `equal` labels are not sent (an alert never inhibits itself).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InhibitSection {
+    /// Label values the muting alert has.
+    pub source: BTreeMap<String, String>,
+    /// Label values the muted alerts have (empty: any).
+    pub target: BTreeMap<String, String>,
+    /// Labels that must be equal on both.
+    pub equal: Vec<String>,
+}
+
+impl Default for InhibitSection {
+    fn default() -> Self {
+        InhibitSection {
+            source: BTreeMap::new(),
+            target: BTreeMap::new(),
+            equal: vec!["hostname".into(), "gpu".into()],
+        }
+    }
+}
+
+/// The default inhibition: a lost GPU mutes everything else about that GPU.
+pub fn default_inhibit() -> Vec<InhibitSection> {
+    vec![InhibitSection {
+        source: [("alertname".to_string(), "gpu_lost".to_string())].into(),
+        target: BTreeMap::new(),
+        equal: vec!["hostname".into(), "gpu".into()],
+    }]
+}
+
+impl InhibitSection {
+    /// Whether the alert with `fingerprint`/`labels` is muted by one of `active` (fingerprint,
+    /// labels of firing alerts).
+    pub fn mutes<'a>(
+        &self,
+        fingerprint: &str,
+        labels: &BTreeMap<String, String>,
+        mut active: impl Iterator<Item = (&'a String, &'a BTreeMap<String, String>)>,
+    ) -> bool {
+        let has = |want: &BTreeMap<String, String>, l: &BTreeMap<String, String>| {
+            want.iter().all(|(k, v)| l.get(k) == Some(v))
+        };
+        if !has(&self.target, labels) {
+            return false;
+        }
+        active.any(|(fp, src)| {
+            fp != fingerprint
+                && has(&self.source, src)
+                && self.equal.iter().all(|k| src.get(k) == labels.get(k))
+        })
+    }
+}
+
+impl Default for NotifySection {
+    fn default() -> Self {
+        NotifySection {
+            group_wait: "30s".into(),
+            group_interval: "5m".into(),
+            repeat_interval: "4h".into(),
+            timeout: "10s".into(),
+            retry_initial: "1s".into(),
+            retry_max: "5m".into(),
+            give_up_after: "24h".into(),
+            failing_after: 3,
+            quiet_hours: None,
+            rate_limit: RateLimitSection::default(),
+            heartbeat_url: None,
+            heartbeat_url_env: None,
+            heartbeat_url_file: None,
+            heartbeat_interval: "1m".into(),
+            inhibit: default_inhibit(),
+        }
+    }
+}
+
+/// `[notify.quiet_hours]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuietHoursSection {
+    /// Start, `"HH:MM"`.
+    pub start: String,
+    /// End, `"HH:MM"` (may be before `start`: the window wraps midnight).
+    pub end: String,
+    /// `"local"` (default), `"UTC"` or a fixed offset like `"+08:00"`.
+    #[serde(default = "default_timezone")]
+    pub timezone: String,
+}
+
+fn default_timezone() -> String {
+    "local".into()
+}
+
+/// `[notify.rate_limit]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RateLimitSection {
+    /// At most this many messages per channel within `per` (0 = unlimited).
+    pub max: u32,
+    /// The window.
+    pub per: String,
+}
+
+impl Default for RateLimitSection {
+    fn default() -> Self {
+        RateLimitSection {
+            max: 30,
+            per: "1h".into(),
+        }
+    }
+}
+
+/// Channel types. Adding one: a variant here, a file under `notify/`, one arm in `notify::channel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChannelKind {
+    /// Generic JSON: Alertmanager webhook format version 4.
+    Webhook,
+    /// Slack incoming webhook.
+    Slack,
+    /// Discord webhook.
+    Discord,
+    /// Microsoft Teams workflow webhook (adaptive card).
+    Teams,
+    /// Telegram bot `sendMessage`.
+    Telegram,
+    /// Feishu / Lark custom bot (optionally signed).
+    Feishu,
+    /// DingTalk custom robot (optionally signed).
+    Dingtalk,
+    /// WeCom group bot.
+    Wecom,
+    /// Push to an Alertmanager (`POST /api/v2/alerts`).
+    Alertmanager,
+    /// Email over SMTP.
+    Email,
+}
+
+impl ChannelKind {
+    /// The `type` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChannelKind::Webhook => "webhook",
+            ChannelKind::Slack => "slack",
+            ChannelKind::Discord => "discord",
+            ChannelKind::Teams => "teams",
+            ChannelKind::Telegram => "telegram",
+            ChannelKind::Feishu => "feishu",
+            ChannelKind::Dingtalk => "dingtalk",
+            ChannelKind::Wecom => "wecom",
+            ChannelKind::Alertmanager => "alertmanager",
+            ChannelKind::Email => "email",
+        }
+    }
+}
+
+/// SMTP connection security.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// Plain SMTP (a local relay).
+    None,
+    /// STARTTLS required (port 587).
+    Starttls,
+    /// Implicit TLS (port 465).
+    Tls,
+}
+
+/// `[[channel]]` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelSection {
+    /// Unique name, used by routes.
+    pub name: Spanned<String>,
+    /// Channel type.
+    #[serde(rename = "type")]
+    pub kind: ChannelKind,
+    /// Endpoint URL (webhook URL, Alertmanager base URL, Telegram API base).
+    pub url: Option<String>,
+    /// URL from an environment variable.
+    pub url_env: Option<String>,
+    /// URL from a file.
+    pub url_file: Option<PathBuf>,
+    /// Send resolved notices (default true).
+    pub send_resolved: Option<bool>,
+    /// Per-send timeout (default `[notify] timeout`).
+    pub timeout: Option<String>,
+    /// At most this many alerts per message (0 = all); the rest are counted as truncated.
+    pub max_alerts: Option<usize>,
+    /// Signing secret (Feishu, DingTalk).
+    pub secret: Option<String>,
+    /// Signing secret from an environment variable.
+    pub secret_env: Option<String>,
+    /// Signing secret from a file.
+    pub secret_file: Option<PathBuf>,
+    /// Telegram bot token.
+    pub token: Option<String>,
+    /// Telegram bot token from an environment variable.
+    pub token_env: Option<String>,
+    /// Telegram bot token from a file.
+    pub token_file: Option<PathBuf>,
+    /// Telegram chat id.
+    pub chat_id: Option<toml::Value>,
+    /// Email: SMTP server `host:port` (port defaults by `tls`: 25, 587, 465).
+    pub smtp: Option<String>,
+    /// Email: connection security (default `starttls`).
+    pub tls: Option<TlsMode>,
+    /// Email: sender address.
+    pub from: Option<String>,
+    /// Email: recipients.
+    #[serde(default)]
+    pub to: Vec<String>,
+    /// Email: SMTP AUTH user name.
+    pub username: Option<String>,
+    /// Email: SMTP AUTH password.
+    pub password: Option<String>,
+    /// Email: password from an environment variable.
+    pub password_env: Option<String>,
+    /// Email: password from a file.
+    pub password_file: Option<PathBuf>,
+}
+
+/// `[[route]]` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouteSection {
+    /// Match these severities (empty: any).
+    pub severity: Vec<Severity>,
+    /// Match these rule names (`alertname`; empty: any).
+    pub rules: Vec<String>,
+    /// Match these label values exactly.
+    pub labels: BTreeMap<String, String>,
+    /// Match these label values against regular expressions (whole value).
+    pub labels_re: BTreeMap<String, String>,
+    /// Deliver to these channels.
+    pub channels: Vec<Spanned<String>>,
+    /// Group alerts sharing these label values into one message; `["..."]` disables grouping.
+    pub group_by: Option<Vec<String>>,
+    /// Overrides `[notify] group_wait`.
+    pub group_wait: Option<String>,
+    /// Overrides `[notify] group_interval`.
+    pub group_interval: Option<String>,
+    /// Overrides `[notify] repeat_interval`.
+    pub repeat_interval: Option<String>,
+    /// Keep matching later routes after this one matched (default false: first match wins).
+    #[serde(rename = "continue")]
+    pub continue_matching: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validated form.
+
+/// Where a channel sends.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// An HTTP endpoint.
+    Http {
+        /// Full URL (a secret: chat webhook URLs embed tokens).
+        url: Secret,
+        /// Signing secret (Feishu, DingTalk).
+        secret: Option<Secret>,
+        /// Telegram chat id.
+        chat_id: Option<String>,
+    },
+    /// SMTP.
+    Email(EmailSpec),
+}
+
+/// A validated email channel.
+#[derive(Debug, Clone)]
+pub struct EmailSpec {
+    /// SMTP host.
+    pub host: String,
+    /// SMTP port.
+    pub port: u16,
+    /// Connection security.
+    pub tls: TlsMode,
+    /// Sender.
+    pub from: String,
+    /// Recipients.
+    pub to: Vec<String>,
+    /// AUTH user.
+    pub username: Option<String>,
+    /// AUTH password.
+    pub password: Option<Secret>,
+}
+
+/// A validated channel.
+#[derive(Debug, Clone)]
+pub struct ChannelSpec {
+    /// Name.
+    pub name: String,
+    /// Type.
+    pub kind: ChannelKind,
+    /// Send resolved notices.
+    pub send_resolved: bool,
+    /// Per-send timeout.
+    pub timeout_ms: i64,
+    /// Alerts per message (0 = all).
+    pub max_alerts: usize,
+    /// Endpoint.
+    pub target: Target,
+}
+
+impl ChannelSpec {
+    /// Every secret of this channel (for redacting error text).
+    pub fn secrets(&self) -> Vec<&Secret> {
+        match &self.target {
+            Target::Http { url, secret, .. } => std::iter::once(url).chain(secret.iter()).collect(),
+            Target::Email(e) => e.password.iter().collect(),
+        }
+    }
+
+    /// Replaces every secret of this channel in `text` with `***`.
+    pub fn redact(&self, text: &str) -> String {
+        self.secrets()
+            .iter()
+            .fold(text.to_string(), |acc, s| s.redact(&acc))
+    }
+}
+
+/// A validated route.
+#[derive(Debug, Clone)]
+pub struct RouteSpec {
+    /// Severities matched (empty: any).
+    pub severity: Vec<Severity>,
+    /// Rule names matched (empty: any).
+    pub rules: Vec<String>,
+    /// Exact label matchers.
+    pub labels: BTreeMap<String, String>,
+    /// Regex label matchers (anchored).
+    pub labels_re: Vec<(String, regex::Regex)>,
+    /// Target channel names.
+    pub channels: Vec<String>,
+    /// Grouping labels; `None` = no grouping (one group per alert).
+    pub group_by: Option<Vec<String>>,
+    /// Wait before a new group's first message.
+    pub group_wait_ms: i64,
+    /// Minimum time between a group's messages.
+    pub group_interval_ms: i64,
+    /// Re-send an unchanged firing group this often.
+    pub repeat_interval_ms: i64,
+    /// Keep matching later routes.
+    pub continue_matching: bool,
+}
+
+impl RouteSpec {
+    /// Whether the alert with these properties matches this route.
+    pub fn matches(
+        &self,
+        name: &str,
+        severity: Severity,
+        labels: &BTreeMap<String, String>,
+    ) -> bool {
+        (self.severity.is_empty() || self.severity.contains(&severity))
+            && (self.rules.is_empty() || self.rules.iter().any(|r| r == name))
+            && self
+                .labels
+                .iter()
+                .all(|(k, v)| labels.get(k).is_some_and(|l| l == v))
+            && self
+                .labels_re
+                .iter()
+                .all(|(k, re)| re.is_match(labels.get(k).map_or("", String::as_str)))
+    }
+}
+
+/// Quiet hours, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QuietHours {
+    /// Start, minutes after midnight.
+    pub start_min: u32,
+    /// End, minutes after midnight.
+    pub end_min: u32,
+    /// Fixed UTC offset in minutes, or `None` for the local time zone.
+    pub utc_offset_min: Option<i32>,
+}
+
+impl QuietHours {
+    /// Whether `now_ms` (UTC) falls inside the window.
+    pub fn contains(&self, now_ms: i64) -> bool {
+        let offset_min = self
+            .utc_offset_min
+            .unwrap_or_else(|| local_offset_min(now_ms));
+        let local_min = (now_ms.div_euclid(60_000) + i64::from(offset_min)).rem_euclid(1440);
+        let (s, e) = (i64::from(self.start_min), i64::from(self.end_min));
+        if s <= e {
+            (s..e).contains(&local_min)
+        } else {
+            local_min >= s || local_min < e
+        }
+    }
+}
+
+fn local_offset_min(now_ms: i64) -> i32 {
+    use chrono::{Local, Offset, TimeZone};
+    match Local.timestamp_millis_opt(now_ms) {
+        chrono::LocalResult::Single(t) | chrono::LocalResult::Ambiguous(t, _) => {
+            t.offset().fix().local_minus_utc() / 60
+        }
+        chrono::LocalResult::None => 0,
+    }
+}
+
+/// Retry and failure policy.
+#[derive(Debug, Clone, Copy)]
+pub struct DeliverySpec {
+    /// First retry delay.
+    pub retry_initial_ms: i64,
+    /// Longest retry delay.
+    pub retry_max_ms: i64,
+    /// Give up (dead letter) after this long.
+    pub give_up_after_ms: i64,
+    /// Consecutive failures before `notifier_failing`.
+    pub failing_after: u32,
+}
+
+impl DeliverySpec {
+    /// Delay before attempt number `attempts + 1` after `attempts` failures (exponential).
+    pub fn backoff_ms(&self, attempts: u32) -> i64 {
+        let shift = attempts.saturating_sub(1).min(30);
+        self.retry_initial_ms
+            .saturating_mul(1i64 << shift)
+            .min(self.retry_max_ms)
+    }
+}
+
+/// Heartbeat settings.
+#[derive(Debug, Clone)]
+pub struct HeartbeatSpec {
+    /// URL to GET.
+    pub url: Secret,
+    /// Ping period.
+    pub interval_ms: i64,
+}
+
+/// Everything the dispatcher needs, validated.
+#[derive(Debug, Clone)]
+pub struct NotifySettings {
+    /// Host name put in every message.
+    pub hostname: String,
+    /// Channels in file order.
+    pub channels: Vec<ChannelSpec>,
+    /// Routes in file order (a catch-all to every channel when none is configured).
+    pub routes: Vec<RouteSpec>,
+    /// Quiet hours.
+    pub quiet_hours: Option<QuietHours>,
+    /// Rate limit: (max messages, window ms) per channel.
+    pub rate_limit: Option<(u32, i64)>,
+    /// Retry policy.
+    pub delivery: DeliverySpec,
+    /// Heartbeat.
+    pub heartbeat: Option<HeartbeatSpec>,
+    /// Inhibition rules.
+    pub inhibit: Vec<InhibitSection>,
+}
+
+impl NotifySettings {
+    /// Validates the notification sections of `config`, resolving secrets. Every problem is
+    /// reported, one per line.
+    pub fn from_config(config: &Config) -> anyhow::Result<NotifySettings> {
+        let mut errors = Vec::new();
+        let ctx = Ctx { config };
+        let n = &config.notify;
+        let mut dur = |what: &str, s: &str| -> i64 {
+            parse_duration_ms(s).unwrap_or_else(|e| {
+                errors.push(format!("{}: [notify] {what}: {e}", ctx.file()));
+                0
+            })
+        };
+        let group_wait_ms = dur("group_wait", &n.group_wait);
+        let group_interval_ms = dur("group_interval", &n.group_interval).max(1);
+        let repeat_interval_ms = dur("repeat_interval", &n.repeat_interval).max(1);
+        let timeout_ms = dur("timeout", &n.timeout).max(1);
+        let delivery = DeliverySpec {
+            retry_initial_ms: dur("retry_initial", &n.retry_initial).max(1),
+            retry_max_ms: dur("retry_max", &n.retry_max).max(1),
+            give_up_after_ms: dur("give_up_after", &n.give_up_after).max(1),
+            failing_after: n.failing_after.max(1),
+        };
+        let heartbeat_interval_ms = dur("heartbeat_interval", &n.heartbeat_interval).max(1000);
+        let rate_per_ms = dur("rate_limit.per", &n.rate_limit.per).max(1);
+        let rate_limit = (n.rate_limit.max > 0).then_some((n.rate_limit.max, rate_per_ms));
+        let quiet_hours = match &n.quiet_hours {
+            Some(q) => match parse_quiet_hours(q) {
+                Ok(q) => Some(q),
+                Err(e) => {
+                    errors.push(format!("{}: [notify.quiet_hours] {e}", ctx.file()));
+                    None
+                }
+            },
+            None => None,
+        };
+        let heartbeat = match secret::resolve(
+            "heartbeat_url",
+            n.heartbeat_url.as_deref(),
+            n.heartbeat_url_env.as_deref(),
+            n.heartbeat_url_file.as_deref(),
+            &config.base_dir,
+        ) {
+            Ok(url) => url.map(|url| HeartbeatSpec {
+                url,
+                interval_ms: heartbeat_interval_ms,
+            }),
+            Err(e) => {
+                errors.push(format!("{}: [notify] {e}", ctx.file()));
+                None
+            }
+        };
+
+        let mut channels: Vec<ChannelSpec> = Vec::new();
+        for c in &config.channel {
+            let at = ctx.at(c.name.span().start);
+            let name = c.name.get_ref().clone();
+            if channels.iter().any(|o| o.name == name) {
+                errors.push(format!("{at}: duplicate channel name {name:?}"));
+                continue;
+            }
+            match build_channel(c, timeout_ms, &config.base_dir) {
+                Ok(spec) => channels.push(spec),
+                Err(e) => errors.push(format!("{at}: channel {name:?}: {e}")),
+            }
+        }
+
+        let mut routes = Vec::new();
+        for r in &config.route {
+            let mut ok = true;
+            for ch in &r.channels {
+                if !config
+                    .channel
+                    .iter()
+                    .any(|c| c.name.get_ref() == ch.get_ref())
+                {
+                    errors.push(format!(
+                        "{}: route names unknown channel {:?}",
+                        ctx.at(ch.span().start),
+                        ch.get_ref()
+                    ));
+                    ok = false;
+                }
+            }
+            let mut labels_re = Vec::new();
+            for (k, v) in &r.labels_re {
+                match regex::Regex::new(&format!("^(?:{v})$")) {
+                    Ok(re) => labels_re.push((k.clone(), re)),
+                    Err(e) => {
+                        errors.push(format!("{}: route labels_re.{k}: {e}", ctx.file()));
+                        ok = false;
+                    }
+                }
+            }
+            let mut rdur = |what: &str, v: &Option<String>, default: i64| -> i64 {
+                v.as_deref().map_or(default, |s| {
+                    parse_duration_ms(s).unwrap_or_else(|e| {
+                        errors.push(format!("{}: route {what}: {e}", ctx.file()));
+                        default
+                    })
+                })
+            };
+            let spec = RouteSpec {
+                severity: r.severity.clone(),
+                rules: r.rules.clone(),
+                labels: r.labels.clone(),
+                labels_re,
+                channels: r.channels.iter().map(|c| c.get_ref().clone()).collect(),
+                group_by: match &r.group_by {
+                    Some(g) if g.iter().any(|l| l == "...") => None,
+                    Some(g) => Some(g.clone()),
+                    None => Some(vec!["alertname".into()]),
+                },
+                group_wait_ms: rdur("group_wait", &r.group_wait, group_wait_ms),
+                group_interval_ms: rdur("group_interval", &r.group_interval, group_interval_ms)
+                    .max(1),
+                repeat_interval_ms: rdur("repeat_interval", &r.repeat_interval, repeat_interval_ms)
+                    .max(1),
+                continue_matching: r.continue_matching,
+            };
+            if ok {
+                routes.push(spec);
+            }
+        }
+        if config.route.is_empty() && !channels.is_empty() {
+            routes.push(RouteSpec {
+                severity: Vec::new(),
+                rules: Vec::new(),
+                labels: BTreeMap::new(),
+                labels_re: Vec::new(),
+                channels: channels.iter().map(|c| c.name.clone()).collect(),
+                group_by: Some(vec!["alertname".into()]),
+                group_wait_ms,
+                group_interval_ms,
+                repeat_interval_ms,
+                continue_matching: false,
+            });
+        }
+        if !errors.is_empty() {
+            anyhow::bail!("{}", errors.join("\n"));
+        }
+        Ok(NotifySettings {
+            hostname: config.hostname(),
+            channels,
+            routes,
+            quiet_hours,
+            rate_limit,
+            delivery,
+            heartbeat,
+            inhibit: n.inhibit.clone(),
+        })
+    }
+
+    /// The channel called `name`.
+    pub fn channel(&self, name: &str) -> Option<&ChannelSpec> {
+        self.channels.iter().find(|c| c.name == name)
+    }
+}
+
+struct Ctx<'a> {
+    config: &'a Config,
+}
+
+impl Ctx<'_> {
+    fn file(&self) -> String {
+        self.config.path.display().to_string()
+    }
+
+    fn at(&self, offset: usize) -> String {
+        let (line, col) = line_col(&self.config.text, offset);
+        format!("{}:{line}:{col}", self.file())
+    }
+}
+
+fn parse_hhmm(s: &str) -> Result<u32, String> {
+    let (h, m) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected \"HH:MM\""))?;
+    let h: u32 = h.parse().map_err(|_| format!("{s:?}: bad hour"))?;
+    let m: u32 = m.parse().map_err(|_| format!("{s:?}: bad minute"))?;
+    if h > 24 || m > 59 || (h == 24 && m > 0) {
+        return Err(format!("{s:?}: out of range"));
+    }
+    Ok(h * 60 + m)
+}
+
+fn parse_quiet_hours(q: &QuietHoursSection) -> Result<QuietHours, String> {
+    let utc_offset_min = match q.timezone.as_str() {
+        "local" | "Local" => None,
+        "UTC" | "utc" | "Z" => Some(0),
+        tz => {
+            let (sign, rest) = match tz.as_bytes().first() {
+                Some(b'+') => (1, &tz[1..]),
+                Some(b'-') => (-1, &tz[1..]),
+                _ => {
+                    return Err(format!(
+                        "timezone {tz:?}: use \"local\", \"UTC\" or \"+HH:MM\""
+                    ))
+                }
+            };
+            let m = i32::try_from(parse_hhmm(rest).map_err(|e| format!("timezone {e}"))?)
+                .map_err(|_| "timezone out of range".to_string())?;
+            Some(sign * m)
+        }
+    };
+    Ok(QuietHours {
+        start_min: parse_hhmm(&q.start).map_err(|e| format!("start {e}"))? % 1440,
+        end_min: parse_hhmm(&q.end).map_err(|e| format!("end {e}"))? % 1440,
+        utc_offset_min,
+    })
+}
+
+fn build_channel(
+    c: &ChannelSection,
+    default_timeout_ms: i64,
+    base_dir: &Path,
+) -> Result<ChannelSpec, String> {
+    let timeout_ms = match &c.timeout {
+        Some(t) => parse_duration_ms(t)
+            .map_err(|e| format!("timeout: {e}"))?
+            .max(1),
+        None => default_timeout_ms,
+    };
+    let email_only = [
+        ("smtp", c.smtp.is_some()),
+        ("tls", c.tls.is_some()),
+        ("from", c.from.is_some()),
+        ("to", !c.to.is_empty()),
+        ("username", c.username.is_some()),
+        (
+            "password",
+            c.password.is_some() || c.password_env.is_some() || c.password_file.is_some(),
+        ),
+    ];
+    let target = if c.kind == ChannelKind::Email {
+        if let Some((k, _)) = [(
+            "url",
+            c.url.is_some() || c.url_env.is_some() || c.url_file.is_some(),
+        )]
+        .iter()
+        .find(|(_, set)| *set)
+        {
+            return Err(format!("`{k}` does not apply to type \"email\""));
+        }
+        let smtp = c.smtp.as_deref().ok_or("`smtp` (host:port) is required")?;
+        let tls = c.tls.unwrap_or(TlsMode::Starttls);
+        let (host, port) = match smtp.rsplit_once(':') {
+            Some((h, p)) if !h.contains(']') || h.ends_with(']') => (
+                h.trim_start_matches('[').trim_end_matches(']').to_string(),
+                p.parse::<u16>()
+                    .map_err(|_| format!("`smtp`: bad port in {smtp:?}"))?,
+            ),
+            _ => (
+                smtp.to_string(),
+                match tls {
+                    TlsMode::None => 25,
+                    TlsMode::Starttls => 587,
+                    TlsMode::Tls => 465,
+                },
+            ),
+        };
+        let from = c.from.clone().ok_or("`from` is required")?;
+        if c.to.is_empty() {
+            return Err("`to` needs at least one recipient".into());
+        }
+        for addr in std::iter::once(&from).chain(&c.to) {
+            addr.parse::<lettre::message::Mailbox>()
+                .map_err(|e| format!("bad address {addr:?}: {e}"))?;
+        }
+        let password = secret::resolve(
+            "password",
+            c.password.as_deref(),
+            c.password_env.as_deref(),
+            c.password_file.as_deref(),
+            base_dir,
+        )?;
+        if password.is_some() && c.username.is_none() {
+            return Err("a password needs `username`".into());
+        }
+        Target::Email(EmailSpec {
+            host,
+            port,
+            tls,
+            from,
+            to: c.to.clone(),
+            username: c.username.clone(),
+            password,
+        })
+    } else {
+        if let Some((k, _)) = email_only.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "`{k}` applies only to type \"email\", not {:?}",
+                c.kind.as_str()
+            ));
+        }
+        let url = secret::resolve(
+            "url",
+            c.url.as_deref(),
+            c.url_env.as_deref(),
+            c.url_file.as_deref(),
+            base_dir,
+        )?;
+        let secret = secret::resolve(
+            "secret",
+            c.secret.as_deref(),
+            c.secret_env.as_deref(),
+            c.secret_file.as_deref(),
+            base_dir,
+        )?;
+        if secret.is_some() && !matches!(c.kind, ChannelKind::Feishu | ChannelKind::Dingtalk) {
+            return Err("`secret` (signing) applies only to feishu and dingtalk".into());
+        }
+        let token = secret::resolve(
+            "token",
+            c.token.as_deref(),
+            c.token_env.as_deref(),
+            c.token_file.as_deref(),
+            base_dir,
+        )?;
+        let chat_id = match &c.chat_id {
+            None => None,
+            Some(toml::Value::String(s)) => Some(s.clone()),
+            Some(toml::Value::Integer(i)) => Some(i.to_string()),
+            Some(_) => return Err("`chat_id` must be a number or a string".into()),
+        };
+        let url = if c.kind == ChannelKind::Telegram {
+            let token = token.ok_or("`token` (or `token_env`, `token_file`) is required")?;
+            if chat_id.is_none() {
+                return Err("`chat_id` is required".into());
+            }
+            let base = url.map_or_else(
+                || "https://api.telegram.org".to_string(),
+                |u| u.expose().trim_end_matches('/').to_string(),
+            );
+            Secret::new(format!("{base}/bot{}/sendMessage", token.expose()))
+        } else {
+            if token.is_some() || chat_id.is_some() {
+                return Err("`token` and `chat_id` apply only to type \"telegram\"".into());
+            }
+            let url = url.ok_or("`url` (or `url_env`, `url_file`) is required")?;
+            if c.kind == ChannelKind::Alertmanager {
+                Secret::new(format!(
+                    "{}/api/v2/alerts",
+                    url.expose().trim_end_matches('/')
+                ))
+            } else {
+                url
+            }
+        };
+        if let Err(e) = reqwest::Url::parse(url.expose()) {
+            return Err(format!("`url` is not a valid URL ({e})"));
+        }
+        Target::Http {
+            url,
+            secret,
+            chat_id,
+        }
+    };
+    Ok(ChannelSpec {
+        name: c.name.get_ref().clone(),
+        kind: c.kind,
+        send_resolved: c.send_resolved.unwrap_or(true),
+        timeout_ms,
+        max_alerts: c.max_alerts.unwrap_or(0),
+        target,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(text: &str) -> anyhow::Result<NotifySettings> {
+        let config = crate::config::parse(text, Path::new("/etc/gpuwatch/config.toml"))?;
+        NotifySettings::from_config(&config)
+    }
+
+    #[test]
+    fn issue_example_config_is_valid() {
+        let s = settings(
+            r#"
+[daemon]
+interval = "1s"
+state_dir = "/var/lib/gpuwatch"
+rules = ["rules/"]
+
+[[channel]]
+name = "ops"
+type = "webhook"
+url = "http://127.0.0.1:9099/hook"
+
+[[channel]]
+name = "mail"
+type = "email"
+smtp = "127.0.0.1:2525"
+tls = "none"
+from = "gpuwatch@example.org"
+to = ["oncall@example.org"]
+
+[[route]]
+severity = ["warning", "critical"]
+channels = ["ops", "mail"]
+group_by = ["alertname"]
+group_wait = "0s"
+repeat_interval = "4h"
+"#,
+        )
+        .unwrap();
+        assert_eq!(s.channels.len(), 2);
+        let Target::Email(e) = &s.channels[1].target else {
+            panic!("email")
+        };
+        assert_eq!(
+            (e.host.as_str(), e.port, e.tls),
+            ("127.0.0.1", 2525, TlsMode::None)
+        );
+        let r = &s.routes[0];
+        assert_eq!(r.group_wait_ms, 0);
+        assert_eq!(r.group_interval_ms, 300_000);
+        assert_eq!(r.repeat_interval_ms, 4 * 3_600_000);
+        assert!(r.matches("x", Severity::Critical, &BTreeMap::new()));
+        assert!(!r.matches("x", Severity::Info, &BTreeMap::new()));
+    }
+
+    #[test]
+    fn errors_name_position_and_never_the_secret() {
+        let err = settings(
+            "[[channel]]\nname = \"mail\"\ntype = \"email\"\nsmtp = \"h:25\"\nfrom = \"a@b.c\"\nto = [\"x@y.z\"]\nusername = \"u\"\npassword_env = \"GPUWATCH_NO_SUCH_VAR\"\n\n[[route]]\nchannels = [\"nope\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("/etc/gpuwatch/config.toml:2:8: channel \"mail\""),
+            "{err}"
+        );
+        assert!(err.contains("GPUWATCH_NO_SUCH_VAR is not set"), "{err}");
+        assert!(
+            err.contains(":11:13: route names unknown channel \"nope\""),
+            "{err}"
+        );
+
+        let err = settings("[[channel]]\nname = \"x\"\ntype = \"pager\"\nurl = \"http://a\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("config.toml:3:8"), "{err}");
+
+        let s = settings(
+            "[[channel]]\nname = \"x\"\ntype = \"slack\"\nurl = \"https://hooks.slack.com/services/T/B/supersecret\"\n",
+        )
+        .unwrap();
+        assert!(!format!("{s:?}").contains("supersecret"));
+    }
+
+    #[test]
+    fn example_config_parses_with_documented_defaults() {
+        let text = include_str!("../../config.example.toml");
+        let config = crate::config::parse(text, Path::new("config.example.toml")).unwrap();
+        let s = NotifySettings::from_config(&config).unwrap();
+        let d = NotifySection::default();
+        assert_eq!(config.notify.group_interval, d.group_interval);
+        assert_eq!(config.notify.timeout, d.timeout);
+        assert_eq!(config.notify.retry_max, d.retry_max);
+        assert_eq!(config.notify.failing_after, d.failing_after);
+        assert_eq!(config.notify.rate_limit.max, d.rate_limit.max);
+        assert_eq!(s.channels.len(), 2);
+        assert_eq!(s.routes[0].channels, ["ops", "mail"]);
+    }
+
+    #[test]
+    fn telegram_and_alertmanager_urls() {
+        let s = settings(
+            "[[channel]]\nname = \"t\"\ntype = \"telegram\"\ntoken = \"123:abc\"\nchat_id = -100\nurl = \"http://127.0.0.1:1/\"\n[[channel]]\nname = \"am\"\ntype = \"alertmanager\"\nurl = \"http://am:9093/\"\n",
+        )
+        .unwrap();
+        let Target::Http { url, chat_id, .. } = &s.channels[0].target else {
+            panic!()
+        };
+        assert_eq!(url.expose(), "http://127.0.0.1:1/bot123:abc/sendMessage");
+        assert_eq!(chat_id.as_deref(), Some("-100"));
+        let Target::Http { url, .. } = &s.channels[1].target else {
+            panic!()
+        };
+        assert_eq!(url.expose(), "http://am:9093/api/v2/alerts");
+        assert_eq!(s.routes.len(), 1, "catch-all route");
+    }
+
+    #[test]
+    fn quiet_hours_wrap_midnight() {
+        let q = parse_quiet_hours(&QuietHoursSection {
+            start: "22:00".into(),
+            end: "07:00".into(),
+            timezone: "+02:00".into(),
+        })
+        .unwrap();
+        let at = |h: i64, m: i64| (h * 60 + m) * 60_000;
+        assert!(q.contains(at(20, 0))); // 22:00 local
+        assert!(q.contains(at(4, 59))); // 06:59 local
+        assert!(!q.contains(at(5, 0))); // 07:00 local
+        assert!(!q.contains(at(12, 0)));
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_max() {
+        let d = DeliverySpec {
+            retry_initial_ms: 1000,
+            retry_max_ms: 5000,
+            give_up_after_ms: 1,
+            failing_after: 3,
+        };
+        assert_eq!(
+            (1..=5).map(|a| d.backoff_ms(a)).collect::<Vec<_>>(),
+            vec![1000, 2000, 4000, 5000, 5000]
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! Microsoft Teams (Workflows "When a Teams webhook request is received"): a message with one
+//! Adaptive Card 1.2 attachment — title, one fact set per alert, processes. Legacy MessageCards
+//! are not accepted by workflows. Teams answers 202.
+
+use serde_json::{json, Value};
+
+use super::render::{alert_fields, process_lines, summary, title};
+use super::Notification;
+use crate::model::{AlertStatus, Severity};
+
+/// The request body.
+pub fn render(n: &Notification) -> Value {
+    let colour = match (n.status, n.severity()) {
+        (AlertStatus::Resolved, _) => "good",
+        (_, Severity::Critical) => "attention",
+        (_, Severity::Warning) => "warning",
+        (_, Severity::Info) => "accent",
+    };
+    let mut body = vec![json!({
+        "type": "TextBlock", "text": title(n), "weight": "bolder", "size": "medium",
+        "color": colour, "wrap": true,
+    })];
+    if let Some(note) = &n.note {
+        body.push(json!({"type": "TextBlock", "text": note, "wrap": true}));
+    }
+    for a in &n.alerts {
+        body.push(
+            json!({"type": "TextBlock", "text": summary(a), "weight": "bolder", "wrap": true,
+            "separator": true}),
+        );
+        let facts: Vec<Value> = alert_fields(n, a)
+            .into_iter()
+            .map(|(k, v)| json!({"title": k, "value": v}))
+            .collect();
+        body.push(json!({"type": "FactSet", "facts": facts}));
+    }
+    let procs = process_lines(n);
+    if !procs.is_empty() {
+        body.push(
+            json!({"type": "TextBlock", "text": format!("Processes:\n\n- {}", procs.join("\n- ")),
+            "wrap": true, "separator": true}),
+        );
+    }
+    json!({
+        "type": "message",
+        "attachments": [{
+            "contentType": "application/vnd.microsoft.card.adaptive",
+            "contentUrl": null,
+            "content": {
+                "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+                "type": "AdaptiveCard",
+                "version": "1.2",
+                "body": body,
+            }
+        }]
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testdata::*;
+    use super::*;
+
+    #[test]
+    fn golden() {
+        let n = notification(vec![alert(1, AlertStatus::Firing)]);
+        let got = render(&n);
+        assert_eq!(got["type"], "message");
+        let att = &got["attachments"][0];
+        assert_eq!(
+            att["contentType"],
+            "application/vnd.microsoft.card.adaptive"
+        );
+        assert_eq!(att["contentUrl"], Value::Null);
+        let card = &att["content"];
+        assert_eq!(card["type"], "AdaptiveCard");
+        assert_eq!(card["version"], "1.2");
+        assert_eq!(
+            card["body"][0]["text"],
+            "[CRITICAL] XidCritical on node7: GPU 1"
+        );
+        assert_eq!(card["body"][0]["color"], "attention");
+        assert_eq!(card["body"][2]["type"], "FactSet");
+        assert_eq!(card["body"][2]["facts"][0]["title"], "Status");
+        assert!(card["body"][3]["text"]
+            .as_str()
+            .unwrap()
+            .contains("pid 4242"));
+    }
+}

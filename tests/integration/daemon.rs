@@ -1,0 +1,330 @@
+//! `gpuwatch daemon` end to end on nvml-sim scenarios, with the real loopback HTTP receiver and
+//! aiosmtpd SMTP server from `notify::servers`: xid-79 gives exactly one critical email and one
+//! webhook for the lost GPU (within one poll interval + 200 ms of the tripping sample),
+//! ecc-errors gives the ECC alert then its resolved notice, and a message queued while the
+//! receiver is down survives `kill -9` and arrives after the restart.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::common;
+use crate::notify::servers::{
+    free_port, unfold_email, wait_until, Daemon, HttpReceiver, SmtpServer,
+};
+
+const T: Duration = Duration::from_secs(60);
+
+/// The issue's config shape (webhook + email, route by severity, group by alertname,
+/// group_wait 0s) with test-sized intervals.
+fn config(dir: &Path, webhook_url: &str, smtp_port: u16, rules: &Path) -> PathBuf {
+    let path = dir.join("config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[daemon]
+interval = "1s"
+state_dir = "state"
+rules = ["{rules}"]
+hostname = "simhost"
+
+[rules]
+eval_interval = "1s"
+
+[notify]
+retry_initial = "200ms"
+retry_max = "1s"
+timeout = "3s"
+
+[[channel]]
+name = "ops"
+type = "webhook"
+url = "{webhook_url}"
+
+[[channel]]
+name = "mail"
+type = "email"
+smtp = "127.0.0.1:{smtp_port}"
+tls = "none"
+from = "gpuwatch@example.org"
+to = ["oncall@example.org"]
+
+[[route]]
+severity = ["warning", "critical"]
+channels = ["ops", "mail"]
+group_by = ["alertname"]
+group_wait = "0s"
+group_interval = "1s"
+repeat_interval = "4h"
+"#,
+            rules = rules.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn stock_rules() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")
+}
+
+fn daemon(scenario: &str, config: &Path, log: &Path, envs: &[(&str, &str)]) -> Daemon {
+    common::sim_lib();
+    let cmd = common::command(
+        &[
+            "--sim",
+            scenario,
+            "daemon",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        envs,
+    );
+    Daemon::spawn(cmd, log, &[], false)
+}
+
+fn now_s() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+fn parse_ts(s: &str) -> f64 {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .unwrap()
+        .timestamp_millis() as f64
+        / 1000.0
+}
+
+#[test]
+fn xid_79_gives_exactly_one_critical_email_and_one_webhook() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let smtp = SmtpServer::start(&tmp.path().join("mail"), None);
+    let cfg = config(tmp.path(), &hook.url("/hook"), smtp.port, &stock_rules());
+    // XID 79 + lost at scenario 30 s = 3 s of real time.
+    let d = daemon(
+        "xid-79",
+        &cfg,
+        &tmp.path().join("log"),
+        &[("NVML_SIM_TIME_SCALE", "10")],
+    );
+    let got = hook.wait_accepted(1, T);
+    let arrival = now_s();
+    let mails = smtp.wait_messages(1, T);
+    // Nothing else follows (the xid_error alert of the same GPU is inhibited by gpu_lost).
+    std::thread::sleep(Duration::from_secs(4));
+    let log = d.log_text();
+    assert_eq!(hook.accepted().len(), 1, "one webhook\n{log}");
+    assert_eq!(smtp.messages().len(), 1, "one email\n{log}");
+
+    let body = got[0].json();
+    assert_eq!(body["version"], "4");
+    assert_eq!(body["status"], "firing");
+    let alerts = body["alerts"].as_array().unwrap();
+    assert_eq!(alerts.len(), 1);
+    let a = &alerts[0];
+    assert_eq!(a["labels"]["alertname"], "gpu_lost");
+    assert_eq!(a["labels"]["severity"], "critical");
+    assert_eq!(a["labels"]["gpu"], "3");
+    assert_eq!(a["labels"]["hostname"], "simhost");
+    assert!(a["labels"]["uuid"].as_str().unwrap().starts_with("GPU-"));
+    // Latency from the tripping sample (startsAt) to the webhook received.
+    let latency_ms = (arrival - parse_ts(a["startsAt"].as_str().unwrap())) * 1000.0;
+    assert!(
+        latency_ms <= 1200.0,
+        "latency {latency_ms:.0} ms > 1 interval + 200 ms"
+    );
+
+    let data = unfold_email(mails[0]["data"].as_str().unwrap());
+    assert!(
+        data.contains("Subject: [CRITICAL] gpu_lost on simhost: GPU 3"),
+        "{data}"
+    );
+    assert!(data.contains("NVIDIA H100 80GB HBM3"), "{data}");
+    assert!(data.contains("fallen off the bus"), "{data}");
+    let mut d = d;
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success(), "{}", d.log_text());
+}
+
+#[test]
+fn ecc_errors_give_the_alert_then_its_resolved_notice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let smtp = SmtpServer::start(&tmp.path().join("mail"), None);
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/notify/rules-quick");
+    let cfg = config(tmp.path(), &hook.url("/hook"), smtp.port, &rules);
+    // The uncorrectable error comes at scenario 60 s = 6 s of real time.
+    let mut d = daemon(
+        "ecc-errors",
+        &cfg,
+        &tmp.path().join("log"),
+        &[("NVML_SIM_TIME_SCALE", "10")],
+    );
+    let got = hook.wait_accepted(2, T);
+    let first = got[0].json();
+    let second = got[1].json();
+    assert_eq!(first["status"], "firing");
+    assert_eq!(first["alerts"][0]["labels"]["alertname"], "ecc_uncorrected");
+    assert_eq!(first["alerts"][0]["labels"]["gpu"], "2");
+    assert_eq!(second["status"], "resolved");
+    assert_eq!(
+        second["alerts"][0]["labels"]["alertname"],
+        "ecc_uncorrected"
+    );
+    assert_ne!(second["alerts"][0]["endsAt"], "0001-01-01T00:00:00Z");
+    let mails = smtp.wait_messages(2, T);
+    let subjects: Vec<String> = mails
+        .iter()
+        .map(|m| {
+            let data = unfold_email(m["data"].as_str().unwrap());
+            data.lines()
+                .find(|l| l.starts_with("Subject: "))
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        subjects,
+        [
+            "Subject: [CRITICAL] ecc_uncorrected on simhost: GPU 2",
+            "Subject: [RESOLVED] ecc_uncorrected on simhost: GPU 2"
+        ]
+    );
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success());
+    assert_eq!(hook.accepted().len(), 2, "{}", d.log_text());
+}
+
+#[test]
+fn alert_queued_while_the_receiver_is_down_survives_kill_9() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let smtp_port = free_port();
+    let cfg = config(
+        tmp.path(),
+        &format!("http://127.0.0.1:{port}/hook"),
+        smtp_port,
+        &stock_rules(),
+    );
+    let log = tmp.path().join("log");
+    let outbox = tmp.path().join("state/outbox");
+    let count = || {
+        std::fs::read_dir(&outbox)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let d = daemon("xid-79", &cfg, &log, &[("NVML_SIM_TIME_SCALE", "10")]);
+    wait_until(T, "the gpu_lost messages in the outbox", || {
+        (count() >= 2).then_some(())
+    });
+    wait_until(T, "a failed attempt", || {
+        d.log_text()
+            .contains("send failed, will retry")
+            .then_some(())
+    });
+    d.kill9();
+    assert!(count() >= 2, "kill -9 kept the outbox");
+
+    // Receivers come back; the daemon restarts where the GPU is still lost (scenario past 30 s).
+    let hook = HttpReceiver::start_on(port);
+    let smtp = SmtpServer::start_on(smtp_port, &tmp.path().join("mail"), None);
+    let mut d = daemon(
+        "xid-79",
+        &cfg,
+        &log,
+        &[("NVML_SIM_TIME_SCALE", "10"), ("NVML_SIM_START_S", "40")],
+    );
+    // (notifier_failing messages about the other channel, queued before the kill, arrive too.)
+    let lost_hooks = || {
+        hook.accepted()
+            .iter()
+            .filter(|r| r.json()["alerts"][0]["labels"]["alertname"] == "gpu_lost")
+            .count()
+    };
+    let lost_mails = || {
+        smtp.messages()
+            .iter()
+            .filter(|m| {
+                unfold_email(m["data"].as_str().unwrap()).contains("Subject: [CRITICAL] gpu_lost")
+            })
+            .count()
+    };
+    wait_until(T, "the gpu_lost webhook", || {
+        (lost_hooks() >= 1).then_some(())
+    });
+    wait_until(T, "the gpu_lost email", || {
+        (lost_mails() >= 1).then_some(())
+    });
+    wait_until(T, "empty outbox", || (count() == 0).then_some(()));
+    std::thread::sleep(Duration::from_secs(2));
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success());
+    let log = d.log_text();
+    assert!(log.contains("resuming undelivered notifications"), "{log}");
+    assert_eq!(lost_hooks(), 1, "the alert arrives once\n{log}");
+    assert_eq!(lost_mails(), 1, "the email arrives once\n{log}");
+}
+
+#[test]
+fn rule_file_edits_reload_and_a_broken_edit_keeps_the_old_rules() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = tmp.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    std::fs::copy(
+        stock_rules().join("gpu_lost.rhai"),
+        rules.join("gpu_lost.rhai"),
+    )
+    .unwrap();
+    let hook = HttpReceiver::start();
+    let cfg = config(tmp.path(), &hook.url("/hook"), free_port(), &rules);
+    let mut d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(T, "start", || {
+        d.log_text()
+            .contains("gpuwatch daemon started")
+            .then_some(())
+    });
+    // A broken edit: reported with file:line:column, the running rules stay.
+    std::fs::write(
+        rules.join("broken.rhai"),
+        "rule(#{ name: \"x\", check: |gpu| { 1 + }, });\n",
+    )
+    .unwrap();
+    wait_until(T, "reload failure", || {
+        let log = d.log_text();
+        log.contains("rule reload failed: keeping the 1 running rules")
+            .then_some(log)
+    });
+    let log = d.log_text();
+    assert!(log.contains("broken.rhai:1:"), "{log}");
+    // A good edit is picked up.
+    std::fs::write(
+        rules.join("broken.rhai"),
+        "rule(#{ name: \"always\", severity: \"warning\", check: |gpu| { if gpu.index == 0 { \"always on\" } }, });\n",
+    )
+    .unwrap();
+    wait_until(T, "reload", || {
+        d.log_text()
+            .contains("rules reloaded rules=2")
+            .then_some(())
+    });
+    let got = hook.wait_accepted(1, T);
+    assert_eq!(got[0].json()["alerts"][0]["labels"]["alertname"], "always");
+    // SIGHUP reloads too.
+    d.signal(libc::SIGHUP);
+    wait_until(T, "SIGHUP reload", || {
+        d.log_text()
+            .contains("SIGHUP: reloading configuration and rules")
+            .then_some(())
+    });
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success());
+}
