@@ -58,6 +58,8 @@ pub struct JobSection {
     pub progress_log: Option<PathBuf>,
     /// How often the job is sampled for rules, e.g. `"1s"` (at least 10 ms).
     pub tick: crate::action::settings::DurationSetting,
+    /// How long `run` / `attach` wait at the end for notifications to be delivered (`"30s"`).
+    pub notify_timeout: crate::action::settings::DurationSetting,
 }
 
 impl Default for JobSection {
@@ -69,6 +71,7 @@ impl Default for JobSection {
             tee: None,
             progress_log: None,
             tick: crate::action::settings::DurationSetting::from_ms(1000),
+            notify_timeout: crate::action::settings::DurationSetting::from_ms(30_000),
         }
     }
 }

@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use super::GlobalArgs;
 use crate::config::Config;
-use crate::job::watch::{start_sampler, StderrSink, Watch};
+use crate::job::watch::{start_sampler, DispatchSink, StderrSink, Watch};
 use crate::job::{JobOptions, JobReport};
 
 /// Flags shared by `run` and `attach`.
@@ -89,7 +89,7 @@ fn watch(
     config_given: bool,
     flags: &JobFlags,
 ) -> anyhow::Result<Watch> {
-    let hostname = crate::engine::local_hostname();
+    let hostname = config.hostname();
     let mut paths =
         crate::rules::default_rule_paths(&[], config_given.then_some(config), &config.rules);
     if !config_given {
@@ -123,6 +123,15 @@ fn watch(
     let mut watch = Watch::new(engine, actions, snapshots);
     if !flags.quiet {
         watch.add_sink(Box::new(StderrSink));
+    }
+    if config_given {
+        let settings = crate::notify::settings::NotifySettings::from_config(config)?;
+        let flush = std::time::Duration::from_millis(
+            u64::try_from(config.job.notify_timeout.ms).unwrap_or(30_000),
+        );
+        if let Some(sink) = DispatchSink::start(settings, &config.daemon.state_dir, flush)? {
+            watch.add_sink(Box::new(sink));
+        }
     }
     Ok(watch)
 }

@@ -1,6 +1,7 @@
 //! The watch behind `gpuwatch run` / `attach` when rules apply: a sampler thread feeding
 //! snapshots, the rules engine (configured rules plus job rules), kill/exec actions, and the alert
-//! output (stderr lines and, when configured, the notification dispatcher through an [`AlertSink`]).
+//! output through [`AlertSink`]s: stderr lines ([`StderrSink`]) and the configured notification
+//! channels ([`DispatchSink`], the notification dispatcher with its outbox).
 //!
 //! Data flow per tick: snapshots → [`Engine::observe`] (GPU, host and process rules) → job sample →
 //! [`Engine::evaluate_job`] → [`ActionRunner`] → sink. At the end the final job sample is
@@ -58,6 +59,126 @@ impl AlertSink for StderrSink {
 
     fn wants_end_notice(&self) -> bool {
         false
+    }
+}
+
+/// Sends alerts through the notification dispatcher (routes, channels, outbox, retries).
+///
+/// For a job, messages must leave before gpuwatch exits: every route's `group_wait` and
+/// `group_interval` are set to zero, the dispatcher keeps its outbox in its own directory
+/// (`state_dir/jobs/PID`, so a daemon on the same host is not disturbed), and
+/// [`AlertSink::finish`] waits until the outbox is empty (at most `flush_timeout`). What could
+/// not be delivered by then is moved into the daemon's outbox (`state_dir/outbox`), where the
+/// next `gpuwatch daemon` start sends it.
+pub struct DispatchSink {
+    dispatcher: Option<crate::notify::dispatcher::Dispatcher>,
+    dir: std::path::PathBuf,
+    state_dir: std::path::PathBuf,
+    flush_timeout: Duration,
+    last_send: Option<Instant>,
+}
+
+impl std::fmt::Debug for DispatchSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatchSink")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DispatchSink {
+    /// Starts a dispatcher for `settings` under `state_dir/jobs/PID`; `None` when no channel
+    /// is configured.
+    pub fn start(
+        mut settings: crate::notify::settings::NotifySettings,
+        state_dir: &std::path::Path,
+        flush_timeout: Duration,
+    ) -> anyhow::Result<Option<DispatchSink>> {
+        if settings.channels.is_empty() {
+            return Ok(None);
+        }
+        for r in &mut settings.routes {
+            r.group_wait_ms = 0;
+            r.group_interval_ms = 1;
+        }
+        let dir = state_dir.join("jobs").join(std::process::id().to_string());
+        let dispatcher = crate::notify::dispatcher::Dispatcher::start(settings, &dir)?;
+        Ok(Some(DispatchSink {
+            dispatcher: Some(dispatcher),
+            dir,
+            state_dir: state_dir.to_path_buf(),
+            flush_timeout,
+            last_send: None,
+        }))
+    }
+
+    /// Notifications in the outbox not yet delivered.
+    fn pending(&self) -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(self.dir.join("outbox"))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.extension().is_some_and(|x| x == "json")
+                            && !p
+                                .file_name()
+                                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl AlertSink for DispatchSink {
+    fn send(&mut self, event: &AlertEvent) {
+        if let Some(d) = &self.dispatcher {
+            d.send(crate::notify::dispatcher::Input::Events(
+                vec![event.clone()],
+            ));
+            self.last_send = Some(Instant::now());
+        }
+    }
+
+    fn finish(&mut self) {
+        let Some(dispatcher) = self.dispatcher.take() else {
+            return;
+        };
+        // Let the dispatcher take in the last events, then wait for the outbox to drain.
+        if let Some(t) = self.last_send {
+            let settle = Duration::from_millis(300);
+            std::thread::sleep(settle.saturating_sub(t.elapsed()));
+        }
+        let deadline = Instant::now() + self.flush_timeout;
+        while !self.pending().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        dispatcher.stop();
+        let left = self.pending();
+        if left.is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
+        // Hand what is left to the daemon's outbox.
+        let target = self.state_dir.join("outbox");
+        let mut moved = 0;
+        if std::fs::create_dir_all(&target).is_ok() {
+            for p in &left {
+                if let Some(name) = p.file_name() {
+                    if std::fs::rename(p, target.join(name)).is_ok() {
+                        moved += 1;
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "gpuwatch: {} notification(s) not delivered yet; {moved} queued in {} for the daemon",
+            left.len(),
+            target.display()
+        );
+        if moved == left.len() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

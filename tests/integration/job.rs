@@ -704,3 +704,45 @@ fn a_process_that_leaves_the_gpu_is_not_touched() {
     target.kill().unwrap();
     target.wait().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// The end notice through the configured channels.
+
+#[test]
+fn run_sends_one_notice_with_the_exit_code_through_the_channels() {
+    use crate::notify::servers::HttpReceiver;
+    let hook = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "[notify]\ntimeout = \"3s\"\nretry_initial = \"200ms\"\n\n\
+             [[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = {url:?}\n\n\
+             [[route]]\nchannels = [\"ops\"]\ngroup_by = [\"alertname\"]\n",
+            url = hook.url("/hook")
+        ),
+    );
+    let out = gpuwatch()
+        .args(["run", "--config", cfg.to_str().unwrap(), "--"])
+        .args(["sh", "-c", "echo hi; exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    // Delivered before gpuwatch exited: exactly one message.
+    let got = hook.accepted();
+    assert_eq!(got.len(), 1, "{got:?}");
+    let body = got[0].json().to_string();
+    assert!(body.contains("job_crashed"), "{body}");
+    assert!(
+        body.contains("last 1 lines"),
+        "the report is in the notice: {body}"
+    );
+    assert!(body.contains("exit code 3"), "{body}");
+    assert!(body.contains("non_zero_exit"), "{body}");
+    // The outbox of the run is gone (everything delivered).
+    assert!(!dir
+        .path()
+        .join("state/jobs")
+        .read_dir()
+        .is_ok_and(|mut d| d.next().is_some()));
+}
