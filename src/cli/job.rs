@@ -102,8 +102,8 @@ fn watch(
     let opts = crate::engine::EngineOptions::from_config(config, &config.rules, &hostname)
         .map_err(|e| anyhow::anyhow!("config: {e}"))?;
     let engine = crate::engine::Engine::new(rules, opts);
-    let actions =
-        crate::action::ActionRunner::new(&config.actions, &config.daemon.state_dir, &hostname);
+    let state_dir = crate::daemon::state_dir(config);
+    let actions = crate::action::ActionRunner::from_config(config, &state_dir, &hostname);
     let interval_ms = crate::config::parse_duration_ms(&config.daemon.interval)
         .map_err(|e| anyhow::anyhow!("daemon.interval: {e}"))?;
     let interval =
@@ -129,7 +129,7 @@ fn watch(
         let flush = std::time::Duration::from_millis(
             u64::try_from(config.job.notify_timeout.ms).unwrap_or(30_000),
         );
-        if let Some(sink) = DispatchSink::start(settings, &config.daemon.state_dir, flush)? {
+        if let Some(sink) = DispatchSink::start(settings, &state_dir, flush)? {
             watch.add_sink(Box::new(sink));
         }
     }

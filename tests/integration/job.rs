@@ -746,3 +746,51 @@ fn run_sends_one_notice_with_the_exit_code_through_the_channels() {
         .read_dir()
         .is_ok_and(|mut d| d.next().is_some()));
 }
+
+#[test]
+fn the_daemon_routes_kill_rules_through_the_policy() {
+    use crate::notify::servers::Daemon;
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = runaway();
+    let control = dir.path().join("control.toml");
+    place_on_gpu(&control, &[target.id()]);
+    let cfg = kill_config(dir.path(), false, "", "500ms");
+    common::sim_lib();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
+    let control_env = control.display().to_string();
+    let cmd = common::command(
+        &[
+            "--sim",
+            scenario.to_str().unwrap(),
+            "daemon",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        &[("NVML_SIM_CONTROL", control_env.as_str())],
+    );
+    let daemon = Daemon::spawn(cmd, &dir.path().join("daemon.log"), &[], false);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = target.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "never killed: {:?}\n{}",
+            audit(dir.path()),
+            std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    let start = Instant::now();
+    while decisions(&audit(dir.path())).len() < 4 && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    daemon.kill9();
+    assert_eq!(
+        decisions(&audit(dir.path())),
+        vec!["warn", "term", "kill", "exited"]
+    );
+}
