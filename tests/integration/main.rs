@@ -6,6 +6,7 @@ mod common;
 mod daemon;
 mod engine;
 mod fidelity;
+mod job;
 mod metrics_doc;
 mod notify;
 mod sim;
