@@ -146,7 +146,7 @@ fn unit_and_mixed_number_operators() {
     let src = r#"rule(#{ name: "u", check: |gpu| {
         let none = gpu.power.mean("1m");
         if none > 1.0 || none < 1 || none * 2 > 0 || 50 > 40.5 == false { return "bad"; }
-        if 3 > 2.5 && 2.0 < 3 && MiB(1) == 1048576.0 && to_GiB(GiB(2)) == 2.0 { "ok" }
+        if 3 > 2.5 && 2.0 < 3 && MiB(1) == 1048576.0 && to_GiB(GiB(2)) == 2.0 && 2 * GiB == GiB(2) { "ok" }
     } });"#;
     let set = load(src).unwrap();
     match set.eval_gpu(0, &history(&[50.0; 60]), 59_000) {
