@@ -794,3 +794,43 @@ fn the_daemon_routes_kill_rules_through_the_policy() {
         vec!["warn", "term", "kill", "exited"]
     );
 }
+
+#[test]
+fn report_has_peak_memory_and_mean_utilization_of_the_jobs_gpus() {
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let control = dir.path().join("control.toml");
+    let report = dir.path().join("report.json");
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
+    // The job puts itself on GPU 1 with 2 GiB.
+    let script = "printf '[[process]]\\ngpu = 1\\npid = %d\\nused_memory_mib = 2048\\n' $$ \
+                  > \"$NVML_SIM_CONTROL\"; sleep 2.5";
+    let out = gpuwatch()
+        .env("NVML_SIM_CONTROL", &control)
+        .args(["--sim", scenario.to_str().unwrap(), "run", "--quiet"])
+        .args(["--config", cfg.to_str().unwrap()])
+        .args([
+            "--report-json",
+            report.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = read_report(&report);
+    let gpus = report["gpus"].as_array().expect("GPU stats");
+    assert_eq!(gpus.len(), 1, "{gpus:?}");
+    assert_eq!(gpus[0]["index"], 1);
+    assert_eq!(gpus[0]["peak_mem_used_bytes"], 2048u64 << 20);
+    let util = gpus[0]["mean_util_percent"].as_f64().unwrap();
+    assert!((90.0..=100.0).contains(&util), "{util}");
+}
