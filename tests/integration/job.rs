@@ -298,6 +298,16 @@ fn attach_to_a_missing_process_fails() {
 }
 
 #[test]
+fn a_missing_command_exits_127_like_a_shell() {
+    let out = gpuwatch()
+        .args(["run", "--no-rules", "--", "/nonexistent/train.py"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot start"));
+}
+
+#[test]
 fn run_without_command_is_a_usage_error() {
     let out = gpuwatch().arg("run").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
