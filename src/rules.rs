@@ -211,6 +211,9 @@ fn new_engine(collector: Collector) -> Engine {
     engine.register_fn(
         "rule",
         move |ctx: NativeCallContext, def: Map| -> Result<(), Box<EvalAltResult>> {
+            if !api::LOADING.with(std::cell::Cell::get) {
+                return Err("rule(..) can only be called at the top level of a rule file".into());
+            }
             let pos = ctx.call_position();
             collector
                 .lock()
@@ -512,7 +515,9 @@ impl RuleSet {
                 c.clear();
             }
             api::PARAMS.with(|p| *p.borrow_mut() = Some(params_for(config, &stem)));
+            api::LOADING.with(|l| l.set(true));
             let run = engine.run_ast_with_scope(&mut scope, &ast);
+            api::LOADING.with(|l| l.set(false));
             api::PARAMS.with(|p| *p.borrow_mut() = None);
             if let Err(e) = run {
                 let (pos, msg) = api::split_error(e);

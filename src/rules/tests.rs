@@ -223,3 +223,15 @@ fn duplicate_names_and_retention() {
     let set = load("rule(#{ name: \"a\", check: |g| g.util.mean(\"2h\") > 1 });").unwrap();
     assert_eq!(set.retention_ms(), 2 * 3_600_000 + 60_000);
 }
+
+#[test]
+fn rule_cannot_be_registered_from_a_check() {
+    let set = load(
+        "rule(#{ name: \"r\", check: |gpu| { rule(#{ name: \"x\", check: |g| 1 }); true } });",
+    )
+    .unwrap();
+    match set.eval_gpu(0, &history(&[50.0]), 0) {
+        EvalResult::Error(e) => assert!(e.message.contains("top level"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}
