@@ -764,3 +764,25 @@ fn end_of_events_input_delivers_waiting_groups_before_exiting() {
     assert_eq!(hook.accepted().len(), 1);
     assert_eq!(outbox_files(tmp.path()), 0);
 }
+
+#[test]
+fn check_validates_channels_and_routes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(
+        tmp.path(),
+        "",
+        "[[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl_env = \"GW_TEST_UNSET_HOOK\"\n[[route]]\nchannels = [\"opz\"]\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("config.toml:12:8: channel \"ops\": `url_env`: environment variable GW_TEST_UNSET_HOOK is not set"), "{err}");
+    assert!(
+        err.contains("config.toml:16:13: route names unknown channel \"opz\""),
+        "{err}"
+    );
+}
