@@ -504,6 +504,26 @@ mod tests {
     }
 
     #[test]
+    fn unmappable_pids_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        let audit = AuditLog::open(&dir.path().join("audit.jsonl")).unwrap();
+        let mapper = PidMapper::Unavailable("gpuwatch runs inside a PID namespace".into());
+        let mut m = KillManager::new(KillPolicy::new(section(false)), audit, mapper);
+        m.request(request(pid));
+        let r = m.tick(crate::job::now_ms(), &HashMap::from([(pid, 0)]));
+        assert_eq!(r[0].decision, AuditDecision::Refused);
+        assert_eq!(
+            r[0].reason,
+            "cannot map the host PID: gpuwatch runs inside a PID namespace"
+        );
+        assert!(child.try_wait().unwrap().is_none());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
     fn leaving_the_gpu_or_resolving_cancels() {
         let dir = tempfile::tempdir().unwrap();
         let mut child = spawn("sleep 30");

@@ -180,11 +180,29 @@ fn finish(report: &JobReport, flags: &JobFlags) -> anyhow::Result<()> {
 pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
     let config = load_config(args.flags.config.as_deref())?;
     let opts = options(&config, &args.flags, args.tee.as_ref())?;
-    let report = if args.flags.no_rules {
-        crate::job::run_job(&args.command, &opts, &mut crate::job::NoObserver)?
+    let result = if args.flags.no_rules {
+        crate::job::run_job(&args.command, &opts, &mut crate::job::NoObserver)
     } else {
         let mut w = watch(global, &config, args.flags.config.is_some(), &args.flags)?;
-        crate::job::run_job(&args.command, &opts, &mut w)?
+        crate::job::run_job(&args.command, &opts, &mut w)
+    };
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            // Like a shell: 127 when the command does not exist, 126 when it cannot be run.
+            let io = e
+                .chain()
+                .find_map(|c| c.downcast_ref::<std::io::Error>())
+                .map(std::io::Error::kind);
+            let spawn_failed = e.to_string().starts_with("cannot start ");
+            let code = match io {
+                Some(std::io::ErrorKind::NotFound) if spawn_failed => 127,
+                Some(std::io::ErrorKind::PermissionDenied) if spawn_failed => 126,
+                _ => return Err(e),
+            };
+            eprintln!("gpuwatch: error: {e:#}");
+            return Ok(code);
+        }
     };
     finish(&report, &args.flags)?;
     Ok(report.exit_code)

@@ -298,6 +298,18 @@ impl Watch {
         let now = sample.time_ms;
         let pids: HashSet<u32> = sample.pids.iter().copied().chain([sample.pid]).collect();
         let (mut events, procs) = self.ingest(&pids, now);
+        // Every alert raised while a job runs says where the job was.
+        let progress = sample.progress.describe();
+        for ev in &mut events {
+            if ev.status == AlertStatus::Firing {
+                ev.annotations
+                    .entry("progress".into())
+                    .or_insert_with(|| progress.clone());
+                ev.annotations
+                    .entry("job".into())
+                    .or_insert_with(|| sample.command.clone());
+            }
+        }
         events.extend(self.engine.evaluate_job(sample, now));
         let audits = {
             let mut a = self.actions.handle(&events, now);

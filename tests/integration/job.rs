@@ -298,6 +298,16 @@ fn attach_to_a_missing_process_fails() {
 }
 
 #[test]
+fn a_missing_command_exits_127_like_a_shell() {
+    let out = gpuwatch()
+        .args(["run", "--no-rules", "--", "/nonexistent/train.py"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot start"));
+}
+
+#[test]
 fn run_without_command_is_a_usage_error() {
     let out = gpuwatch().arg("run").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -793,4 +803,80 @@ fn the_daemon_routes_kill_rules_through_the_policy() {
         decisions(&audit(dir.path())),
         vec!["warn", "term", "kill", "exited"]
     );
+}
+
+#[test]
+fn report_has_peak_memory_and_mean_utilization_of_the_jobs_gpus() {
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let control = dir.path().join("control.toml");
+    let report = dir.path().join("report.json");
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
+    // The job puts itself on GPU 1 with 2 GiB.
+    let script = "printf '[[process]]\\ngpu = 1\\npid = %d\\nused_memory_mib = 2048\\n' $$ \
+                  > \"$NVML_SIM_CONTROL\"; sleep 2.5";
+    let out = gpuwatch()
+        .env("NVML_SIM_CONTROL", &control)
+        .args(["--sim", scenario.to_str().unwrap(), "run", "--quiet"])
+        .args(["--config", cfg.to_str().unwrap()])
+        .args([
+            "--report-json",
+            report.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = read_report(&report);
+    let gpus = report["gpus"].as_array().expect("GPU stats");
+    assert_eq!(gpus.len(), 1, "{gpus:?}");
+    assert_eq!(gpus[0]["index"], 1);
+    assert_eq!(gpus[0]["peak_mem_used_bytes"], 2048u64 << 20);
+    let util = gpus[0]["mean_util_percent"].as_f64().unwrap();
+    assert!((90.0..=100.0).contains(&util), "{util}");
+}
+
+#[test]
+fn a_job_stopped_by_the_kill_action_is_reported_as_killed_by_gpuwatch() {
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = kill_config(dir.path(), false, "", "300ms");
+    let control = dir.path().join("control.toml");
+    let report = dir.path().join("report.json");
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
+    // The job puts itself on GPU 0 with 70 GiB (over the 40 GiB quota) and ignores SIGTERM.
+    let script =
+        "trap '' TERM; printf '[[process]]\\ngpu = 0\\npid = %d\\nused_memory_mib = 71680\\n' $$ \
+                  > \"$NVML_SIM_CONTROL\"; while :; do sleep 0.05; done";
+    let out = gpuwatch()
+        .env("NVML_SIM_CONTROL", &control)
+        .args(["--sim", scenario.to_str().unwrap(), "run", "--quiet"])
+        .args(["--config", cfg.to_str().unwrap()])
+        .args([
+            "--report-json",
+            report.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(137));
+    let report = read_report(&report);
+    assert_eq!(report["crash_class"], "killed_by_gpuwatch", "{report}");
+    assert!(report["crash_detail"]
+        .as_str()
+        .unwrap()
+        .starts_with("gpu_memory_quota"));
+    assert_eq!(decisions(&audit(dir.path()))[..3], ["warn", "term", "kill"]);
 }
