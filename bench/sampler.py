@@ -2,8 +2,9 @@
 
 Starts, at the same time, `gpuwatch record` (100 ms interval, CSV to /dev/null) and a Python
 process running gpustat's own query loop (`gpustat.new_query()` every 100 ms), both against the
-same simulated NVML library playing the `healthy` scenario (8 GPUs). CPU time (user + system) and
-peak RSS come from wait4() on each child, so each side is charged exactly its own process.
+same simulated NVML library playing the `healthy` scenario (8 GPUs). CPU time (user + system) comes
+from wait4() on each child, so each side is charged exactly its own process; peak RSS is each
+child's VmHWM.
 gpuwatch's figure includes its start-up; gpustat's excludes Python and module start-up (the loop
 measures itself), which favours gpustat.
 """
@@ -11,7 +12,6 @@ measures itself), which favours gpustat.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,12 +38,6 @@ print(json.dumps({"ticks": ticks, "cpu_s": cpu() - c0, "gpus": gpus}))
 """
 
 
-def wait_rusage(proc):
-    _, status, ru = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return ru
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=30)
@@ -60,28 +54,56 @@ def main():
         env.pop(k, None)
 
     interval_ms = int(round(a.interval * 1000))
-    gw_cmd = [a.gpuwatch, "--nvml-lib", os.path.join(libdir, "libnvidia-ml.so.1"), "record",
+    gw_cmd = [os.path.abspath(a.gpuwatch), "--nvml-lib", os.path.join(libdir, "libnvidia-ml.so.1"), "record",
               "--interval", f"{interval_ms}ms", "--duration", f"{a.seconds}s"]
-    with open(os.devnull, "wb") as devnull:
-        gw = subprocess.Popen(gw_cmd, env=env, stdout=devnull, stderr=subprocess.PIPE)
-        gs = subprocess.Popen([sys.executable, "-c", GPUSTAT_LOOP, str(a.seconds), str(a.interval)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        gs_ru = wait_rusage(gs)
-        gw_ru = wait_rusage(gw)
-    gs_out, gs_err = gs.stdout.read().decode(), gs.stderr.read().decode()
-    gw_err = gw.stderr.read().decode()
-    if gw.returncode != 0 or gs.returncode != 0:
-        sys.exit(f"benchmark run failed:\ngpuwatch: {gw_err}\ngpustat: {gs_err}")
-    g = json.loads(gs_out)
+    outdir = tempfile.mkdtemp(prefix="gpuwatch-bench-out-")
+    paths = {k: os.path.join(outdir, k) for k in ("gw.err", "gs.out", "gs.err")}
+
+    def spawn(argv, stdout, stderr):
+        actions = [(os.POSIX_SPAWN_OPEN, 1, stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+                   (os.POSIX_SPAWN_OPEN, 2, stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
+        return os.posix_spawn(argv[0], argv, env, file_actions=actions)
+
+    gw = spawn(gw_cmd, os.devnull, paths["gw.err"])
+    gs = spawn([sys.executable, "-c", GPUSTAT_LOOP, str(a.seconds), str(a.interval)],
+               paths["gs.out"], paths["gs.err"])
+    # Peak RSS: VmHWM of each child's own address space (ru_maxrss would also count the
+    # spawning Python process's pages from before exec), polled until the child exits.
+    hwm = {gw: 0, gs: 0}
+    results = {}
+    while len(results) < 2:
+        for pid in hwm:
+            if pid in results:
+                continue
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            hwm[pid] = max(hwm[pid], int(line.split()[1]))
+            except OSError:
+                pass
+        pid, status, ru = os.wait4(-1, os.WNOHANG)
+        if pid:
+            results[pid] = (os.waitstatus_to_exitcode(status), ru)
+        else:
+            time.sleep(0.05)
+    (gw_rc, gw_ru), (gs_rc, gs_ru) = results[gw], results[gs]
+    read = lambda k: open(paths[k]).read()
+    if gw_rc != 0 or gs_rc != 0:
+        sys.exit(f"benchmark run failed:\ngpuwatch: {read('gw.err')}\ngpustat: {read('gs.err')}")
+    g = json.loads(read("gs.out"))
+    for f in paths.values():
+        os.unlink(f)
+    os.rmdir(outdir)
     gw_ticks = int(a.seconds / a.interval)
     gw_cpu = gw_ru.ru_utime + gw_ru.ru_stime
     gw_per = gw_cpu / gw_ticks
     gs_per = g["cpu_s"] / g["ticks"]
     print(f"scenario {a.scenario}: {g['gpus']} simulated GPUs, interval {interval_ms} ms, {a.seconds:g} s side by side")
     print(f"gpuwatch record : {gw_ticks:5d} ticks  CPU {gw_cpu:8.3f} s  = {gw_per * 1e6:9.1f} us/tick"
-          f"  peak RSS {gw_ru.ru_maxrss / 1024:6.1f} MiB")
+          f"  peak RSS {hwm[gw] / 1024:6.1f} MiB")
     print(f"gpustat loop    : {g['ticks']:5d} ticks  CPU {g['cpu_s']:8.3f} s  = {gs_per * 1e6:9.1f} us/tick"
-          f"  peak RSS {gs_ru.ru_maxrss / 1024:6.1f} MiB")
+          f"  peak RSS {hwm[gs] / 1024:6.1f} MiB")
     print(f"ratio           : gpustat uses {gs_per / gw_per:.0f}x the CPU per sample of gpuwatch"
           f" (target >= 50x); gpuwatch RSS target < 20 MiB")
     os.unlink(os.path.join(libdir, "libnvidia-ml.so.1"))

@@ -2,11 +2,11 @@
 # CPU time per sampled tick and peak RSS: gpuwatch vs gpustat, 8 simulated GPUs, 100 ms interval,
 # both running side by side against the same simulated libnvidia-ml.so.1 (release builds).
 #
-#   bash bench/sampler.sh [SECONDS]        (default 30; needs .venv-ci from .ci/run, or
+#   bash bench/sampler.sh [SECONDS]        (default 60; needs .venv-ci from .ci/run, or
 #                                           GPUWATCH_PEERS=<venv with gpustat>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECONDS_TO_RUN="${1:-30}"
+SECONDS_TO_RUN="${1:-60}"
 PEERS="${GPUWATCH_PEERS:-$PWD/.venv-ci}"
 if [ ! -x "$PEERS/bin/python" ]; then
     python3 -m venv "$PEERS"

@@ -165,8 +165,9 @@ pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i
                 break;
             }
             Control::EndOfInput => {
-                info!("end of events input: stopping");
-                break;
+                info!("end of events input: delivering what is queued, then stopping");
+                dispatcher.drain(Duration::from_secs(30));
+                return Ok(0);
             }
         }
     }

@@ -47,10 +47,51 @@ pub fn header_line() -> String {
 
 /// `2026-12-02T15:00:00.123Z` for a UTC millisecond timestamp.
 pub fn format_timestamp(time_ms: i64) -> String {
-    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(time_ms).map_or_else(
-        || time_ms.to_string(),
-        |t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
-    )
+    let mut s = String::with_capacity(24);
+    push_timestamp(&mut s, time_ms);
+    s
+}
+
+/// Appends `time_ms` as RFC 3339 UTC with milliseconds (proleptic Gregorian calendar; computed
+/// directly because this runs for every tick of a recording).
+pub fn push_timestamp(out: &mut String, time_ms: i64) {
+    let ms = time_ms.rem_euclid(1000);
+    let secs = time_ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (era-based algorithm, valid for any i64 input here).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let _ = write!(
+        out,
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    );
+}
+
+/// Appends a non-negative integer without going through `core::fmt`.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut buf = [0_u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // The bytes are ASCII digits.
+    out.push_str(std::str::from_utf8(&buf[i..]).unwrap_or("0"));
 }
 
 /// Appends a value: integral values without a decimal point, others in shortest round-trip
@@ -61,7 +102,10 @@ pub fn push_value(out: &mut String, v: f64) {
     }
     if v.fract() == 0.0 && v.abs() < 9.007_199_254_740_992e15 {
         // Exact: the value is an integer below 2^53.
-        let _ = write!(out, "{}", v as i64);
+        if v < 0.0 {
+            out.push('-');
+        }
+        push_u64(out, v.abs() as u64);
     } else {
         let _ = write!(out, "{v}");
     }
@@ -101,10 +145,13 @@ impl CsvRows {
         if let Some(p) = &snap.processes {
             self.processes.clone_from(p);
         }
-        let ts = format_timestamp(snap.time_ms);
+        let mut ts = String::with_capacity(24);
+        push_timestamp(&mut ts, snap.time_ms);
         for gpu in &snap.gpus {
             out.push_str(&ts);
-            let _ = write!(out, ",{},", gpu.id.index);
+            out.push(',');
+            push_u64(out, u64::from(gpu.id.index));
+            out.push(',');
             push_field(out, &gpu.id.uuid);
             out.push(',');
             push_field(out, &gpu.id.name);
@@ -112,7 +159,7 @@ impl CsvRows {
             push_field(out, &gpu.id.pci_bus_id);
             out.push(',');
             if let Some(m) = gpu.id.minor {
-                let _ = write!(out, "{m}");
+                push_u64(out, u64::from(m));
             }
             out.push_str(match gpu.state {
                 DeviceState::Ok => ",ok",
@@ -144,9 +191,10 @@ impl CsvRows {
                     out.push(';');
                 }
                 first = false;
-                let _ = write!(out, "{}:", p.pid);
+                push_u64(out, u64::from(p.pid));
+                out.push(':');
                 if let Some(b) = p.used_mem_bytes {
-                    let _ = write!(out, "{b}");
+                    push_u64(out, b);
                 }
             }
             out.push('\n');
@@ -336,6 +384,25 @@ mod tests {
         assert!(h.starts_with("timestamp,index,uuid,name,pci_bus_id,minor,state,util,mem_util,"));
         assert!(h.ends_with(",dec_util,xids,processes"));
         assert_eq!(h.split(',').count(), 7 + METRICS.len() + 2);
+    }
+
+    #[test]
+    fn timestamps_match_chrono() {
+        let mut t: i64 = -62_135_596_800_000; // 0001-01-01
+        while t < 253_402_300_799_999 {
+            let want = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(t)
+                .unwrap()
+                .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+                .to_string();
+            assert_eq!(format_timestamp(t), want, "{t}");
+            t += 86_399_987 * 71 + 13;
+        }
+        assert_eq!(format_timestamp(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            format_timestamp(951_782_400_999),
+            "2000-02-29T00:00:00.999Z"
+        );
+        assert_eq!(format_timestamp(-1), "1969-12-31T23:59:59.999Z");
     }
 
     #[test]

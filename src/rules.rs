@@ -211,6 +211,9 @@ fn new_engine(collector: Collector) -> Engine {
     engine.register_fn(
         "rule",
         move |ctx: NativeCallContext, def: Map| -> Result<(), Box<EvalAltResult>> {
+            if !api::LOADING.with(std::cell::Cell::get) {
+                return Err("rule(..) can only be called at the top level of a rule file".into());
+            }
             let pos = ctx.call_position();
             collector
                 .lock()
@@ -220,6 +223,17 @@ fn new_engine(collector: Collector) -> Engine {
         },
     );
     engine
+}
+
+/// The load-time scope: the constants `KiB`, `MiB`, `GiB`, `TiB` (bytes), which closures capture,
+/// so `gpu.mem_used.last() > 70 * GiB` works as well as `GiB(70)`.
+fn unit_scope() -> rhai::Scope<'static> {
+    let mut scope = rhai::Scope::new();
+    scope.push_constant("KiB", 1024.0_f64);
+    scope.push_constant("MiB", 1_048_576.0_f64);
+    scope.push_constant("GiB", 1_073_741_824.0_f64);
+    scope.push_constant("TiB", 1_099_511_627_776.0_f64);
+    scope
 }
 
 /// Every `*.rhai` file named by `paths` (files as given, directories non-recursively, sorted).
@@ -481,7 +495,8 @@ impl RuleSet {
                     continue;
                 }
             };
-            let mut ast = match engine.compile(&source) {
+            let mut scope = unit_scope();
+            let mut ast = match engine.compile_with_scope(&scope, &source) {
                 Ok(a) => a,
                 Err(e) => {
                     errors.push(RuleError::at(&file, e.position(), e.err_type().to_string()));
@@ -500,7 +515,9 @@ impl RuleSet {
                 c.clear();
             }
             api::PARAMS.with(|p| *p.borrow_mut() = Some(params_for(config, &stem)));
-            let run = engine.run_ast(&ast);
+            api::LOADING.with(|l| l.set(true));
+            let run = engine.run_ast_with_scope(&mut scope, &ast);
+            api::LOADING.with(|l| l.set(false));
             api::PARAMS.with(|p| *p.borrow_mut() = None);
             if let Err(e) = run {
                 let (pos, msg) = api::split_error(e);

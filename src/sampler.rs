@@ -4,7 +4,7 @@
 //! for `--sim`, or `libnvidia-ml.so.1`), reads every GPU's identity once and keeps one handle per
 //! GPU. [`Sampler::sample`] then produces a plain [`Snapshot`]: every metric of
 //! [`crate::model::METRICS`] per GPU in canonical units, the XID events received since the last
-//! tick (from the [`events`] thread) and, on a slower cadence, the GPU process list enriched
+//! tick (drained from an NVML event set without blocking, see [`events`]) and, on a slower cadence, the GPU process list enriched
 //! from `/proc` ([`procfs`]).
 //!
 //! Faults never stop sampling. A value the GPU cannot give is `None`; after the first
@@ -14,8 +14,8 @@
 //! other GPUs keep being sampled. Other errors leave the value `None` and are logged once per
 //! GPU and source.
 //!
-//! The `Nvml` handle is leaked on purpose: devices borrow it, the XID thread outlives any one
-//! call, and a sampler lives as long as its process.
+//! The `Nvml` handle is leaked on purpose: devices and the event set borrow it, and a sampler
+//! lives as long as its process (this also avoids `nvmlShutdown` at exit).
 
 mod events;
 pub mod procfs;
@@ -56,7 +56,7 @@ pub struct SamplerConfig {
     pub sim_scenario: Option<String>,
     /// Process-list refresh period (the list is also read at the first tick).
     pub process_interval: Duration,
-    /// Start the XID event thread.
+    /// Register for XID events (drained at every tick).
     pub xid_events: bool,
 }
 
@@ -319,24 +319,19 @@ impl Slot {
     }
 
     fn read_fields(&mut self, set: &mut impl FnMut(Metric, Option<f64>)) -> Result<(), Lost> {
-        if self.fields.is_empty() {
+        if self.fields.is_empty() || self.unsupported & Source::Fields.bit() != 0 {
             return Ok(());
         }
-        let ids = std::mem::take(&mut self.fields);
-        let result = self.query(Source::Fields, |d| d.field_values_for(&ids));
-        let samples = match result {
-            Ok(Some(s)) => s,
-            Ok(None) => {
-                self.fields = ids;
-                return Ok(());
-            }
-            Err(Lost) => {
-                self.fields = ids;
-                return Err(Lost);
-            }
+        let Some(dev) = self.handle.as_ref() else {
+            return Err(Lost);
         };
-        let mut keep = Vec::with_capacity(ids.len());
-        for (id, sample) in ids.iter().zip(samples) {
+        let samples = match dev.field_values_for(&self.fields) {
+            Ok(s) => s,
+            Err(e) => return self.failed(Source::Fields, &e),
+        };
+        let mut drop_mask: u32 = 0;
+        for (i, sample) in samples.into_iter().enumerate() {
+            let Some(id) = self.fields.get(i) else { break };
             let Some(&(_, metric)) = FIELDS.iter().find(|(f, _)| *f == id.0) else {
                 continue;
             };
@@ -345,10 +340,7 @@ impl Slot {
                 Ok(SampleValue::U32(v)) => Some(f64::from(v)),
                 Ok(SampleValue::U64(v)) => Some(v as f64),
                 Ok(SampleValue::I64(v)) => Some(v as f64),
-                Err(NvmlError::GpuLost | NvmlError::ResetRequired) => {
-                    self.fields = ids;
-                    return Err(Lost);
-                }
+                Err(NvmlError::GpuLost | NvmlError::ResetRequired) => return Err(Lost),
                 Err(NvmlError::NotSupported | NvmlError::InvalidArg | NvmlError::NoPermission) => {
                     tracing::debug!(
                         "GPU {}: field {} ({}) not supported; not asked again",
@@ -356,14 +348,21 @@ impl Slot {
                         id.0,
                         metric.key()
                     );
-                    continue;
+                    drop_mask |= 1 << i;
+                    None
                 }
                 Err(_) => None,
             };
             set(metric, value);
-            keep.push(FieldId(id.0));
         }
-        self.fields = keep;
+        if drop_mask != 0 {
+            let mut i = 0;
+            self.fields.retain(|_| {
+                let keep = drop_mask & (1 << i) == 0;
+                i += 1;
+                keep
+            });
+        }
         Ok(())
     }
 
@@ -438,7 +437,7 @@ fn library_path(cfg: &SamplerConfig) -> Result<PathBuf, SamplerError> {
 }
 
 impl Sampler {
-    /// Loads NVML, enumerates the GPUs and (if configured) starts the XID thread.
+    /// Loads NVML, enumerates the GPUs and (if configured) registers for XID events.
     pub fn open(cfg: &SamplerConfig) -> Result<Sampler, SamplerError> {
         let path = library_path(cfg)?;
         let lib = path.display().to_string();
@@ -524,16 +523,25 @@ impl Sampler {
             fields: FIELDS.iter().map(|(f, _)| FieldId(*f)).collect(),
             lost_probe_ms: now,
         };
+        if !Self::attach(nvml, &mut slot) {
+            tracing::warn!("GPU {index} does not answer (lost); the others are sampled");
+            slot.state = DeviceState::Lost;
+        }
+        slot
+    }
+
+    /// Gets the handle and identity of `slot`'s device; false when the device is lost.
+    fn attach(nvml: &'static Nvml, slot: &mut Slot) -> bool {
+        let index = slot.id.index;
         match nvml.device_by_index(index) {
             Ok(dev) => slot.handle = Some(dev),
             Err(e) => {
-                tracing::error!("GPU {index}: no handle ({e}); treated as lost");
-                slot.state = DeviceState::Lost;
-                return slot;
+                tracing::debug!("GPU {index}: no handle: {e}");
+                return false;
             }
         }
         let Some(dev) = slot.handle.as_ref() else {
-            return slot;
+            return false;
         };
         let mut lost = false;
         let mut note = |r: Result<(), NvmlError>| {
@@ -549,10 +557,7 @@ impl Sampler {
         note(dev.name().map(|n| slot.id.name = n));
         note(dev.pci_info().map(|p| slot.id.pci_bus_id = p.bus_id));
         note(dev.minor_number().map(|m| slot.id.minor = Some(m)));
-        if lost {
-            slot.mark_lost(now);
-        }
-        slot
+        !lost
     }
 
     /// Identities of all GPUs, in NVML index order.
@@ -583,16 +588,21 @@ impl Sampler {
     /// Takes one snapshot stamped `time_ms`. The process list is refreshed at the first call and
     /// then whenever the process interval has passed.
     pub fn sample_at(&mut self, time_ms: i64) -> Snapshot {
+        let xids = self
+            .xids
+            .as_mut()
+            .map(|x| x.drain(time_ms))
+            .unwrap_or_default();
         let mut gpus = Vec::with_capacity(self.slots.len());
         for slot in &mut self.slots {
             let mut values = MetricValues::default();
             if slot.state == DeviceState::Lost && time_ms - slot.lost_probe_ms >= LOST_PROBE_MS {
                 slot.lost_probe_ms = time_ms;
-                let probe = slot
-                    .handle
-                    .as_ref()
-                    .map(|d| d.temperature(TemperatureSensor::Gpu));
-                if let Some(Ok(_)) = probe {
+                let answers = match slot.handle.as_ref() {
+                    Some(d) => d.temperature(TemperatureSensor::Gpu).is_ok(),
+                    None => Self::attach(self.nvml, slot),
+                };
+                if answers {
                     tracing::warn!("GPU {} answers again", slot.id.index);
                     slot.state = DeviceState::Ok;
                 }
@@ -616,11 +626,6 @@ impl Sampler {
             self.read_processes(time_ms)
         });
         // A device found lost while listing processes shows as lost from the next tick on.
-        let xids = self
-            .xids
-            .as_ref()
-            .map(events::XidListener::drain)
-            .unwrap_or_default();
         Snapshot {
             time_ms,
             gpus,
@@ -641,7 +646,17 @@ impl Sampler {
                 continue;
             }
             for (p, kind) in self.scratch.drain(..) {
-                let d = self.proc_cache.lookup(p.pid);
+                // One process often holds every GPU: read /proc once per refresh.
+                let d = match out.iter().find(|q: &&ProcSample| q.pid == p.pid) {
+                    Some(q) => procfs::ProcDetails {
+                        uid: q.uid,
+                        user: q.user.clone(),
+                        command: q.command.clone(),
+                        container: q.container.clone(),
+                        runtime_s: q.runtime_s,
+                    },
+                    None => self.proc_cache.lookup(p.pid),
+                };
                 out.push(ProcSample {
                     pid: p.pid,
                     gpu_index: slot.id.index,

@@ -207,7 +207,7 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
     let mut transitions = 0u64;
     let mut write_err: Option<std::io::Error> = None;
     let started = std::time::Instant::now();
-    let stats = crate::engine::replay(&mut engine, reader, |ev| {
+    let stats = crate::engine::replay(&mut engine, crate::trace::read_ahead(reader), |ev| {
         if ev.repeat && !args.repeats {
             return;
         }

@@ -18,6 +18,8 @@ type RhaiResult = Result<Dynamic, Box<EvalAltResult>>;
 thread_local! {
     /// Set when a window method returned `()` for lack of data during the current evaluation.
     pub(crate) static NODATA: Cell<bool> = const { Cell::new(false) };
+    /// True while a rule file's top level runs (the only time `rule(..)` may be called).
+    pub(crate) static LOADING: Cell<bool> = const { Cell::new(false) };
     /// Parameters of the rule (or file) being evaluated, for `param()`.
     pub(crate) static PARAMS: RefCell<Option<Arc<Map>>> = const { RefCell::new(None) };
 }

@@ -146,7 +146,7 @@ fn unit_and_mixed_number_operators() {
     let src = r#"rule(#{ name: "u", check: |gpu| {
         let none = gpu.power.mean("1m");
         if none > 1.0 || none < 1 || none * 2 > 0 || 50 > 40.5 == false { return "bad"; }
-        if 3 > 2.5 && 2.0 < 3 && MiB(1) == 1048576.0 && to_GiB(GiB(2)) == 2.0 { "ok" }
+        if 3 > 2.5 && 2.0 < 3 && MiB(1) == 1048576.0 && to_GiB(GiB(2)) == 2.0 && 2 * GiB == GiB(2) { "ok" }
     } });"#;
     let set = load(src).unwrap();
     match set.eval_gpu(0, &history(&[50.0; 60]), 59_000) {
@@ -222,4 +222,16 @@ fn duplicate_names_and_retention() {
     );
     let set = load("rule(#{ name: \"a\", check: |g| g.util.mean(\"2h\") > 1 });").unwrap();
     assert_eq!(set.retention_ms(), 2 * 3_600_000 + 60_000);
+}
+
+#[test]
+fn rule_cannot_be_registered_from_a_check() {
+    let set = load(
+        "rule(#{ name: \"r\", check: |gpu| { rule(#{ name: \"x\", check: |g| 1 }); true } });",
+    )
+    .unwrap();
+    match set.eval_gpu(0, &history(&[50.0]), 0) {
+        EvalResult::Error(e) => assert!(e.message.contains("top level"), "{e}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -1,10 +1,11 @@
-//! The XID event listener: one NVML event set with every GPU that supports critical XID events
-//! registered, waited on by a separate thread so that a sampling tick never blocks on it. Events
-//! are queued with the time they arrived and drained into the next snapshot.
-
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+//! XID events: one NVML event set with every GPU that supports critical XID events registered,
+//! drained without blocking (`nvmlEventSetWait_v2` with a zero timeout) by the sampling thread at
+//! every tick, so events land in the next snapshot.
+//!
+//! Why not a thread blocked in the wait: the events are only consumed at tick granularity anyway,
+//! a zero-timeout wait returns at once (it never stalls a tick), and a waiting thread costs a
+//! wake-up per wait period (the simulated library wakes every 250 ms), which was about a tenth
+//! of gpuwatch's whole sampling CPU at 100 ms ticks.
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
@@ -13,9 +14,9 @@ use nvml_wrapper::{Device, EventSet, Nvml};
 
 use crate::model::XidEvent;
 
-/// How long one `nvmlEventSetWait_v2` call may block; bounds how long the thread lingers after
-/// the sampler is dropped.
-const WAIT_MS: u32 = 500;
+/// At most this many events are taken per tick (a storm cannot stall sampling; the rest wait
+/// for the next tick).
+const MAX_PER_TICK: usize = 64;
 
 /// One registered GPU: its raw handle (as an address, to match `EventData.device`), index, UUID.
 struct Registered {
@@ -24,16 +25,17 @@ struct Registered {
     uuid: String,
 }
 
-/// A running listener. Dropping it tells the thread to stop (it exits within [`WAIT_MS`]).
+/// The event set and the GPUs registered in it.
 pub(crate) struct XidListener {
-    stop: Arc<AtomicBool>,
-    queue: Arc<Mutex<Vec<XidEvent>>>,
+    set: EventSet<'static>,
+    registered: Vec<Registered>,
+    /// Set after a failed wait was logged, so a broken set logs once.
+    warned: bool,
 }
 
 impl XidListener {
-    /// Registers every device in `devices` (handle, index, uuid) that supports XID events and
-    /// starts the waiting thread. `None` when no device supports them or the event API is
-    /// missing.
+    /// Registers every device in `devices` (handle, index, uuid) that supports XID events.
+    /// `None` when no device supports them or the event API is missing.
     pub(crate) fn start(
         nvml: &'static Nvml,
         devices: &[(&Device<'static>, u32, &str)],
@@ -81,17 +83,11 @@ impl XidListener {
         if registered.is_empty() {
             return None;
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let queue = Arc::new(Mutex::new(Vec::new()));
-        let (stop2, queue2) = (Arc::clone(&stop), Arc::clone(&queue));
-        let spawned = std::thread::Builder::new()
-            .name("gpuwatch-xid".into())
-            .spawn(move || wait_loop(&set, &registered, &stop2, &queue2));
-        if let Err(e) = spawned {
-            tracing::warn!("cannot start the XID event thread: {e}");
-            return None;
-        }
-        Some(XidListener { stop, queue })
+        Some(XidListener {
+            set,
+            registered,
+            warned: false,
+        })
     }
 
     fn rebuild(nvml: &'static Nvml, devices: &[&Device<'static>]) -> Option<EventSet<'static>> {
@@ -104,71 +100,42 @@ impl XidListener {
         Some(set)
     }
 
-    /// Takes the events received since the last call.
-    pub(crate) fn drain(&self) -> Vec<XidEvent> {
-        match self.queue.lock() {
-            Ok(mut q) => std::mem::take(&mut *q),
-            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
-        }
-    }
-}
-
-impl Drop for XidListener {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-fn wait_loop(
-    set: &EventSet<'static>,
-    registered: &[Registered],
-    stop: &AtomicBool,
-    queue: &Mutex<Vec<XidEvent>>,
-) {
-    while !stop.load(Ordering::Relaxed) {
-        let began = Instant::now();
-        match set.wait(WAIT_MS) {
-            Ok(ev) => {
-                if !ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
-                    continue;
-                }
-                // SAFETY: only the pointer value is read.
-                let handle = unsafe { ev.device.handle() } as usize;
-                let Some(dev) = registered.iter().find(|r| r.handle == handle) else {
-                    tracing::debug!("XID event for an unknown device handle");
-                    continue;
-                };
-                let xid = match ev.event_data {
-                    Some(XidError::Value(v)) => v,
-                    Some(XidError::Unknown) | None => 999,
-                };
-                let event = XidEvent {
-                    time_ms: super::now_ms(),
-                    gpu_index: dev.index,
-                    gpu_uuid: dev.uuid.clone(),
-                    xid,
-                };
-                tracing::info!("GPU {}: XID {xid}", dev.index);
-                match queue.lock() {
-                    Ok(mut q) => q.push(event),
-                    Err(poisoned) => poisoned.into_inner().push(event),
-                }
-            }
-            Err(e) => {
-                // Never spin: if the library returned early (a timeout that did not wait, an
-                // error), sleep out the rest of the wait period; after a real error, longer.
-                let floor = match e {
-                    NvmlError::Timeout => Duration::from_millis(u64::from(WAIT_MS)),
-                    _ => {
+    /// Takes the events that arrived since the last call, stamped `time_ms`, without blocking.
+    pub(crate) fn drain(&mut self, time_ms: i64) -> Vec<XidEvent> {
+        let mut out = Vec::new();
+        for _ in 0..MAX_PER_TICK {
+            let ev = match self.set.wait(0) {
+                Ok(ev) => ev,
+                Err(NvmlError::Timeout) => break,
+                Err(e) => {
+                    if !self.warned {
+                        self.warned = true;
                         tracing::debug!("XID event wait failed: {e}");
-                        Duration::from_secs(1)
                     }
-                };
-                let spent = began.elapsed();
-                if spent < floor {
-                    std::thread::sleep(floor - spent);
+                    break;
                 }
+            };
+            if !ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                continue;
             }
+            // SAFETY: only the pointer value is read.
+            let handle = unsafe { ev.device.handle() } as usize;
+            let Some(dev) = self.registered.iter().find(|r| r.handle == handle) else {
+                tracing::debug!("XID event for an unknown device handle");
+                continue;
+            };
+            let xid = match ev.event_data {
+                Some(XidError::Value(v)) => v,
+                Some(XidError::Unknown) | None => 999,
+            };
+            tracing::info!("GPU {}: XID {xid}", dev.index);
+            out.push(XidEvent {
+                time_ms,
+                gpu_index: dev.index,
+                gpu_uuid: dev.uuid.clone(),
+                xid,
+            });
         }
+        out
     }
 }

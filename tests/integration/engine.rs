@@ -378,3 +378,23 @@ fn docs_cover_every_metric() {
         assert!(docs.contains(&row), "docs/rules.md lacks the row {row:?}");
     }
 }
+
+#[test]
+fn replay_bad_value_names_file_line_column() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.csv");
+    std::fs::write(
+        &path,
+        "timestamp,index,uuid,name,pci_bus_id,minor,state,util,xids,processes\n\
+         2026-12-02T15:00:00.000Z,0,GPU-0,X,,0,ok,50,,\n\
+         2026-12-02T15:00:01.000Z,0,GPU-0,X,,0,ok,5O,,\n",
+    )
+    .expect("write");
+    let out = gpuwatch(&["replay", "--rules", "rules", path.to_str().expect("utf-8")]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("bad.csv:3:42: bad util value \"5O\""),
+        "{stderr}"
+    );
+}

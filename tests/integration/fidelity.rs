@@ -42,17 +42,34 @@ fn lib_dir() -> tempfile::TempDir {
     dir
 }
 
-fn run_peer(peers: &Path, lib: &Path, scenario: &str, args: &[&str]) -> String {
+/// Scenario clock settings shared by gpuwatch and the peers: frozen at `start_s` so every
+/// process sees the same values.
+fn frozen(start_s: &str) -> [(&'static str, &str); 2] {
+    [("NVML_SIM_TIME_SCALE", "0"), ("NVML_SIM_START_S", start_s)]
+}
+
+fn run_peer(
+    peers: &Path,
+    lib: &Path,
+    scenario: &str,
+    clock: &[(&str, &str)],
+    args: &[&str],
+) -> String {
     let (bin, rest) = args.split_first().expect("a program");
-    let out = Command::new(peers.join("bin").join(bin))
-        .args(rest)
+    let mut cmd = Command::new(peers.join("bin").join(bin));
+    cmd.args(rest)
         .env("LD_LIBRARY_PATH", lib)
         .env("NVML_SIM_SCENARIO", scenario)
         .env_remove("NVML_SIM_TIME_SCALE")
+        .env_remove("NVML_SIM_START_S")
         .env_remove("NVML_SIM_CONTROL")
         .env_remove("CUDA_VISIBLE_DEVICES")
         .env("COLUMNS", "160")
-        .env("TERM", "dumb")
+        .env("TERM", "dumb");
+    for (k, v) in clock {
+        cmd.env(k, v);
+    }
+    let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("running {bin}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -107,6 +124,7 @@ used_memory_mib = 1000
 }
 
 struct Ours {
+    lost: bool,
     name: String,
     pci_bus_id: String,
     used_mib: u64,
@@ -115,8 +133,8 @@ struct Ours {
     pids: Vec<u64>,
 }
 
-fn ours(scenario: &str) -> Vec<Ours> {
-    let doc = common::sim(scenario, &["status", "--json"], &[]).json();
+fn ours(scenario: &str, clock: &[(&str, &str)]) -> Vec<Ours> {
+    let doc = common::sim(scenario, &["status", "--json"], clock).json();
     doc["gpus"]
         .as_array()
         .expect("gpus")
@@ -130,6 +148,7 @@ fn ours(scenario: &str) -> Vec<Ours> {
                 .collect();
             pids.sort_unstable();
             Ours {
+                lost: g["state"] == "lost",
                 name: g["name"].as_str().unwrap_or_default().to_string(),
                 pci_bus_id: g["pci_bus_id"].as_str().unwrap_or_default().to_string(),
                 used_mib: g["memory_used_bytes"].as_u64().unwrap_or(0) / MIB,
@@ -141,37 +160,40 @@ fn ours(scenario: &str) -> Vec<Ours> {
         .collect()
 }
 
-fn compare_gpustat(peers: &Path, lib: &Path, scenario: &str, ours: &[Ours], exact: bool) {
-    let out = run_peer(peers, lib, scenario, &["gpustat", "--json"]);
+fn compare_gpustat(
+    peers: &Path,
+    lib: &Path,
+    scenario: &str,
+    clock: &[(&str, &str)],
+    ours: &[Ours],
+) {
+    let out = run_peer(peers, lib, scenario, clock, &["gpustat", "--json"]);
     let doc: Value =
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("gpustat JSON: {e}\n{out}"));
     let theirs = doc["gpus"].as_array().expect("gpustat gpus");
     assert_eq!(theirs.len(), ours.len(), "GPU count");
     for (t, o) in theirs.iter().zip(ours) {
-        assert_eq!(t["name"].as_str(), Some(o.name.as_str()));
-        assert_eq!(
-            t["memory.total"].as_u64(),
-            Some(o.total_mib),
-            "memory.total of {t}"
-        );
-        if exact {
-            assert_eq!(
-                t["memory.used"].as_u64(),
-                Some(o.used_mib),
-                "memory.used of {t}"
+        if o.lost {
+            let name = t["name"].as_str().unwrap_or_default().to_ascii_lowercase();
+            assert!(
+                name.contains("lost"),
+                "{scenario}: gpustat should see the lost GPU: {t}"
             );
-            assert_eq!(
-                t["utilization.gpu"].as_u64(),
-                Some(o.util),
-                "utilization of {t}"
-            );
-            let mut pids: Vec<u64> = t["processes"]
-                .as_array()
-                .map(|ps| ps.iter().filter_map(|p| p["pid"].as_u64()).collect())
-                .unwrap_or_default();
-            pids.sort_unstable();
-            assert_eq!(pids, o.pids, "process PIDs of {t}");
+            continue;
         }
+        assert_eq!(t["name"].as_str(), Some(o.name.as_str()), "{scenario}");
+        let total = t["memory.total"].as_u64();
+        assert_eq!(total, Some(o.total_mib), "{scenario}: memory.total of {t}");
+        let used = t["memory.used"].as_u64();
+        assert_eq!(used, Some(o.used_mib), "{scenario}: memory.used of {t}");
+        let util = t["utilization.gpu"].as_u64();
+        assert_eq!(util, Some(o.util), "{scenario}: utilization of {t}");
+        let mut pids: Vec<u64> = t["processes"]
+            .as_array()
+            .map(|ps| ps.iter().filter_map(|p| p["pid"].as_u64()).collect())
+            .unwrap_or_default();
+        pids.sort_unstable();
+        assert_eq!(pids, o.pids, "{scenario}: process PIDs of {t}");
     }
 }
 
@@ -191,12 +213,20 @@ fn human_mib(s: &str) -> Option<f64> {
     })
 }
 
-fn compare_nvitop(peers: &Path, lib: &Path, scenario: &str, ours: &[Ours]) {
-    let out = run_peer(peers, lib, scenario, &["nvitop", "--once"]);
+fn compare_nvitop(peers: &Path, lib: &Path, scenario: &str, clock: &[(&str, &str)], ours: &[Ours]) {
+    let out = run_peer(peers, lib, scenario, clock, &["nvitop", "--once"]);
     // Every GPU's bus id appears, in order; the next line holds "used / total" memory and util.
     let lines: Vec<&str> = out.lines().collect();
     let mut found = 0;
     for o in ours {
+        if o.lost {
+            assert!(
+                out.contains("GPU is Lost"),
+                "{scenario}: nvitop should show the lost GPU:\n{out}"
+            );
+            found += 1;
+            continue;
+        }
         let short = o.pci_bus_id.trim_start_matches('0');
         let i = lines
             .iter()
@@ -265,19 +295,42 @@ fn gpustat_and_nvitop_agree_with_status_json() {
     let lib = lib_dir();
     let dir = tempfile::tempdir().expect("tempdir");
     let scenario = constant_scenario(dir.path());
-    let o = ours(&scenario);
+    let o = ours(&scenario, &[]);
     assert_eq!(o.len(), 4);
     assert!(o[0].pids.contains(&u64::from(std::process::id())));
-    compare_gpustat(&peers, lib.path(), &scenario, &o, true);
-    compare_nvitop(&peers, lib.path(), &scenario, &o);
+    compare_gpustat(&peers, lib.path(), &scenario, &[], &o);
+    compare_nvitop(&peers, lib.path(), &scenario, &[], &o);
 }
 
+/// Every shipped scenario, frozen at an interesting moment (shipped processes are the client's
+/// parent, i.e. this test process, for gpuwatch and the peers alike).
 #[test]
-fn gpustat_reads_shipped_scenarios_like_gpuwatch() {
+fn gpustat_and_nvitop_agree_on_shipped_scenarios() {
     let Some(peers) = peers() else { return };
     let lib = lib_dir();
-    for scenario in ["healthy", "overnight"] {
-        let o = ours(scenario);
-        compare_gpustat(&peers, lib.path(), scenario, &o, false);
+    let moments = [
+        ("healthy", "10"),
+        ("dataloader-stall", "2.5"),
+        ("memory-leak", "600"),
+        ("oom", "50"),
+        ("small-batch", "10"),
+        ("thermal-throttle", "120"),
+        ("power-anomaly", "22"),
+        ("ecc-errors", "130"),
+        ("xid-79", "40"),
+        ("nccl-hang", "90"),
+        ("overnight", "700"),
+    ];
+    for (scenario, at) in moments {
+        let clock = frozen(at);
+        let o = ours(scenario, &clock);
+        assert!(o
+            .iter()
+            .filter(|g| !g.lost)
+            .all(|g| g.pids == [u64::from(std::process::id())]));
+        compare_gpustat(&peers, lib.path(), scenario, &clock, &o);
+        if ["healthy", "overnight"].contains(&scenario) {
+            compare_nvitop(&peers, lib.path(), scenario, &clock, &o);
+        }
     }
 }

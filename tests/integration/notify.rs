@@ -739,3 +739,28 @@ fn every_http_channel_type_posts_its_native_body() {
     let am = find("/api/v2/alerts");
     assert_eq!(am[0]["labels"]["alertname"], "gpuwatch_test");
 }
+
+#[test]
+fn end_of_events_input_delivers_waiting_groups_before_exiting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let config = write_config(
+        tmp.path(),
+        "",
+        &format!(
+            "{}{}",
+            webhook_channel("ops", &hook.url("/hook")),
+            route(&["ops"], "group_wait = \"30s\"")
+        ),
+    );
+    let mut d = Daemon::events(&config, &tmp.path().join("log"), &[]);
+    d.send(&event("JobFinished", 0, "warning", "firing"));
+    let start = Instant::now();
+    assert!(d.finish(T).success());
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "did not wait for group_wait"
+    );
+    assert_eq!(hook.accepted().len(), 1);
+    assert_eq!(outbox_files(tmp.path()), 0);
+}

@@ -97,66 +97,196 @@ fn num(g: &Value, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("{key} missing in {g}"))
 }
 
+/// `status --json` with the scenario clock frozen at `start_s`.
+fn status_at(name: &str, start_s: u32) -> Value {
+    let start = start_s.to_string();
+    sim(
+        name,
+        &["status", "--json"],
+        &[("NVML_SIM_TIME_SCALE", "0"), ("NVML_SIM_START_S", &start)],
+    )
+    .json()
+}
+
+fn gpu(doc: &Value, i: usize) -> &Value {
+    &gpus(doc)[i]
+}
+
+fn mib(g: &Value, key: &str) -> f64 {
+    num(g, key) / 1_048_576.0
+}
+
+fn reasons(g: &Value) -> Vec<String> {
+    g["throttle_reasons"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[test]
 fn healthy() {
     let s = check_scenario("healthy");
     assert_eq!(gpus(&s).len(), 8);
-    for g in ok_gpus(&s) {
-        assert!(num(g, "utilization_gpu_percent") >= 80.0, "{g}");
-        assert!(g["ecc_uncorrected"] == 0, "{g}");
-    }
     assert_eq!(ok_gpus(&s).count(), 8);
+    for g in ok_gpus(&s) {
+        assert!(num(g, "utilization_gpu_percent") >= 90.0, "{g}");
+        assert!(
+            (61_500.0..62_500.0).contains(&mib(g, "memory_used_bytes")),
+            "{g}"
+        );
+        assert_eq!(mib(g, "memory_total_bytes"), 81_559.0);
+        assert_eq!(g["ecc_uncorrected"], 0, "{g}");
+        assert_eq!(g["clock_event_reasons"], 0, "{g}");
+        assert_eq!(g["fan_percent"], Value::Null, "no fans: absent, not 0");
+        assert_eq!(g["power_limit_watts"], 700);
+        assert!(g["metrics"]["energy"].as_f64().is_some_and(|e| e > 0.0));
+        assert_eq!(g["processes"].as_array().map(Vec::len), Some(1));
+    }
 }
 
 #[test]
 fn dataloader_stall() {
     check_scenario("dataloader-stall");
+    let busy = status_at("dataloader-stall", 1);
+    let idle = sim(
+        "dataloader-stall",
+        &["status", "--json"],
+        &[("NVML_SIM_TIME_SCALE", "0"), ("NVML_SIM_START_S", "2.5")],
+    )
+    .json();
+    for i in 0..8 {
+        assert_eq!(gpu(&busy, i)["utilization_gpu_percent"], 68);
+        assert_eq!(gpu(&idle, i)["utilization_gpu_percent"], 0);
+        assert!(reasons(gpu(&idle, i)).contains(&"gpu_idle".to_string()));
+    }
 }
 
 #[test]
 fn memory_leak() {
     check_scenario("memory-leak");
+    let early = mib(gpu(&status_at("memory-leak", 60), 0), "memory_used_bytes");
+    let late = mib(gpu(&status_at("memory-leak", 660), 0), "memory_used_bytes");
+    // 100 MB per minute = 95.37 MiB per minute.
+    assert!((late - early - 953.7).abs() < 2.0, "{early} → {late}");
 }
 
 #[test]
 fn oom() {
     check_scenario("oom");
+    let s = status_at("oom", 50);
+    let g0 = gpu(&s, 0);
+    assert_eq!(g0["memory_free_bytes"], 0, "{g0}");
+    assert_eq!(
+        num(g0, "memory_used_bytes") + num(g0, "memory_reserved_bytes"),
+        num(g0, "memory_total_bytes")
+    );
+    assert!(mib(gpu(&s, 1), "memory_used_bytes") < 63_000.0);
+    let before = status_at("oom", 40);
+    assert!(num(gpu(&before, 0), "memory_free_bytes") > 1e9);
 }
 
 #[test]
 fn small_batch() {
     let s = check_scenario("small-batch");
-    let g = ok_gpus(&s).next().expect("a GPU");
-    assert!(
-        num(g, "memory_used_bytes") < num(g, "memory_total_bytes") / 2.0,
-        "{g}"
-    );
+    for g in ok_gpus(&s) {
+        assert!((mib(g, "memory_used_bytes") - 6144.0).abs() <= 41.0, "{g}");
+        assert!(num(g, "utilization_gpu_percent") <= 31.0, "{g}");
+    }
 }
 
 #[test]
 fn thermal_throttle() {
     check_scenario("thermal-throttle");
+    let s = status_at("thermal-throttle", 120);
+    let g4 = gpu(&s, 4);
+    assert!(num(g4, "temperature_celsius") >= 87.0, "{g4}");
+    assert_eq!(g4["clock_event_reasons"], 0x60);
+    assert_eq!(reasons(g4), ["sw_thermal", "hw_thermal"]);
+    assert!(g4["metrics"]["sm_clock"].as_f64() < Some(1300.0), "{g4}");
+    assert_eq!(gpu(&s, 3)["clock_event_reasons"], 0);
+    let table = sim(
+        "thermal-throttle",
+        &["status"],
+        &[("NVML_SIM_TIME_SCALE", "0"), ("NVML_SIM_START_S", "120")],
+    );
+    assert!(
+        table.stdout.contains("sw_thermal,hw_thermal"),
+        "{}",
+        table.stdout
+    );
 }
 
 #[test]
 fn power_anomaly() {
     check_scenario("power-anomaly");
+    let spike = status_at("power-anomaly", 22);
+    let g2 = gpu(&spike, 2);
+    assert!(num(g2, "power_watts") > 700.0, "{g2}");
+    assert!(reasons(g2).contains(&"sw_power_cap".to_string()));
+    let later = status_at("power-anomaly", 100);
+    let g5 = gpu(&later, 5);
+    assert!(
+        num(g5, "power_watts") < 80.0 && num(g5, "utilization_gpu_percent") > 90.0,
+        "{g5}"
+    );
 }
 
 #[test]
 fn ecc_errors() {
     check_scenario("ecc-errors");
+    let s = status_at("ecc-errors", 130);
+    let g2 = gpu(&s, 2);
+    assert_eq!(g2["ecc_corrected"], 10, "{g2}");
+    assert_eq!(g2["ecc_uncorrected"], 1);
+    assert_eq!(g2["metrics"]["remapped_uncorrectable"], 1);
+    assert_eq!(g2["metrics"]["remap_pending"], 1);
+    assert_eq!(g2["metrics"]["remap_failure"], 0);
+    // H100s remap rows: page retirement is absent, not 0.
+    assert_eq!(g2["metrics"]["retired_sbe"], Value::Null);
+    assert_eq!(gpu(&s, 1)["ecc_corrected"], 0);
+    // XID 94 at 60 s reaches a recording that was running then.
+    let rec = sim(
+        "ecc-errors",
+        &["record", "--interval", "100ms", "--duration", "1500ms"],
+        &[("NVML_SIM_TIME_SCALE", "60")],
+    );
+    let (h, rows) = csv_rows(&rec.stdout);
+    let xids: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (col(&h, r, "index"), col(&h, r, "xids")))
+        .filter(|(_, x)| !x.is_empty())
+        .collect();
+    assert_eq!(xids, [("2", "94")], "{}", rec.stderr);
 }
 
 #[test]
 fn nccl_hang() {
     check_scenario("nccl-hang");
+    let s = status_at("nccl-hang", 90);
+    for g in ok_gpus(&s) {
+        assert_eq!(g["utilization_gpu_percent"], 100);
+        assert!(num(g, "power_watts") < 100.0, "{g}");
+    }
 }
 
 #[test]
 fn overnight() {
     let s = check_scenario("overnight");
     assert_eq!(gpus(&s).len(), 8);
+    let late = status_at("overnight", 700);
+    let states: Vec<&str> = gpus(&late)
+        .iter()
+        .map(|g| g["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["ok", "ok", "ok", "ok", "ok", "lost", "ok", "ok"]);
+    assert_eq!(gpu(&late, 5)["utilization_gpu_percent"], Value::Null);
+    assert_eq!(gpu(&late, 6)["utilization_gpu_percent"], 0);
+    assert_eq!(reasons(gpu(&late, 3)), ["sw_thermal", "hw_thermal"]);
+    assert_eq!(gpu(&late, 4)["ecc_uncorrected"], 1);
 }
 
 #[test]
