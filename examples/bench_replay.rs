@@ -156,7 +156,7 @@ fn main() -> anyhow::Result<()> {
     let mut events = 0;
     let stats = gpuwatch::engine::replay(
         &mut engine,
-        gpuwatch::trace::TraceReader::open(&path, None)?,
+        gpuwatch::trace::read_ahead(gpuwatch::trace::TraceReader::open(&path, None)?),
         |_| events += 1,
     )?;
     let replay_s = t.elapsed().as_secs_f64();

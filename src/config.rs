@@ -24,9 +24,9 @@ pub struct Config {
     /// `[[route]]`: which alerts go to which channels (owned by `notify`).
     pub route: Vec<crate::notify::settings::RouteSection>,
     /// `[actions]`: kill / exec policy (owned by `action`).
-    pub actions: toml::Table,
+    pub actions: crate::action::ActionsSection,
     /// `[job]`: `gpuwatch run` / `attach` settings (owned by `job`).
-    pub job: toml::Table,
+    pub job: crate::job::JobSection,
     /// Directory the config file lives in; relative paths in it resolve against this.
     #[serde(skip)]
     pub base_dir: PathBuf,

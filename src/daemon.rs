@@ -165,8 +165,9 @@ pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i
                 break;
             }
             Control::EndOfInput => {
-                info!("end of events input: stopping");
-                break;
+                info!("end of events input: delivering what is queued, then stopping");
+                dispatcher.drain(Duration::from_secs(30));
+                return Ok(0);
             }
         }
     }
@@ -330,6 +331,8 @@ pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i3
         devices: devices.clone(),
         processes: None,
     });
+    // Kill and exec actions of firing rules (`action: "kill"` goes through [actions.kill]).
+    let mut actions = crate::action::ActionRunner::from_config(&config, &dir, &hostname);
 
     let (tx, rx) = mpsc::channel::<Control>();
     spawn_signal_thread(tx.clone())?;
@@ -381,6 +384,13 @@ pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i3
                     last_devices = devices;
                 }
                 let events = engine.observe(&snap);
+                act(
+                    &mut actions,
+                    &events,
+                    snap.time_ms,
+                    snap.processes.as_deref(),
+                    &dispatcher,
+                );
                 dispatcher.send(Input::Healthy(snap.time_ms));
                 if !events.is_empty() {
                     log_events(&events);
@@ -413,6 +423,7 @@ pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i3
         }
         if last_snapshot.elapsed() >= interval {
             let events = engine.advance(now_ms());
+            act(&mut actions, &events, now_ms(), None, &dispatcher);
             if !events.is_empty() {
                 log_events(&events);
                 dispatcher.send(Input::Events(events));
@@ -446,9 +457,31 @@ pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i3
         warn!("the sampler thread is busy in an NVML call; stopping without it");
     }
     save_engine(&dir, &engine);
+    actions.finish();
     dispatcher.stop();
     info!("gpuwatch daemon stopped");
     Ok(0)
+}
+
+/// Routes events to kill/exec actions, advances kill ladders, and sends every audit record as a
+/// `kill_action` notification.
+fn act(
+    actions: &mut crate::action::ActionRunner,
+    events: &[AlertEvent],
+    now: i64,
+    processes: Option<&[crate::model::ProcSample]>,
+    dispatcher: &Dispatcher,
+) {
+    let mut audits = actions.handle(events, now);
+    audits.extend(actions.tick(now, processes));
+    if !audits.is_empty() {
+        let notices: Vec<AlertEvent> = audits
+            .iter()
+            .map(crate::action::AuditRecord::to_alert_event)
+            .collect();
+        log_events(&notices);
+        dispatcher.send(Input::Events(notices));
+    }
 }
 
 fn save_engine(dir: &Path, engine: &Engine) {

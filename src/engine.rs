@@ -336,6 +336,15 @@ impl Engine {
                         }
                     }
                 }
+                // Job rules run in `evaluate_job`, with their own rule-error bookkeeping.
+                RuleScope::Job => continue,
+                RuleScope::Process => {
+                    if !gpu_rules {
+                        continue;
+                    }
+                    let err = self.evaluate_processes(idx, now, &present, &mut events);
+                    error = error.or(err);
+                }
                 RuleScope::Host => {
                     let host = self.host_handle(now);
                     match self.rules.eval_host(idx, host) {
@@ -381,6 +390,162 @@ impl Engine {
                 labels: &labels,
             };
             if let Some(ev) = self.book.step(now, &err_spec, &id, outcome) {
+                events.push(ev);
+            }
+        }
+        events
+    }
+}
+
+impl Engine {
+    /// Evaluates process-scope rule `idx` for every process in the latest process list of each
+    /// present GPU. Instances are keyed `rule/gpuN/pid:P`; those of processes that left the list
+    /// resolve. Returns the first script error.
+    fn evaluate_processes(
+        &mut self,
+        idx: usize,
+        now: i64,
+        present: &[u32],
+        events: &mut Vec<AlertEvent>,
+    ) -> Option<RuleError> {
+        let spec = self.rules.rules()[idx].spec.clone();
+        let hostname = self.opts.hostname.clone();
+        let prefix = format!("{}/gpu", spec.name);
+        let mut seen = std::collections::BTreeSet::new();
+        let mut error = None;
+        for index in present {
+            let Some(hist) = self.gpus.get(index).cloned() else {
+                continue;
+            };
+            for p in &hist.processes {
+                let mut handle = crate::action::script::ProcessHandle::new(p.clone());
+                handle.gpu_series = rhai::Dynamic::from(GpuHandle::new(hist.clone(), now));
+                let outcome = match self.rules.eval_process(idx, handle) {
+                    EvalResult::Error(e) => {
+                        error.get_or_insert(e);
+                        continue;
+                    }
+                    other => to_outcome(other),
+                };
+                let (outcome, spec) = severity_override(outcome, &spec);
+                let key = format!("{prefix}{index}/pid:{}", p.pid);
+                let labels = || {
+                    let mut l = labels(&hostname, &spec, Some(&hist));
+                    l.insert("pid".into(), p.pid.to_string());
+                    if let Some(u) = &p.user {
+                        l.insert("user".into(), u.clone());
+                    }
+                    l
+                };
+                let id = InstanceId {
+                    key: &key,
+                    gpu: Some(*index),
+                    labels: &labels,
+                };
+                if let Some(ev) = self.book.step(now, &spec, &id, outcome) {
+                    events.push(ev);
+                }
+                seen.insert(key);
+            }
+        }
+        events.extend(
+            self.book
+                .retain_keys(now, |k| !k.starts_with(&prefix) || seen.contains(k)),
+        );
+        error
+    }
+
+    /// Evaluates the job-scope rules for one sample of a job watched by `gpuwatch run` /
+    /// `attach`, at `now_ms` (no evaluation-interval slotting: the final sample of an ended job is
+    /// always evaluated). `job.gpus` are the GPUs whose latest process list holds one of the
+    /// job's PIDs, or every present GPU when none does (no process list, or a PID namespace).
+    /// Instances are keyed `rule/job:PID` and labelled with `pid`; firing alerts carry the
+    /// job's command and progress as annotations `job` and `progress`.
+    pub fn evaluate_job(&mut self, job: &crate::job::JobSample, now_ms: i64) -> Vec<AlertEvent> {
+        self.last_now_ms = self.last_now_ms.max(now_ms);
+        let mut events = Vec::new();
+        let hostname = self.opts.hostname.clone();
+        let pids: std::collections::HashSet<u32> =
+            job.pids.iter().copied().chain([job.pid]).collect();
+        let mut on: Vec<u32> = self
+            .present
+            .iter()
+            .copied()
+            .filter(|i| {
+                self.gpus
+                    .get(i)
+                    .is_some_and(|h| h.processes.iter().any(|p| pids.contains(&p.pid)))
+            })
+            .collect();
+        if on.is_empty() {
+            on.clone_from(&self.present);
+        }
+        let handles: rhai::Array = on
+            .iter()
+            .filter_map(|i| self.gpus.get(i))
+            .map(|h| rhai::Dynamic::from(GpuHandle::new(h.clone(), now_ms)))
+            .collect();
+        let progress = job.progress.describe();
+        for idx in 0..self.rules.len() {
+            let rule = &self.rules.rules()[idx];
+            if rule.scope != RuleScope::Job {
+                continue;
+            }
+            let spec = rule.spec.clone();
+            let mut handle = crate::job::script::JobHandle::new(job.clone(), on.clone());
+            handle.gpu_handles = handles.clone();
+            let mut error = None;
+            match self.rules.eval_job(idx, handle) {
+                EvalResult::Error(e) => error = Some(e),
+                other => {
+                    let mut outcome = to_outcome(other);
+                    if let Outcome::Active { annotations, .. } = &mut outcome {
+                        annotations.insert("job".into(), job.command.clone());
+                        annotations.insert("progress".into(), progress.clone());
+                    }
+                    let (outcome, spec) = severity_override(outcome, &spec);
+                    let key = format!("{}/job:{}", spec.name, job.pid);
+                    let labels = || {
+                        let mut l = labels(&hostname, &spec, None);
+                        l.insert("pid".into(), job.pid.to_string());
+                        l
+                    };
+                    let id = InstanceId {
+                        key: &key,
+                        gpu: None,
+                        labels: &labels,
+                    };
+                    if let Some(ev) = self.book.step(now_ms, &spec, &id, outcome) {
+                        events.push(ev);
+                    }
+                }
+            }
+            let key = format!("{RULE_ERROR}/{}", spec.name);
+            let outcome = match error {
+                Some(e) => Outcome::Active {
+                    summary: format!("rule {} failed: {e}", spec.name),
+                    annotations: [("error_location".to_string(), e.location())]
+                        .into_iter()
+                        .collect(),
+                },
+                None => Outcome::Inactive,
+            };
+            let err_spec = AlertSpec {
+                source: spec.source.clone(),
+                ..self.rule_error_spec.clone()
+            };
+            let error_spec = &self.rule_error_spec;
+            let labels = || {
+                let mut l = labels(&hostname, error_spec, None);
+                l.insert("rule".into(), spec.name.clone());
+                l
+            };
+            let id = InstanceId {
+                key: &key,
+                gpu: None,
+                labels: &labels,
+            };
+            if let Some(ev) = self.book.step(now_ms, &err_spec, &id, outcome) {
                 events.push(ev);
             }
         }

@@ -4,11 +4,13 @@
 //! dispatcher (notifiers, actions); the recorder and exporter are side outputs. The engine is a
 //! pure function of timestamped samples, which makes `replay` and `test` exact.
 
+pub mod action;
 pub mod alert;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod engine;
+pub mod job;
 pub mod model;
 pub mod notify;
 pub mod record;

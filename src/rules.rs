@@ -106,13 +106,18 @@ impl RuleError {
     }
 }
 
-/// Whether a rule runs per GPU or once per host.
+/// Whether a rule runs per GPU, once per host, per watched job or per GPU process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuleScope {
     /// Once per GPU per evaluation.
     Gpu,
     /// Once per evaluation.
     Host,
+    /// Once per job sample of `gpuwatch run` / `attach` (`check: |job| ..`), see
+    /// [`crate::engine::Engine::evaluate_job`].
+    Job,
+    /// Once per process in each GPU's latest process list (`check: |p| ..`).
+    Process,
 }
 
 /// One loaded rule.
@@ -126,6 +131,9 @@ pub struct Rule {
     pub file: String,
     /// Line of its `rule(..)` call.
     pub line: usize,
+    /// `action:` — what to do besides notifying while it fires: `"kill"` (process and job
+    /// rules, under `[actions.kill]`) and/or `"exec:NAME"`, comma-separated.
+    pub action: Option<String>,
     check: FnPtr,
     ast: Arc<AST>,
     params: Arc<Map>,
@@ -198,9 +206,14 @@ fn new_engine(collector: Collector) -> Engine {
         tracing::debug!(target: "gpuwatch::rules", "{}:{pos}: {s}", src.unwrap_or("rule"));
     });
     api::register(&mut engine);
+    crate::job::script::register(&mut engine);
+    crate::action::script::register(&mut engine);
     engine.register_fn(
         "rule",
         move |ctx: NativeCallContext, def: Map| -> Result<(), Box<EvalAltResult>> {
+            if !api::LOADING.with(std::cell::Cell::get) {
+                return Err("rule(..) can only be called at the top level of a rule file".into());
+            }
             let pos = ctx.call_position();
             collector
                 .lock()
@@ -210,6 +223,17 @@ fn new_engine(collector: Collector) -> Engine {
         },
     );
     engine
+}
+
+/// The load-time scope: the constants `KiB`, `MiB`, `GiB`, `TiB` (bytes), which closures capture,
+/// so `gpu.mem_used.last() > 70 * GiB` works as well as `GiB(70)`.
+fn unit_scope() -> rhai::Scope<'static> {
+    let mut scope = rhai::Scope::new();
+    scope.push_constant("KiB", 1024.0_f64);
+    scope.push_constant("MiB", 1_048_576.0_f64);
+    scope.push_constant("GiB", 1_073_741_824.0_f64);
+    scope.push_constant("TiB", 1_099_511_627_776.0_f64);
+    scope
 }
 
 /// Every `*.rhai` file named by `paths` (files as given, directories non-recursively, sorted).
@@ -348,6 +372,7 @@ fn build_rule(
         "labels",
         "check",
         "description",
+        "action",
     ];
     for k in reg.def.keys() {
         if !KEYS.contains(&k.as_str()) {
@@ -380,8 +405,28 @@ fn build_rule(
     let scope = match get_str(&reg.def, "scope").map_err(&err)?.as_deref() {
         None | Some("gpu") => RuleScope::Gpu,
         Some("host") => RuleScope::Host,
-        Some(s) => return Err(err(format!("scope {s:?} must be \"gpu\" or \"host\""))),
+        Some("job") => RuleScope::Job,
+        Some("process") => RuleScope::Process,
+        Some(s) => {
+            return Err(err(format!(
+                "scope {s:?} must be \"gpu\", \"host\", \"job\" or \"process\""
+            )))
+        }
     };
+    let action = get_str(&reg.def, "action").map_err(&err)?;
+    if let Some(a) = &action {
+        for part in a.split(',').map(str::trim) {
+            let ok = match part {
+                "kill" => matches!(scope, RuleScope::Process | RuleScope::Job),
+                p => p.strip_prefix("exec:").is_some_and(|n| !n.is_empty()),
+            };
+            if !ok {
+                return Err(err(format!(
+                    "action {part:?}: expected \"kill\" (process or job rules only) or \"exec:NAME\""
+                )));
+            }
+        }
+    }
     let hold_ms = get_duration(&reg.def, "hold").map_err(&err)?;
     let keep_firing_for_ms = get_duration(&reg.def, "keep_firing_for").map_err(&err)?;
     let repeat_ms = get_duration(&reg.def, "repeat").map_err(&err)?;
@@ -419,6 +464,7 @@ fn build_rule(
         scope,
         file: file.to_string(),
         line,
+        action,
         check,
         ast: ast.clone(),
         params: params_for(config, &name),
@@ -449,7 +495,8 @@ impl RuleSet {
                     continue;
                 }
             };
-            let mut ast = match engine.compile(&source) {
+            let mut scope = unit_scope();
+            let mut ast = match engine.compile_with_scope(&scope, &source) {
                 Ok(a) => a,
                 Err(e) => {
                     errors.push(RuleError::at(&file, e.position(), e.err_type().to_string()));
@@ -468,7 +515,9 @@ impl RuleSet {
                 c.clear();
             }
             api::PARAMS.with(|p| *p.borrow_mut() = Some(params_for(config, &stem)));
-            let run = engine.run_ast(&ast);
+            api::LOADING.with(|l| l.set(true));
+            let run = engine.run_ast_with_scope(&mut scope, &ast);
+            api::LOADING.with(|l| l.set(false));
             api::PARAMS.with(|p| *p.borrow_mut() = None);
             if let Err(e) = run {
                 let (pos, msg) = api::split_error(e);
@@ -604,7 +653,32 @@ impl RuleSet {
         self.eval(idx, Dynamic::from(host), move || name)
     }
 
+    /// Evaluates job-scope rule `idx` for one job sample.
+    pub fn eval_job(&self, idx: usize, job: crate::job::script::JobHandle) -> EvalResult {
+        let name = format!("{} for job {}", self.rules[idx].spec.name, job.sample.pid);
+        self.eval(idx, Dynamic::from(job), move || name)
+    }
+
+    /// Evaluates process-scope rule `idx` for one GPU process.
+    pub fn eval_process(&self, idx: usize, p: crate::action::script::ProcessHandle) -> EvalResult {
+        let name = format!(
+            "{} for process {} on GPU {}",
+            self.rules[idx].spec.name, p.proc_.pid, p.proc_.gpu_index
+        );
+        self.eval(idx, Dynamic::from(p), move || name)
+    }
+
     fn eval(&self, idx: usize, arg: Dynamic, default: impl FnOnce() -> String) -> EvalResult {
+        let mut result = self.eval_inner(idx, arg, default);
+        if let (EvalResult::Fire { annotations, .. }, Some(action)) =
+            (&mut result, &self.rules[idx].action)
+        {
+            annotations.insert("action".into(), action.clone());
+        }
+        result
+    }
+
+    fn eval_inner(&self, idx: usize, arg: Dynamic, default: impl FnOnce() -> String) -> EvalResult {
         let rule = &self.rules[idx];
         api::NODATA.with(|c| c.set(false));
         api::PARAMS.with(|p| *p.borrow_mut() = Some(rule.params.clone()));

@@ -533,6 +533,28 @@ impl Iterator for TraceReader {
     }
 }
 
+/// Reads `reader` on its own thread and hands snapshots over in batches of 256, so parsing and
+/// rule evaluation use two cores during `replay`. The thread ends with the file, at the first
+/// error, or when the returned iterator is dropped.
+pub fn read_ahead(reader: TraceReader) -> impl Iterator<Item = anyhow::Result<Snapshot>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<anyhow::Result<Snapshot>>>(8);
+    std::thread::spawn(move || {
+        let mut batch = Vec::with_capacity(256);
+        for item in reader {
+            let failed = item.is_err();
+            batch.push(item);
+            if batch.len() == 256 || failed {
+                let sent = tx.send(std::mem::take(&mut batch)).is_ok();
+                if !sent || failed {
+                    return;
+                }
+            }
+        }
+        let _ = tx.send(batch);
+    });
+    rx.into_iter().flatten()
+}
+
 /// Writes snapshots as a gpuwatch CSV recording (used by tests, fixtures and the benchmark; the
 /// recorder owns the live writer).
 pub fn write_gpuwatch_csv(

@@ -60,6 +60,9 @@ pub struct Window {
     /// Block summaries; `blocks[0]` is block number `first_block`.
     blocks: VecDeque<Block>,
     first_block: u64,
+    /// Sequence numbers of points lower than their predecessor (counter resets), so `increase`
+    /// over a range without one is `last - first`.
+    drops: VecDeque<u64>,
 }
 
 /// The aggregate functions a window can compute.
@@ -104,10 +107,21 @@ impl Window {
             Some(last) if last.0 == time_ms => {
                 last.1 = value;
                 self.rebuild_last_block();
+                let seq = self.evicted + self.points.len() as u64 - 1;
+                if self.drops.back() == Some(&seq) {
+                    self.drops.pop_back();
+                }
+                let n = self.points.len();
+                if n >= 2 && self.points[n - 1].1 < self.points[n - 2].1 {
+                    self.drops.push_back(seq);
+                }
             }
             Some(last) if last.0 > time_ms => {}
             _ => {
                 let seq = self.evicted + self.points.len() as u64;
+                if self.points.back().is_some_and(|p| value < p.1) {
+                    self.drops.push_back(seq);
+                }
                 self.points.push_back((time_ms, value));
                 let block = seq / BLOCK;
                 if self.blocks.is_empty() {
@@ -144,6 +158,9 @@ impl Window {
         while self.points.len() > 1 && self.points[1].0 < cutoff_ms {
             self.points.pop_front();
             self.evicted += 1;
+            while self.drops.front().is_some_and(|d| *d <= self.evicted) {
+                self.drops.pop_front();
+            }
             while self.first_block < self.evicted / BLOCK && !self.blocks.is_empty() {
                 self.blocks.pop_front();
                 self.first_block += 1;
@@ -251,12 +268,21 @@ impl Window {
             }
             Agg::Delta => self.points[hi - 1].1 - self.points[lo].1,
             Agg::Increase | Agg::Rate => {
-                let mut inc = 0.0;
-                let mut prev = self.points[lo].1;
-                for v in it().skip(1) {
-                    inc += if v >= prev { v - prev } else { v };
-                    prev = v;
-                }
+                // A drop at sequence d lies between points d-1 and d; only drops with
+                // s_lo < d < s_hi matter.
+                let (s_lo, s_hi) = (self.evicted + lo as u64, self.evicted + hi as u64);
+                let first_drop = self.drops.partition_point(|d| *d <= s_lo);
+                let inc = if self.drops.get(first_drop).is_none_or(|d| *d >= s_hi) {
+                    self.points[hi - 1].1 - self.points[lo].1
+                } else {
+                    let mut inc = 0.0;
+                    let mut prev = self.points[lo].1;
+                    for v in it().skip(1) {
+                        inc += if v >= prev { v - prev } else { v };
+                        prev = v;
+                    }
+                    inc
+                };
                 if agg == Agg::Rate {
                     let span_s = (self.points[hi - 1].0 - self.points[lo].0) as f64 / 1000.0;
                     if span_s <= 0.0 {
@@ -681,6 +707,39 @@ mod tests {
                 assert!((b.sum - vals.iter().sum::<f64>()).abs() < 1e-6 * b.sum.abs().max(1.0));
             }
         }
+    }
+
+    #[test]
+    fn increase_fast_path_matches_scan() {
+        let mut w = Window::default();
+        let mut v = 0.0;
+        let mut checked = 0;
+        for i in 0..3000_i64 {
+            v = if i % 700 == 699 {
+                3.0
+            } else {
+                v + (i % 3) as f64
+            };
+            w.push(i * 1000, v);
+            if i % 500 == 0 {
+                w.evict_before(i * 1000 - 1_200_000);
+            }
+            if i % 97 == 0 && i > 200 {
+                for dur in [10_000, 120_000, 900_000] {
+                    let (lo, hi) = w.range(i * 1000 - dur, i * 1000);
+                    let vals: Vec<f64> = w.points.range(lo..hi).map(|p| p.1).collect();
+                    let want: f64 = vals
+                        .windows(2)
+                        .map(|p| if p[1] >= p[0] { p[1] - p[0] } else { p[1] })
+                        .sum();
+                    if let Some(got) = w.aggregate(Agg::Increase, i * 1000, dur, 0.0, 1000) {
+                        assert_eq!(got, want, "{i} {dur}");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 60, "{checked}");
     }
 
     #[test]

@@ -1,21 +1,223 @@
-//! `gpuwatch` subcommands: run,attach (placeholder until implemented).
+//! `gpuwatch run [OPTIONS] -- CMD ARGS...` and `gpuwatch attach PID`: flags, config merge, and
+//! printing the end-of-job report. The work is in [`crate::job`].
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 use super::GlobalArgs;
+use crate::config::Config;
+use crate::job::watch::{start_sampler, DispatchSink, StderrSink, Watch};
+use crate::job::{JobOptions, JobReport};
+
+/// Flags shared by `run` and `attach`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct JobFlags {
+    /// Configuration file (its `[job]`, `[actions]`, rules and channels apply).
+    #[arg(long, value_name = "FILE", env = "GPUWATCH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// A progress regex (repeatable), tried before the defaults; named groups `step`, `total`,
+    /// `epoch`, `epochs` are read, a pattern without them counts each match as progress.
+    #[arg(long = "progress", value_name = "REGEX")]
+    pub progress: Vec<String>,
+    /// Do not use the built-in progress patterns (Epoch 3/10, step N, tqdm, Lightning, HF).
+    #[arg(long)]
+    pub no_default_progress: bool,
+    /// Follow this log file (through truncation and rotation) for progress and the tail.
+    #[arg(long, value_name = "FILE")]
+    pub progress_log: Option<PathBuf>,
+    /// Keep this many output lines for the report (default 20, or `[job] tail_lines`).
+    #[arg(long, value_name = "N")]
+    pub tail: Option<usize>,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub report_json: Option<PathBuf>,
+    /// Do not print alerts and the report to stderr.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Do not evaluate rules or sample GPUs: only pass output through and report the end.
+    #[arg(long)]
+    pub no_rules: bool,
+}
 
 /// Arguments of `run`.
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {}
-
-/// Runs `run`.
-pub fn run(_global: &GlobalArgs, _args: &RunArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`run` is not implemented yet")
+pub struct RunArgs {
+    /// Flags shared with `attach`.
+    #[command(flatten)]
+    pub flags: JobFlags,
+    /// Append the job's stdout and stderr to this file as well.
+    #[arg(long, value_name = "FILE")]
+    pub tee: Option<PathBuf>,
+    /// The command to run and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 /// Arguments of `attach`.
 #[derive(Debug, clap::Args)]
-pub struct AttachArgs {}
+pub struct AttachArgs {
+    /// Flags shared with `run`.
+    #[command(flatten)]
+    pub flags: JobFlags,
+    /// The process to watch.
+    #[arg(value_name = "PID")]
+    pub pid: u32,
+}
 
-/// Runs `attach`.
-pub fn attach(_global: &GlobalArgs, _args: &AttachArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("`attach` is not implemented yet")
+fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
+    let Some(path) = path else {
+        return Ok(Config::default());
+    };
+    let config = crate::config::load(path)?;
+    config
+        .job
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    config
+        .actions
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(config)
+}
+
+/// The rules-and-actions watch: the configured (or stock) rules including job rules, a sampler
+/// thread when NVML is available, kill/exec actions, alerts printed on stderr.
+fn watch(
+    global: &GlobalArgs,
+    config: &Config,
+    config_given: bool,
+    flags: &JobFlags,
+) -> anyhow::Result<Watch> {
+    let hostname = config.hostname();
+    let mut paths =
+        crate::rules::default_rule_paths(&[], config_given.then_some(config), &config.rules);
+    if !config_given {
+        paths.retain(|p| p.exists());
+    }
+    let rules = crate::rules::RuleSet::load(&paths, &config.rules).map_err(|errors| {
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("rule errors:\n{}", lines.join("\n"))
+    })?;
+    let opts = crate::engine::EngineOptions::from_config(config, &config.rules, &hostname)
+        .map_err(|e| anyhow::anyhow!("config: {e}"))?;
+    let engine = crate::engine::Engine::new(rules, opts);
+    let state_dir = crate::daemon::state_dir(config);
+    let actions = crate::action::ActionRunner::from_config(config, &state_dir, &hostname);
+    let interval_ms = crate::config::parse_duration_ms(&config.daemon.interval)
+        .map_err(|e| anyhow::anyhow!("daemon.interval: {e}"))?;
+    let interval =
+        std::time::Duration::from_millis(u64::try_from(interval_ms.max(100)).unwrap_or(1000));
+    let mut sampler_cfg = global.sampler_config();
+    sampler_cfg.process_interval = interval.max(std::time::Duration::from_secs(1));
+    let snapshots = match start_sampler(&sampler_cfg, interval) {
+        Ok(rx) => Some(rx),
+        Err(e) if global.sim.is_some() || global.nvml_lib.is_some() => return Err(e.into()),
+        Err(e) => {
+            if !flags.quiet {
+                eprintln!("gpuwatch: no GPU data: {e}");
+            }
+            None
+        }
+    };
+    let mut watch = Watch::new(engine, actions, snapshots);
+    if !flags.quiet {
+        watch.add_sink(Box::new(StderrSink));
+    }
+    if config_given {
+        let settings = crate::notify::settings::NotifySettings::from_config(config)?;
+        let flush = std::time::Duration::from_millis(
+            u64::try_from(config.job.notify_timeout.ms).unwrap_or(30_000),
+        );
+        if let Some(sink) = DispatchSink::start(settings, &state_dir, flush)? {
+            watch.add_sink(Box::new(sink));
+        }
+    }
+    Ok(watch)
+}
+
+fn options(config: &Config, flags: &JobFlags, tee: Option<&PathBuf>) -> anyhow::Result<JobOptions> {
+    let job = &config.job;
+    let resolve = |p: &PathBuf| {
+        if p.is_relative() {
+            config.base_dir.join(p)
+        } else {
+            p.clone()
+        }
+    };
+    let mut progress = flags.progress.clone();
+    progress.extend(job.progress_patterns());
+    let tick_ms = job.tick.ms;
+    Ok(JobOptions {
+        progress,
+        default_patterns: job.default_patterns && !flags.no_default_progress,
+        tail_lines: flags.tail.unwrap_or(job.tail_lines),
+        tee: tee.cloned().or_else(|| job.tee.as_ref().map(resolve)),
+        progress_log: flags
+            .progress_log
+            .clone()
+            .or_else(|| job.progress_log.as_ref().map(resolve)),
+        tick_ms: u64::try_from(tick_ms).unwrap_or(1000),
+    })
+}
+
+fn finish(report: &JobReport, flags: &JobFlags) -> anyhow::Result<()> {
+    if let Some(path) = &flags.report_json {
+        let json = serde_json::to_vec_pretty(report)?;
+        std::fs::write(path, json)
+            .with_context(|| format!("cannot write the report to {}", path.display()))?;
+    }
+    if !flags.quiet {
+        let text = report.render_text();
+        for line in text.lines() {
+            eprintln!("gpuwatch: {line}");
+        }
+    }
+    Ok(())
+}
+
+/// Runs `run`: the job's exit code (128 + signal when a signal ended it).
+pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
+    let config = load_config(args.flags.config.as_deref())?;
+    let opts = options(&config, &args.flags, args.tee.as_ref())?;
+    let result = if args.flags.no_rules {
+        crate::job::run_job(&args.command, &opts, &mut crate::job::NoObserver)
+    } else {
+        let mut w = watch(global, &config, args.flags.config.is_some(), &args.flags)?;
+        crate::job::run_job(&args.command, &opts, &mut w)
+    };
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            // Like a shell: 127 when the command does not exist, 126 when it cannot be run.
+            let io = e
+                .chain()
+                .find_map(|c| c.downcast_ref::<std::io::Error>())
+                .map(std::io::Error::kind);
+            let spawn_failed = e.to_string().starts_with("cannot start ");
+            let code = match io {
+                Some(std::io::ErrorKind::NotFound) if spawn_failed => 127,
+                Some(std::io::ErrorKind::PermissionDenied) if spawn_failed => 126,
+                _ => return Err(e),
+            };
+            eprintln!("gpuwatch: error: {e:#}");
+            return Ok(code);
+        }
+    };
+    finish(&report, &args.flags)?;
+    Ok(report.exit_code)
+}
+
+/// Runs `attach`: the process's exit code when the kernel told it, else 0.
+pub fn attach(global: &GlobalArgs, args: &AttachArgs) -> anyhow::Result<i32> {
+    let config = load_config(args.flags.config.as_deref())?;
+    let opts = options(&config, &args.flags, None)?;
+    let report = if args.flags.no_rules {
+        crate::job::attach_job(args.pid, &opts, &mut crate::job::NoObserver)?
+    } else {
+        let mut w = watch(global, &config, args.flags.config.is_some(), &args.flags)?;
+        crate::job::attach_job(args.pid, &opts, &mut w)?
+    };
+    finish(&report, &args.flags)?;
+    Ok(report.exit_code)
 }

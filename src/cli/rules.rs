@@ -47,6 +47,10 @@ pub fn check(_global: &GlobalArgs, args: &CheckArgs) -> anyhow::Result<i32> {
                 display(args.config.as_deref())
             ));
         }
+        // Channels, routes and [notify] (secrets resolved; errors name file:line:column).
+        if let Err(e) = crate::notify::settings::NotifySettings::from_config(c) {
+            errors.extend(e.to_string().lines().map(str::to_string));
+        }
     }
     if let Err(e) = rules_config.eval_interval_ms() {
         errors.push(format!(
@@ -207,7 +211,7 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
     let mut transitions = 0u64;
     let mut write_err: Option<std::io::Error> = None;
     let started = std::time::Instant::now();
-    let stats = crate::engine::replay(&mut engine, reader, |ev| {
+    let stats = crate::engine::replay(&mut engine, crate::trace::read_ahead(reader), |ev| {
         if ev.repeat && !args.repeats {
             return;
         }

@@ -43,6 +43,9 @@ pub enum Input {
     Reload(Box<NotifySettings>),
     /// Finish in-flight sends (up to the grace period), save state, exit.
     Stop,
+    /// Send every waiting group now and exit once everything is delivered or at the deadline
+    /// (UTC ms); what is still undelivered stays in the outbox.
+    Drain(i64),
 }
 
 /// Handle to the dispatcher thread.
@@ -100,6 +103,17 @@ impl Dispatcher {
         self.tx.clone()
     }
 
+    /// Sends every waiting group now (ignoring `group_wait`), waits until everything is
+    /// delivered or `timeout` passed, then stops. For short-lived processes (`daemon --events`,
+    /// job notifications); what is still undelivered stays in the outbox.
+    pub fn drain(mut self, timeout: Duration) {
+        let deadline = now_ms() + i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX / 2);
+        let _ = self.tx.send(Input::Drain(deadline));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
     /// Stops the worker: in-flight sends get their timeout to finish; everything unsent stays in
     /// the outbox for the next start.
     pub fn stop(mut self) {
@@ -149,6 +163,7 @@ struct Worker {
     last_healthy_ms: Option<i64>,
     last_ping_ms: i64,
     ping_in_flight: bool,
+    drain_deadline_ms: Option<i64>,
 }
 
 impl Worker {
@@ -175,6 +190,7 @@ impl Worker {
             last_healthy_ms: None,
             last_ping_ms: 0,
             ping_in_flight: false,
+            drain_deadline_ms: None,
         }
     }
 
@@ -205,9 +221,17 @@ impl Worker {
                 self.enqueue(n, now);
             }
             self.save_state();
+            if let Some(deadline) = self.drain_deadline_ms {
+                if (self.pending.is_empty() && self.tasks.is_empty()) || now >= deadline {
+                    break;
+                }
+            }
             self.start_due(now);
             self.heartbeat(now);
-            let wake = self.next_wakeup(now);
+            let mut wake = self.next_wakeup(now);
+            if let Some(deadline) = self.drain_deadline_ms {
+                wake = wake.min(deadline);
+            }
             let sleep =
                 Duration::from_millis(u64::try_from((wake - now).clamp(0, 3_600_000)).unwrap_or(0));
             tokio::select! {
@@ -279,6 +303,10 @@ impl Worker {
                 self.grouper.set_settings(s.clone());
                 self.settings = s;
                 info!("notification settings reloaded");
+            }
+            Input::Drain(deadline) => {
+                self.grouper.flush_all();
+                self.drain_deadline_ms = Some(deadline);
             }
             Input::Stop => {}
         }

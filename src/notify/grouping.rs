@@ -31,6 +31,9 @@ struct Group {
     notified: BTreeMap<String, AlertStatus>,
     next_flush_ms: i64,
     last_sent_ms: Option<i64>,
+    /// The engine sent a `repeat` event (the rule's own `repeat`): re-send at the next tick.
+    #[serde(default)]
+    repeat_requested: bool,
 }
 
 /// Everything the grouper remembers (persisted by the dispatcher).
@@ -135,7 +138,11 @@ impl Grouper {
                             notified: BTreeMap::new(),
                             next_flush_ms: now_ms + route.group_wait_ms,
                             last_sent_ms: None,
+                            repeat_requested: false,
                         });
+                        if ev.repeat && group.notified.contains_key(&ev.fingerprint) {
+                            group.repeat_requested = true;
+                        }
                         group.alerts.insert(ev.fingerprint.clone(), ev.clone());
                     }
                     AlertStatus::Resolved => {
@@ -155,6 +162,14 @@ impl Grouper {
                     break;
                 }
             }
+        }
+    }
+
+    /// Makes every group due now, ignoring `group_wait` / `group_interval` (used before a
+    /// short-lived process exits).
+    pub fn flush_all(&mut self) {
+        for g in self.state.groups.values_mut() {
+            g.next_flush_ms = i64::MIN;
         }
     }
 
@@ -208,9 +223,10 @@ impl Grouper {
                 .any(|(fp, a)| group.notified.get(fp) != Some(&a.status));
             let any_firing = visible.values().any(|a| a.status == AlertStatus::Firing);
             let repeat_due = any_firing
-                && group
-                    .last_sent_ms
-                    .is_some_and(|t| now_ms - t >= route.repeat_interval_ms);
+                && (group.repeat_requested
+                    || group
+                        .last_sent_ms
+                        .is_some_and(|t| now_ms - t >= route.repeat_interval_ms));
             if changed || repeat_due {
                 let reason = if changed {
                     Reason::Update
@@ -237,6 +253,7 @@ impl Grouper {
                     .collect();
                 group.alerts.retain(|_, a| a.status == AlertStatus::Firing);
                 group.last_sent_ms = Some(now_ms);
+                group.repeat_requested = false;
             }
             group.next_flush_ms = now_ms + route.group_interval_ms;
             if !group.alerts.is_empty() {
@@ -614,6 +631,20 @@ mod tests {
         );
         assert!(g.state().is_idle());
         assert_eq!(g.next_wakeup(MIN), None);
+    }
+
+    #[test]
+    fn a_rule_repeat_event_resends_at_the_next_tick() {
+        let mut g = grouper("[notify]\ngroup_wait = \"0s\"\ngroup_interval = \"1m\"\n[[route]]\nchannels = [\"ops\"]\n");
+        g.ingest(0, &[ev("X", 0, Severity::Warning, AlertStatus::Firing, 0)]);
+        assert_eq!(g.tick(0).len(), 1);
+        let mut again = ev("X", 0, Severity::Warning, AlertStatus::Firing, 30_000);
+        g.ingest(30_000, &[again.clone()]);
+        assert!(g.tick(MIN).is_empty(), "a plain re-emit is no change");
+        again.repeat = true;
+        g.ingest(90_000, &[again]);
+        assert_eq!(summary(&g.tick(2 * MIN)), vec!["ops:Repeat:X-0"]);
+        assert!(g.tick(3 * MIN).is_empty());
     }
 
     #[test]

@@ -975,6 +975,9 @@ repeat_interval = "4h"
         assert_eq!(config.notify.rate_limit.max, d.rate_limit.max);
         assert_eq!(s.channels.len(), 2);
         assert_eq!(s.routes[0].channels, ["ops", "mail"]);
+        assert_eq!(config.actions, crate::action::ActionsSection::default());
+        assert_eq!(config.notify.inhibit, default_inhibit());
+        assert_eq!(config.job, crate::job::JobSection::default());
     }
 
     #[test]

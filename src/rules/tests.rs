@@ -146,7 +146,7 @@ fn unit_and_mixed_number_operators() {
     let src = r#"rule(#{ name: "u", check: |gpu| {
         let none = gpu.power.mean("1m");
         if none > 1.0 || none < 1 || none * 2 > 0 || 50 > 40.5 == false { return "bad"; }
-        if 3 > 2.5 && 2.0 < 3 && MiB(1) == 1048576.0 && to_GiB(GiB(2)) == 2.0 { "ok" }
+        if 3 > 2.5 && 2.0 < 3 && MiB(1) == 1048576.0 && to_GiB(GiB(2)) == 2.0 && 2 * GiB == GiB(2) { "ok" }
     } });"#;
     let set = load(src).unwrap();
     match set.eval_gpu(0, &history(&[50.0; 60]), 59_000) {
@@ -211,6 +211,28 @@ fn params_override_defaults() {
 }
 
 #[test]
+fn params_of_the_wrong_type_are_load_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "low.rhai",
+        "let t = param(\"threshold\", 50.0);\nlet w = param(\"window\", \"10m\");\nrule(#{ name: \"low\", check: |gpu| gpu.util.mean(w) < t });\n",
+    );
+    // A string where a number is expected would compare as false for ever: refused.
+    let cfg: RulesConfig = toml::from_str("[params]\nlow.threshold = \"forty\"\n").unwrap();
+    let errs = RuleSet::load(std::slice::from_ref(&p), &cfg).unwrap_err();
+    let msg = errs[0].to_string();
+    assert!(msg.contains("low.rhai:1:9"), "{msg}");
+    assert!(msg.contains("`threshold` must be a number"), "{msg}");
+    // Numbers for durations (seconds) and ints for floats are fine.
+    let ok: RulesConfig =
+        toml::from_str("[params]\nlow.threshold = 40\nlow.window = 600\n").unwrap();
+    assert!(RuleSet::load(std::slice::from_ref(&p), &ok).is_ok());
+    let bad: RulesConfig = toml::from_str("[params]\nlow.window = true\n").unwrap();
+    assert!(RuleSet::load(&[p], &bad).is_err());
+}
+
+#[test]
 fn duplicate_names_and_retention() {
     let errs =
         load("rule(#{ name: \"a\", check: |g| true });\nrule(#{ name: \"a\", check: |g| true });")
@@ -222,4 +244,16 @@ fn duplicate_names_and_retention() {
     );
     let set = load("rule(#{ name: \"a\", check: |g| g.util.mean(\"2h\") > 1 });").unwrap();
     assert_eq!(set.retention_ms(), 2 * 3_600_000 + 60_000);
+}
+
+#[test]
+fn rule_cannot_be_registered_from_a_check() {
+    let set = load(
+        "rule(#{ name: \"r\", check: |gpu| { rule(#{ name: \"x\", check: |g| 1 }); true } });",
+    )
+    .unwrap();
+    match set.eval_gpu(0, &history(&[50.0]), 0) {
+        EvalResult::Error(e) => assert!(e.message.contains("top level"), "{e}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -328,3 +328,50 @@ fn rule_file_edits_reload_and_a_broken_edit_keeps_the_old_rules() {
     d.signal(libc::SIGTERM);
     assert!(d.wait(T).success());
 }
+
+#[test]
+fn a_fault_on_all_eight_gpus_makes_one_message_per_channel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let smtp = SmtpServer::start(&tmp.path().join("mail"), None);
+    let cfg = config(tmp.path(), &hook.url("/hook"), smtp.port, &stock_rules());
+    // Shorter hang window than the stock 2 min; a group_wait to gather the eight GPUs.
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(
+            "[rules]\n",
+            "[rules]\nparams = { nccl_hang = { window = \"5s\" } }\n",
+        )
+        .replace("group_wait = \"0s\"", "group_wait = \"3s\"");
+    std::fs::write(&cfg, text).unwrap();
+    // All eight GPUs hang at scenario 30 s = 3 s of real time.
+    let mut d = daemon(
+        "nccl-hang",
+        &cfg,
+        &tmp.path().join("log"),
+        &[("NVML_SIM_TIME_SCALE", "10")],
+    );
+    let got = hook.wait_accepted(1, T);
+    let mails = smtp.wait_messages(1, T);
+    std::thread::sleep(Duration::from_secs(3));
+    let log = d.log_text();
+    assert_eq!(hook.accepted().len(), 1, "{log}");
+    assert_eq!(smtp.messages().len(), 1, "{log}");
+    let body = got[0].json();
+    assert_eq!(body["groupLabels"]["alertname"], "nccl_hang");
+    let mut gpus: Vec<String> = body["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["labels"]["gpu"].as_str().unwrap().to_string())
+        .collect();
+    gpus.sort();
+    assert_eq!(gpus, ["0", "1", "2", "3", "4", "5", "6", "7"]);
+    let data = unfold_email(mails[0]["data"].as_str().unwrap());
+    assert!(
+        data.contains("Subject: [CRITICAL] nccl_hang on simhost: GPUs 0,1,2,3,4,5,6,7 (8 firing)"),
+        "{data}"
+    );
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success());
+}

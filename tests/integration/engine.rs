@@ -88,7 +88,17 @@ fn stock_rules_check_clean() {
     let out = gpuwatch(&["check", "--rules", "rules"]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
-    assert!(stdout.starts_with("ok: 16 rules"), "{stdout}");
+    let stock = std::fs::read_dir(root().join("rules"))
+        .expect("rules dir")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "rhai"))
+        })
+        .count();
+    assert!(
+        stdout.starts_with(&format!("ok: {stock} rules")),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -367,4 +377,24 @@ fn docs_cover_every_metric() {
         let row = format!("| `gpu.{}` | {} |", d.key, d.unit);
         assert!(docs.contains(&row), "docs/rules.md lacks the row {row:?}");
     }
+}
+
+#[test]
+fn replay_bad_value_names_file_line_column() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.csv");
+    std::fs::write(
+        &path,
+        "timestamp,index,uuid,name,pci_bus_id,minor,state,util,xids,processes\n\
+         2026-12-02T15:00:00.000Z,0,GPU-0,X,,0,ok,50,,\n\
+         2026-12-02T15:00:01.000Z,0,GPU-0,X,,0,ok,5O,,\n",
+    )
+    .expect("write");
+    let out = gpuwatch(&["replay", "--rules", "rules", path.to_str().expect("utf-8")]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("bad.csv:3:42: bad util value \"5O\""),
+        "{stderr}"
+    );
 }

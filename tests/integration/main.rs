@@ -1,11 +1,13 @@
 //! The one integration test binary: each area is a module. Tests run the real `gpuwatch` binary
 //! as subprocesses against the simulated NVML library (built once by `common::sim_lib`).
 
+mod acceptance;
 #[allow(dead_code)]
 mod common;
 mod daemon;
 mod engine;
 mod fidelity;
+mod job;
 mod metrics_doc;
 mod notify;
 mod sim;

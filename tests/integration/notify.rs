@@ -739,3 +739,50 @@ fn every_http_channel_type_posts_its_native_body() {
     let am = find("/api/v2/alerts");
     assert_eq!(am[0]["labels"]["alertname"], "gpuwatch_test");
 }
+
+#[test]
+fn end_of_events_input_delivers_waiting_groups_before_exiting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let config = write_config(
+        tmp.path(),
+        "",
+        &format!(
+            "{}{}",
+            webhook_channel("ops", &hook.url("/hook")),
+            route(&["ops"], "group_wait = \"30s\"")
+        ),
+    );
+    let mut d = Daemon::events(&config, &tmp.path().join("log"), &[]);
+    d.send(&event("JobFinished", 0, "warning", "firing"));
+    let start = Instant::now();
+    assert!(d.finish(T).success());
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "did not wait for group_wait"
+    );
+    assert_eq!(hook.accepted().len(), 1);
+    assert_eq!(outbox_files(tmp.path()), 0);
+}
+
+#[test]
+fn check_validates_channels_and_routes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(
+        tmp.path(),
+        "",
+        "[[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl_env = \"GW_TEST_UNSET_HOOK\"\n[[route]]\nchannels = [\"opz\"]\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("config.toml:12:8: channel \"ops\": `url_env`: environment variable GW_TEST_UNSET_HOOK is not set"), "{err}");
+    assert!(
+        err.contains("config.toml:16:13: route names unknown channel \"opz\""),
+        "{err}"
+    );
+}

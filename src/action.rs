@@ -1,0 +1,127 @@
+//! Actions taken on alerts besides notifying: stopping runaway GPU processes under a strict
+//! policy, and running user commands.
+//!
+//! * [`policy`]: `[actions.kill]` and the pure decision whether a process may be signalled.
+//! * [`ladder`]: warning → grace → SIGTERM (process group) → wait → SIGKILL, re-checking the
+//!   policy before each step; dry-run by default.
+//! * [`audit`]: the append-only JSON-lines audit log of every decision.
+//! * [`pidns`]: mapping NVML's host PIDs into gpuwatch's PID namespace.
+//! * [`exec`]: `[[actions.exec]]`, a command run with the alert in its environment and on stdin.
+//! * [`settings`]: config value types that validate while parsing (regexes, durations).
+
+pub mod audit;
+pub mod exec;
+pub mod ladder;
+pub mod pidns;
+pub mod policy;
+pub mod runner;
+pub mod script;
+pub mod settings;
+
+use serde::Deserialize;
+
+pub use audit::{AuditDecision, AuditLog, AuditRecord};
+pub use exec::{run_exec, ExecOutcome, ExecSection};
+pub use ladder::{KillManager, KillRequest};
+pub use pidns::PidMapper;
+pub use policy::{KillPolicy, KillSection, Refusal, SelfFacts, SignalTarget, TargetFacts};
+pub use runner::ActionRunner;
+
+/// `[actions]` in the config file.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ActionsSection {
+    /// `[actions.kill]`: the kill policy.
+    pub kill: KillSection,
+    /// `[[actions.exec]]`: commands run for alerts.
+    pub exec: Vec<ExecSection>,
+}
+
+impl ActionsSection {
+    /// Checks what serde could not; errors name the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut names = std::collections::HashSet::new();
+        for e in &self.exec {
+            e.validate()?;
+            if !names.insert(e.name.as_str()) {
+                return Err(format!("actions.exec: duplicate name {:?}", e.name));
+            }
+        }
+        if self.kill.term_timeout.ms <= 0 {
+            return Err("actions.kill.term_timeout must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The audit log path: `audit_log`, or `kill-audit.jsonl` in `state_dir`.
+    pub fn audit_log_path(&self, state_dir: &std::path::Path) -> std::path::PathBuf {
+        self.kill
+            .audit_log
+            .clone()
+            .unwrap_or_else(|| state_dir.join("kill-audit.jsonl"))
+    }
+}
+
+/// A stable hex fingerprint of some strings (FNV-1a 64, fields separated by NUL).
+pub fn fingerprint(parts: &[&str]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_sections_parse_with_safe_defaults() {
+        let cfg = crate::config::parse("", std::path::Path::new("c.toml")).unwrap();
+        assert!(cfg.actions.kill.dry_run);
+        assert!(cfg.actions.exec.is_empty());
+        let text = r#"
+[actions.kill]
+dry_run = false
+allow_users = ["alice"]
+allow_commands = ["^python"]
+grace = "2m"
+term_timeout = "10s"
+audit_log = "/var/log/gpuwatch/kill.jsonl"
+
+[[actions.exec]]
+name = "checkpoint"
+command = ["/usr/local/bin/ckpt", "--now"]
+timeout = "1m"
+"#;
+        let cfg = crate::config::parse(text, std::path::Path::new("c.toml")).unwrap();
+        let k = &cfg.actions.kill;
+        assert!(!k.dry_run);
+        assert_eq!((k.grace.ms, k.term_timeout.ms), (120_000, 10_000));
+        assert_eq!(k.min_uid, 1000);
+        assert_eq!(cfg.actions.exec[0].timeout.ms, 60_000);
+        assert!(cfg.actions.validate().is_ok());
+    }
+
+    #[test]
+    fn config_errors_point_into_the_file() {
+        let text = "[actions.kill]\nallow_commands = [\"(\"]\n";
+        let err = crate::config::parse(text, std::path::Path::new("c.toml")).unwrap_err();
+        assert_eq!((err.line, err.column), (2, 18), "{err}");
+        assert!(err.message.contains("invalid regex"), "{err}");
+        let text = "[actions.kill]\ngrace = \"5 parsecs\"\n";
+        let err = crate::config::parse(text, std::path::Path::new("c.toml")).unwrap_err();
+        assert_eq!(err.line, 2, "{err}");
+        let text = "[actions.kill]\nkill_everyone = true\n";
+        assert!(crate::config::parse(text, std::path::Path::new("c.toml")).is_err());
+    }
+
+    #[test]
+    fn fingerprints_are_stable() {
+        assert_eq!(fingerprint(&["a", "b"]), fingerprint(&["a", "b"]));
+        assert_ne!(fingerprint(&["ab", ""]), fingerprint(&["a", "b"]));
+    }
+}

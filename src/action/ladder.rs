@@ -1,0 +1,549 @@
+//! The kill ladder: warning → grace → SIGTERM to the process group → wait → SIGKILL.
+//!
+//! [`KillManager`] holds one ladder per (alert fingerprint, host PID). [`KillManager::request`]
+//! starts one (a firing `action: "kill"` alert), [`KillManager::cancel`] stops it (the alert
+//! resolved), and [`KillManager::tick`] advances every ladder whose next step is due, re-reading
+//! the target's facts and re-running the policy before each step. Every decision is appended to
+//! the audit log and returned as a notice for the dispatcher. In dry-run mode the ladder runs on
+//! the same schedule with `would_*` records and sends no signal.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::audit::{AuditDecision, AuditLog, AuditRecord};
+use super::pidns::PidMapper;
+use super::policy::{gather_facts, KillPolicy, SelfFacts, SignalTarget, TargetFacts};
+
+/// A request to stop one process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KillRequest {
+    /// PID as NVML reports it.
+    pub host_pid: u32,
+    /// The alert (rule) asking.
+    pub alert: String,
+    /// Its fingerprint.
+    pub fingerprint: String,
+    /// Why (the alert summary).
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Nothing done yet.
+    New,
+    /// Warned at this time.
+    Warned(i64),
+    /// SIGTERM sent (or would have been) at this time.
+    Termed(i64),
+    /// SIGKILL sent at this time; waiting for the process to vanish.
+    Killed(i64),
+}
+
+#[derive(Debug, Clone)]
+struct Ladder {
+    request: KillRequest,
+    phase: Phase,
+    start_ticks: Option<u64>,
+    target: Option<SignalTarget>,
+    last: TargetFacts,
+}
+
+/// Runs kill ladders under a policy.
+#[derive(Debug)]
+pub struct KillManager {
+    policy: KillPolicy,
+    audit: AuditLog,
+    mapper: PidMapper,
+    me: SelfFacts,
+    host: String,
+    ladders: BTreeMap<(String, u32), Ladder>,
+    /// Host PIDs gpuwatch has signalled, with the reason (for `run`'s crash class).
+    signalled: HashMap<u32, String>,
+}
+
+impl KillManager {
+    /// A manager writing to `audit`.
+    pub fn new(policy: KillPolicy, audit: AuditLog, mapper: PidMapper) -> KillManager {
+        KillManager {
+            policy,
+            audit,
+            mapper,
+            me: SelfFacts::current(),
+            host: crate::job::hostname(),
+            ladders: BTreeMap::new(),
+            signalled: HashMap::new(),
+        }
+    }
+
+    /// Number of ladders in progress.
+    pub fn active(&self) -> usize {
+        self.ladders.len()
+    }
+
+    /// The reason gpuwatch signalled local PID or process group `pid`, if it did.
+    pub fn signalled(&self, pid: u32) -> Option<&String> {
+        self.signalled.get(&pid)
+    }
+
+    /// Starts a ladder (no-op when one runs for the same alert and PID). The first step is taken
+    /// at the next [`KillManager::tick`].
+    pub fn request(&mut self, request: KillRequest) {
+        let key = (request.fingerprint.clone(), request.host_pid);
+        self.ladders.entry(key).or_insert_with(|| Ladder {
+            request,
+            phase: Phase::New,
+            start_ticks: None,
+            target: None,
+            last: TargetFacts::default(),
+        });
+    }
+
+    /// Stops every ladder of alert `fingerprint` (the alert resolved) before its next signal.
+    pub fn cancel(&mut self, fingerprint: &str, now_ms: i64, why: &str) -> Vec<AuditRecord> {
+        let keys: Vec<_> = self
+            .ladders
+            .keys()
+            .filter(|(f, _)| f == fingerprint)
+            .cloned()
+            .collect();
+        let mut out = Vec::new();
+        for key in keys {
+            if let Some(l) = self.ladders.remove(&key) {
+                if matches!(l.phase, Phase::New) {
+                    continue;
+                }
+                out.push(self.record(&l, &l.last.clone(), AuditDecision::Cancelled, why, now_ms));
+            }
+        }
+        out
+    }
+
+    /// Advances every ladder. `gpu_of` maps host PIDs currently on a GPU to their GPU index.
+    pub fn tick(&mut self, now_ms: i64, gpu_of: &HashMap<u32, u32>) -> Vec<AuditRecord> {
+        let keys: Vec<_> = self.ladders.keys().cloned().collect();
+        let mut out = Vec::new();
+        for key in keys {
+            let Some(mut ladder) = self.ladders.remove(&key) else {
+                continue;
+            };
+            let keep = self.step(&mut ladder, now_ms, gpu_of, &mut out);
+            if keep {
+                self.ladders.insert(key, ladder);
+            }
+        }
+        out
+    }
+
+    /// Takes the ladder's due step; returns false when the ladder is finished.
+    fn step(
+        &mut self,
+        l: &mut Ladder,
+        now_ms: i64,
+        gpu_of: &HashMap<u32, u32>,
+        out: &mut Vec<AuditRecord>,
+    ) -> bool {
+        let facts = gather_facts(l.request.host_pid, &self.mapper, gpu_of);
+        let dry = self.policy.dry_run();
+        let grace = self.policy.section.grace.ms;
+        let term_timeout = self.policy.section.term_timeout.ms;
+        let same_process =
+            facts.alive && (l.start_ticks.is_none() || facts.start_ticks == l.start_ticks);
+        if !same_process && !matches!(l.phase, Phase::New) {
+            let what = match l.phase {
+                Phase::Termed(_) if !dry => "exited after SIGTERM",
+                Phase::Killed(_) => "exited after SIGKILL",
+                _ => "exited before gpuwatch signalled it",
+            };
+            out.push(self.record(l, &l.last.clone(), AuditDecision::Exited, what, now_ms));
+            return false;
+        }
+        let (decision, counting) = match l.phase {
+            Phase::New => (
+                if dry {
+                    AuditDecision::WouldWarn
+                } else {
+                    AuditDecision::Warn
+                },
+                false,
+            ),
+            Phase::Warned(at) if now_ms >= at + grace => (
+                if dry {
+                    AuditDecision::WouldTerm
+                } else {
+                    AuditDecision::Term
+                },
+                true,
+            ),
+            Phase::Termed(at) if now_ms >= at + term_timeout => (
+                if dry {
+                    AuditDecision::WouldKill
+                } else {
+                    AuditDecision::Kill
+                },
+                false,
+            ),
+            Phase::Killed(at) => {
+                if now_ms >= at + term_timeout {
+                    let why =
+                        "still present after SIGKILL (uninterruptible sleep or a driver hang)";
+                    out.push(self.record(l, &facts, AuditDecision::Error, why, now_ms));
+                    return false;
+                }
+                return true;
+            }
+            _ => return true,
+        };
+        let expected = l.start_ticks;
+        // Re-check the policy before every step, including the warning.
+        let approved = self
+            .policy
+            .decide(&facts, &self.me, expected, counting && !dry, now_ms);
+        l.last = facts.clone();
+        let target = match approved {
+            Ok(t) => t,
+            Err(refusal) => {
+                let reason = refusal.to_string();
+                if matches!(l.phase, Phase::New) || !matches!(refusal, super::Refusal::NotOnGpu) {
+                    out.push(self.record(l, &facts, AuditDecision::Refused, &reason, now_ms));
+                } else {
+                    out.push(self.record(
+                        l,
+                        &facts,
+                        AuditDecision::Cancelled,
+                        "the process left the GPU",
+                        now_ms,
+                    ));
+                }
+                return false;
+            }
+        };
+        l.start_ticks = facts.start_ticks;
+        l.target = Some(target);
+        let mut reason = l.request.reason.clone();
+        match decision {
+            AuditDecision::Warn | AuditDecision::WouldWarn => {
+                l.phase = Phase::Warned(now_ms);
+                reason = format!(
+                    "{reason}; SIGTERM in {}, SIGKILL {} later",
+                    crate::job::report::format_duration_ms(grace),
+                    crate::job::report::format_duration_ms(term_timeout)
+                );
+            }
+            AuditDecision::Term | AuditDecision::WouldTerm => {
+                if !dry {
+                    if let Err(e) = send(target, libc::SIGTERM) {
+                        out.push(self.record(l, &facts, AuditDecision::Error, &e, now_ms));
+                        return false;
+                    }
+                    self.policy.note_kill(now_ms);
+                    self.note_signalled(target, &facts, &l.request);
+                }
+                l.phase = Phase::Termed(now_ms);
+            }
+            AuditDecision::Kill | AuditDecision::WouldKill => {
+                if dry {
+                    out.push(self.record(l, &facts, decision, &reason, now_ms));
+                    return false;
+                }
+                if let Err(e) = send(target, libc::SIGKILL) {
+                    out.push(self.record(l, &facts, AuditDecision::Error, &e, now_ms));
+                    return false;
+                }
+                l.phase = Phase::Killed(now_ms);
+            }
+            _ => {}
+        }
+        out.push(self.record(l, &facts, decision, &reason, now_ms));
+        true
+    }
+
+    fn note_signalled(&mut self, target: SignalTarget, facts: &TargetFacts, req: &KillRequest) {
+        let why = format!("{} ({})", req.alert, req.reason);
+        if let Ok(pid) = facts.pid {
+            self.signalled.insert(pid, why.clone());
+        }
+        if let SignalTarget::Group(g) = target {
+            self.signalled.insert(g, why);
+        }
+    }
+
+    fn record(
+        &mut self,
+        l: &Ladder,
+        facts: &TargetFacts,
+        decision: AuditDecision,
+        reason: &str,
+        now_ms: i64,
+    ) -> AuditRecord {
+        let rec = AuditRecord {
+            time: chrono::DateTime::from_timestamp_millis(now_ms)
+                .unwrap_or_default()
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            time_ms: now_ms,
+            host: self.host.clone(),
+            decision,
+            dry_run: self.policy.dry_run(),
+            host_pid: l.request.host_pid,
+            pid: facts.pid.as_ref().ok().copied(),
+            target: l.target.map(|t| t.to_string()),
+            uid: facts.uid,
+            user: facts.user.clone(),
+            command: facts.command.clone(),
+            gpu: facts.gpu,
+            alert: l.request.alert.clone(),
+            fingerprint: l.request.fingerprint.clone(),
+            reason: reason.to_string(),
+        };
+        if let Err(e) = self.audit.append(&rec) {
+            tracing::error!(path = %self.audit.path().display(), "cannot write the kill audit log: {e}");
+        }
+        rec
+    }
+}
+
+/// Sends `signal` to a group or process.
+fn send(target: SignalTarget, signal: i32) -> Result<(), String> {
+    let raw = match target {
+        SignalTarget::Group(g) => -(g as libc::pid_t),
+        SignalTarget::Process(p) => p as libc::pid_t,
+    };
+    // SAFETY: kill(2) with a pid or negative pgid.
+    let rc = unsafe { libc::kill(raw, signal) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "kill({raw}, {}) failed: {}",
+            crate::job::report::signal_name(signal),
+            std::io::Error::last_os_error()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::action::policy::KillSection;
+    use crate::action::settings::DurationSetting;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Child, Command};
+    use std::time::{Duration, Instant};
+
+    fn my_user() -> String {
+        crate::action::policy::user_name(unsafe { libc::getuid() }).unwrap()
+    }
+
+    fn section(dry_run: bool) -> KillSection {
+        KillSection {
+            dry_run,
+            allow_users: vec![my_user()],
+            allow_root: unsafe { libc::getuid() } == 0,
+            min_uid: 0,
+            grace: DurationSetting::from_ms(300),
+            term_timeout: DurationSetting::from_ms(300),
+            ..KillSection::default()
+        }
+    }
+
+    fn spawn(script: &str) -> Child {
+        let child = Command::new("sh")
+            .args(["-c", script])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        // Let the shell install its traps.
+        std::thread::sleep(Duration::from_millis(150));
+        child
+    }
+
+    fn manager(s: KillSection, dir: &std::path::Path) -> KillManager {
+        let audit = AuditLog::open(&dir.join("audit.jsonl")).unwrap();
+        KillManager::new(KillPolicy::new(s), audit, PidMapper::Identity)
+    }
+
+    fn request(pid: u32) -> KillRequest {
+        KillRequest {
+            host_pid: pid,
+            alert: "gpu_memory_quota".into(),
+            fingerprint: "fp1".into(),
+            reason: "uses 30 GiB of GPU memory".into(),
+        }
+    }
+
+    /// Ticks every 20 ms until no ladder is left (or 10 s), returning the decisions with the
+    /// time since start.
+    fn drive(
+        m: &mut KillManager,
+        gpu_of: &HashMap<u32, u32>,
+        child: &mut Child,
+    ) -> Vec<(AuditDecision, u128)> {
+        let start = Instant::now();
+        let mut seen = Vec::new();
+        while m.active() > 0 && start.elapsed() < Duration::from_secs(10) {
+            for r in m.tick(crate::job::now_ms(), gpu_of) {
+                seen.push((r.decision, start.elapsed().as_millis()));
+            }
+            let _ = child.try_wait();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        seen
+    }
+
+    #[test]
+    fn dry_run_kills_nothing_and_says_what_it_would_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        let gpu_of = HashMap::from([(pid, 0)]);
+        let mut m = manager(section(true), dir.path());
+        m.request(request(pid));
+        let seen = drive(&mut m, &gpu_of, &mut child);
+        let decisions: Vec<_> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(
+            decisions,
+            vec![
+                AuditDecision::WouldWarn,
+                AuditDecision::WouldTerm,
+                AuditDecision::WouldKill
+            ]
+        );
+        assert!(child.try_wait().unwrap().is_none(), "dry run must not kill");
+        let log = AuditLog::read_all(&dir.path().join("audit.jsonl")).unwrap();
+        assert_eq!(log.len(), 3);
+        assert!(log.iter().all(|r| r.dry_run && r.host_pid == pid));
+        assert_eq!(
+            log[1].target.as_deref(),
+            Some(format!("group {pid}").as_str())
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn ladder_terms_then_kills_a_child_that_ignores_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("trap '' TERM; while :; do sleep 0.05; done");
+        let pid = child.id();
+        let gpu_of = HashMap::from([(pid, 1)]);
+        let mut m = manager(section(false), dir.path());
+        m.request(request(pid));
+        let seen = drive(&mut m, &gpu_of, &mut child);
+        let decisions: Vec<_> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(
+            decisions,
+            vec![
+                AuditDecision::Warn,
+                AuditDecision::Term,
+                AuditDecision::Kill,
+                AuditDecision::Exited
+            ],
+            "{seen:?}"
+        );
+        // On schedule: TERM after the 300 ms grace, KILL 300 ms after TERM.
+        assert!(seen[1].1 >= 300 && seen[1].1 < 1500, "{seen:?}");
+        assert!(seen[2].1 - seen[1].1 >= 300, "{seen:?}");
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert!(m.signalled(pid).is_some());
+        let log = AuditLog::read_all(&dir.path().join("audit.jsonl")).unwrap();
+        assert_eq!(log.len(), 4);
+        assert_eq!(log[3].reason, "exited after SIGKILL");
+    }
+
+    #[test]
+    fn a_child_that_honours_sigterm_is_not_sigkilled() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        let gpu_of = HashMap::from([(pid, 0)]);
+        let mut m = manager(section(false), dir.path());
+        m.request(request(pid));
+        let seen = drive(&mut m, &gpu_of, &mut child);
+        let decisions: Vec<_> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(
+            decisions,
+            vec![
+                AuditDecision::Warn,
+                AuditDecision::Term,
+                AuditDecision::Exited
+            ]
+        );
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
+    }
+
+    #[test]
+    fn protected_user_and_non_gpu_processes_are_never_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        // Not on a GPU.
+        let mut m = manager(section(false), dir.path());
+        m.request(request(pid));
+        let seen = drive(&mut m, &HashMap::new(), &mut child);
+        assert_eq!(
+            seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+            vec![AuditDecision::Refused]
+        );
+        // A protected user, on a GPU.
+        let mut s = section(false);
+        s.protect_users = vec![my_user()];
+        let mut m = manager(s, dir.path());
+        m.request(request(pid));
+        let seen = drive(&mut m, &HashMap::from([(pid, 0)]), &mut child);
+        assert_eq!(
+            seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+            vec![AuditDecision::Refused]
+        );
+        assert!(child.try_wait().unwrap().is_none(), "must still be running");
+        let log = AuditLog::read_all(&dir.path().join("audit.jsonl")).unwrap();
+        assert_eq!(log[0].reason, "the process is not on a GPU");
+        assert!(log[1].reason.contains("protect_users"), "{}", log[1].reason);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn unmappable_pids_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        let audit = AuditLog::open(&dir.path().join("audit.jsonl")).unwrap();
+        let mapper = PidMapper::Unavailable("gpuwatch runs inside a PID namespace".into());
+        let mut m = KillManager::new(KillPolicy::new(section(false)), audit, mapper);
+        m.request(request(pid));
+        let r = m.tick(crate::job::now_ms(), &HashMap::from([(pid, 0)]));
+        assert_eq!(r[0].decision, AuditDecision::Refused);
+        assert_eq!(
+            r[0].reason,
+            "cannot map the host PID: gpuwatch runs inside a PID namespace"
+        );
+        assert!(child.try_wait().unwrap().is_none());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn leaving_the_gpu_or_resolving_cancels() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        let mut m = manager(section(false), dir.path());
+        m.request(request(pid));
+        let now = crate::job::now_ms();
+        let r = m.tick(now, &HashMap::from([(pid, 0)]));
+        assert_eq!(r[0].decision, AuditDecision::Warn);
+        // The process left the GPU before SIGTERM was due.
+        let r = m.tick(now + 1000, &HashMap::new());
+        assert_eq!(r[0].decision, AuditDecision::Cancelled);
+        assert_eq!(m.active(), 0);
+        // The alert resolved during the grace period.
+        m.request(request(pid));
+        m.tick(now, &HashMap::from([(pid, 0)]));
+        let r = m.cancel("fp1", now + 100, "alert resolved");
+        assert_eq!(r[0].decision, AuditDecision::Cancelled);
+        assert!(child.try_wait().unwrap().is_none());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}

@@ -1,0 +1,562 @@
+//! The kill policy: `[actions.kill]` and the pure decision whether a process may be signalled.
+//!
+//! [`KillPolicy::decide`] looks only at [`TargetFacts`] (gathered from `/proc` and the GPU process list by
+//! [`gather_facts`]) and [`SelfFacts`]; the ladder calls it again before every step.
+//! Refusals, in order: the process is gone or was replaced, its PID cannot be mapped into our
+//! namespace, it is PID 1, gpuwatch itself or its parent, it is not on a GPU, its owner is unknown,
+//! root (unless `allow_root`), a system account (uid < `min_uid`), a protected user or command, a
+//! user not in `allow_users`, a command matching none of `allow_commands`, or the kill rate limit.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::pidns::PidMapper;
+use super::settings::{DurationSetting, RegexSetting};
+
+/// `[actions.kill]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct KillSection {
+    /// Only log and notify what would be done (default true).
+    pub dry_run: bool,
+    /// Users whose processes may be killed; `"*"` means any user who passes the other checks.
+    /// Empty (the default) means nobody.
+    pub allow_users: Vec<String>,
+    /// Command-line regexes; when non-empty a process must match one.
+    pub allow_commands: Vec<RegexSetting>,
+    /// Users never touched (wins over `allow_users`).
+    pub protect_users: Vec<String>,
+    /// Command-line regexes never touched.
+    pub protect_commands: Vec<RegexSetting>,
+    /// Allow killing root's processes (default false).
+    pub allow_root: bool,
+    /// Lowest uid that may be killed (default 1000: system accounts are protected).
+    pub min_uid: u32,
+    /// Time between the warning and SIGTERM (default 5m).
+    pub grace: DurationSetting,
+    /// Time between SIGTERM and SIGKILL (default 30s).
+    pub term_timeout: DurationSetting,
+    /// Most SIGTERMs in any hour (default 10); further kills are refused.
+    pub max_kills_per_hour: u32,
+    /// Audit log path (default `<daemon.state_dir>/kill-audit.jsonl`).
+    pub audit_log: Option<PathBuf>,
+    /// Mount of the host's `/proc` when gpuwatch runs in a container.
+    pub host_proc: Option<PathBuf>,
+}
+
+impl Default for KillSection {
+    fn default() -> Self {
+        KillSection {
+            dry_run: true,
+            allow_users: Vec::new(),
+            allow_commands: Vec::new(),
+            protect_users: Vec::new(),
+            protect_commands: Vec::new(),
+            allow_root: false,
+            min_uid: 1000,
+            grace: DurationSetting::from_ms(300_000),
+            term_timeout: DurationSetting::from_ms(30_000),
+            max_kills_per_hour: 10,
+            audit_log: None,
+            host_proc: None,
+        }
+    }
+}
+
+/// Everything known about a kill target at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetFacts {
+    /// PID as NVML reports it.
+    pub host_pid: u32,
+    /// PID in our namespace, or why it could not be mapped.
+    pub pid: Result<u32, String>,
+    /// Whether the process exists (and is not a zombie).
+    pub alive: bool,
+    /// Start time in clock ticks (identity across PID reuse).
+    pub start_ticks: Option<u64>,
+    /// Owner uid.
+    pub uid: Option<u32>,
+    /// Owner name.
+    pub user: Option<String>,
+    /// Command line, arguments joined by spaces.
+    pub command: Option<String>,
+    /// Process group.
+    pub pgid: Option<u32>,
+    /// The GPU it is on according to the latest process list (`None`: not on a GPU).
+    pub gpu: Option<u32>,
+}
+
+impl Default for TargetFacts {
+    fn default() -> Self {
+        TargetFacts {
+            host_pid: 0,
+            pid: Err("not looked up".into()),
+            alive: false,
+            start_ticks: None,
+            uid: None,
+            user: None,
+            command: None,
+            pgid: None,
+            gpu: None,
+        }
+    }
+}
+
+impl Default for SelfFacts {
+    fn default() -> Self {
+        SelfFacts::current()
+    }
+}
+
+/// gpuwatch's own identity, never to be signalled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelfFacts {
+    /// Our PID.
+    pub pid: u32,
+    /// Our parent's PID.
+    pub ppid: u32,
+    /// Our process group.
+    pub pgid: u32,
+    /// Our parent's process group.
+    pub parent_pgid: Option<u32>,
+}
+
+impl SelfFacts {
+    /// Reads them for this process.
+    pub fn current() -> SelfFacts {
+        let pid = std::process::id();
+        let own = crate::job::read_stat(pid);
+        let ppid = own.map_or(0, |s| s.ppid);
+        SelfFacts {
+            pid,
+            ppid,
+            pgid: own.map_or(0, |s| s.pgid),
+            parent_pgid: crate::job::read_stat(ppid).map(|s| s.pgid),
+        }
+    }
+}
+
+/// Why the policy said no.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The process no longer exists.
+    Gone,
+    /// The PID now belongs to another process.
+    Replaced,
+    /// Its host PID cannot be mapped into gpuwatch's PID namespace.
+    Unmapped(String),
+    /// PID 1, gpuwatch or gpuwatch's parent.
+    Protected(&'static str),
+    /// Not in the current GPU process list.
+    NotOnGpu,
+    /// `/proc` did not say who owns it.
+    UnknownOwner,
+    /// Root without `allow_root`.
+    Root,
+    /// uid below `min_uid`.
+    SystemAccount(u32),
+    /// In `protect_users`.
+    ProtectedUser(String),
+    /// Matches a `protect_commands` pattern.
+    ProtectedCommand(String),
+    /// Not in `allow_users`.
+    UserNotAllowed(String),
+    /// Matches no `allow_commands` pattern.
+    CommandNotAllowed,
+    /// `max_kills_per_hour` reached.
+    RateLimited(u32),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Gone => write!(f, "the process no longer exists"),
+            Refusal::Replaced => write!(f, "the PID now belongs to a different process"),
+            Refusal::Unmapped(r) => write!(f, "cannot map the host PID: {r}"),
+            Refusal::Protected(what) => write!(f, "never kills {what}"),
+            Refusal::NotOnGpu => write!(f, "the process is not on a GPU"),
+            Refusal::UnknownOwner => write!(f, "the process owner is unknown"),
+            Refusal::Root => write!(
+                f,
+                "the process belongs to root (actions.kill.allow_root is false)"
+            ),
+            Refusal::SystemAccount(uid) => {
+                write!(
+                    f,
+                    "uid {uid} is a system account (below actions.kill.min_uid)"
+                )
+            }
+            Refusal::ProtectedUser(u) => write!(f, "user {u} is in actions.kill.protect_users"),
+            Refusal::ProtectedCommand(p) => {
+                write!(f, "the command matches actions.kill.protect_commands {p:?}")
+            }
+            Refusal::UserNotAllowed(u) => write!(f, "user {u} is not in actions.kill.allow_users"),
+            Refusal::CommandNotAllowed => {
+                write!(
+                    f,
+                    "the command matches no actions.kill.allow_commands pattern"
+                )
+            }
+            Refusal::RateLimited(n) => {
+                write!(
+                    f,
+                    "rate limit: {n} kills in the last hour (actions.kill.max_kills_per_hour)"
+                )
+            }
+        }
+    }
+}
+
+/// What an approved signal goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalTarget {
+    /// The whole process group (`kill(-pgid)`).
+    Group(u32),
+    /// Only this process (its group is shared with gpuwatch, its parent or init).
+    Process(u32),
+}
+
+impl std::fmt::Display for SignalTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SignalTarget::Group(g) => write!(f, "group {g}"),
+            SignalTarget::Process(p) => write!(f, "pid {p}"),
+        }
+    }
+}
+
+/// The compiled policy.
+#[derive(Debug, Clone)]
+pub struct KillPolicy {
+    /// The settings.
+    pub section: KillSection,
+    recent_kills_ms: VecDeque<i64>,
+}
+
+impl KillPolicy {
+    /// A policy from its section.
+    pub fn new(section: KillSection) -> KillPolicy {
+        KillPolicy {
+            section,
+            recent_kills_ms: VecDeque::new(),
+        }
+    }
+
+    /// True in dry-run mode.
+    pub fn dry_run(&self) -> bool {
+        self.section.dry_run
+    }
+
+    /// Records a SIGTERM at `now_ms` for the rate limit.
+    pub fn note_kill(&mut self, now_ms: i64) {
+        self.recent_kills_ms.push_back(now_ms);
+    }
+
+    fn kills_in_last_hour(&mut self, now_ms: i64) -> u32 {
+        while self
+            .recent_kills_ms
+            .front()
+            .is_some_and(|&t| now_ms - t >= 3_600_000)
+        {
+            self.recent_kills_ms.pop_front();
+        }
+        u32::try_from(self.recent_kills_ms.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Decides whether `target` may be signalled now; `expected_start` is the start time recorded
+    /// when the ladder began (PID reuse guard), `counting` says whether this step counts toward
+    /// the rate limit (SIGTERM does).
+    pub fn decide(
+        &mut self,
+        target: &TargetFacts,
+        me: &SelfFacts,
+        expected_start: Option<u64>,
+        counting: bool,
+        now_ms: i64,
+    ) -> Result<SignalTarget, Refusal> {
+        let pid = target.pid.clone().map_err(Refusal::Unmapped)?;
+        if !target.alive {
+            return Err(Refusal::Gone);
+        }
+        if expected_start.is_some() && target.start_ticks != expected_start {
+            return Err(Refusal::Replaced);
+        }
+        if pid <= 1 {
+            return Err(Refusal::Protected("PID 1 (init)"));
+        }
+        if pid == me.pid {
+            return Err(Refusal::Protected("gpuwatch itself"));
+        }
+        if pid == me.ppid {
+            return Err(Refusal::Protected("gpuwatch's parent"));
+        }
+        if target.gpu.is_none() {
+            return Err(Refusal::NotOnGpu);
+        }
+        let uid = target.uid.ok_or(Refusal::UnknownOwner)?;
+        let s = &self.section;
+        if uid == 0 {
+            if !s.allow_root {
+                return Err(Refusal::Root);
+            }
+        } else if uid < s.min_uid {
+            return Err(Refusal::SystemAccount(uid));
+        }
+        let user = target.user.clone().unwrap_or_else(|| uid.to_string());
+        if s.protect_users.contains(&user) {
+            return Err(Refusal::ProtectedUser(user));
+        }
+        let command = target.command.as_deref().unwrap_or("");
+        if let Some(p) = s.protect_commands.iter().find(|p| p.0.is_match(command)) {
+            return Err(Refusal::ProtectedCommand(p.as_str().to_string()));
+        }
+        if !s.allow_users.iter().any(|u| u == "*" || *u == user) {
+            return Err(Refusal::UserNotAllowed(user));
+        }
+        if !s.allow_commands.is_empty() && !s.allow_commands.iter().any(|p| p.0.is_match(command)) {
+            return Err(Refusal::CommandNotAllowed);
+        }
+        let max_kills = s.max_kills_per_hour;
+        if counting {
+            let n = self.kills_in_last_hour(now_ms);
+            if n >= max_kills {
+                return Err(Refusal::RateLimited(n));
+            }
+        }
+        let group_is_safe = target.pgid.is_some_and(|g| {
+            g > 1 && g != me.pgid && Some(g) != me.parent_pgid && g != me.pid && g != me.ppid
+        });
+        Ok(match target.pgid {
+            Some(g) if group_is_safe => SignalTarget::Group(g),
+            _ => SignalTarget::Process(pid),
+        })
+    }
+}
+
+/// Reads the facts about host PID `host_pid`; `gpu_of` maps host PIDs on a GPU to their GPU.
+pub fn gather_facts(host_pid: u32, mapper: &PidMapper, gpu_of: &HashMap<u32, u32>) -> TargetFacts {
+    let pid = mapper.map(host_pid);
+    let mut facts = TargetFacts {
+        host_pid,
+        pid: pid.clone(),
+        gpu: gpu_of.get(&host_pid).copied(),
+        ..TargetFacts::default()
+    };
+    let Ok(pid) = pid else {
+        return facts;
+    };
+    if let Some(st) = crate::job::read_stat(pid) {
+        facts.alive = !matches!(st.state, 'Z' | 'X');
+        facts.start_ticks = Some(st.start_ticks);
+        facts.pgid = Some(st.pgid);
+    }
+    if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        facts.uid = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok());
+    }
+    facts.user = facts.uid.and_then(user_name);
+    facts.command = crate::job::read_cmdline(pid).map(|a| a.join(" "));
+    facts
+}
+
+/// The user name of `uid` from the system's user database.
+pub fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: zeroed passwd is a valid out-parameter for getpwuid_r.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: all pointers are valid for the call; the buffer outlives the use of pwd.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() || pwd.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: pw_name points into buf, NUL-terminated by getpwuid_r.
+    let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> SelfFacts {
+        SelfFacts {
+            pid: 100,
+            ppid: 99,
+            pgid: 99,
+            parent_pgid: Some(98),
+        }
+    }
+
+    fn target() -> TargetFacts {
+        TargetFacts {
+            host_pid: 5000,
+            pid: Ok(5000),
+            alive: true,
+            start_ticks: Some(7),
+            uid: Some(1001),
+            user: Some("alice".into()),
+            command: Some("python train.py --lr 3e-4".into()),
+            pgid: Some(5000),
+            gpu: Some(0),
+        }
+    }
+
+    fn policy(f: impl FnOnce(&mut KillSection)) -> KillPolicy {
+        let mut s = KillSection {
+            allow_users: vec!["alice".into()],
+            ..KillSection::default()
+        };
+        f(&mut s);
+        KillPolicy::new(s)
+    }
+
+    fn decide(p: &mut KillPolicy, t: &TargetFacts) -> Result<SignalTarget, Refusal> {
+        p.decide(t, &me(), Some(7), true, 0)
+    }
+
+    #[test]
+    fn defaults_are_safe() {
+        let s = KillSection::default();
+        assert!(s.dry_run);
+        assert!(!s.allow_root);
+        assert_eq!(s.min_uid, 1000);
+        // Nobody is allowed until allow_users says so.
+        let mut p = KillPolicy::new(s);
+        assert_eq!(
+            decide(&mut p, &target()),
+            Err(Refusal::UserNotAllowed("alice".into()))
+        );
+    }
+
+    #[test]
+    fn allowed_target_gets_its_group() {
+        let mut p = policy(|_| {});
+        assert_eq!(decide(&mut p, &target()), Ok(SignalTarget::Group(5000)));
+        let mut p = policy(|s| s.allow_users = vec!["*".into()]);
+        assert_eq!(decide(&mut p, &target()), Ok(SignalTarget::Group(5000)));
+    }
+
+    #[test]
+    fn shared_group_signals_only_the_process() {
+        let mut p = policy(|_| {});
+        let mut t = target();
+        t.pgid = Some(99); // gpuwatch's own group
+        assert_eq!(decide(&mut p, &t), Ok(SignalTarget::Process(5000)));
+        t.pgid = Some(98); // the parent's group
+        assert_eq!(decide(&mut p, &t), Ok(SignalTarget::Process(5000)));
+    }
+
+    #[test]
+    fn refusals() {
+        let mut p = policy(|s| {
+            s.protect_users = vec!["bob".into()];
+            s.protect_commands = vec![RegexSetting::new("jupyter").unwrap()];
+            s.allow_users.push("bob".into());
+            s.allow_users.push("carol".into());
+        });
+        type Edit = Box<dyn Fn(&mut TargetFacts)>;
+        let cases: Vec<(Edit, Refusal)> = vec![
+            (Box::new(|t| t.alive = false), Refusal::Gone),
+            (Box::new(|t| t.start_ticks = Some(8)), Refusal::Replaced),
+            (
+                Box::new(|t| t.pid = Err("ns".into())),
+                Refusal::Unmapped("ns".into()),
+            ),
+            (
+                Box::new(|t| t.pid = Ok(1)),
+                Refusal::Protected("PID 1 (init)"),
+            ),
+            (
+                Box::new(|t| t.pid = Ok(100)),
+                Refusal::Protected("gpuwatch itself"),
+            ),
+            (
+                Box::new(|t| t.pid = Ok(99)),
+                Refusal::Protected("gpuwatch's parent"),
+            ),
+            (Box::new(|t| t.gpu = None), Refusal::NotOnGpu),
+            (Box::new(|t| t.uid = None), Refusal::UnknownOwner),
+            (Box::new(|t| t.uid = Some(0)), Refusal::Root),
+            (Box::new(|t| t.uid = Some(999)), Refusal::SystemAccount(999)),
+            (
+                Box::new(|t| t.user = Some("bob".into())),
+                Refusal::ProtectedUser("bob".into()),
+            ),
+            (
+                Box::new(|t| t.command = Some("jupyter lab".into())),
+                Refusal::ProtectedCommand("jupyter".into()),
+            ),
+            (
+                Box::new(|t| t.user = Some("dave".into())),
+                Refusal::UserNotAllowed("dave".into()),
+            ),
+        ];
+        for (edit, want) in cases {
+            let mut t = target();
+            edit(&mut t);
+            assert_eq!(decide(&mut p, &t), Err(want.clone()), "{want}");
+        }
+    }
+
+    #[test]
+    fn root_and_commands_when_allowed() {
+        let mut p = policy(|s| {
+            s.allow_root = true;
+            s.allow_users = vec!["root".into()];
+            s.allow_commands = vec![RegexSetting::new(r"^python\b").unwrap()];
+        });
+        let mut t = target();
+        t.uid = Some(0);
+        t.user = Some("root".into());
+        assert!(decide(&mut p, &t).is_ok());
+        t.command = Some("bash run.sh".into());
+        assert_eq!(decide(&mut p, &t), Err(Refusal::CommandNotAllowed));
+    }
+
+    #[test]
+    fn rate_limit() {
+        let mut p = policy(|s| s.max_kills_per_hour = 2);
+        p.note_kill(0);
+        p.note_kill(1000);
+        assert_eq!(
+            p.decide(&target(), &me(), Some(7), true, 2000),
+            Err(Refusal::RateLimited(2))
+        );
+        // Warnings do not count; an hour later the window is empty again.
+        assert!(p.decide(&target(), &me(), Some(7), false, 2000).is_ok());
+        assert!(p.decide(&target(), &me(), Some(7), true, 3_601_001).is_ok());
+    }
+
+    #[test]
+    fn facts_of_a_real_child() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let gpu_of = HashMap::from([(pid, 0)]);
+        let f = gather_facts(pid, &PidMapper::Identity, &gpu_of);
+        assert!(f.alive);
+        assert_eq!(f.uid, Some(unsafe { libc::getuid() }));
+        assert_eq!(f.command.as_deref(), Some("sleep 5"));
+        assert_eq!(f.gpu, Some(0));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!gather_facts(pid, &PidMapper::Identity, &gpu_of).alive);
+    }
+}

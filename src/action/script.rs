@@ -1,0 +1,144 @@
+//! The `p` object of `scope: "process"` rules: one GPU process with its owner, command, GPU
+//! memory and runtime. Unknown values are `()` (no data).
+//!
+//! `p.pid`, `p.user`, `p.uid`, `p.name` (executable base name), `p.cmdline`, `p.mem` (GPU memory
+//! used, bytes), `p.gpu` (index), `p.runtime` (seconds), `p.container`, `p.kind`
+//! (`compute`/`graphics`). The GPU's metric series (`p.gpu_series`) is added by the rules engine,
+//! which owns the windows.
+
+use std::sync::Arc;
+
+use rhai::{Dynamic, Engine};
+
+use crate::model::{ProcKind, ProcSample};
+
+/// A by-value handle on one GPU process.
+#[derive(Debug, Clone)]
+pub struct ProcessHandle {
+    /// The process as sampled.
+    pub proc_: Arc<ProcSample>,
+    /// The rules engine's `gpu` handle of its GPU (`p.gpu_series`), `()` when not set.
+    pub gpu_series: Dynamic,
+}
+
+impl ProcessHandle {
+    /// A handle on `p`.
+    pub fn new(p: ProcSample) -> ProcessHandle {
+        ProcessHandle {
+            proc_: Arc::new(p),
+            gpu_series: Dynamic::UNIT,
+        }
+    }
+}
+
+fn opt_str(v: Option<&String>) -> Dynamic {
+    v.map_or(Dynamic::UNIT, |s| Dynamic::from(s.clone()))
+}
+
+/// The executable's base name from a command line (`/usr/bin/python3 train.py` → `python3`).
+pub fn process_name(command: &str) -> &str {
+    let first = command.split_whitespace().next().unwrap_or("");
+    first.rsplit('/').next().unwrap_or(first)
+}
+
+/// Registers the `Process` type and its properties.
+pub fn register(engine: &mut Engine) {
+    engine.register_type_with_name::<ProcessHandle>("Process");
+    engine.register_get("pid", |p: &mut ProcessHandle| i64::from(p.proc_.pid));
+    engine.register_get("user", |p: &mut ProcessHandle| {
+        opt_str(p.proc_.user.as_ref())
+    });
+    engine.register_get("uid", |p: &mut ProcessHandle| {
+        p.proc_
+            .uid
+            .map_or(Dynamic::UNIT, |u| Dynamic::from_int(i64::from(u)))
+    });
+    engine.register_get("name", |p: &mut ProcessHandle| {
+        p.proc_.command.as_deref().map_or(Dynamic::UNIT, |c| {
+            Dynamic::from(process_name(c).to_string())
+        })
+    });
+    engine.register_get("cmdline", |p: &mut ProcessHandle| {
+        opt_str(p.proc_.command.as_ref())
+    });
+    engine.register_get("mem", |p: &mut ProcessHandle| {
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "bytes fit f64 exactly below 2^53"
+        )]
+        p.proc_
+            .used_mem_bytes
+            .map_or(Dynamic::UNIT, |b| Dynamic::from_float(b as f64))
+    });
+    engine.register_get("gpu", |p: &mut ProcessHandle| i64::from(p.proc_.gpu_index));
+    engine.register_get("gpu_uuid", |p: &mut ProcessHandle| p.proc_.gpu_uuid.clone());
+    engine.register_get("runtime", |p: &mut ProcessHandle| {
+        p.proc_.runtime_s.map_or(Dynamic::UNIT, Dynamic::from_float)
+    });
+    engine.register_get("container", |p: &mut ProcessHandle| {
+        opt_str(p.proc_.container.as_ref())
+    });
+    engine.register_get("kind", |p: &mut ProcessHandle| match p.proc_.kind {
+        ProcKind::Compute => "compute".to_string(),
+        ProcKind::Graphics => "graphics".to_string(),
+    });
+    engine.register_get("gpu_series", |p: &mut ProcessHandle| p.gpu_series.clone());
+    engine.register_fn("to_string", |p: &mut ProcessHandle| {
+        format!(
+            "pid {} ({}: {})",
+            p.proc_.pid,
+            p.proc_.user.as_deref().unwrap_or("?"),
+            p.proc_.command.as_deref().unwrap_or("?")
+        )
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(script: &str, p: ProcSample) -> Dynamic {
+        let mut engine = Engine::new();
+        register(&mut engine);
+        let mut scope = rhai::Scope::new();
+        scope.push("p", ProcessHandle::new(p));
+        engine
+            .eval_with_scope::<Dynamic>(&mut scope, script)
+            .unwrap()
+    }
+
+    fn sample() -> ProcSample {
+        ProcSample {
+            pid: 4242,
+            gpu_index: 1,
+            gpu_uuid: "GPU-1".into(),
+            used_mem_bytes: Some(30 << 30),
+            kind: ProcKind::Compute,
+            uid: Some(1001),
+            user: Some("alice".into()),
+            command: Some("/usr/bin/python3 train.py --bs 64".into()),
+            container: None,
+            runtime_s: Some(7200.0),
+        }
+    }
+
+    #[test]
+    fn properties() {
+        assert_eq!(eval("p.pid", sample()).as_int().unwrap(), 4242);
+        assert_eq!(eval("p.name", sample()).into_string().unwrap(), "python3");
+        assert_eq!(eval("p.user", sample()).into_string().unwrap(), "alice");
+        assert_eq!(
+            eval("p.mem", sample()).as_float().unwrap(),
+            (30u64 << 30) as f64
+        );
+        assert_eq!(eval("p.gpu", sample()).as_int().unwrap(), 1);
+        assert_eq!(eval("p.runtime", sample()).as_float().unwrap(), 7200.0);
+        assert!(eval("p.container", sample()).is_unit());
+        assert_eq!(eval("p.kind", sample()).into_string().unwrap(), "compute");
+        let mut unknown = sample();
+        unknown.used_mem_bytes = None;
+        unknown.command = None;
+        assert!(eval("p.mem", unknown.clone()).is_unit());
+        assert!(eval("p.name", unknown).is_unit());
+    }
+}

@@ -1,0 +1,789 @@
+//! Training jobs: `gpuwatch run -- CMD` (wrap) and `gpuwatch attach PID`.
+//!
+//! `run` spawns the command in its own process group, passes its stdout and stderr through
+//! byte for byte (each chunk is written as soon as it is read, so partial lines such as tqdm bars
+//! appear at once), optionally tees both to a file, scans the lines for progress and crash
+//! markers, forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to the job's group, and when the job ends
+//! builds a [`JobReport`]: exit code or signal, crash class, duration, progress, last lines and,
+//! when a sampler ran, per-GPU peak memory and mean utilization. `attach` watches a process it did
+//! not start (pidfd, else polling `/proc`).
+//!
+//! While the job runs, a [`JobObserver`] gets a [`JobSample`] every tick: that is where the GPU
+//! sampler, the rules engine and the kill action plug in. Submodules: [`progress`] (patterns),
+//! [`scan`] (lines, tail, markers), [`follow`] (log files), [`oom`] (OOM-killer evidence),
+//! [`report`] (exit, classification, report).
+
+pub mod follow;
+pub mod oom;
+pub mod progress;
+pub mod report;
+pub mod scan;
+pub mod script;
+pub mod tty;
+pub mod watch;
+
+#[cfg(test)]
+mod rules_tests;
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+pub use follow::LogFollower;
+pub use progress::{ProgressParser, ProgressState, ProgressUpdate};
+pub use report::{classify, CrashClass, ExitEvidence, GpuJobStats, GpuUsage, JobExit, JobReport};
+pub use scan::{Markers, OutputScanner, Stream};
+
+/// `[job]` in the config file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct JobSection {
+    /// Extra progress regexes (tried before the defaults). Named groups `step`, `total`,
+    /// `epoch`, `epochs` are read; a pattern without them counts every match as progress.
+    pub progress: Vec<crate::action::settings::RegexSetting>,
+    /// Whether the built-in patterns (Epoch 3/10, step N, tqdm, Lightning, HF Trainer) apply.
+    pub default_patterns: bool,
+    /// How many output lines the end-of-job report keeps.
+    pub tail_lines: usize,
+    /// Tee the job's output to this file (appended), relative to the config file.
+    pub tee: Option<PathBuf>,
+    /// Follow this log file for progress.
+    pub progress_log: Option<PathBuf>,
+    /// How often the job is sampled for rules, e.g. `"1s"` (at least 10 ms).
+    pub tick: crate::action::settings::DurationSetting,
+    /// How long `run` / `attach` wait at the end for notifications to be delivered (`"30s"`).
+    pub notify_timeout: crate::action::settings::DurationSetting,
+}
+
+impl Default for JobSection {
+    fn default() -> Self {
+        JobSection {
+            progress: Vec::new(),
+            default_patterns: true,
+            tail_lines: 20,
+            tee: None,
+            progress_log: None,
+            tick: crate::action::settings::DurationSetting::from_ms(1000),
+            notify_timeout: crate::action::settings::DurationSetting::from_ms(30_000),
+        }
+    }
+}
+
+impl JobSection {
+    /// Checks what serde could not (the regexes and durations are checked while parsing, with
+    /// their file:line:column); errors name the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.tick.ms < 10 {
+            return Err("job.tick: must be at least 10ms".into());
+        }
+        Ok(())
+    }
+
+    /// The progress patterns as text.
+    pub fn progress_patterns(&self) -> Vec<String> {
+        self.progress
+            .iter()
+            .map(|r| r.as_str().to_string())
+            .collect()
+    }
+}
+
+/// What one job run is configured with (CLI flags over `[job]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobOptions {
+    /// Progress regexes tried first.
+    pub progress: Vec<String>,
+    /// Whether the default patterns apply.
+    pub default_patterns: bool,
+    /// Lines kept for the report.
+    pub tail_lines: usize,
+    /// Tee file.
+    pub tee: Option<PathBuf>,
+    /// Log file followed for progress.
+    pub progress_log: Option<PathBuf>,
+    /// Observer tick.
+    pub tick_ms: u64,
+}
+
+impl Default for JobOptions {
+    fn default() -> Self {
+        JobOptions {
+            progress: Vec::new(),
+            default_patterns: true,
+            tail_lines: 20,
+            tee: None,
+            progress_log: None,
+            tick_ms: 1000,
+        }
+    }
+}
+
+/// The job as rules see it at one tick (`job.step`, `job.epoch`, `job.progress_age()`, …).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSample {
+    /// Sample time, UTC ms.
+    pub time_ms: i64,
+    /// The job's PID (our namespace).
+    pub pid: u32,
+    /// The command line, shell-quoted.
+    pub command: String,
+    /// When watching started, UTC ms.
+    pub started_at_ms: i64,
+    /// Progress so far.
+    pub progress: ProgressState,
+    /// True while the process lives.
+    pub alive: bool,
+    /// Set on the last sample: how it ended.
+    pub exit: Option<JobExit>,
+    /// Set on the last sample: the crash class.
+    pub crash_class: Option<CrashClass>,
+    /// PIDs of the job's process tree (our namespace).
+    pub pids: Vec<u32>,
+}
+
+impl JobSample {
+    /// Seconds since progress last moved (`None`: never).
+    pub fn progress_age_s(&self) -> Option<f64> {
+        self.progress.progress_age_s(self.time_ms)
+    }
+}
+
+/// Receives the job's samples while it runs. The daemon-side implementation samples GPUs,
+/// evaluates job rules and runs actions; the default does nothing.
+pub trait JobObserver {
+    /// Called every tick while the job runs.
+    fn tick(&mut self, _sample: &JobSample) {}
+    /// Called once at the end with the final sample (`alive == false`, exit set) and the
+    /// report, which the observer may complete (its `alerts`).
+    fn finish(&mut self, sample: &JobSample, _report: &mut JobReport) {
+        self.tick(sample);
+    }
+    /// When gpuwatch's kill action signalled the job, the reason (for the crash class).
+    fn killed_by_gpuwatch(&self) -> Option<String> {
+        None
+    }
+    /// Per-GPU usage gathered while the job ran (`None` when no sampler ran).
+    fn gpu_stats(&self) -> Option<Vec<GpuJobStats>> {
+        None
+    }
+}
+
+/// The observer that only watches output.
+#[derive(Debug, Default)]
+pub struct NoObserver;
+impl JobObserver for NoObserver {}
+
+/// Current time, UTC ms.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// This host's name.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// State shared between the pump threads and the main loop.
+struct Shared {
+    scanner: Mutex<OutputScanner>,
+    tee: Option<Mutex<std::fs::File>>,
+}
+
+impl Shared {
+    fn scanner(&self) -> std::sync::MutexGuard<'_, OutputScanner> {
+        self.scanner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn open_tee(path: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open tee file {}", path.display()))
+}
+
+/// Copies one pipe to our stream, chunk by chunk, into the scanner and the tee.
+fn pump(mut from: impl Read, stream: Stream, shared: &Shared) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out_ok = true;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let chunk = &buf[..n];
+        if out_ok {
+            // Keep draining even when our own output is gone, so the job never blocks on us.
+            let res = match stream {
+                Stream::Stdout => {
+                    let mut o = std::io::stdout().lock();
+                    o.write_all(chunk).and_then(|()| o.flush())
+                }
+                Stream::Stderr => {
+                    let mut e = std::io::stderr().lock();
+                    e.write_all(chunk).and_then(|()| e.flush())
+                }
+            };
+            out_ok = res.is_ok();
+        }
+        if let Some(tee) = &shared.tee {
+            let mut f = tee
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _ = f.write_all(chunk);
+        }
+        shared.scanner().feed(stream, chunk, now_ms());
+    }
+}
+
+/// Signals `run` forwards to the job's process group.
+const FORWARDED: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// Runs `command` under watch; returns the report (its `exit_code` is what `run` exits with).
+pub fn run_job(
+    command: &[String],
+    opts: &JobOptions,
+    observer: &mut dyn JobObserver,
+) -> anyhow::Result<JobReport> {
+    let (program, args) = command
+        .split_first()
+        .context("no command given (usage: gpuwatch run -- CMD ARGS...)")?;
+    let parser = ProgressParser::new(&opts.progress, opts.default_patterns)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let tee = opts.tee.as_deref().map(open_tee).transpose()?;
+    let shared = Arc::new(Shared {
+        scanner: Mutex::new(OutputScanner::new(parser, opts.tail_lines)),
+        tee: tee.map(Mutex::new),
+    });
+
+    // Catch the signals before spawning so none is lost between spawn and registration.
+    let mut signals =
+        signal_hook::iterator::Signals::new(FORWARDED).context("cannot install signal handlers")?;
+    let signal_handle = signals.handle();
+
+    let terminal = tty::Terminal::foreground();
+    let mut cmd = Command::new(program);
+    tty::own_group(&mut cmd, terminal.is_some());
+    cmd.args(args)
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if std::env::var_os("PYTHONUNBUFFERED").is_none() {
+        // Python block-buffers a pipe; unbuffered output keeps progress and the tail current.
+        cmd.env("PYTHONUNBUFFERED", "1");
+    }
+    let started_at_ms = now_ms();
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {program:?}"))?;
+    let pid = child.id();
+    let oom_watch = oom::OomWatch::start(pid);
+
+    let forwarded: Arc<Mutex<Option<i32>>> = Arc::new(Mutex::new(None));
+    let fwd = Arc::clone(&forwarded);
+    let pgid = pid as libc::pid_t;
+    let signal_thread = std::thread::spawn(move || {
+        for sig in signals.forever() {
+            *fwd.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sig);
+            // SAFETY: plain kill(2) on the job's process group.
+            unsafe {
+                libc::kill(-pgid, sig);
+            }
+        }
+    });
+
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        let (s, tx) = (Arc::clone(&shared), done_tx.clone());
+        pumps.push(std::thread::spawn(move || {
+            pump(out, Stream::Stdout, &s);
+            let _ = tx.send(());
+        }));
+    }
+    if let Some(err) = child.stderr.take() {
+        let (s, tx) = (Arc::clone(&shared), done_tx.clone());
+        pumps.push(std::thread::spawn(move || {
+            pump(err, Stream::Stderr, &s);
+            let _ = tx.send(());
+        }));
+    }
+    drop(done_tx);
+
+    let (exit_tx, exit_rx) = mpsc::channel();
+    // The std handle is only used for the pipes; the waiter reaps the child itself so it can
+    // follow stops (Ctrl-Z) as well as the end.
+    drop(child);
+    let waiter = std::thread::spawn(move || {
+        let _ = exit_tx.send(tty::wait_child(pid, terminal));
+    });
+
+    let mut follower = opts.progress_log.as_deref().map(LogFollower::new);
+    let command_text = report::shell_join(command);
+    let mut ticker = Ticker::new(opts.tick_ms);
+    let status = loop {
+        match exit_rx.recv_timeout(ticker.wait()) {
+            Ok(status) => break status.context("cannot wait for the job")?,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                anyhow::bail!("the job waiter thread ended unexpectedly")
+            }
+        }
+        poll_follower(follower.as_mut(), &shared);
+        if ticker.due() {
+            let sample = sample(&shared, pid, &command_text, started_at_ms, true);
+            observer.tick(&sample);
+        }
+    };
+    let ended_at_ms = now_ms();
+    let _ = waiter.join();
+    signal_handle.close();
+    let _ = signal_thread.join();
+
+    // Drain the pipes: a daemonised grandchild may hold them open, so wait at most 2 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    for _ in 0..pumps.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            break;
+        }
+    }
+    poll_follower(follower.as_mut(), &shared);
+
+    let exit = match (status.code(), status.signal()) {
+        (Some(code), _) => JobExit::Exited { code },
+        (None, Some(signal)) => JobExit::Signaled {
+            signal,
+            core_dumped: status.core_dumped(),
+        },
+        (None, None) => JobExit::Ended,
+    };
+    let evidence = ExitEvidence {
+        killed_by_gpuwatch: observer.killed_by_gpuwatch(),
+        forwarded_signal: *forwarded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+        oom_kill: matches!(exit, JobExit::Signaled { signal, .. } if signal == libc::SIGKILL)
+            .then(|| oom_watch.evidence())
+            .flatten(),
+    };
+    Ok(finish(
+        &shared,
+        observer,
+        FinishInfo {
+            command: command.to_vec(),
+            command_text,
+            pid,
+            mode: "run",
+            started_at_ms,
+            ended_at_ms,
+            exit,
+            evidence,
+        },
+    ))
+}
+
+/// Paces the watch loop: log files are polled every [`POLL_MS`], the observer every tick.
+struct Ticker {
+    tick: Duration,
+    next: std::time::Instant,
+}
+
+/// How often followed log files are polled.
+const POLL_MS: u64 = 100;
+
+impl Ticker {
+    fn new(tick_ms: u64) -> Ticker {
+        let tick = Duration::from_millis(tick_ms.max(10));
+        Ticker {
+            tick,
+            next: std::time::Instant::now() + tick,
+        }
+    }
+
+    /// How long to wait for the next event.
+    fn wait(&self) -> Duration {
+        self.next
+            .saturating_duration_since(std::time::Instant::now())
+            .min(Duration::from_millis(POLL_MS))
+    }
+
+    /// True (once) when a tick is due.
+    fn due(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        if now < self.next {
+            return false;
+        }
+        self.next += self.tick;
+        if self.next < now {
+            self.next = now + self.tick;
+        }
+        true
+    }
+}
+
+fn poll_follower(follower: Option<&mut LogFollower>, shared: &Shared) {
+    if let Some(f) = follower {
+        let bytes = f.poll();
+        if !bytes.is_empty() {
+            shared.scanner().feed(Stream::Stdout, &bytes, now_ms());
+        }
+    }
+}
+
+fn sample(shared: &Shared, pid: u32, command: &str, started_at_ms: i64, alive: bool) -> JobSample {
+    let progress = shared.scanner().progress.clone();
+    JobSample {
+        time_ms: now_ms(),
+        pid,
+        command: command.to_string(),
+        started_at_ms,
+        progress,
+        alive,
+        exit: None,
+        crash_class: None,
+        pids: if alive {
+            let mut v: Vec<u32> = process_tree(pid).into_iter().collect();
+            v.sort_unstable();
+            v
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+struct FinishInfo {
+    command: Vec<String>,
+    command_text: String,
+    pid: u32,
+    mode: &'static str,
+    started_at_ms: i64,
+    ended_at_ms: i64,
+    exit: JobExit,
+    evidence: ExitEvidence,
+}
+
+fn finish(shared: &Shared, observer: &mut dyn JobObserver, info: FinishInfo) -> JobReport {
+    let (progress, markers, last_lines) = {
+        let mut sc = shared.scanner();
+        sc.finish(info.ended_at_ms);
+        (sc.progress.clone(), sc.markers.clone(), sc.tail())
+    };
+    let (crash_class, crash_detail) = classify(info.exit, &info.evidence, &markers);
+    let mut last = sample(
+        shared,
+        info.pid,
+        &info.command_text,
+        info.started_at_ms,
+        false,
+    );
+    last.time_ms = info.ended_at_ms;
+    last.exit = Some(info.exit);
+    last.crash_class = Some(crash_class);
+    let mut report = JobReport {
+        command: info.command,
+        pid: info.pid,
+        mode: info.mode.into(),
+        hostname: hostname(),
+        started_at_ms: info.started_at_ms,
+        ended_at_ms: info.ended_at_ms,
+        exit: info.exit,
+        exit_code: info.exit.exit_code(),
+        crash_class,
+        crash_detail,
+        progress,
+        gpus: observer.gpu_stats(),
+        last_lines,
+        alerts: Vec::new(),
+    };
+    observer.finish(&last, &mut report);
+    report
+}
+
+/// The PIDs of `root` and all its descendants (our PID namespace), from `/proc/*/stat`.
+pub fn process_tree(root: u32) -> HashSet<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Some(stat) = read_stat(pid) {
+                parent_of.push((pid, stat.ppid));
+            }
+        }
+    }
+    let mut tree = HashSet::from([root]);
+    loop {
+        let before = tree.len();
+        for &(pid, ppid) in &parent_of {
+            if tree.contains(&ppid) {
+                tree.insert(pid);
+            }
+        }
+        if tree.len() == before {
+            return tree;
+        }
+    }
+}
+
+/// The fields of `/proc/PID/stat` gpuwatch uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// State letter (`R`, `S`, `Z`, …).
+    pub state: char,
+    /// Parent PID.
+    pub ppid: u32,
+    /// Process group.
+    pub pgid: u32,
+    /// Start time in clock ticks since boot (identifies the process across PID reuse).
+    pub start_ticks: u64,
+    /// Field 52 `exit_code` (raw wait status), readable for zombies by permitted readers.
+    pub exit_code: Option<i32>,
+}
+
+/// Parses a `/proc/PID/stat` line (the command may contain spaces and parentheses).
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // f[0] is field 3 (state); field N is f[N - 3].
+    Some(ProcStat {
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        pgid: f.get(2)?.parse().ok()?,
+        start_ticks: f.get(19)?.parse().ok()?,
+        exit_code: f.get(49).and_then(|s| s.parse().ok()),
+    })
+}
+
+/// Reads `/proc/PID/stat`.
+pub fn read_stat(pid: u32) -> Option<ProcStat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The command line of `pid` as arguments.
+pub fn read_cmdline(pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    (!args.is_empty()).then_some(args)
+}
+
+/// Waits for a process that is not our child. Uses a pidfd when the kernel has one, otherwise
+/// polls `/proc/PID/stat` (start time guards against PID reuse).
+struct ProcessWaiter {
+    pid: u32,
+    start_ticks: u64,
+    pidfd: Option<std::os::fd::OwnedFd>,
+}
+
+impl ProcessWaiter {
+    fn new(pid: u32, start_ticks: u64) -> ProcessWaiter {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        let pidfd = (fd >= 0).then(|| {
+            use std::os::fd::FromRawFd;
+            // SAFETY: fd is a fresh descriptor we own.
+            unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }
+        });
+        ProcessWaiter {
+            pid,
+            start_ticks,
+            pidfd,
+        }
+    }
+
+    /// Waits up to `timeout`; returns the last stat seen when the process ended (a zombie's
+    /// stat carries its exit status), `Some(None)` when it is gone, `None` while it lives.
+    fn wait(&self, timeout: Duration) -> Option<Option<ProcStat>> {
+        if let Some(fd) = &self.pidfd {
+            use std::os::fd::AsRawFd;
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n <= 0 {
+                return None;
+            }
+        } else {
+            std::thread::sleep(timeout);
+        }
+        match read_stat(self.pid) {
+            Some(st)
+                if st.start_ticks == self.start_ticks && st.state != 'Z' && st.state != 'X' =>
+            {
+                None
+            }
+            Some(st) if st.start_ticks == self.start_ticks => Some(Some(st)),
+            _ => Some(None),
+        }
+    }
+}
+
+/// Watches `pid` until it ends; returns the report. The exit status comes from `/proc` when the
+/// process is still a zombie we may read; otherwise the report says "ended".
+pub fn attach_job(
+    pid: u32,
+    opts: &JobOptions,
+    observer: &mut dyn JobObserver,
+) -> anyhow::Result<JobReport> {
+    let stat = read_stat(pid).with_context(|| format!("no process {pid}"))?;
+    if stat.state == 'Z' {
+        anyhow::bail!("process {pid} has already ended (zombie)");
+    }
+    let command = read_cmdline(pid).unwrap_or_else(|| vec![format!("[pid {pid}]")]);
+    let parser = ProgressParser::new(&opts.progress, opts.default_patterns)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let shared = Shared {
+        scanner: Mutex::new(OutputScanner::new(parser, opts.tail_lines)),
+        tee: None,
+    };
+    // Without --progress-log, follow the process's stdout/stderr when they are regular files.
+    let mut followers: Vec<LogFollower> = match &opts.progress_log {
+        Some(p) => vec![LogFollower::new(p)],
+        None => output_files(pid)
+            .iter()
+            .map(|p| LogFollower::new(p))
+            .collect(),
+    };
+    let oom_watch = oom::OomWatch::start(pid);
+    let started_at_ms = now_ms();
+    let command_text = report::shell_join(&command);
+    let waiter = ProcessWaiter::new(pid, stat.start_ticks);
+    let mut ticker = Ticker::new(opts.tick_ms);
+    let last_stat = loop {
+        if let Some(end) = waiter.wait(ticker.wait()) {
+            break end;
+        }
+        for f in &mut followers {
+            poll_follower(Some(f), &shared);
+        }
+        if ticker.due() {
+            let sample = sample(&shared, pid, &command_text, started_at_ms, true);
+            observer.tick(&sample);
+        }
+    };
+    let ended_at_ms = now_ms();
+    for f in &mut followers {
+        poll_follower(Some(f), &shared);
+    }
+    let exit = last_stat
+        .and_then(|st| st.exit_code)
+        .map_or(JobExit::Ended, JobExit::from_wait_status);
+    let evidence = ExitEvidence {
+        killed_by_gpuwatch: observer.killed_by_gpuwatch(),
+        forwarded_signal: None,
+        oom_kill: (!matches!(exit, JobExit::Exited { .. }))
+            .then(|| oom_watch.evidence())
+            .flatten(),
+    };
+    Ok(finish(
+        &shared,
+        observer,
+        FinishInfo {
+            command,
+            command_text,
+            pid,
+            mode: "attach",
+            started_at_ms,
+            ended_at_ms,
+            exit,
+            evidence,
+        },
+    ))
+}
+
+/// Regular files the process writes its stdout and stderr to (deduplicated).
+fn output_files(pid: u32) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for fd in [1, 2] {
+        if let Ok(target) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) {
+            if target.is_absolute()
+                && std::fs::metadata(&target).is_ok_and(|m| m.is_file())
+                && !out.contains(&target)
+            {
+                out.push(target);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parsing() {
+        let line = "4242 (python (train) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 1 0 0 20 0 3 0 \
+                    123456 1000 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0 \
+                    0 0 0 0 0 0 0 256";
+        let st = parse_stat(line).unwrap();
+        assert_eq!(st.state, 'S');
+        assert_eq!(st.ppid, 1);
+        assert_eq!(st.pgid, 4242);
+        assert_eq!(st.start_ticks, 123_456);
+        assert_eq!(st.exit_code, Some(256));
+        assert_eq!(JobExit::from_wait_status(256), JobExit::Exited { code: 1 });
+    }
+
+    #[test]
+    fn own_stat_and_tree() {
+        let me = std::process::id();
+        let st = read_stat(me).unwrap();
+        assert!(st.start_ticks > 0);
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let tree = process_tree(me);
+        assert!(tree.contains(&child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn section_validation() {
+        assert!(JobSection::default().validate().is_ok());
+        let bad = JobSection {
+            tick: crate::action::settings::DurationSetting::from_ms(1),
+            ..JobSection::default()
+        };
+        assert!(bad.validate().unwrap_err().starts_with("job.tick: "));
+        let text = "[job]\ntail_lines = 5\nprogress = ['it=(?P<step>\\d+)', '(']\n";
+        let err = crate::config::parse(text, std::path::Path::new("c.toml")).unwrap_err();
+        assert_eq!(err.line, 3, "{err}");
+        assert!(err.message.contains("invalid regex"), "{err}");
+        let cfg = crate::config::parse("[job]\ntick = \"250ms\"\n", std::path::Path::new("c.toml"))
+            .unwrap();
+        assert_eq!(cfg.job.tick.ms, 250);
+    }
+}

@@ -1,0 +1,375 @@
+//! The watch behind `gpuwatch run` / `attach` when rules apply: a sampler thread feeding
+//! snapshots, the rules engine (configured rules plus job rules), kill/exec actions, and the alert
+//! output through [`AlertSink`]s: stderr lines ([`StderrSink`]) and the configured notification
+//! channels ([`DispatchSink`], the notification dispatcher with its outbox).
+//!
+//! Data flow per tick: snapshots → [`Engine::observe`] (GPU, host and process rules) → job sample →
+//! [`Engine::evaluate_job`] → [`ActionRunner`] → sink. At the end the final job sample is
+//! evaluated once more; the `job_finished` / `job_crashed` alerts it produces carry the whole
+//! report as their `description`.
+
+use std::collections::HashSet;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::{GpuJobStats, GpuUsage, JobObserver, JobReport, JobSample};
+use crate::action::ActionRunner;
+use crate::engine::Engine;
+use crate::model::{AlertEvent, AlertStatus, Snapshot};
+use crate::sampler::{Sampler, SamplerConfig, Ticker};
+
+/// Most alerts kept in the report.
+const MAX_REPORT_ALERTS: usize = 200;
+
+/// Where alert events go (stderr, the dispatcher, …).
+pub trait AlertSink {
+    /// One event to announce.
+    fn send(&mut self, event: &AlertEvent);
+    /// Called once at the end: deliver what is queued.
+    fn finish(&mut self) {}
+    /// Whether the end-of-job alerts (`job_finished`, `job_crashed`) go to this sink too
+    /// (stderr says no: the printed report already says it).
+    fn wants_end_notice(&self) -> bool {
+        true
+    }
+}
+
+/// Prints alerts as `gpuwatch: [firing] name (severity): summary` lines on stderr.
+#[derive(Debug, Default)]
+pub struct StderrSink;
+
+impl AlertSink for StderrSink {
+    fn send(&mut self, ev: &AlertEvent) {
+        let status = match ev.status {
+            AlertStatus::Firing if ev.repeat => "still firing",
+            AlertStatus::Firing => "firing",
+            AlertStatus::Resolved => "resolved",
+        };
+        let summary = ev
+            .annotations
+            .get("summary")
+            .map_or("", String::as_str)
+            .to_string();
+        eprintln!(
+            "gpuwatch: [{status}] {} ({}): {summary}",
+            ev.name,
+            ev.severity.as_str()
+        );
+    }
+
+    fn wants_end_notice(&self) -> bool {
+        false
+    }
+}
+
+/// Sends alerts through the notification dispatcher (routes, channels, outbox, retries).
+///
+/// For a job, messages must leave before gpuwatch exits: every route's `group_wait` and
+/// `group_interval` are set to zero, the dispatcher keeps its outbox in its own directory
+/// (`state_dir/jobs/PID`, so a daemon on the same host is not disturbed), and
+/// [`AlertSink::finish`] waits until the outbox is empty (at most `flush_timeout`). What could
+/// not be delivered by then is moved into the daemon's outbox (`state_dir/outbox`), where the
+/// next `gpuwatch daemon` start sends it.
+pub struct DispatchSink {
+    dispatcher: Option<crate::notify::dispatcher::Dispatcher>,
+    dir: std::path::PathBuf,
+    state_dir: std::path::PathBuf,
+    flush_timeout: Duration,
+    last_send: Option<Instant>,
+}
+
+impl std::fmt::Debug for DispatchSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatchSink")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DispatchSink {
+    /// Starts a dispatcher for `settings` under `state_dir/jobs/PID`; `None` when no channel
+    /// is configured.
+    pub fn start(
+        mut settings: crate::notify::settings::NotifySettings,
+        state_dir: &std::path::Path,
+        flush_timeout: Duration,
+    ) -> anyhow::Result<Option<DispatchSink>> {
+        if settings.channels.is_empty() {
+            return Ok(None);
+        }
+        for r in &mut settings.routes {
+            r.group_wait_ms = 0;
+            r.group_interval_ms = 1;
+        }
+        let dir = state_dir.join("jobs").join(std::process::id().to_string());
+        let dispatcher = crate::notify::dispatcher::Dispatcher::start(settings, &dir)?;
+        Ok(Some(DispatchSink {
+            dispatcher: Some(dispatcher),
+            dir,
+            state_dir: state_dir.to_path_buf(),
+            flush_timeout,
+            last_send: None,
+        }))
+    }
+
+    /// Notifications in the outbox not yet delivered.
+    fn pending(&self) -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(self.dir.join("outbox"))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.extension().is_some_and(|x| x == "json")
+                            && !p
+                                .file_name()
+                                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl AlertSink for DispatchSink {
+    fn send(&mut self, event: &AlertEvent) {
+        if let Some(d) = &self.dispatcher {
+            d.send(crate::notify::dispatcher::Input::Events(
+                vec![event.clone()],
+            ));
+            self.last_send = Some(Instant::now());
+        }
+    }
+
+    fn finish(&mut self) {
+        let Some(dispatcher) = self.dispatcher.take() else {
+            return;
+        };
+        // Let the dispatcher take in the last events, then wait for the outbox to drain.
+        if let Some(t) = self.last_send {
+            let settle = Duration::from_millis(300);
+            std::thread::sleep(settle.saturating_sub(t.elapsed()));
+        }
+        let deadline = Instant::now() + self.flush_timeout;
+        while !self.pending().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        dispatcher.stop();
+        let left = self.pending();
+        if left.is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
+        // Hand what is left to the daemon's outbox.
+        let target = self.state_dir.join("outbox");
+        let mut moved = 0;
+        if std::fs::create_dir_all(&target).is_ok() {
+            for p in &left {
+                if let Some(name) = p.file_name() {
+                    if std::fs::rename(p, target.join(name)).is_ok() {
+                        moved += 1;
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "gpuwatch: {} notification(s) not delivered yet; {moved} queued in {} for the daemon",
+            left.len(),
+            target.display()
+        );
+        if moved == left.len() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Starts a sampler thread sending one snapshot per `interval`; the thread ends when the
+/// receiver is dropped.
+pub fn start_sampler(
+    cfg: &SamplerConfig,
+    interval: Duration,
+) -> Result<mpsc::Receiver<Snapshot>, crate::sampler::SamplerError> {
+    let mut sampler = Sampler::open(cfg)?;
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("gpuwatch-sampler".into())
+        .spawn(move || {
+            let mut ticker = Ticker::new(Instant::now(), interval);
+            loop {
+                let due = ticker.next(Instant::now());
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                if tx.send(sampler.sample()).is_err() {
+                    break;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the sampler thread: {e}");
+    }
+    Ok(rx)
+}
+
+/// The rules-and-actions observer of a job.
+pub struct Watch {
+    engine: Engine,
+    actions: ActionRunner,
+    snapshots: Option<mpsc::Receiver<Snapshot>>,
+    usage: GpuUsage,
+    sinks: Vec<Box<dyn AlertSink>>,
+    alerts: Vec<AlertEvent>,
+    job_pid: Option<u32>,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch")
+            .field("rules", &self.engine.rule_count())
+            .field("sampling", &self.snapshots.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watch {
+    /// A watch over `engine` and `actions`, fed by `snapshots` when a sampler runs.
+    pub fn new(
+        engine: Engine,
+        actions: ActionRunner,
+        snapshots: Option<mpsc::Receiver<Snapshot>>,
+    ) -> Watch {
+        Watch {
+            engine,
+            actions,
+            snapshots,
+            usage: GpuUsage::default(),
+            sinks: Vec::new(),
+            alerts: Vec::new(),
+            job_pid: None,
+        }
+    }
+
+    /// Adds a sink for alert events.
+    pub fn add_sink(&mut self, sink: Box<dyn AlertSink>) {
+        self.sinks.push(sink);
+    }
+
+    fn emit(&mut self, events: Vec<AlertEvent>, end: bool) {
+        for ev in events {
+            let is_end = end && matches!(ev.name.as_str(), "job_finished" | "job_crashed");
+            for sink in &mut self.sinks {
+                if !is_end || sink.wants_end_notice() {
+                    sink.send(&ev);
+                }
+            }
+            if self.alerts.len() < MAX_REPORT_ALERTS {
+                self.alerts.push(ev);
+            }
+        }
+    }
+
+    /// Ingests the snapshots that arrived; returns the engine's events and the latest process
+    /// list, if one came.
+    fn ingest(
+        &mut self,
+        pids: &HashSet<u32>,
+        now_ms: i64,
+    ) -> (Vec<AlertEvent>, Option<Vec<crate::model::ProcSample>>) {
+        let mut events = Vec::new();
+        let mut procs = None;
+        let mut got = false;
+        if let Some(rx) = &self.snapshots {
+            while let Ok(snap) = rx.try_recv() {
+                got = true;
+                self.usage.observe(&snap, pids);
+                if let Some(p) = &snap.processes {
+                    procs = Some(p.clone());
+                }
+                events.extend(self.engine.observe(&snap));
+            }
+        }
+        // Without a sampler there is nothing to be stale: host rules such as collector_stale
+        // only run when snapshots are expected.
+        if !got && self.snapshots.is_some() {
+            events.extend(self.engine.advance(now_ms));
+        }
+        (events, procs)
+    }
+
+    fn step(&mut self, sample: &JobSample, end: bool) -> Vec<AlertEvent> {
+        self.job_pid = Some(sample.pid);
+        let now = sample.time_ms;
+        let pids: HashSet<u32> = sample.pids.iter().copied().chain([sample.pid]).collect();
+        let (mut events, procs) = self.ingest(&pids, now);
+        // Every alert raised while a job runs says where the job was.
+        let progress = sample.progress.describe();
+        for ev in &mut events {
+            if ev.status == AlertStatus::Firing {
+                ev.annotations
+                    .entry("progress".into())
+                    .or_insert_with(|| progress.clone());
+                ev.annotations
+                    .entry("job".into())
+                    .or_insert_with(|| sample.command.clone());
+            }
+        }
+        events.extend(self.engine.evaluate_job(sample, now));
+        let audits = {
+            let mut a = self.actions.handle(&events, now);
+            a.extend(self.actions.tick(now, procs.as_deref()));
+            a
+        };
+        events.extend(
+            audits
+                .iter()
+                .map(crate::action::AuditRecord::to_alert_event),
+        );
+        if end {
+            return events;
+        }
+        self.emit(events, false);
+        Vec::new()
+    }
+}
+
+impl JobObserver for Watch {
+    fn tick(&mut self, sample: &JobSample) {
+        self.step(sample, false);
+    }
+
+    fn finish(&mut self, sample: &JobSample, report: &mut JobReport) {
+        let mut events = self.step(sample, true);
+        for ev in &mut events {
+            if matches!(ev.name.as_str(), "job_finished" | "job_crashed") {
+                let a = &mut ev.annotations;
+                a.insert("description".into(), report.render_text());
+                a.insert("exit".into(), report.exit.describe());
+                a.insert("exit_code".into(), report.exit_code.to_string());
+                a.insert(
+                    "crash_class".into(),
+                    serde_json::to_value(report.crash_class)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                );
+                a.insert("crash_detail".into(), report.crash_detail.clone());
+                a.insert(
+                    "duration".into(),
+                    super::report::format_duration_ms(report.duration_ms()),
+                );
+            }
+        }
+        self.emit(events, true);
+        self.actions.finish();
+        for sink in &mut self.sinks {
+            sink.finish();
+        }
+        report.alerts = self.alerts.clone();
+    }
+
+    fn killed_by_gpuwatch(&self) -> Option<String> {
+        self.job_pid
+            .and_then(|pid| self.actions.killed_by_gpuwatch(pid))
+    }
+
+    fn gpu_stats(&self) -> Option<Vec<GpuJobStats>> {
+        self.snapshots.as_ref().map(|_| self.usage.stats())
+    }
+}

@@ -1,0 +1,882 @@
+//! `gpuwatch run` and `gpuwatch attach` against real processes: exit codes, signals, crash
+//! classes, byte-exact pass-through, tee, progress from output and from a followed log file; job
+//! rules (`job_stalled`, `job_hung_collective` on the `nccl-hang` scenario); the kill ladder
+//! against real processes placed on simulated GPUs with `NVML_SIM_CONTROL`.
+
+#![expect(clippy::unwrap_used, reason = "test helpers panic on setup failures")]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common;
+
+fn gpuwatch() -> Command {
+    let mut cmd = common::command(&[], &[]);
+    cmd.env_remove("GPUWATCH_CONFIG");
+    cmd
+}
+
+/// Runs `gpuwatch run --report-json R -- sh -c SCRIPT`; returns the output and the report.
+fn run_sh(dir: &Path, script: &str, extra: &[&str]) -> (Output, serde_json::Value) {
+    let report = dir.join("report.json");
+    let _ = std::fs::remove_file(&report);
+    let out = gpuwatch()
+        .arg("run")
+        .arg("--report-json")
+        .arg(&report)
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .expect("run gpuwatch");
+    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| {
+        panic!(
+            "no report ({e}); stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out, serde_json::from_str(&text).expect("report is JSON"))
+}
+
+fn wait_for_file(path: &Path) -> String {
+    let start = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if s.ends_with('\n') {
+                return s;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{path:?} never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn exit_code_is_passed_through_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, report) = run_sh(dir.path(), "echo hi; exit 3", &[]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.stdout, b"hi\n");
+    assert_eq!(report["exit_code"], 3);
+    assert_eq!(report["exit"]["kind"], "exited");
+    assert_eq!(report["exit"]["code"], 3);
+    assert_eq!(report["crash_class"], "non_zero_exit");
+    assert_eq!(report["last_lines"], serde_json::json!(["hi"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("gpuwatch: job failed: non-zero exit (exit code 3)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn clean_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, report) = run_sh(dir.path(), "true", &["--quiet"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(report["crash_class"], "clean_exit");
+    assert!(out.stderr.is_empty(), "--quiet prints nothing");
+}
+
+#[test]
+fn output_passes_through_byte_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let tee = dir.path().join("tee.log");
+    // Partial line, CR redraws, invalid UTF-8, no trailing newline.
+    let script = r"printf 'a\r\n10%%|#  | 1/10 [\r\377\376 end'; printf 'to stderr\n' >&2";
+    let (out, _) = run_sh(
+        dir.path(),
+        script,
+        &["--tee", tee.to_str().unwrap(), "--quiet"],
+    );
+    let want_out: &[u8] = b"a\r\n10%|#  | 1/10 [\r\xff\xfe end";
+    assert_eq!(out.stdout, want_out);
+    assert_eq!(out.stderr, b"to stderr\n");
+    let teed = std::fs::read(&tee).unwrap();
+    assert_eq!(teed.len(), want_out.len() + b"to stderr\n".len());
+}
+
+#[test]
+fn cuda_oom_is_classified() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"echo 'step 10'; echo 'Traceback (most recent call last):' >&2;
+        echo '  File "train.py", line 9, in <module>' >&2;
+        echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2; exit 1"#;
+    let (out, report) = run_sh(dir.path(), script, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(report["crash_class"], "cuda_oom");
+    assert!(report["crash_detail"]
+        .as_str()
+        .unwrap()
+        .contains("CUDA out of memory"));
+    assert_eq!(report["progress"]["step"], 10);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("class      CUDA out of memory"));
+}
+
+#[test]
+fn nccl_error_and_traceback_are_classified() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, report) = run_sh(
+        dir.path(),
+        "echo '[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout' >&2; kill -ABRT $$",
+        &["--quiet"],
+    );
+    assert_eq!(report["crash_class"], "nccl_error");
+    assert_eq!(report["exit_code"], 128 + 6);
+    let (_, report) = run_sh(
+        dir.path(),
+        "echo 'Traceback (most recent call last):'; echo 'KeyError: 3'; exit 1",
+        &["--quiet"],
+    );
+    assert_eq!(report["crash_class"], "python_traceback");
+    assert_eq!(report["crash_detail"], "KeyError: 3");
+}
+
+#[test]
+fn signal_exit_is_128_plus_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, report) = run_sh(dir.path(), "kill -TERM $$", &["--quiet"]);
+    assert_eq!(out.status.code(), Some(143));
+    assert_eq!(report["exit"]["kind"], "signaled");
+    assert_eq!(report["exit"]["signal"], 15);
+    assert_eq!(report["crash_class"], "killed_by_signal");
+}
+
+#[test]
+fn sigkill_from_outside_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let report = dir.path().join("report.json");
+    let child = gpuwatch()
+        .args(["run", "--report-json", report.to_str().unwrap(), "--"])
+        .args([
+            "sh",
+            "-c",
+            &format!("echo $$ > {}; exec sleep 30", pidfile.display()),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid: i32 = wait_for_file(&pidfile).trim().parse().unwrap();
+    // SAFETY: plain kill(2) of the job we just started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(137));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(report["exit"]["signal"], 9);
+    // No OOM-killer evidence here, so: a SIGKILL from outside.
+    assert_eq!(report["crash_class"], "killed_by_signal");
+    assert_eq!(
+        report["crash_detail"],
+        "killed by SIGKILL (possibly the OOM killer)"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("signal 9 (SIGKILL)"), "{stderr}");
+}
+
+#[test]
+fn sigint_is_forwarded_to_the_job_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let report = dir.path().join("report.json");
+    let child = gpuwatch()
+        .args([
+            "run",
+            "--quiet",
+            "--report-json",
+            report.to_str().unwrap(),
+            "--",
+        ])
+        .args([
+            "sh",
+            "-c",
+            &format!("echo $$ > {}; exec sleep 30", pidfile.display()),
+        ])
+        .spawn()
+        .unwrap();
+    wait_for_file(&pidfile);
+    // SAFETY: SIGINT to the gpuwatch process we started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(report["crash_detail"], "SIGINT forwarded by gpuwatch");
+}
+
+#[test]
+fn progress_from_output_and_from_a_followed_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, report) = run_sh(
+        dir.path(),
+        "echo 'Epoch 2/10'; printf ' 37%%|###7 | 370/1000 [00:10<00:17, 36.5it/s]\\r'; echo",
+        &["--quiet"],
+    );
+    assert_eq!(report["progress"]["epoch"], 2.0);
+    assert_eq!(report["progress"]["total_epochs"], 10);
+    assert_eq!(report["progress"]["step"], 370);
+    assert_eq!(report["progress"]["total_steps"], 1000);
+
+    let log = dir.path().join("train.log");
+    let script = format!(
+        "echo 'step 1' > {log}; sleep 0.3; echo 'step 2' >> {log}; sleep 0.3; \
+         mv {log} {log}.1; echo 'step 3' > {log}; sleep 0.3",
+        log = log.display()
+    );
+    let (_, report) = run_sh(
+        dir.path(),
+        &script,
+        &["--quiet", "--progress-log", log.to_str().unwrap()],
+    );
+    assert_eq!(report["progress"]["step"], 3);
+    assert_eq!(
+        report["last_lines"],
+        serde_json::json!(["step 1", "step 2", "step 3"])
+    );
+
+    // A user pattern.
+    let (_, report) = run_sh(
+        dir.path(),
+        "echo 'it=41 loss=2'",
+        &["--quiet", "--progress", r"it=(?P<step>\d+)"],
+    );
+    assert_eq!(report["progress"]["step"], 41);
+}
+
+#[test]
+fn attach_reports_the_end_of_a_foreign_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("out.log");
+    // The target writes to a file; attach follows its stdout file for progress.
+    let mut target = Command::new("sh")
+        .args(["-c", "echo 'step 5'; sleep 1; echo 'step 6'; exit 5"])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let report = dir.path().join("report.json");
+    let out = gpuwatch()
+        .args([
+            "attach",
+            "--quiet",
+            "--report-json",
+            report.to_str().unwrap(),
+        ])
+        .arg(target.id().to_string())
+        .output()
+        .unwrap();
+    // We are the parent and have not reaped it yet, so the kernel may still show the zombie's
+    // exit status; otherwise the report says "ended".
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(target.wait().unwrap().code(), Some(5));
+    assert_eq!(report["mode"], "attach");
+    assert_eq!(report["progress"]["step"], 6);
+    match report["exit"]["kind"].as_str().unwrap() {
+        "exited" => {
+            assert_eq!(out.status.code(), Some(5));
+            assert_eq!(report["crash_class"], "non_zero_exit");
+        }
+        "ended" => {
+            assert_eq!(out.status.code(), Some(0));
+            assert_eq!(report["crash_class"], "ended");
+        }
+        other => panic!("unexpected exit kind {other}"),
+    }
+}
+
+#[test]
+fn attach_to_a_missing_process_fails() {
+    let out = gpuwatch().args(["attach", "999999999"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no process 999999999"));
+}
+
+#[test]
+fn a_missing_command_exits_127_like_a_shell() {
+    let out = gpuwatch()
+        .args(["run", "--no-rules", "--", "/nonexistent/train.py"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot start"));
+}
+
+#[test]
+fn run_without_command_is_a_usage_error() {
+    let out = gpuwatch().arg("run").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// The repository's stock rules directory.
+fn rules_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")
+}
+
+/// A config file in `dir` with fast sampling and evaluation plus `extra` TOML.
+fn config(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("gpuwatch.toml");
+    let text = format!(
+        "[daemon]\ninterval = \"200ms\"\nstate_dir = {state:?}\nrules = [{rules:?}]\n\n\
+         [rules]\neval_interval = \"0s\"\n\n[job]\ntick = \"100ms\"\n\n{extra}\n",
+        state = dir.join("state").display().to_string(),
+        rules = rules_dir().display().to_string(),
+    );
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn read_report(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("report written"))
+        .expect("report is JSON")
+}
+
+/// `(name, status)` of every alert in a report.
+fn alerts(report: &serde_json::Value) -> Vec<(String, String)> {
+    report["alerts"]
+        .as_array()
+        .expect("alerts")
+        .iter()
+        .map(|a| {
+            (
+                a["name"].as_str().unwrap_or("").to_string(),
+                a["status"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn job_stalled_fires_when_progress_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "[rules.params.job_stalled]\nafter = \"1s\"\n");
+    let report = dir.path().join("report.json");
+    let out = gpuwatch()
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .args(["--report-json", report.to_str().unwrap(), "--"])
+        .args([
+            "sh",
+            "-c",
+            "for i in 1 2 3; do echo \"step $i\"; sleep 0.1; done; sleep 2.5",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("gpuwatch: [firing] job_stalled (warning): job "),
+        "{stderr}"
+    );
+    assert!(stderr.contains("(last: step 3)"), "{stderr}");
+    let report = read_report(&report);
+    let got = alerts(&report);
+    let want = [
+        ("job_stalled", "firing"),
+        ("job_stalled", "resolved"),
+        ("job_finished", "firing"),
+    ];
+    for (name, status) in want {
+        assert!(
+            got.contains(&(name.to_string(), status.to_string())),
+            "{name} {status} missing: {got:?}"
+        );
+    }
+    // The end notice carries the whole report.
+    let end = report["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "job_finished")
+        .unwrap();
+    assert!(end["annotations"]["description"]
+        .as_str()
+        .unwrap()
+        .contains("progress   step 3"));
+    assert_eq!(end["annotations"]["exit_code"], "0");
+}
+
+#[test]
+fn job_crashed_is_the_end_notice_of_a_failed_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let report = dir.path().join("report.json");
+    let out = gpuwatch()
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .args(["--report-json", report.to_str().unwrap(), "--"])
+        .args([
+            "sh",
+            "-c",
+            "echo 'CUDA out of memory. Tried to allocate 2 GiB' >&2; exit 1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report = read_report(&report);
+    let crashed: Vec<_> = report["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["name"] == "job_crashed")
+        .collect();
+    assert_eq!(crashed.len(), 1, "{:?}", alerts(&report));
+    assert_eq!(crashed[0]["annotations"]["crash_class"], "cuda_oom");
+    assert!(crashed[0]["annotations"]["summary"]
+        .as_str()
+        .unwrap()
+        .contains("failed: cuda_oom (exit code 1)"));
+}
+
+/// Runs a job that prints steps for ~1 s and then hangs, on `scenario` at 60× time (the
+/// nccl-hang scenario hangs its GPUs at scenario time 30 s, i.e. after 0.5 s).
+fn hang_run(scenario: &str) -> serde_json::Value {
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "[rules.params.job_hung_collective]\nafter = \"2s\"\n\
+         [rules.params.job_stalled]\nafter = \"1h\"\n",
+    );
+    let report = dir.path().join("report.json");
+    let out = gpuwatch()
+        .env("NVML_SIM_TIME_SCALE", "60")
+        .args(["--sim", scenario, "run", "--config", cfg.to_str().unwrap()])
+        .args(["--report-json", report.to_str().unwrap(), "--"])
+        .args([
+            "sh",
+            "-c",
+            "for i in 1 2 3 4 5; do echo \"step $i\"; sleep 0.2; done; sleep 3.5",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    read_report(&report)
+}
+
+#[test]
+fn nccl_hang_with_stalled_progress_fires_job_hung_collective() {
+    let report = hang_run("nccl-hang");
+    let fired: Vec<_> = report["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["name"] == "job_hung_collective" && a["status"] == "firing")
+        .collect();
+    assert_eq!(fired.len(), 1, "{:?}", alerts(&report));
+    assert_eq!(fired[0]["severity"], "critical");
+    let summary = fired[0]["annotations"]["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("~100% utilization with idle power"),
+        "{summary}"
+    );
+    assert!(summary.contains("last: step 5"), "{summary}");
+    assert_eq!(fired[0]["annotations"]["progress"], "step 5");
+    // GPU data made it into the report.
+    assert!(report["gpus"].is_array());
+}
+
+#[test]
+fn a_stalled_job_on_healthy_gpus_is_not_a_hung_collective() {
+    let report = hang_run("healthy");
+    assert!(
+        !alerts(&report)
+            .iter()
+            .any(|(n, _)| n == "job_hung_collective"),
+        "{:?}",
+        alerts(&report)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kill ladder against real processes on simulated GPUs.
+
+fn my_uid() -> u32 {
+    // SAFETY: getuid cannot fail.
+    unsafe { libc::getuid() }
+}
+
+fn my_user() -> String {
+    let out = Command::new("id").arg("-un").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A process in its own process group that ignores SIGTERM.
+fn runaway() -> Child {
+    let child = Command::new("sh")
+        .args(["-c", "trap '' TERM; while :; do sleep 0.05; done"])
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    child
+}
+
+/// Writes the nvml-sim control file placing `pids` on GPU 0 with 70 GiB each (atomically).
+fn place_on_gpu(control: &Path, pids: &[u32]) {
+    let mut text = String::new();
+    for pid in pids {
+        text.push_str(&format!(
+            "[[process]]\ngpu = 0\npid = {pid}\nused_memory_mib = 71680\n\n"
+        ));
+    }
+    let tmp = control.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, control).unwrap();
+}
+
+/// Kill-policy config: gpu_memory_quota enabled at 40 GiB, fast ladder, our own user allowed.
+fn kill_config(dir: &Path, dry_run: bool, extra_kill: &str, grace: &str) -> PathBuf {
+    let uid = my_uid();
+    config(
+        dir,
+        &format!(
+            "[rules.params.gpu_memory_quota]\nenabled = true\nquota_gib = 40\n\n\
+             [actions.kill]\ndry_run = {dry_run}\nallow_users = [{user:?}]\nallow_root = {root}\n\
+             min_uid = {min_uid}\ngrace = {grace:?}\nterm_timeout = \"500ms\"\n\
+             audit_log = {audit:?}\n{extra_kill}\n",
+            user = my_user(),
+            root = uid == 0,
+            min_uid = uid.min(1000),
+            audit = dir.join("audit.jsonl").display().to_string(),
+        ),
+    )
+}
+
+/// Starts `gpuwatch --sim two-gpus run --config CFG -- sleep SECS` with the control file.
+fn start_watch(dir: &Path, cfg: &Path, control: &Path, secs: &str) -> Child {
+    common::sim_lib();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
+    gpuwatch()
+        .env("NVML_SIM_CONTROL", control)
+        .args(["--sim", scenario.to_str().unwrap(), "run", "--quiet"])
+        .args(["--config", cfg.to_str().unwrap()])
+        .args(["--report-json", dir.join("report.json").to_str().unwrap()])
+        .args(["--", "sleep", secs])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn audit(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
+        .collect()
+}
+
+fn decisions(records: &[serde_json::Value]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| r["decision"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+fn finish(watch: Child) -> String {
+    let out = watch.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn dry_run_kills_nothing_and_the_audit_log_says_what_would_have_been() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = runaway();
+    let control = dir.path().join("control.toml");
+    place_on_gpu(&control, &[target.id()]);
+    let cfg = kill_config(dir.path(), true, "", "500ms");
+    let watch = start_watch(dir.path(), &cfg, &control, "3");
+    finish(watch);
+    assert!(
+        target.try_wait().unwrap().is_none(),
+        "dry run killed the process"
+    );
+    let records = audit(dir.path());
+    assert_eq!(
+        decisions(&records),
+        vec!["would_warn", "would_term", "would_kill"],
+        "{records:?}"
+    );
+    for r in &records {
+        assert_eq!(r["dry_run"], true);
+        assert_eq!(r["host_pid"], target.id());
+        assert_eq!(r["alert"], "gpu_memory_quota");
+        assert_eq!(r["gpu"], 0);
+    }
+    assert_eq!(records[1]["target"], format!("group {}", target.id()));
+    // Every decision was also announced.
+    let report = read_report(&dir.path().join("report.json"));
+    let kill_notices = alerts(&report)
+        .into_iter()
+        .filter(|(n, _)| n == "kill_action")
+        .count();
+    assert_eq!(kill_notices, 3);
+    target.kill().unwrap();
+    target.wait().unwrap();
+}
+
+#[test]
+fn with_kills_allowed_the_runaway_is_warned_termed_then_killed_on_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = runaway();
+    let control = dir.path().join("control.toml");
+    place_on_gpu(&control, &[target.id()]);
+    let cfg = kill_config(dir.path(), false, "", "500ms");
+    let watch = start_watch(dir.path(), &cfg, &control, "4");
+    // The runaway dies by SIGKILL (it ignores SIGTERM).
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = target.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never killed");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    finish(watch);
+    let records = audit(dir.path());
+    assert_eq!(
+        decisions(&records),
+        vec!["warn", "term", "kill", "exited"],
+        "{records:?}"
+    );
+    let t = |i: usize| records[i]["time_ms"].as_i64().unwrap();
+    assert!(
+        t(1) - t(0) >= 500,
+        "SIGTERM before the grace period ended: {records:?}"
+    );
+    assert!(
+        t(2) - t(1) >= 500,
+        "SIGKILL before term_timeout: {records:?}"
+    );
+    assert!(t(2) - t(0) < 4000, "{records:?}");
+    assert_eq!(records[3]["reason"], "exited after SIGKILL");
+    assert!(records.iter().all(|r| r["dry_run"] == false));
+}
+
+#[test]
+fn a_protected_users_process_is_never_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = runaway();
+    let control = dir.path().join("control.toml");
+    place_on_gpu(&control, &[target.id()]);
+    let extra = format!("protect_users = [{:?}]", my_user());
+    let cfg = kill_config(dir.path(), false, &extra, "500ms");
+    finish(start_watch(dir.path(), &cfg, &control, "2"));
+    assert!(target.try_wait().unwrap().is_none());
+    let records = audit(dir.path());
+    assert_eq!(decisions(&records), vec!["refused"], "{records:?}");
+    assert!(records[0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("actions.kill.protect_users"));
+    target.kill().unwrap();
+    target.wait().unwrap();
+}
+
+#[test]
+fn a_process_that_leaves_the_gpu_is_not_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = runaway();
+    let control = dir.path().join("control.toml");
+    place_on_gpu(&control, &[target.id()]);
+    // A long grace: the process leaves the GPU after the warning, before SIGTERM is due.
+    let cfg = kill_config(dir.path(), false, "", "3s");
+    let watch = start_watch(dir.path(), &cfg, &control, "4");
+    let start = Instant::now();
+    while decisions(&audit(dir.path())).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never warned");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    place_on_gpu(&control, &[]);
+    finish(watch);
+    assert!(
+        target.try_wait().unwrap().is_none(),
+        "a non-GPU process was signalled"
+    );
+    let records = audit(dir.path());
+    assert_eq!(
+        decisions(&records),
+        vec!["warn", "cancelled"],
+        "{records:?}"
+    );
+    target.kill().unwrap();
+    target.wait().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The end notice through the configured channels.
+
+#[test]
+fn run_sends_one_notice_with_the_exit_code_through_the_channels() {
+    use crate::notify::servers::HttpReceiver;
+    let hook = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "[notify]\ntimeout = \"3s\"\nretry_initial = \"200ms\"\n\n\
+             [[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = {url:?}\n\n\
+             [[route]]\nchannels = [\"ops\"]\ngroup_by = [\"alertname\"]\n",
+            url = hook.url("/hook")
+        ),
+    );
+    let out = gpuwatch()
+        .args(["run", "--config", cfg.to_str().unwrap(), "--"])
+        .args(["sh", "-c", "echo hi; exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    // Delivered before gpuwatch exited: exactly one message.
+    let got = hook.accepted();
+    assert_eq!(got.len(), 1, "{got:?}");
+    let body = got[0].json().to_string();
+    assert!(body.contains("job_crashed"), "{body}");
+    assert!(
+        body.contains("last 1 lines"),
+        "the report is in the notice: {body}"
+    );
+    assert!(body.contains("exit code 3"), "{body}");
+    assert!(body.contains("non_zero_exit"), "{body}");
+    // The outbox of the run is gone (everything delivered).
+    assert!(!dir
+        .path()
+        .join("state/jobs")
+        .read_dir()
+        .is_ok_and(|mut d| d.next().is_some()));
+}
+
+#[test]
+fn the_daemon_routes_kill_rules_through_the_policy() {
+    use crate::notify::servers::Daemon;
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = runaway();
+    let control = dir.path().join("control.toml");
+    place_on_gpu(&control, &[target.id()]);
+    let cfg = kill_config(dir.path(), false, "", "500ms");
+    common::sim_lib();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
+    let control_env = control.display().to_string();
+    let cmd = common::command(
+        &[
+            "--sim",
+            scenario.to_str().unwrap(),
+            "daemon",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        &[("NVML_SIM_CONTROL", control_env.as_str())],
+    );
+    let daemon = Daemon::spawn(cmd, &dir.path().join("daemon.log"), &[], false);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = target.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "never killed: {:?}\n{}",
+            audit(dir.path()),
+            std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    let start = Instant::now();
+    while decisions(&audit(dir.path())).len() < 4 && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    daemon.kill9();
+    assert_eq!(
+        decisions(&audit(dir.path())),
+        vec!["warn", "term", "kill", "exited"]
+    );
+}
+
+#[test]
+fn report_has_peak_memory_and_mean_utilization_of_the_jobs_gpus() {
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let control = dir.path().join("control.toml");
+    let report = dir.path().join("report.json");
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
+    // The job puts itself on GPU 1 with 2 GiB.
+    let script = "printf '[[process]]\\ngpu = 1\\npid = %d\\nused_memory_mib = 2048\\n' $$ \
+                  > \"$NVML_SIM_CONTROL\"; sleep 2.5";
+    let out = gpuwatch()
+        .env("NVML_SIM_CONTROL", &control)
+        .args(["--sim", scenario.to_str().unwrap(), "run", "--quiet"])
+        .args(["--config", cfg.to_str().unwrap()])
+        .args([
+            "--report-json",
+            report.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = read_report(&report);
+    let gpus = report["gpus"].as_array().expect("GPU stats");
+    assert_eq!(gpus.len(), 1, "{gpus:?}");
+    assert_eq!(gpus[0]["index"], 1);
+    assert_eq!(gpus[0]["peak_mem_used_bytes"], 2048u64 << 20);
+    let util = gpus[0]["mean_util_percent"].as_f64().unwrap();
+    assert!((90.0..=100.0).contains(&util), "{util}");
+}
+
+#[test]
+fn a_job_stopped_by_the_kill_action_is_reported_as_killed_by_gpuwatch() {
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = kill_config(dir.path(), false, "", "300ms");
+    let control = dir.path().join("control.toml");
+    let report = dir.path().join("report.json");
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
+    // The job puts itself on GPU 0 with 70 GiB (over the 40 GiB quota) and ignores SIGTERM.
+    let script =
+        "trap '' TERM; printf '[[process]]\\ngpu = 0\\npid = %d\\nused_memory_mib = 71680\\n' $$ \
+                  > \"$NVML_SIM_CONTROL\"; while :; do sleep 0.05; done";
+    let out = gpuwatch()
+        .env("NVML_SIM_CONTROL", &control)
+        .args(["--sim", scenario.to_str().unwrap(), "run", "--quiet"])
+        .args(["--config", cfg.to_str().unwrap()])
+        .args([
+            "--report-json",
+            report.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(137));
+    let report = read_report(&report);
+    assert_eq!(report["crash_class"], "killed_by_gpuwatch", "{report}");
+    assert!(report["crash_detail"]
+        .as_str()
+        .unwrap()
+        .starts_with("gpu_memory_quota"));
+    assert_eq!(decisions(&audit(dir.path()))[..3], ["warn", "term", "kill"]);
+}
