@@ -184,7 +184,14 @@ fn status_table(
             out,
             "{:>3}  {:<name_w$}  {:>5}  {:>4}  {:>4}  {:>17}  {:>11}  {:<20}  {:>9}  {state}",
             g.id.index,
-            truncate(&g.id.name, name_w),
+            truncate(
+                if g.id.name.is_empty() {
+                    "?"
+                } else {
+                    &g.id.name
+                },
+                name_w
+            ),
             int(g.get(Metric::Temp), "C"),
             int(g.get(Metric::Util), "%"),
             int(g.get(Metric::MemUtil), "%"),
