@@ -134,7 +134,10 @@ fn every_evaluates_only_at_aligned_instants() {
 #[test]
 fn firing_alert_is_not_resolved_between_evaluations() {
     let dir = tempfile::tempdir().unwrap();
-    let set = rules(dir.path(), &[("hot.rhai", HOT_EVERY_30S), ("hot10.rhai", HOT)]);
+    let set = rules(
+        dir.path(),
+        &[("hot.rhai", HOT_EVERY_30S), ("hot10.rhai", HOT)],
+    );
     let mut e = Engine::new(set, EngineOptions::default());
     // hot from 0 to 35, cool afterwards: hot30 fires at 0 (first evaluation) and stays firing
     // through the cool samples at 35..59 (not evaluated), resolving at 60; the every-sample rule
@@ -169,7 +172,10 @@ fn every_overrides_the_global_interval_and_survives_reload() {
     evs.extend(run(&mut e, 31, 45, 90.0));
     // A reload keeps the rule's last evaluation time: no extra evaluation at 45.
     let path = dir.path().join("hot.rhai");
-    assert!(e.reload_from(&[path], &RulesConfig::default()).unwrap().is_empty());
+    assert!(e
+        .reload_from(&[path], &RulesConfig::default())
+        .unwrap()
+        .is_empty());
     evs.extend(run(&mut e, 45, 61, 90.0));
     assert_eq!(evs, vec![(60, "hot30".to_string(), AlertStatus::Firing)]);
 }
@@ -178,9 +184,18 @@ fn every_overrides_the_global_interval_and_survives_reload() {
 fn check_rejects_a_bad_every() {
     let dir = tempfile::tempdir().unwrap();
     for (text, msg) in [
-        (r#"rule(#{ name: "a", every: "soon", check: |gpu| () });"#, "`every`"),
-        (r#"rule(#{ name: "a", every: -5, check: |gpu| () });"#, "`every`"),
-        (r#"rule(#{ name: "a", every: "2d", check: |gpu| () });"#, "24 h"),
+        (
+            r#"rule(#{ name: "a", every: "soon", check: |gpu| () });"#,
+            "`every`",
+        ),
+        (
+            r#"rule(#{ name: "a", every: -5, check: |gpu| () });"#,
+            "`every`",
+        ),
+        (
+            r#"rule(#{ name: "a", every: "2d", check: |gpu| () });"#,
+            "24 h",
+        ),
         (
             r#"rule(#{ name: "a", scope: "job", every: "30s", check: |job| () });"#,
             "job rules",
