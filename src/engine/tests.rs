@@ -1,4 +1,5 @@
-//! Unit tests of the engine: evaluation interval, rule errors, restart, reload, staleness.
+//! Unit tests of the engine: evaluation interval and per-rule cadence (`every`), rule errors,
+//! restart, reload, staleness.
 
 use super::*;
 use crate::alert::{load_state, save_state};
