@@ -1,6 +1,6 @@
 //! The kill policy: `[actions.kill]` and the pure decision whether a process may be signalled.
 //!
-//! [`decide`] looks only at [`TargetFacts`] (gathered from `/proc` and the GPU process list by
+//! [`KillPolicy::decide`] looks only at [`TargetFacts`] (gathered from `/proc` and the GPU process list by
 //! [`gather_facts`]) and [`SelfFacts`]; the ladder calls it again before every step.
 //! Refusals, in order: the process is gone or was replaced, its PID cannot be mapped into our
 //! namespace, it is PID 1, gpuwatch itself or its parent, it is not on a GPU, its owner is unknown,

@@ -200,19 +200,31 @@ fn throttled_now(g: &GpuHandle, name: &str) -> RhaiResult {
 }
 
 /// `param(name, default)`: the `[rules.params]` override for the current rule, else `default`.
-fn param(key: &str, default: Dynamic) -> Dynamic {
+/// An override of another kind than the default (a string for a number, …) is an error: rhai
+/// compares mismatched types as `false`, which would silently disable the rule.
+fn param(key: &str, default: Dynamic) -> RhaiResult {
     let found = PARAMS.with(|p| p.borrow().as_ref().and_then(|m| m.get(key).cloned()));
-    match found {
-        None => default,
-        Some(v) => {
-            if default.is_float() {
-                if let Some(n) = number(&v) {
-                    return Dynamic::from_float(n);
-                }
-            }
-            v
+    let Some(v) = found else {
+        return Ok(default);
+    };
+    let expected = if default.is_float() || default.is_int() {
+        match number(&v) {
+            Some(n) if default.is_float() => return Ok(Dynamic::from_float(n)),
+            Some(_) => return Ok(v),
+            None => "a number",
         }
-    }
+    } else if default.is_string() && !v.is_string() && number(&v).is_none() {
+        "a string or a number (e.g. a duration: \"10m\" or seconds)"
+    } else if default.is_bool() && !v.is_bool() {
+        "true or false"
+    } else {
+        return Ok(v);
+    };
+    Err(format!(
+        "[rules.params] parameter `{key}` must be {expected}, not {} ({v})",
+        v.type_name()
+    )
+    .into())
 }
 
 macro_rules! unit_ops {

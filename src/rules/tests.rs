@@ -211,6 +211,28 @@ fn params_override_defaults() {
 }
 
 #[test]
+fn params_of_the_wrong_type_are_load_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "low.rhai",
+        "let t = param(\"threshold\", 50.0);\nlet w = param(\"window\", \"10m\");\nrule(#{ name: \"low\", check: |gpu| gpu.util.mean(w) < t });\n",
+    );
+    // A string where a number is expected would compare as false for ever: refused.
+    let cfg: RulesConfig = toml::from_str("[params]\nlow.threshold = \"forty\"\n").unwrap();
+    let errs = RuleSet::load(std::slice::from_ref(&p), &cfg).unwrap_err();
+    let msg = errs[0].to_string();
+    assert!(msg.contains("low.rhai:1:9"), "{msg}");
+    assert!(msg.contains("`threshold` must be a number"), "{msg}");
+    // Numbers for durations (seconds) and ints for floats are fine.
+    let ok: RulesConfig =
+        toml::from_str("[params]\nlow.threshold = 40\nlow.window = 600\n").unwrap();
+    assert!(RuleSet::load(std::slice::from_ref(&p), &ok).is_ok());
+    let bad: RulesConfig = toml::from_str("[params]\nlow.window = true\n").unwrap();
+    assert!(RuleSet::load(&[p], &bad).is_err());
+}
+
+#[test]
 fn duplicate_names_and_retention() {
     let errs =
         load("rule(#{ name: \"a\", check: |g| true });\nrule(#{ name: \"a\", check: |g| true });")

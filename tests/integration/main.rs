@@ -1,6 +1,7 @@
 //! The one integration test binary: each area is a module. Tests run the real `gpuwatch` binary
 //! as subprocesses against the simulated NVML library (built once by `common::sim_lib`).
 
+mod acceptance;
 #[allow(dead_code)]
 mod common;
 mod daemon;
