@@ -2,7 +2,8 @@
 
 Starts a webhook receiver on 127.0.0.1 (Python http.server, records the arrival time of every
 POST), then `gpuwatch --sim SCENARIO daemon` (release build, 8 simulated GPUs, every stock rule,
-`interval = "1s"`, `[rules] eval_interval = "1s"`, `group_wait = "0s"`) for SECONDS, then SIGTERM.
+`interval = "1s"`, default `[rules] eval_interval` (every sample), `group_wait = "0s"`) for
+SECONDS, then SIGTERM.
 
 * Notification latency: for every alert received, arrival time minus its `startsAt`, which the
   engine stamps with the time of the sample that tripped the rule (same host clock).
@@ -63,9 +64,6 @@ def main():
 interval = "1s"
 state_dir = "{tmp}/state"
 rules = ["{os.path.abspath(a.rules)}"]
-
-[rules]
-eval_interval = "1s"
 
 [notify]
 rate_limit = {{ max = 0 }}

@@ -7,11 +7,13 @@
 //! and there is no I/O, so `replay`, `test` and the daemon behave identically given the same
 //! snapshots and the same evaluation interval.
 //!
-//! **Evaluation interval** (Prometheus's `evaluation_interval`): rules run at most once per
-//! `eval_interval_ms` slot, slots being aligned multiples of the interval in UTC
-//! (`floor(t / interval)`), so a restarted daemon and a replay evaluate at the same instants.
-//! `hold`, `keep_firing_for` and `repeat` are measured between evaluation times. 0 evaluates at
-//! every snapshot.
+//! **Evaluation cadence** (Prometheus's `evaluation_interval`, per rule group): each rule runs
+//! at most once per slot of its cadence — its own `every`, else `eval_interval_ms` (default 0 =
+//! at every snapshot) — slots being aligned multiples of the cadence in UTC (`floor(t / every)`),
+//! so a restarted daemon and a replay evaluate at the same instants. A rule skipped at a tick
+//! leaves its alert instances (and its `rule_error` instance) untouched; `hold`,
+//! `keep_firing_for` and `repeat` are measured in sample time and checked at the rule's
+//! evaluation instants.
 //!
 //! While no snapshots arrive only host-scope rules run; per-GPU alerts keep their state (a stale
 //! collector must not silently resolve them).
@@ -30,7 +32,8 @@ use crate::window::GpuHistory;
 pub struct EngineOptions {
     /// Value of the `hostname` label.
     pub hostname: String,
-    /// Evaluate rules at most once per this many ms (0 = every snapshot).
+    /// Cadence of rules without their own `every`: at most once per this many ms, at aligned
+    /// instants (0 = every snapshot, the default).
     pub eval_interval_ms: i64,
     /// The configured sampling interval (`host.interval`), when known; otherwise observed.
     pub sample_interval_ms: Option<i64>,
@@ -47,7 +50,8 @@ impl Default for EngineOptions {
 }
 
 impl EngineOptions {
-    /// Options from a loaded config: `[rules] eval_interval` (default 5 s), `[daemon] interval`.
+    /// Options from a loaded config: `[rules] eval_interval` (default 0 = every snapshot),
+    /// `[daemon] interval`.
     pub fn from_config(
         config: &crate::config::Config,
         rules: &RulesConfig,
@@ -87,7 +91,8 @@ pub struct Engine {
     book: AlertBook,
     last_snapshot_ms: Option<i64>,
     first_seen_ms: Option<i64>,
-    last_eval_slot: Option<i64>,
+    /// Per rule (same order as `rules`): when it was last evaluated.
+    last_eval_ms: Vec<Option<i64>>,
     last_now_ms: i64,
     recent_snapshots: VecDeque<i64>,
     rule_error_spec: AlertSpec,
@@ -97,6 +102,7 @@ impl Engine {
     /// A fresh engine with no alert state.
     pub fn new(rules: RuleSet, opts: EngineOptions) -> Self {
         Engine {
+            last_eval_ms: vec![None; rules.len()],
             rules,
             opts,
             gpus: BTreeMap::new(),
@@ -104,7 +110,6 @@ impl Engine {
             book: AlertBook::new(),
             last_snapshot_ms: None,
             first_seen_ms: None,
-            last_eval_slot: None,
             last_now_ms: 0,
             recent_snapshots: VecDeque::new(),
             rule_error_spec: AlertSpec {
@@ -157,6 +162,18 @@ impl Engine {
     /// removed rules are resolved (returned).
     pub fn reload(&mut self, rules: RuleSet) -> Vec<AlertEvent> {
         let names: Vec<String> = rules.rules().iter().map(|r| r.spec.name.clone()).collect();
+        // Keep each surviving rule's last evaluation time, so a reload does not shift cadences.
+        let previous: BTreeMap<&str, Option<i64>> = self
+            .rules
+            .rules()
+            .iter()
+            .map(|r| r.spec.name.as_str())
+            .zip(self.last_eval_ms.iter().copied())
+            .collect();
+        self.last_eval_ms = names
+            .iter()
+            .map(|n| previous.get(n.as_str()).copied().flatten())
+            .collect();
         self.rules = rules;
         let now = self.last_now_ms;
         self.book.retain_keys(now, |key| {
@@ -179,13 +196,10 @@ impl Engine {
         Ok(self.reload(rules))
     }
 
-    /// Ingests a snapshot and evaluates the rules at its time when an evaluation is due.
+    /// Ingests a snapshot and evaluates, at its time, the rules whose evaluation is due.
     pub fn observe(&mut self, snap: &Snapshot) -> Vec<AlertEvent> {
         let now = snap.time_ms;
         self.ingest(snap);
-        if !self.eval_due(now) {
-            return Vec::new();
-        }
         self.evaluate(now, true)
     }
 
@@ -193,22 +207,37 @@ impl Engine {
     /// sampling interval, so `collector_stale` can fire).
     pub fn advance(&mut self, now_ms: i64) -> Vec<AlertEvent> {
         self.first_seen_ms.get_or_insert(now_ms);
-        if now_ms < self.last_now_ms || !self.eval_due(now_ms) {
+        if now_ms < self.last_now_ms {
             return Vec::new();
         }
         self.evaluate(now_ms, false)
     }
 
-    fn eval_due(&mut self, now_ms: i64) -> bool {
-        let slot = if self.opts.eval_interval_ms > 0 {
-            now_ms.div_euclid(self.opts.eval_interval_ms)
-        } else {
-            now_ms
+    /// The cadence of rule `idx`, ms: its `every`, else the global interval (0 = every time).
+    pub fn cadence_ms(&self, idx: usize) -> i64 {
+        self.rules.rules()[idx]
+            .every_ms
+            .unwrap_or(self.opts.eval_interval_ms)
+    }
+
+    /// Whether rule `idx` is due at `now_ms`: the aligned slot `floor(t / cadence)` changed
+    /// since its last evaluation (with cadence 0: any later time). Marks it evaluated if so.
+    fn rule_due(&mut self, idx: usize, now_ms: i64) -> bool {
+        let cadence = self.cadence_ms(idx);
+        let slot = |t: i64| {
+            if cadence > 0 {
+                t.div_euclid(cadence)
+            } else {
+                t
+            }
         };
-        if self.last_eval_slot.is_some_and(|s| slot <= s) {
+        let Some(last) = self.last_eval_ms.get_mut(idx) else {
+            return false;
+        };
+        if last.is_some_and(|l| slot(now_ms) <= slot(l)) {
             return false;
         }
-        self.last_eval_slot = Some(slot);
+        *last = Some(now_ms);
         true
     }
 
@@ -299,19 +328,27 @@ impl Engine {
     }
 
     fn evaluate(&mut self, now: i64, gpu_rules: bool) -> Vec<AlertEvent> {
-        self.last_now_ms = now;
+        self.last_now_ms = self.last_now_ms.max(now);
         let mut events = Vec::new();
         let present = self.present.clone();
         let hostname = self.opts.hostname.clone();
         for idx in 0..self.rules.len() {
+            let scope = self.rules.rules()[idx].scope;
+            // Job rules run in `evaluate_job`; per-GPU and process rules need a snapshot. A rule
+            // not due at this instant is skipped with its alert instances untouched.
+            let runs = match scope {
+                RuleScope::Job => false,
+                RuleScope::Gpu | RuleScope::Process => gpu_rules,
+                RuleScope::Host => true,
+            };
+            if !runs || !self.rule_due(idx, now) {
+                continue;
+            }
             let rule = &self.rules.rules()[idx];
             let spec = rule.spec.clone();
             let mut error: Option<RuleError> = None;
             match rule.scope {
                 RuleScope::Gpu => {
-                    if !gpu_rules {
-                        continue;
-                    }
                     for index in &present {
                         let Some(hist) = self.gpus.get(index).cloned() else {
                             continue;
@@ -339,9 +376,6 @@ impl Engine {
                 // Job rules run in `evaluate_job`, with their own rule-error bookkeeping.
                 RuleScope::Job => continue,
                 RuleScope::Process => {
-                    if !gpu_rules {
-                        continue;
-                    }
                     let err = self.evaluate_processes(idx, now, &present, &mut events);
                     error = error.or(err);
                 }

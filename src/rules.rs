@@ -32,6 +32,9 @@ pub use api::{GpuHandle, HostHandle};
 /// Operation budget of one evaluation of one rule.
 pub const MAX_OPERATIONS: u64 = 200_000;
 
+/// Longest accepted `every` of a rule.
+pub const MAX_EVERY_MS: i64 = 24 * 3600 * 1000;
+
 /// Retention floor: windows keep at least this much history.
 pub const MIN_RETENTION_MS: i64 = 15 * 60 * 1000;
 
@@ -41,7 +44,8 @@ pub const MIN_RETENTION_MS: i64 = 15 * 60 * 1000;
 pub struct RulesConfig {
     /// Per-rule parameter overrides: `[rules.params] low_utilization.threshold = 40`.
     pub params: BTreeMap<String, toml::Table>,
-    /// Evaluate rules at most this often (`"5s"` by default; `"0s"` = every snapshot).
+    /// Default evaluation cadence of rules without their own `every` (`"0s"` by default = at
+    /// every snapshot).
     pub eval_interval: Option<String>,
     /// Extra rule directories or files, relative to the config file.
     pub dirs: Vec<PathBuf>,
@@ -50,8 +54,9 @@ pub struct RulesConfig {
     pub retention: Option<String>,
 }
 
-/// Default evaluation interval for the daemon and `replay`.
-pub const DEFAULT_EVAL_INTERVAL_MS: i64 = 5000;
+/// Default evaluation interval for the daemon, `replay` and `test`: every snapshot. Rules whose
+/// windows span minutes set their own `every`.
+pub const DEFAULT_EVAL_INTERVAL_MS: i64 = 0;
 
 impl RulesConfig {
     /// The evaluation interval in ms.
@@ -131,6 +136,9 @@ pub struct Rule {
     pub file: String,
     /// Line of its `rule(..)` call.
     pub line: usize,
+    /// `every:` — evaluate this rule only when `floor(t / every)` changes (overrides
+    /// `[rules] eval_interval`); `None` follows the global interval. Not allowed on job rules.
+    pub every_ms: Option<i64>,
     /// `action:` — what to do besides notifying while it fires: `"kill"` (process and job
     /// rules, under `[actions.kill]`) and/or `"exec:NAME"`, comma-separated.
     pub action: Option<String>,
@@ -373,6 +381,7 @@ fn build_rule(
         "check",
         "description",
         "action",
+        "every",
     ];
     for k in reg.def.keys() {
         if !KEYS.contains(&k.as_str()) {
@@ -430,6 +439,25 @@ fn build_rule(
     let hold_ms = get_duration(&reg.def, "hold").map_err(&err)?;
     let keep_firing_for_ms = get_duration(&reg.def, "keep_firing_for").map_err(&err)?;
     let repeat_ms = get_duration(&reg.def, "repeat").map_err(&err)?;
+    let every_ms = match reg.def.get("every") {
+        None => None,
+        Some(v) if v.is_unit() => None,
+        Some(v) => {
+            if scope == RuleScope::Job {
+                return Err(err(
+                    "`every` is not allowed on job rules (they run at every job sample)".into(),
+                ));
+            }
+            let ms = api::duration_ms(v).map_err(|e| err(format!("`every`: {e}")))?;
+            if ms > MAX_EVERY_MS {
+                return Err(err(format!(
+                    "`every` = {} s is longer than the 24 h maximum",
+                    ms / 1000
+                )));
+            }
+            Some(ms)
+        }
+    };
     let mut labels = BTreeMap::new();
     if let Some(l) = reg.def.get("labels") {
         let map = l
@@ -464,6 +492,7 @@ fn build_rule(
         scope,
         file: file.to_string(),
         line,
+        every_ms,
         action,
         check,
         ast: ast.clone(),

@@ -159,7 +159,8 @@ pub struct ReplayArgs {
     /// "timestamp, index, utilization.gpu [%], memory.used [MiB]".
     #[arg(long, value_name = "HEADER")]
     pub smi_header: Option<String>,
-    /// Rule evaluation interval (default: `[rules] eval_interval`, else 5s; 0 = every snapshot).
+    /// Evaluation cadence of rules without their own `every` (default: `[rules] eval_interval`,
+    /// else 0 = every snapshot).
     #[arg(long, value_name = "DURATION")]
     pub eval_interval: Option<String>,
     /// Also print `repeat` re-notifications.

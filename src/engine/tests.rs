@@ -1,4 +1,5 @@
-//! Unit tests of the engine: evaluation interval, rule errors, restart, reload, staleness.
+//! Unit tests of the engine: evaluation interval and per-rule cadence (`every`), rule errors,
+//! restart, reload, staleness.
 
 use super::*;
 use crate::alert::{load_state, save_state};
@@ -92,6 +93,121 @@ fn eval_interval_aligns_evaluations() {
     let mut evs = run(&mut e, 0, 3, 50.0);
     evs.extend(run(&mut e, 3, 20, 90.0));
     assert_eq!(evs, vec![(15, "hot".to_string(), AlertStatus::Firing)]);
+}
+
+/// Hot (> 80) with `every: "30s"`, no hold: fires at once when evaluated, resolves at the first
+/// evaluation that sees it cool.
+const HOT_EVERY_30S: &str = r#"rule(#{ name: "hot30", every: "30s", check: |gpu| {
+    let t = gpu.temp.last();
+    if t > 80 { `hot ${t}` }
+} });"#;
+
+/// Always fires with the latest temperature in its summary; the tests set temp = time, so the
+/// summary and `last_active_ms` tell when it was last evaluated.
+const ECHO_EVERY_30S: &str = r#"rule(#{ name: "echo30", every: "30s", check: |gpu| {
+    `t=${gpu.temp.last()}`
+} });"#;
+
+#[test]
+fn every_evaluates_only_at_aligned_instants() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = rules(dir.path(), &[("echo.rhai", ECHO_EVERY_30S)]);
+    assert_eq!(set.rules()[0].every_ms, Some(30_000));
+    // The global interval (every snapshot) does not apply to a rule with `every`.
+    let mut e = Engine::new(set, EngineOptions::default());
+    // Start off-grid at t=7 s: evaluated at the first snapshot (7), then at 30, 60, 90 — the
+    // aligned instants floor(t / 30 s) — and nowhere else. The summary records the temp = time.
+    let mut evaluated = Vec::new();
+    for t in 7..100 {
+        #[expect(clippy::cast_precision_loss, reason = "small")]
+        let temp = t as f64;
+        e.observe(&snap(t, &[temp]));
+        let a = e.alerts().find(|a| a.key == "echo30").unwrap();
+        let at = a.last_active_ms / 1000;
+        if evaluated.last() != Some(&at) {
+            evaluated.push(at);
+            assert_eq!(a.annotations["summary"], format!("t={t}.0"));
+        }
+    }
+    assert_eq!(evaluated, vec![7, 30, 60, 90]);
+}
+
+#[test]
+fn firing_alert_is_not_resolved_between_evaluations() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = rules(
+        dir.path(),
+        &[("hot.rhai", HOT_EVERY_30S), ("hot10.rhai", HOT)],
+    );
+    let mut e = Engine::new(set, EngineOptions::default());
+    // hot from 0 to 35, cool afterwards: hot30 fires at 0 (first evaluation) and stays firing
+    // through the cool samples at 35..59 (not evaluated), resolving at 60; the every-sample rule
+    // `hot` (hold 10 s) fires at 10 and resolves at 35.
+    let mut evs = run(&mut e, 0, 35, 90.0);
+    evs.extend(run(&mut e, 35, 59, 50.0));
+    assert!(e.alerts().any(|a| a.key == "hot30"), "still firing at 58 s");
+    evs.extend(run(&mut e, 59, 65, 50.0));
+    assert_eq!(
+        evs,
+        vec![
+            (0, "hot30".to_string(), AlertStatus::Firing),
+            (10, "hot".to_string(), AlertStatus::Firing),
+            (35, "hot".to_string(), AlertStatus::Resolved),
+            (60, "hot30".to_string(), AlertStatus::Resolved),
+        ]
+    );
+}
+
+#[test]
+fn every_overrides_the_global_interval_and_survives_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = rules(dir.path(), &[("hot.rhai", HOT_EVERY_30S)]);
+    let opts = EngineOptions {
+        eval_interval_ms: 5000,
+        ..EngineOptions::default()
+    };
+    let mut e = Engine::new(set, opts);
+    assert_eq!(e.cadence_ms(0), 30_000);
+    // Hot from 31: the next aligned instant is 60 (not 35, the global 5 s slot).
+    let mut evs = run(&mut e, 0, 31, 50.0);
+    evs.extend(run(&mut e, 31, 45, 90.0));
+    // A reload keeps the rule's last evaluation time: no extra evaluation at 45.
+    let path = dir.path().join("hot.rhai");
+    assert!(e
+        .reload_from(&[path], &RulesConfig::default())
+        .unwrap()
+        .is_empty());
+    evs.extend(run(&mut e, 45, 61, 90.0));
+    assert_eq!(evs, vec![(60, "hot30".to_string(), AlertStatus::Firing)]);
+}
+
+#[test]
+fn check_rejects_a_bad_every() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, msg) in [
+        (
+            r#"rule(#{ name: "a", every: "soon", check: |gpu| () });"#,
+            "`every`",
+        ),
+        (
+            r#"rule(#{ name: "a", every: -5, check: |gpu| () });"#,
+            "`every`",
+        ),
+        (
+            r#"rule(#{ name: "a", every: "2d", check: |gpu| () });"#,
+            "24 h",
+        ),
+        (
+            r#"rule(#{ name: "a", scope: "job", every: "30s", check: |job| () });"#,
+            "job rules",
+        ),
+    ] {
+        let p = dir.path().join("bad.rhai");
+        std::fs::write(&p, text).unwrap();
+        let errs = RuleSet::load(&[p], &RulesConfig::default()).unwrap_err();
+        let e = errs[0].to_string();
+        assert!(e.contains("bad.rhai:1:") && e.contains(msg), "{e}");
+    }
 }
 
 #[test]

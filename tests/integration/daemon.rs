@@ -17,7 +17,8 @@ use crate::notify::servers::{
 const T: Duration = Duration::from_secs(60);
 
 /// The config shape (webhook + email, route by severity, group by alertname,
-/// group_wait 0s) with test-sized intervals.
+/// group_wait 0s) with test-sized intervals and the default `[rules] eval_interval` (every
+/// sample), so the latency test checks what a user gets without tuning.
 fn config(dir: &Path, webhook_url: &str, smtp_port: u16, rules: &Path) -> PathBuf {
     let path = dir.join("config.toml");
     std::fs::write(
@@ -31,7 +32,7 @@ rules = ["{rules}"]
 hostname = "simhost"
 
 [rules]
-eval_interval = "1s"
+# eval_interval left at its default (every sample)
 
 [notify]
 retry_initial = "200ms"
