@@ -30,8 +30,12 @@ use crate::model::{AlertEvent, AlertStatus, Severity};
 /// How long a firing (or pending) alert survives continuous no-data before it resolves.
 pub const NODATA_RESOLVE_MS: i64 = 10 * 60 * 1000;
 
-/// Version of the state file format.
-pub const STATE_VERSION: u32 = 1;
+/// Version of the state file format written. 2 added [`AlertStateFile::gpus`]; version 1 files
+/// (without it) still load.
+pub const STATE_VERSION: u32 = 2;
+
+/// Oldest state file version [`load_state`] accepts.
+pub const STATE_VERSION_MIN: u32 = 1;
 
 /// File name of the alert state inside the state directory.
 pub const STATE_FILE: &str = "alerts.json";
@@ -119,6 +123,42 @@ pub struct AlertStateFile {
     pub saved_at_ms: i64,
     /// Every pending or firing instance.
     pub instances: Vec<AlertInstanceState>,
+    /// Per-GPU data the windows need across a restart (version 2; empty in version 1 files).
+    #[serde(default)]
+    pub gpus: Vec<GpuCarry>,
+}
+
+/// What the engine carries over a restart for one GPU, keyed by UUID (an index may name another
+/// board after a restart).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct GpuCarry {
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// Last point of every counter metric (`MetricKind::Counter`), by metric key, so an increase
+    /// that happened while gpuwatch was down is seen at the first sample after the restart.
+    #[serde(default)]
+    pub counters: BTreeMap<String, CounterPoint>,
+    /// XID events within the rules' retention, oldest first.
+    #[serde(default)]
+    pub xids: Vec<XidPoint>,
+}
+
+/// A counter's last sampled value.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CounterPoint {
+    /// Sample time, UTC ms.
+    pub time_ms: i64,
+    /// Counter value.
+    pub value: f64,
+}
+
+/// One XID event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidPoint {
+    /// When it was received, UTC ms.
+    pub time_ms: i64,
+    /// XID code.
+    pub code: u64,
 }
 
 /// FNV-1a 64-bit hash of the sorted labels as `name=value\n` lines, in 16 hex digits.
@@ -176,6 +216,7 @@ impl AlertBook {
             version: STATE_VERSION,
             saved_at_ms: now_ms,
             instances: self.instances.values().cloned().collect(),
+            gpus: Vec::new(),
         }
     }
 
@@ -365,9 +406,9 @@ pub fn load_state(dir: &Path) -> anyhow::Result<Option<AlertStateFile>> {
     };
     let state: AlertStateFile = serde_json::from_str(&text)
         .map_err(|e| anyhow::anyhow!("{}:{}:{}: {e}", path.display(), e.line(), e.column()))?;
-    if state.version != STATE_VERSION {
+    if !(STATE_VERSION_MIN..=STATE_VERSION).contains(&state.version) {
         anyhow::bail!(
-            "{}: unsupported state version {} (expected {STATE_VERSION})",
+            "{}: unsupported state version {} (expected {STATE_VERSION_MIN} to {STATE_VERSION})",
             path.display(),
             state.version
         );
@@ -530,6 +571,26 @@ mod tests {
             run(&mut b2, &s, "1", 3),
             vec![(3, AlertStatus::Firing, false)]
         );
+    }
+
+    #[test]
+    fn version_1_file_without_gpus_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            state_path(dir.path()),
+            r#"{ "version": 1, "saved_at_ms": 5000, "instances": [] }"#,
+        )
+        .unwrap();
+        let st = load_state(dir.path()).unwrap().unwrap();
+        assert_eq!((st.version, st.saved_at_ms), (1, 5000));
+        assert!(st.gpus.is_empty());
+        std::fs::write(
+            state_path(dir.path()),
+            r#"{ "version": 99, "saved_at_ms": 0, "instances": [] }"#,
+        )
+        .unwrap();
+        let err = load_state(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("unsupported state version 99"), "{err}");
     }
 
     #[test]

@@ -17,13 +17,22 @@
 //!
 //! While no snapshots arrive only host-scope rules run; per-GPU alerts keep their state (a stale
 //! collector must not silently resolve them).
+//!
+//! **Restart.** [`Engine::state`] also carries, per GPU UUID, the last point of every counter
+//! metric and the XID events within the retention ([`GpuCarry`]). [`Engine::with_state`] puts the
+//! XIDs back into the GPU's history when its first sample arrives, and, at the first sample that
+//! has a value for a counter, inserts the saved value as a baseline point one sampling interval
+//! earlier when the counter grew (not when it dropped: a driver reload reset it), so an increase
+//! made while gpuwatch was down is reported at the first sample after the restart.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::alert::{AlertBook, AlertSpec, AlertStateFile, InstanceId, Outcome};
-use crate::model::{AlertEvent, Severity, Snapshot};
+use crate::alert::{
+    AlertBook, AlertSpec, AlertStateFile, CounterPoint, GpuCarry, InstanceId, Outcome, XidPoint,
+};
+use crate::model::{AlertEvent, GpuSample, Metric, MetricKind, Severity, Snapshot};
 use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet, RulesConfig};
 use crate::window::GpuHistory;
 
@@ -96,6 +105,8 @@ pub struct Engine {
     last_now_ms: i64,
     recent_snapshots: VecDeque<i64>,
     rule_error_spec: AlertSpec,
+    /// Restored per-GPU data (by UUID) not yet applied to a history.
+    carry: BTreeMap<String, GpuCarry>,
 }
 
 impl Engine {
@@ -112,6 +123,7 @@ impl Engine {
             first_seen_ms: None,
             last_now_ms: 0,
             recent_snapshots: VecDeque::new(),
+            carry: BTreeMap::new(),
             rule_error_spec: AlertSpec {
                 name: RULE_ERROR.into(),
                 severity: Severity::Warning,
@@ -125,17 +137,62 @@ impl Engine {
     }
 
     /// An engine resuming from persisted alert state: firing alerts are not announced again and
-    /// pending timers keep their start.
+    /// pending timers keep their start; saved XIDs and counter values return with each GPU's
+    /// first sample (see the module docs).
     pub fn with_state(rules: RuleSet, opts: EngineOptions, state: &AlertStateFile) -> Self {
         let mut e = Engine::new(rules, opts);
         e.book = AlertBook::from_state(state);
         e.last_now_ms = state.saved_at_ms;
+        e.carry = state
+            .gpus
+            .iter()
+            .filter(|g| !g.uuid.is_empty())
+            .map(|g| (g.uuid.clone(), g.clone()))
+            .collect();
         e
     }
 
-    /// The alert state to persist (`alert::save_state`).
+    /// The state to persist (`alert::save_state`): alert instances, and per GPU UUID the last
+    /// counter values and the XIDs within the retention.
     pub fn state(&self) -> AlertStateFile {
-        self.book.state(self.last_now_ms)
+        let mut state = self.book.state(self.last_now_ms);
+        let cutoff = self.last_now_ms - self.rules.retention_ms();
+        let mut gpus = self.carry.clone();
+        for h in self.gpus.values() {
+            if h.id.uuid.is_empty() {
+                continue;
+            }
+            let entry = gpus.entry(h.id.uuid.clone()).or_insert_with(|| GpuCarry {
+                uuid: h.id.uuid.clone(),
+                ..GpuCarry::default()
+            });
+            for m in counter_metrics() {
+                if let Some((time_ms, value)) = h.window(m).newest() {
+                    entry
+                        .counters
+                        .insert(m.key().to_string(), CounterPoint { time_ms, value });
+                }
+            }
+            for (time_ms, code) in &h.xids {
+                let p = XidPoint {
+                    time_ms: *time_ms,
+                    code: *code,
+                };
+                if !entry.xids.contains(&p) {
+                    entry.xids.push(p);
+                }
+            }
+        }
+        state.gpus = gpus
+            .into_values()
+            .map(|mut g| {
+                g.xids.retain(|x| x.time_ms >= cutoff);
+                g.xids.sort_by_key(|x| x.time_ms);
+                g
+            })
+            .filter(|g| !g.counters.is_empty() || !g.xids.is_empty())
+            .collect();
+        state
     }
 
     /// Number of loaded rules.
@@ -269,6 +326,12 @@ impl Engine {
                 *entry = Arc::new(GpuHistory::new(sample.id.clone()));
             }
             let h = Arc::make_mut(entry);
+            if let Some(carry) = self.carry.get_mut(&sample.id.uuid) {
+                restore(h, carry, sample, self.opts.sample_interval_ms);
+                if carry.counters.is_empty() && carry.xids.is_empty() {
+                    self.carry.remove(&sample.id.uuid);
+                }
+            }
             h.push(sample);
             h.evict_before(cutoff);
             self.present.push(index);
@@ -585,6 +648,37 @@ impl Engine {
         }
         events
     }
+}
+
+/// The counter metrics of the metric table.
+fn counter_metrics() -> impl Iterator<Item = Metric> {
+    Metric::all().filter(|m| m.desc().kind == MetricKind::Counter)
+}
+
+/// Applies restored data to the history of the GPU `sample` comes from, before the sample is
+/// pushed: the XIDs at once, and for each saved counter that `sample` has a value for, a baseline
+/// point when the counter grew while gpuwatch was down. What was applied leaves `carry`.
+fn restore(h: &mut GpuHistory, carry: &mut GpuCarry, sample: &GpuSample, interval_ms: Option<i64>) {
+    for x in carry.xids.drain(..) {
+        h.push_xid(x.time_ms, x.code);
+    }
+    let step_ms = interval_ms.filter(|i| *i > 0).unwrap_or(1000);
+    carry.counters.retain(|key, saved| {
+        let Some(metric) = Metric::from_key(key) else {
+            return false; // a metric this build no longer has
+        };
+        let Some(value) = sample.values.get(metric).filter(|v| v.is_finite()) else {
+            return true; // not sampled yet: wait for the first value
+        };
+        let window = &mut h.series[metric as usize];
+        if value > saved.value && saved.time_ms < sample.time_ms && window.is_empty() {
+            let at_ms = (sample.time_ms - step_ms)
+                .max(saved.time_ms)
+                .min(sample.time_ms - 1);
+            window.push_baseline(at_ms, saved.value);
+        }
+        false
+    });
 }
 
 /// Identity labels of an alert instance.

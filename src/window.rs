@@ -63,6 +63,9 @@ pub struct Window {
     /// Sequence numbers of points lower than their predecessor (counter resets), so `increase`
     /// over a range without one is `last - first`.
     drops: VecDeque<u64>,
+    /// Sequence number of a counter baseline restored from the state file (see
+    /// [`Window::push_baseline`]).
+    baseline: Option<u64>,
 }
 
 /// The aggregate functions a window can compute.
@@ -134,6 +137,18 @@ impl Window {
                     b.add(value);
                 }
             }
+        }
+    }
+
+    /// Pushes a counter's value saved before a restart as the window's first point, so
+    /// `delta`/`increase` over a range starting at it report what the counter gained while
+    /// gpuwatch was down. Such a range is exact even while it is too sparse for the usual test
+    /// (the first sample after a restart), so it needs only this point and one more. Ignored
+    /// unless the window is empty.
+    pub fn push_baseline(&mut self, time_ms: i64, value: f64) {
+        if self.points.is_empty() {
+            self.baseline = Some(self.evicted);
+            self.push(time_ms, value);
         }
     }
 
@@ -236,16 +251,21 @@ impl Window {
         if agg == Agg::Count {
             return Some(n as f64);
         }
-        if interval_ms <= 0 {
-            // Interval unknown (fewer than two samples so far): too early to judge any window.
-            return None;
-        }
-        // ceil(0.5 * duration / interval), at least 1
-        let expected = duration_ms as f64 / interval_ms as f64;
-        let needed = ((expected * 0.5).ceil() as usize).max(1);
-        let needs_two = matches!(agg, Agg::Delta | Agg::Increase | Agg::Rate | Agg::Slope);
-        if n < needed || n == 0 || (needs_two && n < 2) {
-            return None;
+        let from_baseline = matches!(agg, Agg::Delta | Agg::Increase)
+            && n >= 2
+            && self.baseline == Some(self.evicted + lo as u64);
+        if !from_baseline {
+            if interval_ms <= 0 {
+                // Interval unknown (fewer than two samples so far): too early to judge any window.
+                return None;
+            }
+            // ceil(0.5 * duration / interval), at least 1
+            let expected = duration_ms as f64 / interval_ms as f64;
+            let needed = ((expected * 0.5).ceil() as usize).max(1);
+            let needs_two = matches!(agg, Agg::Delta | Agg::Increase | Agg::Rate | Agg::Slope);
+            if n < needed || n == 0 || (needs_two && n < 2) {
+                return None;
+            }
         }
         let it = || self.points.range(lo..hi).map(|p| p.1);
         let nf = n as f64;
@@ -707,6 +727,37 @@ mod tests {
                 assert!((b.sum - vals.iter().sum::<f64>()).abs() < 1e-6 * b.sum.abs().max(1.0));
             }
         }
+    }
+
+    #[test]
+    fn restored_baseline_makes_increase_exact_while_sparse() {
+        let mut w = Window::default();
+        w.push_baseline(9_000, 3.0);
+        w.push(10_000, 5.0);
+        // Interval unknown and a 2-min window with two points: exact from the baseline.
+        assert_eq!(
+            w.aggregate(Agg::Increase, 10_000, 120_000, 0.0, 0),
+            Some(2.0)
+        );
+        assert_eq!(
+            w.aggregate(Agg::Delta, 10_000, 120_000, 0.0, 1000),
+            Some(2.0)
+        );
+        // Other aggregates keep the sparseness test.
+        assert_eq!(w.aggregate(Agg::Rate, 10_000, 120_000, 0.0, 1000), None);
+        assert_eq!(w.aggregate(Agg::Max, 10_000, 120_000, 0.0, 1000), None);
+        // A range that does not start at the baseline is judged as usual.
+        w.push(11_000, 6.0);
+        w.push(12_000, 6.0);
+        assert_eq!(
+            w.aggregate(Agg::Increase, 12_000, 120_000, 0.0, 0),
+            Some(3.0)
+        );
+        assert_eq!(w.aggregate(Agg::Increase, 20_000, 10_000, 0.0, 1000), None);
+        // Only into an empty window.
+        let mut w = win(&[(0, 1.0)]);
+        w.push_baseline(-1, 0.0);
+        assert_eq!(w.len(), 1);
     }
 
     #[test]

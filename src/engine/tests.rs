@@ -2,7 +2,7 @@
 //! restart, reload, staleness.
 
 use super::*;
-use crate::alert::{load_state, save_state};
+use crate::alert::{load_state, save_state, CounterPoint};
 use crate::model::{AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, XidEvent};
 use std::path::Path;
 
@@ -348,4 +348,151 @@ fn xids_processes_and_labels() {
         }
     }
     assert_eq!(resolved, Some((60, AlertStatus::Resolved)));
+}
+
+/// The stock rule `name` from `rules/`.
+fn stock(name: &str) -> RuleSet {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("rules/{name}.rhai"));
+    RuleSet::load(&[path], &RulesConfig::default()).unwrap()
+}
+
+fn one_gpu(t_s: i64, ecc_uncorrected: Option<f64>, xid: Option<u64>) -> Snapshot {
+    let mut s = snap(t_s, &[50.0]);
+    s.gpus[0]
+        .values
+        .set(Metric::EccUncorrected, ecc_uncorrected);
+    if let Some(code) = xid {
+        s.xids.push(XidEvent {
+            time_ms: t_s * 1000,
+            gpu_index: 0,
+            gpu_uuid: "GPU-0".into(),
+            xid: code,
+        });
+    }
+    s
+}
+
+fn feed(
+    e: &mut Engine,
+    times_s: std::ops::Range<i64>,
+    snap_at: impl Fn(i64) -> Snapshot,
+) -> Vec<(i64, String, AlertStatus, bool)> {
+    let mut out = Vec::new();
+    for t in times_s {
+        for ev in e.observe(&snap_at(t)) {
+            out.push((ev.at_ms / 1000, ev.name.clone(), ev.status, ev.repeat));
+        }
+    }
+    out
+}
+
+/// A restart: the state goes through JSON as the daemon's state file does.
+fn restart(e: Engine, rules: RuleSet, opts: EngineOptions) -> Engine {
+    let json = serde_json::to_string(&e.state()).unwrap();
+    drop(e);
+    let state: AlertStateFile = serde_json::from_str(&json).unwrap();
+    Engine::with_state(rules, opts, &state)
+}
+
+fn opts_1s() -> EngineOptions {
+    EngineOptions {
+        sample_interval_ms: Some(1000),
+        ..EngineOptions::default()
+    }
+}
+
+#[test]
+fn counter_increase_while_down_fires_at_first_sample_after_restart() {
+    let mut e = Engine::new(stock("ecc_uncorrected"), opts_1s());
+    assert!(feed(&mut e, 0..300, |t| one_gpu(t, Some(3.0), None)).is_empty());
+    let state = e.state();
+    assert_eq!(state.version, crate::alert::STATE_VERSION);
+    assert_eq!(
+        state.gpus[0].counters["ecc_uncorrected"],
+        CounterPoint {
+            time_ms: 299_000,
+            value: 3.0
+        }
+    );
+    // Down for an hour; two uncorrectable errors meanwhile.
+    let mut e = restart(e, stock("ecc_uncorrected"), opts_1s());
+    let evs = feed(&mut e, 3900..3960, |t| one_gpu(t, Some(5.0), None));
+    assert_eq!(
+        evs,
+        vec![(
+            3900,
+            "ecc_uncorrected".to_string(),
+            AlertStatus::Firing,
+            false
+        )]
+    );
+    let inst = e.alerts().next().unwrap();
+    assert!(
+        inst.annotations["summary"].contains("2 uncorrectable ECC error(s)"),
+        "{:?}",
+        inst.annotations
+    );
+    // Firing alert survives a second restart without being announced again.
+    let mut e = restart(e, stock("ecc_uncorrected"), opts_1s());
+    assert!(feed(&mut e, 3970..4000, |t| one_gpu(t, Some(5.0), None)).is_empty());
+}
+
+#[test]
+fn counter_reset_or_no_change_while_down_does_not_fire() {
+    for after in [0.0, 3.0] {
+        let mut e = Engine::new(stock("ecc_uncorrected"), opts_1s());
+        assert!(feed(&mut e, 0..300, |t| one_gpu(t, Some(3.0), None)).is_empty());
+        let mut e = restart(e, stock("ecc_uncorrected"), opts_1s());
+        assert!(
+            feed(&mut e, 3900..4200, |t| one_gpu(t, Some(after), None)).is_empty(),
+            "counter {after} after restart"
+        );
+    }
+}
+
+#[test]
+fn counter_unsupported_at_first_sample_waits_for_its_first_value() {
+    let mut e = Engine::new(stock("ecc_uncorrected"), opts_1s());
+    assert!(feed(&mut e, 0..300, |t| one_gpu(t, Some(3.0), None)).is_empty());
+    let mut e = restart(e, stock("ecc_uncorrected"), opts_1s());
+    assert!(feed(&mut e, 3900..3905, |t| one_gpu(t, None, None)).is_empty());
+    // A save before the counter came back keeps the saved value.
+    assert_eq!(e.state().gpus[0].counters["ecc_uncorrected"].value, 3.0);
+    let evs = feed(&mut e, 3905..3910, |t| one_gpu(t, Some(4.0), None));
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert_eq!(evs[0].0, 3905);
+}
+
+#[test]
+fn xid_alert_keeps_firing_across_restart_and_resolves_when_its_window_expires() {
+    let rules = stock("xid_error");
+    let mut e = Engine::new(rules.clone(), opts_1s());
+    let evs = feed(&mut e, 0..60, |t| one_gpu(t, None, (t == 5).then_some(79)));
+    assert_eq!(
+        evs,
+        vec![(5, "xid_error".to_string(), AlertStatus::Firing, false)]
+    );
+    let state = e.state();
+    assert_eq!(
+        state.gpus[0].xids,
+        vec![crate::alert::XidPoint {
+            time_ms: 5000,
+            code: 79
+        }]
+    );
+    // Down from 60 s to 120 s; the 5-minute window of the XID at 5 s ends at 305 s.
+    let mut e = restart(e, rules, opts_1s());
+    let evs = feed(&mut e, 120..400, |t| one_gpu(t, None, None));
+    assert_eq!(
+        evs,
+        vec![(305, "xid_error".to_string(), AlertStatus::Resolved, false)]
+    );
+    assert_eq!(
+        e.state().gpus[0].xids.len(),
+        1,
+        "still within the retention"
+    );
+    let gone_s = 5 + e.rules().retention_ms() / 1000 + 2;
+    assert!(feed(&mut e, 400..gone_s, |t| one_gpu(t, None, None)).is_empty());
+    assert!(e.state().gpus.is_empty(), "the XID left the retention");
 }

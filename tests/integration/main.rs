@@ -10,4 +10,5 @@ mod fidelity;
 mod job;
 mod metrics_doc;
 mod notify;
+mod restart;
 mod sim;
