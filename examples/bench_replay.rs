@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use gpuwatch::engine::{Engine, EngineOptions};
 use gpuwatch::model::{
-    DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcKind, ProcSample, Snapshot,
+    DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcSample, Snapshot,
 };
 use gpuwatch::rules::{RuleSet, RulesConfig};
 
@@ -75,18 +75,7 @@ fn snapshot(t: i64, rng: &mut u64) -> Snapshot {
         .collect();
     let processes = (t % 10 == 0).then(|| {
         (0..GPUS)
-            .map(|i| ProcSample {
-                pid: 1000 + i,
-                gpu_index: i,
-                gpu_uuid: String::new(),
-                used_mem_bytes: Some(61 * 1_073_741_824),
-                kind: ProcKind::Compute,
-                uid: None,
-                user: None,
-                command: None,
-                container: None,
-                runtime_s: None,
-            })
+            .map(|i| ProcSample::compute(1000 + i, i, String::new(), Some(61 * 1_073_741_824)))
             .collect()
     });
     Snapshot {

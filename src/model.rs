@@ -373,6 +373,30 @@ pub struct ProcSample {
     pub runtime_s: Option<f64>,
 }
 
+impl ProcSample {
+    /// A compute process known only by what NVML says (pid, GPU, used memory); the `/proc`
+    /// details (user, command, container, runtime) are unknown.
+    pub fn compute(
+        pid: u32,
+        gpu_index: u32,
+        gpu_uuid: impl Into<String>,
+        used_mem_bytes: Option<u64>,
+    ) -> ProcSample {
+        ProcSample {
+            pid,
+            gpu_index,
+            gpu_uuid: gpu_uuid.into(),
+            used_mem_bytes,
+            kind: ProcKind::Compute,
+            uid: None,
+            user: None,
+            command: None,
+            container: None,
+            runtime_s: None,
+        }
+    }
+}
+
 /// Kind of GPU context a process holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -340,7 +340,7 @@ fn shift(path: &Path, keep: usize) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{DeviceId, GpuSample, Metric, MetricValues, ProcKind, XidEvent};
+    use crate::model::{DeviceId, GpuSample, Metric, MetricValues, XidEvent};
 
     fn gpu(index: u32, state: DeviceState, util: Option<f64>) -> GpuSample {
         let mut values = MetricValues::default();
@@ -364,18 +364,7 @@ mod tests {
     }
 
     fn proc(pid: u32, gpu: u32, mem: Option<u64>) -> ProcSample {
-        ProcSample {
-            pid,
-            gpu_index: gpu,
-            gpu_uuid: format!("GPU-{gpu}"),
-            used_mem_bytes: mem,
-            kind: ProcKind::Compute,
-            uid: None,
-            user: None,
-            command: None,
-            container: None,
-            runtime_s: None,
-        }
+        ProcSample::compute(pid, gpu, format!("GPU-{gpu}"), mem)
     }
 
     #[test]

@@ -22,8 +22,8 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context};
 
 use crate::model::{
-    DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcKind, ProcSample, SmiUnit,
-    Snapshot, XidEvent, METRICS,
+    DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcSample, SmiUnit, Snapshot,
+    XidEvent, METRICS,
 };
 
 /// Which kind of log a file is.
@@ -398,21 +398,16 @@ impl TraceReader {
                     let mut list = Vec::new();
                     for p in v.split(';').filter(|x| !x.trim().is_empty()) {
                         let (pid, used) = p.split_once(':').unwrap_or((p, ""));
-                        list.push(ProcSample {
-                            pid: pid
-                                .trim()
-                                .parse()
-                                .map_err(|_| self.err(col, format!("bad process {p:?}")))?,
-                            gpu_index: 0,
-                            gpu_uuid: String::new(),
-                            used_mem_bytes: used.trim().parse().ok(),
-                            kind: ProcKind::Compute,
-                            uid: None,
-                            user: None,
-                            command: None,
-                            container: None,
-                            runtime_s: None,
-                        });
+                        let pid = pid
+                            .trim()
+                            .parse()
+                            .map_err(|_| self.err(col, format!("bad process {p:?}")))?;
+                        list.push(ProcSample::compute(
+                            pid,
+                            0,
+                            String::new(),
+                            used.trim().parse().ok(),
+                        ));
                     }
                     procs = Some(list);
                 }

@@ -218,7 +218,7 @@ fn refusal(ev: &AlertEvent, host_pid: u32, host: &str, reason: &str, now_ms: i64
 mod tests {
     use super::*;
     use crate::action::settings::DurationSetting;
-    use crate::model::{ProcKind, Severity};
+    use crate::model::Severity;
     use std::collections::BTreeMap;
 
     fn event(pid: u32, status: AlertStatus, action: &str) -> AlertEvent {
@@ -244,18 +244,7 @@ mod tests {
     }
 
     fn on_gpu(pid: u32) -> ProcSample {
-        ProcSample {
-            pid,
-            gpu_index: 0,
-            gpu_uuid: "GPU-0".into(),
-            used_mem_bytes: Some(1 << 30),
-            kind: ProcKind::Compute,
-            uid: None,
-            user: None,
-            command: None,
-            container: None,
-            runtime_s: None,
-        }
+        ProcSample::compute(pid, 0, "GPU-0", Some(1 << 30))
     }
 
     #[test]

@@ -319,18 +319,12 @@ fn xids_processes_and_labels() {
         gpu_uuid: "GPU-1".into(),
         xid: 79,
     });
-    s.processes = Some(vec![crate::model::ProcSample {
-        pid: 7,
-        gpu_index: 1,
-        gpu_uuid: "GPU-1".into(),
-        used_mem_bytes: Some(1),
-        kind: crate::model::ProcKind::Compute,
-        uid: None,
-        user: None,
-        command: None,
-        container: None,
-        runtime_s: None,
-    }]);
+    s.processes = Some(vec![crate::model::ProcSample::compute(
+        7,
+        1,
+        "GPU-1",
+        Some(1),
+    )]);
     let evs = e.observe(&s);
     assert_eq!(evs.len(), 1);
     let ev = &evs[0];

@@ -454,7 +454,7 @@ pub fn format_duration_ms(ms: i64) -> String {
 mod tests {
     use super::*;
     use crate::job::scan::Marker;
-    use crate::model::{DeviceId, GpuSample, MetricValues, ProcKind, ProcSample};
+    use crate::model::{DeviceId, GpuSample, MetricValues, ProcSample};
 
     fn marker(line: &str) -> Option<Marker> {
         Some(Marker {
@@ -559,18 +559,7 @@ mod tests {
                 values,
             }
         };
-        let proc_ = |pid: u32, mib: u64| ProcSample {
-            pid,
-            gpu_index: 1,
-            gpu_uuid: "GPU-1".into(),
-            used_mem_bytes: Some(mib << 20),
-            kind: ProcKind::Compute,
-            uid: None,
-            user: None,
-            command: None,
-            container: None,
-            runtime_s: None,
-        };
+        let proc_ = |pid: u32, mib: u64| ProcSample::compute(pid, 1, "GPU-1", Some(mib << 20));
         let pids: HashSet<u32> = [10, 11].into();
         let mut usage = GpuUsage::default();
         usage.observe(

@@ -41,8 +41,8 @@ use serde::Deserialize;
 
 use crate::engine::{Engine, EngineOptions};
 use crate::model::{
-    AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcKind, ProcSample,
-    Snapshot, XidEvent,
+    AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcSample, Snapshot,
+    XidEvent,
 };
 use crate::rules::{RuleSet, RulesConfig};
 
@@ -310,16 +310,9 @@ fn gpu_input(table: &toml::Table, pos: usize, text: &str, file: &str) -> Result<
                         from,
                         to,
                         ProcSample {
-                            pid: p.pid,
-                            gpu_index: 0,
-                            gpu_uuid: String::new(),
-                            used_mem_bytes: used,
-                            kind: ProcKind::Compute,
-                            uid: None,
                             user: p.user,
                             command: p.command,
-                            container: None,
-                            runtime_s: None,
+                            ..ProcSample::compute(p.pid, 0, String::new(), used)
                         },
                     ));
                 }
