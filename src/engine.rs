@@ -390,6 +390,46 @@ impl Engine {
         }
     }
 
+    /// Steps the `rule_error` alert of the rule described by `spec`: active while its last
+    /// evaluation failed (naming the script location), inactive once it runs cleanly again.
+    fn step_rule_error(
+        &mut self,
+        now: i64,
+        spec: &AlertSpec,
+        error: Option<RuleError>,
+        events: &mut Vec<AlertEvent>,
+    ) {
+        let key = format!("{RULE_ERROR}/{}", spec.name);
+        let outcome = match error {
+            Some(e) => Outcome::Active {
+                summary: format!("rule {} failed: {e}", spec.name),
+                annotations: [("error_location".to_string(), e.location())]
+                    .into_iter()
+                    .collect(),
+            },
+            None => Outcome::Inactive,
+        };
+        let err_spec = AlertSpec {
+            source: spec.source.clone(),
+            ..self.rule_error_spec.clone()
+        };
+        let hostname = &self.opts.hostname;
+        let error_spec = &self.rule_error_spec;
+        let labels = || {
+            let mut l = labels(hostname, error_spec, None);
+            l.insert("rule".into(), spec.name.clone());
+            l
+        };
+        let id = InstanceId {
+            key: &key,
+            gpu: None,
+            labels: &labels,
+        };
+        if let Some(ev) = self.book.step(now, &err_spec, &id, outcome) {
+            events.push(ev);
+        }
+    }
+
     fn evaluate(&mut self, now: i64, gpu_rules: bool) -> Vec<AlertEvent> {
         self.last_now_ms = self.last_now_ms.max(now);
         let mut events = Vec::new();
@@ -461,34 +501,7 @@ impl Engine {
                     }
                 }
             }
-            let key = format!("{RULE_ERROR}/{}", spec.name);
-            let outcome = match error {
-                Some(e) => Outcome::Active {
-                    summary: format!("rule {} failed: {e}", spec.name),
-                    annotations: [("error_location".to_string(), e.location())]
-                        .into_iter()
-                        .collect(),
-                },
-                None => Outcome::Inactive,
-            };
-            let err_spec = AlertSpec {
-                source: spec.source.clone(),
-                ..self.rule_error_spec.clone()
-            };
-            let error_spec = &self.rule_error_spec;
-            let labels = || {
-                let mut l = labels(&hostname, error_spec, None);
-                l.insert("rule".into(), spec.name.clone());
-                l
-            };
-            let id = InstanceId {
-                key: &key,
-                gpu: None,
-                labels: &labels,
-            };
-            if let Some(ev) = self.book.step(now, &err_spec, &id, outcome) {
-                events.push(ev);
-            }
+            self.step_rule_error(now, &spec, error, &mut events);
         }
         events
     }
@@ -617,34 +630,7 @@ impl Engine {
                     }
                 }
             }
-            let key = format!("{RULE_ERROR}/{}", spec.name);
-            let outcome = match error {
-                Some(e) => Outcome::Active {
-                    summary: format!("rule {} failed: {e}", spec.name),
-                    annotations: [("error_location".to_string(), e.location())]
-                        .into_iter()
-                        .collect(),
-                },
-                None => Outcome::Inactive,
-            };
-            let err_spec = AlertSpec {
-                source: spec.source.clone(),
-                ..self.rule_error_spec.clone()
-            };
-            let error_spec = &self.rule_error_spec;
-            let labels = || {
-                let mut l = labels(&hostname, error_spec, None);
-                l.insert("rule".into(), spec.name.clone());
-                l
-            };
-            let id = InstanceId {
-                key: &key,
-                gpu: None,
-                labels: &labels,
-            };
-            if let Some(ev) = self.book.step(now_ms, &err_spec, &id, outcome) {
-                events.push(ev);
-            }
+            self.step_rule_error(now_ms, &spec, error, &mut events);
         }
         events
     }
