@@ -344,15 +344,29 @@ mod tests {
         }
     }
 
-    fn spawn(script: &str) -> Child {
-        let child = Command::new("sh")
-            .args(["-c", script])
+    /// Starts `sh -c SCRIPT` in its own process group and returns once the shell has run
+    /// `setup` (e.g. installed its traps), however slow the machine is.
+    fn spawn_after(setup: &str, script: &str) -> Child {
+        use std::io::BufRead;
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                &format!("{setup} echo ready; exec >/dev/null; {script}"),
+            ])
             .process_group(0)
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        // Let the shell install its traps.
-        std::thread::sleep(Duration::from_millis(150));
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
         child
+    }
+
+    fn spawn(script: &str) -> Child {
+        spawn_after("", script)
     }
 
     fn manager(s: KillSection, dir: &std::path::Path) -> KillManager {
@@ -421,7 +435,7 @@ mod tests {
     #[test]
     fn ladder_terms_then_kills_a_child_that_ignores_sigterm() {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = spawn("trap '' TERM; while :; do sleep 0.05; done");
+        let mut child = spawn_after("trap '' TERM;", "while :; do sleep 0.05; done");
         let pid = child.id();
         let gpu_of = HashMap::from([(pid, 1)]);
         let mut m = manager(section(false), dir.path());

@@ -511,12 +511,22 @@ fn my_user() -> String {
 
 /// A process in its own process group that ignores SIGTERM.
 fn runaway() -> Child {
-    let child = Command::new("sh")
-        .args(["-c", "trap '' TERM; while :; do sleep 0.05; done"])
+    use std::io::BufRead;
+    // The shell says when its trap is in place, so a slow machine cannot TERM it too early.
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            "trap '' TERM; echo ready; exec >/dev/null; while :; do sleep 0.05; done",
+        ])
         .process_group(0)
+        .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
     child
 }
 
