@@ -391,10 +391,14 @@ mod tests {
         child: &mut Child,
     ) -> Vec<(AuditDecision, u128)> {
         let start = Instant::now();
+        let start_ms = crate::job::now_ms();
         let mut seen = Vec::new();
         while m.active() > 0 && start.elapsed() < Duration::from_secs(10) {
             for r in m.tick(crate::job::now_ms(), gpu_of) {
-                seen.push((r.decision, start.elapsed().as_millis()));
+                // The ladder's own decision time (what its schedule is about), not when this loop
+                // got to look: a slow tick (fsync of the audit log under load) would skew that.
+                let at = u128::try_from(r.time_ms - start_ms).unwrap_or(0);
+                seen.push((r.decision, at));
             }
             let _ = child.try_wait();
             std::thread::sleep(Duration::from_millis(20));
