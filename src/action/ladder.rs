@@ -156,31 +156,16 @@ impl KillManager {
             out.push(self.record(l, &l.last.clone(), AuditDecision::Exited, what, now_ms));
             return false;
         }
+        // In a dry run every step is recorded as what it would have done.
+        let step = |real, would| if dry { would } else { real };
         let (decision, counting) = match l.phase {
-            Phase::New => (
-                if dry {
-                    AuditDecision::WouldWarn
-                } else {
-                    AuditDecision::Warn
-                },
-                false,
-            ),
-            Phase::Warned(at) if now_ms >= at + grace => (
-                if dry {
-                    AuditDecision::WouldTerm
-                } else {
-                    AuditDecision::Term
-                },
-                true,
-            ),
-            Phase::Termed(at) if now_ms >= at + term_timeout => (
-                if dry {
-                    AuditDecision::WouldKill
-                } else {
-                    AuditDecision::Kill
-                },
-                false,
-            ),
+            Phase::New => (step(AuditDecision::Warn, AuditDecision::WouldWarn), false),
+            Phase::Warned(at) if now_ms >= at + grace => {
+                (step(AuditDecision::Term, AuditDecision::WouldTerm), true)
+            }
+            Phase::Termed(at) if now_ms >= at + term_timeout => {
+                (step(AuditDecision::Kill, AuditDecision::WouldKill), false)
+            }
             Phase::Killed(at) => {
                 if now_ms >= at + term_timeout {
                     let why =
