@@ -64,14 +64,11 @@ impl ActionsSection {
 
 /// A stable hex fingerprint of some strings (FNV-1a 64, fields separated by NUL).
 pub fn fingerprint(parts: &[&str]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.bytes().chain(std::iter::once(0)) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
+    crate::sys::fnv1a64_hex(
+        parts
+            .iter()
+            .flat_map(|p| p.bytes().chain(std::iter::once(0))),
+    )
 }
 
 #[cfg(test)]

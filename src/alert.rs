@@ -20,7 +20,6 @@
 //! The fingerprint is FNV-1a 64 over the sorted identity labels, stable across runs and builds.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -57,6 +56,8 @@ pub struct AlertSpec {
     pub labels: BTreeMap<String, String>,
     /// `file:line` of the rule, for the `rule_file` annotation.
     pub source: String,
+    /// What the rule declared with `action:` (empty for most rules).
+    pub actions: Vec<crate::model::Action>,
 }
 
 /// What one evaluation of a rule for one instance said.
@@ -112,6 +113,12 @@ pub struct AlertInstanceState {
     pub nodata_since_ms: Option<i64>,
     /// Latest annotations (summary, values, rule_file).
     pub annotations: BTreeMap<String, String>,
+    /// The rule's declared actions (refreshed from the spec at every active evaluation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<crate::model::Action>,
+    /// The process the instance is about (process and job scopes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_pid: Option<u32>,
 }
 
 /// The persisted alert state.
@@ -163,19 +170,12 @@ pub struct XidPoint {
 
 /// FNV-1a 64-bit hash of the sorted labels as `name=value\n` lines, in 16 hex digits.
 pub fn fingerprint(labels: &BTreeMap<String, String>) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (k, v) in labels {
-        for b in k
-            .bytes()
+    crate::sys::fnv1a64_hex(labels.iter().flat_map(|(k, v)| {
+        k.bytes()
             .chain(std::iter::once(b'='))
             .chain(v.bytes())
             .chain(std::iter::once(b'\n'))
-        {
-            hash ^= u64::from(b);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{hash:016x}")
+    }))
 }
 
 /// All live alert instances.
@@ -192,6 +192,9 @@ pub struct InstanceId<'a> {
     pub gpu: Option<u32>,
     /// Identity labels (alertname, severity, gpu, uuid, hostname, user labels).
     pub labels: &'a dyn Fn() -> BTreeMap<String, String>,
+    /// The process this instance is about (process and job scopes), the only target an action
+    /// can have.
+    pub target_pid: Option<u32>,
 }
 
 impl AlertBook {
@@ -280,8 +283,11 @@ impl AlertBook {
                         last_notified_ms: None,
                         nodata_since_ms: None,
                         annotations: BTreeMap::new(),
+                        actions: Vec::new(),
+                        target_pid: id.target_pid,
                     }
                 });
+                inst.actions.clone_from(&spec.actions);
                 inst.last_active_ms = now_ms;
                 inst.nodata_since_ms = None;
                 inst.annotations = annotations;
@@ -362,6 +368,8 @@ fn event(inst: &AlertInstanceState, status: AlertStatus, now_ms: i64, repeat: bo
         at_ms: now_ms,
         repeat,
         gpu: inst.gpu,
+        actions: inst.actions.clone(),
+        target_pid: inst.target_pid,
     }
 }
 
@@ -377,22 +385,9 @@ pub fn save_state(dir: &Path, state: &AlertStateFile) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create state dir {}", dir.display()))?;
     let path = state_path(dir);
-    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
     let json = serde_json::to_vec_pretty(state)?;
-    {
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        f.write_all(&json)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        f.sync_all()
-            .with_context(|| format!("cannot sync {}", tmp.display()))?;
-    }
-    std::fs::rename(&tmp, &path)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        // Best effort: not every filesystem lets a directory be synced.
-        let _ = d.sync_all();
-    }
+    crate::sys::write_atomic(&path, &json)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 
@@ -429,6 +424,7 @@ mod tests {
             repeat_ms: repeat_s * 1000,
             labels: BTreeMap::new(),
             source: "rules/gpu_hot.rhai:1".into(),
+            actions: Vec::new(),
         }
     }
 
@@ -458,6 +454,7 @@ mod tests {
             key: "gpu_hot",
             gpu: Some(0),
             labels: &labels,
+            target_pid: None,
         };
         let mut out = Vec::new();
         for (i, c) in pattern.chars().enumerate() {

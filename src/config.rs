@@ -44,7 +44,7 @@ impl Config {
         if !self.daemon.hostname.is_empty() {
             return self.daemon.hostname.clone();
         }
-        crate::engine::local_hostname()
+        crate::sys::hostname()
     }
 }
 

@@ -23,7 +23,7 @@ use crate::config::{self, Config};
 use crate::engine::{Engine, EngineOptions};
 use crate::model::{AlertEvent, DeviceId, ProcSample, Snapshot};
 use crate::notify::dispatcher::{Dispatcher, Input};
-use crate::notify::now_ms;
+use crate::sys::now_ms;
 use crate::notify::settings::NotifySettings;
 use crate::rules::{default_rule_paths, RuleSet, RulesConfig};
 use crate::sampler::{Sampler, Ticker};
@@ -141,7 +141,7 @@ pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i
         .spawn(move || read_events(&source, &tx))?;
     loop {
         // The process is alive and reading: that is "healthy" for the dead-man heartbeat.
-        dispatcher.send(Input::Healthy(crate::notify::now_ms()));
+        dispatcher.send(Input::Healthy(crate::sys::now_ms()));
         let msg = match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(m) => m,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,

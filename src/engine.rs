@@ -33,6 +33,7 @@ use crate::alert::{
     AlertBook, AlertSpec, AlertStateFile, CounterPoint, GpuCarry, InstanceId, Outcome, XidPoint,
 };
 use crate::model::{AlertEvent, GpuSample, Metric, MetricKind, Severity, Snapshot};
+use std::borrow::Cow;
 use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet, RulesConfig};
 use crate::window::GpuHistory;
 
@@ -74,19 +75,6 @@ impl EngineOptions {
     }
 }
 
-/// The host name from the OS (`gethostname`), or `localhost`. Call it outside the engine.
-pub fn local_hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success or
-    // truncates, and we stop at the first NUL or the end.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
 /// Name of the alert a failing rule raises.
 pub const RULE_ERROR: &str = "rule_error";
 
@@ -102,6 +90,10 @@ pub struct Engine {
     first_seen_ms: Option<i64>,
     /// Per rule (same order as `rules`): when it was last evaluated.
     last_eval_ms: Vec<Option<i64>>,
+    /// Per rule: its record of evaluations over the time budget.
+    overrun: Vec<Overrun>,
+    /// Evaluation order: per-sample (event) rules first, then windowed ones, each in file order.
+    order: Vec<usize>,
     last_now_ms: i64,
     recent_snapshots: VecDeque<i64>,
     rule_error_spec: AlertSpec,
@@ -114,6 +106,8 @@ impl Engine {
     pub fn new(rules: RuleSet, opts: EngineOptions) -> Self {
         Engine {
             last_eval_ms: vec![None; rules.len()],
+            overrun: vec![Overrun::default(); rules.len()],
+            order: evaluation_order(&rules),
             rules,
             opts,
             gpus: BTreeMap::new(),
@@ -132,6 +126,7 @@ impl Engine {
                 repeat_ms: 0,
                 labels: BTreeMap::new(),
                 source: "gpuwatch".into(),
+                actions: Vec::new(),
             },
         }
     }
@@ -231,6 +226,8 @@ impl Engine {
             .iter()
             .map(|n| previous.get(n.as_str()).copied().flatten())
             .collect();
+        self.overrun = vec![Overrun::default(); rules.len()];
+        self.order = evaluation_order(&rules);
         self.rules = rules;
         let now = self.last_now_ms;
         self.book.retain_keys(now, |key| {
@@ -413,29 +410,71 @@ impl Engine {
             source: spec.source.clone(),
             ..self.rule_error_spec.clone()
         };
-        let hostname = &self.opts.hostname;
-        let error_spec = &self.rule_error_spec;
-        let labels = || {
-            let mut l = labels(hostname, error_spec, None);
-            l.insert("rule".into(), spec.name.clone());
-            l
-        };
-        let id = InstanceId {
+        let subject = Subject {
             key: &key,
             gpu: None,
-            labels: &labels,
+            extra: vec![("rule", spec.name.clone())],
+            target_pid: None,
         };
-        if let Some(ev) = self.book.step(now, &err_spec, &id, outcome) {
-            events.push(ev);
+        let hostname = &self.opts.hostname;
+        events.extend(step(&mut self.book, hostname, now, &err_spec, &subject, outcome, None));
+    }
+
+    /// Whether rule `idx` is suspended at `now_ms` for exceeding its time budget; when a
+    /// suspension has just ended, the rule gets one more try before the next, longer one.
+    fn suspended(&mut self, idx: usize, now_ms: i64) -> bool {
+        let Some(o) = self.overrun.get_mut(idx) else {
+            return false;
+        };
+        match o.suspended_until_ms {
+            Some(until) if now_ms < until => true,
+            Some(_) => {
+                o.suspended_until_ms = None;
+                o.strikes = SUSPEND_AFTER.saturating_sub(1);
+                false
+            }
+            None => false,
         }
+    }
+
+    /// Books the budget outcome of one evaluation of rule `idx`: a clean run clears its record;
+    /// [`SUSPEND_AFTER`] evaluations in a row over budget suspend it (60 s, doubling up to 1 h)
+    /// and say so in the error.
+    fn note_budget(&mut self, idx: usize, now_ms: i64, error: Option<RuleError>) -> Option<RuleError> {
+        let o = self.overrun.get_mut(idx)?;
+        let Some(mut e) = error else {
+            *o = Overrun::default();
+            return None;
+        };
+        if !e.over_budget {
+            o.strikes = 0;
+            return Some(e);
+        }
+        o.strikes += 1;
+        if o.strikes >= SUSPEND_AFTER {
+            o.backoff_ms = if o.backoff_ms == 0 {
+                FIRST_SUSPENSION_MS
+            } else {
+                (o.backoff_ms * 2).min(MAX_SUSPENSION_MS)
+            };
+            o.suspended_until_ms = Some(now_ms + o.backoff_ms);
+            o.strikes = 0;
+            e.message = format!(
+                "{}; suspended for {} s after {SUSPEND_AFTER} evaluations in a row over budget \
+                 (the other rules keep running)",
+                e.message,
+                o.backoff_ms / 1000
+            );
+            tracing::warn!(rule = %self.rules.rules()[idx].spec.name, "{e}");
+        }
+        Some(e)
     }
 
     fn evaluate(&mut self, now: i64, gpu_rules: bool) -> Vec<AlertEvent> {
         self.last_now_ms = self.last_now_ms.max(now);
         let mut events = Vec::new();
         let present = self.present.clone();
-        let hostname = self.opts.hostname.clone();
-        for idx in 0..self.rules.len() {
+        for idx in self.order.clone() {
             let scope = self.rules.rules()[idx].scope;
             // Job rules run in `evaluate_job`; per-GPU and process rules need a snapshot. A rule
             // not due at this instant is skipped with its alert instances untouched.
@@ -444,73 +483,94 @@ impl Engine {
                 RuleScope::Gpu | RuleScope::Process => gpu_rules,
                 RuleScope::Host => true,
             };
-            if !runs || !self.rule_due(idx, now) {
+            if !runs || self.suspended(idx, now) || !self.rule_due(idx, now) {
                 continue;
             }
-            let rule = &self.rules.rules()[idx];
-            let spec = rule.spec.clone();
-            let mut error: Option<RuleError> = None;
-            match rule.scope {
-                RuleScope::Gpu => {
-                    for index in &present {
-                        let Some(hist) = self.gpus.get(index).cloned() else {
-                            continue;
-                        };
-                        let result = self.rules.eval_gpu(idx, &hist, now);
-                        let outcome = match result {
-                            EvalResult::Error(e) => {
-                                error.get_or_insert(e);
-                                continue;
-                            }
-                            other => to_outcome(other),
-                        };
-                        let (outcome, spec) = severity_override(outcome, &spec);
-                        let labels = || labels(&hostname, &spec, Some(&hist));
-                        let id = InstanceId {
-                            key: &spec.name,
-                            gpu: Some(*index),
-                            labels: &labels,
-                        };
-                        if let Some(ev) = self.book.step(now, &spec, &id, outcome) {
-                            events.push(ev);
-                        }
-                    }
-                }
-                // Job rules run in `evaluate_job`, with their own rule-error bookkeeping.
-                RuleScope::Job => continue,
-                RuleScope::Process => {
-                    let err = self.evaluate_processes(idx, now, &present, &mut events);
-                    error = error.or(err);
-                }
+            let error = match scope {
+                RuleScope::Gpu => self.evaluate_gpus(idx, now, &present, &mut events),
+                RuleScope::Process => self.evaluate_processes(idx, now, &present, &mut events),
                 RuleScope::Host => {
                     let host = self.host_handle(now);
-                    match self.rules.eval_host(idx, host) {
-                        EvalResult::Error(e) => error = Some(e),
-                        other => {
-                            let (outcome, spec) = severity_override(to_outcome(other), &spec);
-                            let labels = || labels(&hostname, &spec, None);
-                            let id = InstanceId {
-                                key: &spec.name,
-                                gpu: None,
-                                labels: &labels,
-                            };
-                            if let Some(ev) = self.book.step(now, &spec, &id, outcome) {
-                                events.push(ev);
-                            }
-                        }
-                    }
+                    let result = self.rules.eval_host(idx, host);
+                    self.step_result(idx, now, result, Subject::plain(), &mut events)
                 }
-            }
+                RuleScope::Job => continue,
+            };
+            let error = self.note_budget(idx, now, error);
+            let spec = self.rules.rules()[idx].spec.clone();
             self.step_rule_error(now, &spec, error, &mut events);
         }
         events
+    }
+
+    /// Steps the instance `subject` of rule `idx` with one evaluation's `result`; returns the
+    /// error when the evaluation failed (the instance is then left as it was).
+    fn step_result(
+        &mut self,
+        idx: usize,
+        now: i64,
+        result: EvalResult,
+        subject: Subject<'_>,
+        events: &mut Vec<AlertEvent>,
+    ) -> Option<RuleError> {
+        let (outcome, severity) = match result {
+            EvalResult::Error(e) => return Some(e),
+            EvalResult::Fire {
+                summary,
+                annotations,
+                severity,
+            } => (
+                Outcome::Active {
+                    summary,
+                    annotations,
+                },
+                severity,
+            ),
+            EvalResult::Quiet => (Outcome::Inactive, None),
+            EvalResult::NoData => (Outcome::NoData, None),
+        };
+        let spec = &self.rules.rules()[idx].spec;
+        let hostname = &self.opts.hostname;
+        events.extend(step(&mut self.book, hostname, now, spec, &subject, outcome, severity));
+        None
+    }
+
+    /// Evaluates GPU-scope rule `idx` for every present GPU. An evaluation over the time
+    /// budget stops the rule for this tick (its other GPUs keep their state). Returns the
+    /// first script error.
+    fn evaluate_gpus(
+        &mut self,
+        idx: usize,
+        now: i64,
+        present: &[u32],
+        events: &mut Vec<AlertEvent>,
+    ) -> Option<RuleError> {
+        let mut error: Option<RuleError> = None;
+        for index in present {
+            let Some(hist) = self.gpus.get(index).cloned() else {
+                continue;
+            };
+            let result = self.rules.eval_gpu(idx, &hist, now);
+            let name = self.rules.rules()[idx].spec.name.clone();
+            if let Some(e) = self.step_result(idx, now, result, Subject::gpu(&name, &hist), events) {
+                let stop = e.over_budget;
+                if error.as_ref().is_none_or(|prev| !prev.over_budget && stop) {
+                    error = Some(e);
+                }
+                if stop {
+                    break;
+                }
+            }
+        }
+        error
     }
 }
 
 impl Engine {
     /// Evaluates process-scope rule `idx` for every process in the latest process list of each
-    /// present GPU. Instances are keyed `rule/gpuN/pid:P`; those of processes that left the list
-    /// resolve. Returns the first script error.
+    /// present GPU. Instances are keyed `rule/gpuN/pid:P`, labelled with `pid` (and `user`) and
+    /// target that process; those of processes that left the list resolve. Returns the first
+    /// script error.
     fn evaluate_processes(
         &mut self,
         idx: usize,
@@ -518,42 +578,42 @@ impl Engine {
         present: &[u32],
         events: &mut Vec<AlertEvent>,
     ) -> Option<RuleError> {
-        let spec = self.rules.rules()[idx].spec.clone();
-        let hostname = self.opts.hostname.clone();
-        let prefix = format!("{}/gpu", spec.name);
+        let prefix = format!("{}/gpu", self.rules.rules()[idx].spec.name);
         let mut seen = std::collections::BTreeSet::new();
-        let mut error = None;
-        for index in present {
+        let mut error: Option<RuleError> = None;
+        'gpus: for index in present {
             let Some(hist) = self.gpus.get(index).cloned() else {
                 continue;
             };
             for p in &hist.processes {
                 let mut handle = crate::action::script::ProcessHandle::new(p.clone());
                 handle.gpu_series = rhai::Dynamic::from(GpuHandle::new(hist.clone(), now));
-                let outcome = match self.rules.eval_process(idx, handle) {
-                    EvalResult::Error(e) => {
-                        error.get_or_insert(e);
-                        continue;
-                    }
-                    other => to_outcome(other),
-                };
-                let (outcome, spec) = severity_override(outcome, &spec);
+                let result = self.rules.eval_process(idx, handle);
                 let key = format!("{prefix}{index}/pid:{}", p.pid);
-                let labels = || {
-                    let mut l = labels(&hostname, &spec, Some(&hist));
-                    l.insert("pid".into(), p.pid.to_string());
-                    if let Some(u) = &p.user {
-                        l.insert("user".into(), u.clone());
-                    }
-                    l
-                };
-                let id = InstanceId {
+                let mut extra = vec![("pid", p.pid.to_string())];
+                if let Some(u) = &p.user {
+                    extra.push(("user", u.clone()));
+                }
+                let subject = Subject {
                     key: &key,
-                    gpu: Some(*index),
-                    labels: &labels,
+                    gpu: Some(&hist),
+                    extra,
+                    target_pid: Some(p.pid),
                 };
-                if let Some(ev) = self.book.step(now, &spec, &id, outcome) {
-                    events.push(ev);
+                if let Some(e) = self.step_result(idx, now, result, subject, events) {
+                    let stop = e.over_budget;
+                    error.get_or_insert(e);
+                    if stop {
+                        // Keep the instances not evaluated this tick as they are.
+                        seen.extend(
+                            self.book
+                                .instances()
+                                .filter(|i| i.key.starts_with(&prefix))
+                                .map(|i| i.key.clone()),
+                        );
+                        break 'gpus;
+                    }
+                    continue;
                 }
                 seen.insert(key);
             }
@@ -569,12 +629,11 @@ impl Engine {
     /// `attach`, at `now_ms` (no evaluation-interval slotting: the final sample of an ended job is
     /// always evaluated). `job.gpus` are the GPUs whose latest process list holds one of the
     /// job's PIDs, or every present GPU when none does (no process list, or a PID namespace).
-    /// Instances are keyed `rule/job:PID` and labelled with `pid`; firing alerts carry the
-    /// job's command and progress as annotations `job` and `progress`.
+    /// Instances are keyed `rule/job:PID`, labelled with `pid` and target the job's process;
+    /// firing alerts carry the job's command and progress as annotations `job` and `progress`.
     pub fn evaluate_job(&mut self, job: &crate::job::JobSample, now_ms: i64) -> Vec<AlertEvent> {
         self.last_now_ms = self.last_now_ms.max(now_ms);
         let mut events = Vec::new();
-        let hostname = self.opts.hostname.clone();
         let pids: std::collections::HashSet<u32> =
             job.pids.iter().copied().chain([job.pid]).collect();
         let mut on: Vec<u32> = self
@@ -596,44 +655,126 @@ impl Engine {
             .map(|h| rhai::Dynamic::from(GpuHandle::new(h.clone(), now_ms)))
             .collect();
         let progress = job.progress.describe();
-        for idx in 0..self.rules.len() {
-            let rule = &self.rules.rules()[idx];
-            if rule.scope != RuleScope::Job {
+        for idx in self.order.clone() {
+            if self.rules.rules()[idx].scope != RuleScope::Job || self.suspended(idx, now_ms) {
                 continue;
             }
-            let spec = rule.spec.clone();
             let mut handle = crate::job::script::JobHandle::new(job.clone(), on.clone());
             handle.gpu_handles = handles.clone();
-            let mut error = None;
-            match self.rules.eval_job(idx, handle) {
-                EvalResult::Error(e) => error = Some(e),
-                other => {
-                    let mut outcome = to_outcome(other);
-                    if let Outcome::Active { annotations, .. } = &mut outcome {
-                        annotations.insert("job".into(), job.command.clone());
-                        annotations.insert("progress".into(), progress.clone());
-                    }
-                    let (outcome, spec) = severity_override(outcome, &spec);
-                    let key = format!("{}/job:{}", spec.name, job.pid);
-                    let labels = || {
-                        let mut l = labels(&hostname, &spec, None);
-                        l.insert("pid".into(), job.pid.to_string());
-                        l
-                    };
-                    let id = InstanceId {
-                        key: &key,
-                        gpu: None,
-                        labels: &labels,
-                    };
-                    if let Some(ev) = self.book.step(now_ms, &spec, &id, outcome) {
-                        events.push(ev);
-                    }
-                }
+            let mut result = self.rules.eval_job(idx, handle);
+            if let EvalResult::Fire { annotations, .. } = &mut result {
+                annotations.insert("job".into(), job.command.clone());
+                annotations.insert("progress".into(), progress.clone());
             }
+            let key = format!("{}/job:{}", self.rules.rules()[idx].spec.name, job.pid);
+            let subject = Subject {
+                key: &key,
+                gpu: None,
+                extra: vec![("pid", job.pid.to_string())],
+                target_pid: Some(job.pid),
+            };
+            let error = self.step_result(idx, now_ms, result, subject, &mut events);
+            let error = self.note_budget(idx, now_ms, error);
+            let spec = self.rules.rules()[idx].spec.clone();
             self.step_rule_error(now_ms, &spec, error, &mut events);
         }
         events
     }
+}
+
+/// Evaluations in a row over the time budget that suspend a rule.
+pub const SUSPEND_AFTER: u32 = 3;
+/// First suspension of a rule that keeps exceeding its budget, ms (then doubling).
+pub const FIRST_SUSPENSION_MS: i64 = 60_000;
+/// Longest suspension, ms.
+pub const MAX_SUSPENSION_MS: i64 = 3_600_000;
+
+/// One rule's record of evaluations over the time budget.
+#[derive(Debug, Clone, Copy, Default)]
+struct Overrun {
+    /// Evaluations in a row over budget.
+    strikes: u32,
+    /// Suspended until this time (sample clock), ms.
+    suspended_until_ms: Option<i64>,
+    /// The current suspension length, ms (0 = never suspended since the last clean run).
+    backoff_ms: i64,
+}
+
+/// Per-sample rules (no `every`: lost GPU, XID, ECC, …) first, then windowed ones.
+fn evaluation_order(rules: &RuleSet) -> Vec<usize> {
+    let (mut first, rest): (Vec<usize>, Vec<usize>) =
+        (0..rules.len()).partition(|i| rules.rules()[*i].per_sample);
+    first.extend(rest);
+    first
+}
+
+/// What an alert instance is about: its key, GPU, extra identity labels and target process.
+struct Subject<'a> {
+    key: &'a str,
+    gpu: Option<&'a GpuHistory>,
+    extra: Vec<(&'static str, String)>,
+    target_pid: Option<u32>,
+}
+
+impl<'a> Subject<'a> {
+    /// A host-wide instance keyed by the rule name.
+    fn plain() -> Subject<'a> {
+        Subject {
+            key: "",
+            gpu: None,
+            extra: Vec::new(),
+            target_pid: None,
+        }
+    }
+
+    /// The instance of rule `name` for one GPU.
+    fn gpu(name: &'a str, hist: &'a GpuHistory) -> Subject<'a> {
+        Subject {
+            key: name,
+            gpu: Some(hist),
+            extra: Vec::new(),
+            target_pid: None,
+        }
+    }
+}
+
+/// The one "severity → labels → instance → step" sequence: steps the instance `subject` of the
+/// rule `spec` with `outcome` (a severity returned by the check applies to a new instance).
+fn step(
+    book: &mut AlertBook,
+    hostname: &str,
+    now: i64,
+    spec: &AlertSpec,
+    subject: &Subject<'_>,
+    outcome: Outcome,
+    severity: Option<Severity>,
+) -> Option<AlertEvent> {
+    let spec = match severity {
+        Some(severity) if severity != spec.severity => Cow::Owned(AlertSpec {
+            severity,
+            ..spec.clone()
+        }),
+        _ => Cow::Borrowed(spec),
+    };
+    let labels = || {
+        let mut l = labels(hostname, &spec, subject.gpu);
+        for (k, v) in &subject.extra {
+            l.insert((*k).to_string(), v.clone());
+        }
+        l
+    };
+    let key = if subject.key.is_empty() {
+        spec.name.as_str()
+    } else {
+        subject.key
+    };
+    let id = InstanceId {
+        key,
+        gpu: subject.gpu.map(|h| h.id.index),
+        labels: &labels,
+        target_pid: subject.target_pid,
+    };
+    book.step(now, &spec, &id, outcome)
 }
 
 /// The counter metrics of the metric table.
@@ -731,52 +872,6 @@ pub fn replay<E>(
         }
     }
     Ok(stats)
-}
-
-/// A check may return `#{ summary, severity }`: the severity applies to a new instance.
-fn severity_override<'a>(
-    outcome: Outcome,
-    spec: &'a AlertSpec,
-) -> (Outcome, std::borrow::Cow<'a, AlertSpec>) {
-    match outcome {
-        Outcome::Active {
-            summary,
-            mut annotations,
-        } => {
-            let sev = annotations
-                .remove("severity")
-                .and_then(|s| Severity::parse(&s));
-            let spec = match sev {
-                Some(severity) if severity != spec.severity => std::borrow::Cow::Owned(AlertSpec {
-                    severity,
-                    ..spec.clone()
-                }),
-                _ => std::borrow::Cow::Borrowed(spec),
-            };
-            (
-                Outcome::Active {
-                    summary,
-                    annotations,
-                },
-                spec,
-            )
-        }
-        other => (other, std::borrow::Cow::Borrowed(spec)),
-    }
-}
-
-fn to_outcome(r: EvalResult) -> Outcome {
-    match r {
-        EvalResult::Fire {
-            summary,
-            annotations,
-        } => Outcome::Active {
-            summary,
-            annotations,
-        },
-        EvalResult::Quiet | EvalResult::Error(_) => Outcome::Inactive,
-        EvalResult::NoData => Outcome::NoData,
-    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
+
+pub use crate::sys::{now_ms, parse_stat, read_cmdline, read_stat, ProcStat};
+use crate::sys::hostname;
 use serde::{Deserialize, Serialize};
 
 pub use follow::LogFollower;
@@ -179,23 +182,6 @@ pub trait JobObserver {
 #[derive(Debug, Default)]
 pub struct NoObserver;
 impl JobObserver for NoObserver {}
-
-/// Current time, UTC ms.
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
-/// This host's name.
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
 
 /// State shared between the pump threads and the main loop.
 struct Shared {
@@ -549,51 +535,6 @@ pub fn process_tree(root: u32) -> HashSet<u32> {
             return tree;
         }
     }
-}
-
-/// The fields of `/proc/PID/stat` gpuwatch uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcStat {
-    /// State letter (`R`, `S`, `Z`, …).
-    pub state: char,
-    /// Parent PID.
-    pub ppid: u32,
-    /// Process group.
-    pub pgid: u32,
-    /// Start time in clock ticks since boot (identifies the process across PID reuse).
-    pub start_ticks: u64,
-    /// Field 52 `exit_code` (raw wait status), readable for zombies by permitted readers.
-    pub exit_code: Option<i32>,
-}
-
-/// Parses a `/proc/PID/stat` line (the command may contain spaces and parentheses).
-pub fn parse_stat(text: &str) -> Option<ProcStat> {
-    let rest = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // f[0] is field 3 (state); field N is f[N - 3].
-    Some(ProcStat {
-        state: f.first()?.chars().next()?,
-        ppid: f.get(1)?.parse().ok()?,
-        pgid: f.get(2)?.parse().ok()?,
-        start_ticks: f.get(19)?.parse().ok()?,
-        exit_code: f.get(49).and_then(|s| s.parse().ok()),
-    })
-}
-
-/// Reads `/proc/PID/stat`.
-pub fn read_stat(pid: u32) -> Option<ProcStat> {
-    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
-}
-
-/// The command line of `pid` as arguments.
-pub fn read_cmdline(pid: u32) -> Option<Vec<String>> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let args: Vec<String> = raw
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
-    (!args.is_empty()).then_some(args)
 }
 
 /// Waits for a process that is not our child. Uses a pidfd when the kernel has one, otherwise

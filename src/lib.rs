@@ -16,5 +16,6 @@ pub mod notify;
 pub mod record;
 pub mod rules;
 pub mod sampler;
+pub mod sys;
 pub mod trace;
 pub mod window;

@@ -494,7 +494,7 @@ pub struct AlertEvent {
     pub status: AlertStatus,
     /// Identity labels: `alertname`, `severity`, `gpu`, `uuid`, `hostname`, rule labels.
     pub labels: std::collections::BTreeMap<String, String>,
-    /// Free text: `summary`, `description`, `rule_file`, `values`, `action`.
+    /// Presentation only: `summary`, `description`, `rule_file`, `values`, `next_steps`.
     pub annotations: std::collections::BTreeMap<String, String>,
     /// When the alert started firing, UTC ms.
     pub starts_at_ms: i64,
@@ -506,6 +506,48 @@ pub struct AlertEvent {
     pub repeat: bool,
     /// GPU index for per-GPU alerts.
     pub gpu: Option<u32>,
+    /// What gpuwatch does besides notifying, as the rule declared it (`action:`). Only a rule's
+    /// declaration sets this; nothing a check returns can.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<Action>,
+    /// The process an action targets: set only by process- and job-scope rules (the process or
+    /// job the instance is about), never from labels or annotations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_pid: Option<u32>,
+}
+
+/// A control decision a rule declares with `action:`. Travels as this type from the rule to the
+/// action runner; annotations and labels are presentation only and can never request one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Stop the target process through `[actions.kill]` (process and job rules only).
+    Kill,
+    /// Run the `[[actions.exec]]` entry with this name.
+    Exec(String),
+}
+
+impl Action {
+    /// Parses one part of a rule's `action:` (`"kill"` or `"exec:NAME"`).
+    pub fn parse(s: &str) -> Option<Action> {
+        match s.trim() {
+            "kill" => Some(Action::Kill),
+            other => other
+                .strip_prefix("exec:")
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(|n| Action::Exec(n.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Kill => f.write_str("kill"),
+            Action::Exec(name) => write!(f, "exec:{name}"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -197,10 +197,7 @@ pub fn rfc3339_ms(ms: i64) -> String {
     )
 }
 
-/// Wall clock, UTC ms (only the I/O layers read it; the grouping logic takes it as input).
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
+pub use crate::sys::now_ms;
 
 #[cfg(test)]
 pub(crate) mod testdata {
@@ -225,7 +222,7 @@ pub(crate) mod testdata {
         );
         annotations.insert("values".into(), "xid=79".into());
         annotations.insert(
-            "action".into(),
+            "next_steps".into(),
             "Drain the node and reboot it; reseat or RMA the GPU if it recurs.".into(),
         );
         AlertEvent {
@@ -240,6 +237,8 @@ pub(crate) mod testdata {
             at_ms: 1_796_224_800_000,
             repeat: false,
             gpu: Some(gpu),
+            actions: Vec::new(),
+            target_pid: None,
         }
     }
 

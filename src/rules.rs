@@ -25,12 +25,35 @@ use serde::Deserialize;
 
 use crate::alert::AlertSpec;
 use crate::config::parse_duration_ms;
-use crate::model::Severity;
+use crate::model::{Action, Severity};
 use crate::window::GpuHistory;
 pub use api::{GpuHandle, HostHandle};
 
 /// Operation budget of one evaluation of one rule.
 pub const MAX_OPERATIONS: u64 = 200_000;
+
+/// Default wall-clock budget of one evaluation of one rule (`[rules] budget`).
+pub const DEFAULT_BUDGET_MS: i64 = 50;
+
+/// Wall-clock limit for running one rule file's top level at load time.
+pub const LOAD_BUDGET_MS: i64 = 2_000;
+
+/// Labels a rule may not set: identity labels gpuwatch sets itself, and `pid` / `action`, which
+/// could otherwise pass for a control decision.
+pub const RESERVED_LABELS: &[&str] = &[
+    "alertname",
+    "severity",
+    "gpu",
+    "uuid",
+    "hostname",
+    "rule",
+    "pid",
+    "action",
+];
+
+/// Keys a check's returned map may not contain: control decisions travel only as the rule's
+/// declared `action:` and the scope's own target.
+pub const RESERVED_RESULT_KEYS: &[&str] = &["pid", "action", "actions", "target_pid"];
 
 /// Longest accepted `every` of a rule.
 pub const MAX_EVERY_MS: i64 = 24 * 3600 * 1000;
@@ -52,6 +75,10 @@ pub struct RulesConfig {
     /// Minimum history to keep per metric (default: the longest duration literal in the rules,
     /// at least 15 min).
     pub retention: Option<String>,
+    /// Wall-clock budget of one evaluation of one rule (default `"50ms"`): an evaluation that
+    /// runs longer is stopped and raises `rule_error`; a rule that keeps exceeding it is
+    /// suspended with backoff.
+    pub budget: Option<String>,
 }
 
 /// Default evaluation interval for the daemon, `replay` and `test`: every snapshot. Rules whose
@@ -64,6 +91,20 @@ impl RulesConfig {
         self.eval_interval
             .as_deref()
             .map_or(Ok(DEFAULT_EVAL_INTERVAL_MS), parse_duration_ms)
+    }
+
+    /// The per-evaluation time budget in ms (1 ms to 10 s).
+    pub fn budget_ms(&self) -> Result<i64, String> {
+        let ms = self
+            .budget
+            .as_deref()
+            .map_or(Ok(DEFAULT_BUDGET_MS), parse_duration_ms)?;
+        if !(1..=10_000).contains(&ms) {
+            return Err(format!(
+                "[rules] budget = {ms} ms is out of range (1ms to 10s)"
+            ));
+        }
+        Ok(ms)
     }
 }
 
@@ -78,6 +119,8 @@ pub struct RuleError {
     pub column: usize,
     /// What went wrong.
     pub message: String,
+    /// True when the evaluation was stopped for exceeding its wall-clock budget.
+    pub over_budget: bool,
 }
 
 impl fmt::Display for RuleError {
@@ -102,7 +145,13 @@ impl RuleError {
             line: pos.line().unwrap_or(0),
             column: pos.position().unwrap_or(0),
             message: message.into(),
+            over_budget: false,
         }
+    }
+
+    /// A plain error about a file or directory as a whole.
+    pub fn file(file: &str, message: impl Into<String>) -> Self {
+        RuleError::at(file, Position::NONE, message)
     }
 
     /// `file:line`, for alert annotations.
@@ -139,9 +188,9 @@ pub struct Rule {
     /// `every:` — evaluate this rule only when `floor(t / every)` changes (overrides
     /// `[rules] eval_interval`); `None` follows the global interval. Not allowed on job rules.
     pub every_ms: Option<i64>,
-    /// `action:` — what to do besides notifying while it fires: `"kill"` (process and job
-    /// rules, under `[actions.kill]`) and/or `"exec:NAME"`, comma-separated.
-    pub action: Option<String>,
+    /// Whether it runs at every sample (no `every`, cadence 0 in the default config): such rules
+    /// (lost GPU, XID, ECC) are evaluated before windowed ones at each tick.
+    pub per_sample: bool,
     check: FnPtr,
     ast: Arc<AST>,
     params: Arc<Map>,
@@ -154,8 +203,10 @@ pub enum EvalResult {
     Fire {
         /// Summary.
         summary: String,
-        /// Extra annotations.
+        /// Extra annotations (presentation only).
         annotations: BTreeMap<String, String>,
+        /// A severity the check returned for this instance (`#{ severity: .. }`).
+        severity: Option<Severity>,
     },
     /// It does not.
     Quiet,
@@ -172,7 +223,61 @@ pub struct RuleSet {
     rules: Vec<Rule>,
     files: Vec<PathBuf>,
     retention_ms: i64,
+    budget_ms: i64,
     param_keys: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// When the evaluation running on a thread must stop.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    /// The budget, in the evaluating thread's CPU time (ns): the time the rule itself spends,
+    /// so a busy machine that preempts the thread does not fail a healthy rule.
+    cpu_ns: u64,
+    /// A hard wall-clock cap ([`WALL_CAP_FACTOR`] × the budget).
+    wall: std::time::Instant,
+}
+
+/// The wall-clock cap of an evaluation, as a multiple of its budget.
+pub const WALL_CAP_FACTOR: u32 = 10;
+
+thread_local! {
+    static DEADLINE: std::cell::Cell<Option<Deadline>> = const { std::cell::Cell::new(None) };
+}
+
+/// The termination token the progress callback returns when the budget is spent.
+const OVER_BUDGET: &str = "gpuwatch: time budget exceeded";
+
+/// Runs `f` with a time budget of `budget_ms` from now on this thread.
+fn with_deadline<T>(budget_ms: i64, f: impl FnOnce() -> T) -> T {
+    let budget = std::time::Duration::from_millis(budget_ms.max(1).unsigned_abs());
+    let cpu_ns = crate::sys::thread_cpu_ns().saturating_add(
+        u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX),
+    );
+    let wall = std::time::Instant::now() + budget * WALL_CAP_FACTOR;
+    DEADLINE.with(|d| d.set(Some(Deadline { cpu_ns, wall })));
+    let out = f();
+    DEADLINE.with(|d| d.set(None));
+    out
+}
+
+/// True when the evaluation running on this thread is past its deadline.
+fn past_deadline() -> bool {
+    DEADLINE.with(|d| {
+        d.get().is_some_and(|d| {
+            crate::sys::thread_cpu_ns() >= d.cpu_ns || std::time::Instant::now() >= d.wall
+        })
+    })
+}
+
+/// True when `err` (or the error inside a function call) is the budget's termination.
+fn is_over_budget(err: &EvalAltResult) -> bool {
+    match err {
+        EvalAltResult::ErrorInFunctionCall(_, _, inner, _) => is_over_budget(inner),
+        EvalAltResult::ErrorTerminated(token, _) => {
+            token.read_lock::<rhai::ImmutableString>().is_some_and(|t| t.as_str() == OVER_BUDGET)
+        }
+        _ => false,
+    }
 }
 
 impl fmt::Debug for RuleSet {
@@ -209,6 +314,14 @@ fn new_engine(collector: Collector) -> Engine {
         .set_max_functions(256)
         .set_strict_variables(true)
         .disable_symbol("eval");
+    // Bounded operations are not bounded time (one operation can copy 64 KiB): every 256
+    // operations the evaluation checks its deadline.
+    engine.on_progress(|ops| {
+        if ops % 256 != 0 || !past_deadline() {
+            return None;
+        }
+        Some(Dynamic::from(rhai::ImmutableString::from(OVER_BUDGET)))
+    });
     engine.on_print(|s| tracing::info!(target: "gpuwatch::rules", "{s}"));
     engine.on_debug(|s, src, pos| {
         tracing::debug!(target: "gpuwatch::rules", "{}:{pos}: {s}", src.unwrap_or("rule"));
@@ -260,22 +373,18 @@ pub fn rule_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Vec<RuleError>> {
                     found.sort();
                     files.extend(found);
                 }
-                Err(e) => errors.push(RuleError {
-                    file: p.display().to_string(),
-                    line: 0,
-                    column: 0,
-                    message: format!("cannot read rule directory: {e}"),
-                }),
+                Err(e) => errors.push(RuleError::file(
+                    &p.display().to_string(),
+                    format!("cannot read rule directory: {e}"),
+                )),
             }
         } else if p.is_file() {
             files.push(p.clone());
         } else {
-            errors.push(RuleError {
-                file: p.display().to_string(),
-                line: 0,
-                column: 0,
-                message: "no such rule file or directory".into(),
-            });
+            errors.push(RuleError::file(
+                &p.display().to_string(),
+                "no such rule file or directory",
+            ));
         }
     }
     if errors.is_empty() {
@@ -422,17 +531,20 @@ fn build_rule(
             )))
         }
     };
-    let action = get_str(&reg.def, "action").map_err(&err)?;
-    if let Some(a) = &action {
+    let mut actions = Vec::new();
+    if let Some(a) = get_str(&reg.def, "action").map_err(&err)? {
         for part in a.split(',').map(str::trim) {
-            let ok = match part {
-                "kill" => matches!(scope, RuleScope::Process | RuleScope::Job),
-                p => p.strip_prefix("exec:").is_some_and(|n| !n.is_empty()),
-            };
-            if !ok {
-                return Err(err(format!(
-                    "action {part:?}: expected \"kill\" (process or job rules only) or \"exec:NAME\""
-                )));
+            let action = Action::parse(part).filter(|action| {
+                *action != Action::Kill || matches!(scope, RuleScope::Process | RuleScope::Job)
+            });
+            match action {
+                Some(action) if !actions.contains(&action) => actions.push(action),
+                Some(_) => {}
+                None => {
+                    return Err(err(format!(
+                        "action {part:?}: expected \"kill\" (process or job rules only) or \"exec:NAME\""
+                    )))
+                }
             }
         }
     }
@@ -464,11 +576,11 @@ fn build_rule(
             .read_lock::<Map>()
             .ok_or_else(|| err("`labels` must be a map".into()))?;
         for (k, v) in map.iter() {
-            if matches!(
-                k.as_str(),
-                "alertname" | "severity" | "gpu" | "uuid" | "hostname" | "rule"
-            ) {
-                return Err(err(format!("label `{k}` is reserved")));
+            if RESERVED_LABELS.contains(&k.as_str()) {
+                return Err(err(format!(
+                    "label `{k}` is reserved (gpuwatch sets {})",
+                    RESERVED_LABELS.join(", ")
+                )));
             }
             labels.insert(k.to_string(), v.to_string());
         }
@@ -488,12 +600,13 @@ fn build_rule(
             repeat_ms,
             labels,
             source: format!("{file}:{}", line.max(1)),
+            actions,
         },
         scope,
         file: file.to_string(),
         line,
+        per_sample: every_ms.is_none(),
         every_ms,
-        action,
         check,
         ast: ast.clone(),
         params: params_for(config, &name),
@@ -545,11 +658,17 @@ impl RuleSet {
             }
             api::PARAMS.with(|p| *p.borrow_mut() = Some(params_for(config, &stem)));
             api::LOADING.with(|l| l.set(true));
-            let run = engine.run_ast_with_scope(&mut scope, &ast);
+            let run = with_deadline(LOAD_BUDGET_MS, || engine.run_ast_with_scope(&mut scope, &ast));
             api::LOADING.with(|l| l.set(false));
             api::PARAMS.with(|p| *p.borrow_mut() = None);
             if let Err(e) = run {
+                let over = is_over_budget(&e);
                 let (pos, msg) = api::split_error(e);
+                let msg = if over {
+                    format!("the file's top level ran longer than {LOAD_BUDGET_MS} ms")
+                } else {
+                    msg
+                };
                 errors.push(RuleError::at(&file, pos, msg));
                 continue;
             }
@@ -607,6 +726,10 @@ impl RuleSet {
                 Err(e) => errors.push(RuleError::at("config [rules] retention", Position::NONE, e)),
             }
         }
+        let budget_ms = config.budget_ms().unwrap_or_else(|e| {
+            errors.push(RuleError::file("config [rules] budget", e));
+            DEFAULT_BUDGET_MS
+        });
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -615,6 +738,7 @@ impl RuleSet {
             rules,
             files,
             retention_ms: retention_ms + 60_000,
+            budget_ms,
             param_keys: param_keys_by_rule,
         })
     }
@@ -668,6 +792,11 @@ impl RuleSet {
         self.retention_ms
     }
 
+    /// The wall-clock budget of one evaluation, ms.
+    pub fn budget_ms(&self) -> i64 {
+        self.budget_ms
+    }
+
     /// Evaluates rule `idx` for one GPU at `now_ms`.
     pub fn eval_gpu(&self, idx: usize, gpu: &Arc<GpuHistory>, now_ms: i64) -> EvalResult {
         let handle = GpuHandle::new(gpu.clone(), now_ms);
@@ -698,32 +827,33 @@ impl RuleSet {
     }
 
     fn eval(&self, idx: usize, arg: Dynamic, default: impl FnOnce() -> String) -> EvalResult {
-        let mut result = self.eval_inner(idx, arg, default);
-        if let (EvalResult::Fire { annotations, .. }, Some(action)) =
-            (&mut result, &self.rules[idx].action)
-        {
-            annotations.insert("action".into(), action.clone());
-        }
-        result
-    }
-
-    fn eval_inner(&self, idx: usize, arg: Dynamic, default: impl FnOnce() -> String) -> EvalResult {
         let rule = &self.rules[idx];
+        let rule_pos = Position::new(rule.line.try_into().unwrap_or(1), 1);
         api::NODATA.with(|c| c.set(false));
         api::PARAMS.with(|p| *p.borrow_mut() = Some(rule.params.clone()));
-        let result: Result<Dynamic, _> = rule.check.call(&self.engine, &rule.ast, (arg,));
+        let result: Result<Dynamic, _> = with_deadline(self.budget_ms, || {
+            rule.check.call(&self.engine, &rule.ast, (arg,))
+        });
         api::PARAMS.with(|p| *p.borrow_mut() = None);
         let nodata = api::NODATA.with(std::cell::Cell::get);
         let value = match result {
             Ok(v) => v,
             Err(e) => {
+                let over_budget = is_over_budget(&e);
                 let (pos, msg) = api::split_error(e);
-                let pos = if pos.is_none() {
-                    Position::new(rule.line.try_into().unwrap_or(1), 1)
+                let pos = if pos.is_none() { rule_pos } else { pos };
+                let msg = if over_budget {
+                    format!(
+                        "evaluation exceeded its time budget of {} ms and was stopped",
+                        self.budget_ms
+                    )
                 } else {
-                    pos
+                    msg
                 };
-                return EvalResult::Error(RuleError::at(&rule.file, pos, msg));
+                return EvalResult::Error(RuleError {
+                    over_budget,
+                    ..RuleError::at(&rule.file, pos, msg)
+                });
             }
         };
         let quiet = if nodata {
@@ -739,6 +869,7 @@ impl RuleSet {
                 EvalResult::Fire {
                     summary: default(),
                     annotations: BTreeMap::new(),
+                    severity: None,
                 }
             } else {
                 quiet
@@ -748,25 +879,38 @@ impl RuleSet {
             return EvalResult::Fire {
                 summary: value.to_string(),
                 annotations: BTreeMap::new(),
+                severity: None,
             };
         }
         if let Some(map) = value.read_lock::<Map>() {
             let mut annotations = BTreeMap::new();
             let mut summary = None;
+            let mut severity = None;
             let mut values = Vec::new();
             for (k, v) in map.iter() {
                 match k.as_str() {
                     "summary" => summary = Some(v.to_string()),
                     "severity" => {
                         let sev = v.to_string();
-                        if Severity::parse(&sev).is_none() {
-                            return EvalResult::Error(RuleError::at(
+                        match Severity::parse(&sev) {
+                            Some(s) => severity = Some(s),
+                            None => return EvalResult::Error(RuleError::at(
                                 &rule.file,
-                                Position::new(rule.line.try_into().unwrap_or(1), 1),
+                                rule_pos,
                                 format!("check returned severity {sev:?}; expected info, warning or critical"),
-                            ));
+                            )),
                         }
-                        annotations.insert("severity".into(), sev);
+                    }
+                    reserved if RESERVED_RESULT_KEYS.contains(&reserved) => {
+                        return EvalResult::Error(RuleError::at(
+                            &rule.file,
+                            rule_pos,
+                            format!(
+                                "check returned `{reserved}`: a check cannot request actions or \
+                                 targets; declare `action:` on the rule (process and job scopes \
+                                 target their own process)"
+                            ),
+                        ));
                     }
                     "values" => {
                         if let Some(vm) = v.read_lock::<Map>() {
@@ -788,11 +932,12 @@ impl RuleSet {
             return EvalResult::Fire {
                 summary: summary.unwrap_or_else(default),
                 annotations,
+                severity,
             };
         }
         EvalResult::Error(RuleError::at(
             &rule.file,
-            Position::new(rule.line.try_into().unwrap_or(1), 1),
+            rule_pos,
             format!(
                 "check returned {}; expected a string (fires), true/false, () or a map",
                 value.type_name()

@@ -22,7 +22,7 @@ pub mod procfs;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, PcieUtilCounter, RetirementCause, TemperatureSensor,
@@ -106,12 +106,7 @@ pub enum SamplerError {
     },
 }
 
-/// Wall-clock time in UTC milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+pub use crate::sys::now_ms;
 
 /// One NVML query; the unit of "supported or not" bookkeeping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

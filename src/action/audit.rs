@@ -118,7 +118,6 @@ impl AuditRecord {
         let mut annotations = std::collections::BTreeMap::new();
         annotations.insert("summary".to_string(), self.summary());
         annotations.insert("description".to_string(), self.reason.clone());
-        annotations.insert("action".to_string(), "kill".to_string());
         let fingerprint = crate::action::fingerprint(&[
             "kill_action",
             &self.fingerprint,
@@ -137,6 +136,8 @@ impl AuditRecord {
             at_ms: self.time_ms,
             repeat: false,
             gpu: self.gpu,
+            actions: Vec::new(),
+            target_pid: None,
         }
     }
 

@@ -80,10 +80,10 @@ impl ExecSection {
         if !self.on.contains(&status) {
             return false;
         }
-        let named = event.annotations.get("action").is_some_and(|a| {
-            a.split([',', ' '])
-                .any(|part| part.strip_prefix("exec:") == Some(self.name.as_str()))
-        });
+        let named = event
+            .actions
+            .iter()
+            .any(|a| matches!(a, crate::model::Action::Exec(n) if *n == self.name));
         named || self.alerts.iter().any(|r| r.0.is_match(&event.name))
     }
 }
@@ -313,7 +313,6 @@ mod tests {
         labels.insert("gpu".into(), "1".into());
         let mut annotations = std::collections::BTreeMap::new();
         annotations.insert("summary".into(), "GPU 1 at 91 °C".into());
-        annotations.insert("action".into(), "exec:checkpoint".into());
         AlertEvent {
             fingerprint: "f00d".into(),
             name: "gpu_hot".into(),
@@ -326,6 +325,8 @@ mod tests {
             at_ms: 1_764_687_600_000,
             repeat: false,
             gpu: Some(1),
+            actions: vec![crate::model::Action::Exec("checkpoint".into())],
+            target_pid: None,
         }
     }
 
@@ -395,7 +396,10 @@ mod tests {
         let mut s = section("true", 1000);
         assert!(s.matches(&event()));
         let mut e = event();
-        e.annotations.remove("action");
+        e.actions.clear();
+        assert!(!s.matches(&e));
+        // An annotation naming the entry is presentation only: it never runs the command.
+        e.annotations.insert("action".into(), "exec:checkpoint".into());
         assert!(!s.matches(&e));
         s.alerts = vec![RegexSetting::new("^gpu_").unwrap()];
         assert!(s.matches(&e));

@@ -68,7 +68,7 @@ impl KillManager {
             audit,
             mapper,
             me: SelfFacts::current(),
-            host: crate::job::hostname(),
+            host: crate::sys::hostname(),
             ladders: BTreeMap::new(),
             signalled: HashMap::new(),
         }
@@ -314,7 +314,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn my_user() -> String {
-        crate::action::policy::user_name(unsafe { libc::getuid() }).unwrap()
+        crate::sys::user_name(unsafe { libc::getuid() }).unwrap()
     }
 
     fn section(dry_run: bool) -> KillSection {
@@ -376,10 +376,10 @@ mod tests {
         child: &mut Child,
     ) -> Vec<(AuditDecision, u128)> {
         let start = Instant::now();
-        let start_ms = crate::job::now_ms();
+        let start_ms = crate::sys::now_ms();
         let mut seen = Vec::new();
         while m.active() > 0 && start.elapsed() < Duration::from_secs(10) {
-            for r in m.tick(crate::job::now_ms(), gpu_of) {
+            for r in m.tick(crate::sys::now_ms(), gpu_of) {
                 // The ladder's own decision time (what its schedule is about), not when this loop
                 // got to look: a slow tick (fsync of the audit log under load) would skew that.
                 let at = u128::try_from(r.time_ms - start_ms).unwrap_or(0);
@@ -515,7 +515,7 @@ mod tests {
         let mapper = PidMapper::Unavailable("gpuwatch runs inside a PID namespace".into());
         let mut m = KillManager::new(KillPolicy::new(section(false)), audit, mapper);
         m.request(request(pid));
-        let r = m.tick(crate::job::now_ms(), &HashMap::from([(pid, 0)]));
+        let r = m.tick(crate::sys::now_ms(), &HashMap::from([(pid, 0)]));
         assert_eq!(r[0].decision, AuditDecision::Refused);
         assert_eq!(
             r[0].reason,
@@ -533,7 +533,7 @@ mod tests {
         let pid = child.id();
         let mut m = manager(section(false), dir.path());
         m.request(request(pid));
-        let now = crate::job::now_ms();
+        let now = crate::sys::now_ms();
         let r = m.tick(now, &HashMap::from([(pid, 0)]));
         assert_eq!(r[0].decision, AuditDecision::Warn);
         // The process left the GPU before SIGTERM was due.

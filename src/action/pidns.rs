@@ -65,12 +65,12 @@ impl PidMapper {
                     format!("host PID {host_pid} is not in gpuwatch's PID namespace")
                 })?;
                 // The same process in both views has the same start time.
-                let host_start = crate::job::parse_stat(
+                let host_start = crate::sys::parse_stat(
                     &std::fs::read_to_string(root.join(format!("{host_pid}/stat")))
                         .unwrap_or_default(),
                 )
                 .map(|s| s.start_ticks);
-                let local_start = crate::job::read_stat(local).map(|s| s.start_ticks);
+                let local_start = crate::sys::read_stat(local).map(|s| s.start_ticks);
                 if host_start.is_none() || host_start != local_start {
                     return Err(format!(
                         "host PID {host_pid} → local PID {local}: start times differ, refusing"
@@ -109,7 +109,7 @@ pub fn local_pid(nspid: &[u32], depth: usize) -> Option<u32> {
 /// NSpid is our PID and whose start time matches ours.
 fn own_depth(host_proc: &Path) -> Option<usize> {
     let me = std::process::id();
-    let my_start = crate::job::read_stat(me)?.start_ticks;
+    let my_start = crate::sys::read_stat(me)?.start_ticks;
     for entry in std::fs::read_dir(host_proc).ok()?.flatten() {
         let name = entry.file_name();
         let Some(_) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
@@ -126,7 +126,7 @@ fn own_depth(host_proc: &Path) -> Option<usize> {
         }
         let start = std::fs::read_to_string(entry.path().join("stat"))
             .ok()
-            .and_then(|s| crate::job::parse_stat(&s))
+            .and_then(|s| crate::sys::parse_stat(&s))
             .map(|s| s.start_ticks);
         if start == Some(my_start) {
             return Some(nspid.len() - 1);

@@ -127,13 +127,13 @@ impl SelfFacts {
     /// Reads them for this process.
     pub fn current() -> SelfFacts {
         let pid = std::process::id();
-        let own = crate::job::read_stat(pid);
+        let own = crate::sys::read_stat(pid);
         let ppid = own.map_or(0, |s| s.ppid);
         SelfFacts {
             pid,
             ppid,
             pgid: own.map_or(0, |s| s.pgid),
-            parent_pgid: crate::job::read_stat(ppid).map(|s| s.pgid),
+            parent_pgid: crate::sys::read_stat(ppid).map(|s| s.pgid),
         }
     }
 }
@@ -347,7 +347,7 @@ pub fn gather_facts(host_pid: u32, mapper: &PidMapper, gpu_of: &HashMap<u32, u32
     let Ok(pid) = pid else {
         return facts;
     };
-    if let Some(st) = crate::job::read_stat(pid) {
+    if let Some(st) = crate::sys::read_stat(pid) {
         facts.alive = !matches!(st.state, 'Z' | 'X');
         facts.start_ticks = Some(st.start_ticks);
         facts.pgid = Some(st.pgid);
@@ -360,33 +360,11 @@ pub fn gather_facts(host_pid: u32, mapper: &PidMapper, gpu_of: &HashMap<u32, u32
             .and_then(|s| s.parse().ok());
     }
     facts.user = facts.uid.and_then(user_name);
-    facts.command = crate::job::read_cmdline(pid).map(|a| a.join(" "));
+    facts.command = crate::sys::read_cmdline(pid).map(|a| a.join(" "));
     facts
 }
 
-/// The user name of `uid` from the system's user database.
-pub fn user_name(uid: u32) -> Option<String> {
-    let mut buf = vec![0u8; 16 * 1024];
-    // SAFETY: zeroed passwd is a valid out-parameter for getpwuid_r.
-    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: all pointers are valid for the call; the buffer outlives the use of pwd.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() || pwd.pw_name.is_null() {
-        return None;
-    }
-    // SAFETY: pw_name points into buf, NUL-terminated by getpwuid_r.
-    let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
-    Some(name.to_string_lossy().into_owned())
-}
+pub use crate::sys::user_name;
 
 #[cfg(test)]
 mod tests {

@@ -106,11 +106,9 @@ impl ActionRunner {
     pub fn handle(&mut self, events: &[AlertEvent], now_ms: i64) -> Vec<AuditRecord> {
         let mut out = Vec::new();
         for ev in events {
-            let wants_kill = ev
-                .annotations
-                .get("action")
-                .is_some_and(|a| a.split(',').any(|p| p.trim() == "kill"));
-            if wants_kill {
+            // Only a rule's declared `action:` can ask for a kill, and only a process or job
+            // rule's own target can be killed (typed, never read from labels or annotations).
+            if ev.actions.contains(&crate::model::Action::Kill) {
                 out.extend(self.route_kill(ev, now_ms));
             }
             for section in &self.exec {
@@ -131,8 +129,8 @@ impl ActionRunner {
     }
 
     fn route_kill(&mut self, ev: &AlertEvent, now_ms: i64) -> Vec<AuditRecord> {
-        let Some(host_pid) = ev.labels.get("pid").and_then(|p| p.parse::<u32>().ok()) else {
-            tracing::warn!(alert = %ev.name, "action \"kill\" on an alert without a pid label; ignored");
+        let Some(host_pid) = ev.target_pid else {
+            tracing::warn!(alert = %ev.name, "action \"kill\" on an alert without a target process; ignored");
             return Vec::new();
         };
         let host = self.hostname.clone();
@@ -227,7 +225,10 @@ mod tests {
         labels.insert("pid".into(), pid.to_string());
         let mut annotations = BTreeMap::new();
         annotations.insert("summary".into(), "over quota".into());
-        annotations.insert("action".into(), action.into());
+        let actions = action
+            .split(',')
+            .filter_map(crate::model::Action::parse)
+            .collect();
         AlertEvent {
             fingerprint: "fp".into(),
             name: "gpu_memory_quota".into(),
@@ -240,6 +241,8 @@ mod tests {
             at_ms: 0,
             repeat: false,
             gpu: Some(0),
+            actions,
+            target_pid: Some(pid),
         }
     }
 

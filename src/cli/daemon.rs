@@ -64,7 +64,7 @@ pub fn test_notification(settings: &NotifySettings, channel: &str, now: i64) -> 
         ),
     );
     annotations.insert(
-        "action".to_string(),
+        "next_steps".to_string(),
         "Nothing: this was sent by `gpuwatch notify-test`.".to_string(),
     );
     let alert = AlertEvent {
@@ -79,6 +79,8 @@ pub fn test_notification(settings: &NotifySettings, channel: &str, now: i64) -> 
         at_ms: now,
         repeat: false,
         gpu: None,
+        actions: Vec::new(),
+        target_pid: None,
     };
     let mut n = Notification {
         id: String::new(),

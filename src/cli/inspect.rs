@@ -29,11 +29,7 @@ pub struct DevicesArgs {
     pub json: bool,
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
-}
+use crate::sys::hostname;
 
 /// A number as JSON: integers without a fraction, `null` when absent.
 fn num(v: Option<f64>) -> Value {

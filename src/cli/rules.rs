@@ -203,7 +203,7 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
     };
     let reader = TraceReader::open(&args.file, args.smi_header.as_deref())?;
     let opts = EngineOptions {
-        hostname: crate::engine::local_hostname(),
+        hostname: crate::sys::hostname(),
         eval_interval_ms,
         sample_interval_ms: None,
     };

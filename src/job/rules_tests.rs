@@ -245,7 +245,9 @@ fn process_rules_fire_per_process_with_the_kill_action() {
     assert_eq!(ev.labels["pid"], "5000");
     assert_eq!(ev.labels["user"], "alice");
     assert_eq!(ev.gpu, Some(0));
-    assert_eq!(ev.annotations["action"], "kill");
+    assert_eq!(ev.actions, vec![crate::model::Action::Kill]);
+    assert_eq!(ev.target_pid, Some(5000));
+    assert!(!ev.annotations.contains_key("action"));
     assert!(ev.annotations["summary"].contains("uses 70.0 GiB on GPU 0"));
     // The process leaves the GPU: the alert resolves.
     let events = e.observe(&snapshot(T0 + 1000, 95.0, 600.0, Some(vec![])));

@@ -605,7 +605,7 @@ pub fn notifier_failing_event(
         },
     );
     annotations.insert(
-        "action".into(),
+        "next_steps".into(),
         format!(
             "Check the endpoint and credentials of channel {:?} (`gpuwatch notify-test --channel {}`). \
              Undelivered messages stay queued in {} and are retried.",
@@ -626,5 +626,7 @@ pub fn notifier_failing_event(
         at_ms: now,
         repeat: false,
         gpu: None,
+        actions: Vec::new(),
+        target_pid: None,
     }
 }

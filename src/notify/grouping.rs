@@ -549,6 +549,8 @@ mod tests {
             at_ms: at,
             repeat: false,
             gpu: Some(gpu),
+            actions: Vec::new(),
+            target_pid: None,
         }
     }
 

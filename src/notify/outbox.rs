@@ -7,7 +7,6 @@
 //! `outbox/dead/` with their last error, for a human to look at.
 
 use std::fs;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -108,27 +107,8 @@ impl Outbox {
     }
 }
 
-/// Writes `bytes` to `path` atomically and durably (temp file in the same directory, fsync,
-/// rename, fsync of the directory).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    sync_dir(dir)
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    fs::File::open(dir)?.sync_all()
-}
+pub use crate::sys::write_atomic;
+use crate::sys::sync_dir;
 
 #[cfg(test)]
 mod tests {

@@ -87,10 +87,10 @@ pub fn summary(a: &AlertEvent) -> String {
         .unwrap_or_else(|| a.name.clone())
 }
 
-/// What to do next: the rule's `action` annotation or a default by severity.
+/// What to do next: the rule's `next_steps` annotation or a default by severity.
 pub fn next_steps(a: &AlertEvent) -> String {
-    if let Some(action) = a.annotations.get("action") {
-        return action.clone();
+    if let Some(steps) = a.annotations.get("next_steps") {
+        return steps.clone();
     }
     if a.status == AlertStatus::Resolved {
         return "Nothing: the condition cleared. Check the job's output if it was affected.".into();

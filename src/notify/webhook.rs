@@ -91,7 +91,7 @@ mod tests {
           "groupLabels": {"alertname": "XidCritical"},
           "commonLabels": {"alertname": "XidCritical", "hostname": "node7", "severity": "critical"},
           "commonAnnotations": {
-            "action": "Drain the node and reboot it; reseat or RMA the GPU if it recurs.",
+            "next_steps": "Drain the node and reboot it; reseat or RMA the GPU if it recurs.",
             "values": "xid=79"
           },
           "externalURL": "",
@@ -102,7 +102,7 @@ mod tests {
               "labels": {"alertname": "XidCritical", "gpu": "1", "hostname": "node7",
                          "severity": "critical", "uuid": "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"},
               "annotations": {
-                "action": "Drain the node and reboot it; reseat or RMA the GPU if it recurs.",
+                "next_steps": "Drain the node and reboot it; reseat or RMA the GPU if it recurs.",
                 "summary": "GPU 1 reported XID 79 (fallen off the bus)",
                 "values": "xid=79"
               },
@@ -116,7 +116,7 @@ mod tests {
               "labels": {"alertname": "XidCritical", "gpu": "2", "hostname": "node7",
                          "severity": "critical", "uuid": "GPU-00000002-aaaa-bbbb-cccc-dddddddddddd"},
               "annotations": {
-                "action": "Drain the node and reboot it; reseat or RMA the GPU if it recurs.",
+                "next_steps": "Drain the node and reboot it; reseat or RMA the GPU if it recurs.",
                 "summary": "GPU 2 reported XID 79 (fallen off the bus)",
                 "values": "xid=79"
               },

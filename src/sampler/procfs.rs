@@ -71,9 +71,7 @@ pub fn parse_cgroup_container(cgroup: &str) -> Option<String> {
 /// command name (field 2) is in parentheses and may itself contain spaces and parentheses, so
 /// fields are counted after the last `)`.
 pub fn parse_stat_starttime(stat: &str) -> Option<u64> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    // after ")" come field 3 (state) onwards; starttime is field 22 → index 19.
-    after.split_whitespace().nth(19)?.parse().ok()
+    crate::sys::parse_stat(stat).map(|s| s.start_ticks)
 }
 
 /// Seconds since boot from the text of `/proc/uptime`.
@@ -81,31 +79,7 @@ pub fn parse_uptime(uptime: &str) -> Option<f64> {
     uptime.split_whitespace().next()?.parse().ok()
 }
 
-/// Looks up the name of `uid` through the system's user database (NSS, so LDAP users work).
-fn user_name(uid: u32) -> Option<String> {
-    let mut buf = vec![0_u8; 4096];
-    // SAFETY: `pwd` and `buf` outlive the call; getpwuid_r writes at most `buf.len()` bytes into
-    // `buf` and points the strings of `pwd` into it; `result` is set to `&pwd` or null.
-    unsafe {
-        let mut pwd: libc::passwd = std::mem::zeroed();
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwuid_r(
-            uid,
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        );
-        if rc != 0 || result.is_null() || pwd.pw_name.is_null() {
-            return None;
-        }
-        Some(
-            std::ffi::CStr::from_ptr(pwd.pw_name)
-                .to_string_lossy()
-                .into_owned(),
-        )
-    }
-}
+use crate::sys::user_name;
 
 #[derive(Debug, Clone)]
 struct Known {

@@ -32,7 +32,7 @@ pub fn event(name: &str, gpu: u32, severity: &str, status: &str) -> Value {
         "annotations": {
             "summary": format!("GPU {gpu} fell off the bus (XID 79)"),
             "values": "xid=79",
-            "action": "Drain the node and power-cycle it."
+            "next_steps": "Drain the node and power-cycle it."
         },
         "starts_at_ms": now - 1000,
         "ends_at_ms": if status == "resolved" { Some(now) } else { None },

@@ -1,0 +1,210 @@
+//! The operating system, once: the wall clock, the thread CPU clock, the host name, the user
+//! database, `/proc/PID/stat` and `cmdline`, durable atomic writes, and the FNV-1a hash behind
+//! every fingerprint.
+//!
+//! The bottom layer with [`crate::model`]: it imports nothing from the crate. The engine never
+//! calls the clock or any I/O here; the rules' time budget reads only [`thread_cpu_ns`].
+
+use std::io::Write;
+use std::path::Path;
+
+/// Wall-clock time in UTC milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// CPU time the calling thread has used, ns (`CLOCK_THREAD_CPUTIME_ID`); 0 if unavailable.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-parameter for the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+/// This host's name (`gethostname`), or `localhost`.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success or
+    // truncates, and we stop at the first NUL or the end.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..end]).trim().to_string();
+    if name.is_empty() {
+        "localhost".into()
+    } else {
+        name
+    }
+}
+
+/// The name of `uid` from the system's user database (NSS, so LDAP users work).
+pub fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: a zeroed passwd is a valid out-parameter for getpwuid_r.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: all pointers are valid for the call; getpwuid_r writes at most `buf.len()` bytes
+    // into `buf` and points the strings of `pwd` into it; `buf` outlives the use of `pwd`.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() || pwd.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: pw_name points into buf, NUL-terminated by getpwuid_r.
+    let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+/// The fields of `/proc/PID/stat` gpuwatch uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// State letter (`R`, `S`, `Z`, …).
+    pub state: char,
+    /// Parent PID.
+    pub ppid: u32,
+    /// Process group.
+    pub pgid: u32,
+    /// Start time in clock ticks since boot (field 22; identifies the process across PID
+    /// reuse).
+    pub start_ticks: u64,
+    /// Field 52 `exit_code` (raw wait status), readable for zombies by permitted readers.
+    pub exit_code: Option<i32>,
+}
+
+/// Parses a `/proc/PID/stat` line. The command (field 2) is in parentheses and may itself
+/// contain spaces and parentheses, so fields are counted after the last `)`.
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // f[0] is field 3 (state); field N is f[N - 3].
+    Some(ProcStat {
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        pgid: f.get(2)?.parse().ok()?,
+        start_ticks: f.get(19)?.parse().ok()?,
+        exit_code: f.get(49).and_then(|s| s.parse().ok()),
+    })
+}
+
+/// Reads `/proc/PID/stat`.
+pub fn read_stat(pid: u32) -> Option<ProcStat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The arguments in the bytes of a `/proc/PID/cmdline` (NUL-separated); `None` when there are
+/// none (kernel threads, zombies).
+pub fn parse_cmdline(raw: &[u8]) -> Option<Vec<String>> {
+    let args: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    (!args.is_empty()).then_some(args)
+}
+
+/// The command line of `pid` as arguments.
+pub fn read_cmdline(pid: u32) -> Option<Vec<String>> {
+    parse_cmdline(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?)
+}
+
+/// Writes `bytes` to `path` atomically and durably: a temporary file in the same directory,
+/// fsync, rename over `path`, then an fsync of the directory ([`sync_dir`]).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    sync_dir(dir)
+}
+
+/// Fsyncs a directory so a rename or removal in it is durable. A filesystem that cannot sync
+/// directories (`EINVAL`) is not an error.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::File::open(dir)?.sync_all() {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        other => other,
+    }
+}
+
+/// FNV-1a 64 over `bytes`, as 16 hex digits: stable across runs, builds and platforms.
+pub fn fnv1a64_hex(bytes: impl IntoIterator<Item = u8>) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_parentheses_in_the_command() {
+        let line = "42 (we) ird) S 1 42 42 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 12345 0 0";
+        let s = parse_stat(line).unwrap();
+        assert_eq!((s.state, s.ppid, s.pgid, s.start_ticks), ('S', 1, 42, 12345));
+        assert_eq!(s.exit_code, None);
+    }
+
+    #[test]
+    fn own_process_is_readable() {
+        let me = std::process::id();
+        assert!(read_stat(me).is_some());
+        assert!(read_cmdline(me).is_some_and(|a| !a.is_empty()));
+        assert!(!hostname().is_empty());
+        let a = thread_cpu_ns();
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        assert!(x > 0 && thread_cpu_ns() >= a);
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv1a64_hex(*b""), "cbf29ce484222325");
+        assert_eq!(fnv1a64_hex(*b"a"), "af63dc4c8601ec8c");
+    }
+
+    #[test]
+    fn atomic_write_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.json");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}
