@@ -93,7 +93,12 @@ fn main() -> anyhow::Result<()> {
     let ticks = hours * 3600;
     let rules_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
     let cfg = RulesConfig {
-        eval_interval: eval.clone(),
+        eval_interval: eval
+            .as_deref()
+            .map(gpuwatch::values::parse_duration_ms)
+            .transpose()
+            .map_err(anyhow::Error::msg)?
+            .map(gpuwatch::values::DurationSetting::from_ms),
         ..RulesConfig::default()
     };
     let rules = RuleSet::load(&[rules_dir], &cfg).map_err(|e| {
@@ -138,7 +143,7 @@ fn main() -> anyhow::Result<()> {
     // 2. Full replay (parse + windows + {} rules + alerts), as `gpuwatch replay` does it.
     let opts = EngineOptions {
         hostname: "bench".into(),
-        eval_interval_ms: cfg.eval_interval_ms().map_err(anyhow::Error::msg)?,
+        eval_interval_ms: cfg.eval_interval_ms(),
         sample_interval_ms: None,
     };
     let mut engine = Engine::new(rules.clone(), opts);

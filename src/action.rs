@@ -15,7 +15,6 @@ pub mod ladder;
 pub mod pidns;
 pub mod policy;
 pub mod runner;
-pub mod script;
 pub mod settings;
 
 use serde::Deserialize;
@@ -38,19 +37,45 @@ pub struct ActionsSection {
 }
 
 impl ActionsSection {
-    /// Checks what serde could not; errors name the key.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks what serde could not: every problem, at its `actions.*` key.
+    pub fn validate(&self) -> Vec<crate::values::Problem> {
+        use crate::values::Problem;
+        let mut problems = Vec::new();
         let mut names = std::collections::HashSet::new();
-        for e in &self.exec {
-            e.validate()?;
-            if !names.insert(e.name.as_str()) {
-                return Err(format!("actions.exec: duplicate name {:?}", e.name));
+        for (i, e) in self.exec.iter().enumerate() {
+            if let Err(m) = e.validate() {
+                problems.push(Problem::at(format!("actions.exec.{i}.command"), m));
+            }
+            if e.name.is_empty() {
+                problems.push(Problem::at(
+                    format!("actions.exec.{i}"),
+                    "exec entry needs a `name`",
+                ));
+            } else if !names.insert(e.name.as_str()) {
+                problems.push(Problem::at(
+                    format!("actions.exec.{i}.name"),
+                    format!("duplicate exec name {:?}", e.name),
+                ));
             }
         }
         if self.kill.term_timeout.ms <= 0 {
-            return Err("actions.kill.term_timeout must be positive".into());
+            problems.push(Problem::at(
+                "actions.kill.term_timeout",
+                "term_timeout must be positive",
+            ));
         }
-        Ok(())
+        if self.kill.grace.ms < 0 {
+            problems.push(Problem::at(
+                "actions.kill.grace",
+                "grace must not be negative",
+            ));
+        }
+        problems
+    }
+
+    /// Names of the `[[actions.exec]]` entries.
+    pub fn exec_names(&self) -> Vec<&str> {
+        self.exec.iter().map(|e| e.name.as_str()).collect()
     }
 
     /// The audit log path: `audit_log`, or `kill-audit.jsonl` in `state_dir`.
@@ -100,18 +125,18 @@ timeout = "1m"
         assert_eq!((k.grace.ms, k.term_timeout.ms), (120_000, 10_000));
         assert_eq!(k.min_uid, 1000);
         assert_eq!(cfg.actions.exec[0].timeout.ms, 60_000);
-        assert!(cfg.actions.validate().is_ok());
+        assert!(cfg.actions.validate().is_empty());
     }
 
     #[test]
     fn config_errors_point_into_the_file() {
         let text = "[actions.kill]\nallow_commands = [\"(\"]\n";
         let err = crate::config::parse(text, std::path::Path::new("c.toml")).unwrap_err();
-        assert_eq!((err.line, err.column), (2, 18), "{err}");
-        assert!(err.message.contains("invalid regex"), "{err}");
+        assert_eq!((err[0].line, err[0].column), (2, 18), "{err}");
+        assert!(err[0].message.contains("invalid regex"), "{err}");
         let text = "[actions.kill]\ngrace = \"5 parsecs\"\n";
         let err = crate::config::parse(text, std::path::Path::new("c.toml")).unwrap_err();
-        assert_eq!(err.line, 2, "{err}");
+        assert_eq!(err[0].line, 2, "{err}");
         let text = "[actions.kill]\nkill_everyone = true\n";
         assert!(crate::config::parse(text, std::path::Path::new("c.toml")).is_err());
     }

@@ -1,21 +1,39 @@
-//! Configuration: `config.toml` → validated [`Config`].
+//! Configuration: `config.toml` → one validated [`Config`], the same for every command.
 //!
-//! Two levels (ripgrep's LowArgs → HiArgs): the serde structs mirror the file; `load` checks them
-//! once and reports every problem with `file:line:column`. Each section's type is owned by the
-//! module that uses it; this file only assembles them.
+//! Two levels (ripgrep's LowArgs → HiArgs): the serde structs mirror the file, with typed fields
+//! (durations, intervals, regexes, paths, secrets) parsed by the one grammar of
+//! [`crate::values`]; [`parse`] then runs every section's own checks and reports **every**
+//! problem at once, each as `file:line:column`: each top-level section is deserialized on its
+//! own (so a bad `[job]` does not hide a bad `[daemon]`), each `[[channel]]` and `[[route]]`
+//! entry too, and the sections' checks ([`crate::values::Problem`]) are placed at their keys.
+//! An unknown key is an error with a "did you mean" suggestion.
+//!
+//! [`Setup::load`] adds what needs the rules: the rule files themselves, `[rules.params]`
+//! against the loaded rules, and each rule's `action: "exec:NAME"` against `[[actions.exec]]`.
+//! `check`, `daemon` and `run`/`attach` all load through it, so they accept and reject the same
+//! files with the same messages.
+//!
+//! Each section's type is owned by the module that uses it; this module assembles them and sits
+//! above them in the layers (`docs/architecture.md`): nothing below imports it.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use toml::de::{DeTable, DeValue, ValueDeserializer};
+use toml::Spanned;
+
+use crate::values::IntervalSetting;
+pub use crate::values::{line_col, parse_duration_ms};
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct Config {
     /// `[daemon]`: sampling and state.
     pub daemon: DaemonSection,
-    /// `[rules]`: evaluation interval, extra rule directories, stock-rule parameter overrides
-    /// (owned by `rules`).
+    /// `[rules]`: evaluation interval, budget, extra rule directories, stock-rule parameter
+    /// overrides (owned by `rules`).
     pub rules: crate::rules::RulesConfig,
     /// `[notify]`: global delivery settings (owned by `notify`).
     pub notify: crate::notify::settings::NotifySection,
@@ -28,17 +46,29 @@ pub struct Config {
     /// `[job]`: `gpuwatch run` / `attach` settings (owned by `job`).
     pub job: crate::job::JobSection,
     /// Directory the config file lives in; relative paths in it resolve against this.
-    #[serde(skip)]
     pub base_dir: PathBuf,
     /// The config file's path (for messages).
-    #[serde(skip)]
     pub path: PathBuf,
     /// The config file's text (to turn spans into `line:column`).
-    #[serde(skip)]
     pub text: String,
 }
 
+/// The top-level sections, in the order `config.example.toml` documents them.
+const SECTIONS: &[&str] = &[
+    "daemon", "rules", "notify", "channel", "route", "actions", "job",
+];
+
 impl Config {
+    /// The built-in configuration used when no file is given: defaults, with the state under
+    /// `~/.local/state/gpuwatch` (a user without a config is not root).
+    pub fn builtin() -> Config {
+        let mut c = Config::default();
+        if let Some(home) = std::env::var_os("HOME") {
+            c.daemon.state_dir = PathBuf::from(home).join(".local/state/gpuwatch");
+        }
+        c
+    }
+
     /// `[daemon] hostname`, or the machine's host name when unset.
     pub fn hostname(&self) -> String {
         if !self.daemon.hostname.is_empty() {
@@ -46,14 +76,97 @@ impl Config {
         }
         crate::sys::hostname()
     }
+
+    /// The state directory (a relative path resolves against the config file's directory).
+    pub fn state_dir(&self) -> PathBuf {
+        self.resolve(&self.daemon.state_dir)
+    }
+
+    /// `p` resolved against the config file's directory when relative.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+
+    /// The sampling interval.
+    pub fn interval(&self) -> std::time::Duration {
+        self.daemon.interval.as_std()
+    }
+
+    /// Engine options: the host name, `[rules] eval_interval` and `[daemon] interval`.
+    pub fn engine_options(&self, hostname: &str) -> crate::engine::EngineOptions {
+        crate::engine::EngineOptions {
+            hostname: hostname.to_string(),
+            eval_interval_ms: self.rules.eval_interval_ms(),
+            sample_interval_ms: Some(self.daemon.interval.ms),
+        }
+    }
+
+    /// `[actions]` with a relative `audit_log` resolved against the config file's directory.
+    pub fn actions_resolved(&self) -> crate::action::ActionsSection {
+        let mut actions = self.actions.clone();
+        if let Some(p) = &actions.kill.audit_log {
+            actions.kill.audit_log = Some(self.resolve(p));
+        }
+        actions
+    }
+
+    /// The kill/exec runner for this configuration.
+    pub fn action_runner(&self, hostname: &str) -> crate::action::ActionRunner {
+        crate::action::ActionRunner::new(&self.actions_resolved(), &self.state_dir(), hostname)
+    }
+
+    /// The notification settings (channels with secrets resolved, routes, quiet hours, …).
+    pub fn notify_settings(&self) -> anyhow::Result<crate::notify::settings::NotifySettings> {
+        crate::notify::settings::NotifySettings::from_config(self)
+    }
+
+    /// The rule paths for commands: `explicit` (`--rules DIR`) when given; else `[daemon] rules`
+    /// and `[rules] dirs` relative to the config file (those that exist); else `./rules`; else
+    /// the stock `rules/` directory shipped with gpuwatch.
+    pub fn rule_paths(&self, explicit: &[PathBuf]) -> Vec<PathBuf> {
+        rule_paths(explicit, Some(self))
+    }
+}
+
+/// The rule paths when there may be no config file (see [`Config::rule_paths`]).
+pub fn rule_paths(explicit: &[PathBuf], config: Option<&Config>) -> Vec<PathBuf> {
+    if !explicit.is_empty() {
+        return explicit.to_vec();
+    }
+    if let Some(c) = config {
+        let mut out: Vec<PathBuf> = c
+            .daemon
+            .rules
+            .iter()
+            .chain(&c.rules.dirs)
+            .map(|p| c.base_dir.join(p))
+            .collect();
+        out.dedup();
+        if out.iter().any(|p| p.exists()) {
+            out.retain(|p| p.exists());
+            return out;
+        }
+    }
+    let cwd = PathBuf::from("rules");
+    if cwd.is_dir() {
+        return vec![cwd];
+    }
+    if let Some(dir) = crate::rules::shipped_rules_dir() {
+        return vec![dir];
+    }
+    vec![cwd]
 }
 
 /// `[daemon]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DaemonSection {
-    /// Sampling interval, e.g. `"1s"`.
-    pub interval: String,
+    /// Sampling interval, e.g. `"1s"` (100 ms to 1 h).
+    pub interval: IntervalSetting,
     /// Where alert state and the outbox live.
     pub state_dir: PathBuf,
     /// Rule directories or files, relative to the config file.
@@ -65,7 +178,7 @@ pub struct DaemonSection {
 impl Default for DaemonSection {
     fn default() -> Self {
         DaemonSection {
-            interval: "1s".into(),
+            interval: IntervalSetting::from_ms(1000),
             state_dir: PathBuf::from("/var/lib/gpuwatch"),
             rules: vec![PathBuf::from("rules/")],
             hostname: String::new(),
@@ -74,7 +187,7 @@ impl Default for DaemonSection {
 }
 
 /// A configuration error that points into the file.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}:{line}:{column}: {message}")]
 pub struct ConfigError {
     /// The file.
@@ -87,32 +200,165 @@ pub struct ConfigError {
     pub message: String,
 }
 
-/// 1-based line and column of byte offset `offset` in `text`.
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before
-        .rfind('\n')
-        .map_or(before.len(), |nl| before.len() - nl - 1)
-        + 1;
-    (line, column)
+/// Every problem found in a configuration, in file order; displayed one per line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
 }
 
-/// Parses a config from text; `path` is used in messages and to resolve relative paths.
-pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-    let mut config: Config = toml::from_str(text).map_err(|e| {
-        let (line, column) = e.span().map_or((1, 1), |s| line_col(text, s.start));
+impl std::error::Error for ConfigErrors {}
+
+impl std::ops::Deref for ConfigErrors {
+    type Target = [ConfigError];
+
+    fn deref(&self) -> &[ConfigError] {
+        &self.0
+    }
+}
+
+/// Turns byte offsets and key paths into [`ConfigError`]s for one file.
+struct Locator<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Locator<'_> {
+    fn at(&self, offset: usize, message: impl Into<String>) -> ConfigError {
+        let (line, column) = line_col(self.text, offset);
         ConfigError {
-            path: path.display().to_string(),
+            path: self.path.display().to_string(),
             line,
             column,
-            message: e.message().to_string(),
+            message: message.into(),
         }
-    })?;
+    }
+
+    fn toml(&self, e: &toml::de::Error) -> ConfigError {
+        let offset = e.span().map_or(0, |s| s.start);
+        self.at(offset, with_suggestion(e.message()))
+    }
+}
+
+/// Offset of the value at dotted `key` (`actions.exec.0.command`) in `root`, or of the longest
+/// prefix of it that exists (a key left at its default points at its section).
+fn offset_of(root: &Spanned<DeTable<'_>>, key: &str) -> usize {
+    let mut offset = 0;
+    let mut table: Option<&DeTable<'_>> = Some(root.get_ref());
+    let mut value: Option<&Spanned<DeValue<'_>>> = None;
+    for part in key.split('.') {
+        let next = match (table, value.map(Spanned::get_ref)) {
+            (Some(t), _) => t
+                .iter()
+                .find(|(k, _)| k.get_ref().as_ref() == part)
+                .map(|(_, v)| v),
+            (None, Some(DeValue::Array(a))) => part.parse::<usize>().ok().and_then(|i| a.get(i)),
+            _ => None,
+        };
+        let Some(v) = next else { break };
+        offset = v.span().start;
+        value = Some(v);
+        table = match v.get_ref() {
+            DeValue::Table(t) => Some(t),
+            _ => None,
+        };
+    }
+    offset
+}
+
+/// Deserializes one value of the document into `T`; errors keep their place in the file.
+fn section<T: DeserializeOwned>(
+    v: &Spanned<DeValue<'_>>,
+    loc: &Locator<'_>,
+) -> Result<T, ConfigError> {
+    T::deserialize(ValueDeserializer::from(v.clone())).map_err(|e| loc.toml(&e))
+}
+
+/// Deserializes an array of tables entry by entry, so each bad entry is reported.
+fn entries<T: DeserializeOwned>(
+    v: &Spanned<DeValue<'_>>,
+    loc: &Locator<'_>,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<T> {
+    match v.get_ref() {
+        DeValue::Array(items) => items
+            .iter()
+            .filter_map(|item| section(item, loc).map_err(|e| errors.push(e)).ok())
+            .collect(),
+        _ => {
+            errors.push(loc.at(v.span().start, "expected an array of tables (`[[…]]`)"));
+            Vec::new()
+        }
+    }
+}
+
+/// Parses a config from text; `path` is used in messages and to resolve relative paths. Runs
+/// every section's checks and returns every problem.
+pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
+    let loc = Locator { path, text };
+    let root = DeTable::parse(text).map_err(|e| ConfigErrors(vec![loc.toml(&e)]))?;
+    let mut config = Config::default();
+    let mut errors = Vec::new();
+    for (key, value) in root.get_ref() {
+        let name: &str = key.get_ref().as_ref();
+        let result = match name {
+            "daemon" => section(value, &loc).map(|s| config.daemon = s),
+            "rules" => section(value, &loc).map(|s| config.rules = s),
+            "notify" => section(value, &loc).map(|s| config.notify = s),
+            "actions" => section(value, &loc).map(|s| config.actions = s),
+            "job" => section(value, &loc).map(|s| config.job = s),
+            "channel" => {
+                config.channel = entries(value, &loc, &mut errors);
+                Ok(())
+            }
+            "route" => {
+                config.route = entries(value, &loc, &mut errors);
+                Ok(())
+            }
+            other => Err(loc.at(
+                key.span().start,
+                with_suggestion(&format!(
+                    "unknown section `{other}`, expected one of {}",
+                    SECTIONS
+                        .iter()
+                        .map(|s| format!("`{s}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            )),
+        };
+        if let Err(e) = result {
+            errors.push(e);
+        }
+    }
+    let problems = config
+        .rules
+        .validate()
+        .into_iter()
+        .chain(config.actions.validate())
+        .chain(config.job.validate());
+    for p in problems {
+        errors.push(loc.at(offset_of(&root, &p.key), p.message));
+    }
     config.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     config.path = path.to_path_buf();
     config.text = text.to_string();
-    Ok(config)
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        errors.sort_by_key(|e| (e.line, e.column));
+        errors.dedup();
+        Err(ConfigErrors(errors))
+    }
 }
 
 /// Reads and parses a config file.
@@ -122,35 +368,184 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
     Ok(parse(&text, path)?)
 }
 
-/// Parses a duration such as `"500ms"`, `"90s"`, `"5m"`, `"1h"`, `"2d"` or a plain number of
-/// seconds (`"30"`), into milliseconds.
-pub fn parse_duration_ms(s: &str) -> Result<i64, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. \"90s\", \"5m\", \"1h\""))?;
-    let scale = match unit.trim() {
-        "" | "s" => 1000.0,
-        "ms" => 1.0,
-        "m" | "min" => 60_000.0,
-        "h" => 3_600_000.0,
-        "d" => 86_400_000.0,
-        other => {
-            return Err(format!(
-                "invalid duration unit {other:?} in {s:?} (use ms, s, m, h, d)"
-            ))
-        }
+/// Appends "did you mean `x`?" to a serde "unknown field/variant `y`, expected one of …"
+/// message when one expected name is close to the unknown one.
+pub fn with_suggestion(message: &str) -> String {
+    let Some(rest) = message
+        .strip_prefix("unknown field `")
+        .or_else(|| message.strip_prefix("unknown variant `"))
+        .or_else(|| message.strip_prefix("unknown section `"))
+    else {
+        return message.to_string();
     };
-    let ms = value * scale;
-    if !ms.is_finite() || !(0.0..=1e15).contains(&ms) {
-        return Err(format!("duration {s:?} out of range"));
+    let Some((unknown, expected)) = rest.split_once('`') else {
+        return message.to_string();
+    };
+    let best = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|c| (edit_distance(unknown, c), c))
+        .filter(|(d, c)| *d <= (c.len().max(unknown.len()) / 3).max(1))
+        .min();
+    match best {
+        Some((_, c)) => format!("{message}; did you mean `{c}`?"),
+        None => message.to_string(),
     }
-    #[expect(clippy::cast_possible_truncation, reason = "range checked above")]
-    Ok(ms.round() as i64)
+}
+
+/// Levenshtein distance (small inputs: key names).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// What a command runs with, validated once: the configuration, its rules and its notification
+/// settings. `check`, `daemon` and `run`/`attach` all load through here.
+pub struct Setup {
+    /// The configuration (built-in defaults when no file was given).
+    pub config: Config,
+    /// Whether a file was given.
+    pub from_file: bool,
+    /// The rule paths in use.
+    pub rule_paths: Vec<PathBuf>,
+    /// The loaded rules.
+    pub rules: crate::rules::RuleSet,
+    /// Notification settings.
+    pub notify: crate::notify::settings::NotifySettings,
+}
+
+impl fmt::Debug for Setup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Setup")
+            .field("path", &self.config.path)
+            .field("rules", &self.rules.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every problem [`Setup::load`] found, one message per line (each names its file and
+/// position).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupErrors(pub Vec<String>);
+
+impl fmt::Display for SetupErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join("\n"))
+    }
+}
+
+impl std::error::Error for SetupErrors {}
+
+impl Setup {
+    /// Loads the config at `path` (built-in defaults when `None`), then the rules (`rules`
+    /// overrides the config's rule paths), and checks everything that needs both. Returns every
+    /// problem found.
+    pub fn load(path: Option<&Path>, rules: &[PathBuf]) -> Result<Setup, SetupErrors> {
+        let mut errors = Vec::new();
+        let config = match path {
+            Some(p) => match std::fs::read_to_string(p) {
+                Ok(text) => match parse(&text, p) {
+                    Ok(c) => Some(c),
+                    Err(es) => {
+                        errors.extend(es.iter().map(ToString::to_string));
+                        None
+                    }
+                },
+                Err(e) => {
+                    return Err(SetupErrors(vec![format!(
+                        "cannot read config {}: {e}",
+                        p.display()
+                    )]))
+                }
+            },
+            None => Some(Config::builtin()),
+        };
+        // Go on with defaults so rule errors are reported together with config errors.
+        let from_file = path.is_some();
+        let config_ok = config.is_some();
+        let config = config.unwrap_or_default();
+        let notify = match config.notify_settings() {
+            Ok(n) => Some(n),
+            Err(e) => {
+                if config_ok {
+                    errors.extend(e.to_string().lines().map(str::to_string));
+                }
+                None
+            }
+        };
+        let mut rule_paths = rule_paths(rules, from_file.then_some(&config));
+        if !from_file && rules.is_empty() {
+            // No config and no stock rules found: run with none rather than fail.
+            rule_paths.retain(|p| p.exists());
+        }
+        let set = match crate::rules::RuleSet::load(&rule_paths, &config.rules) {
+            Ok(set) => Some(set),
+            Err(es) => {
+                errors.extend(es.iter().map(ToString::to_string));
+                None
+            }
+        };
+        if let Some(set) = &set {
+            let file = config.path.display().to_string();
+            for p in set.check_params(&config.rules) {
+                errors.push(format!("{file}: {p}"));
+            }
+            errors.extend(check_rule_actions(set, &config));
+        }
+        match (errors.is_empty(), set, notify) {
+            (true, Some(rules), Some(notify)) => Ok(Setup {
+                config,
+                from_file,
+                rule_paths,
+                rules,
+                notify,
+            }),
+            _ => Err(SetupErrors(errors)),
+        }
+    }
+}
+
+/// Every rule `action: "exec:NAME"` must name an `[[actions.exec]]` entry: a typo would
+/// otherwise silently never run.
+pub fn check_rule_actions(set: &crate::rules::RuleSet, config: &Config) -> Vec<String> {
+    let names = config.actions.exec_names();
+    let mut out = Vec::new();
+    for rule in set.rules() {
+        for action in &rule.spec.actions {
+            let crate::model::Action::Exec(name) = action else {
+                continue;
+            };
+            if names.contains(&name.as_str()) {
+                continue;
+            }
+            let mut msg = format!(
+                "rule `{}`: action \"exec:{name}\" names no [[actions.exec]] entry",
+                rule.spec.name
+            );
+            let close = names
+                .iter()
+                .filter(|n| edit_distance(n, name) <= (name.len() / 3).max(1))
+                .min_by_key(|n| edit_distance(n, name));
+            match close {
+                Some(c) => msg.push_str(&format!("; did you mean \"exec:{c}\"?")),
+                None if names.is_empty() => msg.push_str(" (the config defines none)"),
+                None => msg.push_str(&format!(" (defined: {})", names.join(", "))),
+            }
+            out.push(format!("{}:{}:1: {msg}", rule.file, rule.line.max(1)));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -158,19 +553,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration_ms("90s"), Ok(90_000));
-        assert_eq!(parse_duration_ms("5m"), Ok(300_000));
-        assert_eq!(parse_duration_ms("1h"), Ok(3_600_000));
-        assert_eq!(parse_duration_ms("100ms"), Ok(100));
-        assert_eq!(parse_duration_ms("30"), Ok(30_000));
-        assert!(parse_duration_ms("5 parsecs").is_err());
+    fn errors_point_into_the_file() {
+        let err = parse("[daemon]\ninterval = true\n", Path::new("c.toml")).unwrap_err();
+        assert_eq!((err[0].line, err[0].column), (2, 12), "{err}");
+        assert!(err.to_string().starts_with("c.toml:2:12: "), "{err}");
     }
 
     #[test]
-    fn errors_point_into_the_file() {
-        let err = parse("[daemon]\ninterval = 5\n", Path::new("c.toml")).unwrap_err();
-        assert_eq!((err.line, err.column), (2, 12), "{err}");
-        assert!(err.to_string().starts_with("c.toml:2:12: "), "{err}");
+    fn every_section_is_reported_at_once() {
+        let text = "[daemon]\ninterval = \"5ms\"\n\n[job]\ntick = \"1ms\"\n\n[rules]\nbudget = \"1m\"\n\n[actions.kill]\nterm_timeout = \"0s\"\n";
+        let err = parse(text, Path::new("c.toml")).unwrap_err();
+        let lines: Vec<usize> = err.iter().map(|e| e.line).collect();
+        assert_eq!(lines, vec![2, 5, 8, 11], "{err}");
+        assert!(err[0].message.contains("shortest interval"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_suggest() {
+        let err = parse("[daemon]\nintervall = \"1s\"\n", Path::new("c.toml")).unwrap_err();
+        assert!(err[0].message.contains("did you mean `interval`?"), "{err}");
+        let err = parse("[deamon]\n", Path::new("c.toml")).unwrap_err();
+        assert!(err[0].message.contains("did you mean `daemon`?"), "{err}");
+        assert_eq!((err[0].line, err[0].column), (1, 2), "{err}");
+    }
+
+    #[test]
+    fn suggestions_only_when_close() {
+        assert_eq!(edit_distance("intervall", "interval"), 1);
+        let m = with_suggestion("unknown field `zzz`, expected `interval` or `rules`");
+        assert!(!m.contains("did you mean"), "{m}");
     }
 }

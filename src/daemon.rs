@@ -1,32 +1,30 @@
 //! `gpuwatch daemon`: the long-running process. Logging (tracing to stderr, journald-friendly,
 //! no colour unless stderr is a terminal), signals (SIGTERM/SIGINT stop gracefully, SIGHUP
-//! reloads), and the main loops that feed the notification [`Dispatcher`]:
+//! reloads), and the two drivers that feed the notification [`Dispatcher`]:
+//! * [`run`] — the watchdog: the [`SamplerThread`] → the [`Pipeline`] (engine, actions) →
+//!   dispatcher, with the alert state saved under `state_dir`;
 //! * [`run_events`] — alert events read as JSON lines (`daemon --events FILE|-`), for scripting
-//!   and for testing channels without GPUs;
-//! * the sampling loop (sampler thread → engine → dispatcher), once the sampler and engine are
-//!   on `main`.
+//!   and for testing channels without GPUs.
 //!
 //! The dispatcher runs on its own thread, so a slow channel never stalls the loop; everything it
 //! has not delivered is in the outbox under `state_dir`, so a stop loses nothing.
 
 use std::io::{BufRead as _, IsTerminal as _};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
 use crate::alert;
-use crate::cli::GlobalArgs;
-use crate::config::{self, Config};
-use crate::engine::{Engine, EngineOptions};
+use crate::config::{Config, Setup};
+use crate::engine::Engine;
 use crate::model::{AlertEvent, DeviceId, ProcSample, Snapshot};
 use crate::notify::dispatcher::{Dispatcher, Input};
-use crate::sys::now_ms;
 use crate::notify::settings::NotifySettings;
-use crate::rules::{default_rule_paths, RuleSet, RulesConfig};
-use crate::sampler::{Sampler, Ticker};
+use crate::pipeline::{Pipeline, SamplerThread, EXIT_NO_NVML};
+use crate::sampler::SamplerConfig;
+use crate::sys::now_ms;
 
 /// Sets up `tracing` to stderr: filter from `GPUWATCH_LOG` (else `default_filter`), ANSI colour
 /// only when stderr is a terminal (journald gets plain text). Safe to call more than once.
@@ -89,20 +87,14 @@ pub fn spawn_signal_thread(tx: mpsc::Sender<Control>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Loads and validates the config and notification settings; with no file, the built-in
-/// defaults (no channels, state under `~/.local/state/gpuwatch`).
+/// Loads and validates the config and notification settings (for `--events`: no rules); with
+/// no file, the built-in defaults (no channels, state under `~/.local/state/gpuwatch`).
 pub fn load(config_path: Option<&Path>) -> anyhow::Result<(Config, NotifySettings)> {
     let config = match config_path {
-        Some(p) => config::load(p)?,
-        None => {
-            let mut c = Config::default();
-            if let Some(home) = std::env::var_os("HOME") {
-                c.daemon.state_dir = PathBuf::from(home).join(".local/state/gpuwatch");
-            }
-            c
-        }
+        Some(p) => crate::config::load(p)?,
+        None => Config::builtin(),
     };
-    let settings = NotifySettings::from_config(&config)?;
+    let settings = config.notify_settings()?;
     Ok((config, settings))
 }
 
@@ -111,21 +103,12 @@ pub fn describe(config_path: Option<&Path>) -> String {
     config_path.map_or_else(|| "(built-in defaults)".into(), |p| p.display().to_string())
 }
 
-/// The state directory (relative paths resolve against the config file's directory).
-pub fn state_dir(config: &Config) -> PathBuf {
-    if config.daemon.state_dir.is_absolute() {
-        config.daemon.state_dir.clone()
-    } else {
-        config.base_dir.join(&config.daemon.state_dir)
-    }
-}
-
 /// `daemon --events SOURCE`: reads alert events (one JSON [`AlertEvent`] or array of them per
 /// line) from a file or `-` (stdin) and dispatches them; stops at end of input or on
 /// SIGTERM/SIGINT, reloads notification settings on SIGHUP.
 pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i32> {
     let (config, settings) = load(config_path)?;
-    let dir = state_dir(&config);
+    let dir = config.state_dir();
     info!(
         config = %describe(config_path),
         state_dir = %dir.display(),
@@ -242,22 +225,16 @@ fn rule_files_signature(paths: &[PathBuf]) -> Vec<(PathBuf, Option<std::time::Sy
     out
 }
 
+/// The rule paths the daemon watches for edits, with their files' modification times.
 struct Rules {
     paths: Vec<PathBuf>,
-    config: RulesConfig,
     signature: Vec<(PathBuf, Option<std::time::SystemTime>)>,
 }
 
 impl Rules {
-    fn from_config(config: &Config) -> Rules {
-        let rules_config = config.rules.clone();
-        let paths = default_rule_paths(&[], Some(config), &rules_config);
+    fn new(paths: Vec<PathBuf>) -> Rules {
         let signature = rule_files_signature(&paths);
-        Rules {
-            paths,
-            config: rules_config,
-            signature,
-        }
+        Rules { paths, signature }
     }
 }
 
@@ -275,44 +252,42 @@ fn log_events(events: &[AlertEvent]) {
     }
 }
 
-/// `gpuwatch daemon`: the sampler on its own thread → engine (observe / advance) → dispatcher.
-pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i32> {
-    let (config, settings) = load(config_path)?;
-    let interval_ms = config::parse_duration_ms(&config.daemon.interval)
-        .map_err(|e| anyhow::anyhow!("{}: [daemon] interval: {e}", describe(config_path)))?
-        .max(10);
-    let interval = Duration::from_millis(u64::try_from(interval_ms).unwrap_or(1000));
-    let dir = state_dir(&config);
-    let mut rules = Rules::from_config(&config);
-    let rule_set = RuleSet::load(&rules.paths, &rules.config).map_err(|errs| {
-        anyhow::anyhow!(
-            "{}",
-            errs.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("\n")
-        )
-    })?;
-    let hostname = config.hostname();
-    let opts = EngineOptions::from_config(&config, &rules.config, &hostname)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", describe(config_path)))?;
-    let mut engine = match alert::load_state(&dir) {
-        Ok(Some(state)) => {
-            info!(state_dir = %dir.display(), "resuming alert state");
-            Engine::with_state(rule_set, opts, &state)
-        }
-        Ok(None) => Engine::new(rule_set, opts),
-        Err(e) => {
-            warn!("{e:#}; starting with empty alert state");
-            Engine::new(rule_set, opts)
+/// `gpuwatch daemon`: the [`SamplerThread`] → [`Pipeline`] (engine, actions) → dispatcher.
+/// Configuration problems (the same as `gpuwatch check` reports) are printed one per line and
+/// exit 1; no NVML exits [`EXIT_NO_NVML`].
+pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::Result<i32> {
+    let setup = match Setup::load(config_path, &[]) {
+        Ok(s) => s,
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("{e}");
+            }
+            return Ok(1);
         }
     };
-    let sampler_cfg = global.sampler_config();
-    let mut sampler = match Sampler::open(&sampler_cfg) {
+    let config = &setup.config;
+    let interval = config.interval();
+    let dir = config.state_dir();
+    let hostname = config.hostname();
+    let opts = config.engine_options(&hostname);
+    let engine = match alert::load_state(&dir) {
+        Ok(Some(state)) => {
+            info!(state_dir = %dir.display(), "resuming alert state");
+            Engine::with_state(setup.rules, opts, &state)
+        }
+        Ok(None) => Engine::new(setup.rules, opts),
+        Err(e) => {
+            warn!("{e:#}; starting with empty alert state");
+            Engine::new(setup.rules, opts)
+        }
+    };
+    // Kill and exec actions of firing rules (`action: "kill"` goes through [actions.kill]).
+    let mut pipeline = Pipeline::new(engine, config.action_runner(&hostname));
+    let sampler = match crate::sampler::Sampler::open(sampler_cfg) {
         Ok(s) => s,
         Err(e) => {
             error!("{e}");
-            return Ok(crate::cli::EXIT_NO_NVML);
+            return Ok(EXIT_NO_NVML);
         }
     };
     let devices = sampler.devices();
@@ -321,50 +296,25 @@ pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i3
         state_dir = %dir.display(),
         host = %hostname,
         gpus = devices.len(),
-        rules = engine.rule_count(),
-        channels = settings.channels.len(),
-        interval_ms,
+        rules = pipeline.engine().rule_count(),
+        channels = setup.notify.channels.len(),
+        interval_ms = config.daemon.interval.ms,
         "gpuwatch daemon started"
     );
-    let dispatcher = Dispatcher::start(settings, &dir)?;
+    let dispatcher = Dispatcher::start(setup.notify, &dir)?;
     dispatcher.send(Input::Context {
         devices: devices.clone(),
         processes: None,
     });
-    // Kill and exec actions of firing rules (`action: "kill"` goes through [actions.kill]).
-    let mut actions = crate::action::ActionRunner::from_config(&config, &dir, &hostname);
+    let mut rules = Rules::new(setup.rule_paths);
+    let mut rules_config = config.rules.clone();
 
     let (tx, rx) = mpsc::channel::<Control>();
     spawn_signal_thread(tx.clone())?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler_thread = {
-        let stop = stop.clone();
-        std::thread::Builder::new()
-            .name("gpuwatch-sampler".into())
-            .spawn(move || {
-                let mut ticker = Ticker::new(Instant::now(), interval);
-                'outer: loop {
-                    let due = ticker.next(Instant::now());
-                    loop {
-                        if stop.load(Ordering::SeqCst) {
-                            break 'outer;
-                        }
-                        let left = due.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            break;
-                        }
-                        std::thread::sleep(left.min(Duration::from_millis(100)));
-                    }
-                    let snap = sampler.sample();
-                    if tx.send(Control::Snapshot(Box::new(snap))).is_err() {
-                        break;
-                    }
-                }
-                if ticker.missed() > 0 {
-                    warn!(missed = ticker.missed(), "late sampling ticks were skipped");
-                }
-            })?
-    };
+    // Snapshots arrive on the control channel, so signals and samples share one loop.
+    let sampler = SamplerThread::start_with(sampler, interval, None, move |snap| {
+        tx.send(Control::Snapshot(Box::new(snap))).is_ok()
+    });
 
     let mut last_devices = devices;
     let mut last_save = Instant::now();
@@ -383,19 +333,10 @@ pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i3
                     });
                     last_devices = devices;
                 }
-                let events = engine.observe(&snap);
-                act(
-                    &mut actions,
-                    &events,
-                    snap.time_ms,
-                    snap.processes.as_deref(),
-                    &dispatcher,
-                );
+                let events = pipeline.observe(&snap);
                 dispatcher.send(Input::Healthy(snap.time_ms));
-                if !events.is_empty() {
-                    log_events(&events);
-                    dispatcher.send(Input::Events(events));
-                    save_engine(&dir, &engine);
+                if publish(&dispatcher, events) {
+                    save_engine(&dir, pipeline.engine());
                     last_save = Instant::now();
                 }
             }
@@ -405,13 +346,21 @@ pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i3
             }
             Ok(Control::Reload) => {
                 info!("SIGHUP: reloading configuration and rules");
-                match load(config_path) {
-                    Ok((new_config, new_settings)) => {
-                        dispatcher.send(Input::Reload(Box::new(new_settings)));
-                        rules = Rules::from_config(&new_config);
-                        reload_rules(&mut engine, &rules, &dispatcher);
+                match Setup::load(config_path, &[]) {
+                    Ok(new) => {
+                        dispatcher.send(Input::Reload(Box::new(new.notify)));
+                        let events = pipeline.engine_mut().reload(new.rules);
+                        info!(rules = pipeline.engine().rule_count(), "rules reloaded");
+                        publish(&dispatcher, events);
+                        rules = Rules::new(new.rule_paths);
+                        rules_config = new.config.rules;
                     }
-                    Err(e) => error!("reload failed, keeping the running configuration: {e:#}"),
+                    Err(errors) => {
+                        for e in &errors.0 {
+                            error!("{e}");
+                        }
+                        error!("reload failed, keeping the running configuration");
+                    }
                 }
             }
             Ok(Control::Events(_) | Control::EndOfInput | Control::Context(..)) => {}
@@ -422,12 +371,9 @@ pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i3
             }
         }
         if last_snapshot.elapsed() >= interval {
-            let events = engine.advance(now_ms());
-            act(&mut actions, &events, now_ms(), None, &dispatcher);
-            if !events.is_empty() {
-                log_events(&events);
-                dispatcher.send(Input::Events(events));
-                save_engine(&dir, &engine);
+            let events = pipeline.advance(now_ms());
+            if publish(&dispatcher, events) {
+                save_engine(&dir, pipeline.engine());
                 last_save = Instant::now();
             }
         }
@@ -437,51 +383,36 @@ pub fn run(global: &GlobalArgs, config_path: Option<&Path>) -> anyhow::Result<i3
             if sig != rules.signature {
                 info!("rule files changed: reloading");
                 rules.signature = sig;
-                reload_rules(&mut engine, &rules, &dispatcher);
+                reload_rules(
+                    pipeline.engine_mut(),
+                    &rules.paths,
+                    &rules_config,
+                    &dispatcher,
+                );
             }
         }
         if last_save.elapsed() >= Duration::from_secs(30) {
-            save_engine(&dir, &engine);
+            save_engine(&dir, pipeline.engine());
             last_save = Instant::now();
         }
     }
-    stop.store(true, Ordering::SeqCst);
-    // A sampler stuck in a slow NVML call must not hold up the stop: wait a little, then go.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !sampler_thread.is_finished() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if sampler_thread.is_finished() {
-        let _ = sampler_thread.join();
-    } else {
-        warn!("the sampler thread is busy in an NVML call; stopping without it");
-    }
-    save_engine(&dir, &engine);
-    actions.finish();
+    // A sampler stuck in a slow NVML call must not hold up the stop.
+    sampler.stop(Duration::from_secs(2));
+    save_engine(&dir, pipeline.engine());
+    pipeline.finish();
     dispatcher.stop();
     info!("gpuwatch daemon stopped");
     Ok(0)
 }
 
-/// Routes events to kill/exec actions, advances kill ladders, and sends every audit record as a
-/// `kill_action` notification.
-fn act(
-    actions: &mut crate::action::ActionRunner,
-    events: &[AlertEvent],
-    now: i64,
-    processes: Option<&[crate::model::ProcSample]>,
-    dispatcher: &Dispatcher,
-) {
-    let mut audits = actions.handle(events, now);
-    audits.extend(actions.tick(now, processes));
-    if !audits.is_empty() {
-        let notices: Vec<AlertEvent> = audits
-            .iter()
-            .map(crate::action::AuditRecord::to_alert_event)
-            .collect();
-        log_events(&notices);
-        dispatcher.send(Input::Events(notices));
+/// Logs `events` and hands them to the dispatcher; true when there were any.
+fn publish(dispatcher: &Dispatcher, events: Vec<AlertEvent>) -> bool {
+    if events.is_empty() {
+        return false;
     }
+    log_events(&events);
+    dispatcher.send(Input::Events(events));
+    true
 }
 
 fn save_engine(dir: &Path, engine: &Engine) {
@@ -490,8 +421,13 @@ fn save_engine(dir: &Path, engine: &Engine) {
     }
 }
 
-fn reload_rules(engine: &mut Engine, rules: &Rules, dispatcher: &Dispatcher) {
-    match engine.reload_from(&rules.paths, &rules.config) {
+fn reload_rules(
+    engine: &mut Engine,
+    paths: &[PathBuf],
+    config: &crate::rules::RulesConfig,
+    dispatcher: &Dispatcher,
+) {
+    match engine.reload_from(paths, config) {
         Ok(events) => {
             info!(rules = engine.rule_count(), "rules reloaded");
             if !events.is_empty() {

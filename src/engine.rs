@@ -25,6 +25,8 @@
 //! earlier when the counter grew (not when it dropped: a driver reload reset it), so an increase
 //! made while gpuwatch was down is reported at the first sample after the restart.
 
+pub mod testfile;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,9 +35,10 @@ use crate::alert::{
     AlertBook, AlertSpec, AlertStateFile, CounterPoint, GpuCarry, InstanceId, Outcome, XidPoint,
 };
 use crate::model::{AlertEvent, GpuSample, Metric, MetricKind, Severity, Snapshot};
-use std::borrow::Cow;
+use crate::rules::api::{JobHandle, ProcessHandle};
 use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet, RulesConfig};
 use crate::window::GpuHistory;
+use std::borrow::Cow;
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -56,22 +59,6 @@ impl Default for EngineOptions {
             eval_interval_ms: 0,
             sample_interval_ms: None,
         }
-    }
-}
-
-impl EngineOptions {
-    /// Options from a loaded config: `[rules] eval_interval` (default 0 = every snapshot),
-    /// `[daemon] interval`.
-    pub fn from_config(
-        config: &crate::config::Config,
-        rules: &RulesConfig,
-        hostname: &str,
-    ) -> Result<Self, String> {
-        Ok(EngineOptions {
-            hostname: hostname.to_string(),
-            eval_interval_ms: rules.eval_interval_ms()?,
-            sample_interval_ms: Some(crate::config::parse_duration_ms(&config.daemon.interval)?),
-        })
     }
 }
 
@@ -417,7 +404,15 @@ impl Engine {
             target_pid: None,
         };
         let hostname = &self.opts.hostname;
-        events.extend(step(&mut self.book, hostname, now, &err_spec, &subject, outcome, None));
+        events.extend(step(
+            &mut self.book,
+            hostname,
+            now,
+            &err_spec,
+            &subject,
+            outcome,
+            None,
+        ));
     }
 
     /// Whether rule `idx` is suspended at `now_ms` for exceeding its time budget; when a
@@ -440,7 +435,12 @@ impl Engine {
     /// Books the budget outcome of one evaluation of rule `idx`: a clean run clears its record;
     /// [`SUSPEND_AFTER`] evaluations in a row over budget suspend it (60 s, doubling up to 1 h)
     /// and say so in the error.
-    fn note_budget(&mut self, idx: usize, now_ms: i64, error: Option<RuleError>) -> Option<RuleError> {
+    fn note_budget(
+        &mut self,
+        idx: usize,
+        now_ms: i64,
+        error: Option<RuleError>,
+    ) -> Option<RuleError> {
         let o = self.overrun.get_mut(idx)?;
         let Some(mut e) = error else {
             *o = Overrun::default();
@@ -531,7 +531,15 @@ impl Engine {
         };
         let spec = &self.rules.rules()[idx].spec;
         let hostname = &self.opts.hostname;
-        events.extend(step(&mut self.book, hostname, now, spec, &subject, outcome, severity));
+        events.extend(step(
+            &mut self.book,
+            hostname,
+            now,
+            spec,
+            &subject,
+            outcome,
+            severity,
+        ));
         None
     }
 
@@ -552,7 +560,8 @@ impl Engine {
             };
             let result = self.rules.eval_gpu(idx, &hist, now);
             let name = self.rules.rules()[idx].spec.name.clone();
-            if let Some(e) = self.step_result(idx, now, result, Subject::gpu(&name, &hist), events) {
+            if let Some(e) = self.step_result(idx, now, result, Subject::gpu(&name, &hist), events)
+            {
                 let stop = e.over_budget;
                 if error.as_ref().is_none_or(|prev| !prev.over_budget && stop) {
                     error = Some(e);
@@ -586,7 +595,7 @@ impl Engine {
                 continue;
             };
             for p in &hist.processes {
-                let mut handle = crate::action::script::ProcessHandle::new(p.clone());
+                let mut handle = ProcessHandle::new(p.clone());
                 handle.gpu_series = rhai::Dynamic::from(GpuHandle::new(hist.clone(), now));
                 let result = self.rules.eval_process(idx, handle);
                 let key = format!("{prefix}{index}/pid:{}", p.pid);
@@ -631,7 +640,11 @@ impl Engine {
     /// job's PIDs, or every present GPU when none does (no process list, or a PID namespace).
     /// Instances are keyed `rule/job:PID`, labelled with `pid` and target the job's process;
     /// firing alerts carry the job's command and progress as annotations `job` and `progress`.
-    pub fn evaluate_job(&mut self, job: &crate::job::JobSample, now_ms: i64) -> Vec<AlertEvent> {
+    pub fn evaluate_job(
+        &mut self,
+        job: &crate::model::job::JobSample,
+        now_ms: i64,
+    ) -> Vec<AlertEvent> {
         self.last_now_ms = self.last_now_ms.max(now_ms);
         let mut events = Vec::new();
         let pids: std::collections::HashSet<u32> =
@@ -659,7 +672,7 @@ impl Engine {
             if self.rules.rules()[idx].scope != RuleScope::Job || self.suspended(idx, now_ms) {
                 continue;
             }
-            let mut handle = crate::job::script::JobHandle::new(job.clone(), on.clone());
+            let mut handle = JobHandle::new(job.clone(), on.clone());
             handle.gpu_handles = handles.clone();
             let mut result = self.rules.eval_job(idx, handle);
             if let EvalResult::Fire { annotations, .. } = &mut result {

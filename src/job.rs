@@ -18,9 +18,7 @@ pub mod oom;
 pub mod progress;
 pub mod report;
 pub mod scan;
-pub mod script;
 pub mod tty;
-pub mod watch;
 
 #[cfg(test)]
 mod rules_tests;
@@ -35,10 +33,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-pub use crate::sys::{now_ms, parse_stat, read_cmdline, read_stat, ProcStat};
 use crate::sys::hostname;
-use serde::{Deserialize, Serialize};
+pub use crate::sys::{now_ms, parse_stat, read_cmdline, read_stat, ProcStat};
+use serde::Deserialize;
 
+pub use crate::model::job::JobSample;
 pub use follow::LogFollower;
 pub use progress::{ProgressParser, ProgressState, ProgressUpdate};
 pub use report::{classify, CrashClass, ExitEvidence, GpuJobStats, GpuUsage, JobExit, JobReport};
@@ -50,7 +49,7 @@ pub use scan::{Markers, OutputScanner, Stream};
 pub struct JobSection {
     /// Extra progress regexes (tried before the defaults). Named groups `step`, `total`,
     /// `epoch`, `epochs` are read; a pattern without them counts every match as progress.
-    pub progress: Vec<crate::action::settings::RegexSetting>,
+    pub progress: Vec<crate::values::RegexSetting>,
     /// Whether the built-in patterns (Epoch 3/10, step N, tqdm, Lightning, HF Trainer) apply.
     pub default_patterns: bool,
     /// How many output lines the end-of-job report keeps.
@@ -60,9 +59,9 @@ pub struct JobSection {
     /// Follow this log file for progress.
     pub progress_log: Option<PathBuf>,
     /// How often the job is sampled for rules, e.g. `"1s"` (at least 10 ms).
-    pub tick: crate::action::settings::DurationSetting,
+    pub tick: crate::values::DurationSetting,
     /// How long `run` / `attach` wait at the end for notifications to be delivered (`"30s"`).
-    pub notify_timeout: crate::action::settings::DurationSetting,
+    pub notify_timeout: crate::values::DurationSetting,
 }
 
 impl Default for JobSection {
@@ -73,8 +72,8 @@ impl Default for JobSection {
             tail_lines: 20,
             tee: None,
             progress_log: None,
-            tick: crate::action::settings::DurationSetting::from_ms(1000),
-            notify_timeout: crate::action::settings::DurationSetting::from_ms(30_000),
+            tick: crate::values::DurationSetting::from_ms(1000),
+            notify_timeout: crate::values::DurationSetting::from_ms(30_000),
         }
     }
 }
@@ -82,11 +81,21 @@ impl Default for JobSection {
 impl JobSection {
     /// Checks what serde could not (the regexes and durations are checked while parsing, with
     /// their file:line:column); errors name the key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Vec<crate::values::Problem> {
+        let mut problems = Vec::new();
         if self.tick.ms < 10 {
-            return Err("job.tick: must be at least 10ms".into());
+            problems.push(crate::values::Problem::at(
+                "job.tick",
+                "tick must be at least 10ms",
+            ));
         }
-        Ok(())
+        if self.notify_timeout.ms < 0 {
+            problems.push(crate::values::Problem::at(
+                "job.notify_timeout",
+                "notify_timeout must not be negative",
+            ));
+        }
+        problems
     }
 
     /// The progress patterns as text.
@@ -125,36 +134,6 @@ impl Default for JobOptions {
             progress_log: None,
             tick_ms: 1000,
         }
-    }
-}
-
-/// The job as rules see it at one tick (`job.step`, `job.epoch`, `job.progress_age()`, …).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobSample {
-    /// Sample time, UTC ms.
-    pub time_ms: i64,
-    /// The job's PID (our namespace).
-    pub pid: u32,
-    /// The command line, shell-quoted.
-    pub command: String,
-    /// When watching started, UTC ms.
-    pub started_at_ms: i64,
-    /// Progress so far.
-    pub progress: ProgressState,
-    /// True while the process lives.
-    pub alive: bool,
-    /// Set on the last sample: how it ended.
-    pub exit: Option<JobExit>,
-    /// Set on the last sample: the crash class.
-    pub crash_class: Option<CrashClass>,
-    /// PIDs of the job's process tree (our namespace).
-    pub pids: Vec<u32>,
-}
-
-impl JobSample {
-    /// Seconds since progress last moved (`None`: never).
-    pub fn progress_age_s(&self) -> Option<f64> {
-        self.progress.progress_age_s(self.time_ms)
     }
 }
 
@@ -713,16 +692,16 @@ mod tests {
 
     #[test]
     fn section_validation() {
-        assert!(JobSection::default().validate().is_ok());
+        assert!(JobSection::default().validate().is_empty());
         let bad = JobSection {
-            tick: crate::action::settings::DurationSetting::from_ms(1),
+            tick: crate::values::DurationSetting::from_ms(1),
             ..JobSection::default()
         };
-        assert!(bad.validate().unwrap_err().starts_with("job.tick: "));
+        assert_eq!(bad.validate()[0].key, "job.tick");
         let text = "[job]\ntail_lines = 5\nprogress = ['it=(?P<step>\\d+)', '(']\n";
         let err = crate::config::parse(text, std::path::Path::new("c.toml")).unwrap_err();
-        assert_eq!(err.line, 3, "{err}");
-        assert!(err.message.contains("invalid regex"), "{err}");
+        assert_eq!(err[0].line, 3, "{err}");
+        assert!(err[0].message.contains("invalid regex"), "{err}");
         let cfg = crate::config::parse("[job]\ntick = \"250ms\"\n", std::path::Path::new("c.toml"))
             .unwrap();
         assert_eq!(cfg.job.tick.ms, 250);

@@ -10,6 +10,8 @@
 //! nvidia-smi and dcgm-exporter call it, so the recorder, the nvidia-smi CSV importer, the rule API
 //! docs and the exporter all read the same list.
 
+pub mod job;
+
 use serde::{Deserialize, Serialize};
 
 /// Whether a metric is a point-in-time value or a monotonically growing counter.

@@ -13,7 +13,6 @@
 //! `rule_error` alert naming `file:line` and keeps evaluating the other rules.
 
 pub mod api;
-pub mod testfile;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -24,8 +23,9 @@ use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, Map, NativeCallContext, Positi
 use serde::Deserialize;
 
 use crate::alert::AlertSpec;
-use crate::config::parse_duration_ms;
 use crate::model::{Action, Severity};
+use crate::values::parse_duration_ms;
+use crate::values::{DurationSetting, Problem};
 use crate::window::GpuHistory;
 pub use api::{GpuHandle, HostHandle};
 
@@ -69,16 +69,16 @@ pub struct RulesConfig {
     pub params: BTreeMap<String, toml::Table>,
     /// Default evaluation cadence of rules without their own `every` (`"0s"` by default = at
     /// every snapshot).
-    pub eval_interval: Option<String>,
+    pub eval_interval: Option<DurationSetting>,
     /// Extra rule directories or files, relative to the config file.
     pub dirs: Vec<PathBuf>,
     /// Minimum history to keep per metric (default: the longest duration literal in the rules,
     /// at least 15 min).
-    pub retention: Option<String>,
+    pub retention: Option<DurationSetting>,
     /// Wall-clock budget of one evaluation of one rule (default `"50ms"`): an evaluation that
     /// runs longer is stopped and raises `rule_error`; a rule that keeps exceeding it is
     /// suspended with backoff.
-    pub budget: Option<String>,
+    pub budget: Option<DurationSetting>,
 }
 
 /// Default evaluation interval for the daemon, `replay` and `test`: every snapshot. Rules whose
@@ -87,26 +87,42 @@ pub const DEFAULT_EVAL_INTERVAL_MS: i64 = 0;
 
 impl RulesConfig {
     /// The evaluation interval in ms.
-    pub fn eval_interval_ms(&self) -> Result<i64, String> {
+    pub fn eval_interval_ms(&self) -> i64 {
         self.eval_interval
-            .as_deref()
-            .map_or(Ok(DEFAULT_EVAL_INTERVAL_MS), parse_duration_ms)
+            .map_or(DEFAULT_EVAL_INTERVAL_MS, |d| d.ms)
     }
 
-    /// The per-evaluation time budget in ms (1 ms to 10 s).
-    pub fn budget_ms(&self) -> Result<i64, String> {
-        let ms = self
-            .budget
-            .as_deref()
-            .map_or(Ok(DEFAULT_BUDGET_MS), parse_duration_ms)?;
-        if !(1..=10_000).contains(&ms) {
-            return Err(format!(
-                "[rules] budget = {ms} ms is out of range (1ms to 10s)"
+    /// The per-evaluation time budget in ms, clamped to [`BUDGET_RANGE_MS`] (out-of-range values
+    /// are reported by [`RulesConfig::validate`]).
+    pub fn budget_ms(&self) -> i64 {
+        self.budget
+            .map_or(DEFAULT_BUDGET_MS, |d| d.ms)
+            .clamp(*BUDGET_RANGE_MS.start(), *BUDGET_RANGE_MS.end())
+    }
+
+    /// What serde could not check, as problems at `rules.*` keys.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if let Some(b) = self.budget {
+            if !BUDGET_RANGE_MS.contains(&b.ms) {
+                problems.push(Problem::at(
+                    "rules.budget",
+                    format!("budget {} ms is out of range (1ms to 10s)", b.ms),
+                ));
+            }
+        }
+        if self.eval_interval.is_some_and(|d| d.ms > MAX_EVERY_MS) {
+            problems.push(Problem::at(
+                "rules.eval_interval",
+                "eval_interval is longer than the 24 h maximum",
             ));
         }
-        Ok(ms)
+        problems
     }
 }
+
+/// The accepted range of `[rules] budget`, ms.
+pub const BUDGET_RANGE_MS: std::ops::RangeInclusive<i64> = 1..=10_000;
 
 /// A rule problem, displayed as `file:line:column: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -250,9 +266,8 @@ const OVER_BUDGET: &str = "gpuwatch: time budget exceeded";
 /// Runs `f` with a time budget of `budget_ms` from now on this thread.
 fn with_deadline<T>(budget_ms: i64, f: impl FnOnce() -> T) -> T {
     let budget = std::time::Duration::from_millis(budget_ms.max(1).unsigned_abs());
-    let cpu_ns = crate::sys::thread_cpu_ns().saturating_add(
-        u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX),
-    );
+    let cpu_ns = crate::sys::thread_cpu_ns()
+        .saturating_add(u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX));
     let wall = std::time::Instant::now() + budget * WALL_CAP_FACTOR;
     DEADLINE.with(|d| d.set(Some(Deadline { cpu_ns, wall })));
     let out = f();
@@ -273,9 +288,9 @@ fn past_deadline() -> bool {
 fn is_over_budget(err: &EvalAltResult) -> bool {
     match err {
         EvalAltResult::ErrorInFunctionCall(_, _, inner, _) => is_over_budget(inner),
-        EvalAltResult::ErrorTerminated(token, _) => {
-            token.read_lock::<rhai::ImmutableString>().is_some_and(|t| t.as_str() == OVER_BUDGET)
-        }
+        EvalAltResult::ErrorTerminated(token, _) => token
+            .read_lock::<rhai::ImmutableString>()
+            .is_some_and(|t| t.as_str() == OVER_BUDGET),
         _ => false,
     }
 }
@@ -327,8 +342,6 @@ fn new_engine(collector: Collector) -> Engine {
         tracing::debug!(target: "gpuwatch::rules", "{}:{pos}: {s}", src.unwrap_or("rule"));
     });
     api::register(&mut engine);
-    crate::job::script::register(&mut engine);
-    crate::action::script::register(&mut engine);
     engine.register_fn(
         "rule",
         move |ctx: NativeCallContext, def: Map| -> Result<(), Box<EvalAltResult>> {
@@ -658,7 +671,9 @@ impl RuleSet {
             }
             api::PARAMS.with(|p| *p.borrow_mut() = Some(params_for(config, &stem)));
             api::LOADING.with(|l| l.set(true));
-            let run = with_deadline(LOAD_BUDGET_MS, || engine.run_ast_with_scope(&mut scope, &ast));
+            let run = with_deadline(LOAD_BUDGET_MS, || {
+                engine.run_ast_with_scope(&mut scope, &ast)
+            });
             api::LOADING.with(|l| l.set(false));
             api::PARAMS.with(|p| *p.borrow_mut() = None);
             if let Err(e) = run {
@@ -720,16 +735,10 @@ impl RuleSet {
                 }
             }
         }
-        if let Some(r) = &config.retention {
-            match parse_duration_ms(r) {
-                Ok(ms) => retention_ms = retention_ms.max(ms),
-                Err(e) => errors.push(RuleError::at("config [rules] retention", Position::NONE, e)),
-            }
+        if let Some(r) = config.retention {
+            retention_ms = retention_ms.max(r.ms);
         }
-        let budget_ms = config.budget_ms().unwrap_or_else(|e| {
-            errors.push(RuleError::file("config [rules] budget", e));
-            DEFAULT_BUDGET_MS
-        });
+        let budget_ms = config.budget_ms();
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -812,13 +821,13 @@ impl RuleSet {
     }
 
     /// Evaluates job-scope rule `idx` for one job sample.
-    pub fn eval_job(&self, idx: usize, job: crate::job::script::JobHandle) -> EvalResult {
+    pub fn eval_job(&self, idx: usize, job: api::JobHandle) -> EvalResult {
         let name = format!("{} for job {}", self.rules[idx].spec.name, job.sample.pid);
         self.eval(idx, Dynamic::from(job), move || name)
     }
 
     /// Evaluates process-scope rule `idx` for one GPU process.
-    pub fn eval_process(&self, idx: usize, p: crate::action::script::ProcessHandle) -> EvalResult {
+    pub fn eval_process(&self, idx: usize, p: api::ProcessHandle) -> EvalResult {
         let name = format!(
             "{} for process {} on GPU {}",
             self.rules[idx].spec.name, p.proc_.pid, p.proc_.gpu_index
@@ -944,42 +953,6 @@ impl RuleSet {
             ),
         ))
     }
-}
-
-/// Resolves the rule paths for commands: `--rules DIR` when given; else the config's
-/// `[daemon] rules` and `[rules] dirs` relative to the config file; else `./rules`; else the
-/// `rules/` directory of the source tree the executable was built in (`target/*/gpuwatch` →
-/// `../../rules`).
-pub fn default_rule_paths(
-    explicit: &[PathBuf],
-    config: Option<&crate::config::Config>,
-    rules_config: &RulesConfig,
-) -> Vec<PathBuf> {
-    if !explicit.is_empty() {
-        return explicit.to_vec();
-    }
-    if let Some(c) = config {
-        let mut out: Vec<PathBuf> = c
-            .daemon
-            .rules
-            .iter()
-            .chain(&rules_config.dirs)
-            .map(|p| c.base_dir.join(p))
-            .collect();
-        out.dedup();
-        if out.iter().any(|p| p.exists()) {
-            out.retain(|p| p.exists());
-            return out;
-        }
-    }
-    let cwd = PathBuf::from("rules");
-    if cwd.is_dir() {
-        return vec![cwd];
-    }
-    if let Some(dir) = shipped_rules_dir() {
-        return vec![dir];
-    }
-    vec![cwd]
 }
 
 /// The stock `rules/` directory next to the executable's source tree, if findable.

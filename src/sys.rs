@@ -174,7 +174,10 @@ mod tests {
     fn stat_with_parentheses_in_the_command() {
         let line = "42 (we) ird) S 1 42 42 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 12345 0 0";
         let s = parse_stat(line).unwrap();
-        assert_eq!((s.state, s.ppid, s.pgid, s.start_ticks), ('S', 1, 42, 12345));
+        assert_eq!(
+            (s.state, s.ppid, s.pgid, s.start_ticks),
+            ('S', 1, 42, 12345)
+        );
         assert_eq!(s.exit_code, None);
     }
 

@@ -399,7 +399,8 @@ mod tests {
         e.actions.clear();
         assert!(!s.matches(&e));
         // An annotation naming the entry is presentation only: it never runs the command.
-        e.annotations.insert("action".into(), "exec:checkpoint".into());
+        e.annotations
+            .insert("action".into(), "exec:checkpoint".into());
         assert!(!s.matches(&e));
         s.alerts = vec![RegexSetting::new("^gpu_").unwrap()];
         assert!(s.matches(&e));
@@ -411,6 +412,6 @@ mod tests {
         assert!(s.validate().is_err());
         let text = "[[actions.exec]]\nname = \"x\"\ncommand = [\"true\"]\non = [\"sometimes\"]\n";
         let err = crate::config::parse(text, std::path::Path::new("c.toml")).unwrap_err();
-        assert_eq!(err.line, 4, "{err}");
+        assert_eq!(err[0].line, 4, "{err}");
     }
 }

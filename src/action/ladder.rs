@@ -209,8 +209,8 @@ impl KillManager {
                 l.phase = Phase::Warned(now_ms);
                 reason = format!(
                     "{reason}; SIGTERM in {}, SIGKILL {} later",
-                    crate::job::report::format_duration_ms(grace),
-                    crate::job::report::format_duration_ms(term_timeout)
+                    crate::values::format_duration_ms(grace),
+                    crate::values::format_duration_ms(term_timeout)
                 );
             }
             AuditDecision::Term | AuditDecision::WouldTerm => {
@@ -298,7 +298,7 @@ fn send(target: SignalTarget, signal: i32) -> Result<(), String> {
     } else {
         Err(format!(
             "kill({raw}, {}) failed: {}",
-            crate::job::report::signal_name(signal),
+            crate::model::job::signal_name(signal),
             std::io::Error::last_os_error()
         ))
     }
@@ -308,7 +308,7 @@ fn send(target: SignalTarget, signal: i32) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::action::policy::KillSection;
-    use crate::action::settings::DurationSetting;
+    use crate::values::DurationSetting;
     use std::os::unix::process::CommandExt;
     use std::process::{Child, Command};
     use std::time::{Duration, Instant};

@@ -51,22 +51,6 @@ impl ActionRunner {
         }
     }
 
-    /// A runner for `config`'s `[actions]`, with the state directory `state_dir` (already
-    /// resolved); a relative `audit_log` is relative to the config file.
-    pub fn from_config(
-        config: &crate::config::Config,
-        state_dir: &std::path::Path,
-        hostname: &str,
-    ) -> ActionRunner {
-        let mut actions = config.actions.clone();
-        if let Some(p) = &actions.kill.audit_log {
-            if p.is_relative() {
-                actions.kill.audit_log = Some(config.base_dir.join(p));
-            }
-        }
-        ActionRunner::new(&actions, state_dir, hostname)
-    }
-
     /// The audit log path.
     pub fn audit_path(&self) -> &std::path::Path {
         &self.audit_path
@@ -215,8 +199,8 @@ fn refusal(ev: &AlertEvent, host_pid: u32, host: &str, reason: &str, now_ms: i64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::action::settings::DurationSetting;
     use crate::model::Severity;
+    use crate::values::DurationSetting;
     use std::collections::BTreeMap;
 
     fn event(pid: u32, status: AlertStatus, action: &str) -> AlertEvent {

@@ -35,7 +35,7 @@ pub fn daemon(global: &GlobalArgs, args: &DaemonArgs) -> anyhow::Result<i32> {
     if let Some(events) = &args.events {
         return crate::daemon::run_events(config.as_deref(), events);
     }
-    crate::daemon::run(global, config.as_deref())
+    crate::daemon::run(&global.sampler_config(), config.as_deref())
 }
 
 /// Arguments of `notify-test`.
@@ -107,7 +107,7 @@ pub fn test_notification(settings: &NotifySettings, channel: &str, now: i64) -> 
 #[expect(clippy::print_stdout, reason = "command output")]
 pub fn notify_test(_global: &GlobalArgs, args: &NotifyTestArgs) -> anyhow::Result<i32> {
     let config = crate::config::load(&args.config)?;
-    let settings = NotifySettings::from_config(&config)?;
+    let settings = config.notify_settings()?;
     for name in &args.channel {
         if settings.channel(name).is_none() {
             anyhow::bail!("no channel named {name:?} in {}", args.config.display());

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use super::GlobalArgs;
-use crate::config::Config;
-use crate::job::watch::{start_sampler, DispatchSink, StderrSink, Watch};
+use crate::config::{Config, Setup};
 use crate::job::{JobOptions, JobReport};
+use crate::pipeline::watch::{DispatchSink, StderrSink, Watch};
+use crate::pipeline::{Pipeline, SamplerThread};
 
 /// Flags shared by `run` and `attach`.
 #[derive(Debug, Clone, clap::Args)]
@@ -65,53 +66,26 @@ pub struct AttachArgs {
     pub pid: u32,
 }
 
+/// The config alone (for `--no-rules`): parsed and checked like every command's.
 fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
-    let Some(path) = path else {
-        return Ok(Config::default());
-    };
-    let config = crate::config::load(path)?;
-    config
-        .job
-        .validate()
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    config
-        .actions
-        .validate()
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    Ok(config)
+    match path {
+        Some(p) => crate::config::load(p),
+        None => Ok(Config::builtin()),
+    }
 }
 
 /// The rules-and-actions watch: the configured (or stock) rules including job rules, a sampler
 /// thread when NVML is available, kill/exec actions, alerts printed on stderr.
-fn watch(
-    global: &GlobalArgs,
-    config: &Config,
-    config_given: bool,
-    flags: &JobFlags,
-) -> anyhow::Result<Watch> {
+fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<Watch> {
+    let config = &setup.config;
     let hostname = config.hostname();
-    let mut paths =
-        crate::rules::default_rule_paths(&[], config_given.then_some(config), &config.rules);
-    if !config_given {
-        paths.retain(|p| p.exists());
-    }
-    let rules = crate::rules::RuleSet::load(&paths, &config.rules).map_err(|errors| {
-        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        anyhow::anyhow!("rule errors:\n{}", lines.join("\n"))
-    })?;
-    let opts = crate::engine::EngineOptions::from_config(config, &config.rules, &hostname)
-        .map_err(|e| anyhow::anyhow!("config: {e}"))?;
-    let engine = crate::engine::Engine::new(rules, opts);
-    let state_dir = crate::daemon::state_dir(config);
-    let actions = crate::action::ActionRunner::from_config(config, &state_dir, &hostname);
-    let interval_ms = crate::config::parse_duration_ms(&config.daemon.interval)
-        .map_err(|e| anyhow::anyhow!("daemon.interval: {e}"))?;
-    let interval =
-        std::time::Duration::from_millis(u64::try_from(interval_ms.max(100)).unwrap_or(1000));
+    let engine = crate::engine::Engine::new(setup.rules, config.engine_options(&hostname));
+    let pipeline = Pipeline::new(engine, config.action_runner(&hostname));
+    let interval = config.interval();
     let mut sampler_cfg = global.sampler_config();
     sampler_cfg.process_interval = interval.max(std::time::Duration::from_secs(1));
-    let snapshots = match start_sampler(&sampler_cfg, interval) {
-        Ok(rx) => Some(rx),
+    let snapshots = match SamplerThread::open(&sampler_cfg, interval, None) {
+        Ok(t) => Some(t),
         Err(e) if global.sim.is_some() || global.nvml_lib.is_some() => return Err(e.into()),
         Err(e) => {
             if !flags.quiet {
@@ -120,31 +94,29 @@ fn watch(
             None
         }
     };
-    let mut watch = Watch::new(engine, actions, snapshots);
+    let mut watch = Watch::new(pipeline, snapshots);
     if !flags.quiet {
         watch.add_sink(Box::new(StderrSink));
     }
-    if config_given {
-        let settings = crate::notify::settings::NotifySettings::from_config(config)?;
+    if setup.from_file {
         let flush = std::time::Duration::from_millis(
             u64::try_from(config.job.notify_timeout.ms).unwrap_or(30_000),
         );
-        if let Some(sink) = DispatchSink::start(settings, &state_dir, flush)? {
+        if let Some(sink) = DispatchSink::start(setup.notify, &config.state_dir(), flush)? {
             watch.add_sink(Box::new(sink));
         }
     }
     Ok(watch)
 }
 
+/// The config, rules and notification settings, checked like `check` and `daemon` do.
+fn setup(path: Option<&Path>) -> anyhow::Result<Setup> {
+    Setup::load(path, &[]).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
 fn options(config: &Config, flags: &JobFlags, tee: Option<&PathBuf>) -> anyhow::Result<JobOptions> {
     let job = &config.job;
-    let resolve = |p: &PathBuf| {
-        if p.is_relative() {
-            config.base_dir.join(p)
-        } else {
-            p.clone()
-        }
-    };
+    let resolve = |p: &PathBuf| config.resolve(p);
     let mut progress = flags.progress.clone();
     progress.extend(job.progress_patterns());
     let tick_ms = job.tick.ms;
@@ -178,12 +150,15 @@ fn finish(report: &JobReport, flags: &JobFlags) -> anyhow::Result<()> {
 
 /// Runs `run`: the job's exit code (128 + signal when a signal ended it).
 pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
-    let config = load_config(args.flags.config.as_deref())?;
-    let opts = options(&config, &args.flags, args.tee.as_ref())?;
+    let path = args.flags.config.as_deref();
     let result = if args.flags.no_rules {
+        let config = load_config(path)?;
+        let opts = options(&config, &args.flags, args.tee.as_ref())?;
         crate::job::run_job(&args.command, &opts, &mut crate::job::NoObserver)
     } else {
-        let mut w = watch(global, &config, args.flags.config.is_some(), &args.flags)?;
+        let setup = setup(path)?;
+        let opts = options(&setup.config, &args.flags, args.tee.as_ref())?;
+        let mut w = watch(global, setup, &args.flags)?;
         crate::job::run_job(&args.command, &opts, &mut w)
     };
     let report = match result {
@@ -210,12 +185,15 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
 
 /// Runs `attach`: the process's exit code when the kernel told it, else 0.
 pub fn attach(global: &GlobalArgs, args: &AttachArgs) -> anyhow::Result<i32> {
-    let config = load_config(args.flags.config.as_deref())?;
-    let opts = options(&config, &args.flags, None)?;
+    let path = args.flags.config.as_deref();
     let report = if args.flags.no_rules {
+        let config = load_config(path)?;
+        let opts = options(&config, &args.flags, None)?;
         crate::job::attach_job(args.pid, &opts, &mut crate::job::NoObserver)?
     } else {
-        let mut w = watch(global, &config, args.flags.config.is_some(), &args.flags)?;
+        let setup = setup(path)?;
+        let opts = options(&setup.config, &args.flags, None)?;
+        let mut w = watch(global, setup, &args.flags)?;
         crate::job::attach_job(args.pid, &opts, &mut w)?
     };
     finish(&report, &args.flags)?;

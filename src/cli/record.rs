@@ -3,14 +3,16 @@
 //! in a burst), flushed every tick, ended cleanly by Ctrl-C or SIGTERM.
 
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
 use super::GlobalArgs;
+use crate::pipeline::SamplerThread;
 use crate::record::{CsvRows, RotatingFile, Sink};
-use crate::sampler::{Sampler, Ticker};
+use crate::sampler::Sampler;
 
 /// Arguments of `record`.
 #[derive(Debug, clap::Args)]
@@ -36,37 +38,11 @@ pub struct RecordArgs {
     pub process_interval: Duration,
 }
 
-/// Parses `100ms`, `1s`, `2.5s`, `3m`, `1h`, `1d`; a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration (try 500ms, 1s, 5m, 2h)"))?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "" | "s" | "sec" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86_400.0,
-        u => {
-            return Err(format!(
-                "unknown unit `{u}` in `{s}` (use ms, s, m, h or d)"
-            ))
-        }
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("`{s}`: {e}"))
-}
+use crate::values::parse_duration;
 
+/// A sampling interval for `--interval`: the config's grammar and bounds (100 ms to 1 h).
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    if d < Duration::from_millis(100) {
-        return Err(format!("`{s}` is below the shortest interval, 100ms"));
-    }
-    Ok(d)
+    crate::values::parse_interval_ms(s).map(|ms| Duration::from_millis(ms.unsigned_abs()))
 }
 
 /// Parses a size: bytes, or with `K`/`KB` (1000), `KiB` (1024), `M`/`MB`, `MiB`, `G`/`GB`,
@@ -97,30 +73,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// Runs `record`.
+/// Runs `record`: the pipeline's sampler thread, each snapshot written as one CSV tick.
 pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
     let mut cfg = global.sampler_config();
     cfg.process_interval = args.process_interval;
-    let mut sampler = Sampler::open(&cfg)?;
-
-    // Signals wake the tick wait at once; the recording then ends after the current tick.
-    let (tx, rx) = mpsc::channel::<i32>();
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("installing signal handlers")?;
-    let handle = signals.handle();
-    std::thread::Builder::new()
-        .name("gpuwatch-signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                if tx.send(sig).is_err() {
-                    break;
-                }
-            }
-        })
-        .context("starting the signal thread")?;
+    let sampler = Sampler::open(&cfg)?;
 
     let mut sink = match &args.out {
         Some(path) => Sink::File(
@@ -130,39 +87,46 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
         None => Sink::Stream(Box::new(std::io::BufWriter::new(std::io::stdout()))),
     };
     sink.start()?;
+    let start = Instant::now();
+    let thread = SamplerThread::start(sampler, args.interval, args.duration.map(|d| start + d));
+
+    // A signal stops the sampler thread; the recording ends after the tick in progress.
+    let stopped_by = Arc::new(AtomicI32::new(0));
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("installing signal handlers")?;
+    let handle = signals.handle();
+    {
+        let stop = thread.stop_flag();
+        let stopped_by = stopped_by.clone();
+        std::thread::Builder::new()
+            .name("gpuwatch-signals".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    stopped_by.store(sig, Ordering::SeqCst);
+                    stop.store(true, Ordering::SeqCst);
+                }
+            })
+            .context("starting the signal thread")?;
+    }
+
     let mut rows = CsvRows::new();
     let mut buf = String::with_capacity(4096);
-    let start = Instant::now();
-    let end = args.duration.map(|d| start + d);
-    let mut ticker = Ticker::new(start, args.interval);
-    let mut stopped_by = None;
-    loop {
-        let due = ticker.next(Instant::now());
-        if end.is_some_and(|e| due >= e) {
-            break;
-        }
-        let wait = due.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(wait) {
-            Ok(sig) => {
-                stopped_by = Some(sig);
-                break;
-            }
-            Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {}
-        }
-        let snap = sampler.sample();
+    while let Ok(snap) = thread.receiver().recv() {
         buf.clear();
         rows.render(&snap, &mut buf);
         sink.write_tick(&buf).context("writing the recording")?;
     }
     handle.close();
+    thread.stop(Duration::from_secs(2));
     if let Sink::File(f) = &mut sink {
         f.sync().context("syncing the recording")?;
     }
-    if ticker.missed() > 0 {
-        tracing::warn!("{} late tick(s) skipped", ticker.missed());
-    }
-    if let Some(sig) = stopped_by {
-        tracing::info!("stopped by signal {sig}");
+    match stopped_by.load(Ordering::SeqCst) {
+        0 => {}
+        sig => tracing::info!("stopped by signal {sig}"),
     }
     Ok(0)
 }
@@ -180,6 +144,8 @@ mod tests {
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert!(parse_duration("fast").is_err());
         assert!(parse_duration("5 parsecs").is_err());
+        // One grammar with the config file: `1sec` is not a duration anywhere.
+        assert!(parse_duration("1sec").is_err());
         assert!(parse_interval("50ms").is_err());
         assert!(parse_interval("100ms").is_ok());
     }

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use super::GlobalArgs;
-use crate::config::Config;
+use crate::config::{Config, Setup};
 use crate::engine::{Engine, EngineOptions};
 use crate::model::{AlertEvent, AlertStatus};
-use crate::rules::{default_rule_paths, RuleSet, RulesConfig};
+use crate::rules::{RuleSet, RulesConfig};
 use crate::trace::{format_time_ms, TraceReader};
 
 /// Arguments of `check`.
@@ -29,61 +29,28 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Option<Config>> {
     path.map(crate::config::load).transpose()
 }
 
-/// Runs `check`.
+/// Runs `check`: the config, every rule and what needs both, loaded exactly as `daemon` and
+/// `run` load them; every problem on its own line as `file:line:column: message`.
 pub fn check(_global: &GlobalArgs, args: &CheckArgs) -> anyhow::Result<i32> {
-    let config = match load_config(args.config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e:#}");
-            return Ok(1);
+    match Setup::load(args.config.as_deref(), &args.rules) {
+        Ok(setup) => {
+            let set = &setup.rules;
+            let names: Vec<&str> = set.rules().iter().map(|r| r.spec.name.as_str()).collect();
+            println!(
+                "ok: {} rules in {} files ({})",
+                set.len(),
+                set.files().len(),
+                names.join(", ")
+            );
+            Ok(0)
         }
-    };
-    let rules_config = config.as_ref().map(|c| c.rules.clone()).unwrap_or_default();
-    let mut errors: Vec<String> = Vec::new();
-    if let Some(c) = &config {
-        if let Err(e) = crate::config::parse_duration_ms(&c.daemon.interval) {
-            errors.push(format!(
-                "{}: [daemon] interval: {e}",
-                display(args.config.as_deref())
-            ));
-        }
-        // Channels, routes and [notify] (secrets resolved; errors name file:line:column).
-        if let Err(e) = crate::notify::settings::NotifySettings::from_config(c) {
-            errors.extend(e.to_string().lines().map(str::to_string));
-        }
-    }
-    if let Err(e) = rules_config.eval_interval_ms() {
-        errors.push(format!(
-            "{}: [rules] eval_interval: {e}",
-            display(args.config.as_deref())
-        ));
-    }
-    let paths = default_rule_paths(&args.rules, config.as_ref(), &rules_config);
-    match RuleSet::load(&paths, &rules_config) {
-        Ok(set) => {
-            for p in set.check_params(&rules_config) {
-                errors.push(format!("{}: {p}", display(args.config.as_deref())));
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("{e}");
             }
-            if errors.is_empty() {
-                let names: Vec<&str> = set.rules().iter().map(|r| r.spec.name.as_str()).collect();
-                println!(
-                    "ok: {} rules in {} files ({})",
-                    set.len(),
-                    set.files().len(),
-                    names.join(", ")
-                );
-            }
+            Ok(1)
         }
-        Err(errs) => errors.extend(errs.iter().map(ToString::to_string)),
     }
-    for e in &errors {
-        eprintln!("{e}");
-    }
-    Ok(i32::from(!errors.is_empty()))
-}
-
-fn display(p: Option<&Path>) -> String {
-    p.map_or_else(|| "config".to_string(), |p| p.display().to_string())
 }
 
 /// Arguments of `test`.
@@ -115,7 +82,7 @@ pub fn test(_global: &GlobalArgs, args: &TestArgs) -> anyhow::Result<i32> {
     let mut out = std::io::stdout().lock();
     for f in &files {
         writeln!(out, "{}", f.display())?;
-        match crate::rules::testfile::run_file(f) {
+        match crate::engine::testfile::run_file(f) {
             Ok(reports) => {
                 for r in reports {
                     if r.passed {
@@ -161,11 +128,15 @@ pub struct ReplayArgs {
     pub smi_header: Option<String>,
     /// Evaluation cadence of rules without their own `every` (default: `[rules] eval_interval`,
     /// else 0 = every snapshot).
-    #[arg(long, value_name = "DURATION")]
-    pub eval_interval: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_setting)]
+    pub eval_interval: Option<crate::values::DurationSetting>,
     /// Also print `repeat` re-notifications.
     #[arg(long)]
     pub repeats: bool,
+}
+
+fn parse_duration_setting(s: &str) -> Result<crate::values::DurationSetting, String> {
+    crate::values::parse_duration_ms(s).map(crate::values::DurationSetting::from_ms)
 }
 
 /// One transition as `replay --json` prints it.
@@ -185,13 +156,11 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
     let config = load_config(args.config.as_deref())?;
     let mut rules_config: RulesConfig =
         config.as_ref().map(|c| c.rules.clone()).unwrap_or_default();
-    if let Some(e) = &args.eval_interval {
-        rules_config.eval_interval = Some(e.clone());
+    if let Some(e) = args.eval_interval {
+        rules_config.eval_interval = Some(e);
     }
-    let eval_interval_ms = rules_config
-        .eval_interval_ms()
-        .map_err(|e| anyhow::anyhow!("eval interval: {e}"))?;
-    let paths = default_rule_paths(&args.rules, config.as_ref(), &rules_config);
+    let eval_interval_ms = rules_config.eval_interval_ms();
+    let paths = crate::config::rule_paths(&args.rules, config.as_ref());
     let rules = match RuleSet::load(&paths, &rules_config) {
         Ok(r) => r,
         Err(errs) => {

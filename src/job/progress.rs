@@ -10,7 +10,9 @@
 //! Everything here is pure: the caller passes the time of each line.
 
 use regex::Regex;
-use serde::{Deserialize, Serialize};
+
+use crate::model::job::cut;
+pub use crate::model::job::{ProgressState, ProgressUpdate};
 
 /// The default patterns, tried in order on every line (and every `\r`-separated segment).
 pub const DEFAULT_PATTERNS: &[&str] = &[
@@ -40,27 +42,6 @@ struct Pattern {
     regex: Regex,
     /// True when the pattern has none of the named groups: every match is a heartbeat.
     heartbeat: bool,
-}
-
-/// What one line said about progress.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ProgressUpdate {
-    /// Step (or iteration, or tqdm position) number.
-    pub step: Option<i64>,
-    /// Total steps, when the line gives one.
-    pub total_steps: Option<i64>,
-    /// Epoch (may be fractional, as in the Hugging Face Trainer).
-    pub epoch: Option<f64>,
-    /// Total epochs, when the line gives one.
-    pub total_epochs: Option<i64>,
-    /// The text a heartbeat pattern matched.
-    pub heartbeat: Option<String>,
-}
-
-impl ProgressUpdate {
-    fn is_empty(&self) -> bool {
-        self.step.is_none() && self.epoch.is_none() && self.heartbeat.is_none()
-    }
 }
 
 impl ProgressParser {
@@ -128,109 +109,6 @@ impl Pattern {
             .flatten()
             .any(|n| matches!(n, "step" | "epoch"));
         Ok(Pattern { regex, heartbeat })
-    }
-}
-
-fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// The job's progress so far.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ProgressState {
-    /// Latest step seen.
-    pub step: Option<i64>,
-    /// Latest total steps seen.
-    pub total_steps: Option<i64>,
-    /// Latest epoch seen.
-    pub epoch: Option<f64>,
-    /// Latest total epochs seen.
-    pub total_epochs: Option<i64>,
-    /// When progress last moved, UTC ms (`None`: never).
-    pub last_progress_ms: Option<i64>,
-    /// How many times progress moved.
-    pub updates: u64,
-    /// The last line that carried progress.
-    pub last_line: Option<String>,
-    #[serde(skip)]
-    last_heartbeat: Option<String>,
-}
-
-impl ProgressState {
-    /// Applies an update seen at `now_ms`; returns true when progress moved.
-    pub fn apply(&mut self, update: &ProgressUpdate, line: &str, now_ms: i64) -> bool {
-        let mut moved = false;
-        if let Some(step) = update.step {
-            if self.step != Some(step) {
-                moved = true;
-            }
-            self.step = Some(step);
-            if update.total_steps.is_some() {
-                self.total_steps = update.total_steps;
-            }
-        }
-        if let Some(epoch) = update.epoch {
-            if self.epoch != Some(epoch) {
-                moved = true;
-            }
-            self.epoch = Some(epoch);
-            if update.total_epochs.is_some() {
-                self.total_epochs = update.total_epochs;
-            }
-        }
-        if let Some(hb) = &update.heartbeat {
-            // A heartbeat pattern without groups: any match counts.
-            moved = true;
-            self.last_heartbeat = Some(hb.clone());
-        }
-        if moved {
-            self.last_progress_ms = Some(now_ms);
-            self.updates += 1;
-            self.last_line = Some(cut(line.trim(), 300).to_string());
-        }
-        moved
-    }
-
-    /// Seconds since progress last moved, `None` when it never did.
-    pub fn progress_age_s(&self, now_ms: i64) -> Option<f64> {
-        self.last_progress_ms
-            .map(|t| (now_ms.saturating_sub(t)).max(0) as f64 / 1000.0)
-    }
-
-    /// Short human text: `epoch 3/10, step 1200/5000`, or `no progress seen`.
-    pub fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(e) = self.epoch {
-            let e = if e.fract() == 0.0 {
-                format!("{e:.0}")
-            } else {
-                format!("{e}")
-            };
-            match self.total_epochs {
-                Some(t) => parts.push(format!("epoch {e}/{t}")),
-                None => parts.push(format!("epoch {e}")),
-            }
-        }
-        if let Some(s) = self.step {
-            match self.total_steps {
-                Some(t) => parts.push(format!("step {s}/{t}")),
-                None => parts.push(format!("step {s}")),
-            }
-        }
-        if parts.is_empty() {
-            if self.updates > 0 {
-                return format!("{} progress lines", self.updates);
-            }
-            return "no progress seen".into();
-        }
-        parts.join(", ")
     }
 }
 

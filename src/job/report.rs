@@ -8,141 +8,10 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::progress::ProgressState;
 use super::scan::Markers;
+use crate::model::job::ProgressState;
+pub use crate::model::job::{signal_name, CrashClass, JobExit};
 use crate::model::{Metric, Snapshot};
-
-/// How the process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum JobExit {
-    /// It exited with this code.
-    Exited {
-        /// The exit code.
-        code: i32,
-    },
-    /// A signal ended it.
-    Signaled {
-        /// Signal number.
-        signal: i32,
-        /// Whether it dumped core.
-        core_dumped: bool,
-    },
-    /// It ended, and the kernel did not tell us how (an attached process that is not our child).
-    Ended,
-}
-
-impl JobExit {
-    /// The exit code gpuwatch itself returns: the job's code, 128 + signal, or 0 for `Ended`.
-    pub fn exit_code(self) -> i32 {
-        match self {
-            JobExit::Exited { code } => code,
-            JobExit::Signaled { signal, .. } => 128 + signal,
-            JobExit::Ended => 0,
-        }
-    }
-
-    /// Decodes a raw `wait` status (as in `/proc/PID/stat` field 52).
-    pub fn from_wait_status(status: i32) -> JobExit {
-        if libc::WIFEXITED(status) {
-            JobExit::Exited {
-                code: libc::WEXITSTATUS(status),
-            }
-        } else if libc::WIFSIGNALED(status) {
-            JobExit::Signaled {
-                signal: libc::WTERMSIG(status),
-                core_dumped: libc::WCOREDUMP(status),
-            }
-        } else {
-            JobExit::Ended
-        }
-    }
-
-    /// `exit code 3`, `signal 9 (SIGKILL)`, `ended (exit status not available)`.
-    pub fn describe(self) -> String {
-        match self {
-            JobExit::Exited { code } => format!("exit code {code}"),
-            JobExit::Signaled {
-                signal,
-                core_dumped,
-            } => format!(
-                "signal {signal} ({}){}",
-                signal_name(signal),
-                if core_dumped { ", core dumped" } else { "" }
-            ),
-            JobExit::Ended => "ended (exit status not available)".into(),
-        }
-    }
-}
-
-/// `SIGKILL` for 9, … (`SIG?` for unknown numbers).
-pub fn signal_name(signal: i32) -> &'static str {
-    match signal {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGXCPU => "SIGXCPU",
-        _ => "SIG?",
-    }
-}
-
-/// Why the job ended, as gpuwatch understands it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CrashClass {
-    /// Exit code 0.
-    CleanExit,
-    /// Ran out of GPU memory (`CUDA out of memory` in the output).
-    CudaOom,
-    /// An NCCL error or collective timeout in the output.
-    NcclError,
-    /// A Python traceback in the output, without a more specific cause.
-    PythonTraceback,
-    /// SIGKILL with evidence of the kernel OOM killer (cgroup `oom_kill` counter, kernel log).
-    KernelOomKill,
-    /// gpuwatch's kill action ended it.
-    KilledByGpuwatch,
-    /// A signal from elsewhere ended it (including a SIGKILL without OOM evidence).
-    KilledBySignal,
-    /// Non-zero exit code without a recognised cause.
-    NonZeroExit,
-    /// An attached process ended; the kernel did not say how.
-    Ended,
-}
-
-impl CrashClass {
-    /// Human label.
-    pub fn label(self) -> &'static str {
-        match self {
-            CrashClass::CleanExit => "clean exit",
-            CrashClass::CudaOom => "CUDA out of memory",
-            CrashClass::NcclError => "NCCL error",
-            CrashClass::PythonTraceback => "Python traceback",
-            CrashClass::KernelOomKill => "killed by the kernel OOM killer",
-            CrashClass::KilledByGpuwatch => "killed by gpuwatch",
-            CrashClass::KilledBySignal => "killed by signal",
-            CrashClass::NonZeroExit => "non-zero exit",
-            CrashClass::Ended => "ended",
-        }
-    }
-
-    /// True for every class except a clean exit and an unknown end.
-    pub fn is_failure(self) -> bool {
-        !matches!(self, CrashClass::CleanExit | CrashClass::Ended)
-    }
-}
 
 /// Facts besides the exit status that [`classify`] weighs.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -435,20 +304,7 @@ pub fn shell_join(args: &[String]) -> String {
         .join(" ")
 }
 
-/// `1h 2m 3s`, `4.2s`.
-pub fn format_duration_ms(ms: i64) -> String {
-    let ms = ms.max(0);
-    if ms < 60_000 {
-        return format!("{:.1}s", ms as f64 / 1000.0);
-    }
-    let s = ms / 1000;
-    let (h, m, s) = (s / 3600, (s / 60) % 60, s % 60);
-    if h > 0 {
-        format!("{h}h {m}m {s}s")
-    } else {
-        format!("{m}m {s}s")
-    }
-}
+pub use crate::values::format_duration_ms;
 
 #[cfg(test)]
 mod tests {

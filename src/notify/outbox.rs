@@ -107,8 +107,8 @@ impl Outbox {
     }
 }
 
-pub use crate::sys::write_atomic;
 use crate::sys::sync_dir;
+pub use crate::sys::write_atomic;
 
 #[cfg(test)]
 mod tests {

@@ -11,8 +11,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::secret::{self, Secret};
-use crate::config::{line_col, parse_duration_ms, Config};
+use crate::config::Config;
 use crate::model::Severity;
+use crate::values::{line_col, parse_duration_ms};
 
 /// `[notify]`: global delivery settings.
 #[derive(Debug, Clone, Deserialize)]

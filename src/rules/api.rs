@@ -1,5 +1,6 @@
-//! The script API: the `gpu` and `host` objects rules see, metric series with window methods,
-//! unit helpers, `param`, and the `()`-propagating operators.
+//! The script API: one file per object rules see — [`gpu`] (with its metric series and window
+//! methods), [`host`], [`process`] and [`job`] — and here the shared helpers: units, `param`,
+//! durations and the `()`-propagating operators.
 //!
 //! Handles are cheap by-value clones of an `Arc<GpuHistory>` plus the evaluation time; every
 //! window method is registered by value (no `&mut` chains). A method that cannot answer for lack
@@ -10,10 +11,17 @@ use std::sync::Arc;
 
 use rhai::{Array, Dynamic, Engine, EvalAltResult, ImmutableString, Map, Position};
 
-use crate::model::{clock_event_mask, DeviceState, Metric, METRICS};
-use crate::window::{Agg, GpuHistory};
+pub mod gpu;
+pub mod host;
+pub mod job;
+pub mod process;
 
-type RhaiResult = Result<Dynamic, Box<EvalAltResult>>;
+pub use gpu::{GpuHandle, Series};
+pub use host::HostHandle;
+pub use job::JobHandle;
+pub use process::ProcessHandle;
+
+pub(crate) type RhaiResult = Result<Dynamic, Box<EvalAltResult>>;
 
 thread_local! {
     /// Set when a window method returned `()` for lack of data during the current evaluation.
@@ -24,44 +32,7 @@ thread_local! {
     pub(crate) static PARAMS: RefCell<Option<Arc<Map>>> = const { RefCell::new(None) };
 }
 
-/// One GPU as a rule sees it (`gpu`).
-#[derive(Debug, Clone)]
-pub struct GpuHandle {
-    pub(crate) hist: Arc<GpuHistory>,
-    pub(crate) now_ms: i64,
-}
-
-impl GpuHandle {
-    /// A handle on `hist` evaluated at `now_ms`.
-    pub fn new(hist: Arc<GpuHistory>, now_ms: i64) -> Self {
-        GpuHandle { hist, now_ms }
-    }
-}
-
-/// One metric of one GPU (`gpu.util`), with the window functions as methods.
-#[derive(Debug, Clone)]
-pub struct Series {
-    hist: Arc<GpuHistory>,
-    metric: Metric,
-    now_ms: i64,
-}
-
-/// The host as a rule with `scope: "host"` sees it (`host`).
-#[derive(Debug, Clone)]
-pub struct HostHandle {
-    /// Every GPU seen at the latest snapshot.
-    pub gpus: Vec<GpuHandle>,
-    /// Host name.
-    pub hostname: String,
-    /// Evaluation time, UTC ms.
-    pub now_ms: i64,
-    /// Seconds since the latest snapshot (`None` before the first).
-    pub sample_age_s: Option<f64>,
-    /// Sampling interval in seconds, configured or observed.
-    pub interval_s: Option<f64>,
-}
-
-fn nodata() -> Dynamic {
+pub(crate) fn nodata() -> Dynamic {
     NODATA.with(|c| c.set(true));
     Dynamic::UNIT
 }
@@ -69,7 +40,7 @@ fn nodata() -> Dynamic {
 /// A duration argument: `"90s"`, `"5m"`, `"1h"` or a number of seconds.
 pub(crate) fn duration_ms(d: &Dynamic) -> Result<i64, Box<EvalAltResult>> {
     if let Some(s) = d.read_lock::<ImmutableString>() {
-        return crate::config::parse_duration_ms(&s).map_err(Into::into);
+        return crate::values::parse_duration_ms(&s).map_err(Into::into);
     }
     let secs = number(d).ok_or_else(|| -> Box<EvalAltResult> {
         format!(
@@ -94,109 +65,8 @@ pub(crate) fn number(d: &Dynamic) -> Option<f64> {
     d.as_int().ok().map(|i| i as f64)
 }
 
-fn num_arg(d: &Dynamic) -> Result<f64, Box<EvalAltResult>> {
+pub(crate) fn num_arg(d: &Dynamic) -> Result<f64, Box<EvalAltResult>> {
     number(d).ok_or_else(|| format!("expected a number, got {}", d.type_name()).into())
-}
-
-impl Series {
-    /// `()` for a missing result; the evaluation counts as "no data" unless the metric has no
-    /// samples at all (not supported by this GPU or log), which is permanent, not a gap.
-    fn missing(&self) -> Dynamic {
-        if self.hist.window(self.metric).is_empty() {
-            Dynamic::UNIT
-        } else {
-            nodata()
-        }
-    }
-
-    fn agg(&self, agg: Agg, d: &Dynamic, arg: f64) -> RhaiResult {
-        let dur = duration_ms(d)?;
-        Ok(
-            match self.hist.aggregate(self.metric, agg, self.now_ms, dur, arg) {
-                Some(v) => Dynamic::from_float(v),
-                None => self.missing(),
-            },
-        )
-    }
-
-    fn last_default(&self) -> Dynamic {
-        // Newest value if it is at most 3 sampling intervals (at least 5 s) old.
-        let fresh_ms = (self.hist.interval_ms * 3).max(5000);
-        match self.hist.window(self.metric).newest() {
-            Some((t, v)) if self.now_ms - t <= fresh_ms && t <= self.now_ms => {
-                Dynamic::from_float(v)
-            }
-            _ => self.missing(),
-        }
-    }
-
-    fn all(&self, d: &Dynamic, x: &Dynamic, above: bool) -> RhaiResult {
-        let dur = duration_ms(d)?;
-        let x = num_arg(x)?;
-        let agg = if above {
-            Agg::FracAbove
-        } else {
-            Agg::FracBelow
-        };
-        Ok(
-            match self.hist.aggregate(self.metric, agg, self.now_ms, dur, x) {
-                Some(f) => Dynamic::from_bool(f >= 1.0),
-                None => self.missing(),
-            },
-        )
-    }
-}
-
-fn processes(h: &GpuHistory) -> Array {
-    h.processes
-        .iter()
-        .map(|p| {
-            let mut m = Map::new();
-            m.insert("pid".into(), Dynamic::from_int(i64::from(p.pid)));
-            #[expect(
-                clippy::cast_precision_loss,
-                reason = "bytes fit f64 exactly below 2^53"
-            )]
-            m.insert(
-                "used_bytes".into(),
-                p.used_mem_bytes
-                    .map_or(Dynamic::UNIT, |b| Dynamic::from_float(b as f64)),
-            );
-            m.insert(
-                "user".into(),
-                p.user.clone().map_or(Dynamic::UNIT, Dynamic::from),
-            );
-            m.insert(
-                "command".into(),
-                p.command.clone().map_or(Dynamic::UNIT, Dynamic::from),
-            );
-            m.insert(
-                "runtime_s".into(),
-                p.runtime_s.map_or(Dynamic::UNIT, Dynamic::from_float),
-            );
-            Dynamic::from_map(m)
-        })
-        .collect()
-}
-
-fn throttled_now(g: &GpuHandle, name: &str) -> RhaiResult {
-    let mask =
-        clock_event_mask(name).ok_or_else(|| format!("unknown clock event reason {name:?}"))?;
-    let s = Series {
-        hist: g.hist.clone(),
-        metric: Metric::ClockEventReasons,
-        now_ms: g.now_ms,
-    };
-    let last = s.last_default();
-    Ok(match number(&last) {
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "bitmask"
-        )]
-        Some(v) => Dynamic::from_bool((v as u64) & mask != 0),
-        None => Dynamic::UNIT,
-    })
 }
 
 /// `param(name, default)`: the `[rules.params]` override for the current rule, else `default`.
@@ -237,207 +107,12 @@ macro_rules! unit_ops {
     )*};
 }
 
-/// Registers the whole script API on `engine`.
-#[expect(clippy::too_many_lines, reason = "one registration list")]
+/// Registers the whole script API on `engine`: the four handles, then the shared helpers.
 pub(crate) fn register(engine: &mut Engine) {
-    engine.register_type_with_name::<GpuHandle>("Gpu");
-    engine.register_type_with_name::<Series>("Series");
-    engine.register_type_with_name::<HostHandle>("Host");
-
-    for desc in METRICS {
-        let metric = desc.id;
-        engine.register_get(desc.key, move |g: &mut GpuHandle| Series {
-            hist: g.hist.clone(),
-            metric,
-            now_ms: g.now_ms,
-        });
-    }
-    engine.register_get("index", |g: &mut GpuHandle| i64::from(g.hist.id.index));
-    engine.register_get("uuid", |g: &mut GpuHandle| g.hist.id.uuid.clone());
-    engine.register_get("name", |g: &mut GpuHandle| g.hist.id.name.clone());
-    engine.register_get("pci_bus_id", |g: &mut GpuHandle| {
-        g.hist.id.pci_bus_id.clone()
-    });
-    engine.register_get("lost", |g: &mut GpuHandle| {
-        g.hist.state == DeviceState::Lost
-    });
-    engine.register_get("processes", |g: &mut GpuHandle| processes(&g.hist));
-    engine.register_get("process_count", |g: &mut GpuHandle| {
-        i64::try_from(g.hist.processes.len()).unwrap_or(i64::MAX)
-    });
-    engine.register_get("interval", |g: &mut GpuHandle| {
-        #[expect(clippy::cast_precision_loss, reason = "small")]
-        if g.hist.interval_ms > 0 {
-            Dynamic::from_float(g.hist.interval_ms as f64 / 1000.0)
-        } else {
-            Dynamic::UNIT
-        }
-    });
-    engine.register_fn("throttled", |g: GpuHandle, name: &str| {
-        throttled_now(&g, name)
-    });
-    engine.register_fn(
-        "throttled",
-        |g: GpuHandle, name: &str, d: Dynamic| -> RhaiResult {
-            let mask = clock_event_mask(name)
-                .ok_or_else(|| format!("unknown clock event reason {name:?}"))?;
-            let dur = duration_ms(&d)?;
-            #[expect(clippy::cast_precision_loss, reason = "bitmask below 2^53")]
-            let arg = mask as f64;
-            let series = Series {
-                hist: g.hist.clone(),
-                metric: Metric::ClockEventReasons,
-                now_ms: g.now_ms,
-            };
-            Ok(
-                match g
-                    .hist
-                    .aggregate(Metric::ClockEventReasons, Agg::FracBits, g.now_ms, dur, arg)
-                {
-                    Some(v) => Dynamic::from_float(v),
-                    None => series.missing(),
-                },
-            )
-        },
-    );
-    engine.register_fn("xids", |g: GpuHandle, d: Dynamic| -> RhaiResult {
-        let dur = duration_ms(&d)?;
-        Ok(Dynamic::from_array(
-            g.hist
-                .xids_in(g.now_ms, dur)
-                .into_iter()
-                .map(|c| Dynamic::from_int(i64::try_from(c).unwrap_or(i64::MAX)))
-                .collect(),
-        ))
-    });
-    engine.register_fn("to_string", |g: &mut GpuHandle| {
-        format!("GPU {}", g.hist.id.index)
-    });
-
-    // Window methods, by value.
-    engine.register_fn("last", |s: Series| s.last_default());
-    engine.register_fn("last", |s: Series, d: Dynamic| s.agg(Agg::Last, &d, 0.0));
-    engine.register_fn("mean", |s: Series, d: Dynamic| s.agg(Agg::Mean, &d, 0.0));
-    engine.register_fn("avg", |s: Series, d: Dynamic| s.agg(Agg::Mean, &d, 0.0));
-    engine.register_fn("min", |s: Series, d: Dynamic| s.agg(Agg::Min, &d, 0.0));
-    engine.register_fn("max", |s: Series, d: Dynamic| s.agg(Agg::Max, &d, 0.0));
-    engine.register_fn("stddev", |s: Series, d: Dynamic| {
-        s.agg(Agg::Stddev, &d, 0.0)
-    });
-    engine.register_fn("count", |s: Series, d: Dynamic| -> RhaiResult {
-        let dur = duration_ms(&d)?;
-        let n = s
-            .hist
-            .aggregate(s.metric, Agg::Count, s.now_ms, dur, 0.0)
-            .unwrap_or(0.0);
-        #[expect(clippy::cast_possible_truncation, reason = "a count")]
-        Ok(Dynamic::from_int(n as i64))
-    });
-    engine.register_fn("delta", |s: Series, d: Dynamic| s.agg(Agg::Delta, &d, 0.0));
-    engine.register_fn("increase", |s: Series, d: Dynamic| {
-        s.agg(Agg::Increase, &d, 0.0)
-    });
-    engine.register_fn("rate", |s: Series, d: Dynamic| s.agg(Agg::Rate, &d, 0.0));
-    engine.register_fn("slope", |s: Series, d: Dynamic| s.agg(Agg::Slope, &d, 0.0));
-    for name in ["percentile", "pct"] {
-        engine.register_fn(name, |s: Series, d: Dynamic, p: Dynamic| -> RhaiResult {
-            let p = num_arg(&p)?;
-            s.agg(Agg::Percentile, &d, p)
-        });
-    }
-    engine.register_fn(
-        "frac_above",
-        |s: Series, d: Dynamic, x: Dynamic| -> RhaiResult {
-            let x = num_arg(&x)?;
-            s.agg(Agg::FracAbove, &d, x)
-        },
-    );
-    engine.register_fn(
-        "frac_below",
-        |s: Series, d: Dynamic, x: Dynamic| -> RhaiResult {
-            let x = num_arg(&x)?;
-            s.agg(Agg::FracBelow, &d, x)
-        },
-    );
-    engine.register_fn("all_above", |s: Series, d: Dynamic, x: Dynamic| {
-        s.all(&d, &x, true)
-    });
-    engine.register_fn("all_below", |s: Series, d: Dynamic, x: Dynamic| {
-        s.all(&d, &x, false)
-    });
-    engine.register_fn(
-        "idle_runs",
-        |s: Series, d: Dynamic, x: Dynamic| -> RhaiResult {
-            let dur = duration_ms(&d)?;
-            let x = num_arg(&x)?;
-            let stats = s
-                .hist
-                .window(s.metric)
-                .runs_below(s.now_ms, dur, x, s.hist.interval_ms);
-            let Some(r) = stats else {
-                return Ok(s.missing());
-            };
-            let mut m = Map::new();
-            m.insert(
-                "runs".into(),
-                Dynamic::from_int(i64::try_from(r.runs).unwrap_or(i64::MAX)),
-            );
-            m.insert("share".into(), Dynamic::from_float(r.share));
-            m.insert(
-                "period".into(),
-                r.period_s.map_or(Dynamic::UNIT, Dynamic::from_float),
-            );
-            m.insert(
-                "period_cv".into(),
-                r.period_cv.map_or(Dynamic::UNIT, Dynamic::from_float),
-            );
-            m.insert("median_len".into(), Dynamic::from_float(r.median_len_s));
-            Ok(Dynamic::from_map(m))
-        },
-    );
-    engine.register_fn("maxima", |s: Series, d: Dynamic, n: i64| -> RhaiResult {
-        let dur = duration_ms(&d)?;
-        let n = usize::try_from(n.clamp(1, 1000)).unwrap_or(1);
-        Ok(
-            match s
-                .hist
-                .window(s.metric)
-                .maxima(s.now_ms, dur, n, s.hist.interval_ms)
-            {
-                Some(v) => Dynamic::from_array(v.into_iter().map(Dynamic::from_float).collect()),
-                None => s.missing(),
-            },
-        )
-    });
-    engine.register_fn("age", |s: Series| -> Dynamic {
-        match s.hist.window(s.metric).newest() {
-            #[expect(clippy::cast_precision_loss, reason = "ms")]
-            Some((t, _)) => Dynamic::from_float((s.now_ms - t) as f64 / 1000.0),
-            None => s.missing(),
-        }
-    });
-    engine.register_get("supported", |s: &mut Series| {
-        !s.hist.window(s.metric).is_empty()
-    });
-    engine.register_get("key", |s: &mut Series| s.metric.key().to_string());
-    engine.register_get("unit", |s: &mut Series| s.metric.desc().unit.to_string());
-
-    // Host.
-    engine.register_get("gpus", |h: &mut HostHandle| -> Array {
-        h.gpus.iter().cloned().map(Dynamic::from).collect()
-    });
-    engine.register_get("hostname", |h: &mut HostHandle| h.hostname.clone());
-    engine.register_get("sample_age", |h: &mut HostHandle| {
-        h.sample_age_s.map_or(Dynamic::UNIT, Dynamic::from_float)
-    });
-    engine.register_get("interval", |h: &mut HostHandle| {
-        h.interval_s.map_or(Dynamic::UNIT, Dynamic::from_float)
-    });
-    engine.register_get("now", |h: &mut HostHandle| {
-        #[expect(clippy::cast_precision_loss, reason = "ms")]
-        Dynamic::from_float(h.now_ms as f64 / 1000.0)
-    });
-
+    gpu::register(engine);
+    host::register(engine);
+    process::register(engine);
+    job::register(engine);
     // Units: MiB(4) is 4 MiB in bytes; to_MiB(bytes) is the reverse. `()` stays `()`.
     for (name, scale) in [
         ("KiB", 1024.0),

@@ -8,6 +8,7 @@ mod daemon;
 mod engine;
 mod fidelity;
 mod job;
+mod layers;
 mod metrics_doc;
 mod notify;
 mod restart;

@@ -3,20 +3,17 @@
 //! output through [`AlertSink`]s: stderr lines ([`StderrSink`]) and the configured notification
 //! channels ([`DispatchSink`], the notification dispatcher with its outbox).
 //!
-//! Data flow per tick: snapshots → [`Engine::observe`] (GPU, host and process rules) → job sample →
-//! [`Engine::evaluate_job`] → [`ActionRunner`] → sink. At the end the final job sample is
+//! Data flow per tick: snapshots → [`Pipeline::observe`] (GPU, host and process rules, then
+//! actions) → job sample → [`Pipeline::evaluate_job`] → sinks. At the end the final job sample is
 //! evaluated once more; the `job_finished` / `job_crashed` alerts it produces carry the whole
 //! report as their `description`.
 
 use std::collections::HashSet;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::{GpuJobStats, GpuUsage, JobObserver, JobReport, JobSample};
-use crate::action::ActionRunner;
-use crate::engine::Engine;
-use crate::model::{AlertEvent, AlertStatus, Snapshot};
-use crate::sampler::{Sampler, SamplerConfig, Ticker};
+use super::{Pipeline, SamplerThread};
+use crate::job::{GpuJobStats, GpuUsage, JobObserver, JobReport, JobSample};
+use crate::model::{AlertEvent, AlertStatus};
 
 /// Most alerts kept in the report.
 const MAX_REPORT_ALERTS: usize = 200;
@@ -182,37 +179,10 @@ impl AlertSink for DispatchSink {
     }
 }
 
-/// Starts a sampler thread sending one snapshot per `interval`; the thread ends when the
-/// receiver is dropped.
-pub fn start_sampler(
-    cfg: &SamplerConfig,
-    interval: Duration,
-) -> Result<mpsc::Receiver<Snapshot>, crate::sampler::SamplerError> {
-    let mut sampler = Sampler::open(cfg)?;
-    let (tx, rx) = mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("gpuwatch-sampler".into())
-        .spawn(move || {
-            let mut ticker = Ticker::new(Instant::now(), interval);
-            loop {
-                let due = ticker.next(Instant::now());
-                std::thread::sleep(due.saturating_duration_since(Instant::now()));
-                if tx.send(sampler.sample()).is_err() {
-                    break;
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::error!("cannot start the sampler thread: {e}");
-    }
-    Ok(rx)
-}
-
 /// The rules-and-actions observer of a job.
 pub struct Watch {
-    engine: Engine,
-    actions: ActionRunner,
-    snapshots: Option<mpsc::Receiver<Snapshot>>,
+    pipeline: Pipeline,
+    snapshots: Option<SamplerThread>,
     usage: GpuUsage,
     sinks: Vec<Box<dyn AlertSink>>,
     alerts: Vec<AlertEvent>,
@@ -222,22 +192,17 @@ pub struct Watch {
 impl std::fmt::Debug for Watch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watch")
-            .field("rules", &self.engine.rule_count())
+            .field("rules", &self.pipeline.engine().rule_count())
             .field("sampling", &self.snapshots.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl Watch {
-    /// A watch over `engine` and `actions`, fed by `snapshots` when a sampler runs.
-    pub fn new(
-        engine: Engine,
-        actions: ActionRunner,
-        snapshots: Option<mpsc::Receiver<Snapshot>>,
-    ) -> Watch {
+    /// A watch over `pipeline`, fed by `snapshots` when a sampler runs.
+    pub fn new(pipeline: Pipeline, snapshots: Option<SamplerThread>) -> Watch {
         Watch {
-            engine,
-            actions,
+            pipeline,
             snapshots,
             usage: GpuUsage::default(),
             sinks: Vec::new(),
@@ -265,39 +230,30 @@ impl Watch {
         }
     }
 
-    /// Ingests the snapshots that arrived; returns the engine's events and the latest process
-    /// list, if one came.
-    fn ingest(
-        &mut self,
-        pids: &HashSet<u32>,
-        now_ms: i64,
-    ) -> (Vec<AlertEvent>, Option<Vec<crate::model::ProcSample>>) {
+    /// Ingests the snapshots that arrived; returns their events (with the actions').
+    fn ingest(&mut self, pids: &HashSet<u32>, now_ms: i64) -> Vec<AlertEvent> {
         let mut events = Vec::new();
-        let mut procs = None;
         let mut got = false;
-        if let Some(rx) = &self.snapshots {
-            while let Ok(snap) = rx.try_recv() {
+        if let Some(sampler) = &self.snapshots {
+            while let Ok(snap) = sampler.receiver().try_recv() {
                 got = true;
                 self.usage.observe(&snap, pids);
-                if let Some(p) = &snap.processes {
-                    procs = Some(p.clone());
-                }
-                events.extend(self.engine.observe(&snap));
+                events.extend(self.pipeline.observe(&snap));
             }
         }
         // Without a sampler there is nothing to be stale: host rules such as collector_stale
         // only run when snapshots are expected.
         if !got && self.snapshots.is_some() {
-            events.extend(self.engine.advance(now_ms));
+            events.extend(self.pipeline.advance(now_ms));
         }
-        (events, procs)
+        events
     }
 
     fn step(&mut self, sample: &JobSample, end: bool) -> Vec<AlertEvent> {
         self.job_pid = Some(sample.pid);
         let now = sample.time_ms;
         let pids: HashSet<u32> = sample.pids.iter().copied().chain([sample.pid]).collect();
-        let (mut events, procs) = self.ingest(&pids, now);
+        let mut events = self.ingest(&pids, now);
         // Every alert raised while a job runs says where the job was.
         let progress = sample.progress.describe();
         for ev in &mut events {
@@ -310,17 +266,7 @@ impl Watch {
                     .or_insert_with(|| sample.command.clone());
             }
         }
-        events.extend(self.engine.evaluate_job(sample, now));
-        let audits = {
-            let mut a = self.actions.handle(&events, now);
-            a.extend(self.actions.tick(now, procs.as_deref()));
-            a
-        };
-        events.extend(
-            audits
-                .iter()
-                .map(crate::action::AuditRecord::to_alert_event),
-        );
+        events.extend(self.pipeline.evaluate_job(sample));
         if end {
             return events;
         }
@@ -352,12 +298,12 @@ impl JobObserver for Watch {
                 a.insert("crash_detail".into(), report.crash_detail.clone());
                 a.insert(
                     "duration".into(),
-                    super::report::format_duration_ms(report.duration_ms()),
+                    crate::values::format_duration_ms(report.duration_ms()),
                 );
             }
         }
         self.emit(events, true);
-        self.actions.finish();
+        self.pipeline.finish();
         for sink in &mut self.sinks {
             sink.finish();
         }
@@ -366,7 +312,7 @@ impl JobObserver for Watch {
 
     fn killed_by_gpuwatch(&self) -> Option<String> {
         self.job_pid
-            .and_then(|pid| self.actions.killed_by_gpuwatch(pid))
+            .and_then(|pid| self.pipeline.actions().killed_by_gpuwatch(pid))
     }
 
     fn gpu_stats(&self) -> Option<Vec<GpuJobStats>> {

@@ -4,13 +4,13 @@
 //!
 //! Values that are not known (no progress line seen yet, the job still running) are `()`, the
 //! rules engine's "no data", so comparisons with them do not fire. Registered into the rules
-//! engine with [`register`].
+//! engine with `register`.
 
 use std::sync::Arc;
 
 use rhai::{Dynamic, Engine};
 
-use super::JobSample;
+use crate::model::job::{CrashClass, JobExit, JobSample};
 
 /// A by-value handle on one job sample (cheap to clone).
 #[derive(Debug, Clone)]
@@ -70,11 +70,11 @@ pub fn register(engine: &mut Engine) {
         (j.sample.time_ms - j.sample.started_at_ms).max(0) as f64 / 1000.0
     });
     engine.register_get("exit_code", |j: &mut JobHandle| match j.sample.exit {
-        Some(super::JobExit::Exited { code }) => Dynamic::from_int(i64::from(code)),
+        Some(JobExit::Exited { code }) => Dynamic::from_int(i64::from(code)),
         _ => Dynamic::UNIT,
     });
     engine.register_get("signal", |j: &mut JobHandle| match j.sample.exit {
-        Some(super::JobExit::Signaled { signal, .. }) => Dynamic::from_int(i64::from(signal)),
+        Some(JobExit::Signaled { signal, .. }) => Dynamic::from_int(i64::from(signal)),
         _ => Dynamic::UNIT,
     });
     engine.register_get("crash_class", |j: &mut JobHandle| {
@@ -88,9 +88,7 @@ pub fn register(engine: &mut Engine) {
         })
     });
     engine.register_get("failed", |j: &mut JobHandle| {
-        j.sample
-            .crash_class
-            .is_some_and(super::CrashClass::is_failure)
+        j.sample.crash_class.is_some_and(CrashClass::is_failure)
     });
     engine.register_get("gpu_indices", |j: &mut JobHandle| {
         j.gpus
@@ -104,7 +102,7 @@ pub fn register(engine: &mut Engine) {
         "seconds",
         |d: Dynamic| -> Result<f64, Box<rhai::EvalAltResult>> {
             if let Some(s) = d.read_lock::<rhai::ImmutableString>() {
-                return crate::config::parse_duration_ms(&s)
+                return crate::values::parse_duration_ms(&s)
                     .map(|ms| ms as f64 / 1000.0)
                     .map_err(Into::into);
             }
@@ -123,7 +121,7 @@ pub fn register(engine: &mut Engine) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{CrashClass, JobExit, ProgressState};
+    use crate::model::job::ProgressState;
 
     fn sample() -> JobSample {
         JobSample {
@@ -133,7 +131,7 @@ mod tests {
             started_at_ms: 10_000,
             progress: {
                 let mut p = ProgressState::default();
-                let u = crate::job::ProgressUpdate {
+                let u = crate::model::job::ProgressUpdate {
                     step: Some(1200),
                     epoch: Some(3.0),
                     ..Default::default()

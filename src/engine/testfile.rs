@@ -128,7 +128,7 @@ pub fn parse_offset_ms(s: &str) -> Result<i64, String> {
         let unit_end = rest[num_end..]
             .find(|c: char| c.is_ascii_digit())
             .map_or(rest.len(), |i| num_end + i);
-        total += crate::config::parse_duration_ms(&rest[..unit_end])?;
+        total += crate::values::parse_duration_ms(&rest[..unit_end])?;
         rest = &rest[unit_end..];
     }
     Ok(total)
@@ -231,7 +231,7 @@ fn locate(text: &str, needle: &str) -> String {
     text.find(needle).map_or_else(
         || "1:1".to_string(),
         |off| {
-            let (l, c) = crate::config::line_col(text, off);
+            let (l, c) = crate::values::line_col(text, off);
             format!("{l}:{c}")
         },
     )
@@ -341,7 +341,7 @@ pub fn run_file(path: &Path) -> Result<Vec<CaseReport>, String> {
     let tf: TestFile = toml::from_str(&text).map_err(|e| {
         let (l, c) = e
             .span()
-            .map_or((1, 1), |s| crate::config::line_col(&text, s.start));
+            .map_or((1, 1), |s| crate::values::line_col(&text, s.start));
         format!("{file}:{l}:{c}: {}", e.message())
     })?;
     let base = path.parent().unwrap_or(Path::new("."));
@@ -360,13 +360,13 @@ pub fn run_file(path: &Path) -> Result<Vec<CaseReport>, String> {
             .collect::<Vec<_>>()
             .join("\n")
     })?;
-    let interval = crate::config::parse_duration_ms(tf.interval.as_deref().unwrap_or("1s"))
+    let interval = crate::values::parse_duration_ms(tf.interval.as_deref().unwrap_or("1s"))
         .map_err(|e| format!("{file}: interval: {e}"))?;
     if interval <= 0 {
         return Err(format!("{file}: interval must be positive"));
     }
     let eval_interval = match &tf.eval_interval {
-        Some(s) => crate::config::parse_duration_ms(s)
+        Some(s) => crate::values::parse_duration_ms(s)
             .map_err(|e| format!("{file}: eval_interval: {e}"))?,
         None => 0,
     };

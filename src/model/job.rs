@@ -1,0 +1,293 @@
+//! Plain data about a training job watched by `gpuwatch run` / `attach`: its progress, how it
+//! ended, and the sample job rules see. The job machinery (`crate::job`) produces these; the
+//! rules engine reads them; neither needs the other.
+
+use serde::{Deserialize, Serialize};
+
+/// The job as rules see it at one tick (`job.step`, `job.epoch`, `job.progress_age()`, …).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSample {
+    /// Sample time, UTC ms.
+    pub time_ms: i64,
+    /// The job's PID (our namespace).
+    pub pid: u32,
+    /// The command line, shell-quoted.
+    pub command: String,
+    /// When watching started, UTC ms.
+    pub started_at_ms: i64,
+    /// Progress so far.
+    pub progress: ProgressState,
+    /// True while the process lives.
+    pub alive: bool,
+    /// Set on the last sample: how it ended.
+    pub exit: Option<JobExit>,
+    /// Set on the last sample: the crash class.
+    pub crash_class: Option<CrashClass>,
+    /// PIDs of the job's process tree (our namespace).
+    pub pids: Vec<u32>,
+}
+
+impl JobSample {
+    /// Seconds since progress last moved (`None`: never).
+    pub fn progress_age_s(&self) -> Option<f64> {
+        self.progress.progress_age_s(self.time_ms)
+    }
+}
+
+/// The job's progress so far.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProgressState {
+    /// Latest step seen.
+    pub step: Option<i64>,
+    /// Latest total steps seen.
+    pub total_steps: Option<i64>,
+    /// Latest epoch seen.
+    pub epoch: Option<f64>,
+    /// Latest total epochs seen.
+    pub total_epochs: Option<i64>,
+    /// When progress last moved, UTC ms (`None`: never).
+    pub last_progress_ms: Option<i64>,
+    /// How many times progress moved.
+    pub updates: u64,
+    /// The last line that carried progress.
+    pub last_line: Option<String>,
+    #[serde(skip)]
+    last_heartbeat: Option<String>,
+}
+
+impl ProgressState {
+    /// Applies an update seen at `now_ms`; returns true when progress moved.
+    pub fn apply(&mut self, update: &ProgressUpdate, line: &str, now_ms: i64) -> bool {
+        let mut moved = false;
+        if let Some(step) = update.step {
+            if self.step != Some(step) {
+                moved = true;
+            }
+            self.step = Some(step);
+            if update.total_steps.is_some() {
+                self.total_steps = update.total_steps;
+            }
+        }
+        if let Some(epoch) = update.epoch {
+            if self.epoch != Some(epoch) {
+                moved = true;
+            }
+            self.epoch = Some(epoch);
+            if update.total_epochs.is_some() {
+                self.total_epochs = update.total_epochs;
+            }
+        }
+        if let Some(hb) = &update.heartbeat {
+            // A heartbeat pattern without groups: any match counts.
+            moved = true;
+            self.last_heartbeat = Some(hb.clone());
+        }
+        if moved {
+            self.last_progress_ms = Some(now_ms);
+            self.updates += 1;
+            self.last_line = Some(cut(line.trim(), 300).to_string());
+        }
+        moved
+    }
+
+    /// Seconds since progress last moved, `None` when it never did.
+    pub fn progress_age_s(&self, now_ms: i64) -> Option<f64> {
+        self.last_progress_ms
+            .map(|t| (now_ms.saturating_sub(t)).max(0) as f64 / 1000.0)
+    }
+
+    /// Short human text: `epoch 3/10, step 1200/5000`, or `no progress seen`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(e) = self.epoch {
+            let e = if e.fract() == 0.0 {
+                format!("{e:.0}")
+            } else {
+                format!("{e}")
+            };
+            match self.total_epochs {
+                Some(t) => parts.push(format!("epoch {e}/{t}")),
+                None => parts.push(format!("epoch {e}")),
+            }
+        }
+        if let Some(s) = self.step {
+            match self.total_steps {
+                Some(t) => parts.push(format!("step {s}/{t}")),
+                None => parts.push(format!("step {s}")),
+            }
+        }
+        if parts.is_empty() {
+            if self.updates > 0 {
+                return format!("{} progress lines", self.updates);
+            }
+            return "no progress seen".into();
+        }
+        parts.join(", ")
+    }
+}
+
+/// What one line said about progress.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProgressUpdate {
+    /// Step (or iteration, or tqdm position) number.
+    pub step: Option<i64>,
+    /// Total steps, when the line gives one.
+    pub total_steps: Option<i64>,
+    /// Epoch (may be fractional, as in the Hugging Face Trainer).
+    pub epoch: Option<f64>,
+    /// Total epochs, when the line gives one.
+    pub total_epochs: Option<i64>,
+    /// The text a heartbeat pattern matched.
+    pub heartbeat: Option<String>,
+}
+
+impl ProgressUpdate {
+    /// True when the line said nothing about progress.
+    pub fn is_empty(&self) -> bool {
+        self.step.is_none() && self.epoch.is_none() && self.heartbeat.is_none()
+    }
+}
+
+/// How the process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum JobExit {
+    /// It exited with this code.
+    Exited {
+        /// The exit code.
+        code: i32,
+    },
+    /// A signal ended it.
+    Signaled {
+        /// Signal number.
+        signal: i32,
+        /// Whether it dumped core.
+        core_dumped: bool,
+    },
+    /// It ended, and the kernel did not tell us how (an attached process that is not our child).
+    Ended,
+}
+
+impl JobExit {
+    /// The exit code gpuwatch itself returns: the job's code, 128 + signal, or 0 for `Ended`.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            JobExit::Exited { code } => code,
+            JobExit::Signaled { signal, .. } => 128 + signal,
+            JobExit::Ended => 0,
+        }
+    }
+
+    /// Decodes a raw `wait` status (as in `/proc/PID/stat` field 52).
+    pub fn from_wait_status(status: i32) -> JobExit {
+        if libc::WIFEXITED(status) {
+            JobExit::Exited {
+                code: libc::WEXITSTATUS(status),
+            }
+        } else if libc::WIFSIGNALED(status) {
+            JobExit::Signaled {
+                signal: libc::WTERMSIG(status),
+                core_dumped: libc::WCOREDUMP(status),
+            }
+        } else {
+            JobExit::Ended
+        }
+    }
+
+    /// `exit code 3`, `signal 9 (SIGKILL)`, `ended (exit status not available)`.
+    pub fn describe(self) -> String {
+        match self {
+            JobExit::Exited { code } => format!("exit code {code}"),
+            JobExit::Signaled {
+                signal,
+                core_dumped,
+            } => format!(
+                "signal {signal} ({}){}",
+                signal_name(signal),
+                if core_dumped { ", core dumped" } else { "" }
+            ),
+            JobExit::Ended => "ended (exit status not available)".into(),
+        }
+    }
+}
+
+/// `SIGKILL` for 9, … (`SIG?` for unknown numbers).
+pub fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        _ => "SIG?",
+    }
+}
+
+/// Why the job ended, as gpuwatch understands it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CrashClass {
+    /// Exit code 0.
+    CleanExit,
+    /// Ran out of GPU memory (`CUDA out of memory` in the output).
+    CudaOom,
+    /// An NCCL error or collective timeout in the output.
+    NcclError,
+    /// A Python traceback in the output, without a more specific cause.
+    PythonTraceback,
+    /// SIGKILL with evidence of the kernel OOM killer (cgroup `oom_kill` counter, kernel log).
+    KernelOomKill,
+    /// gpuwatch's kill action ended it.
+    KilledByGpuwatch,
+    /// A signal from elsewhere ended it (including a SIGKILL without OOM evidence).
+    KilledBySignal,
+    /// Non-zero exit code without a recognised cause.
+    NonZeroExit,
+    /// An attached process ended; the kernel did not say how.
+    Ended,
+}
+
+impl CrashClass {
+    /// Human label.
+    pub fn label(self) -> &'static str {
+        match self {
+            CrashClass::CleanExit => "clean exit",
+            CrashClass::CudaOom => "CUDA out of memory",
+            CrashClass::NcclError => "NCCL error",
+            CrashClass::PythonTraceback => "Python traceback",
+            CrashClass::KernelOomKill => "killed by the kernel OOM killer",
+            CrashClass::KilledByGpuwatch => "killed by gpuwatch",
+            CrashClass::KilledBySignal => "killed by signal",
+            CrashClass::NonZeroExit => "non-zero exit",
+            CrashClass::Ended => "ended",
+        }
+    }
+
+    /// True for every class except a clean exit and an unknown end.
+    pub fn is_failure(self) -> bool {
+        !matches!(self, CrashClass::CleanExit | CrashClass::Ended)
+    }
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+pub fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

@@ -1,0 +1,232 @@
+//! The one pipeline every live command drives: the sampler on its own thread
+//! ([`SamplerThread`]) → the engine → kill/exec actions → their audit records as alert events
+//! ([`Pipeline`]). `gpuwatch daemon` ([`crate::daemon`]) and `run`/`attach` ([`watch`]) are thin
+//! drivers that decide where events go (the notification dispatcher, stderr, a job report);
+//! `record` reuses the sampler thread; `replay` and `test` feed the engine in virtual time
+//! ([`crate::engine::replay`]) with no actions at all.
+//!
+//! The sequence "engine events → actions → audit records → `kill_action` events" exists only
+//! in [`Pipeline::act`].
+
+pub mod watch;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use crate::action::{ActionRunner, AuditRecord};
+use crate::engine::Engine;
+use crate::model::job::JobSample;
+use crate::model::{AlertEvent, DeviceId, ProcSample, Snapshot};
+use crate::sampler::{Sampler, SamplerConfig, SamplerError, Ticker};
+
+/// Exit status of a command that needs NVML and found none.
+pub const EXIT_NO_NVML: i32 = 2;
+
+/// The sampler on its own thread, sending one snapshot per interval. A slow NVML call delays
+/// only this thread: the receiver keeps its own timers.
+pub struct SamplerThread {
+    rx: mpsc::Receiver<Snapshot>,
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+    devices: Vec<DeviceId>,
+}
+
+impl std::fmt::Debug for SamplerThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SamplerThread")
+            .field("devices", &self.devices.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SamplerThread {
+    /// Opens NVML with `cfg` and starts sampling every `interval`, the first sample at once.
+    /// With `until`, the thread ends (closing the channel) at the first tick due at or after it.
+    pub fn open(
+        cfg: &SamplerConfig,
+        interval: Duration,
+        until: Option<Instant>,
+    ) -> Result<SamplerThread, SamplerError> {
+        let sampler = Sampler::open(cfg)?;
+        Ok(SamplerThread::start(sampler, interval, until))
+    }
+
+    /// Starts sampling with an open sampler; snapshots go to [`SamplerThread::receiver`].
+    pub fn start(sampler: Sampler, interval: Duration, until: Option<Instant>) -> SamplerThread {
+        let (tx, rx) = mpsc::channel();
+        let mut thread =
+            SamplerThread::start_with(sampler, interval, until, move |s| tx.send(s).is_ok());
+        thread.rx = rx;
+        thread
+    }
+
+    /// Starts sampling with an open sampler; each snapshot goes to `deliver`, which returns
+    /// false to stop (its receiver is gone). [`SamplerThread::receiver`] then receives nothing.
+    pub fn start_with(
+        mut sampler: Sampler,
+        interval: Duration,
+        until: Option<Instant>,
+        mut deliver: impl FnMut(Snapshot) -> bool + Send + 'static,
+    ) -> SamplerThread {
+        let devices = sampler.devices();
+        let (_, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let spawned = std::thread::Builder::new()
+            .name("gpuwatch-sampler".into())
+            .spawn(move || {
+                let mut ticker = Ticker::new(Instant::now(), interval);
+                'ticks: loop {
+                    let due = ticker.next(Instant::now());
+                    if until.is_some_and(|u| due >= u) {
+                        break;
+                    }
+                    // Sleep in short steps so a stop request is seen promptly.
+                    loop {
+                        if flag.load(Ordering::SeqCst) {
+                            break 'ticks;
+                        }
+                        let left = due.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        std::thread::sleep(left.min(Duration::from_millis(100)));
+                    }
+                    if !deliver(sampler.sample()) {
+                        break;
+                    }
+                }
+                if ticker.missed() > 0 {
+                    tracing::warn!(missed = ticker.missed(), "late sampling ticks were skipped");
+                }
+            });
+        let handle = match spawned {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::error!("cannot start the sampler thread: {e}");
+                None
+            }
+        };
+        SamplerThread {
+            rx,
+            stop,
+            handle,
+            devices,
+        }
+    }
+
+    /// The GPUs found at start.
+    pub fn devices(&self) -> &[DeviceId] {
+        &self.devices
+    }
+
+    /// The snapshots, in order.
+    pub fn receiver(&self) -> &mpsc::Receiver<Snapshot> {
+        &self.rx
+    }
+
+    /// A flag that stops the thread when set (e.g. from a signal handler thread).
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Stops the thread, waiting at most `grace` for it: a sampler stuck in an NVML call that
+    /// never returns must not hold up the caller, so it is then left behind.
+    pub fn stop(mut self, grace: Duration) {
+        self.stop.store(true, Ordering::SeqCst);
+        let Some(handle) = self.handle.take() else {
+            return;
+        };
+        let deadline = Instant::now() + grace;
+        while !handle.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if handle.is_finished() {
+            let _ = handle.join();
+        } else {
+            tracing::warn!("the sampler thread is busy in an NVML call; going on without it");
+        }
+    }
+}
+
+impl Drop for SamplerThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The engine and the actions it drives: snapshots (or the clock) in, alert events out —
+/// the engine's own and a `kill_action` event for every audited kill decision.
+pub struct Pipeline {
+    engine: Engine,
+    actions: ActionRunner,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("rules", &self.engine.rule_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pipeline {
+    /// A pipeline over `engine` and `actions`.
+    pub fn new(engine: Engine, actions: ActionRunner) -> Pipeline {
+        Pipeline { engine, actions }
+    }
+
+    /// Ingests a snapshot: the engine's events at its time, then the actions they ask for.
+    pub fn observe(&mut self, snap: &Snapshot) -> Vec<AlertEvent> {
+        let events = self.engine.observe(snap);
+        self.act(events, snap.time_ms, snap.processes.as_deref())
+    }
+
+    /// Advances the clock with no new sample (host rules such as `collector_stale`).
+    pub fn advance(&mut self, now_ms: i64) -> Vec<AlertEvent> {
+        let events = self.engine.advance(now_ms);
+        self.act(events, now_ms, None)
+    }
+
+    /// Evaluates the job rules for one job sample.
+    pub fn evaluate_job(&mut self, sample: &JobSample) -> Vec<AlertEvent> {
+        let events = self.engine.evaluate_job(sample, sample.time_ms);
+        self.act(events, sample.time_ms, None)
+    }
+
+    /// The one "events → actions → audit → events" sequence: routes `events` to kill/exec
+    /// actions, advances the kill ladders (with the latest process list when one came), and
+    /// appends every audit record as a `kill_action` event.
+    pub fn act(
+        &mut self,
+        mut events: Vec<AlertEvent>,
+        now_ms: i64,
+        processes: Option<&[ProcSample]>,
+    ) -> Vec<AlertEvent> {
+        let mut audits = self.actions.handle(&events, now_ms);
+        audits.extend(self.actions.tick(now_ms, processes));
+        events.extend(audits.iter().map(AuditRecord::to_alert_event));
+        events
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The engine, to reload rules.
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    /// The action runner.
+    pub fn actions(&self) -> &ActionRunner {
+        &self.actions
+    }
+
+    /// Waits for running exec actions (each bounded by its own timeout).
+    pub fn finish(&mut self) {
+        self.actions.finish();
+    }
+}
