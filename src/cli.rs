@@ -12,7 +12,7 @@ mod record;
 mod rules;
 
 /// Exit status for "the NVML library could not be used" (no driver, bad scenario).
-pub const EXIT_NO_NVML: i32 = 2;
+pub use crate::pipeline::EXIT_NO_NVML;
 
 /// gpuwatch — a GPU watchdog for unattended deep-learning training.
 #[derive(Debug, Parser)]
@@ -106,6 +106,20 @@ pub fn main() -> i32 {
                 // One line: what is wrong and what to try.
                 eprintln!("gpuwatch: {e}");
                 return EXIT_NO_NVML;
+            }
+            // Configuration problems: one `file:line:column: message` per line, exactly as
+            // `gpuwatch check` prints them.
+            if let Some(e) = err.downcast_ref::<crate::config::SetupErrors>() {
+                for line in &e.0 {
+                    eprintln!("{line}");
+                }
+                return 1;
+            }
+            if let Some(e) = err.downcast_ref::<crate::config::ConfigErrors>() {
+                for line in e.iter() {
+                    eprintln!("{line}");
+                }
+                return 1;
             }
             eprintln!("gpuwatch: error: {err:#}");
             1

@@ -111,7 +111,7 @@ fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<
 
 /// The config, rules and notification settings, checked like `check` and `daemon` do.
 fn setup(path: Option<&Path>) -> anyhow::Result<Setup> {
-    Setup::load(path, &[]).map_err(|e| anyhow::anyhow!("{e}"))
+    Ok(Setup::load(path, &[])?)
 }
 
 fn options(config: &Config, flags: &JobFlags, tee: Option<&PathBuf>) -> anyhow::Result<JobOptions> {

@@ -376,3 +376,90 @@ fn a_fault_on_all_eight_gpus_makes_one_message_per_channel() {
     d.signal(libc::SIGTERM);
     assert!(d.wait(T).success());
 }
+
+/// CPU time (utime + stime) of `pid`, seconds.
+fn cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / ticks
+}
+
+/// A rule that stays within its operation limit but makes each operation expensive (the issue's
+/// example) is stopped by its time budget, raises `rule_error`, is suspended, and never holds up
+/// another rule: the lost GPU of xid-79 is still announced within one interval + 200 ms, and the
+/// daemon's CPU use returns to normal.
+#[test]
+fn an_expensive_rule_never_delays_gpu_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = tmp.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    for e in std::fs::read_dir(stock_rules()).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "rhai") {
+            std::fs::copy(e.path(), rules.join(e.file_name())).unwrap();
+        }
+    }
+    // Sorts first: among the per-sample rules it is evaluated before gpu_lost at every tick.
+    std::fs::write(
+        rules.join("aaa_expensive.rhai"),
+        r#"rule(#{ name: "expensive", check: |gpu| { for i in 0..40000 { "x".pad(65000, 'x'); } false } });"#,
+    )
+    .unwrap();
+    let hook = HttpReceiver::start();
+    let smtp = SmtpServer::start(&tmp.path().join("mail"), None);
+    let cfg = config(tmp.path(), &hook.url("/hook"), smtp.port, &rules);
+    // XID 79 + lost at scenario 30 s = 1.5 s of real time: while the rule still runs.
+    let mut d = daemon(
+        "xid-79",
+        &cfg,
+        &tmp.path().join("log"),
+        &[("NVML_SIM_TIME_SCALE", "20")],
+    );
+    let start = std::time::Instant::now();
+    let (lost, arrival) = loop {
+        let found = hook.accepted().into_iter().find(|r| {
+            r.json()["alerts"][0]["labels"]["alertname"] == "gpu_lost"
+        });
+        if let Some(r) = found {
+            break (r.json(), now_s());
+        }
+        assert!(start.elapsed() < T, "no gpu_lost\n{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let a = &lost["alerts"][0];
+    let latency_ms = (arrival - parse_ts(a["startsAt"].as_str().unwrap())) * 1000.0;
+    assert!(
+        latency_ms <= 1200.0,
+        "latency {latency_ms:.0} ms > 1 interval + 200 ms\n{}",
+        d.log_text()
+    );
+    // The rule_error names the rule and the budget.
+    let errors = wait_until(T, "a rule_error notification", || {
+        let v: Vec<serde_json::Value> = hook
+            .accepted()
+            .iter()
+            .map(|r| r.json())
+            .filter(|b| b["alerts"][0]["labels"]["alertname"] == "rule_error")
+            .collect();
+        (!v.is_empty()).then_some(v)
+    });
+    let summary = errors[0]["alerts"][0]["annotations"]["summary"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(summary.contains("rule expensive failed"), "{summary}");
+    assert!(summary.contains("time budget of 50 ms"), "{summary}");
+    // Suspended after three evaluations over budget: the daemon is idle again.
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = d.pid();
+    let (c0, t0) = (cpu_s(pid), std::time::Instant::now());
+    std::thread::sleep(Duration::from_secs(3));
+    let share = (cpu_s(pid) - c0) / t0.elapsed().as_secs_f64();
+    let log = d.log_text();
+    assert!(share < 0.5, "daemon still busy: {share:.2} of a core\n{log}");
+    assert!(log.contains("suspended for 60 s"), "{log}");
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success(), "{}", d.log_text());
+}

@@ -890,3 +890,98 @@ fn a_job_stopped_by_the_kill_action_is_reported_as_killed_by_gpuwatch() {
         .starts_with("gpu_memory_quota"));
     assert_eq!(decisions(&audit(dir.path()))[..3], ["warn", "term", "kill"]);
 }
+
+/// Rules that try to reach a process without declaring `action:`: by firing on a process, by
+/// returning `action`/`pid` keys, by naming an exec entry. Under a policy that would let a
+/// declared kill through at once, none of them may signal the process or run the command.
+#[test]
+fn a_rule_without_action_can_neither_kill_nor_exec() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = runaway();
+    let pid = target.id();
+    let control = dir.path().join("control.toml");
+    place_on_gpu(&control, &[pid]);
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    std::fs::write(
+        rules.join("sneaky.rhai"),
+        format!(
+            r#"
+rule(#{{ name: "plain_process", scope: "process", check: |p| `pid ${{p.pid}} is on a GPU` }});
+rule(#{{ name: "returns_kill", scope: "process", check: |p| #{{ summary: "kill it", action: "kill" }} }});
+rule(#{{ name: "returns_pid", check: |gpu| #{{ summary: "x", action: "kill", pid: {pid} }} }});
+rule(#{{ name: "returns_exec", check: |gpu| #{{ summary: "x", action: "exec:marker" }} }});
+"#
+        ),
+    )
+    .unwrap();
+    let marker = dir.path().join("exec-ran");
+    let uid = my_uid();
+    let cfg = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\ninterval = \"200ms\"\nstate_dir = {state:?}\nrules = [{rules:?}]\n\n\
+             [job]\ntick = \"100ms\"\n\n\
+             [actions.kill]\ndry_run = false\nallow_users = [{user:?}]\nallow_root = {root}\n\
+             min_uid = {min_uid}\ngrace = \"0s\"\nterm_timeout = \"200ms\"\naudit_log = {audit:?}\n\n\
+             [[actions.exec]]\nname = \"marker\"\ncommand = [\"touch\", {marker:?}]\n",
+            state = dir.path().join("state").display().to_string(),
+            rules = rules.display().to_string(),
+            user = my_user(),
+            root = uid == 0,
+            min_uid = uid.min(1000),
+            audit = dir.path().join("audit.jsonl").display().to_string(),
+            marker = marker.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let watch = start_watch(dir.path(), &cfg, &control, "3");
+    finish(watch);
+    assert!(
+        target.try_wait().unwrap().is_none(),
+        "a rule without `action:` killed the process"
+    );
+    assert!(audit(dir.path()).is_empty(), "{:?}", audit(dir.path()));
+    assert!(!marker.exists(), "a returned `action: exec:…` ran the command");
+    let report = read_report(&dir.path().join("report.json"));
+    let seen = alerts(&report);
+    assert!(
+        seen.contains(&("plain_process".into(), "firing".into())),
+        "{seen:?}"
+    );
+    // The returned control keys are rule errors, naming the rule.
+    let errors: Vec<String> = report["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["name"] == "rule_error")
+        .map(|a| a["labels"]["rule"].as_str().unwrap_or("").to_string())
+        .collect();
+    for rule in ["returns_kill", "returns_pid", "returns_exec"] {
+        assert!(errors.iter().any(|r| r == rule), "{rule}: {errors:?}");
+    }
+    target.kill().unwrap();
+    target.wait().unwrap();
+}
+
+/// A `pid` (or `action`) label cannot be declared: such a rule does not load.
+#[test]
+fn pid_and_action_labels_are_reserved() {
+    let dir = tempfile::tempdir().unwrap();
+    for label in ["pid", "action"] {
+        let rule = dir.path().join(format!("{label}.rhai"));
+        std::fs::write(
+            &rule,
+            format!("rule(#{{ name: \"x\", labels: #{{ {label}: \"4242\" }}, check: |gpu| true }});\n"),
+        )
+        .unwrap();
+        let out = gpuwatch()
+            .args(["check", "--rules", rule.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(&format!("label `{label}` is reserved")), "{err}");
+    }
+}

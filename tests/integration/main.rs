@@ -4,6 +4,7 @@
 mod acceptance;
 #[allow(dead_code)]
 mod common;
+mod config;
 mod daemon;
 mod engine;
 mod fidelity;
