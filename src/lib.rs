@@ -1,8 +1,9 @@
 //! gpuwatch: a GPU watchdog for unattended deep-learning training.
 //!
-//! Data flows one way: [`sampler`] → [`model::Snapshot`] → windows → rules → alert engine →
-//! dispatcher (notifiers, actions); the recorder and exporter are side outputs. The engine is a
-//! pure function of timestamped samples, which makes `replay` and `test` exact.
+//! Data flows one way: [`sampler`] → [`model::Snapshot`] → [`engine`] (windows → rules → alert
+//! lifecycle) → [`model::AlertEvent`] → [`notify`] and [`action`]; the recorder is a side output.
+//! The engine is a pure function of timestamped samples, which makes `replay` and `test` exact.
+//! [`pipeline`] wires the live commands; `docs/architecture.md` is the map of the layers.
 
 pub mod action;
 pub mod alert;

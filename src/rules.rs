@@ -865,94 +865,107 @@ impl RuleSet {
                 });
             }
         };
-        let quiet = if nodata {
-            EvalResult::NoData
-        } else {
-            EvalResult::Quiet
-        };
-        if value.is_unit() {
-            return quiet;
-        }
-        if let Ok(b) = value.as_bool() {
-            return if b {
-                EvalResult::Fire {
-                    summary: default(),
-                    annotations: BTreeMap::new(),
-                    severity: None,
-                }
-            } else {
-                quiet
-            };
-        }
-        if value.is_string() {
-            return EvalResult::Fire {
-                summary: value.to_string(),
+        interpret(rule, value, nodata, default)
+    }
+}
+
+/// What a check's returned value means: `()`/`false` quiet (or no data), `true` or a string
+/// fires, a map fires with a summary, a severity and presentation annotations; control keys
+/// (`action`, `pid`, …) and anything else are errors.
+fn interpret(
+    rule: &Rule,
+    value: Dynamic,
+    nodata: bool,
+    default: impl FnOnce() -> String,
+) -> EvalResult {
+    let rule_pos = Position::new(rule.line.try_into().unwrap_or(1), 1);
+    let quiet = if nodata {
+        EvalResult::NoData
+    } else {
+        EvalResult::Quiet
+    };
+    if value.is_unit() {
+        return quiet;
+    }
+    if let Ok(b) = value.as_bool() {
+        return if b {
+            EvalResult::Fire {
+                summary: default(),
                 annotations: BTreeMap::new(),
                 severity: None,
-            };
-        }
-        if let Some(map) = value.read_lock::<Map>() {
-            let mut annotations = BTreeMap::new();
-            let mut summary = None;
-            let mut severity = None;
-            let mut values = Vec::new();
-            for (k, v) in map.iter() {
-                match k.as_str() {
-                    "summary" => summary = Some(v.to_string()),
-                    "severity" => {
-                        let sev = v.to_string();
-                        match Severity::parse(&sev) {
-                            Some(s) => severity = Some(s),
-                            None => return EvalResult::Error(RuleError::at(
-                                &rule.file,
-                                rule_pos,
-                                format!("check returned severity {sev:?}; expected info, warning or critical"),
-                            )),
-                        }
-                    }
-                    reserved if RESERVED_RESULT_KEYS.contains(&reserved) => {
-                        return EvalResult::Error(RuleError::at(
+            }
+        } else {
+            quiet
+        };
+    }
+    if value.is_string() {
+        return EvalResult::Fire {
+            summary: value.to_string(),
+            annotations: BTreeMap::new(),
+            severity: None,
+        };
+    }
+    if let Some(map) = value.read_lock::<Map>() {
+        let mut annotations = BTreeMap::new();
+        let mut summary = None;
+        let mut severity = None;
+        let mut values = Vec::new();
+        for (k, v) in map.iter() {
+            match k.as_str() {
+                "summary" => summary = Some(v.to_string()),
+                "severity" => {
+                    let sev = v.to_string();
+                    match Severity::parse(&sev) {
+                        Some(s) => severity = Some(s),
+                        None => return EvalResult::Error(RuleError::at(
                             &rule.file,
                             rule_pos,
-                            format!(
-                                "check returned `{reserved}`: a check cannot request actions or \
-                                 targets; declare `action:` on the rule (process and job scopes \
-                                 target their own process)"
-                            ),
-                        ));
-                    }
-                    "values" => {
-                        if let Some(vm) = v.read_lock::<Map>() {
-                            for (vk, vv) in vm.iter() {
-                                values.push(format!("{vk}={vv}"));
-                            }
-                        } else {
-                            values.push(v.to_string());
-                        }
-                    }
-                    other => {
-                        annotations.insert(other.to_string(), v.to_string());
+                            format!("check returned severity {sev:?}; expected info, warning or critical"),
+                        )),
                     }
                 }
+                reserved if RESERVED_RESULT_KEYS.contains(&reserved) => {
+                    return EvalResult::Error(RuleError::at(
+                        &rule.file,
+                        rule_pos,
+                        format!(
+                            "check returned `{reserved}`: a check cannot request actions or \
+                             targets; declare `action:` on the rule (process and job scopes \
+                             target their own process)"
+                        ),
+                    ));
+                }
+                "values" => {
+                    if let Some(vm) = v.read_lock::<Map>() {
+                        for (vk, vv) in vm.iter() {
+                            values.push(format!("{vk}={vv}"));
+                        }
+                    } else {
+                        values.push(v.to_string());
+                    }
+                }
+                other => {
+                    annotations.insert(other.to_string(), v.to_string());
+                }
             }
-            if !values.is_empty() {
-                annotations.insert("values".into(), values.join(", "));
-            }
-            return EvalResult::Fire {
-                summary: summary.unwrap_or_else(default),
-                annotations,
-                severity,
-            };
         }
-        EvalResult::Error(RuleError::at(
-            &rule.file,
-            rule_pos,
-            format!(
-                "check returned {}; expected a string (fires), true/false, () or a map",
-                value.type_name()
-            ),
-        ))
+        if !values.is_empty() {
+            annotations.insert("values".into(), values.join(", "));
+        }
+        return EvalResult::Fire {
+            summary: summary.unwrap_or_else(default),
+            annotations,
+            severity,
+        };
     }
+    EvalResult::Error(RuleError::at(
+        &rule.file,
+        rule_pos,
+        format!(
+            "check returned {}; expected a string (fires), true/false, () or a map",
+            value.type_name()
+        ),
+    ))
 }
 
 /// The stock `rules/` directory next to the executable's source tree, if findable.

@@ -127,6 +127,11 @@ pub(crate) fn register(engine: &mut Engine) {
             Some(v) => Dynamic::from_float(v / scale),
             None => Dynamic::UNIT,
         });
+        // Exact overloads resolve without the search over `Dynamic` parameters.
+        engine.register_fn(name, move |x: f64| x * scale);
+        #[expect(clippy::cast_precision_loss, reason = "script integers are small")]
+        engine.register_fn(name, move |x: i64| x as f64 * scale);
+        engine.register_fn(format!("to_{name}"), move |x: f64| x / scale);
     }
     // Rounding helper for summaries: fmt(x, digits).
     engine.register_fn("fmt", |x: Dynamic, digits: i64| -> String {
@@ -134,6 +139,9 @@ pub(crate) fn register(engine: &mut Engine) {
             Some(v) => format!("{v:.*}", usize::try_from(digits.clamp(0, 12)).unwrap_or(0)),
             None => "n/a".to_string(),
         }
+    });
+    engine.register_fn("fmt", |x: f64, digits: i64| -> String {
+        format!("{x:.*}", usize::try_from(digits.clamp(0, 12)).unwrap_or(0))
     });
     engine.register_fn("param", |key: &str, default: Dynamic| param(key, default));
     engine.register_fn("join", |a: Array, sep: &str| -> String {

@@ -38,13 +38,7 @@ pub fn parse_status_uid(status: &str) -> Option<u32> {
 /// The command line from the bytes of `/proc/PID/cmdline` (NUL-separated arguments); `None` for
 /// kernel threads and zombies, whose cmdline is empty.
 pub fn parse_cmdline(raw: &[u8]) -> Option<String> {
-    let text = String::from_utf8_lossy(raw);
-    let joined = text
-        .split('\0')
-        .filter(|a| !a.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ");
-    (!joined.is_empty()).then_some(joined)
+    crate::sys::parse_cmdline(raw).map(|args| args.join(" "))
 }
 
 /// The container id from the text of `/proc/PID/cgroup`: the first path segment that is (or

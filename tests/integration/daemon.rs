@@ -419,9 +419,10 @@ fn an_expensive_rule_never_delays_gpu_lost() {
     );
     let start = std::time::Instant::now();
     let (lost, arrival) = loop {
-        let found = hook.accepted().into_iter().find(|r| {
-            r.json()["alerts"][0]["labels"]["alertname"] == "gpu_lost"
-        });
+        let found = hook
+            .accepted()
+            .into_iter()
+            .find(|r| r.json()["alerts"][0]["labels"]["alertname"] == "gpu_lost");
         if let Some(r) = found {
             break (r.json(), now_s());
         }
@@ -458,7 +459,10 @@ fn an_expensive_rule_never_delays_gpu_lost() {
     std::thread::sleep(Duration::from_secs(3));
     let share = (cpu_s(pid) - c0) / t0.elapsed().as_secs_f64();
     let log = d.log_text();
-    assert!(share < 0.5, "daemon still busy: {share:.2} of a core\n{log}");
+    assert!(
+        share < 0.5,
+        "daemon still busy: {share:.2} of a core\n{log}"
+    );
     assert!(log.contains("suspended for 60 s"), "{log}");
     d.signal(libc::SIGTERM);
     assert!(d.wait(T).success(), "{}", d.log_text());

@@ -943,7 +943,10 @@ rule(#{{ name: "returns_exec", check: |gpu| #{{ summary: "x", action: "exec:mark
         "a rule without `action:` killed the process"
     );
     assert!(audit(dir.path()).is_empty(), "{:?}", audit(dir.path()));
-    assert!(!marker.exists(), "a returned `action: exec:…` ran the command");
+    assert!(
+        !marker.exists(),
+        "a returned `action: exec:…` ran the command"
+    );
     let report = read_report(&dir.path().join("report.json"));
     let seen = alerts(&report);
     assert!(
@@ -973,7 +976,9 @@ fn pid_and_action_labels_are_reserved() {
         let rule = dir.path().join(format!("{label}.rhai"));
         std::fs::write(
             &rule,
-            format!("rule(#{{ name: \"x\", labels: #{{ {label}: \"4242\" }}, check: |gpu| true }});\n"),
+            format!(
+                "rule(#{{ name: \"x\", labels: #{{ {label}: \"4242\" }}, check: |gpu| true }});\n"
+            ),
         )
         .unwrap();
         let out = gpuwatch()
@@ -982,6 +987,9 @@ fn pid_and_action_labels_are_reserved() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{err}");
-        assert!(err.contains(&format!("label `{label}` is reserved")), "{err}");
+        assert!(
+            err.contains(&format!("label `{label}` is reserved")),
+            "{err}"
+        );
     }
 }

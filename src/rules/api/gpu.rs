@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use rhai::{Array, Dynamic, Engine, Map};
+use rhai::{Array, Dynamic, Engine, ImmutableString, Map};
 
 use super::{duration_ms, nodata, num_arg, number, RhaiResult};
 use crate::model::{clock_event_mask, DeviceState, Metric, METRICS};
@@ -210,16 +210,22 @@ pub(super) fn register(engine: &mut Engine) {
 
     // Window methods, by value.
     engine.register_fn("last", |s: Series| s.last_default());
-    engine.register_fn("last", |s: Series, d: Dynamic| s.agg(Agg::Last, &d, 0.0));
-    engine.register_fn("mean", |s: Series, d: Dynamic| s.agg(Agg::Mean, &d, 0.0));
-    engine.register_fn("avg", |s: Series, d: Dynamic| s.agg(Agg::Mean, &d, 0.0));
-    engine.register_fn("min", |s: Series, d: Dynamic| s.agg(Agg::Min, &d, 0.0));
-    engine.register_fn("max", |s: Series, d: Dynamic| s.agg(Agg::Max, &d, 0.0));
-    engine.register_fn("stddev", |s: Series, d: Dynamic| {
-        s.agg(Agg::Stddev, &d, 0.0)
-    });
-    engine.register_fn("count", |s: Series, d: Dynamic| -> RhaiResult {
-        let dur = duration_ms(&d)?;
+    for (name, agg) in [
+        ("last", Agg::Last),
+        ("mean", Agg::Mean),
+        ("avg", Agg::Mean),
+        ("min", Agg::Min),
+        ("max", Agg::Max),
+        ("stddev", Agg::Stddev),
+        ("delta", Agg::Delta),
+        ("increase", Agg::Increase),
+        ("rate", Agg::Rate),
+        ("slope", Agg::Slope),
+    ] {
+        window_method(engine, name, move |s, d| s.agg(agg, d, 0.0));
+    }
+    window_method(engine, "count", |s, d| {
+        let dur = duration_ms(d)?;
         let n = s
             .hist
             .aggregate(s.metric, Agg::Count, s.now_ms, dur, 0.0)
@@ -227,38 +233,20 @@ pub(super) fn register(engine: &mut Engine) {
         #[expect(clippy::cast_possible_truncation, reason = "a count")]
         Ok(Dynamic::from_int(n as i64))
     });
-    engine.register_fn("delta", |s: Series, d: Dynamic| s.agg(Agg::Delta, &d, 0.0));
-    engine.register_fn("increase", |s: Series, d: Dynamic| {
-        s.agg(Agg::Increase, &d, 0.0)
+    window_method2(engine, "percentile", |s, d, p| {
+        s.agg(Agg::Percentile, d, num_arg(p)?)
     });
-    engine.register_fn("rate", |s: Series, d: Dynamic| s.agg(Agg::Rate, &d, 0.0));
-    engine.register_fn("slope", |s: Series, d: Dynamic| s.agg(Agg::Slope, &d, 0.0));
-    for name in ["percentile", "pct"] {
-        engine.register_fn(name, |s: Series, d: Dynamic, p: Dynamic| -> RhaiResult {
-            let p = num_arg(&p)?;
-            s.agg(Agg::Percentile, &d, p)
-        });
-    }
-    engine.register_fn(
-        "frac_above",
-        |s: Series, d: Dynamic, x: Dynamic| -> RhaiResult {
-            let x = num_arg(&x)?;
-            s.agg(Agg::FracAbove, &d, x)
-        },
-    );
-    engine.register_fn(
-        "frac_below",
-        |s: Series, d: Dynamic, x: Dynamic| -> RhaiResult {
-            let x = num_arg(&x)?;
-            s.agg(Agg::FracBelow, &d, x)
-        },
-    );
-    engine.register_fn("all_above", |s: Series, d: Dynamic, x: Dynamic| {
-        s.all(&d, &x, true)
+    window_method2(engine, "pct", |s, d, p| {
+        s.agg(Agg::Percentile, d, num_arg(p)?)
     });
-    engine.register_fn("all_below", |s: Series, d: Dynamic, x: Dynamic| {
-        s.all(&d, &x, false)
+    window_method2(engine, "frac_above", |s, d, x| {
+        s.agg(Agg::FracAbove, d, num_arg(x)?)
     });
+    window_method2(engine, "frac_below", |s, d, x| {
+        s.agg(Agg::FracBelow, d, num_arg(x)?)
+    });
+    window_method2(engine, "all_above", |s, d, x| s.all(d, x, true));
+    window_method2(engine, "all_below", |s, d, x| s.all(d, x, false));
     engine.register_fn(
         "idle_runs",
         |s: Series, d: Dynamic, x: Dynamic| -> RhaiResult {
@@ -315,4 +303,36 @@ pub(super) fn register(engine: &mut Engine) {
     });
     engine.register_get("key", |s: &mut Series| s.metric.key().to_string());
     engine.register_get("unit", |s: &mut Series| s.metric.desc().unit.to_string());
+}
+
+/// Registers `name(series, duration)` with exact overloads for a duration given as a string, an
+/// int or a float, and a `Dynamic` one for anything else (`()`). An exact overload resolves at
+/// the first lookup; a `Dynamic` parameter alone would send every call through rhai's search
+/// over argument-type permutations, whose cache does not outlive one evaluation.
+fn window_method<F>(engine: &mut Engine, name: &str, f: F)
+where
+    F: Fn(&Series, &Dynamic) -> RhaiResult + Copy + Send + Sync + 'static,
+{
+    engine.register_fn(name, move |s: Series, d: ImmutableString| {
+        f(&s, &Dynamic::from(d))
+    });
+    engine.register_fn(name, move |s: Series, d: i64| f(&s, &Dynamic::from_int(d)));
+    engine.register_fn(name, move |s: Series, d: f64| {
+        f(&s, &Dynamic::from_float(d))
+    });
+    engine.register_fn(name, move |s: Series, d: Dynamic| f(&s, &d));
+}
+
+/// [`window_method`] for `name(series, duration, number)`.
+fn window_method2<F>(engine: &mut Engine, name: &str, f: F)
+where
+    F: Fn(&Series, &Dynamic, &Dynamic) -> RhaiResult + Copy + Send + Sync + 'static,
+{
+    engine.register_fn(name, move |s: Series, d: ImmutableString, x: f64| {
+        f(&s, &Dynamic::from(d), &Dynamic::from_float(x))
+    });
+    engine.register_fn(name, move |s: Series, d: ImmutableString, x: i64| {
+        f(&s, &Dynamic::from(d), &Dynamic::from_int(x))
+    });
+    engine.register_fn(name, move |s: Series, d: Dynamic, x: Dynamic| f(&s, &d, &x));
 }
