@@ -18,7 +18,11 @@ fn render() -> String {
          (NVML `NOT_SUPPORTED`, a missing symbol, no permission) is absent: an empty CSV cell, `null` in JSON,\n\
          never 0. A lost GPU (`GPU_IS_LOST`) has state `lost` and no values. Counters are cumulative; rules\n\
          look at their deltas.\n\n\
-         | key | unit | kind | NVML source | nvidia-smi | dcgm-exporter | meaning |\n\
+         The source column says where each value comes from, and the sampler reads every row through it:\n\
+         a dedicated NVML call; a field of the one `nvmlDeviceGetFieldValues` call per GPU and tick (with the\n\
+         factor to the canonical unit, and the dedicated call used instead on GPUs without the field);\n\
+         `derived` (computed from other metrics); or `host` (not from NVML).\n\n\
+         | key | unit | kind | source | nvidia-smi | dcgm-exporter | meaning |\n\
          |---|---|---|---|---|---|---|\n",
     );
     for d in METRICS {
@@ -28,11 +32,11 @@ fn render() -> String {
         };
         let _ = writeln!(
             s,
-            "| `{}` | {} | {} | `{}` | {} | {} | {} |",
+            "| `{}` | {} | {} | {} | {} | {} | {} |",
             d.key,
             d.unit,
             kind,
-            d.nvml,
+            d.source,
             d.smi.map_or_else(|| "—".to_string(), |x| format!("`{x}`")),
             d.dcgm.map_or_else(|| "—".to_string(), |x| format!("`{x}`")),
             d.help
