@@ -12,7 +12,8 @@ fn render() -> String {
          <!-- Generated from `src/model.rs` (METRICS) by tests/integration/metrics_doc.rs; do not edit. -->\n\n\
          Every metric gpuwatch samples per GPU and tick, in the order of the columns of `gpuwatch record`\n\
          (after `timestamp,index,uuid,name,pci_bus_id,minor,state`; followed by `xids,processes`). The key\n\
-         is also the name rules use and the JSON key under `gpus[].metrics` in `gpuwatch status --json`.\n\n\
+         is also the name rules use and the JSON key under `gpus[].metrics` in `gpuwatch status --json`, the\n\
+         only place and name under which `status --json` shows a metric value.\n\n\
          Values are stored in canonical units: NVML's milliwatts become watts, millijoules joules, KB/s\n\
          (read as KiB/s, as nvitop does) bytes per second, and memory is in bytes. A value the GPU cannot give\n\
          (NVML `NOT_SUPPORTED`, a missing symbol, no permission) is absent: an empty CSV cell, `null` in JSON,\n\
