@@ -97,6 +97,13 @@ pub enum NvmlCall {
 }
 
 impl NvmlCall {
+    /// The NVML function called (`nvmlDeviceGetClockInfo`); nvml-wrapper may call a versioned
+    /// symbol of it (`…_v2`).
+    pub fn function(self) -> &'static str {
+        let d = self.describe();
+        d.find(['(', '.']).map_or(d, |end| &d[..end])
+    }
+
     /// The call as the docs write it: function, arguments and the part of the answer taken.
     pub fn describe(self) -> &'static str {
         match self {
@@ -812,7 +819,8 @@ mod tests {
             assert!(!shown.trim().is_empty(), "{} has no source", d.key);
             match d.source {
                 Source::Nvml(call) => {
-                    assert!(call.describe().starts_with("nvmlDevice"), "{}", d.key);
+                    assert!(call.function().starts_with("nvmlDeviceGet"), "{}", d.key);
+                    assert!(!call.function().contains(['(', '.', ' ']), "{}", d.key);
                     calls.push(call);
                 }
                 Source::Field(f) => {

@@ -471,6 +471,110 @@ gpus = [1]
     assert_eq!(col(&h, &rows[1], "temp"), "");
 }
 
+/// Two GPUs that support every metric between them: fans, video engines, GPU 0 remaps rows
+/// (Ampere and later), GPU 1 retires pages (pre-Ampere).
+const EVERY_METRIC: &str = r#"name = "every-metric"
+[devices]
+count = 2
+num_fans = 2
+[devices.metrics]
+gpu_util_pct = 50
+encoder_util_pct = 10
+decoder_util_pct = 20
+[[device]]
+index = 1
+memory_repair = "page_retirement"
+"#;
+
+/// Metrics that only one memory-repair family has: `(key, GPU of EVERY_METRIC that has it)`.
+fn repair_family(key: &str) -> Option<usize> {
+    if key.starts_with("remap") {
+        Some(0)
+    } else if key.starts_with("retired_") {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+/// The metric table drives the sampler: every row whose source is NVML gets a value at every
+/// tick on a GPU that supports it (a new row without a reader would be a permanently empty
+/// column), under its table key in `status --json` and in the recording.
+#[test]
+fn every_nvml_metric_gets_a_value() {
+    use gpuwatch::model::METRICS;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_scenario(dir.path(), "every.toml", EVERY_METRIC);
+    let s = sim(&path, &["status", "--json"], &[]).json();
+    let g = gpus(&s);
+    assert_eq!(g.len(), 2);
+    let rec = sim(
+        &path,
+        &["record", "--interval", "100ms", "--duration", "350ms"],
+        &[],
+    );
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let (h, rows) = csv_rows(&rec.stdout);
+    assert!(rows.len() >= 6, "{}", rec.stdout);
+    for d in METRICS.iter().filter(|d| d.source.is_nvml()) {
+        for (i, gpu) in g.iter().enumerate() {
+            let want = repair_family(d.key).is_none_or(|only| only == i);
+            assert_eq!(
+                gpu["metrics"][d.key].is_number(),
+                want,
+                "{} ({}) on GPU {i}: {gpu}",
+                d.key,
+                d.source
+            );
+        }
+        for r in &rows {
+            let i: usize = col(&h, r, "index").parse().unwrap();
+            let want = repair_family(d.key).is_none_or(|only| only == i);
+            assert_eq!(!col(&h, r, d.key).is_empty(), want, "{} in {r:?}", d.key);
+        }
+    }
+}
+
+/// What NVML says NOT_SUPPORTED stays absent (null, an empty cell), never 0, tick after tick:
+/// here every NVML function a row reads (its call, or its field and fallback call).
+#[test]
+fn not_supported_sources_stay_absent() {
+    use gpuwatch::model::{Source, METRICS};
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_scenario(dir.path(), "every.toml", EVERY_METRIC);
+    let mut symbols = vec!["nvmlDeviceGetFieldValues*".to_string()];
+    for d in METRICS {
+        match d.source {
+            Source::Nvml(call) => symbols.push(format!("{}*", call.function())),
+            Source::Field(f) => symbols.extend(f.fallback.map(|c| format!("{}*", c.function()))),
+            Source::Derived(_) | Source::Host(_) => {}
+        }
+    }
+    let symbols = symbols.join(",");
+    let env = [("NVML_SIM_NOT_SUPPORTED", symbols.as_str())];
+    let s = sim(&path, &["status", "--json"], &env).json();
+    for g in gpus(&s) {
+        assert_eq!(g["state"], "ok", "{g}");
+        for d in METRICS.iter().filter(|d| d.source.is_nvml()) {
+            assert_eq!(g["metrics"][d.key], Value::Null, "{}: {g}", d.key);
+        }
+    }
+    let rec = sim(
+        &path,
+        &["record", "--interval", "100ms", "--duration", "350ms"],
+        &env,
+    );
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let (h, rows) = csv_rows(&rec.stdout);
+    assert!(rows.len() >= 6, "{}", rec.stdout);
+    for r in &rows {
+        assert_eq!(col(&h, r, "state"), "ok");
+        for d in METRICS.iter().filter(|d| d.source.is_nvml()) {
+            assert_eq!(col(&h, r, d.key), "", "{} in {r:?}", d.key);
+        }
+    }
+}
+
 #[test]
 fn processes_are_listed_with_proc_details() {
     let dir = tempfile::tempdir().unwrap();
