@@ -4,15 +4,21 @@
 //! for `--sim`, or `libnvidia-ml.so.1`), reads every GPU's identity once and keeps one handle per
 //! GPU. [`Sampler::sample`] then produces a plain [`Snapshot`]: every metric of
 //! [`crate::model::METRICS`] per GPU in canonical units, the XID events received since the last
-//! tick (drained from an NVML event set without blocking, see [`events`]) and, on a slower cadence, the GPU process list enriched
-//! from `/proc` ([`procfs`]).
+//! tick (drained from an NVML event set without blocking, see `events`) and, on a slower
+//! cadence, the GPU process list enriched from `/proc` ([`procfs`]).
+//!
+//! The metric table drives the per-GPU read: each row is read through its
+//! [`Source`] — all field rows in one `nvmlDeviceGetFieldValues` call, a
+//! field the GPU lacks through its row's fallback call, every [`NvmlCall`] by its reader (calls
+//! answering several rows are made once per tick), derived rows last. A new row therefore needs
+//! no sampler code unless it brings a new `NvmlCall` (which does not compile without a reader).
 //!
 //! Faults never stop sampling. A value the GPU cannot give is `None`; after the first
-//! `NotSupported` (or missing symbol, or no permission) that source is not asked again for that
-//! GPU (logged once at debug). `GpuLost` / `ResetRequired` make the device
+//! `NotSupported` (or missing symbol, or no permission) that query (or field) is not asked again
+//! for that GPU (logged once at debug). `GpuLost` / `ResetRequired` make the device
 //! [`DeviceState::Lost`] (all values `None`, probed again every [`LOST_PROBE_MS`]) while the
 //! other GPUs keep being sampled. Other errors leave the value `None` and are logged once per
-//! GPU and source.
+//! GPU and query.
 //!
 //! The `Nvml` handle is leaked on purpose: devices and the event set borrow it, and a sampler
 //! lives as long as its process (this also avoids `nvmlShutdown` at exit).
