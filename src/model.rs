@@ -6,9 +6,11 @@
 //! time), which windows keep.
 //!
 //! Canonical units inside gpuwatch: bytes, watts, joules, degrees Celsius, MHz, percent, bytes per
-//! second. The table below records, per metric, where the number comes from in NVML and what
-//! nvidia-smi and dcgm-exporter call it, so the recorder, the nvidia-smi CSV importer, the rule API
-//! docs and the exporter all read the same list.
+//! second. The table below records, per metric, where the number comes from (a typed [`Source`]:
+//! an NVML call, a field-values field, a derivation or a host reading) and what nvidia-smi and
+//! dcgm-exporter call it, so the sampler, the recorder, the nvidia-smi CSV importer, the rule API
+//! docs and the exporter all read the same list. The sampler reads every row through its source,
+//! so a new row cannot ship as a column that is never filled.
 
 pub mod job;
 
@@ -37,6 +39,263 @@ pub enum SmiUnit {
     Hex,
 }
 
+/// A dedicated NVML device query and the one number of its answer that a metric takes. Calls
+/// that answer several numbers at once (`nvmlDeviceGetUtilizationRates`,
+/// `nvmlDeviceGetMemoryInfo_v2`) are made once per GPU and tick however many rows read them. The
+/// sampler has one reader per variant (an exhaustive match), so a new variant does not compile
+/// until it is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NvmlCall {
+    /// `nvmlDeviceGetUtilizationRates`, `.gpu` (percent).
+    UtilizationGpu,
+    /// `nvmlDeviceGetUtilizationRates`, `.memory` (percent).
+    UtilizationMemory,
+    /// `nvmlDeviceGetMemoryInfo_v2`, `.used` (bytes).
+    MemoryUsed,
+    /// `nvmlDeviceGetMemoryInfo_v2`, `.free` (bytes).
+    MemoryFree,
+    /// `nvmlDeviceGetMemoryInfo_v2`, `.total` (bytes).
+    MemoryTotal,
+    /// `nvmlDeviceGetMemoryInfo_v2`, `.reserved` (bytes).
+    MemoryReserved,
+    /// `nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)` (°C).
+    TemperatureGpu,
+    /// `nvmlDeviceGetPowerUsage` (mW).
+    PowerUsage,
+    /// `nvmlDeviceGetEnforcedPowerLimit` (mW).
+    EnforcedPowerLimit,
+    /// `nvmlDeviceGetTotalEnergyConsumption` (mJ).
+    TotalEnergyConsumption,
+    /// `nvmlDeviceGetClockInfo(NVML_CLOCK_SM)` (MHz).
+    ClockSm,
+    /// `nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)` (MHz).
+    ClockMem,
+    /// `nvmlDeviceGetCurrentClocksThrottleReasons` (bitmask).
+    ClockEventReasons,
+    /// `nvmlDeviceGetPerformanceState` (`NVML_PSTATE_0` … `_15`; unknown is no value).
+    PerformanceState,
+    /// `nvmlDeviceGetFanSpeed` (percent, fan 0).
+    FanSpeed,
+    /// `nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE)`.
+    EccCorrectedVolatile,
+    /// `nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)`.
+    EccUncorrectedVolatile,
+    /// `nvmlDeviceGetRetiredPages(MULTIPLE_SINGLE_BIT_ECC_ERRORS)`, the page count.
+    RetiredPagesSbe,
+    /// `nvmlDeviceGetRetiredPages(DOUBLE_BIT_ECC_ERROR)`, the page count.
+    RetiredPagesDbe,
+    /// `nvmlDeviceGetRetiredPagesPendingStatus` (0 or 1).
+    RetiredPagesPending,
+    /// `nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)` (KB/s).
+    PcieRx,
+    /// `nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES)` (KB/s).
+    PcieTx,
+    /// `nvmlDeviceGetPcieReplayCounter`.
+    PcieReplayCounter,
+    /// `nvmlDeviceGetEncoderUtilization` (percent).
+    EncoderUtilization,
+    /// `nvmlDeviceGetDecoderUtilization` (percent).
+    DecoderUtilization,
+}
+
+impl NvmlCall {
+    /// The NVML function called (`nvmlDeviceGetClockInfo`); nvml-wrapper may call a versioned
+    /// symbol of it (`…_v2`).
+    pub fn function(self) -> &'static str {
+        let d = self.describe();
+        d.find(['(', '.']).map_or(d, |end| &d[..end])
+    }
+
+    /// The call as the docs write it: function, arguments and the part of the answer taken.
+    pub fn describe(self) -> &'static str {
+        match self {
+            NvmlCall::UtilizationGpu => "nvmlDeviceGetUtilizationRates.gpu",
+            NvmlCall::UtilizationMemory => "nvmlDeviceGetUtilizationRates.memory",
+            NvmlCall::MemoryUsed => "nvmlDeviceGetMemoryInfo_v2.used",
+            NvmlCall::MemoryFree => "nvmlDeviceGetMemoryInfo_v2.free",
+            NvmlCall::MemoryTotal => "nvmlDeviceGetMemoryInfo_v2.total",
+            NvmlCall::MemoryReserved => "nvmlDeviceGetMemoryInfo_v2.reserved",
+            NvmlCall::TemperatureGpu => "nvmlDeviceGetTemperature(GPU)",
+            NvmlCall::PowerUsage => "nvmlDeviceGetPowerUsage",
+            NvmlCall::EnforcedPowerLimit => "nvmlDeviceGetEnforcedPowerLimit",
+            NvmlCall::TotalEnergyConsumption => "nvmlDeviceGetTotalEnergyConsumption",
+            NvmlCall::ClockSm => "nvmlDeviceGetClockInfo(SM)",
+            NvmlCall::ClockMem => "nvmlDeviceGetClockInfo(MEM)",
+            NvmlCall::ClockEventReasons => "nvmlDeviceGetCurrentClocksThrottleReasons",
+            NvmlCall::PerformanceState => "nvmlDeviceGetPerformanceState",
+            NvmlCall::FanSpeed => "nvmlDeviceGetFanSpeed",
+            NvmlCall::EccCorrectedVolatile => "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE)",
+            NvmlCall::EccUncorrectedVolatile => {
+                "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)"
+            }
+            NvmlCall::RetiredPagesSbe => "nvmlDeviceGetRetiredPages(MULTIPLE_SINGLE_BIT)",
+            NvmlCall::RetiredPagesDbe => "nvmlDeviceGetRetiredPages(DOUBLE_BIT)",
+            NvmlCall::RetiredPagesPending => "nvmlDeviceGetRetiredPagesPendingStatus",
+            NvmlCall::PcieRx => "nvmlDeviceGetPcieThroughput(RX)",
+            NvmlCall::PcieTx => "nvmlDeviceGetPcieThroughput(TX)",
+            NvmlCall::PcieReplayCounter => "nvmlDeviceGetPcieReplayCounter",
+            NvmlCall::EncoderUtilization => "nvmlDeviceGetEncoderUtilization",
+            NvmlCall::DecoderUtilization => "nvmlDeviceGetDecoderUtilization",
+        }
+    }
+}
+
+/// A field of `nvmlDeviceGetFieldValues`: its `NVML_FI_*` id (pre-580.82 numbering, which
+/// nvml-wrapper translates for newer drivers) and name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NvmlField {
+    /// The `NVML_FI_*` number.
+    pub id: u32,
+    /// The `NVML_FI_*` name.
+    pub name: &'static str,
+}
+
+impl NvmlField {
+    /// Volatile single-bit (corrected) ECC errors.
+    pub const ECC_SBE_VOL_TOTAL: NvmlField = NvmlField::new(3, "NVML_FI_DEV_ECC_SBE_VOL_TOTAL");
+    /// Volatile double-bit (uncorrected) ECC errors.
+    pub const ECC_DBE_VOL_TOTAL: NvmlField = NvmlField::new(4, "NVML_FI_DEV_ECC_DBE_VOL_TOTAL");
+    /// Pages retired after single-bit errors.
+    pub const RETIRED_SBE: NvmlField = NvmlField::new(29, "NVML_FI_DEV_RETIRED_SBE");
+    /// Pages retired after double-bit errors.
+    pub const RETIRED_DBE: NvmlField = NvmlField::new(30, "NVML_FI_DEV_RETIRED_DBE");
+    /// A page retirement is pending.
+    pub const RETIRED_PENDING: NvmlField = NvmlField::new(31, "NVML_FI_DEV_RETIRED_PENDING");
+    /// HBM temperature (°C).
+    pub const MEMORY_TEMP: NvmlField = NvmlField::new(82, "NVML_FI_DEV_MEMORY_TEMP");
+    /// Energy since driver load (mJ).
+    pub const TOTAL_ENERGY_CONSUMPTION: NvmlField =
+        NvmlField::new(83, "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION");
+    /// PCIe replay counter.
+    pub const PCIE_REPLAY_COUNTER: NvmlField =
+        NvmlField::new(94, "NVML_FI_DEV_PCIE_REPLAY_COUNTER");
+    /// Rows remapped after correctable errors.
+    pub const REMAPPED_COR: NvmlField = NvmlField::new(142, "NVML_FI_DEV_REMAPPED_COR");
+    /// Rows remapped after uncorrectable errors.
+    pub const REMAPPED_UNC: NvmlField = NvmlField::new(143, "NVML_FI_DEV_REMAPPED_UNC");
+    /// A row remapping is pending.
+    pub const REMAPPED_PENDING: NvmlField = NvmlField::new(144, "NVML_FI_DEV_REMAPPED_PENDING");
+    /// A row remapping failed.
+    pub const REMAPPED_FAILURE: NvmlField = NvmlField::new(145, "NVML_FI_DEV_REMAPPED_FAILURE");
+
+    const fn new(id: u32, name: &'static str) -> NvmlField {
+        NvmlField { id, name }
+    }
+}
+
+/// A metric read through `nvmlDeviceGetFieldValues`. All field rows of the table go into one
+/// field-values call per GPU and tick; a field the GPU does not support is dropped from it and,
+/// from then on, read through `fallback` (when there is one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FieldSource {
+    /// Which field.
+    pub field: NvmlField,
+    /// Factor from NVML's unit to the canonical one (mJ → J is 0.001).
+    pub scale: f64,
+    /// Dedicated call that gives the same number, for GPUs and drivers without the field.
+    pub fallback: Option<NvmlCall>,
+}
+
+/// A metric gpuwatch computes from other metrics of the same sample (after every NVML read).
+#[derive(Debug, Clone, Copy)]
+pub struct Derivation {
+    /// How, in words (for the docs).
+    pub how: &'static str,
+    /// The computation; `None` when an input is absent.
+    pub compute: fn(&MetricValues) -> Option<f64>,
+}
+
+/// A per-GPU reading taken outside NVML (sysfs, `/proc`). None exists yet; each variant added
+/// here must get its reader in the sampler (an exhaustive match).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostRead {}
+
+impl HostRead {
+    /// Where the number comes from, in words (for the docs).
+    pub fn describe(self) -> &'static str {
+        match self {}
+    }
+}
+
+/// Where a metric's value comes from. Every table row names one; the sampler reads the row
+/// through it (see `crate::sampler`), so a row cannot exist without being read.
+#[derive(Debug, Clone, Copy)]
+pub enum Source {
+    /// A dedicated NVML call.
+    Nvml(NvmlCall),
+    /// A field of the batched `nvmlDeviceGetFieldValues` call, with an optional dedicated-call
+    /// fallback.
+    Field(FieldSource),
+    /// Computed from other metrics.
+    Derived(Derivation),
+    /// Not from NVML.
+    Host(HostRead),
+}
+
+impl Source {
+    /// A dedicated NVML call.
+    pub const fn nvml(call: NvmlCall) -> Source {
+        Source::Nvml(call)
+    }
+
+    /// A field whose NVML unit is already the canonical one, without fallback (see
+    /// [`Source::scaled`] and [`Source::or_call`]).
+    pub const fn field(field: NvmlField) -> Source {
+        Source::Field(FieldSource {
+            field,
+            scale: 1.0,
+            fallback: None,
+        })
+    }
+
+    /// This field, multiplied by `scale` to reach the canonical unit. Only for fields (a
+    /// compile error in the table otherwise).
+    pub const fn scaled(self, scale: f64) -> Source {
+        match self {
+            Source::Field(fs) => Source::Field(FieldSource { scale, ..fs }),
+            _ => panic!("only a field source is scaled"),
+        }
+    }
+
+    /// This field, read through `call` where the GPU does not support the field. Only for
+    /// fields (a compile error in the table otherwise).
+    pub const fn or_call(self, call: NvmlCall) -> Source {
+        match self {
+            Source::Field(fs) => Source::Field(FieldSource {
+                fallback: Some(call),
+                ..fs
+            }),
+            _ => panic!("only a field source has a fallback call"),
+        }
+    }
+
+    /// Whether the value comes from NVML (a call or a field), as opposed to derived or host.
+    pub fn is_nvml(&self) -> bool {
+        matches!(self, Source::Nvml(_) | Source::Field(_))
+    }
+}
+
+impl std::fmt::Display for Source {
+    /// How `docs/metrics.md` shows the source.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Nvml(call) => write!(f, "`{}`", call.describe()),
+            Source::Field(fs) => {
+                write!(f, "`nvmlDeviceGetFieldValues({})`", fs.field.name)?;
+                if fs.scale != 1.0 {
+                    write!(f, " × {}", fs.scale)?;
+                }
+                match fs.fallback {
+                    Some(call) => write!(f, ", else `{}`", call.describe()),
+                    None => Ok(()),
+                }
+            }
+            Source::Derived(d) => write!(f, "derived: {}", d.how),
+            Source::Host(h) => write!(f, "host: {}", h.describe()),
+        }
+    }
+}
+
 /// One row of the metric table.
 #[derive(Debug, Clone, Copy)]
 pub struct MetricDesc {
@@ -50,8 +309,8 @@ pub struct MetricDesc {
     pub kind: MetricKind,
     /// One-line description (Prometheus HELP text).
     pub help: &'static str,
-    /// Where the value comes from in NVML.
-    pub nvml: &'static str,
+    /// Where the value comes from; the sampler reads each metric through this.
+    pub source: Source,
     /// `nvidia-smi --query-gpu` name, when there is one.
     pub smi: Option<&'static str>,
     /// How nvidia-smi formats it.
@@ -62,7 +321,7 @@ pub struct MetricDesc {
 
 macro_rules! metrics {
     ($( $variant:ident => { key: $key:literal, unit: $unit:literal, kind: $kind:ident, help: $help:literal,
-        nvml: $nvml:literal, smi: $smi:expr, smi_unit: $smiu:ident, dcgm: $dcgm:expr } ),* $(,)?) => {
+        source: $source:expr, smi: $smi:expr, smi_unit: $smiu:ident, dcgm: $dcgm:expr } ),* $(,)?) => {
         /// Every metric gpuwatch samples per GPU. The discriminant indexes [`METRICS`] and
         /// [`MetricValues`].
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -73,7 +332,7 @@ macro_rules! metrics {
         /// The metric table: one row per [`Metric`], in discriminant order.
         pub const METRICS: &[MetricDesc] = &[ $( MetricDesc {
             id: Metric::$variant, key: $key, unit: $unit, kind: MetricKind::$kind, help: $help,
-            nvml: $nvml, smi: $smi, smi_unit: SmiUnit::$smiu, dcgm: $dcgm,
+            source: $source, smi: $smi, smi_unit: SmiUnit::$smiu, dcgm: $dcgm,
         } ),* ];
     };
 }
@@ -81,123 +340,147 @@ macro_rules! metrics {
 metrics! {
     Util => { key: "util", unit: "percent", kind: Gauge,
         help: "Percent of time over the past sample period during which one or more kernels ran on the GPU",
-        nvml: "nvmlDeviceGetUtilizationRates.gpu", smi: Some("utilization.gpu"), smi_unit: Same,
+        source: Source::nvml(NvmlCall::UtilizationGpu),
+        smi: Some("utilization.gpu"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_GPU_UTIL") },
     MemUtil => { key: "mem_util", unit: "percent", kind: Gauge,
         help: "Percent of time over the past sample period during which device memory was read or written",
-        nvml: "nvmlDeviceGetUtilizationRates.memory", smi: Some("utilization.memory"), smi_unit: Same,
+        source: Source::nvml(NvmlCall::UtilizationMemory),
+        smi: Some("utilization.memory"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_MEM_COPY_UTIL") },
     MemUsed => { key: "mem_used", unit: "bytes", kind: Gauge,
         help: "Device memory allocated by active contexts",
-        nvml: "nvmlDeviceGetMemoryInfo_v2.used", smi: Some("memory.used"), smi_unit: MiB,
+        source: Source::nvml(NvmlCall::MemoryUsed), smi: Some("memory.used"), smi_unit: MiB,
         dcgm: Some("DCGM_FI_DEV_FB_USED") },
     MemFree => { key: "mem_free", unit: "bytes", kind: Gauge,
         help: "Device memory not allocated",
-        nvml: "nvmlDeviceGetMemoryInfo_v2.free", smi: Some("memory.free"), smi_unit: MiB,
+        source: Source::nvml(NvmlCall::MemoryFree), smi: Some("memory.free"), smi_unit: MiB,
         dcgm: Some("DCGM_FI_DEV_FB_FREE") },
     MemTotal => { key: "mem_total", unit: "bytes", kind: Gauge,
         help: "Total installed device memory",
-        nvml: "nvmlDeviceGetMemoryInfo_v2.total", smi: Some("memory.total"), smi_unit: MiB,
+        source: Source::nvml(NvmlCall::MemoryTotal), smi: Some("memory.total"), smi_unit: MiB,
         dcgm: Some("DCGM_FI_DEV_FB_TOTAL") },
     MemReserved => { key: "mem_reserved", unit: "bytes", kind: Gauge,
         help: "Device memory reserved by the driver and firmware",
-        nvml: "nvmlDeviceGetMemoryInfo_v2.reserved", smi: Some("memory.reserved"), smi_unit: MiB,
+        source: Source::nvml(NvmlCall::MemoryReserved), smi: Some("memory.reserved"), smi_unit: MiB,
         dcgm: Some("DCGM_FI_DEV_FB_RESERVED") },
     Temp => { key: "temp", unit: "celsius", kind: Gauge,
         help: "GPU core temperature",
-        nvml: "nvmlDeviceGetTemperature(GPU)", smi: Some("temperature.gpu"), smi_unit: Same,
+        source: Source::nvml(NvmlCall::TemperatureGpu),
+        smi: Some("temperature.gpu"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_GPU_TEMP") },
     MemTemp => { key: "mem_temp", unit: "celsius", kind: Gauge,
         help: "HBM memory temperature",
-        nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP)", smi: Some("temperature.memory"), smi_unit: Same,
+        source: Source::field(NvmlField::MEMORY_TEMP),
+        smi: Some("temperature.memory"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_MEMORY_TEMP") },
     Power => { key: "power", unit: "watts", kind: Gauge,
         help: "Power draw of the board",
-        nvml: "nvmlDeviceGetPowerUsage", smi: Some("power.draw"), smi_unit: Same,
+        source: Source::nvml(NvmlCall::PowerUsage), smi: Some("power.draw"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_POWER_USAGE") },
     PowerLimit => { key: "power_limit", unit: "watts", kind: Gauge,
         help: "Enforced power limit",
-        nvml: "nvmlDeviceGetEnforcedPowerLimit", smi: Some("enforced.power.limit"), smi_unit: Same,
+        source: Source::nvml(NvmlCall::EnforcedPowerLimit),
+        smi: Some("enforced.power.limit"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_ENFORCED_POWER_LIMIT") },
     Energy => { key: "energy", unit: "joules", kind: Counter,
         help: "Energy consumed since the driver was loaded",
-        nvml: "nvmlDeviceGetTotalEnergyConsumption", smi: None, smi_unit: Same,
+        source: Source::field(NvmlField::TOTAL_ENERGY_CONSUMPTION)
+            .scaled(0.001)
+            .or_call(NvmlCall::TotalEnergyConsumption),
+        smi: None, smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") },
     SmClock => { key: "sm_clock", unit: "MHz", kind: Gauge,
         help: "Current SM clock",
-        nvml: "nvmlDeviceGetClockInfo(SM)", smi: Some("clocks.sm"), smi_unit: Same,
+        source: Source::nvml(NvmlCall::ClockSm), smi: Some("clocks.sm"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_SM_CLOCK") },
     MemClock => { key: "mem_clock", unit: "MHz", kind: Gauge,
         help: "Current memory clock",
-        nvml: "nvmlDeviceGetClockInfo(MEM)", smi: Some("clocks.mem"), smi_unit: Same,
+        source: Source::nvml(NvmlCall::ClockMem), smi: Some("clocks.mem"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_MEM_CLOCK") },
     ClockEventReasons => { key: "clock_event_reasons", unit: "bitmask", kind: Gauge,
         help: "Active clock event (throttle) reasons, NVML bitmask",
-        nvml: "nvmlDeviceGetCurrentClocksThrottleReasons", smi: Some("clocks_event_reasons.active"), smi_unit: Hex,
+        source: Source::nvml(NvmlCall::ClockEventReasons),
+        smi: Some("clocks_event_reasons.active"), smi_unit: Hex,
         dcgm: Some("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS") },
     Pstate => { key: "pstate", unit: "pstate", kind: Gauge,
         help: "Performance state, 0 (maximum) to 15 (minimum)",
-        nvml: "nvmlDeviceGetPerformanceState", smi: Some("pstate"), smi_unit: Pstate,
+        source: Source::nvml(NvmlCall::PerformanceState), smi: Some("pstate"), smi_unit: Pstate,
         dcgm: None },
     Fan => { key: "fan", unit: "percent", kind: Gauge,
         help: "Intended fan speed as a percent of maximum",
-        nvml: "nvmlDeviceGetFanSpeed", smi: Some("fan.speed"), smi_unit: Same,
+        source: Source::nvml(NvmlCall::FanSpeed), smi: Some("fan.speed"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_FAN_SPEED") },
     EccCorrected => { key: "ecc_corrected", unit: "errors", kind: Counter,
         help: "Corrected (single-bit) volatile ECC errors since the last driver load",
-        nvml: "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE)", smi: Some("ecc.errors.corrected.volatile.total"), smi_unit: Same,
+        source: Source::field(NvmlField::ECC_SBE_VOL_TOTAL).or_call(NvmlCall::EccCorrectedVolatile),
+        smi: Some("ecc.errors.corrected.volatile.total"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL") },
     EccUncorrected => { key: "ecc_uncorrected", unit: "errors", kind: Counter,
         help: "Uncorrected (double-bit) volatile ECC errors since the last driver load",
-        nvml: "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)", smi: Some("ecc.errors.uncorrected.volatile.total"), smi_unit: Same,
+        source: Source::field(NvmlField::ECC_DBE_VOL_TOTAL)
+            .or_call(NvmlCall::EccUncorrectedVolatile),
+        smi: Some("ecc.errors.uncorrected.volatile.total"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") },
     RetiredSbe => { key: "retired_sbe", unit: "pages", kind: Counter,
         help: "Pages retired after single-bit ECC errors (pre-Ampere)",
-        nvml: "nvmlDeviceGetRetiredPages(MULTIPLE_SINGLE_BIT)", smi: Some("retired_pages.single_bit_ecc.count"), smi_unit: Same,
+        source: Source::field(NvmlField::RETIRED_SBE).or_call(NvmlCall::RetiredPagesSbe),
+        smi: Some("retired_pages.single_bit_ecc.count"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_RETIRED_SBE") },
     RetiredDbe => { key: "retired_dbe", unit: "pages", kind: Counter,
         help: "Pages retired after double-bit ECC errors (pre-Ampere)",
-        nvml: "nvmlDeviceGetRetiredPages(DOUBLE_BIT)", smi: Some("retired_pages.double_bit.count"), smi_unit: Same,
+        source: Source::field(NvmlField::RETIRED_DBE).or_call(NvmlCall::RetiredPagesDbe),
+        smi: Some("retired_pages.double_bit.count"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_RETIRED_DBE") },
     RetiredPending => { key: "retired_pending", unit: "bool", kind: Gauge,
         help: "1 when a page retirement waits for the next driver reload (pre-Ampere)",
-        nvml: "nvmlDeviceGetRetiredPagesPendingStatus", smi: Some("retired_pages.pending"), smi_unit: Same,
+        source: Source::field(NvmlField::RETIRED_PENDING)
+            .or_call(NvmlCall::RetiredPagesPending),
+        smi: Some("retired_pages.pending"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_RETIRED_PENDING") },
     RemappedCorrectable => { key: "remapped_correctable", unit: "rows", kind: Counter,
         help: "Rows remapped after correctable errors (Ampere and later)",
-        nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_REMAPPED_COR)", smi: Some("remapped_rows.correctable"), smi_unit: Same,
+        source: Source::field(NvmlField::REMAPPED_COR),
+        smi: Some("remapped_rows.correctable"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS") },
     RemappedUncorrectable => { key: "remapped_uncorrectable", unit: "rows", kind: Counter,
         help: "Rows remapped after uncorrectable errors (Ampere and later)",
-        nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_REMAPPED_UNC)", smi: Some("remapped_rows.uncorrectable"), smi_unit: Same,
+        source: Source::field(NvmlField::REMAPPED_UNC),
+        smi: Some("remapped_rows.uncorrectable"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS") },
     RemapPending => { key: "remap_pending", unit: "bool", kind: Gauge,
         help: "1 when a row remapping waits for a GPU reset (Ampere and later)",
-        nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_REMAPPED_PENDING)", smi: Some("remapped_rows.pending"), smi_unit: Same,
+        source: Source::field(NvmlField::REMAPPED_PENDING),
+        smi: Some("remapped_rows.pending"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_ROW_REMAP_PENDING") },
     RemapFailure => { key: "remap_failure", unit: "bool", kind: Gauge,
         help: "1 when a row remapping failed (Ampere and later); the GPU needs service",
-        nvml: "nvmlDeviceGetFieldValues(NVML_FI_DEV_REMAPPED_FAILURE)", smi: Some("remapped_rows.failure"), smi_unit: Same,
+        source: Source::field(NvmlField::REMAPPED_FAILURE),
+        smi: Some("remapped_rows.failure"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_ROW_REMAP_FAILURE") },
     PcieRx => { key: "pcie_rx", unit: "bytes_per_second", kind: Gauge,
         help: "PCIe receive throughput over the driver's 20 ms window",
-        nvml: "nvmlDeviceGetPcieThroughput(RX)", smi: None, smi_unit: Same,
+        source: Source::nvml(NvmlCall::PcieRx), smi: None, smi_unit: Same,
         dcgm: None },
     PcieTx => { key: "pcie_tx", unit: "bytes_per_second", kind: Gauge,
         help: "PCIe transmit throughput over the driver's 20 ms window",
-        nvml: "nvmlDeviceGetPcieThroughput(TX)", smi: None, smi_unit: Same,
+        source: Source::nvml(NvmlCall::PcieTx), smi: None, smi_unit: Same,
         dcgm: None },
     PcieReplay => { key: "pcie_replay", unit: "replays", kind: Counter,
         help: "PCIe replay counter (link retransmissions)",
-        nvml: "nvmlDeviceGetPcieReplayCounter", smi: None, smi_unit: Same,
+        source: Source::field(NvmlField::PCIE_REPLAY_COUNTER)
+            .or_call(NvmlCall::PcieReplayCounter),
+        smi: None, smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_PCIE_REPLAY_COUNTER") },
     EncUtil => { key: "enc_util", unit: "percent", kind: Gauge,
         help: "Video encoder utilization",
-        nvml: "nvmlDeviceGetEncoderUtilization", smi: Some("utilization.encoder"), smi_unit: Same,
+        source: Source::nvml(NvmlCall::EncoderUtilization),
+        smi: Some("utilization.encoder"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_ENC_UTIL") },
     DecUtil => { key: "dec_util", unit: "percent", kind: Gauge,
         help: "Video decoder utilization",
-        nvml: "nvmlDeviceGetDecoderUtilization", smi: Some("utilization.decoder"), smi_unit: Same,
+        source: Source::nvml(NvmlCall::DecoderUtilization),
+        smi: Some("utilization.decoder"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_DEC_UTIL") },
 }
 
@@ -566,6 +849,65 @@ mod tests {
         keys.sort_unstable();
         keys.dedup();
         assert_eq!(keys.len(), METRIC_COUNT);
+    }
+
+    /// A row cannot be written without `source:` (the macro requires it); this checks that each
+    /// row's source really names something the sampler reads, and that no two rows read the
+    /// same number (a copy-pasted source would give two columns one value).
+    #[test]
+    fn every_row_has_a_source() {
+        let mut calls = Vec::new();
+        let mut fields = Vec::new();
+        for d in METRICS {
+            let shown = d.source.to_string();
+            assert!(!shown.trim().is_empty(), "{} has no source", d.key);
+            match d.source {
+                Source::Nvml(call) => {
+                    assert!(call.function().starts_with("nvmlDeviceGet"), "{}", d.key);
+                    assert!(!call.function().contains(['(', '.', ' ']), "{}", d.key);
+                    calls.push(call);
+                }
+                Source::Field(f) => {
+                    assert!(f.field.id > 0, "{}: no field id", d.key);
+                    assert!(f.field.name.starts_with("NVML_FI_DEV_"), "{}", d.key);
+                    assert!(f.scale.is_finite() && f.scale > 0.0, "{}", d.key);
+                    fields.push(f.field.id);
+                    calls.extend(f.fallback);
+                }
+                Source::Derived(how) => {
+                    assert!(!how.how.trim().is_empty(), "{}: derived how?", d.key);
+                }
+                Source::Host(h) => match h {},
+            }
+        }
+        let n = calls.len();
+        calls.sort_by_key(|c| c.describe());
+        calls.dedup();
+        assert_eq!(calls.len(), n, "two rows read the same NVML call");
+        let n = fields.len();
+        fields.sort_unstable();
+        fields.dedup();
+        assert_eq!(fields.len(), n, "two rows read the same field");
+    }
+
+    #[test]
+    fn sources_render_for_the_docs() {
+        assert_eq!(
+            Metric::Util.desc().source.to_string(),
+            "`nvmlDeviceGetUtilizationRates.gpu`"
+        );
+        assert_eq!(
+            Metric::Energy.desc().source.to_string(),
+            "`nvmlDeviceGetFieldValues(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)` × 0.001, \
+             else `nvmlDeviceGetTotalEnergyConsumption`"
+        );
+        let derived = Source::Derived(Derivation {
+            how: "mem_used / mem_total",
+            compute: |v| Some(v.get(Metric::MemUsed)? / v.get(Metric::MemTotal)?),
+        });
+        assert_eq!(derived.to_string(), "derived: mem_used / mem_total");
+        assert!(!derived.is_nvml());
+        assert!(Metric::MemTemp.desc().source.is_nvml());
     }
 
     #[test]

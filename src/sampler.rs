@@ -4,15 +4,21 @@
 //! for `--sim`, or `libnvidia-ml.so.1`), reads every GPU's identity once and keeps one handle per
 //! GPU. [`Sampler::sample`] then produces a plain [`Snapshot`]: every metric of
 //! [`crate::model::METRICS`] per GPU in canonical units, the XID events received since the last
-//! tick (drained from an NVML event set without blocking, see [`events`]) and, on a slower cadence, the GPU process list enriched
-//! from `/proc` ([`procfs`]).
+//! tick (drained from an NVML event set without blocking, see `events`) and, on a slower
+//! cadence, the GPU process list enriched from `/proc` ([`procfs`]).
+//!
+//! The metric table drives the per-GPU read: each row is read through its
+//! [`Source`] — all field rows in one `nvmlDeviceGetFieldValues` call, a
+//! field the GPU lacks through its row's fallback call, every [`NvmlCall`] by its reader (calls
+//! answering several rows are made once per tick), derived rows last. A new row therefore needs
+//! no sampler code unless it brings a new `NvmlCall` (which does not compile without a reader).
 //!
 //! Faults never stop sampling. A value the GPU cannot give is `None`; after the first
-//! `NotSupported` (or missing symbol, or no permission) that source is not asked again for that
-//! GPU (logged once at debug). `GpuLost` / `ResetRequired` make the device
+//! `NotSupported` (or missing symbol, or no permission) that query (or field) is not asked again
+//! for that GPU (logged once at debug). `GpuLost` / `ResetRequired` make the device
 //! [`DeviceState::Lost`] (all values `None`, probed again every [`LOST_PROBE_MS`]) while the
 //! other GPUs keep being sampled. Other errors leave the value `None` and are logged once per
-//! GPU and source.
+//! GPU and query.
 //!
 //! The `Nvml` handle is leaked on purpose: devices and the event set borrow it, and a sampler
 //! lives as long as its process (this also avoids `nvmlShutdown` at exit).
@@ -31,11 +37,11 @@ use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::structs::device::FieldId;
-use nvml_wrapper::sys_exports::field_id;
 use nvml_wrapper::{Device, Nvml};
 
 use crate::model::{
-    DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcKind, ProcSample, Snapshot,
+    DeviceId, DeviceState, GpuSample, Metric, MetricValues, NvmlCall, ProcKind, ProcSample,
+    Snapshot, Source, METRICS, METRIC_COUNT,
 };
 
 /// The NVML library loaded when nothing else is said.
@@ -108,10 +114,11 @@ pub enum SamplerError {
 
 pub use crate::sys::now_ms;
 
-/// One NVML query; the unit of "supported or not" bookkeeping.
+/// One NVML query; the unit of "supported or not" bookkeeping (several [`NvmlCall`]s can share
+/// one, e.g. both retired-page counts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-enum Source {
+enum Query {
     Utilization,
     Memory,
     Temperature,
@@ -137,78 +144,55 @@ enum Source {
     RetiredPending,
 }
 
-impl Source {
+impl Query {
     fn bit(self) -> u32 {
         1 << (self as u8)
     }
 }
 
-/// Field-value IDs read in one `nvmlDeviceGetFieldValues` call, with the metric each feeds and
-/// the factor to canonical units. Batching counters here saves one library call each per GPU
-/// and tick; when a field is not supported, the dedicated call is used instead (see `read`).
-const FIELDS: &[(u32, Metric, f64)] = &[
-    (field_id::NVML_FI_DEV_MEMORY_TEMP, Metric::MemTemp, 1.0),
-    (
-        field_id::NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
-        Metric::EccCorrected,
-        1.0,
-    ),
-    (
-        field_id::NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
-        Metric::EccUncorrected,
-        1.0,
-    ),
-    // mJ → J
-    (
-        field_id::NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
-        Metric::Energy,
-        0.001,
-    ),
-    (
-        field_id::NVML_FI_DEV_PCIE_REPLAY_COUNTER,
-        Metric::PcieReplay,
-        1.0,
-    ),
-    (field_id::NVML_FI_DEV_RETIRED_SBE, Metric::RetiredSbe, 1.0),
-    (field_id::NVML_FI_DEV_RETIRED_DBE, Metric::RetiredDbe, 1.0),
-    (
-        field_id::NVML_FI_DEV_RETIRED_PENDING,
-        Metric::RetiredPending,
-        1.0,
-    ),
-    (
-        field_id::NVML_FI_DEV_REMAPPED_COR,
-        Metric::RemappedCorrectable,
-        1.0,
-    ),
-    (
-        field_id::NVML_FI_DEV_REMAPPED_UNC,
-        Metric::RemappedUncorrectable,
-        1.0,
-    ),
-    (
-        field_id::NVML_FI_DEV_REMAPPED_PENDING,
-        Metric::RemapPending,
-        1.0,
-    ),
-    (
-        field_id::NVML_FI_DEV_REMAPPED_FAILURE,
-        Metric::RemapFailure,
-        1.0,
-    ),
-];
+/// Bit of metric `m` in a per-metric mask.
+fn metric_bit(m: Metric) -> u64 {
+    1 << (m as u8)
+}
+
+const _: () = assert!(METRIC_COUNT <= 64, "per-metric masks are u64");
+
+/// The table's field rows, in table order: `(field id, metric, scale to canonical units)`. They
+/// are read in one `nvmlDeviceGetFieldValues` call per GPU and tick, which saves one library call
+/// per counter; a field the GPU does not support is dropped and its row's fallback call (if any)
+/// is used instead (see `Slot::read`).
+fn table_fields() -> impl Iterator<Item = (FieldId, Metric, f64)> {
+    METRICS.iter().filter_map(|d| match d.source {
+        Source::Field(f) => Some((FieldId(f.field.id), d.id, f.scale)),
+        _ => None,
+    })
+}
+
+/// Answers of multi-value calls, made once per GPU and tick however many rows read them.
+#[derive(Default)]
+struct TickAnswers {
+    /// `(gpu, memory)` percent of `nvmlDeviceGetUtilizationRates`.
+    utilization: Option<Option<[f64; 2]>>,
+    /// `(used, free, total, reserved)` bytes of `nvmlDeviceGetMemoryInfo_v2`.
+    memory: Option<Option<[f64; 4]>>,
+    /// Queries that already failed at this tick (not asked again until the next one).
+    failed: u32,
+}
 
 /// Per-GPU state kept between ticks.
 struct Slot {
     handle: Option<Device<'static>>,
     id: DeviceId,
     state: DeviceState,
-    /// Sources that answered NotSupported (never asked again).
+    /// Queries that answered NotSupported (never asked again).
     unsupported: u32,
-    /// Sources whose transient failure was already logged.
+    /// Queries whose transient failure was already logged.
     warned: u32,
-    /// Field IDs still worth asking for.
+    /// Field IDs still worth asking for, with the metric each feeds and its scale.
     fields: Vec<FieldId>,
+    field_rows: Vec<(Metric, f64)>,
+    /// Metrics whose field is still in `fields` (a per-metric mask).
+    field_metrics: u64,
     /// When a lost device was last probed.
     lost_probe_ms: i64,
 }
@@ -217,14 +201,15 @@ struct Slot {
 struct Lost;
 
 impl Slot {
-    /// Runs one query unless its source is known unsupported, mapping errors to `None` or
-    /// [`Lost`].
+    /// Runs one query unless it is known unsupported (or already failed at this tick), mapping
+    /// errors to `None` or [`Lost`].
     fn query<T>(
         &mut self,
-        src: Source,
+        q: Query,
+        tick: &mut TickAnswers,
         f: impl FnOnce(&Device<'static>) -> Result<T, NvmlError>,
     ) -> Result<Option<T>, Lost> {
-        if self.unsupported & src.bit() != 0 {
+        if (self.unsupported | tick.failed) & q.bit() != 0 {
             return Ok(None);
         }
         let Some(dev) = self.handle.as_ref() else {
@@ -232,11 +217,14 @@ impl Slot {
         };
         match f(dev) {
             Ok(v) => Ok(Some(v)),
-            Err(e) => self.failed(src, &e).map(|()| None),
+            Err(e) => {
+                tick.failed |= q.bit();
+                self.failed(q, &e).map(|()| None)
+            }
         }
     }
 
-    fn failed(&mut self, src: Source, e: &NvmlError) -> Result<(), Lost> {
+    fn failed(&mut self, q: Query, e: &NvmlError) -> Result<(), Lost> {
         match e {
             NvmlError::GpuLost | NvmlError::ResetRequired => Err(Lost),
             NvmlError::NotSupported
@@ -245,118 +233,172 @@ impl Slot {
             | NvmlError::NoPermission
             | NvmlError::InvalidArg => {
                 tracing::debug!(
-                    "GPU {}: {src:?} not available ({e}); not asked again",
+                    "GPU {}: {q:?} not available ({e}); not asked again",
                     self.id.index
                 );
-                self.unsupported |= src.bit();
+                self.unsupported |= q.bit();
                 Ok(())
             }
             NvmlError::NotFound | NvmlError::NoData => Ok(()),
             _ => {
-                if self.warned & src.bit() == 0 {
-                    self.warned |= src.bit();
-                    tracing::warn!("GPU {}: reading {src:?} failed: {e}", self.id.index);
+                if self.warned & q.bit() == 0 {
+                    self.warned |= q.bit();
+                    tracing::warn!("GPU {}: reading {q:?} failed: {e}", self.id.index);
                 }
                 Ok(())
             }
         }
     }
 
-    /// Whether field `id` is still read through field values (else its dedicated call is used).
-    fn field_active(&self, id: u32) -> bool {
-        self.unsupported & Source::Fields.bit() == 0 && self.fields.iter().any(|f| f.0 == id)
+    /// Whether `m`'s field is still read through field values (else its fallback call is used).
+    fn field_active(&self, m: Metric) -> bool {
+        self.unsupported & Query::Fields.bit() == 0 && self.field_metrics & metric_bit(m) != 0
     }
 
-    /// Reads every metric into `values`.
+    /// Reads every metric of the table into `values`, each through its row's [`Source`]: the
+    /// batched field-values call first, then one reader per [`NvmlCall`] in table order, then
+    /// the derived rows.
     fn read(&mut self, values: &mut MetricValues) -> Result<(), Lost> {
-        let mut set = |m: Metric, v: Option<f64>| values.set(m, v);
-        if let Some(u) = self.query(Source::Utilization, Device::utilization_rates)? {
-            set(Metric::Util, Some(f64::from(u.gpu)));
-            set(Metric::MemUtil, Some(f64::from(u.memory)));
-        }
-        if let Some(m) = self.query(Source::Memory, Device::memory_info)? {
-            set(Metric::MemUsed, Some(m.used as f64));
-            set(Metric::MemFree, Some(m.free as f64));
-            set(Metric::MemTotal, Some(m.total as f64));
-            set(Metric::MemReserved, Some(m.reserved as f64));
-        }
-        let t = self.query(Source::Temperature, |d| {
-            d.temperature(TemperatureSensor::Gpu)
-        })?;
-        set(Metric::Temp, t.map(f64::from));
-        self.read_fields(&mut set)?;
-        if !self.field_active(field_id::NVML_FI_DEV_RETIRED_SBE) {
-            // Drivers without the retired-page fields: ask the page-retirement API (pre-Ampere
-            // GPUs answer; newer ones say NotSupported once).
-            let sbe = self.query(Source::RetiredPages, |d| {
-                d.retired_pages(RetirementCause::MultipleSingleBitEccErrors)
-            })?;
-            if let Some(sbe) = sbe {
-                set(Metric::RetiredSbe, Some(sbe.len() as f64));
-                let dbe = self.query(Source::RetiredPages, |d| {
-                    d.retired_pages(RetirementCause::DoubleBitEccError)
-                })?;
-                set(Metric::RetiredDbe, dbe.map(|v| v.len() as f64));
+        let mut tick = TickAnswers::default();
+        self.read_fields(values, &mut tick)?;
+        for d in METRICS {
+            match d.source {
+                Source::Nvml(call) => values.set(d.id, self.read_call(call, &mut tick)?),
+                Source::Field(f) => {
+                    if let Some(call) = f.fallback.filter(|_| !self.field_active(d.id)) {
+                        values.set(d.id, self.read_call(call, &mut tick)?);
+                    }
+                }
+                Source::Derived(_) => {}
+                Source::Host(h) => match h {},
             }
-            let pending = self.query(Source::RetiredPending, Device::are_pages_pending_retired)?;
-            set(
-                Metric::RetiredPending,
-                pending.map(|p| f64::from(u8::from(p))),
-            );
         }
-        let p = self.query(Source::Power, Device::power_usage)?;
-        set(Metric::Power, p.map(|mw| f64::from(mw) / 1000.0));
-        let p = self.query(Source::PowerLimit, Device::enforced_power_limit)?;
-        set(Metric::PowerLimit, p.map(|mw| f64::from(mw) / 1000.0));
-        if !self.field_active(field_id::NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION) {
-            let e = self.query(Source::Energy, Device::total_energy_consumption)?;
-            set(Metric::Energy, e.map(|mj| mj as f64 / 1000.0));
+        for d in METRICS {
+            if let Source::Derived(how) = d.source {
+                let v = (how.compute)(values);
+                values.set(d.id, v);
+            }
         }
-        let c = self.query(Source::SmClock, |d| d.clock_info(Clock::SM))?;
-        set(Metric::SmClock, c.map(f64::from));
-        let c = self.query(Source::MemClock, |d| d.clock_info(Clock::Memory))?;
-        set(Metric::MemClock, c.map(f64::from));
-        let r = self.query(Source::Throttle, Device::current_throttle_reasons)?;
-        set(Metric::ClockEventReasons, r.map(|r| r.bits() as f64));
-        let p = self.query(Source::Pstate, Device::performance_state)?;
-        set(
-            Metric::Pstate,
-            p.map(|p| p.as_c()).filter(|&c| c <= 15).map(f64::from),
-        );
-        let f = self.query(Source::Fan, |d| d.fan_speed(0))?;
-        set(Metric::Fan, f.map(f64::from));
-        if !self.field_active(field_id::NVML_FI_DEV_ECC_SBE_VOL_TOTAL) {
-            let c = self.query(Source::EccCorrected, |d| {
-                d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-            })?;
-            set(Metric::EccCorrected, c.map(|c| c as f64));
-        }
-        if !self.field_active(field_id::NVML_FI_DEV_ECC_DBE_VOL_TOTAL) {
-            let c = self.query(Source::EccUncorrected, |d| {
-                d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-            })?;
-            set(Metric::EccUncorrected, c.map(|c| c as f64));
-        }
-        // NVML reports PCIe throughput in KB/s; like nvitop we read KB as KiB.
-        let r = self.query(Source::PcieRx, |d| {
-            d.pcie_throughput(PcieUtilCounter::Receive)
-        })?;
-        set(Metric::PcieRx, r.map(|kb| f64::from(kb) * 1024.0));
-        let r = self.query(Source::PcieTx, |d| d.pcie_throughput(PcieUtilCounter::Send))?;
-        set(Metric::PcieTx, r.map(|kb| f64::from(kb) * 1024.0));
-        if !self.field_active(field_id::NVML_FI_DEV_PCIE_REPLAY_COUNTER) {
-            let r = self.query(Source::PcieReplay, Device::pcie_replay_counter)?;
-            set(Metric::PcieReplay, r.map(f64::from));
-        }
-        let u = self.query(Source::Encoder, Device::encoder_utilization)?;
-        set(Metric::EncUtil, u.map(|u| f64::from(u.utilization)));
-        let u = self.query(Source::Decoder, Device::decoder_utilization)?;
-        set(Metric::DecUtil, u.map(|u| f64::from(u.utilization)));
         Ok(())
     }
 
-    fn read_fields(&mut self, set: &mut impl FnMut(Metric, Option<f64>)) -> Result<(), Lost> {
-        if self.fields.is_empty() || self.unsupported & Source::Fields.bit() != 0 {
+    /// The reader of one [`NvmlCall`]: the value in canonical units, `None` when the GPU cannot
+    /// give it.
+    fn read_call(&mut self, call: NvmlCall, tick: &mut TickAnswers) -> Result<Option<f64>, Lost> {
+        use NvmlCall as C;
+        let v = match call {
+            C::UtilizationGpu | C::UtilizationMemory => {
+                if tick.utilization.is_none() {
+                    let u = self.query(Query::Utilization, tick, Device::utilization_rates)?;
+                    tick.utilization = Some(u.map(|u| [f64::from(u.gpu), f64::from(u.memory)]));
+                }
+                let part = usize::from(call == C::UtilizationMemory);
+                tick.utilization.flatten().map(|u| u[part])
+            }
+            C::MemoryUsed | C::MemoryFree | C::MemoryTotal | C::MemoryReserved => {
+                if tick.memory.is_none() {
+                    let m = self.query(Query::Memory, tick, Device::memory_info)?;
+                    tick.memory =
+                        Some(m.map(|m| [m.used, m.free, m.total, m.reserved].map(|b| b as f64)));
+                }
+                let part = match call {
+                    C::MemoryUsed => 0,
+                    C::MemoryFree => 1,
+                    C::MemoryTotal => 2,
+                    _ => 3,
+                };
+                tick.memory.flatten().map(|m| m[part])
+            }
+            C::TemperatureGpu => self
+                .query(Query::Temperature, tick, |d| {
+                    d.temperature(TemperatureSensor::Gpu)
+                })?
+                .map(f64::from),
+            C::PowerUsage => self
+                .query(Query::Power, tick, Device::power_usage)?
+                .map(|mw| f64::from(mw) / 1000.0),
+            C::EnforcedPowerLimit => self
+                .query(Query::PowerLimit, tick, Device::enforced_power_limit)?
+                .map(|mw| f64::from(mw) / 1000.0),
+            C::TotalEnergyConsumption => self
+                .query(Query::Energy, tick, Device::total_energy_consumption)?
+                .map(|mj| mj as f64 / 1000.0),
+            C::ClockSm => self
+                .query(Query::SmClock, tick, |d| d.clock_info(Clock::SM))?
+                .map(f64::from),
+            C::ClockMem => self
+                .query(Query::MemClock, tick, |d| d.clock_info(Clock::Memory))?
+                .map(f64::from),
+            C::ClockEventReasons => self
+                .query(Query::Throttle, tick, Device::current_throttle_reasons)?
+                .map(|r| r.bits() as f64),
+            C::PerformanceState => self
+                .query(Query::Pstate, tick, Device::performance_state)?
+                .map(|p| p.as_c())
+                .filter(|&c| c <= 15)
+                .map(f64::from),
+            C::FanSpeed => self
+                .query(Query::Fan, tick, |d| d.fan_speed(0))?
+                .map(f64::from),
+            C::EccCorrectedVolatile => self
+                .query(Query::EccCorrected, tick, |d| {
+                    d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+                })?
+                .map(|c| c as f64),
+            C::EccUncorrectedVolatile => self
+                .query(Query::EccUncorrected, tick, |d| {
+                    d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                })?
+                .map(|c| c as f64),
+            // Pre-Ampere GPUs answer; newer ones say NotSupported once (for both causes).
+            C::RetiredPagesSbe => self
+                .query(Query::RetiredPages, tick, |d| {
+                    d.retired_pages(RetirementCause::MultipleSingleBitEccErrors)
+                })?
+                .map(|p| p.len() as f64),
+            C::RetiredPagesDbe => self
+                .query(Query::RetiredPages, tick, |d| {
+                    d.retired_pages(RetirementCause::DoubleBitEccError)
+                })?
+                .map(|p| p.len() as f64),
+            C::RetiredPagesPending => self
+                .query(
+                    Query::RetiredPending,
+                    tick,
+                    Device::are_pages_pending_retired,
+                )?
+                .map(|p| f64::from(u8::from(p))),
+            // NVML reports PCIe throughput in KB/s; like nvitop we read KB as KiB.
+            C::PcieRx => self
+                .query(Query::PcieRx, tick, |d| {
+                    d.pcie_throughput(PcieUtilCounter::Receive)
+                })?
+                .map(|kb| f64::from(kb) * 1024.0),
+            C::PcieTx => self
+                .query(Query::PcieTx, tick, |d| {
+                    d.pcie_throughput(PcieUtilCounter::Send)
+                })?
+                .map(|kb| f64::from(kb) * 1024.0),
+            C::PcieReplayCounter => self
+                .query(Query::PcieReplay, tick, Device::pcie_replay_counter)?
+                .map(f64::from),
+            C::EncoderUtilization => self
+                .query(Query::Encoder, tick, Device::encoder_utilization)?
+                .map(|u| f64::from(u.utilization)),
+            C::DecoderUtilization => self
+                .query(Query::Decoder, tick, Device::decoder_utilization)?
+                .map(|u| f64::from(u.utilization)),
+        };
+        Ok(v)
+    }
+
+    /// The one field-values call of the tick: sets every metric whose field is still asked for.
+    fn read_fields(
+        &mut self,
+        values: &mut MetricValues,
+        tick: &mut TickAnswers,
+    ) -> Result<(), Lost> {
+        if self.fields.is_empty() || self.unsupported & Query::Fields.bit() != 0 {
             return Ok(());
         }
         let Some(dev) = self.handle.as_ref() else {
@@ -364,13 +406,15 @@ impl Slot {
         };
         let samples = match dev.field_values_for(&self.fields) {
             Ok(s) => s,
-            Err(e) => return self.failed(Source::Fields, &e),
+            Err(e) => {
+                tick.failed |= Query::Fields.bit();
+                return self.failed(Query::Fields, &e);
+            }
         };
-        let mut drop_mask: u32 = 0;
+        let mut drop_mask: u64 = 0;
         for (i, sample) in samples.into_iter().enumerate() {
-            let Some(id) = self.fields.get(i) else { break };
-            let Some(&(_, metric, scale)) = FIELDS.iter().find(|(f, _, _)| *f == id.0) else {
-                continue;
+            let Some(&(metric, scale)) = self.field_rows.get(i) else {
+                break;
             };
             let value = match sample.and_then(|s| s.value) {
                 Ok(SampleValue::F64(v)) => Some(v * scale),
@@ -382,7 +426,7 @@ impl Slot {
                     tracing::debug!(
                         "GPU {}: field {} ({}) not supported; not asked again",
                         self.id.index,
-                        id.0,
+                        self.fields[i].0,
                         metric.key()
                     );
                     drop_mask |= 1 << i;
@@ -390,7 +434,7 @@ impl Slot {
                 }
                 Err(_) => None,
             };
-            set(metric, value);
+            values.set(metric, value);
         }
         if drop_mask != 0 {
             let mut i = 0;
@@ -399,15 +443,32 @@ impl Slot {
                 i += 1;
                 keep
             });
+            let mut i = 0;
+            self.field_rows.retain(|_| {
+                let keep = drop_mask & (1 << i) == 0;
+                i += 1;
+                keep
+            });
+            self.field_metrics = self
+                .field_rows
+                .iter()
+                .fold(0, |mask, (m, _)| mask | metric_bit(*m));
         }
         Ok(())
     }
 
     fn processes(&mut self, out: &mut Vec<(ProcessInfo, ProcKind)>) -> Result<(), Lost> {
-        if let Some(list) = self.query(Source::ComputeProcs, Device::running_compute_processes)? {
+        let tick = &mut TickAnswers::default();
+        if let Some(list) =
+            self.query(Query::ComputeProcs, tick, Device::running_compute_processes)?
+        {
             out.extend(list.into_iter().map(|p| (p, ProcKind::Compute)));
         }
-        if let Some(list) = self.query(Source::GraphicsProcs, Device::running_graphics_processes)? {
+        if let Some(list) = self.query(
+            Query::GraphicsProcs,
+            tick,
+            Device::running_graphics_processes,
+        )? {
             for p in list {
                 if !out.iter().any(|(q, _)| q.pid == p.pid) {
                     out.push((p, ProcKind::Graphics));
@@ -557,7 +618,9 @@ impl Sampler {
             state: DeviceState::Ok,
             unsupported: 0,
             warned: 0,
-            fields: FIELDS.iter().map(|(f, _, _)| FieldId(*f)).collect(),
+            fields: table_fields().map(|(f, _, _)| f).collect(),
+            field_rows: table_fields().map(|(_, m, scale)| (m, scale)).collect(),
+            field_metrics: table_fields().fold(0, |mask, (_, m, _)| mask | metric_bit(m)),
             lost_probe_ms: now,
         };
         if !Self::attach(nvml, &mut slot) {
@@ -778,6 +841,54 @@ mod tests {
         // Work took long: ticks 3 and 4 are gone, the next due is 5.
         assert_eq!(t.next(t0 + ms(460)), t0 + ms(500));
         assert_eq!(t.missed(), 2);
+    }
+
+    /// The table's field ids are the pre-580.82 numbers nvml-wrapper uses (and translates for
+    /// newer drivers).
+    #[test]
+    fn table_field_ids_are_nvml_wrappers() {
+        use crate::model::NvmlField as F;
+        use nvml_wrapper::sys_exports::field_id as fi;
+        for (ours, theirs) in [
+            (F::ECC_SBE_VOL_TOTAL, fi::NVML_FI_DEV_ECC_SBE_VOL_TOTAL),
+            (F::ECC_DBE_VOL_TOTAL, fi::NVML_FI_DEV_ECC_DBE_VOL_TOTAL),
+            (F::RETIRED_SBE, fi::NVML_FI_DEV_RETIRED_SBE),
+            (F::RETIRED_DBE, fi::NVML_FI_DEV_RETIRED_DBE),
+            (F::RETIRED_PENDING, fi::NVML_FI_DEV_RETIRED_PENDING),
+            (F::MEMORY_TEMP, fi::NVML_FI_DEV_MEMORY_TEMP),
+            (
+                F::TOTAL_ENERGY_CONSUMPTION,
+                fi::NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+            ),
+            (F::PCIE_REPLAY_COUNTER, fi::NVML_FI_DEV_PCIE_REPLAY_COUNTER),
+            (F::REMAPPED_COR, fi::NVML_FI_DEV_REMAPPED_COR),
+            (F::REMAPPED_UNC, fi::NVML_FI_DEV_REMAPPED_UNC),
+            (F::REMAPPED_PENDING, fi::NVML_FI_DEV_REMAPPED_PENDING),
+            (F::REMAPPED_FAILURE, fi::NVML_FI_DEV_REMAPPED_FAILURE),
+        ] {
+            assert_eq!(ours.id, theirs, "{}", ours.name);
+        }
+    }
+
+    /// Every row is read: NVML calls by `Slot::read_call`, fields by the one field-values call
+    /// (all of them batched), derived rows after the reads.
+    #[test]
+    fn every_row_is_read_through_its_source() {
+        let fields: Vec<Metric> = table_fields().map(|(_, m, _)| m).collect();
+        for d in METRICS {
+            match d.source {
+                Source::Field(_) => assert!(fields.contains(&d.id), "{}", d.key),
+                Source::Nvml(_) | Source::Derived(_) => assert!(!fields.contains(&d.id)),
+                Source::Host(h) => match h {},
+            }
+        }
+        assert_eq!(
+            fields.len(),
+            METRICS
+                .iter()
+                .filter(|d| matches!(d.source, Source::Field(_)))
+                .count()
+        );
     }
 
     #[test]

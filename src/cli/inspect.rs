@@ -53,6 +53,10 @@ fn proc_json(p: &ProcSample) -> Value {
     })
 }
 
+/// One GPU in `status --json`: identity and state, then every metric of the table under
+/// `metrics` by its table key (`null` when absent), the names of the active clock event reasons
+/// (decoded from the `clock_event_reasons` metric), XIDs and processes. Metric values appear
+/// nowhere else, under no other name.
 fn gpu_json(g: &GpuSample, procs: &[&ProcSample], xids: &[u64]) -> Value {
     let mut metrics = Map::new();
     for d in METRICS {
@@ -68,23 +72,9 @@ fn gpu_json(g: &GpuSample, procs: &[&ProcSample], xids: &[u64]) -> Value {
         "pci_bus_id": g.id.pci_bus_id,
         "name": g.id.name,
         "state": g.state,
-        "utilization_gpu_percent": num(g.get(Metric::Util)),
-        "utilization_memory_percent": num(g.get(Metric::MemUtil)),
-        "memory_used_bytes": num(g.get(Metric::MemUsed)),
-        "memory_free_bytes": num(g.get(Metric::MemFree)),
-        "memory_total_bytes": num(g.get(Metric::MemTotal)),
-        "memory_reserved_bytes": num(g.get(Metric::MemReserved)),
-        "temperature_celsius": num(g.get(Metric::Temp)),
-        "power_watts": num(g.get(Metric::Power)),
-        "power_limit_watts": num(g.get(Metric::PowerLimit)),
-        "fan_percent": num(g.get(Metric::Fan)),
-        "pstate": num(g.get(Metric::Pstate)),
-        "clock_event_reasons": num(g.get(Metric::ClockEventReasons)),
-        "throttle_reasons": reasons,
-        "ecc_corrected": num(g.get(Metric::EccCorrected)),
-        "ecc_uncorrected": num(g.get(Metric::EccUncorrected)),
-        "xids": xids,
         "metrics": metrics,
+        "clock_event_reason_names": reasons,
+        "xids": xids,
         "processes": procs.iter().map(|p| proc_json(p)).collect::<Vec<_>>(),
     })
 }
@@ -658,6 +648,48 @@ mod tests {
                 ("0".into(), None),
                 ("GPU-00aa0".into(), Some(0))
             ])
+        );
+    }
+
+    #[test]
+    fn status_json_names_metrics_by_table_key_only() {
+        let mut values = crate::model::MetricValues::default();
+        values.set(Metric::Util, Some(97.0));
+        values.set(Metric::MemUsed, Some(1024.0));
+        values.set(Metric::ClockEventReasons, Some(0x44 as f64));
+        let g = GpuSample {
+            time_ms: 0,
+            id: devs(1).remove(0),
+            state: DeviceState::Ok,
+            values,
+        };
+        let j = gpu_json(&g, &[], &[94]);
+        let top: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut want = vec![
+            "index",
+            "minor",
+            "uuid",
+            "pci_bus_id",
+            "name",
+            "state",
+            "metrics",
+            "clock_event_reason_names",
+            "xids",
+            "processes",
+        ];
+        want.sort_unstable();
+        assert_eq!(top, want, "metric values only under `metrics`");
+        let metrics = j["metrics"].as_object().unwrap();
+        let keys: Vec<&str> = metrics.keys().map(String::as_str).collect();
+        let mut table: Vec<&str> = METRICS.iter().map(|d| d.key).collect();
+        table.sort_unstable();
+        assert_eq!(keys, table);
+        assert_eq!(j["metrics"]["util"], 97);
+        assert_eq!(j["metrics"]["mem_used"], 1024);
+        assert_eq!(j["metrics"]["temp"], Value::Null, "absent is null, not 0");
+        assert_eq!(
+            j["clock_event_reason_names"],
+            json!(["sw_power_cap", "hw_thermal"])
         );
     }
 

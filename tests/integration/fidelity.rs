@@ -151,9 +151,9 @@ fn ours(scenario: &str, clock: &[(&str, &str)]) -> Vec<Ours> {
                 lost: g["state"] == "lost",
                 name: g["name"].as_str().unwrap_or_default().to_string(),
                 pci_bus_id: g["pci_bus_id"].as_str().unwrap_or_default().to_string(),
-                used_mib: g["memory_used_bytes"].as_u64().unwrap_or(0) / MIB,
-                total_mib: g["memory_total_bytes"].as_u64().unwrap_or(0) / MIB,
-                util: g["utilization_gpu_percent"].as_u64().unwrap_or(999),
+                used_mib: g["metrics"]["mem_used"].as_u64().unwrap_or(0) / MIB,
+                total_mib: g["metrics"]["mem_total"].as_u64().unwrap_or(0) / MIB,
+                util: g["metrics"]["util"].as_u64().unwrap_or(999),
                 pids,
             }
         })

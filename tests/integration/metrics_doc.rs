@@ -12,13 +12,18 @@ fn render() -> String {
          <!-- Generated from `src/model.rs` (METRICS) by tests/integration/metrics_doc.rs; do not edit. -->\n\n\
          Every metric gpuwatch samples per GPU and tick, in the order of the columns of `gpuwatch record`\n\
          (after `timestamp,index,uuid,name,pci_bus_id,minor,state`; followed by `xids,processes`). The key\n\
-         is also the name rules use and the JSON key under `gpus[].metrics` in `gpuwatch status --json`.\n\n\
+         is also the name rules use and the JSON key under `gpus[].metrics` in `gpuwatch status --json`, the\n\
+         only place and name under which `status --json` shows a metric value.\n\n\
          Values are stored in canonical units: NVML's milliwatts become watts, millijoules joules, KB/s\n\
          (read as KiB/s, as nvitop does) bytes per second, and memory is in bytes. A value the GPU cannot give\n\
          (NVML `NOT_SUPPORTED`, a missing symbol, no permission) is absent: an empty CSV cell, `null` in JSON,\n\
          never 0. A lost GPU (`GPU_IS_LOST`) has state `lost` and no values. Counters are cumulative; rules\n\
          look at their deltas.\n\n\
-         | key | unit | kind | NVML source | nvidia-smi | dcgm-exporter | meaning |\n\
+         The source column says where each value comes from, and the sampler reads every row through it:\n\
+         a dedicated NVML call; a field of the one `nvmlDeviceGetFieldValues` call per GPU and tick (with the\n\
+         factor to the canonical unit, and the dedicated call used instead on GPUs without the field);\n\
+         `derived` (computed from other metrics); or `host` (not from NVML).\n\n\
+         | key | unit | kind | source | nvidia-smi | dcgm-exporter | meaning |\n\
          |---|---|---|---|---|---|---|\n",
     );
     for d in METRICS {
@@ -28,11 +33,11 @@ fn render() -> String {
         };
         let _ = writeln!(
             s,
-            "| `{}` | {} | {} | `{}` | {} | {} | {} |",
+            "| `{}` | {} | {} | {} | {} | {} | {} |",
             d.key,
             d.unit,
             kind,
-            d.nvml,
+            d.source,
             d.smi.map_or_else(|| "—".to_string(), |x| format!("`{x}`")),
             d.dcgm.map_or_else(|| "—".to_string(), |x| format!("`{x}`")),
             d.help

@@ -29,10 +29,10 @@ fn check_scenario(name: &str) -> Value {
         assert!(!g["name"].as_str().unwrap_or("").is_empty(), "{name}: {g}");
         assert!(g["processes"].is_array());
         if g["state"] == "ok" {
-            let total = g["memory_total_bytes"].as_u64().expect("memory total");
-            let used = g["memory_used_bytes"].as_u64().expect("memory used");
+            let total = g["metrics"]["mem_total"].as_u64().expect("memory total");
+            let used = g["metrics"]["mem_used"].as_u64().expect("memory used");
             assert!(total > 1 << 30 && used <= total, "{name}: {g}");
-            let util = g["utilization_gpu_percent"].as_f64().expect("util");
+            let util = g["metrics"]["util"].as_f64().expect("util");
             assert!((0.0..=100.0).contains(&util), "{name}: {g}");
         }
         assert_eq!(
@@ -91,8 +91,9 @@ fn ok_gpus(doc: &Value) -> impl Iterator<Item = &Value> {
     gpus(doc).iter().filter(|g| g["state"] == "ok")
 }
 
+/// A metric of one GPU of `status --json`, by its table key.
 fn num(g: &Value, key: &str) -> f64 {
-    g[key]
+    g["metrics"][key]
         .as_f64()
         .unwrap_or_else(|| panic!("{key} missing in {g}"))
 }
@@ -117,7 +118,7 @@ fn mib(g: &Value, key: &str) -> f64 {
 }
 
 fn reasons(g: &Value) -> Vec<String> {
-    g["throttle_reasons"]
+    g["clock_event_reason_names"]
         .as_array()
         .map(|a| {
             a.iter()
@@ -133,16 +134,13 @@ fn healthy() {
     assert_eq!(gpus(&s).len(), 8);
     assert_eq!(ok_gpus(&s).count(), 8);
     for g in ok_gpus(&s) {
-        assert!(num(g, "utilization_gpu_percent") >= 90.0, "{g}");
-        assert!(
-            (61_500.0..62_500.0).contains(&mib(g, "memory_used_bytes")),
-            "{g}"
-        );
-        assert_eq!(mib(g, "memory_total_bytes"), 81_559.0);
-        assert_eq!(g["ecc_uncorrected"], 0, "{g}");
-        assert_eq!(g["clock_event_reasons"], 0, "{g}");
-        assert_eq!(g["fan_percent"], Value::Null, "no fans: absent, not 0");
-        assert_eq!(g["power_limit_watts"], 700);
+        assert!(num(g, "util") >= 90.0, "{g}");
+        assert!((61_500.0..62_500.0).contains(&mib(g, "mem_used")), "{g}");
+        assert_eq!(mib(g, "mem_total"), 81_559.0);
+        assert_eq!(g["metrics"]["ecc_uncorrected"], 0, "{g}");
+        assert_eq!(g["metrics"]["clock_event_reasons"], 0, "{g}");
+        assert_eq!(g["metrics"]["fan"], Value::Null, "no fans: absent, not 0");
+        assert_eq!(g["metrics"]["power_limit"], 700);
         assert!(g["metrics"]["energy"].as_f64().is_some_and(|e| e > 0.0));
         assert_eq!(g["processes"].as_array().map(Vec::len), Some(1));
     }
@@ -159,8 +157,8 @@ fn dataloader_stall() {
     )
     .json();
     for i in 0..8 {
-        assert_eq!(gpu(&busy, i)["utilization_gpu_percent"], 68);
-        assert_eq!(gpu(&idle, i)["utilization_gpu_percent"], 0);
+        assert_eq!(gpu(&busy, i)["metrics"]["util"], 68);
+        assert_eq!(gpu(&idle, i)["metrics"]["util"], 0);
         assert!(reasons(gpu(&idle, i)).contains(&"gpu_idle".to_string()));
     }
 }
@@ -168,8 +166,8 @@ fn dataloader_stall() {
 #[test]
 fn memory_leak() {
     check_scenario("memory-leak");
-    let early = mib(gpu(&status_at("memory-leak", 60), 0), "memory_used_bytes");
-    let late = mib(gpu(&status_at("memory-leak", 660), 0), "memory_used_bytes");
+    let early = mib(gpu(&status_at("memory-leak", 60), 0), "mem_used");
+    let late = mib(gpu(&status_at("memory-leak", 660), 0), "mem_used");
     // 100 MB per minute = 95.37 MiB per minute.
     assert!((late - early - 953.7).abs() < 2.0, "{early} → {late}");
 }
@@ -179,22 +177,22 @@ fn oom() {
     check_scenario("oom");
     let s = status_at("oom", 50);
     let g0 = gpu(&s, 0);
-    assert_eq!(g0["memory_free_bytes"], 0, "{g0}");
+    assert_eq!(g0["metrics"]["mem_free"], 0, "{g0}");
     assert_eq!(
-        num(g0, "memory_used_bytes") + num(g0, "memory_reserved_bytes"),
-        num(g0, "memory_total_bytes")
+        num(g0, "mem_used") + num(g0, "mem_reserved"),
+        num(g0, "mem_total")
     );
-    assert!(mib(gpu(&s, 1), "memory_used_bytes") < 63_000.0);
+    assert!(mib(gpu(&s, 1), "mem_used") < 63_000.0);
     let before = status_at("oom", 40);
-    assert!(num(gpu(&before, 0), "memory_free_bytes") > 1e9);
+    assert!(num(gpu(&before, 0), "mem_free") > 1e9);
 }
 
 #[test]
 fn small_batch() {
     let s = check_scenario("small-batch");
     for g in ok_gpus(&s) {
-        assert!((mib(g, "memory_used_bytes") - 6144.0).abs() <= 41.0, "{g}");
-        assert!(num(g, "utilization_gpu_percent") <= 31.0, "{g}");
+        assert!((mib(g, "mem_used") - 6144.0).abs() <= 41.0, "{g}");
+        assert!(num(g, "util") <= 31.0, "{g}");
     }
 }
 
@@ -203,11 +201,11 @@ fn thermal_throttle() {
     check_scenario("thermal-throttle");
     let s = status_at("thermal-throttle", 120);
     let g4 = gpu(&s, 4);
-    assert!(num(g4, "temperature_celsius") >= 87.0, "{g4}");
-    assert_eq!(g4["clock_event_reasons"], 0x60);
+    assert!(num(g4, "temp") >= 87.0, "{g4}");
+    assert_eq!(g4["metrics"]["clock_event_reasons"], 0x60);
     assert_eq!(reasons(g4), ["sw_thermal", "hw_thermal"]);
     assert!(g4["metrics"]["sm_clock"].as_f64() < Some(1300.0), "{g4}");
-    assert_eq!(gpu(&s, 3)["clock_event_reasons"], 0);
+    assert_eq!(gpu(&s, 3)["metrics"]["clock_event_reasons"], 0);
     let table = sim(
         "thermal-throttle",
         &["status"],
@@ -225,14 +223,11 @@ fn power_anomaly() {
     check_scenario("power-anomaly");
     let spike = status_at("power-anomaly", 22);
     let g2 = gpu(&spike, 2);
-    assert!(num(g2, "power_watts") > 700.0, "{g2}");
+    assert!(num(g2, "power") > 700.0, "{g2}");
     assert!(reasons(g2).contains(&"sw_power_cap".to_string()));
     let later = status_at("power-anomaly", 100);
     let g5 = gpu(&later, 5);
-    assert!(
-        num(g5, "power_watts") < 80.0 && num(g5, "utilization_gpu_percent") > 90.0,
-        "{g5}"
-    );
+    assert!(num(g5, "power") < 80.0 && num(g5, "util") > 90.0, "{g5}");
 }
 
 #[test]
@@ -240,14 +235,14 @@ fn ecc_errors() {
     check_scenario("ecc-errors");
     let s = status_at("ecc-errors", 130);
     let g2 = gpu(&s, 2);
-    assert_eq!(g2["ecc_corrected"], 10, "{g2}");
-    assert_eq!(g2["ecc_uncorrected"], 1);
+    assert_eq!(g2["metrics"]["ecc_corrected"], 10, "{g2}");
+    assert_eq!(g2["metrics"]["ecc_uncorrected"], 1);
     assert_eq!(g2["metrics"]["remapped_uncorrectable"], 1);
     assert_eq!(g2["metrics"]["remap_pending"], 1);
     assert_eq!(g2["metrics"]["remap_failure"], 0);
     // H100s remap rows: page retirement is absent, not 0.
     assert_eq!(g2["metrics"]["retired_sbe"], Value::Null);
-    assert_eq!(gpu(&s, 1)["ecc_corrected"], 0);
+    assert_eq!(gpu(&s, 1)["metrics"]["ecc_corrected"], 0);
     // XID 94 at 60 s reaches a recording that was running then.
     let rec = sim(
         "ecc-errors",
@@ -268,8 +263,8 @@ fn nccl_hang() {
     check_scenario("nccl-hang");
     let s = status_at("nccl-hang", 90);
     for g in ok_gpus(&s) {
-        assert_eq!(g["utilization_gpu_percent"], 100);
-        assert!(num(g, "power_watts") < 100.0, "{g}");
+        assert_eq!(g["metrics"]["util"], 100);
+        assert!(num(g, "power") < 100.0, "{g}");
     }
 }
 
@@ -283,10 +278,10 @@ fn overnight() {
         .map(|g| g["state"].as_str().unwrap())
         .collect();
     assert_eq!(states, ["ok", "ok", "ok", "ok", "ok", "lost", "ok", "ok"]);
-    assert_eq!(gpu(&late, 5)["utilization_gpu_percent"], Value::Null);
-    assert_eq!(gpu(&late, 6)["utilization_gpu_percent"], 0);
+    assert_eq!(gpu(&late, 5)["metrics"]["util"], Value::Null);
+    assert_eq!(gpu(&late, 6)["metrics"]["util"], 0);
     assert_eq!(reasons(gpu(&late, 3)), ["sw_thermal", "hw_thermal"]);
-    assert_eq!(gpu(&late, 4)["ecc_uncorrected"], 1);
+    assert_eq!(gpu(&late, 4)["metrics"]["ecc_uncorrected"], 1);
 }
 
 #[test]
@@ -440,11 +435,10 @@ gpus = [1]
     );
     let s = sim(&path, &["status", "--json"], &[]).json();
     let g = gpus(&s);
-    assert_eq!(g[0]["temperature_celsius"], 60);
-    assert_eq!(g[1]["temperature_celsius"], Value::Null);
+    assert_eq!(g[0]["metrics"]["temp"], 60);
     assert_eq!(g[1]["metrics"]["temp"], Value::Null);
-    assert_eq!(g[0]["power_watts"], Value::Null);
-    assert_eq!(g[1]["utilization_gpu_percent"], 50);
+    assert_eq!(g[0]["metrics"]["power"], Value::Null);
+    assert_eq!(g[1]["metrics"]["util"], 50);
     // Without field values, counters come from their dedicated calls; field-only metrics are
     // absent.
     for key in ["energy", "ecc_corrected", "ecc_uncorrected", "pcie_replay"] {
@@ -475,6 +469,110 @@ gpus = [1]
     }
     assert_eq!(col(&h, &rows[0], "temp"), "60");
     assert_eq!(col(&h, &rows[1], "temp"), "");
+}
+
+/// Two GPUs that support every metric between them: fans, video engines, GPU 0 remaps rows
+/// (Ampere and later), GPU 1 retires pages (pre-Ampere).
+const EVERY_METRIC: &str = r#"name = "every-metric"
+[devices]
+count = 2
+num_fans = 2
+[devices.metrics]
+gpu_util_pct = 50
+encoder_util_pct = 10
+decoder_util_pct = 20
+[[device]]
+index = 1
+memory_repair = "page_retirement"
+"#;
+
+/// Metrics that only one memory-repair family has: `(key, GPU of EVERY_METRIC that has it)`.
+fn repair_family(key: &str) -> Option<usize> {
+    if key.starts_with("remap") {
+        Some(0)
+    } else if key.starts_with("retired_") {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+/// The metric table drives the sampler: every row whose source is NVML gets a value at every
+/// tick on a GPU that supports it (a new row without a reader would be a permanently empty
+/// column), under its table key in `status --json` and in the recording.
+#[test]
+fn every_nvml_metric_gets_a_value() {
+    use gpuwatch::model::METRICS;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_scenario(dir.path(), "every.toml", EVERY_METRIC);
+    let s = sim(&path, &["status", "--json"], &[]).json();
+    let g = gpus(&s);
+    assert_eq!(g.len(), 2);
+    let rec = sim(
+        &path,
+        &["record", "--interval", "100ms", "--duration", "350ms"],
+        &[],
+    );
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let (h, rows) = csv_rows(&rec.stdout);
+    assert!(rows.len() >= 6, "{}", rec.stdout);
+    for d in METRICS.iter().filter(|d| d.source.is_nvml()) {
+        for (i, gpu) in g.iter().enumerate() {
+            let want = repair_family(d.key).is_none_or(|only| only == i);
+            assert_eq!(
+                gpu["metrics"][d.key].is_number(),
+                want,
+                "{} ({}) on GPU {i}: {gpu}",
+                d.key,
+                d.source
+            );
+        }
+        for r in &rows {
+            let i: usize = col(&h, r, "index").parse().unwrap();
+            let want = repair_family(d.key).is_none_or(|only| only == i);
+            assert_eq!(!col(&h, r, d.key).is_empty(), want, "{} in {r:?}", d.key);
+        }
+    }
+}
+
+/// What NVML says NOT_SUPPORTED stays absent (null, an empty cell), never 0, tick after tick:
+/// here every NVML function a row reads (its call, or its field and fallback call).
+#[test]
+fn not_supported_sources_stay_absent() {
+    use gpuwatch::model::{Source, METRICS};
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_scenario(dir.path(), "every.toml", EVERY_METRIC);
+    let mut symbols = vec!["nvmlDeviceGetFieldValues*".to_string()];
+    for d in METRICS {
+        match d.source {
+            Source::Nvml(call) => symbols.push(format!("{}*", call.function())),
+            Source::Field(f) => symbols.extend(f.fallback.map(|c| format!("{}*", c.function()))),
+            Source::Derived(_) | Source::Host(_) => {}
+        }
+    }
+    let symbols = symbols.join(",");
+    let env = [("NVML_SIM_NOT_SUPPORTED", symbols.as_str())];
+    let s = sim(&path, &["status", "--json"], &env).json();
+    for g in gpus(&s) {
+        assert_eq!(g["state"], "ok", "{g}");
+        for d in METRICS.iter().filter(|d| d.source.is_nvml()) {
+            assert_eq!(g["metrics"][d.key], Value::Null, "{}: {g}", d.key);
+        }
+    }
+    let rec = sim(
+        &path,
+        &["record", "--interval", "100ms", "--duration", "350ms"],
+        &env,
+    );
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let (h, rows) = csv_rows(&rec.stdout);
+    assert!(rows.len() >= 6, "{}", rec.stdout);
+    for r in &rows {
+        assert_eq!(col(&h, r, "state"), "ok");
+        for d in METRICS.iter().filter(|d| d.source.is_nvml()) {
+            assert_eq!(col(&h, r, d.key), "", "{} in {r:?}", d.key);
+        }
+    }
 }
 
 #[test]
