@@ -1,6 +1,6 @@
 //! Plain sample data and the one metric table.
 //!
-//! Everything downstream of the sampler (windows, rules, recorder, exporter, replay) speaks in
+//! Everything downstream of the sampler (windows, rules, recorder, importers, replay) speaks in
 //! these types; none of them mention NVML. A value the GPU cannot give is `None`, never 0; a lost
 //! GPU is [`DeviceState::Lost`]; a missed tick is simply a snapshot that never arrived (a gap in
 //! time), which windows keep.
@@ -8,8 +8,8 @@
 //! Canonical units inside gpuwatch: bytes, watts, joules, degrees Celsius, MHz, percent, bytes per
 //! second. The table below records, per metric, where the number comes from (a typed [`Source`]:
 //! an NVML call, a field-values field, a derivation or a host reading) and what nvidia-smi and
-//! dcgm-exporter call it, so the sampler, the recorder, the nvidia-smi CSV importer, the rule API
-//! docs and the exporter all read the same list. The sampler reads every row through its source,
+//! dcgm-exporter call it, so the sampler, the recorder, the nvidia-smi CSV importer and the rule API
+//! docs all read the same list. The sampler reads every row through its source,
 //! so a new row cannot ship as a column that is never filled.
 
 pub mod job;

@@ -1,6 +1,8 @@
 //! One validated configuration: each broken config is rejected by `check`, `daemon` and `run`
 //! with the same `file:line:column: message` lines; several problems are reported at once.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 
 use crate::common;

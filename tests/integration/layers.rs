@@ -3,6 +3,8 @@
 //! are no import cycles. Test code (`#[cfg(test)]` modules, `tests.rs`, `*_tests.rs`) may reach
 //! upwards to build fixtures and is skipped.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
