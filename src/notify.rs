@@ -42,6 +42,11 @@ channel::registry! {
     wecom::Wecom,
     alertmanager::Alertmanager,
     email::Email,
+    ntfy::Ntfy,
+    pushover::Pushover,
+    gotify::Gotify,
+    matrix::Matrix,
+    sms::Sms,
 }
 
 /// Why a notification was made.

@@ -641,6 +641,11 @@ mod tests {
             "wecom",
             "alertmanager",
             "email",
+            "ntfy",
+            "pushover",
+            "gotify",
+            "matrix",
+            "sms",
         ] {
             assert!(find(t).is_some(), "{t} not registered");
         }

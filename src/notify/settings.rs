@@ -881,9 +881,37 @@ repeat_interval = "4h"
             e.contains("config.toml:5:1: channel \"x\": unknown field `bogus`"),
             "{e}"
         );
-        let e = err("[[channel]]\nname = \"x\"\ntype = \"telegram\"\ntoken = \"AbCdEfGh\"\nchat_id = 1\ntimeout = \"soon\"\n");
+        let e = err("[[channel]]\nname = \"x\"\ntype = \"sms\"\nprovider = \"carrier-pigeon\"\n");
+        assert!(
+            e.contains("config.toml:4:12: channel \"x\": unknown provider \"carrier-pigeon\""),
+            "{e}"
+        );
+        let e = err("[[channel]]\nname = \"x\"\ntype = \"sms\"\nprovider = \"twilio\"\naccount_sid = \"AC1\"\ntoken = \"t\"\nfrom = \"+1\"\nto = \"+2\"\n");
+        assert!(e.contains("config.toml:8:6: channel \"x\": invalid type"), "{e}");
+        let e = err("[[channel]]\nname = \"x\"\ntype = \"matrix\"\nurl = \"https://hs\"\nroom = \"!r:hs\"\n");
+        assert!(
+            e.contains("config.toml:2:8: channel \"x\": `token` (or `token_env`, `token_file`) is required"),
+            "{e}"
+        );
+        let e = err("[[channel]]\nname = \"x\"\ntype = \"gotify\"\nurl = \"https://g\"\ntoken = \"AbCdEfGh\"\ntimeout = \"soon\"\n");
         assert!(e.contains("config.toml:2:8: channel \"x\": timeout: invalid duration"), "{e}");
         assert!(!e.contains("AbCdEfGh"), "{e}");
+    }
+
+    #[test]
+    fn every_new_type_parses() {
+        let s = settings(
+            "[[channel]]\nname = \"n\"\ntype = \"ntfy\"\nurl = \"https://ntfy.sh/t\"\n\
+             [[channel]]\nname = \"p\"\ntype = \"pushover\"\ntoken = \"a\"\nuser = \"u\"\n\
+             [[channel]]\nname = \"g\"\ntype = \"gotify\"\nurl = \"https://g\"\ntoken = \"t\"\n\
+             [[channel]]\nname = \"m\"\ntype = \"matrix\"\nurl = \"https://hs\"\nroom = \"!r:hs\"\ntoken = \"t\"\n\
+             [[channel]]\nname = \"s\"\ntype = \"sms\"\nprovider = \"twilio\"\naccount_sid = \"AC1\"\ntoken = \"t\"\nfrom = \"+1\"\nto = [\"+2\", \"+3\"]\n\
+             [[channel]]\nname = \"a\"\ntype = \"sms\"\nprovider = \"aliyun\"\naccess_key_id = \"i\"\naccess_key_secret = \"k\"\nsign_name = \"s\"\ntemplate_code = \"SMS_1\"\nto = [\"13800000000\"]\n",
+        )
+        .unwrap();
+        let kinds: Vec<_> = s.channels.iter().map(|c| c.kind.as_str()).collect();
+        assert_eq!(kinds, ["ntfy", "pushover", "gotify", "matrix", "sms", "sms"]);
+        assert_eq!(render(&s.channels[4]).len(), 2, "one SMS per recipient");
     }
 
     #[test]
