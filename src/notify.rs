@@ -21,6 +21,8 @@ use crate::model::{AlertEvent, AlertStatus, DeviceId, ProcSample, Severity};
 
 pub mod channel;
 pub mod dispatcher;
+#[cfg(test)]
+mod golden;
 pub mod grouping;
 pub mod outbox;
 pub mod render;

@@ -105,8 +105,9 @@ impl ChannelType for Telegram {
 }
 
 impl Channel for Telegram {
+    /// The token first, so redacted text keeps the URL's shape (`…/bot***/sendMessage`).
     fn secrets(&self) -> Vec<&Secret> {
-        vec![&self.url, &self.token]
+        vec![&self.token, &self.url]
     }
 
     fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
