@@ -586,6 +586,8 @@ fn secs_to_ms(s: f64) -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn resp(status: u16, retry_after: Option<&str>, body: &str) -> Response {
@@ -648,6 +650,55 @@ mod tests {
             "sms",
         ] {
             assert!(find(t).is_some(), "{t} not registered");
+        }
+    }
+
+    /// The keys a channel type accepts, from its own parser (serde lists them for an unknown key).
+    fn accepted_keys(type_and_provider: &str) -> Vec<String> {
+        let text = format!("[[channel]]\nname = \"x\"\n{type_and_provider}zz_probe = 1\n");
+        let config = crate::config::parse(&text, Path::new("c.toml")).unwrap();
+        let err = super::super::settings::NotifySettings::from_config(&config)
+            .unwrap_err()
+            .to_string();
+        let list = err
+            .split("expected one of ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{err}"));
+        list.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_key_of_every_type_is_documented_in_the_example_config() {
+        let example = include_str!("../../config.example.toml");
+        let blocks: Vec<&str> = example.split("[[channel]]").collect();
+        let mut cases: Vec<(String, String)> = super::super::CHANNELS
+            .iter()
+            .filter(|r| r.type_name != "sms")
+            .map(|r| (format!("type = \"{}\"\n", r.type_name), String::new()))
+            .collect();
+        for p in ["twilio", "aliyun"] {
+            cases.push((
+                format!("type = \"sms\"\nprovider = \"{p}\"\n"),
+                format!("provider = \"{p}\""),
+            ));
+        }
+        for (keys, provider) in cases {
+            let type_line = keys.lines().next().unwrap_or_default().to_string();
+            let block = blocks
+                .iter()
+                .find(|b| b.contains(&type_line) && b.contains(&provider))
+                .unwrap_or_else(|| panic!("config.example.toml has no block for {keys:?}"));
+            for key in accepted_keys(&keys) {
+                let re = regex::Regex::new(&format!(r"\b{key}\b")).unwrap();
+                assert!(
+                    re.is_match(block),
+                    "{keys:?}: key `{key}` is not documented in config.example.toml"
+                );
+            }
         }
     }
 
