@@ -157,7 +157,12 @@ pub struct Section<'a> {
 
 impl<'a> Section<'a> {
     /// A section from the parsed config text.
-    pub fn new(table: DeTable<'a>, span: Range<usize>, positions: bool, base_dir: &'a Path) -> Self {
+    pub fn new(
+        table: DeTable<'a>,
+        span: Range<usize>,
+        positions: bool,
+        base_dir: &'a Path,
+    ) -> Self {
         Section {
             table,
             span,
@@ -450,10 +455,13 @@ pub fn percent_encode(s: &str) -> String {
 
 /// `application/x-www-form-urlencoded` encoding of `fields`, in order.
 pub fn form_encode(fields: &[(&str, &str)]) -> String {
-    let mut s = reqwest::Url::parse("http://x/").map_or_else(|_| String::new(), |mut u| {
-        u.query_pairs_mut().extend_pairs(fields.iter().copied());
-        u.query().unwrap_or_default().to_string()
-    });
+    let mut s = reqwest::Url::parse("http://x/").map_or_else(
+        |_| String::new(),
+        |mut u| {
+            u.query_pairs_mut().extend_pairs(fields.iter().copied());
+            u.query().unwrap_or_default().to_string()
+        },
+    );
     if fields.is_empty() {
         s.clear();
     }

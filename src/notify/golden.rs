@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::channel::{Request, RenderEnv};
+use super::channel::{RenderEnv, Request};
 use super::settings::{ChannelSpec, NotifySettings};
 use super::testdata::{alert, notification};
 use super::Notification;
@@ -180,7 +180,10 @@ pub fn dump(spec: &ChannelSpec, n: &Notification) -> String {
 /// Replaces the volatile parts of a formatted email: `Date:` and the MIME boundary.
 fn mask_email(raw: &str) -> String {
     let mut out = String::new();
-    let boundary = raw.split("boundary=\"").nth(1).and_then(|r| r.split('"').next());
+    let boundary = raw
+        .split("boundary=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next());
     for line in raw.lines() {
         if line.starts_with("Date: ") {
             out.push_str("Date: ***");

@@ -471,8 +471,7 @@ impl NotifySettings {
         // Channel parsers see their table with positions into the file; a config built without
         // its text gets its tables re-serialized (errors then name only the file).
         let synthetic: String;
-        let from_text = channel_tables(&config.text)
-            .filter(|t| t.len() == config.channel.len());
+        let from_text = channel_tables(&config.text).filter(|t| t.len() == config.channel.len());
         let positions = from_text.is_some();
         let tables = match from_text {
             Some(t) => t,
@@ -510,8 +509,7 @@ impl NotifySettings {
         for r in &config.route {
             let mut ok = true;
             for ch in &r.channels {
-                if !config.channel.iter().any(|c| c.name() == ch.get_ref())
-                {
+                if !config.channel.iter().any(|c| c.name() == ch.get_ref()) {
                     errors.push(format!(
                         "{}: route names unknown channel {:?}",
                         ctx.at(ch.span().start),
@@ -710,10 +708,7 @@ fn build_channel(
     let Some(registration) = channel::find(kind) else {
         return Err(fail(
             Some(common.kind.span().start),
-            &format!(
-                "unknown type {kind:?} (one of {})",
-                channel::type_names()
-            ),
+            &format!("unknown type {kind:?} (one of {})", channel::type_names()),
         ));
     };
     let timeout_ms = match &common.timeout {
@@ -887,14 +882,20 @@ repeat_interval = "4h"
             "{e}"
         );
         let e = err("[[channel]]\nname = \"x\"\ntype = \"sms\"\nprovider = \"twilio\"\naccount_sid = \"AC1\"\ntoken = \"t\"\nfrom = \"+1\"\nto = \"+2\"\n");
-        assert!(e.contains("config.toml:8:6: channel \"x\": invalid type"), "{e}");
+        assert!(
+            e.contains("config.toml:8:6: channel \"x\": invalid type"),
+            "{e}"
+        );
         let e = err("[[channel]]\nname = \"x\"\ntype = \"matrix\"\nurl = \"https://hs\"\nroom = \"!r:hs\"\n");
         assert!(
             e.contains("config.toml:2:8: channel \"x\": `token` (or `token_env`, `token_file`) is required"),
             "{e}"
         );
         let e = err("[[channel]]\nname = \"x\"\ntype = \"gotify\"\nurl = \"https://g\"\ntoken = \"AbCdEfGh\"\ntimeout = \"soon\"\n");
-        assert!(e.contains("config.toml:2:8: channel \"x\": timeout: invalid duration"), "{e}");
+        assert!(
+            e.contains("config.toml:2:8: channel \"x\": timeout: invalid duration"),
+            "{e}"
+        );
         assert!(!e.contains("AbCdEfGh"), "{e}");
     }
 
@@ -910,7 +911,10 @@ repeat_interval = "4h"
         )
         .unwrap();
         let kinds: Vec<_> = s.channels.iter().map(|c| c.kind.as_str()).collect();
-        assert_eq!(kinds, ["ntfy", "pushover", "gotify", "matrix", "sms", "sms"]);
+        assert_eq!(
+            kinds,
+            ["ntfy", "pushover", "gotify", "matrix", "sms", "sms"]
+        );
         assert_eq!(render(&s.channels[4]).len(), 2, "one SMS per recipient");
     }
 

@@ -91,10 +91,7 @@ impl Transport {
     ) -> Result<(), SendError> {
         let timeout = Duration::from_millis(u64::try_from(spec.timeout_ms).unwrap_or(10_000));
         let result = async {
-            let requests = spec
-                .channel
-                .render(n, env)
-                .map_err(SendError::permanent)?;
+            let requests = spec.channel.render(n, env).map_err(SendError::permanent)?;
             for req in &requests {
                 match req {
                     Request::Smtp(mail) => {

@@ -167,8 +167,14 @@ fn new_channel_types_deliver_to_loopback_receivers_with_secrets_from_env_and_fil
     // ntfy: POST to the topic, title / priority / tags in headers, token from a file.
     let nt = find("/gpu-alerts")[0];
     assert_eq!(nt.method, "POST");
-    assert_eq!(nt.header("authorization"), Some(format!("Bearer {NTFY_TOKEN}").as_str()));
-    assert!(nt.header("title").unwrap().starts_with("[TEST] gpuwatch_test on testhost"));
+    assert_eq!(
+        nt.header("authorization"),
+        Some(format!("Bearer {NTFY_TOKEN}").as_str())
+    );
+    assert!(nt
+        .header("title")
+        .unwrap()
+        .starts_with("[TEST] gpuwatch_test on testhost"));
     assert_eq!(nt.header("priority"), Some("2"));
     assert!(nt.header("tags").is_some());
     assert!(nt.header("content-type").unwrap().starts_with("text/plain"));
@@ -197,19 +203,29 @@ fn new_channel_types_deliver_to_loopback_receivers_with_secrets_from_env_and_fil
         mx.header("x-gpuwatch-notification-id"),
         "txnId is the notification id"
     );
-    assert_eq!(mx.header("authorization"), Some(format!("Bearer {MATRIX_TOKEN}").as_str()));
+    assert_eq!(
+        mx.header("authorization"),
+        Some(format!("Bearer {MATRIX_TOKEN}").as_str())
+    );
     let body = mx.json();
     assert_eq!(body["msgtype"], "m.text");
     assert_eq!(body["format"], "org.matrix.custom.html");
-    assert!(body["body"].as_str().unwrap().starts_with("[TEST] gpuwatch_test"));
+    assert!(body["body"]
+        .as_str()
+        .unwrap()
+        .starts_with("[TEST] gpuwatch_test"));
 
     // Twilio: one request per recipient, basic auth sid:token (env).
     let tw = find(&format!("/2010-04-01/Accounts/{TWILIO_SID}/Messages.json"));
     assert_eq!(tw.len(), 2);
-    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{TWILIO_SID}:{TWILIO_TOKEN}"));
+    let basic =
+        base64::engine::general_purpose::STANDARD.encode(format!("{TWILIO_SID}:{TWILIO_TOKEN}"));
     let mut to = Vec::new();
     for r in &tw {
-        assert_eq!(r.header("authorization"), Some(format!("Basic {basic}").as_str()));
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Basic {basic}").as_str())
+        );
         let f = form(r);
         assert_eq!(field(&f, "From"), "+15005550006");
         let text = field(&f, "Body");
@@ -233,7 +249,10 @@ fn new_channel_types_deliver_to_loopback_receivers_with_secrets_from_env_and_fil
     assert_eq!(field(&f, "SignatureVersion"), "1.0");
     assert_eq!(field(&f, "SignatureNonce").len(), 32);
     let param: serde_json::Value = serde_json::from_str(field(&f, "TemplateParam")).unwrap();
-    assert!(param["content"].as_str().unwrap().starts_with("[TEST] testhost"));
+    assert!(param["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("[TEST] testhost"));
     assert!(chrono::DateTime::parse_from_rfc3339(field(&f, "Timestamp")).is_ok());
     assert_eq!(
         field(&f, "Signature"),
