@@ -197,7 +197,7 @@ impl<'a> Section<'a> {
     }
 
     /// Deserializes the table into the channel's own struct (use `deny_unknown_fields`); errors
-    /// point at the offending key or value.
+    /// point at the offending key or value, and never quote a value (it may be a secret).
     pub fn deserialize<T: DeserializeOwned>(&self) -> Result<T, SectionError> {
         let value = Spanned::new(self.span.clone(), DeValue::Table(self.table.clone()));
         T::deserialize(toml::de::ValueDeserializer::from(value)).map_err(|e| SectionError {
@@ -206,7 +206,7 @@ impl<'a> Section<'a> {
             } else {
                 None
             },
-            message: e.message().to_string(),
+            message: without_values(e.message()),
         })
     }
 
@@ -231,6 +231,18 @@ impl<'a> Section<'a> {
     ) -> Result<Secret, SectionError> {
         self.secret(key, inline, env, file)?
             .ok_or_else(|| format!("`{key}` (or `{key}_env`, `{key}_file`) is required").into())
+    }
+}
+
+/// `message` (a serde error) without the quoted value of `invalid type: string "…"` /
+/// `invalid value: …` (a mistyped secret must not reach a log), keeping the kind of value.
+pub fn without_values(message: &str) -> String {
+    static QUOTED: std::sync::LazyLock<Option<regex::Regex>> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r#"(invalid (?:type|value): [a-z ]+?) (?:`[^`]*`|"[^"]*"|'[^']*')"#).ok()
+    });
+    match QUOTED.as_ref() {
+        Some(re) => re.replace_all(message, "$1").into_owned(),
+        None => message.to_string(),
     }
 }
 
@@ -708,6 +720,22 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn type_errors_do_not_quote_the_value() {
+        assert_eq!(
+            without_values("invalid type: integer `123456`, expected a string"),
+            "invalid type: integer, expected a string"
+        );
+        assert_eq!(
+            without_values("invalid type: string \"hunter2\", expected a boolean"),
+            "invalid type: string, expected a boolean"
+        );
+        assert_eq!(
+            without_values("unknown field `x`, expected `url`"),
+            "unknown field `x`, expected `url`"
+        );
     }
 
     #[test]

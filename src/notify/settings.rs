@@ -695,7 +695,7 @@ fn build_channel(
         format!(
             "{}: channel: {}",
             section_at(e.span().map(|s| s.start)),
-            e.message()
+            channel::without_values(e.message())
         )
     })?;
     let name = common.name.get_ref().clone();
@@ -886,6 +886,14 @@ repeat_interval = "4h"
             e.contains("config.toml:8:6: channel \"x\": invalid type"),
             "{e}"
         );
+        let e = err(
+            "[[channel]]\nname = \"x\"\ntype = \"gotify\"\nurl = \"https://g\"\ntoken = 98765432\n",
+        );
+        assert!(
+            e.contains("config.toml:5:9: channel \"x\": invalid type: integer, expected a string"),
+            "{e}"
+        );
+        assert!(!e.contains("98765432"), "{e}");
         let e = err("[[channel]]\nname = \"x\"\ntype = \"matrix\"\nurl = \"https://hs\"\nroom = \"!r:hs\"\n");
         assert!(
             e.contains("config.toml:2:8: channel \"x\": `token` (or `token_env`, `token_file`) is required"),
