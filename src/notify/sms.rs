@@ -1,5 +1,5 @@
 //! SMS — the message people still read first at night — through Twilio's Messages API
-//! (`provider = "twilio"`, [`twilio`]) or Alibaba Cloud SMS (`provider = "aliyun"`, [`aliyun`]).
+//! (`provider = "twilio"`, [`Twilio`]) or Alibaba Cloud SMS (`provider = "aliyun"`, [`Aliyun`]).
 //!
 //! The text is one compact line, `[CRIT] node7: XidCritical GPU 3 (+2 more) - GPU 3 reported XID
 //! 79`, cut to fit one SMS segment: 160 characters when every character is in the GSM 03.38
