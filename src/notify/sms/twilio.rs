@@ -109,3 +109,47 @@ impl Channel for Twilio {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::AlertStatus;
+    use crate::notify::testdata::{alert, notification};
+
+    #[test]
+    fn a_messaging_service_sender_and_one_request_per_recipient() {
+        let t = Twilio {
+            url: format!("{API_URL}/2010-04-01/Accounts/AC1/Messages.json"),
+            account_sid: "AC1".into(),
+            token: Secret::new("tok"),
+            from: "MG0123".into(),
+            to: vec!["+1555".into(), "+1666".into(), "+1777".into()],
+        };
+        let n = notification(vec![alert(1, AlertStatus::Firing)]);
+        let env = RenderEnv {
+            now_ms: 0,
+            nonce: String::new(),
+        };
+        let reqs = t.render(&n, &env).unwrap();
+        assert_eq!(reqs.len(), 3);
+        let Request::Http(r) = &reqs[2] else {
+            panic!("http")
+        };
+        let body = String::from_utf8(r.body.clone()).unwrap();
+        assert!(
+            body.starts_with("To=%2B1777&MessagingServiceSid=MG0123&Body=%5BCRIT%5D"),
+            "{body}"
+        );
+        let key = r.headers.iter().find(|h| h.name == "Idempotency-Key").unwrap();
+        assert_eq!(key.value, format!("{}-3", n.id));
+        let auth = r.headers.iter().find(|h| h.name == "Authorization").unwrap();
+        assert!(auth.secret);
+        assert_eq!(
+            auth.value,
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode("AC1:tok")
+            )
+        );
+    }
+}
