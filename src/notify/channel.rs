@@ -6,8 +6,9 @@
 //! `notify.rs`.
 //!
 //! **Adding a channel**: write `notify/<name>.rs` (copy the shape of `gotify.rs`: a
-//! `#[serde(deny_unknown_fields)]` section struct, `parse`, `render`, `judge`), and add one line
-//! `<name>::<Type>,` to `registry!` in `notify.rs`. Then document its keys in
+//! `#[serde(deny_unknown_fields)]` section struct, `ChannelType::parse`, `Channel::render`, and
+//! `Channel::judge` when the API reports failures inside a 2xx body, as `feishu.rs` does), and
+//! add one line `<name>::<Type>,` to `registry!` in `notify.rs`. Then document its keys in
 //! `config.example.toml` and `docs/notifications.md`, and bless its golden file
 //! (`GPUWATCH_BLESS=1 cargo test --lib notify::golden`).
 //!
@@ -36,7 +37,7 @@ macro_rules! registry {
     ($($module:ident :: $ty:ident),+ $(,)?) => {
         $(pub mod $module;)+
 
-        /// Every channel type, in the order `gpuwatch check` lists them.
+        /// Every channel type (an unknown `type` error lists them in this order).
         pub static CHANNELS: &[channel::Registration] = &[
             $(channel::Registration::of::<$module::$ty>(),)+
         ];
