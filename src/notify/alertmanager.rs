@@ -6,6 +6,11 @@
 use serde_json::{json, Value};
 
 use super::{full_labels, rfc3339_ms, Notification};
+use super::channel::{
+    base_url, check_url, Channel, ChannelType, HttpRequest, RenderEnv, Request, Section, SectionError,
+    UrlSection,
+};
+use super::secret::Secret;
 
 /// The request body: an array of postable alerts.
 pub fn render(n: &Notification) -> Value {
@@ -27,6 +32,38 @@ pub fn render(n: &Notification) -> Value {
         })
         .collect();
     Value::Array(alerts)
+}
+
+/// The `alertmanager` channel: POST postable alerts to `{url}/api/v2/alerts`.
+#[derive(Debug)]
+pub struct Alertmanager {
+    url: Secret,
+}
+
+impl ChannelType for Alertmanager {
+    const TYPE: &'static str = "alertmanager";
+
+    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
+        let c: UrlSection = section.deserialize()?;
+        let base = c.required(section)?;
+        let url = Secret::new(format!("{}/api/v2/alerts", base_url(&base)));
+        check_url(url.expose())?;
+        Ok(Alertmanager { url })
+    }
+}
+
+impl Channel for Alertmanager {
+    fn secrets(&self) -> Vec<&Secret> {
+        vec![&self.url]
+    }
+
+    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
+        Ok(vec![Request::Http(HttpRequest::post_json(
+            self.url.clone(),
+            &n.id,
+            &render(n),
+        ))])
+    }
 }
 
 #[cfg(test)]

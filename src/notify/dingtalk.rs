@@ -5,9 +5,18 @@
 //! tags and the host name).
 
 use base64::Engine as _;
+use std::path::PathBuf;
+
+use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::channel::{
+    body_error, json_code, judge_status, Channel, ChannelType, HttpRequest, RenderEnv, Request,
+    Response, Section, SectionError, UrlSection,
+};
 use super::render::text;
+use super::secret::Secret;
+use super::transport::SendError;
 use super::Notification;
 use crate::model::{AlertStatus, Severity};
 
@@ -34,6 +43,74 @@ pub fn signed_url(url: &str, secret: &str, now_ms: i64) -> Result<String, String
         .append_pair("timestamp", &now_ms.to_string())
         .append_pair("sign", &sign(secret, now_ms));
     Ok(u.to_string())
+}
+
+/// `[[channel]] type = "dingtalk"` keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DingtalkSection {
+    url: Option<String>,
+    url_env: Option<String>,
+    url_file: Option<PathBuf>,
+    /// Signing secret (optional).
+    secret: Option<String>,
+    secret_env: Option<String>,
+    secret_file: Option<PathBuf>,
+}
+
+/// The `dingtalk` channel: POST to a custom-robot `url`, signed on the URL with `secret`.
+#[derive(Debug)]
+pub struct Dingtalk {
+    url: Secret,
+    secret: Option<Secret>,
+}
+
+impl ChannelType for Dingtalk {
+    const TYPE: &'static str = "dingtalk";
+
+    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
+        let c: DingtalkSection = section.deserialize()?;
+        let url = UrlSection {
+            url: c.url,
+            url_env: c.url_env,
+            url_file: c.url_file,
+        }
+        .required(section)?;
+        let secret = section.secret(
+            "secret",
+            c.secret.as_deref(),
+            c.secret_env.as_deref(),
+            c.secret_file.as_deref(),
+        )?;
+        Ok(Dingtalk { url, secret })
+    }
+}
+
+impl Channel for Dingtalk {
+    fn secrets(&self) -> Vec<&Secret> {
+        std::iter::once(&self.url).chain(&self.secret).collect()
+    }
+
+    fn render(&self, n: &Notification, env: &RenderEnv) -> Result<Vec<Request>, String> {
+        let url = match &self.secret {
+            Some(s) => Secret::new(signed_url(self.url.expose(), s.expose(), env.now_ms)?),
+            None => self.url.clone(),
+        };
+        Ok(vec![Request::Http(HttpRequest::post_json(
+            url,
+            &n.id,
+            &render(n),
+        ))])
+    }
+
+    /// `errcode` must be 0; 130101 is the rate limit.
+    fn judge(&self, r: &Response) -> Result<(), SendError> {
+        let json = judge_status(r)?;
+        match json_code(json.as_ref(), &["errcode"]).filter(|c| *c != 0) {
+            None => Ok(()),
+            Some(c) => Err(body_error(r, c, c == 130_101)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -67,5 +144,23 @@ mod tests {
         assert_eq!(got["msgtype"], "text");
         assert_eq!(got["at"]["isAtAll"], true);
         assert!(got["text"]["content"].as_str().unwrap().contains("node7"));
+    }
+
+    fn response(status: u16, body: &str) -> Response {
+        Response {
+            status,
+            retry_after: None,
+            body: body.into(),
+        }
+    }
+
+    #[test]
+    fn judges_the_body_code() {
+        let c = Dingtalk {
+            url: Secret::new("http://x"),
+            secret: None,
+        };
+        assert!(c.judge(&response(200, r#"{"errcode":310000}"#)).is_err());
+        assert!(c.judge(&response(200, r#"{"errcode":0}"#)).is_ok());
     }
 }

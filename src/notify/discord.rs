@@ -6,6 +6,8 @@ use serde_json::{json, Value};
 
 use super::render::{alert_fields, summary, title, truncate_chars};
 use super::{rfc3339_ms, Notification};
+use super::channel::{Channel, ChannelType, HttpRequest, RenderEnv, Request, Section, SectionError, UrlSection};
+use super::secret::Secret;
 use crate::model::{AlertStatus, Severity};
 
 /// Embed colour for an alert.
@@ -54,6 +56,37 @@ pub fn render(n: &Notification) -> Value {
         "content": truncate_chars(&content, 2000),
         "embeds": embeds,
     })
+}
+
+/// The `discord` channel: POST to a Discord webhook `url`.
+#[derive(Debug)]
+pub struct Discord {
+    url: Secret,
+}
+
+impl ChannelType for Discord {
+    const TYPE: &'static str = "discord";
+
+    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
+        let c: UrlSection = section.deserialize()?;
+        Ok(Discord {
+            url: c.required(section)?,
+        })
+    }
+}
+
+impl Channel for Discord {
+    fn secrets(&self) -> Vec<&Secret> {
+        vec![&self.url]
+    }
+
+    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
+        Ok(vec![Request::Http(HttpRequest::post_json(
+            self.url.clone(),
+            &n.id,
+            &render(n),
+        ))])
+    }
 }
 
 #[cfg(test)]

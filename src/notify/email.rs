@@ -5,12 +5,18 @@
 //! see retries as one message.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
 use lettre::message::{Mailbox, MultiPart};
 use lettre::Message;
+use serde::Deserialize;
 
+use super::channel::{
+    Channel, ChannelType, RenderEnv, Request, Section, SectionError, SmtpRequest, SmtpServer,
+    TlsMode,
+};
 use super::render::{alert_fields, html_escape, process_lines, summary, text, title};
-use super::settings::EmailSpec;
+use super::secret::Secret;
 use super::Notification;
 use crate::model::{AlertStatus, Severity};
 
@@ -86,8 +92,118 @@ pub fn render(n: &Notification) -> EmailContent {
     }
 }
 
+/// `[[channel]] type = "email"` keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmailSection {
+    /// SMTP server `host:port` (port defaults by `tls`: 25, 587, 465).
+    smtp: Option<String>,
+    /// Connection security (default `starttls`).
+    tls: Option<TlsMode>,
+    /// Sender address.
+    from: Option<String>,
+    /// Recipients.
+    #[serde(default)]
+    to: Vec<String>,
+    /// SMTP AUTH user name.
+    username: Option<String>,
+    /// SMTP AUTH password.
+    password: Option<String>,
+    password_env: Option<String>,
+    password_file: Option<PathBuf>,
+}
+
+/// The `email` channel: a validated SMTP server, sender and recipients.
+#[derive(Debug, Clone)]
+pub struct Email {
+    /// SMTP host.
+    pub host: String,
+    /// SMTP port.
+    pub port: u16,
+    /// Connection security.
+    pub tls: TlsMode,
+    /// Sender.
+    pub from: String,
+    /// Recipients.
+    pub to: Vec<String>,
+    /// AUTH user.
+    pub username: Option<String>,
+    /// AUTH password.
+    pub password: Option<Secret>,
+}
+
+impl ChannelType for Email {
+    const TYPE: &'static str = "email";
+
+    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
+        let c: EmailSection = section.deserialize()?;
+        let smtp = c.smtp.as_deref().ok_or("`smtp` (host:port) is required")?;
+        let tls = c.tls.unwrap_or(TlsMode::Starttls);
+        let (host, port) = match smtp.rsplit_once(':') {
+            Some((h, p)) if !h.contains(']') || h.ends_with(']') => (
+                h.trim_start_matches('[').trim_end_matches(']').to_string(),
+                p.parse::<u16>()
+                    .map_err(|_| format!("`smtp`: bad port in {smtp:?}"))?,
+            ),
+            _ => (
+                smtp.to_string(),
+                match tls {
+                    TlsMode::None => 25,
+                    TlsMode::Starttls => 587,
+                    TlsMode::Tls => 465,
+                },
+            ),
+        };
+        let from = c.from.clone().ok_or("`from` is required")?;
+        if c.to.is_empty() {
+            return Err("`to` needs at least one recipient".into());
+        }
+        for addr in std::iter::once(&from).chain(&c.to) {
+            addr.parse::<Mailbox>()
+                .map_err(|e| format!("bad address {addr:?}: {e}"))?;
+        }
+        let password = section.secret(
+            "password",
+            c.password.as_deref(),
+            c.password_env.as_deref(),
+            c.password_file.as_deref(),
+        )?;
+        if password.is_some() && c.username.is_none() {
+            return Err("a password needs `username`".into());
+        }
+        Ok(Email {
+            host,
+            port,
+            tls,
+            from,
+            to: c.to,
+            username: c.username,
+            password,
+        })
+    }
+}
+
+impl Channel for Email {
+    fn secrets(&self) -> Vec<&Secret> {
+        self.password.iter().collect()
+    }
+
+    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
+        Ok(vec![Request::Smtp(SmtpRequest {
+            server: SmtpServer {
+                host: self.host.clone(),
+                port: self.port,
+                tls: self.tls,
+                username: self.username.clone(),
+                password: self.password.clone(),
+            },
+            message: message(self, n)?,
+        })])
+    }
+}
+
 /// The lettre message for `spec`'s sender and recipients.
-pub fn message(spec: &EmailSpec, n: &Notification) -> Result<Message, String> {
+pub fn message(spec: &Email, n: &Notification) -> Result<Message, String> {
     let content = render(n);
     let from: Mailbox = spec
         .from
@@ -146,10 +262,10 @@ mod tests {
     #[test]
     fn builds_a_multipart_message_with_stable_id() {
         let n = notification(vec![alert(1, AlertStatus::Resolved)]);
-        let spec = EmailSpec {
+        let spec = Email {
             host: "h".into(),
             port: 25,
-            tls: super::super::settings::TlsMode::None,
+            tls: TlsMode::None,
             from: "gpuwatch@example.org".into(),
             to: vec!["a@example.org".into(), "b@example.org".into()],
             username: None,

@@ -4,9 +4,18 @@
 //! `code` must be 0.
 
 use base64::Engine as _;
+use std::path::PathBuf;
+
+use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::channel::{
+    body_error, json_code, judge_status, Channel, ChannelType, HttpRequest, RenderEnv, Request,
+    Response, Section, SectionError, UrlSection,
+};
 use super::render::text;
+use super::secret::Secret;
+use super::transport::SendError;
 use super::Notification;
 
 /// The unsigned request body.
@@ -31,6 +40,72 @@ pub fn render_signed(n: &Notification, secret: Option<&str>, now_ms: i64) -> Val
         map.insert("sign".into(), Value::String(sign(secret, ts)));
     }
     body
+}
+
+/// `[[channel]] type = "feishu"` keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeishuSection {
+    url: Option<String>,
+    url_env: Option<String>,
+    url_file: Option<PathBuf>,
+    /// Signing secret (optional).
+    secret: Option<String>,
+    secret_env: Option<String>,
+    secret_file: Option<PathBuf>,
+}
+
+/// The `feishu` channel: POST to a Feishu / Lark custom-bot `url`, signed with `secret`.
+#[derive(Debug)]
+pub struct Feishu {
+    url: Secret,
+    secret: Option<Secret>,
+}
+
+impl ChannelType for Feishu {
+    const TYPE: &'static str = "feishu";
+
+    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
+        let c: FeishuSection = section.deserialize()?;
+        let url = UrlSection {
+            url: c.url,
+            url_env: c.url_env,
+            url_file: c.url_file,
+        }
+        .required(section)?;
+        let secret = section.secret(
+            "secret",
+            c.secret.as_deref(),
+            c.secret_env.as_deref(),
+            c.secret_file.as_deref(),
+        )?;
+        Ok(Feishu { url, secret })
+    }
+}
+
+impl Channel for Feishu {
+    fn secrets(&self) -> Vec<&Secret> {
+        std::iter::once(&self.url).chain(&self.secret).collect()
+    }
+
+    fn render(&self, n: &Notification, env: &RenderEnv) -> Result<Vec<Request>, String> {
+        let body = render_signed(n, self.secret.as_ref().map(Secret::expose), env.now_ms);
+        Ok(vec![Request::Http(HttpRequest::post_json(
+            self.url.clone(),
+            &n.id,
+            &body,
+        ))])
+    }
+
+    /// Feishu answers HTTP 200 even on failure: `code` (or `StatusCode`) must be 0; 11232 is
+    /// its rate limit.
+    fn judge(&self, r: &Response) -> Result<(), SendError> {
+        let json = judge_status(r)?;
+        match json_code(json.as_ref(), &["code", "StatusCode"]).filter(|c| *c != 0) {
+            None => Ok(()),
+            Some(c) => Err(body_error(r, c, c == 11232)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -61,5 +136,27 @@ mod tests {
         assert_eq!(got["timestamp"], "1599360473");
         assert_eq!(got["sign"], sign("s3cret", 1_599_360_473));
         assert!(render_signed(&n, None, 0).get("sign").is_none());
+    }
+
+    fn response(status: u16, body: &str) -> Response {
+        Response {
+            status,
+            retry_after: None,
+            body: body.into(),
+        }
+    }
+
+    #[test]
+    fn judges_the_body_code() {
+        let c = Feishu {
+            url: Secret::new("http://x"),
+            secret: None,
+        };
+        let e = c
+            .judge(&response(200, r#"{"code":19021,"msg":"sign match fail"}"#))
+            .unwrap_err();
+        assert!(!e.retryable && e.message.contains("19021"));
+        assert!(c.judge(&response(200, r#"{"code":0}"#)).is_ok());
+        assert!(c.judge(&response(200, r#"{"code":11232}"#)).unwrap_err().retryable);
     }
 }

@@ -5,11 +5,14 @@
 //! channel, never a secret's value.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::Deserialize;
+use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
+use super::channel::{self, Channel, Section};
 use super::secret::{self, Secret};
 use crate::config::Config;
 use crate::model::Severity;
@@ -165,115 +168,44 @@ impl Default for RateLimitSection {
     }
 }
 
-/// Channel types. Adding one: a variant here, a file under `notify/`, one arm in `notify::channel`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ChannelKind {
-    /// Generic JSON: Alertmanager webhook format version 4.
-    Webhook,
-    /// Slack incoming webhook.
-    Slack,
-    /// Discord webhook.
-    Discord,
-    /// Microsoft Teams workflow webhook (adaptive card).
-    Teams,
-    /// Telegram bot `sendMessage`.
-    Telegram,
-    /// Feishu / Lark custom bot (optionally signed).
-    Feishu,
-    /// DingTalk custom robot (optionally signed).
-    Dingtalk,
-    /// WeCom group bot.
-    Wecom,
-    /// Push to an Alertmanager (`POST /api/v2/alerts`).
-    Alertmanager,
-    /// Email over SMTP.
-    Email,
+/// `[[channel]]` as written: the whole table. The common keys (`name`, `type`,
+/// `send_resolved`, `timeout`, `max_alerts`) are read by [`NotifySettings::from_config`]; the
+/// rest belongs to the channel type, which parses it itself (see [`super::channel`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(transparent)]
+pub struct ChannelSection {
+    /// The table and its position in the file.
+    pub table: Spanned<toml::Table>,
 }
 
-impl ChannelKind {
-    /// The `type` string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChannelKind::Webhook => "webhook",
-            ChannelKind::Slack => "slack",
-            ChannelKind::Discord => "discord",
-            ChannelKind::Teams => "teams",
-            ChannelKind::Telegram => "telegram",
-            ChannelKind::Feishu => "feishu",
-            ChannelKind::Dingtalk => "dingtalk",
-            ChannelKind::Wecom => "wecom",
-            ChannelKind::Alertmanager => "alertmanager",
-            ChannelKind::Email => "email",
-        }
+impl ChannelSection {
+    /// The `name` value (empty when missing or not a string).
+    pub fn name(&self) -> &str {
+        self.table
+            .get_ref()
+            .get("name")
+            .and_then(toml::Value::as_str)
+            .unwrap_or_default()
     }
 }
 
-/// SMTP connection security.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TlsMode {
-    /// Plain SMTP (a local relay).
-    None,
-    /// STARTTLS required (port 587).
-    Starttls,
-    /// Implicit TLS (port 465).
-    Tls,
-}
-
-/// `[[channel]]` as written.
+/// The keys every channel has.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChannelSection {
+struct CommonSection {
     /// Unique name, used by routes.
-    pub name: Spanned<String>,
+    name: Spanned<String>,
     /// Channel type.
     #[serde(rename = "type")]
-    pub kind: ChannelKind,
-    /// Endpoint URL (webhook URL, Alertmanager base URL, Telegram API base).
-    pub url: Option<String>,
-    /// URL from an environment variable.
-    pub url_env: Option<String>,
-    /// URL from a file.
-    pub url_file: Option<PathBuf>,
+    kind: Spanned<String>,
     /// Send resolved notices (default true).
-    pub send_resolved: Option<bool>,
+    send_resolved: Option<bool>,
     /// Per-send timeout (default `[notify] timeout`).
-    pub timeout: Option<String>,
+    timeout: Option<String>,
     /// At most this many alerts per message (0 = all); the rest are counted as truncated.
-    pub max_alerts: Option<usize>,
-    /// Signing secret (Feishu, DingTalk).
-    pub secret: Option<String>,
-    /// Signing secret from an environment variable.
-    pub secret_env: Option<String>,
-    /// Signing secret from a file.
-    pub secret_file: Option<PathBuf>,
-    /// Telegram bot token.
-    pub token: Option<String>,
-    /// Telegram bot token from an environment variable.
-    pub token_env: Option<String>,
-    /// Telegram bot token from a file.
-    pub token_file: Option<PathBuf>,
-    /// Telegram chat id.
-    pub chat_id: Option<toml::Value>,
-    /// Email: SMTP server `host:port` (port defaults by `tls`: 25, 587, 465).
-    pub smtp: Option<String>,
-    /// Email: connection security (default `starttls`).
-    pub tls: Option<TlsMode>,
-    /// Email: sender address.
-    pub from: Option<String>,
-    /// Email: recipients.
-    #[serde(default)]
-    pub to: Vec<String>,
-    /// Email: SMTP AUTH user name.
-    pub username: Option<String>,
-    /// Email: SMTP AUTH password.
-    pub password: Option<String>,
-    /// Email: password from an environment variable.
-    pub password_env: Option<String>,
-    /// Email: password from a file.
-    pub password_file: Option<PathBuf>,
+    max_alerts: Option<usize>,
 }
+
+const COMMON_KEYS: &[&str] = &["name", "type", "send_resolved", "timeout", "max_alerts"];
 
 /// `[[route]]` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -305,39 +237,15 @@ pub struct RouteSection {
 // ---------------------------------------------------------------------------------------------
 // Validated form.
 
-/// Where a channel sends.
-#[derive(Debug, Clone)]
-pub enum Target {
-    /// An HTTP endpoint.
-    Http {
-        /// Full URL (a secret: chat webhook URLs embed tokens).
-        url: Secret,
-        /// Signing secret (Feishu, DingTalk).
-        secret: Option<Secret>,
-        /// Telegram chat id.
-        chat_id: Option<String>,
-    },
-    /// SMTP.
-    Email(EmailSpec),
-}
+/// A channel's `type`, as registered (see [`super::CHANNELS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelKind(pub &'static str);
 
-/// A validated email channel.
-#[derive(Debug, Clone)]
-pub struct EmailSpec {
-    /// SMTP host.
-    pub host: String,
-    /// SMTP port.
-    pub port: u16,
-    /// Connection security.
-    pub tls: TlsMode,
-    /// Sender.
-    pub from: String,
-    /// Recipients.
-    pub to: Vec<String>,
-    /// AUTH user.
-    pub username: Option<String>,
-    /// AUTH password.
-    pub password: Option<Secret>,
+impl ChannelKind {
+    /// The `type` string.
+    pub fn as_str(self) -> &'static str {
+        self.0
+    }
 }
 
 /// A validated channel.
@@ -353,17 +261,14 @@ pub struct ChannelSpec {
     pub timeout_ms: i64,
     /// Alerts per message (0 = all).
     pub max_alerts: usize,
-    /// Endpoint.
-    pub target: Target,
+    /// The channel type's own settings: renders requests, judges responses.
+    pub channel: Arc<dyn Channel>,
 }
 
 impl ChannelSpec {
     /// Every secret of this channel (for redacting error text).
     pub fn secrets(&self) -> Vec<&Secret> {
-        match &self.target {
-            Target::Http { url, secret, .. } => std::iter::once(url).chain(secret.iter()).collect(),
-            Target::Email(e) => e.password.iter().collect(),
-        }
+        self.channel.secrets()
     }
 
     /// Replaces every secret of this channel in `text` with `***`.
@@ -564,16 +469,40 @@ impl NotifySettings {
         };
 
         let mut channels: Vec<ChannelSpec> = Vec::new();
-        for c in &config.channel {
-            let at = ctx.at(c.name.span().start);
-            let name = c.name.get_ref().clone();
-            if channels.iter().any(|o| o.name == name) {
-                errors.push(format!("{at}: duplicate channel name {name:?}"));
-                continue;
+        // Channel parsers see their table with positions into the file; a config built without
+        // its text gets its tables re-serialized (errors then name only the file).
+        let synthetic: String;
+        let from_text = channel_tables(&config.text).filter(|t| t.len() == config.channel.len());
+        let positions = from_text.is_some();
+        let tables = match from_text {
+            Some(t) => t,
+            None => {
+                let doc: toml::Table = [(
+                    "channel".to_string(),
+                    toml::Value::Array(
+                        config
+                            .channel
+                            .iter()
+                            .map(|c| toml::Value::Table(c.table.get_ref().clone()))
+                            .collect(),
+                    ),
+                )]
+                .into_iter()
+                .collect();
+                synthetic = toml::to_string(&doc).unwrap_or_default();
+                channel_tables(&synthetic).unwrap_or_default()
             }
-            match build_channel(c, timeout_ms, &config.base_dir) {
-                Ok(spec) => channels.push(spec),
-                Err(e) => errors.push(format!("{at}: channel {name:?}: {e}")),
+        };
+        for table in tables {
+            match build_channel(&ctx, table, positions, timeout_ms) {
+                Ok((spec, at)) => {
+                    if channels.iter().any(|o| o.name == spec.name) {
+                        errors.push(format!("{at}: duplicate channel name {:?}", spec.name));
+                    } else {
+                        channels.push(spec);
+                    }
+                }
+                Err(e) => errors.push(e),
             }
         }
 
@@ -581,11 +510,7 @@ impl NotifySettings {
         for r in &config.route {
             let mut ok = true;
             for ch in &r.channels {
-                if !config
-                    .channel
-                    .iter()
-                    .any(|c| c.name.get_ref() == ch.get_ref())
-                {
+                if !config.channel.iter().any(|c| c.name() == ch.get_ref()) {
                     errors.push(format!(
                         "{}: route names unknown channel {:?}",
                         ctx.at(ch.span().start),
@@ -722,165 +647,109 @@ fn parse_quiet_hours(q: &QuietHoursSection) -> Result<QuietHours, String> {
     })
 }
 
+/// The `[[channel]]` tables of a config document, with their spans.
+fn channel_tables(text: &str) -> Option<Vec<Spanned<DeTable<'_>>>> {
+    let doc = DeTable::parse(text).ok()?;
+    let tables = doc
+        .into_inner()
+        .remove("channel")?
+        .into_inner()
+        .as_array()?
+        .iter()
+        .filter_map(|v| {
+            let span = v.span();
+            v.get_ref()
+                .as_table()
+                .map(|t| Spanned::new(span, t.clone()))
+        })
+        .collect();
+    Some(tables)
+}
+
+/// Validates one channel: the common keys here, the rest by its type's parser.
 fn build_channel(
-    c: &ChannelSection,
+    ctx: &Ctx<'_>,
+    table: Spanned<DeTable<'_>>,
+    positions: bool,
     default_timeout_ms: i64,
-    base_dir: &Path,
-) -> Result<ChannelSpec, String> {
-    let timeout_ms = match &c.timeout {
+) -> Result<(ChannelSpec, String), String> {
+    let span = table.span();
+    let mut table = table.into_inner();
+    let mut common = DeTable::new();
+    for key in COMMON_KEYS {
+        if let Some((k, v)) = table.remove_entry(*key) {
+            common.insert(k, v);
+        }
+    }
+    let start = span.start;
+    let section_at = |offset: Option<usize>| {
+        if positions {
+            ctx.at(offset.unwrap_or(start))
+        } else {
+            ctx.file()
+        }
+    };
+    let common: CommonSection = CommonSection::deserialize(toml::de::ValueDeserializer::from(
+        Spanned::new(span.clone(), DeValue::Table(common)),
+    ))
+    .map_err(|e| {
+        format!(
+            "{}: channel: {}",
+            section_at(e.span().map(|s| s.start)),
+            channel::without_values(e.message())
+        )
+    })?;
+    let name = common.name.get_ref().clone();
+    let name_at = section_at(Some(common.name.span().start));
+    let fail = |offset: Option<usize>, message: &str| {
+        let at = offset.map_or_else(|| name_at.clone(), |o| section_at(Some(o)));
+        format!("{at}: channel {name:?}: {message}")
+    };
+    let kind = common.kind.get_ref().as_str();
+    let Some(registration) = channel::find(kind) else {
+        return Err(fail(
+            Some(common.kind.span().start),
+            &format!("unknown type {kind:?} (one of {})", channel::type_names()),
+        ));
+    };
+    let timeout_ms = match &common.timeout {
         Some(t) => parse_duration_ms(t)
-            .map_err(|e| format!("timeout: {e}"))?
+            .map_err(|e| fail(None, &format!("timeout: {e}")))?
             .max(1),
         None => default_timeout_ms,
     };
-    let email_only = [
-        ("smtp", c.smtp.is_some()),
-        ("tls", c.tls.is_some()),
-        ("from", c.from.is_some()),
-        ("to", !c.to.is_empty()),
-        ("username", c.username.is_some()),
-        (
-            "password",
-            c.password.is_some() || c.password_env.is_some() || c.password_file.is_some(),
-        ),
-    ];
-    let target = if c.kind == ChannelKind::Email {
-        if let Some((k, _)) = [(
-            "url",
-            c.url.is_some() || c.url_env.is_some() || c.url_file.is_some(),
-        )]
-        .iter()
-        .find(|(_, set)| *set)
-        {
-            return Err(format!("`{k}` does not apply to type \"email\""));
-        }
-        let smtp = c.smtp.as_deref().ok_or("`smtp` (host:port) is required")?;
-        let tls = c.tls.unwrap_or(TlsMode::Starttls);
-        let (host, port) = match smtp.rsplit_once(':') {
-            Some((h, p)) if !h.contains(']') || h.ends_with(']') => (
-                h.trim_start_matches('[').trim_end_matches(']').to_string(),
-                p.parse::<u16>()
-                    .map_err(|_| format!("`smtp`: bad port in {smtp:?}"))?,
-            ),
-            _ => (
-                smtp.to_string(),
-                match tls {
-                    TlsMode::None => 25,
-                    TlsMode::Starttls => 587,
-                    TlsMode::Tls => 465,
-                },
-            ),
-        };
-        let from = c.from.clone().ok_or("`from` is required")?;
-        if c.to.is_empty() {
-            return Err("`to` needs at least one recipient".into());
-        }
-        for addr in std::iter::once(&from).chain(&c.to) {
-            addr.parse::<lettre::message::Mailbox>()
-                .map_err(|e| format!("bad address {addr:?}: {e}"))?;
-        }
-        let password = secret::resolve(
-            "password",
-            c.password.as_deref(),
-            c.password_env.as_deref(),
-            c.password_file.as_deref(),
-            base_dir,
-        )?;
-        if password.is_some() && c.username.is_none() {
-            return Err("a password needs `username`".into());
-        }
-        Target::Email(EmailSpec {
-            host,
-            port,
-            tls,
-            from,
-            to: c.to.clone(),
-            username: c.username.clone(),
-            password,
-        })
-    } else {
-        if let Some((k, _)) = email_only.iter().find(|(_, set)| *set) {
-            return Err(format!(
-                "`{k}` applies only to type \"email\", not {:?}",
-                c.kind.as_str()
-            ));
-        }
-        let url = secret::resolve(
-            "url",
-            c.url.as_deref(),
-            c.url_env.as_deref(),
-            c.url_file.as_deref(),
-            base_dir,
-        )?;
-        let secret = secret::resolve(
-            "secret",
-            c.secret.as_deref(),
-            c.secret_env.as_deref(),
-            c.secret_file.as_deref(),
-            base_dir,
-        )?;
-        if secret.is_some() && !matches!(c.kind, ChannelKind::Feishu | ChannelKind::Dingtalk) {
-            return Err("`secret` (signing) applies only to feishu and dingtalk".into());
-        }
-        let token = secret::resolve(
-            "token",
-            c.token.as_deref(),
-            c.token_env.as_deref(),
-            c.token_file.as_deref(),
-            base_dir,
-        )?;
-        let chat_id = match &c.chat_id {
-            None => None,
-            Some(toml::Value::String(s)) => Some(s.clone()),
-            Some(toml::Value::Integer(i)) => Some(i.to_string()),
-            Some(_) => return Err("`chat_id` must be a number or a string".into()),
-        };
-        let url = if c.kind == ChannelKind::Telegram {
-            let token = token.ok_or("`token` (or `token_env`, `token_file`) is required")?;
-            if chat_id.is_none() {
-                return Err("`chat_id` is required".into());
-            }
-            let base = url.map_or_else(
-                || "https://api.telegram.org".to_string(),
-                |u| u.expose().trim_end_matches('/').to_string(),
-            );
-            Secret::new(format!("{base}/bot{}/sendMessage", token.expose()))
-        } else {
-            if token.is_some() || chat_id.is_some() {
-                return Err("`token` and `chat_id` apply only to type \"telegram\"".into());
-            }
-            let url = url.ok_or("`url` (or `url_env`, `url_file`) is required")?;
-            if c.kind == ChannelKind::Alertmanager {
-                Secret::new(format!(
-                    "{}/api/v2/alerts",
-                    url.expose().trim_end_matches('/')
-                ))
-            } else {
-                url
-            }
-        };
-        if let Err(e) = reqwest::Url::parse(url.expose()) {
-            return Err(format!("`url` is not a valid URL ({e})"));
-        }
-        Target::Http {
-            url,
-            secret,
-            chat_id,
-        }
-    };
-    Ok(ChannelSpec {
-        name: c.name.get_ref().clone(),
-        kind: c.kind,
-        send_resolved: c.send_resolved.unwrap_or(true),
+    let mut section = Section::new(table, span, positions, &ctx.config.base_dir);
+    let parsed = registration
+        .parse(&mut section)
+        .map_err(|e| fail(e.offset, &e.message))?;
+    let spec = ChannelSpec {
+        name,
+        kind: ChannelKind(registration.type_name),
+        send_resolved: common.send_resolved.unwrap_or(true),
         timeout_ms,
-        max_alerts: c.max_alerts.unwrap_or(0),
-        target,
-    })
+        max_alerts: common.max_alerts.unwrap_or(0),
+        channel: Arc::from(parsed),
+    };
+    Ok((spec, name_at))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use super::super::channel::{Request, TlsMode};
+    use super::super::testdata;
     use super::*;
+    use crate::model::AlertStatus;
+
+    fn render(spec: &ChannelSpec) -> Vec<Request> {
+        let n = testdata::notification(vec![testdata::alert(1, AlertStatus::Firing)]);
+        let env = channel::RenderEnv {
+            now_ms: 1_796_224_800_500,
+            nonce: "n".into(),
+        };
+        spec.channel.render(&n, &env).unwrap()
+    }
 
     fn settings(text: &str) -> anyhow::Result<NotifySettings> {
         let config = crate::config::parse(text, Path::new("/etc/gpuwatch/config.toml"))?;
@@ -919,11 +788,11 @@ repeat_interval = "4h"
         )
         .unwrap();
         assert_eq!(s.channels.len(), 2);
-        let Target::Email(e) = &s.channels[1].target else {
+        let Request::Smtp(e) = &render(&s.channels[1])[0] else {
             panic!("email")
         };
         assert_eq!(
-            (e.host.as_str(), e.port, e.tls),
+            (e.server.host.as_str(), e.server.port, e.server.tls),
             ("127.0.0.1", 2525, TlsMode::None)
         );
         let r = &s.routes[0];
@@ -987,16 +856,75 @@ repeat_interval = "4h"
             "[[channel]]\nname = \"t\"\ntype = \"telegram\"\ntoken = \"123:abc\"\nchat_id = -100\nurl = \"http://127.0.0.1:1/\"\n[[channel]]\nname = \"am\"\ntype = \"alertmanager\"\nurl = \"http://am:9093/\"\n",
         )
         .unwrap();
-        let Target::Http { url, chat_id, .. } = &s.channels[0].target else {
+        let Request::Http(tg) = &render(&s.channels[0])[0] else {
             panic!()
         };
-        assert_eq!(url.expose(), "http://127.0.0.1:1/bot123:abc/sendMessage");
-        assert_eq!(chat_id.as_deref(), Some("-100"));
-        let Target::Http { url, .. } = &s.channels[1].target else {
+        assert_eq!(tg.url.expose(), "http://127.0.0.1:1/bot123:abc/sendMessage");
+        let body: serde_json::Value = serde_json::from_slice(&tg.body).unwrap();
+        assert_eq!(body["chat_id"], -100);
+        let Request::Http(am) = &render(&s.channels[1])[0] else {
             panic!()
         };
-        assert_eq!(url.expose(), "http://am:9093/api/v2/alerts");
+        assert_eq!(am.url.expose(), "http://am:9093/api/v2/alerts");
         assert_eq!(s.routes.len(), 1, "catch-all route");
+    }
+
+    #[test]
+    fn channel_errors_point_at_the_key_or_value() {
+        let err = |text: &str| settings(text).unwrap_err().to_string();
+        let e = err("[[channel]]\nname = \"x\"\ntype = \"slack\"\nurl = \"http://a\"\nbogus = 1\n");
+        assert!(
+            e.contains("config.toml:5:1: channel \"x\": unknown field `bogus`"),
+            "{e}"
+        );
+        let e = err("[[channel]]\nname = \"x\"\ntype = \"sms\"\nprovider = \"carrier-pigeon\"\n");
+        assert!(
+            e.contains("config.toml:4:12: channel \"x\": unknown provider \"carrier-pigeon\""),
+            "{e}"
+        );
+        let e = err("[[channel]]\nname = \"x\"\ntype = \"sms\"\nprovider = \"twilio\"\naccount_sid = \"AC1\"\ntoken = \"t\"\nfrom = \"+1\"\nto = \"+2\"\n");
+        assert!(
+            e.contains("config.toml:8:6: channel \"x\": invalid type"),
+            "{e}"
+        );
+        let e = err(
+            "[[channel]]\nname = \"x\"\ntype = \"gotify\"\nurl = \"https://g\"\ntoken = 98765432\n",
+        );
+        assert!(
+            e.contains("config.toml:5:9: channel \"x\": invalid type: integer, expected a string"),
+            "{e}"
+        );
+        assert!(!e.contains("98765432"), "{e}");
+        let e = err("[[channel]]\nname = \"x\"\ntype = \"matrix\"\nurl = \"https://hs\"\nroom = \"!r:hs\"\n");
+        assert!(
+            e.contains("config.toml:2:8: channel \"x\": `token` (or `token_env`, `token_file`) is required"),
+            "{e}"
+        );
+        let e = err("[[channel]]\nname = \"x\"\ntype = \"gotify\"\nurl = \"https://g\"\ntoken = \"AbCdEfGh\"\ntimeout = \"soon\"\n");
+        assert!(
+            e.contains("config.toml:2:8: channel \"x\": timeout: invalid duration"),
+            "{e}"
+        );
+        assert!(!e.contains("AbCdEfGh"), "{e}");
+    }
+
+    #[test]
+    fn every_new_type_parses() {
+        let s = settings(
+            "[[channel]]\nname = \"n\"\ntype = \"ntfy\"\nurl = \"https://ntfy.sh/t\"\n\
+             [[channel]]\nname = \"p\"\ntype = \"pushover\"\ntoken = \"a\"\nuser = \"u\"\n\
+             [[channel]]\nname = \"g\"\ntype = \"gotify\"\nurl = \"https://g\"\ntoken = \"t\"\n\
+             [[channel]]\nname = \"m\"\ntype = \"matrix\"\nurl = \"https://hs\"\nroom = \"!r:hs\"\ntoken = \"t\"\n\
+             [[channel]]\nname = \"s\"\ntype = \"sms\"\nprovider = \"twilio\"\naccount_sid = \"AC1\"\ntoken = \"t\"\nfrom = \"+1\"\nto = [\"+2\", \"+3\"]\n\
+             [[channel]]\nname = \"a\"\ntype = \"sms\"\nprovider = \"aliyun\"\naccess_key_id = \"i\"\naccess_key_secret = \"k\"\nsign_name = \"s\"\ntemplate_code = \"SMS_1\"\nto = [\"13800000000\"]\n",
+        )
+        .unwrap();
+        let kinds: Vec<_> = s.channels.iter().map(|c| c.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            ["ntfy", "pushover", "gotify", "matrix", "sms", "sms"]
+        );
+        assert_eq!(render(&s.channels[4]).len(), 2, "one SMS per recipient");
     }
 
     #[test]

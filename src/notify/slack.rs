@@ -4,6 +4,8 @@
 use serde_json::{json, Value};
 
 use super::{render as text, Notification};
+use super::channel::{Channel, ChannelType, HttpRequest, RenderEnv, Request, Section, SectionError, UrlSection};
+use super::secret::Secret;
 
 /// Escapes Slack's three control characters.
 fn escape(s: &str) -> String {
@@ -20,6 +22,37 @@ pub fn render(n: &Notification) -> Value {
         "text": format!("*{}*\n{}", escape(&text::title(n)), escape(rest.trim_start_matches('\n'))),
         "username": "gpuwatch",
     })
+}
+
+/// The `slack` channel: POST to a Slack incoming-webhook `url`.
+#[derive(Debug)]
+pub struct Slack {
+    url: Secret,
+}
+
+impl ChannelType for Slack {
+    const TYPE: &'static str = "slack";
+
+    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
+        let c: UrlSection = section.deserialize()?;
+        Ok(Slack {
+            url: c.required(section)?,
+        })
+    }
+}
+
+impl Channel for Slack {
+    fn secrets(&self) -> Vec<&Secret> {
+        vec![&self.url]
+    }
+
+    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
+        Ok(vec![Request::Http(HttpRequest::post_json(
+            self.url.clone(),
+            &n.id,
+            &render(n),
+        ))])
+    }
 }
 
 #[cfg(test)]

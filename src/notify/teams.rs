@@ -6,6 +6,8 @@ use serde_json::{json, Value};
 
 use super::render::{alert_fields, process_lines, summary, title};
 use super::Notification;
+use super::channel::{Channel, ChannelType, HttpRequest, RenderEnv, Request, Section, SectionError, UrlSection};
+use super::secret::Secret;
 use crate::model::{AlertStatus, Severity};
 
 /// The request body.
@@ -54,6 +56,37 @@ pub fn render(n: &Notification) -> Value {
             }
         }]
     })
+}
+
+/// The `teams` channel: POST to a Teams workflow `url`.
+#[derive(Debug)]
+pub struct Teams {
+    url: Secret,
+}
+
+impl ChannelType for Teams {
+    const TYPE: &'static str = "teams";
+
+    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
+        let c: UrlSection = section.deserialize()?;
+        Ok(Teams {
+            url: c.required(section)?,
+        })
+    }
+}
+
+impl Channel for Teams {
+    fn secrets(&self) -> Vec<&Secret> {
+        vec![&self.url]
+    }
+
+    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
+        Ok(vec![Request::Http(HttpRequest::post_json(
+            self.url.clone(),
+            &n.id,
+            &render(n),
+        ))])
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 use serde_json::{json, Map, Value};
 
 use super::{full_labels, rfc3339_ms, Notification, Reason};
+use super::channel::{Channel, ChannelType, HttpRequest, RenderEnv, Request, Section, SectionError, UrlSection};
+use super::secret::Secret;
 use crate::model::{AlertEvent, AlertStatus};
 
 /// `endsAt` of a firing alert in Alertmanager's webhook format.
@@ -68,6 +70,37 @@ pub fn render(n: &Notification) -> Value {
         "notification_reason": reason,
         "alerts": n.alerts.iter().map(|a| alert_json(n, a)).collect::<Vec<_>>(),
     })
+}
+
+/// The `webhook` channel: POST the Alertmanager webhook v4 body to `url`.
+#[derive(Debug)]
+pub struct Webhook {
+    url: Secret,
+}
+
+impl ChannelType for Webhook {
+    const TYPE: &'static str = "webhook";
+
+    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
+        let c: UrlSection = section.deserialize()?;
+        Ok(Webhook {
+            url: c.required(section)?,
+        })
+    }
+}
+
+impl Channel for Webhook {
+    fn secrets(&self) -> Vec<&Secret> {
+        vec![&self.url]
+    }
+
+    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
+        Ok(vec![Request::Http(HttpRequest::post_json(
+            self.url.clone(),
+            &n.id,
+            &render(n),
+        ))])
+    }
 }
 
 #[cfg(test)]

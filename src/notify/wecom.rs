@@ -5,6 +5,12 @@ use serde_json::{json, Value};
 
 use super::render::{text, truncate_bytes};
 use super::Notification;
+use super::channel::{
+    body_error, json_code, judge_status, Channel, ChannelType, HttpRequest, RenderEnv, Request, Response,
+    Section, SectionError, UrlSection,
+};
+use super::secret::Secret;
+use super::transport::SendError;
 use crate::model::{AlertStatus, Severity};
 
 /// The request body.
@@ -19,6 +25,46 @@ pub fn render(n: &Notification) -> Value {
         "msgtype": "text",
         "text": {"content": truncate_bytes(&text(n), 2048), "mentioned_list": mentioned},
     })
+}
+
+/// The `wecom` channel: POST to a WeCom group-bot `url`.
+#[derive(Debug)]
+pub struct Wecom {
+    url: Secret,
+}
+
+impl ChannelType for Wecom {
+    const TYPE: &'static str = "wecom";
+
+    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
+        let c: UrlSection = section.deserialize()?;
+        Ok(Wecom {
+            url: c.required(section)?,
+        })
+    }
+}
+
+impl Channel for Wecom {
+    fn secrets(&self) -> Vec<&Secret> {
+        vec![&self.url]
+    }
+
+    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
+        Ok(vec![Request::Http(HttpRequest::post_json(
+            self.url.clone(),
+            &n.id,
+            &render(n),
+        ))])
+    }
+
+    fn judge(&self, r: &Response) -> Result<(), SendError> {
+        let json = judge_status(r)?;
+        match json_code(json.as_ref(), &["errcode"]).filter(|c| *c != 0) {
+            None => Ok(()),
+            // 45009: rate limit.
+            Some(c) => Err(body_error(r, c, c == 45009)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -38,5 +84,22 @@ mod tests {
             "{c}"
         );
         assert_eq!(got["text"]["mentioned_list"][0], "@all");
+    }
+
+    fn response(status: u16, body: &str) -> Response {
+        Response {
+            status,
+            retry_after: None,
+            body: body.into(),
+        }
+    }
+
+    #[test]
+    fn judges_the_body_code() {
+        let c = Wecom {
+            url: Secret::new("http://x"),
+        };
+        assert!(c.judge(&response(200, r#"{"errcode":45009}"#)).unwrap_err().retryable);
+        assert!(c.judge(&response(200, r#"{"errcode":0}"#)).is_ok());
     }
 }

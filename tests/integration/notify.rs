@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod channels;
 pub mod servers;
 
 use std::path::{Path, PathBuf};

@@ -40,7 +40,8 @@ pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Optio
 /// How the HTTP receiver answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// 200 with `{"ok":true,"code":0,"errcode":0}`.
+    /// 200 with every API's success marker: `{"ok":true,"code":0,"errcode":0,"status":1,
+    /// "Code":"OK"}`.
     Ok,
     /// This status with a short body.
     Status(u16),
@@ -211,7 +212,10 @@ fn serve(
             at: Instant::now(),
         });
         let (status, text) = match answered {
-            Mode::Ok => (200, r#"{"ok":true,"code":0,"errcode":0}"#.to_string()),
+            Mode::Ok => (
+                200,
+                r#"{"ok":true,"code":0,"errcode":0,"status":1,"Code":"OK"}"#.to_string(),
+            ),
             Mode::Status(s) => (s, format!("injected failure {s}")),
             Mode::Hang => {
                 while !stop.load(Ordering::SeqCst) {
