@@ -121,7 +121,18 @@ impl Config {
 
     /// The notification settings (channels with secrets resolved, routes, quiet hours, …).
     pub fn notify_settings(&self) -> anyhow::Result<crate::notify::settings::NotifySettings> {
-        crate::notify::settings::NotifySettings::from_config(self)
+        let hostname = self.hostname();
+        crate::notify::settings::NotifySettings::from_config(
+            &crate::notify::settings::NotifyConfig {
+                notify: &self.notify,
+                channels: &self.channel,
+                routes: &self.route,
+                hostname: &hostname,
+                base_dir: &self.base_dir,
+                path: &self.path,
+                text: &self.text,
+            },
+        )
     }
 
     /// The rule paths for commands: `explicit` (`--rules DIR`) when given; else `[daemon] rules`

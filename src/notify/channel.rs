@@ -678,9 +678,7 @@ mod tests {
     fn accepted_keys(type_and_provider: &str) -> Vec<String> {
         let text = format!("[[channel]]\nname = \"x\"\n{type_and_provider}zz_probe = 1\n");
         let config = crate::config::parse(&text, Path::new("c.toml")).unwrap();
-        let err = super::super::settings::NotifySettings::from_config(&config)
-            .unwrap_err()
-            .to_string();
+        let err = config.notify_settings().unwrap_err().to_string();
         let list = err
             .split("expected one of ")
             .nth(1)

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::channel::{RenderEnv, Request};
-use super::settings::{ChannelSpec, NotifySettings};
+use super::settings::ChannelSpec;
 use super::testdata::{alert, notification};
 use super::Notification;
 use crate::model::AlertStatus;
@@ -88,7 +88,7 @@ fn golden_dir() -> PathBuf {
 fn spec(keys: &str) -> ChannelSpec {
     let text = format!("[[channel]]\nname = \"ops\"\n{keys}");
     let config = crate::config::parse(&text, Path::new("golden.toml")).expect("config");
-    let settings = NotifySettings::from_config(&config).expect("channel");
+    let settings = config.notify_settings().expect("channel");
     settings.channels[0].clone()
 }
 

@@ -529,7 +529,7 @@ mod tests {
             "[daemon]\nhostname = \"node7\"\n{extra}\n[[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\n[[channel]]\nname = \"mail\"\ntype = \"email\"\nsmtp = \"127.0.0.1:2525\"\ntls = \"none\"\nfrom = \"a@b.c\"\nto = [\"d@e.f\"]\n"
         );
         let config = parse(&text, Path::new("c.toml")).unwrap();
-        let s = NotifySettings::from_config(&config).unwrap();
+        let s = config.notify_settings().unwrap();
         Grouper::new(Arc::new(s), GrouperState::default())
     }
 

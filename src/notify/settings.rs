@@ -5,7 +5,7 @@
 //! channel, never a secret's value.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -14,7 +14,6 @@ use toml::Spanned;
 
 use super::channel::{self, Channel, Section};
 use super::secret::{self, Secret};
-use crate::config::Config;
 use crate::model::Severity;
 use crate::values::{line_col, parse_duration_ms};
 
@@ -415,13 +414,34 @@ pub struct NotifySettings {
     pub inhibit: Vec<InhibitSection>,
 }
 
+/// What the notification settings are made from: the `[notify]`, `[[channel]]` and `[[route]]`
+/// sections of one config file, with the file's text for positions (the config layer, above
+/// this module, assembles it).
+#[derive(Debug, Clone, Copy)]
+pub struct NotifyConfig<'a> {
+    /// `[notify]`.
+    pub notify: &'a NotifySection,
+    /// `[[channel]]`, in file order.
+    pub channels: &'a [ChannelSection],
+    /// `[[route]]`, in file order.
+    pub routes: &'a [RouteSection],
+    /// The host name messages carry.
+    pub hostname: &'a str,
+    /// Directory relative paths (secret files) resolve against.
+    pub base_dir: &'a Path,
+    /// The config file, for messages.
+    pub path: &'a Path,
+    /// The config file's text, for `line:column`.
+    pub text: &'a str,
+}
+
 impl NotifySettings {
-    /// Validates the notification sections of `config`, resolving secrets. Every problem is
-    /// reported, one per line.
-    pub fn from_config(config: &Config) -> anyhow::Result<NotifySettings> {
+    /// Validates the notification sections, resolving secrets. Every problem is reported, one
+    /// per line.
+    pub fn from_config(config: &NotifyConfig<'_>) -> anyhow::Result<NotifySettings> {
         let mut errors = Vec::new();
-        let ctx = Ctx { config };
-        let n = &config.notify;
+        let ctx = Ctx { config: *config };
+        let n = config.notify;
         let mut dur = |what: &str, s: &str| -> i64 {
             parse_duration_ms(s).unwrap_or_else(|e| {
                 errors.push(format!("{}: [notify] {what}: {e}", ctx.file()));
@@ -456,7 +476,7 @@ impl NotifySettings {
             n.heartbeat_url.as_deref(),
             n.heartbeat_url_env.as_deref(),
             n.heartbeat_url_file.as_deref(),
-            &config.base_dir,
+            config.base_dir,
         ) {
             Ok(url) => url.map(|url| HeartbeatSpec {
                 url,
@@ -472,7 +492,7 @@ impl NotifySettings {
         // Channel parsers see their table with positions into the file; a config built without
         // its text gets its tables re-serialized (errors then name only the file).
         let synthetic: String;
-        let from_text = channel_tables(&config.text).filter(|t| t.len() == config.channel.len());
+        let from_text = channel_tables(config.text).filter(|t| t.len() == config.channels.len());
         let positions = from_text.is_some();
         let tables = match from_text {
             Some(t) => t,
@@ -481,7 +501,7 @@ impl NotifySettings {
                     "channel".to_string(),
                     toml::Value::Array(
                         config
-                            .channel
+                            .channels
                             .iter()
                             .map(|c| toml::Value::Table(c.table.get_ref().clone()))
                             .collect(),
@@ -507,10 +527,10 @@ impl NotifySettings {
         }
 
         let mut routes = Vec::new();
-        for r in &config.route {
+        for r in config.routes {
             let mut ok = true;
             for ch in &r.channels {
-                if !config.channel.iter().any(|c| c.name() == ch.get_ref()) {
+                if !config.channels.iter().any(|c| c.name() == ch.get_ref()) {
                     errors.push(format!(
                         "{}: route names unknown channel {:?}",
                         ctx.at(ch.span().start),
@@ -559,7 +579,7 @@ impl NotifySettings {
                 routes.push(spec);
             }
         }
-        if config.route.is_empty() && !channels.is_empty() {
+        if config.routes.is_empty() && !channels.is_empty() {
             routes.push(RouteSpec {
                 severity: Vec::new(),
                 rules: Vec::new(),
@@ -577,7 +597,7 @@ impl NotifySettings {
             anyhow::bail!("{}", errors.join("\n"));
         }
         Ok(NotifySettings {
-            hostname: config.hostname(),
+            hostname: config.hostname.to_string(),
             channels,
             routes,
             quiet_hours,
@@ -595,7 +615,7 @@ impl NotifySettings {
 }
 
 struct Ctx<'a> {
-    config: &'a Config,
+    config: NotifyConfig<'a>,
 }
 
 impl Ctx<'_> {
@@ -604,7 +624,7 @@ impl Ctx<'_> {
     }
 
     fn at(&self, offset: usize) -> String {
-        let (line, col) = line_col(&self.config.text, offset);
+        let (line, col) = line_col(self.config.text, offset);
         format!("{}:{line}:{col}", self.file())
     }
 }
@@ -718,7 +738,7 @@ fn build_channel(
             .max(1),
         None => default_timeout_ms,
     };
-    let mut section = Section::new(table, span, positions, &ctx.config.base_dir);
+    let mut section = Section::new(table, span, positions, ctx.config.base_dir);
     let parsed = registration
         .parse(&mut section)
         .map_err(|e| fail(e.offset, &e.message))?;
@@ -753,7 +773,7 @@ mod tests {
 
     fn settings(text: &str) -> anyhow::Result<NotifySettings> {
         let config = crate::config::parse(text, Path::new("/etc/gpuwatch/config.toml"))?;
-        NotifySettings::from_config(&config)
+        config.notify_settings()
     }
 
     #[test]
@@ -836,7 +856,7 @@ repeat_interval = "4h"
     fn example_config_parses_with_documented_defaults() {
         let text = include_str!("../../config.example.toml");
         let config = crate::config::parse(text, Path::new("config.example.toml")).unwrap();
-        let s = NotifySettings::from_config(&config).unwrap();
+        let s = config.notify_settings().unwrap();
         let d = NotifySection::default();
         assert_eq!(config.notify.group_interval, d.group_interval);
         assert_eq!(config.notify.timeout, d.timeout);

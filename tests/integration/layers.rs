@@ -61,11 +61,37 @@ fn module_of(src: &Path, file: &Path) -> String {
     first.trim_end_matches(".rs").to_string()
 }
 
+/// Files of modules declared under `#[cfg(test)]` (`#[cfg(test)] mod golden;` in
+/// `src/notify.rs` → `src/notify/golden.rs`).
+fn test_module_files(files: &[PathBuf]) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        for pair in lines.windows(2) {
+            let Some(name) = pair[1]
+                .strip_prefix("mod ")
+                .or_else(|| pair[1].strip_prefix("pub(crate) mod "))
+                .and_then(|r| r.strip_suffix(';'))
+            else {
+                continue;
+            };
+            if pair[0] == "#[cfg(test)]" {
+                let dir = f.with_extension("");
+                out.insert(dir.join(format!("{name}.rs")));
+            }
+        }
+    }
+    out
+}
+
 /// The non-test code of a file: up to its first `#[cfg(test)]` line, without comment lines;
 /// `None` for a file that is a test module.
-fn production_text(file: &Path) -> Option<String> {
+fn production_text(file: &Path, test_files: &BTreeSet<PathBuf>) -> Option<String> {
     let name = file.file_name()?.to_string_lossy().to_string();
-    if name == "tests.rs" || name.ends_with("_tests.rs") {
+    if name == "tests.rs" || name.ends_with("_tests.rs") || test_files.contains(file) {
         return None;
     }
     let text = std::fs::read_to_string(file).ok()?;
@@ -141,13 +167,14 @@ fn graph() -> BTreeMap<String, BTreeMap<String, Vec<String>>> {
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     files.sort();
+    let test_files = test_module_files(&files);
     let mut edges: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
     for f in files {
         let module = module_of(&src, &f);
         if module == "lib" || module == "main" {
             continue;
         }
-        let Some(text) = production_text(&f) else {
+        let Some(text) = production_text(&f, &test_files) else {
             continue;
         };
         for target in crate_refs(&text) {
