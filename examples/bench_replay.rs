@@ -140,39 +140,27 @@ fn main() -> anyhow::Result<()> {
     let parse_s = t.elapsed().as_secs_f64();
     println!("parse only: {n} device-samples in {parse_s:.2} s");
 
-    // 2. Full replay (parse + windows + {} rules + alerts), as `gpuwatch replay` does it: on one
-    //    thread, then with GPU rules evaluated on every core (the default of `replay`), side by
-    //    side in one run.
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    // 2. Full replay (parse + windows + {} rules + alerts), as `gpuwatch replay` does it.
+    let opts = EngineOptions {
+        hostname: "bench".into(),
+        eval_interval_ms: cfg.eval_interval_ms(),
+        sample_interval_ms: None,
+    };
+    let mut engine = Engine::new(rules.clone(), opts);
+    let t = Instant::now();
+    let mut events = 0;
+    let stats = gpuwatch::engine::replay(
+        &mut engine,
+        gpuwatch::trace::read_ahead(gpuwatch::trace::TraceReader::open(&path, None)?),
+        |_| events += 1,
+    )?;
+    let replay_s = t.elapsed().as_secs_f64();
     let eval = eval.unwrap_or_else(|| "sample (default)".into());
-    let mut times = Vec::new();
-    for threads in [1, cores.min(8)] {
-        let opts = EngineOptions {
-            hostname: "bench".into(),
-            eval_interval_ms: cfg.eval_interval_ms(),
-            sample_interval_ms: None,
-        };
-        let mut engine = Engine::new(rules.clone(), opts);
-        engine.set_threads(threads);
-        let t = Instant::now();
-        let mut events = 0;
-        let stats = gpuwatch::engine::replay(
-            &mut engine,
-            gpuwatch::trace::read_ahead(gpuwatch::trace::TraceReader::open(&path, None)?),
-            |_| events += 1,
-        )?;
-        let replay_s = t.elapsed().as_secs_f64();
-        times.push(replay_s);
-        println!(
-            "replay ({threads} thread{}): {} snapshots, {} device-samples through {} rules (eval_interval {eval}, rules' own `every` kept) in {replay_s:.2} s, {:.0} µs per tick ({events} events)",
-            if threads == 1 { "" } else { "s" },
-            stats.snapshots, stats.gpu_samples, engine.rule_count(),
-            replay_s * 1e6 / stats.snapshots.max(1) as f64
-        );
-    }
-    if let [one, many] = times[..] {
-        println!("threads speed-up: {:.2}x on {cores} cores", one / many);
-    }
+    println!(
+        "replay: {} snapshots, {} device-samples through {} rules (eval_interval {eval}, rules' own `every` kept) in {replay_s:.2} s, {:.0} µs per tick ({events} events)",
+        stats.snapshots, stats.gpu_samples, engine.rule_count(),
+        replay_s * 1e6 / stats.snapshots.max(1) as f64
+    );
 
     // 3. Rule evaluation cost per tick for 8 GPUs: warm windows, then observe every snapshot with
     //    the default cadence (each rule at every sample or at its own `every`).

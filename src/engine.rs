@@ -68,9 +68,7 @@ pub const RULE_ERROR: &str = "rule_error";
 /// Windows, rules and alert lifecycle.
 #[derive(Debug)]
 pub struct Engine {
-    rules: Arc<RuleSet>,
-    /// Extra threads for evaluating GPU-scope rules (`replay`); `None` = on the caller's thread.
-    pool: Option<EvalPool>,
+    rules: RuleSet,
     opts: EngineOptions,
     gpus: BTreeMap<u32, Arc<GpuHistory>>,
     present: Vec<u32>,
@@ -97,8 +95,7 @@ impl Engine {
             last_eval_ms: vec![None; rules.len()],
             overrun: vec![Overrun::default(); rules.len()],
             order: evaluation_order(&rules),
-            rules: Arc::new(rules),
-            pool: None,
+            rules,
             opts,
             gpus: BTreeMap::new(),
             present: Vec::new(),
@@ -180,15 +177,6 @@ impl Engine {
         state
     }
 
-    /// Evaluates GPU-scope rules on `threads` threads (the caller's and `threads - 1` workers)
-    /// from now on. Results, events and their order are exactly those of one thread: every
-    /// evaluation is a function of the rule, the GPU's history and the time, and alert
-    /// instances are stepped afterwards in rule order. For `replay` and `test`, where throughput
-    /// matters; the daemon evaluates on its own thread.
-    pub fn set_threads(&mut self, threads: usize) {
-        self.pool = (threads > 1).then(|| EvalPool::new(threads - 1));
-    }
-
     /// Number of loaded rules.
     pub fn rule_count(&self) -> usize {
         self.rules.len()
@@ -227,7 +215,7 @@ impl Engine {
             .collect();
         self.overrun = vec![Overrun::default(); rules.len()];
         self.order = evaluation_order(&rules);
-        self.rules = Arc::new(rules);
+        self.rules = rules;
         let now = self.last_now_ms;
         self.book.retain_keys(now, |key| {
             let rule = key
@@ -499,13 +487,9 @@ impl Engine {
                 due.push(idx);
             }
         }
-        let mut pre = self.pre_evaluate(&due, &present, now);
         for idx in due {
             let error = match self.rules.rules()[idx].scope {
-                RuleScope::Gpu => {
-                    let results = pre.remove(&idx);
-                    self.evaluate_gpus(idx, now, &present, results, &mut events)
-                }
+                RuleScope::Gpu => self.evaluate_gpus(idx, now, &present, &mut events),
                 RuleScope::Process => self.evaluate_processes(idx, now, &present, &mut events),
                 RuleScope::Host => {
                     let host = self.host_handle(now);
@@ -519,42 +503,6 @@ impl Engine {
             self.step_rule_error(now, &spec, error, &mut events);
         }
         events
-    }
-
-    /// With a thread pool: evaluates every due GPU-scope rule on every present GPU, shared
-    /// between the workers and this thread; results by rule, in GPU order (`None` for an
-    /// evaluation skipped after the same rule went over budget on that thread).
-    fn pre_evaluate(
-        &mut self,
-        due: &[usize],
-        present: &[u32],
-        now: i64,
-    ) -> BTreeMap<usize, Vec<Option<EvalResult>>> {
-        let Some(pool) = &self.pool else {
-            return BTreeMap::new();
-        };
-        let items: Vec<(usize, Arc<GpuHistory>)> = due
-            .iter()
-            .filter(|i| self.rules.rules()[**i].scope == RuleScope::Gpu)
-            .flat_map(|i| {
-                present
-                    .iter()
-                    .filter_map(|g| self.gpus.get(g))
-                    .map(|h| (*i, h.clone()))
-            })
-            .collect();
-        if items.len() < 2 {
-            return BTreeMap::new();
-        }
-        let results = pool.run(&self.rules, items.clone(), now);
-        if results.len() != items.len() {
-            return BTreeMap::new(); // a worker died mid-tick: evaluate on this thread
-        }
-        let mut out: BTreeMap<usize, Vec<Option<EvalResult>>> = BTreeMap::new();
-        for ((idx, _), r) in items.into_iter().zip(results) {
-            out.entry(idx).or_default().push(r);
-        }
-        out
     }
 
     /// Steps the instance `subject` of rule `idx` with one evaluation's `result`; returns the
@@ -597,30 +545,22 @@ impl Engine {
         None
     }
 
-    /// Evaluates GPU-scope rule `idx` for every present GPU (or takes the results `pre`
-    /// evaluated on the pool, in GPU order). An evaluation over the time budget stops the rule
-    /// for this tick (its other GPUs keep their state). Returns the first script error.
+    /// Evaluates GPU-scope rule `idx` for every present GPU. An evaluation over the time budget
+    /// stops the rule for this tick (its other GPUs keep their state). Returns the first script
+    /// error.
     fn evaluate_gpus(
         &mut self,
         idx: usize,
         now: i64,
         present: &[u32],
-        pre: Option<Vec<Option<EvalResult>>>,
         events: &mut Vec<AlertEvent>,
     ) -> Option<RuleError> {
-        let mut pre = pre.map(Vec::into_iter);
         let mut error: Option<RuleError> = None;
         for index in present {
             let Some(hist) = self.gpus.get(index).cloned() else {
                 continue;
             };
-            let result = match &mut pre {
-                Some(results) => match results.next().flatten() {
-                    Some(r) => r,
-                    None => break, // skipped on its thread after an over-budget evaluation
-                },
-                None => self.rules.eval_gpu(idx, &hist, now),
-            };
+            let result = self.rules.eval_gpu(idx, &hist, now);
             let name = self.rules.rules()[idx].spec.name.clone();
             if let Some(e) = self.step_result(idx, now, result, Subject::gpu(&name, &hist), events)
             {
@@ -634,123 +574,6 @@ impl Engine {
             }
         }
         error
-    }
-}
-
-/// Worker threads evaluating GPU-scope rules for [`Engine::set_threads`].
-struct EvalPool {
-    jobs: Vec<std::sync::mpsc::Sender<EvalJob>>,
-    done: std::sync::mpsc::Receiver<(usize, Vec<Option<EvalResult>>)>,
-}
-
-/// A share of one tick's evaluations.
-struct EvalJob {
-    rules: Arc<RuleSet>,
-    items: Vec<(usize, Arc<GpuHistory>)>,
-    now: i64,
-    /// Which share this is (the results come back tagged with it).
-    share: usize,
-}
-
-impl std::fmt::Debug for EvalPool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EvalPool")
-            .field("workers", &self.jobs.len())
-            .finish()
-    }
-}
-
-/// Evaluates `items` in order; after an evaluation of a rule goes over budget, that rule's
-/// remaining items are skipped (`None`).
-fn eval_share(
-    rules: &RuleSet,
-    items: &[(usize, Arc<GpuHistory>)],
-    now: i64,
-) -> Vec<Option<EvalResult>> {
-    let mut over: Vec<usize> = Vec::new();
-    items
-        .iter()
-        .map(|(idx, hist)| {
-            if over.contains(idx) {
-                return None;
-            }
-            let r = rules.eval_gpu(*idx, hist, now);
-            if matches!(&r, EvalResult::Error(e) if e.over_budget) {
-                over.push(*idx);
-            }
-            Some(r)
-        })
-        .collect()
-}
-
-impl EvalPool {
-    fn new(workers: usize) -> EvalPool {
-        let (done_tx, done) = std::sync::mpsc::channel();
-        let mut jobs = Vec::new();
-        for i in 0..workers {
-            let (tx, rx) = std::sync::mpsc::channel::<EvalJob>();
-            let done_tx = done_tx.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("gpuwatch-eval-{i}"))
-                .spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        let out = eval_share(&job.rules, &job.items, job.now);
-                        if done_tx.send((job.share, out)).is_err() {
-                            break;
-                        }
-                    }
-                });
-            if spawned.is_ok() {
-                jobs.push(tx);
-            }
-        }
-        EvalPool { jobs, done }
-    }
-
-    /// Evaluates `items` (rule index, GPU) at `now`, split into contiguous shares: one per
-    /// worker and one on this thread. Results in the order of `items`.
-    fn run(
-        &self,
-        rules: &Arc<RuleSet>,
-        items: Vec<(usize, Arc<GpuHistory>)>,
-        now: i64,
-    ) -> Vec<Option<EvalResult>> {
-        let shares = self.jobs.len() + 1;
-        let per = items.len().div_ceil(shares);
-        let mut chunks: Vec<Vec<(usize, Arc<GpuHistory>)>> = Vec::new();
-        let mut rest = items;
-        while !rest.is_empty() {
-            let tail = rest.split_off(per.min(rest.len()));
-            chunks.push(rest);
-            rest = tail;
-        }
-        let mine = chunks.remove(0);
-        let mut got: Vec<(usize, Vec<Option<EvalResult>>)> = Vec::new();
-        let mut waiting = 0;
-        for (i, (chunk, tx)) in chunks.into_iter().zip(&self.jobs).enumerate() {
-            let job = EvalJob {
-                rules: rules.clone(),
-                items: chunk,
-                now,
-                share: i + 1,
-            };
-            match tx.send(job) {
-                Ok(()) => waiting += 1,
-                // A worker that died: its share is evaluated here.
-                Err(std::sync::mpsc::SendError(job)) => {
-                    got.push((job.share, eval_share(rules, &job.items, now)));
-                }
-            }
-        }
-        got.push((0, eval_share(rules, &mine, now)));
-        for _ in 0..waiting {
-            match self.done.recv() {
-                Ok(r) => got.push(r),
-                Err(_) => break,
-            }
-        }
-        got.sort_by_key(|(share, _)| *share);
-        got.into_iter().flat_map(|(_, r)| r).collect()
     }
 }
 

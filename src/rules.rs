@@ -243,14 +243,20 @@ pub struct RuleSet {
     param_keys: BTreeMap<String, BTreeSet<String>>,
 }
 
-/// When the evaluation running on a thread must stop.
+/// The time budget of the evaluation running on a thread.
+///
+/// An evaluation is stopped once it has run for its budget in wall time **and** has used a
+/// further tenth of the budget (at least 1 ms) of CPU time since then, or once it has run
+/// [`WALL_CAP_FACTOR`] × the budget in wall time. A CPU-bound rule is thus stopped at about
+/// 1.1 × its budget, while a healthy rule that a busy machine preempted for a while finishes (it
+/// needs microseconds of CPU once it runs again). No clock but the cheap monotonic one is read
+/// until the budget has passed in wall time.
 #[derive(Debug, Clone, Copy)]
 struct Deadline {
-    /// The budget, in the evaluating thread's CPU time (ns): the time the rule itself spends,
-    /// so a busy machine that preempts the thread does not fail a healthy rule.
-    cpu_ns: u64,
-    /// A hard wall-clock cap ([`WALL_CAP_FACTOR`] × the budget).
-    wall: std::time::Instant,
+    start: std::time::Instant,
+    budget: std::time::Duration,
+    /// The thread's CPU clock (ns) when the wall-clock budget was first seen spent.
+    cpu_at_budget: Option<u64>,
 }
 
 /// The wall-clock cap of an evaluation, as a multiple of its budget.
@@ -266,21 +272,41 @@ const OVER_BUDGET: &str = "gpuwatch: time budget exceeded";
 /// Runs `f` with a time budget of `budget_ms` from now on this thread.
 fn with_deadline<T>(budget_ms: i64, f: impl FnOnce() -> T) -> T {
     let budget = std::time::Duration::from_millis(budget_ms.max(1).unsigned_abs());
-    let cpu_ns = crate::sys::thread_cpu_ns()
-        .saturating_add(u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX));
-    let wall = std::time::Instant::now() + budget * WALL_CAP_FACTOR;
-    DEADLINE.with(|d| d.set(Some(Deadline { cpu_ns, wall })));
+    DEADLINE.with(|d| {
+        d.set(Some(Deadline {
+            start: std::time::Instant::now(),
+            budget,
+            cpu_at_budget: None,
+        }));
+    });
     let out = f();
     DEADLINE.with(|d| d.set(None));
     out
 }
 
-/// True when the evaluation running on this thread is past its deadline.
+/// True when the evaluation running on this thread has spent its budget (see [`Deadline`]).
 fn past_deadline() -> bool {
-    DEADLINE.with(|d| {
-        d.get().is_some_and(|d| {
-            crate::sys::thread_cpu_ns() >= d.cpu_ns || std::time::Instant::now() >= d.wall
-        })
+    DEADLINE.with(|cell| {
+        let Some(mut d) = cell.get() else {
+            return false;
+        };
+        let wall = d.start.elapsed();
+        if wall < d.budget {
+            return false;
+        }
+        if wall >= d.budget * WALL_CAP_FACTOR {
+            return true;
+        }
+        let cpu = crate::sys::thread_cpu_ns();
+        let Some(at) = d.cpu_at_budget else {
+            d.cpu_at_budget = Some(cpu);
+            cell.set(Some(d));
+            return false;
+        };
+        let grace = u64::try_from((d.budget / 10).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1_000_000);
+        cpu.saturating_sub(at) >= grace
     })
 }
 

@@ -177,12 +177,6 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
         sample_interval_ms: None,
     };
     let mut engine = Engine::new(rules, opts);
-    // Virtual time: evaluate GPU rules on every core (same events, same order).
-    engine.set_threads(
-        std::thread::available_parallelism()
-            .map_or(1, std::num::NonZeroUsize::get)
-            .min(8),
-    );
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut transitions = 0u64;
     let mut write_err: Option<std::io::Error> = None;

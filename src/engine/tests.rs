@@ -490,32 +490,3 @@ fn xid_alert_keeps_firing_across_restart_and_resolves_when_its_window_expires() 
     assert!(feed(&mut e, 400..gone_s, |t| one_gpu(t, None, None)).is_empty());
     assert!(e.state().gpus.is_empty(), "the XID left the retention");
 }
-
-/// Evaluating GPU rules on a pool gives the same events, in the same order, as one thread.
-#[test]
-fn threads_change_nothing_but_speed() {
-    let dir = tempfile::tempdir().unwrap();
-    const WARM: &str = r#"rule(#{ name: "warm", severity: "info", check: |gpu| {
-        let t = gpu.temp.mean("5s");
-        if t > 60 { #{ summary: `warm ${t}`, severity: if t > 85 { "critical" } else { "info" } } }
-    } });"#;
-    let set = rules(dir.path(), &[("hot.rhai", HOT), ("warm.rhai", WARM)]);
-    let events = |threads: usize| {
-        let mut e = Engine::new(set.clone(), EngineOptions::default());
-        e.set_threads(threads);
-        let mut out = Vec::new();
-        for t in 0..120 {
-            let temps: Vec<f64> = (0..8)
-                .map(|g| 40.0 + f64::from(g) * 7.0 + if t % 40 < 20 { 10.0 } else { 0.0 })
-                .collect();
-            for ev in e.observe(&snap(t, &temps)) {
-                out.push((ev.at_ms, ev.name.clone(), ev.gpu, ev.status, ev.severity));
-            }
-        }
-        out
-    };
-    let one = events(1);
-    assert!(one.len() > 10, "{one:?}");
-    assert_eq!(events(2), one);
-    assert_eq!(events(3), one);
-}
