@@ -24,8 +24,8 @@ use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 use toml::Spanned;
 
-use crate::values::IntervalSetting;
 pub use crate::values::{line_col, parse_duration_ms};
+use crate::values::{IntervalSetting, Problem};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default)]
@@ -260,32 +260,6 @@ impl Locator<'_> {
     }
 }
 
-/// Offset of the value at dotted `key` (`actions.exec.0.command`) in `root`, or of the longest
-/// prefix of it that exists (a key left at its default points at its section).
-fn offset_of(root: &Spanned<DeTable<'_>>, key: &str) -> usize {
-    let mut offset = 0;
-    let mut table: Option<&DeTable<'_>> = Some(root.get_ref());
-    let mut value: Option<&Spanned<DeValue<'_>>> = None;
-    for part in key.split('.') {
-        let next = match (table, value.map(Spanned::get_ref)) {
-            (Some(t), _) => t
-                .iter()
-                .find(|(k, _)| k.get_ref().as_ref() == part)
-                .map(|(_, v)| v),
-            (None, Some(DeValue::Array(a))) => part.parse::<usize>().ok().and_then(|i| a.get(i)),
-            _ => None,
-        };
-        let Some(v) = next else { break };
-        offset = v.span().start;
-        value = Some(v);
-        table = match v.get_ref() {
-            DeValue::Table(t) => Some(t),
-            _ => None,
-        };
-    }
-    offset
-}
-
 /// Deserializes one value of the document into `T`; errors keep their place in the file.
 fn section<T: DeserializeOwned>(
     v: &Spanned<DeValue<'_>>,
@@ -351,16 +325,18 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
             errors.push(e);
         }
     }
+    let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let problems = config
         .rules
         .validate()
         .into_iter()
         .chain(config.actions.validate())
-        .chain(config.job.validate());
+        .chain(config.job.validate())
+        .chain(missing_rule_paths(&root, &config, &base_dir));
     for p in problems {
-        errors.push(loc.at(offset_of(&root, &p.key), p.message));
+        errors.push(loc.at(crate::values::key_offset(&root, &p.key), p.message));
     }
-    config.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    config.base_dir = base_dir;
     config.path = path.to_path_buf();
     config.text = text.to_string();
     if errors.is_empty() {
@@ -370,6 +346,49 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
         errors.dedup();
         Err(ConfigErrors(errors))
     }
+}
+
+/// Rule paths the file names (`[daemon] rules`, `[rules] dirs`) must exist: a typo would
+/// otherwise silently fall back to other rules. (Left at its default, `rules/` next to the file
+/// is only tried.)
+fn missing_rule_paths(
+    root: &Spanned<DeTable<'_>>,
+    config: &Config,
+    base_dir: &Path,
+) -> Vec<Problem> {
+    let given = |section: &str, key: &str| {
+        root.get_ref()
+            .iter()
+            .find(|(k, _)| k.get_ref().as_ref() == section)
+            .and_then(|(_, v)| match v.get_ref() {
+                DeValue::Table(t) => Some(t.iter().any(|(k, _)| k.get_ref().as_ref() == key)),
+                _ => None,
+            })
+            .unwrap_or(false)
+    };
+    let mut out = Vec::new();
+    for (section, key, paths) in [
+        ("daemon", "rules", &config.daemon.rules),
+        ("rules", "dirs", &config.rules.dirs),
+    ] {
+        if !given(section, key) {
+            continue;
+        }
+        for (i, p) in paths.iter().enumerate() {
+            let full = if p.is_absolute() {
+                p.clone()
+            } else {
+                base_dir.join(p)
+            };
+            if !full.exists() {
+                out.push(Problem::at(
+                    format!("{section}.{key}.{i}"),
+                    format!("no such rule file or directory: {}", full.display()),
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Reads and parses a config file.
@@ -430,6 +449,8 @@ pub struct Setup {
     pub from_file: bool,
     /// The rule paths in use.
     pub rule_paths: Vec<PathBuf>,
+    /// The rule files' modification times, taken just before they were loaded.
+    pub rules_signature: crate::rules::FilesSignature,
     /// The loaded rules.
     pub rules: crate::rules::RuleSet,
     /// Notification settings.
@@ -500,6 +521,7 @@ impl Setup {
             // No config and no stock rules found: run with none rather than fail.
             rule_paths.retain(|p| p.exists());
         }
+        let rules_signature = crate::rules::files_signature(&rule_paths);
         let set = match crate::rules::RuleSet::load(&rule_paths, &config.rules) {
             Ok(set) => Some(set),
             Err(es) => {
@@ -519,6 +541,7 @@ impl Setup {
                 config,
                 from_file,
                 rule_paths,
+                rules_signature,
                 rules,
                 notify,
             }),

@@ -200,40 +200,16 @@ fn read_events(source: &Path, tx: &mpsc::Sender<Control>) {
     let _ = tx.send(Control::EndOfInput);
 }
 
-/// Files under the rule paths with their modification times (to notice edits).
-fn rule_files_signature(paths: &[PathBuf]) -> Vec<(PathBuf, Option<std::time::SystemTime>)> {
-    let mut out = Vec::new();
-    for p in paths {
-        if p.is_dir() {
-            if let Ok(rd) = std::fs::read_dir(p) {
-                let mut files: Vec<PathBuf> = rd
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|f| f.extension().is_some_and(|x| x == "rhai"))
-                    .collect();
-                files.sort();
-                for f in files {
-                    let m = std::fs::metadata(&f).and_then(|m| m.modified()).ok();
-                    out.push((f, m));
-                }
-            }
-        } else {
-            let m = std::fs::metadata(p).and_then(|m| m.modified()).ok();
-            out.push((p.clone(), m));
-        }
-    }
-    out
-}
-
 /// The rule paths the daemon watches for edits, with their files' modification times.
 struct Rules {
     paths: Vec<PathBuf>,
-    signature: Vec<(PathBuf, Option<std::time::SystemTime>)>,
+    signature: crate::rules::FilesSignature,
 }
 
 impl Rules {
-    fn new(paths: Vec<PathBuf>) -> Rules {
-        let signature = rule_files_signature(&paths);
+    /// The rules of `setup`, with the signature taken before they were loaded (an edit made
+    /// while loading is seen at the next check).
+    fn new(paths: Vec<PathBuf>, signature: crate::rules::FilesSignature) -> Rules {
         Rules { paths, signature }
     }
 }
@@ -266,6 +242,9 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         }
     };
     let config = &setup.config;
+    if setup.rules.is_empty() {
+        warn!(paths = ?setup.rule_paths, "no rules loaded: gpuwatch only samples; nothing will alert");
+    }
     let interval = config.interval();
     let dir = config.state_dir();
     let hostname = config.hostname();
@@ -282,7 +261,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         }
     };
     // Kill and exec actions of firing rules (`action: "kill"` goes through [actions.kill]).
-    let mut pipeline = Pipeline::new(engine, config.action_runner(&hostname));
+    let pipeline = Pipeline::new(engine, config.action_runner(&hostname));
     let sampler = match crate::sampler::Sampler::open(sampler_cfg) {
         Ok(s) => s,
         Err(e) => {
@@ -306,8 +285,8 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         devices: devices.clone(),
         processes: None,
     });
-    let mut rules = Rules::new(setup.rule_paths);
-    let mut rules_config = config.rules.clone();
+    let rules = Rules::new(setup.rule_paths, setup.rules_signature);
+    let rules_config = config.rules.clone();
 
     let (tx, rx) = mpsc::channel::<Control>();
     spawn_signal_thread(tx.clone())?;
@@ -316,53 +295,27 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         tx.send(Control::Snapshot(Box::new(snap))).is_ok()
     });
 
-    let mut last_devices = devices;
-    let mut last_save = Instant::now();
-    let mut last_rule_check = Instant::now();
-    let mut last_snapshot = Instant::now();
+    let mut live = Live {
+        pipeline,
+        dispatcher,
+        dir,
+        config_path,
+        rules,
+        rules_config,
+        interval,
+        last_devices: devices,
+        last_save: Instant::now(),
+        last_rule_check: Instant::now(),
+        last_snapshot: Instant::now(),
+    };
     loop {
-        let msg = rx.recv_timeout(interval);
-        match msg {
-            Ok(Control::Snapshot(snap)) => {
-                last_snapshot = Instant::now();
-                let devices: Vec<DeviceId> = snap.gpus.iter().map(|g| g.id.clone()).collect();
-                if devices != last_devices || snap.processes.is_some() {
-                    dispatcher.send(Input::Context {
-                        devices: devices.clone(),
-                        processes: snap.processes.clone(),
-                    });
-                    last_devices = devices;
-                }
-                let events = pipeline.observe(&snap);
-                dispatcher.send(Input::Healthy(snap.time_ms));
-                if publish(&dispatcher, events) {
-                    save_engine(&dir, pipeline.engine());
-                    last_save = Instant::now();
-                }
-            }
+        match rx.recv_timeout(interval) {
+            Ok(Control::Snapshot(snap)) => live.snapshot(&snap),
             Ok(Control::Stop(why)) => {
                 info!("{why}: stopping");
                 break;
             }
-            Ok(Control::Reload) => {
-                info!("SIGHUP: reloading configuration and rules");
-                match Setup::load(config_path, &[]) {
-                    Ok(new) => {
-                        dispatcher.send(Input::Reload(Box::new(new.notify)));
-                        let events = pipeline.engine_mut().reload(new.rules);
-                        info!(rules = pipeline.engine().rule_count(), "rules reloaded");
-                        publish(&dispatcher, events);
-                        rules = Rules::new(new.rule_paths);
-                        rules_config = new.config.rules;
-                    }
-                    Err(errors) => {
-                        for e in &errors.0 {
-                            error!("{e}");
-                        }
-                        error!("reload failed, keeping the running configuration");
-                    }
-                }
-            }
+            Ok(Control::Reload) => live.reload(),
             Ok(Control::Events(_) | Control::EndOfInput | Control::Context(..)) => {}
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -370,39 +323,110 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
                 break;
             }
         }
-        if last_snapshot.elapsed() >= interval {
-            let events = pipeline.advance(now_ms());
-            if publish(&dispatcher, events) {
-                save_engine(&dir, pipeline.engine());
-                last_save = Instant::now();
-            }
-        }
-        if last_rule_check.elapsed() >= Duration::from_secs(2) {
-            last_rule_check = Instant::now();
-            let sig = rule_files_signature(&rules.paths);
-            if sig != rules.signature {
-                info!("rule files changed: reloading");
-                rules.signature = sig;
-                reload_rules(
-                    pipeline.engine_mut(),
-                    &rules.paths,
-                    &rules_config,
-                    &dispatcher,
-                );
-            }
-        }
-        if last_save.elapsed() >= Duration::from_secs(30) {
-            save_engine(&dir, pipeline.engine());
-            last_save = Instant::now();
-        }
+        live.housekeeping();
     }
     // A sampler stuck in a slow NVML call must not hold up the stop.
     sampler.stop(Duration::from_secs(2));
-    save_engine(&dir, pipeline.engine());
-    pipeline.finish();
-    dispatcher.stop();
+    save_engine(&live.dir, live.pipeline.engine());
+    live.pipeline.finish();
+    live.dispatcher.stop();
     info!("gpuwatch daemon stopped");
     Ok(0)
+}
+
+/// The running daemon between two messages of its loop.
+struct Live<'a> {
+    pipeline: Pipeline,
+    dispatcher: Dispatcher,
+    dir: PathBuf,
+    config_path: Option<&'a Path>,
+    rules: Rules,
+    rules_config: crate::rules::RulesConfig,
+    interval: Duration,
+    last_devices: Vec<DeviceId>,
+    last_save: Instant,
+    last_rule_check: Instant,
+    last_snapshot: Instant,
+}
+
+impl Live<'_> {
+    /// A snapshot: message context for the dispatcher, then the pipeline's events.
+    fn snapshot(&mut self, snap: &Snapshot) {
+        self.last_snapshot = Instant::now();
+        let devices: Vec<DeviceId> = snap.gpus.iter().map(|g| g.id.clone()).collect();
+        if devices != self.last_devices || snap.processes.is_some() {
+            self.dispatcher.send(Input::Context {
+                devices: devices.clone(),
+                processes: snap.processes.clone(),
+            });
+            self.last_devices = devices;
+        }
+        let events = self.pipeline.observe(snap);
+        self.dispatcher.send(Input::Healthy(snap.time_ms));
+        self.publish_and_save(events);
+    }
+
+    /// SIGHUP: the whole setup is loaded and checked again; on any problem the running one stays.
+    fn reload(&mut self) {
+        info!("SIGHUP: reloading configuration and rules");
+        match Setup::load(self.config_path, &[]) {
+            Ok(new) => {
+                self.dispatcher.send(Input::Reload(Box::new(new.notify)));
+                if new.rules.is_empty() {
+                    warn!(paths = ?new.rule_paths, "the reloaded configuration has no rules: nothing will alert");
+                }
+                let events = self.pipeline.engine_mut().reload(new.rules);
+                info!(
+                    rules = self.pipeline.engine().rule_count(),
+                    "rules reloaded"
+                );
+                publish(&self.dispatcher, events);
+                self.rules = Rules::new(new.rule_paths, new.rules_signature);
+                self.rules_config = new.config.rules;
+            }
+            Err(errors) => {
+                for e in &errors.0 {
+                    error!("{e}");
+                }
+                error!("reload failed, keeping the running configuration");
+            }
+        }
+    }
+
+    /// Host rules when no snapshot came for an interval, rule-file edits, periodic state saves.
+    fn housekeeping(&mut self) {
+        if self.last_snapshot.elapsed() >= self.interval {
+            let events = self.pipeline.advance(now_ms());
+            self.publish_and_save(events);
+        }
+        if self.last_rule_check.elapsed() >= Duration::from_secs(2) {
+            self.last_rule_check = Instant::now();
+            let sig = crate::rules::files_signature(&self.rules.paths);
+            if sig != self.rules.signature {
+                info!("rule files changed: reloading");
+                self.rules.signature = sig;
+                let engine = self.pipeline.engine_mut();
+                reload_rules(
+                    engine,
+                    &self.rules.paths,
+                    &self.rules_config,
+                    &self.dispatcher,
+                );
+            }
+        }
+        if self.last_save.elapsed() >= Duration::from_secs(30) {
+            save_engine(&self.dir, self.pipeline.engine());
+            self.last_save = Instant::now();
+        }
+    }
+
+    /// Publishes `events`; the alert state is saved after every announcement.
+    fn publish_and_save(&mut self, events: Vec<AlertEvent>) {
+        if publish(&self.dispatcher, events) {
+            save_engine(&self.dir, self.pipeline.engine());
+            self.last_save = Instant::now();
+        }
+    }
 }
 
 /// Logs `events` and hands them to the dispatcher; true when there were any.
@@ -427,7 +451,18 @@ fn reload_rules(
     config: &crate::rules::RulesConfig,
     dispatcher: &Dispatcher,
 ) {
-    match engine.reload_from(paths, config) {
+    let set = match crate::rules::RuleSet::load(paths, config) {
+        Ok(set) if set.is_empty() && engine.rule_count() > 0 => {
+            error!(
+                "the rule files are gone: keeping the {} running rules (SIGHUP with a config that \
+                 names no rules to run without any)",
+                engine.rule_count()
+            );
+            return;
+        }
+        other => other,
+    };
+    match set.map(|set| engine.reload(set)) {
         Ok(events) => {
             info!(rules = engine.rule_count(), "rules reloaded");
             if !events.is_empty() {

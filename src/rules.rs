@@ -994,6 +994,34 @@ fn interpret(
     ))
 }
 
+/// The rule files under some paths with their modification times, to notice edits.
+pub type FilesSignature = Vec<(PathBuf, Option<std::time::SystemTime>)>;
+
+/// The [`FilesSignature`] of `paths` now.
+pub fn files_signature(paths: &[PathBuf]) -> FilesSignature {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(p) {
+                let mut files: Vec<PathBuf> = rd
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|f| f.extension().is_some_and(|x| x == "rhai"))
+                    .collect();
+                files.sort();
+                for f in files {
+                    let m = std::fs::metadata(&f).and_then(|m| m.modified()).ok();
+                    out.push((f, m));
+                }
+            }
+        } else {
+            let m = std::fs::metadata(p).and_then(|m| m.modified()).ok();
+            out.push((p.clone(), m));
+        }
+    }
+    out
+}
+
 /// The stock `rules/` directory next to the executable's source tree, if findable.
 pub fn shipped_rules_dir() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;

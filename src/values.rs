@@ -110,6 +110,40 @@ impl Problem {
     }
 }
 
+/// Byte offset, in the TOML document `root` was parsed from, of the value at the dotted `key`
+/// (`actions.exec.0.command`; array elements by index), or of the longest prefix of the path
+/// that exists (a key left at its default points at its section; 0 when even that is absent).
+pub fn key_offset(root: &toml::Spanned<toml::de::DeTable<'_>>, key: &str) -> usize {
+    use toml::de::DeValue;
+    let mut offset = 0;
+    let mut table: Option<&toml::de::DeTable<'_>> = Some(root.get_ref());
+    let mut value: Option<&toml::Spanned<DeValue<'_>>> = None;
+    for part in key.split('.') {
+        let next = match (table, value.map(toml::Spanned::get_ref)) {
+            (Some(t), _) => t
+                .iter()
+                .find(|(k, _)| k.get_ref().as_ref() == part)
+                .map(|(_, v)| v),
+            (None, Some(DeValue::Array(a))) => part.parse::<usize>().ok().and_then(|i| a.get(i)),
+            _ => None,
+        };
+        let Some(v) = next else { break };
+        offset = v.span().start;
+        value = Some(v);
+        table = match v.get_ref() {
+            DeValue::Table(t) => Some(t),
+            _ => None,
+        };
+    }
+    offset
+}
+
+/// `(line, column)` of the value at dotted `key` in the TOML `text` (see [`key_offset`]).
+pub fn key_line_col(text: &str, key: &str) -> (usize, usize) {
+    let offset = toml::de::DeTable::parse(text).map_or(0, |root| key_offset(&root, key));
+    line_col(text, offset)
+}
+
 /// A sampling interval: a duration from [`MIN_INTERVAL_MS`] to [`MAX_INTERVAL_MS`], checked while
 /// the file is parsed (so the error points at the value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

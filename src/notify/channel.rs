@@ -281,11 +281,14 @@ impl UrlSection {
     }
 }
 
-/// Checks that `url` parses (the message never contains it).
+/// Checks that `url` parses and is `http` or `https` (the message never contains it: it may
+/// carry a token). `ftp://`, `file://` and the like are refused.
 pub fn check_url(url: &str) -> Result<(), SectionError> {
-    reqwest::Url::parse(url)
-        .map(drop)
-        .map_err(|e| format!("`url` is not a valid URL ({e})").into())
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("`url` is not a valid URL ({e})"))?;
+    match parsed.scheme() {
+        "http" | "https" => Ok(()),
+        other => Err(format!("`url` must be http:// or https://, not {other}://").into()),
+    }
 }
 
 /// A secret resolved from a URL section, trimmed of a trailing `/` (a base URL).

@@ -439,7 +439,14 @@ impl Grouper {
         while log.front().is_some_and(|t| *t <= now_ms - per) {
             log.pop_front();
         }
-        if log.len() < max as usize && !self.state.rate_held.contains_key(&n.channel) {
+        // A critical alert bypasses the rate limit as it bypasses quiet hours: a storm of
+        // warnings must never hold back a lost GPU. It still counts against the limit.
+        let critical = n
+            .alerts
+            .iter()
+            .any(|a| a.severity == Severity::Critical && a.status == AlertStatus::Firing);
+        if critical || (log.len() < max as usize && !self.state.rate_held.contains_key(&n.channel))
+        {
             log.push_back(now_ms);
             out.push(n);
         } else {
@@ -732,6 +739,36 @@ mod tests {
         assert!(g.tick(5 * MIN).is_empty());
         let out = g.tick(10 * MIN);
         assert_eq!(summary(&out), vec!["ops:Digest:S-2,S-3,S-4,S-5"]);
+    }
+
+    /// Issue 11: a storm that fills the rate limit must not hold back a critical alert.
+    #[test]
+    fn critical_bypasses_the_rate_limit_and_the_storm_stays_collapsed() {
+        let mut g = grouper(
+            "[notify]\ngroup_wait = \"0s\"\nrate_limit = { max = 30, per = \"1h\" }\n[[route]]\nchannels = [\"ops\"]\ngroup_by = [\"...\"]\n",
+        );
+        let storm: Vec<_> = (0..40)
+            .map(|i| ev("S", i, Severity::Warning, AlertStatus::Firing, 0))
+            .collect();
+        g.ingest(0, &storm);
+        assert_eq!(g.tick(0).len(), 30, "the limit lets 30 through");
+        g.ingest(
+            1000,
+            &[ev(
+                "gpu_lost",
+                3,
+                Severity::Critical,
+                AlertStatus::Firing,
+                1000,
+            )],
+        );
+        let out = g.tick(1000);
+        assert_eq!(summary(&out), vec!["ops:Update:gpu_lost-3"]);
+        // The ten held warnings still come as one digest when the window has room.
+        let out = g.tick(3_600_000 + 1000);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].reason, Reason::Digest);
+        assert_eq!(out[0].alerts.len(), 10);
     }
 
     #[test]

@@ -442,11 +442,21 @@ impl NotifySettings {
         let mut errors = Vec::new();
         let ctx = Ctx { config: *config };
         let n = config.notify;
+        // Every duration but group_wait must be positive: a zero retry or timeout would hammer a
+        // failing receiver (issue 11).
         let mut dur = |what: &str, s: &str| -> i64 {
-            parse_duration_ms(s).unwrap_or_else(|e| {
-                errors.push(format!("{}: [notify] {what}: {e}", ctx.file()));
-                0
-            })
+            let at = ctx.key(&format!("notify.{what}"));
+            match parse_duration_ms(s) {
+                Ok(0) if what != "group_wait" => {
+                    errors.push(format!("{at}: [notify] {what} must be longer than 0s"));
+                    1
+                }
+                Ok(ms) => ms,
+                Err(e) => {
+                    errors.push(format!("{at}: [notify] {what}: {e}"));
+                    0
+                }
+            }
         };
         let group_wait_ms = dur("group_wait", &n.group_wait);
         let group_interval_ms = dur("group_interval", &n.group_interval).max(1);
@@ -465,7 +475,10 @@ impl NotifySettings {
             Some(q) => match parse_quiet_hours(q) {
                 Ok(q) => Some(q),
                 Err(e) => {
-                    errors.push(format!("{}: [notify.quiet_hours] {e}", ctx.file()));
+                    errors.push(format!(
+                        "{}: [notify.quiet_hours] {e}",
+                        ctx.key("notify.quiet_hours")
+                    ));
                     None
                 }
             },
@@ -625,6 +638,12 @@ impl Ctx<'_> {
 
     fn at(&self, offset: usize) -> String {
         let (line, col) = line_col(self.config.text, offset);
+        format!("{}:{line}:{col}", self.file())
+    }
+
+    /// `file:line:column` of the value at dotted `key`.
+    fn key(&self, key: &str) -> String {
+        let (line, col) = crate::values::key_line_col(self.config.text, key);
         format!("{}:{line}:{col}", self.file())
     }
 }
@@ -850,6 +869,32 @@ repeat_interval = "4h"
         )
         .unwrap();
         assert!(!format!("{s:?}").contains("supersecret"));
+    }
+
+    /// Issue 11: zero retry/timeout durations are errors at their position, not 1 ms; only
+    /// http(s) URLs are accepted.
+    #[test]
+    fn zero_durations_and_non_http_urls_are_errors() {
+        let err =
+            settings("[notify]\nretry_initial = \"0s\"\nretry_max = \"0s\"\ntimeout = \"0s\"\n")
+                .unwrap_err()
+                .to_string();
+        for (line, key) in [(2, "retry_initial"), (3, "retry_max"), (4, "timeout")] {
+            assert!(
+                err.contains(&format!(":{line}:"))
+                    && err.contains(&format!("{key} must be longer than 0s")),
+                "{key}: {err}"
+            );
+        }
+        assert!(settings("[notify]\ngroup_wait = \"0s\"\n").is_ok());
+        for url in ["ftp://example.org/hook", "file:///etc/passwd"] {
+            let err = settings(&format!(
+                "[[channel]]\nname = \"x\"\ntype = \"webhook\"\nurl = \"{url}\"\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("must be http:// or https://"), "{url}: {err}");
+        }
     }
 
     #[test]

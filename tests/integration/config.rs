@@ -53,6 +53,12 @@ const BROKEN: &[(&str, &str, &str, &str)] = &[
         "duplicate exec name",
     ),
     (
+        "a rule directory that does not exist",
+        "[rules]\ndirs = [\"no-such-rules\"]\n",
+        "2:9",
+        "no such rule file or directory",
+    ),
+    (
         "a rule budget out of range",
         "[rules]\nbudget = \"1m\"\n",
         "2:10",
