@@ -24,8 +24,8 @@ use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 use toml::Spanned;
 
+use crate::values::IntervalSetting;
 pub use crate::values::{line_col, parse_duration_ms};
-use crate::values::{IntervalSetting, Problem};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default)]
@@ -331,8 +331,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
         .validate()
         .into_iter()
         .chain(config.actions.validate())
-        .chain(config.job.validate())
-        .chain(missing_rule_paths(&root, &config, &base_dir));
+        .chain(config.job.validate());
     for p in problems {
         errors.push(loc.at(crate::values::key_offset(&root, &p.key), p.message));
     }
@@ -350,12 +349,16 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
 
 /// Rule paths the file names (`[daemon] rules`, `[rules] dirs`) must exist: a typo would
 /// otherwise silently fall back to other rules. (Left at its default, `rules/` next to the file
-/// is only tried.)
-fn missing_rule_paths(
-    root: &Spanned<DeTable<'_>>,
-    config: &Config,
-    base_dir: &Path,
-) -> Vec<Problem> {
+/// is only tried.) Checked by [`Setup::load`], where the rules are needed.
+fn missing_rule_paths(config: &Config) -> Vec<ConfigError> {
+    let Ok(root) = DeTable::parse(&config.text) else {
+        return Vec::new();
+    };
+    let loc = Locator {
+        path: &config.path,
+        text: &config.text,
+    };
+    let base_dir = &config.base_dir;
     let given = |section: &str, key: &str| {
         root.get_ref()
             .iter()
@@ -381,8 +384,8 @@ fn missing_rule_paths(
                 base_dir.join(p)
             };
             if !full.exists() {
-                out.push(Problem::at(
-                    format!("{section}.{key}.{i}"),
+                out.push(loc.at(
+                    crate::values::key_offset(&root, &format!("{section}.{key}.{i}")),
                     format!("no such rule file or directory: {}", full.display()),
                 ));
             }
@@ -516,6 +519,9 @@ impl Setup {
                 None
             }
         };
+        if from_file && rules.is_empty() {
+            errors.extend(missing_rule_paths(&config).iter().map(ToString::to_string));
+        }
         let mut rule_paths = rule_paths(rules, from_file.then_some(&config));
         if !from_file && rules.is_empty() {
             // No config and no stock rules found: run with none rather than fail.

@@ -247,6 +247,96 @@ pub fn without_values(message: &str) -> String {
     }
 }
 
+/// What a channel that POSTs one JSON body to one secret `url` says: its `type`, its body, and
+/// how its service answers. [`JsonHook`] is the whole channel; a file supplies only this.
+pub trait HookBody: fmt::Debug + Send + Sync + 'static {
+    /// The `type = "…"` value.
+    const TYPE: &'static str;
+
+    /// The JSON body for `n`.
+    fn body(n: &Notification) -> serde_json::Value;
+
+    /// Whether the response means delivered. Default: [`judge_status`].
+    fn judge(response: &Response) -> Result<(), SendError> {
+        judge_status(response).map(drop)
+    }
+}
+
+/// A channel configured by `url` alone that POSTs `B`'s JSON body there.
+#[derive(Debug)]
+pub struct JsonHook<B> {
+    url: Secret,
+    body: std::marker::PhantomData<B>,
+}
+
+impl<B: HookBody> ChannelType for JsonHook<B> {
+    const TYPE: &'static str = B::TYPE;
+
+    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
+        let c: UrlSection = section.deserialize()?;
+        Ok(JsonHook {
+            url: c.required(section)?,
+            body: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<B: HookBody> Channel for JsonHook<B> {
+    fn secrets(&self) -> Vec<&Secret> {
+        vec![&self.url]
+    }
+
+    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
+        Ok(vec![Request::Http(HttpRequest::post_json(
+            self.url.clone(),
+            &n.id,
+            &B::body(n),
+        ))])
+    }
+
+    fn judge(&self, response: &Response) -> Result<(), SendError> {
+        B::judge(response)
+    }
+}
+
+/// The keys of a bot that takes a secret `url` and an optional signing `secret` (Feishu,
+/// DingTalk), each also as `*_env` / `*_file`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignedUrlSection {
+    /// The endpoint.
+    pub url: Option<String>,
+    /// The endpoint from an environment variable.
+    pub url_env: Option<String>,
+    /// The endpoint from a file.
+    pub url_file: Option<PathBuf>,
+    /// The signing secret.
+    pub secret: Option<String>,
+    /// The signing secret from an environment variable.
+    pub secret_env: Option<String>,
+    /// The signing secret from a file.
+    pub secret_file: Option<PathBuf>,
+}
+
+impl SignedUrlSection {
+    /// The resolved URL (required) and signing secret (optional).
+    pub fn resolve(self, section: &Section<'_>) -> Result<(Secret, Option<Secret>), SectionError> {
+        let url = UrlSection {
+            url: self.url,
+            url_env: self.url_env,
+            url_file: self.url_file,
+        }
+        .required(section)?;
+        let secret = section.secret(
+            "secret",
+            self.secret.as_deref(),
+            self.secret_env.as_deref(),
+            self.secret_file.as_deref(),
+        )?;
+        Ok((url, secret))
+    }
+}
+
 /// The `url` / `url_env` / `url_file` keys of channels that only need a URL.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,14 +5,12 @@
 //! tags and the host name).
 
 use base64::Engine as _;
-use std::path::PathBuf;
 
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::channel::{
     body_error, json_code, judge_status, Channel, ChannelType, HttpRequest, RenderEnv, Request,
-    Response, Section, SectionError, UrlSection,
+    Response, Section, SectionError, SignedUrlSection,
 };
 use super::render::text;
 use super::secret::Secret;
@@ -45,19 +43,6 @@ pub fn signed_url(url: &str, secret: &str, now_ms: i64) -> Result<String, String
     Ok(u.to_string())
 }
 
-/// `[[channel]] type = "dingtalk"` keys.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DingtalkSection {
-    url: Option<String>,
-    url_env: Option<String>,
-    url_file: Option<PathBuf>,
-    /// Signing secret (optional).
-    secret: Option<String>,
-    secret_env: Option<String>,
-    secret_file: Option<PathBuf>,
-}
-
 /// The `dingtalk` channel: POST to a custom-robot `url`, signed on the URL with `secret`.
 #[derive(Debug)]
 pub struct Dingtalk {
@@ -69,19 +54,8 @@ impl ChannelType for Dingtalk {
     const TYPE: &'static str = "dingtalk";
 
     fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
-        let c: DingtalkSection = section.deserialize()?;
-        let url = UrlSection {
-            url: c.url,
-            url_env: c.url_env,
-            url_file: c.url_file,
-        }
-        .required(section)?;
-        let secret = section.secret(
-            "secret",
-            c.secret.as_deref(),
-            c.secret_env.as_deref(),
-            c.secret_file.as_deref(),
-        )?;
+        let c: SignedUrlSection = section.deserialize()?;
+        let (url, secret) = c.resolve(section)?;
         Ok(Dingtalk { url, secret })
     }
 }

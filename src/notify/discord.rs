@@ -6,8 +6,7 @@ use serde_json::{json, Value};
 
 use super::render::{alert_fields, summary, title, truncate_chars};
 use super::{rfc3339_ms, Notification};
-use super::channel::{Channel, ChannelType, HttpRequest, RenderEnv, Request, Section, SectionError, UrlSection};
-use super::secret::Secret;
+use super::channel::{HookBody, JsonHook};
 use crate::model::{AlertStatus, Severity};
 
 /// Embed colour for an alert.
@@ -59,33 +58,17 @@ pub fn render(n: &Notification) -> Value {
 }
 
 /// The `discord` channel: POST to a Discord webhook `url`.
-#[derive(Debug)]
-pub struct Discord {
-    url: Secret,
-}
+pub type Discord = JsonHook<DiscordBody>;
 
-impl ChannelType for Discord {
+/// The `discord` body.
+#[derive(Debug)]
+pub struct DiscordBody;
+
+impl HookBody for DiscordBody {
     const TYPE: &'static str = "discord";
 
-    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
-        let c: UrlSection = section.deserialize()?;
-        Ok(Discord {
-            url: c.required(section)?,
-        })
-    }
-}
-
-impl Channel for Discord {
-    fn secrets(&self) -> Vec<&Secret> {
-        vec![&self.url]
-    }
-
-    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
-        Ok(vec![Request::Http(HttpRequest::post_json(
-            self.url.clone(),
-            &n.id,
-            &render(n),
-        ))])
+    fn body(n: &Notification) -> Value {
+        render(n)
     }
 }
 

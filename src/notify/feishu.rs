@@ -4,14 +4,12 @@
 //! `code` must be 0.
 
 use base64::Engine as _;
-use std::path::PathBuf;
 
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::channel::{
     body_error, json_code, judge_status, Channel, ChannelType, HttpRequest, RenderEnv, Request,
-    Response, Section, SectionError, UrlSection,
+    Response, Section, SectionError, SignedUrlSection,
 };
 use super::render::text;
 use super::secret::Secret;
@@ -42,19 +40,6 @@ pub fn render_signed(n: &Notification, secret: Option<&str>, now_ms: i64) -> Val
     body
 }
 
-/// `[[channel]] type = "feishu"` keys.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FeishuSection {
-    url: Option<String>,
-    url_env: Option<String>,
-    url_file: Option<PathBuf>,
-    /// Signing secret (optional).
-    secret: Option<String>,
-    secret_env: Option<String>,
-    secret_file: Option<PathBuf>,
-}
-
 /// The `feishu` channel: POST to a Feishu / Lark custom-bot `url`, signed with `secret`.
 #[derive(Debug)]
 pub struct Feishu {
@@ -66,19 +51,8 @@ impl ChannelType for Feishu {
     const TYPE: &'static str = "feishu";
 
     fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
-        let c: FeishuSection = section.deserialize()?;
-        let url = UrlSection {
-            url: c.url,
-            url_env: c.url_env,
-            url_file: c.url_file,
-        }
-        .required(section)?;
-        let secret = section.secret(
-            "secret",
-            c.secret.as_deref(),
-            c.secret_env.as_deref(),
-            c.secret_file.as_deref(),
-        )?;
+        let c: SignedUrlSection = section.deserialize()?;
+        let (url, secret) = c.resolve(section)?;
         Ok(Feishu { url, secret })
     }
 }

@@ -4,8 +4,7 @@
 use serde_json::{json, Value};
 
 use super::{render as text, Notification};
-use super::channel::{Channel, ChannelType, HttpRequest, RenderEnv, Request, Section, SectionError, UrlSection};
-use super::secret::Secret;
+use super::channel::{HookBody, JsonHook};
 
 /// Escapes Slack's three control characters.
 fn escape(s: &str) -> String {
@@ -25,33 +24,17 @@ pub fn render(n: &Notification) -> Value {
 }
 
 /// The `slack` channel: POST to a Slack incoming-webhook `url`.
-#[derive(Debug)]
-pub struct Slack {
-    url: Secret,
-}
+pub type Slack = JsonHook<SlackBody>;
 
-impl ChannelType for Slack {
+/// The `slack` body.
+#[derive(Debug)]
+pub struct SlackBody;
+
+impl HookBody for SlackBody {
     const TYPE: &'static str = "slack";
 
-    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
-        let c: UrlSection = section.deserialize()?;
-        Ok(Slack {
-            url: c.required(section)?,
-        })
-    }
-}
-
-impl Channel for Slack {
-    fn secrets(&self) -> Vec<&Secret> {
-        vec![&self.url]
-    }
-
-    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
-        Ok(vec![Request::Http(HttpRequest::post_json(
-            self.url.clone(),
-            &n.id,
-            &render(n),
-        ))])
+    fn body(n: &Notification) -> Value {
+        render(n)
     }
 }
 

@@ -6,8 +6,7 @@ use serde_json::{json, Value};
 
 use super::render::{alert_fields, process_lines, summary, title};
 use super::Notification;
-use super::channel::{Channel, ChannelType, HttpRequest, RenderEnv, Request, Section, SectionError, UrlSection};
-use super::secret::Secret;
+use super::channel::{HookBody, JsonHook};
 use crate::model::{AlertStatus, Severity};
 
 /// The request body.
@@ -59,33 +58,17 @@ pub fn render(n: &Notification) -> Value {
 }
 
 /// The `teams` channel: POST to a Teams workflow `url`.
-#[derive(Debug)]
-pub struct Teams {
-    url: Secret,
-}
+pub type Teams = JsonHook<TeamsBody>;
 
-impl ChannelType for Teams {
+/// The `teams` body.
+#[derive(Debug)]
+pub struct TeamsBody;
+
+impl HookBody for TeamsBody {
     const TYPE: &'static str = "teams";
 
-    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
-        let c: UrlSection = section.deserialize()?;
-        Ok(Teams {
-            url: c.required(section)?,
-        })
-    }
-}
-
-impl Channel for Teams {
-    fn secrets(&self) -> Vec<&Secret> {
-        vec![&self.url]
-    }
-
-    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
-        Ok(vec![Request::Http(HttpRequest::post_json(
-            self.url.clone(),
-            &n.id,
-            &render(n),
-        ))])
+    fn body(n: &Notification) -> Value {
+        render(n)
     }
 }
 

@@ -5,8 +5,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{full_labels, rfc3339_ms, Notification, Reason};
-use super::channel::{Channel, ChannelType, HttpRequest, RenderEnv, Request, Section, SectionError, UrlSection};
-use super::secret::Secret;
+use super::channel::{HookBody, JsonHook};
 use crate::model::{AlertEvent, AlertStatus};
 
 /// `endsAt` of a firing alert in Alertmanager's webhook format.
@@ -73,33 +72,17 @@ pub fn render(n: &Notification) -> Value {
 }
 
 /// The `webhook` channel: POST the Alertmanager webhook v4 body to `url`.
-#[derive(Debug)]
-pub struct Webhook {
-    url: Secret,
-}
+pub type Webhook = JsonHook<WebhookBody>;
 
-impl ChannelType for Webhook {
+/// The `webhook` body.
+#[derive(Debug)]
+pub struct WebhookBody;
+
+impl HookBody for WebhookBody {
     const TYPE: &'static str = "webhook";
 
-    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
-        let c: UrlSection = section.deserialize()?;
-        Ok(Webhook {
-            url: c.required(section)?,
-        })
-    }
-}
-
-impl Channel for Webhook {
-    fn secrets(&self) -> Vec<&Secret> {
-        vec![&self.url]
-    }
-
-    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
-        Ok(vec![Request::Http(HttpRequest::post_json(
-            self.url.clone(),
-            &n.id,
-            &render(n),
-        ))])
+    fn body(n: &Notification) -> Value {
+        render(n)
     }
 }
 

@@ -5,11 +5,7 @@ use serde_json::{json, Value};
 
 use super::render::{text, truncate_bytes};
 use super::Notification;
-use super::channel::{
-    body_error, json_code, judge_status, Channel, ChannelType, HttpRequest, RenderEnv, Request, Response,
-    Section, SectionError, UrlSection,
-};
-use super::secret::Secret;
+use super::channel::{body_error, json_code, judge_status, HookBody, JsonHook, Response};
 use super::transport::SendError;
 use crate::model::{AlertStatus, Severity};
 
@@ -28,36 +24,20 @@ pub fn render(n: &Notification) -> Value {
 }
 
 /// The `wecom` channel: POST to a WeCom group-bot `url`.
-#[derive(Debug)]
-pub struct Wecom {
-    url: Secret,
-}
+pub type Wecom = JsonHook<WecomBody>;
 
-impl ChannelType for Wecom {
+/// The `wecom` body.
+#[derive(Debug)]
+pub struct WecomBody;
+
+impl HookBody for WecomBody {
     const TYPE: &'static str = "wecom";
 
-    fn parse(section: &mut Section<'_>) -> Result<Self, SectionError> {
-        let c: UrlSection = section.deserialize()?;
-        Ok(Wecom {
-            url: c.required(section)?,
-        })
-    }
-}
-
-impl Channel for Wecom {
-    fn secrets(&self) -> Vec<&Secret> {
-        vec![&self.url]
+    fn body(n: &Notification) -> Value {
+        render(n)
     }
 
-    fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
-        Ok(vec![Request::Http(HttpRequest::post_json(
-            self.url.clone(),
-            &n.id,
-            &render(n),
-        ))])
-    }
-
-    fn judge(&self, r: &Response) -> Result<(), SendError> {
+    fn judge(r: &Response) -> Result<(), SendError> {
         let json = judge_status(r)?;
         match json_code(json.as_ref(), &["errcode"]).filter(|c| *c != 0) {
             None => Ok(()),
@@ -96,10 +76,11 @@ mod tests {
 
     #[test]
     fn judges_the_body_code() {
-        let c = Wecom {
-            url: Secret::new("http://x"),
-        };
-        assert!(c.judge(&response(200, r#"{"errcode":45009}"#)).unwrap_err().retryable);
-        assert!(c.judge(&response(200, r#"{"errcode":0}"#)).is_ok());
+        assert!(
+            WecomBody::judge(&response(200, r#"{"errcode":45009}"#))
+                .unwrap_err()
+                .retryable
+        );
+        assert!(WecomBody::judge(&response(200, r#"{"errcode":0}"#)).is_ok());
     }
 }
