@@ -522,6 +522,18 @@ impl Setup {
         if from_file && rules.is_empty() {
             errors.extend(missing_rule_paths(&config).iter().map(ToString::to_string));
         }
+        if config_ok {
+            // The daemon keeps its alert state and outbox there: say now if it cannot.
+            if let Err(e) = crate::sys::usable_dir(&config.state_dir()) {
+                let at = if from_file {
+                    let (l, c) = crate::values::key_line_col(&config.text, "daemon.state_dir");
+                    format!("{}:{l}:{c}: ", config.path.display())
+                } else {
+                    String::new()
+                };
+                errors.push(format!("{at}[daemon] state_dir: {e}"));
+            }
+        }
         let mut rule_paths = rule_paths(rules, from_file.then_some(&config));
         if !from_file && rules.is_empty() {
             // No config and no stock rules found: run with none rather than fail.

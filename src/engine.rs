@@ -217,11 +217,14 @@ impl Engine {
         self.order = evaluation_order(&rules);
         self.rules = rules;
         let now = self.last_now_ms;
+        // Instance keys are `rule`, `rule/gpuN/pid:P` (process scope) or `rule/job:PID`, and
+        // `rule_error/rule`; rule names cannot contain `/`.
         self.book.retain_keys(now, |key| {
-            let rule = key
+            let key = key
                 .strip_prefix(RULE_ERROR)
                 .and_then(|k| k.strip_prefix('/'))
                 .unwrap_or(key);
+            let rule = key.split('/').next().unwrap_or(key);
             names.iter().any(|n| n == rule)
         })
     }

@@ -156,6 +156,55 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Whether gpuwatch can keep state in `dir`: an existing writable directory, or one that can
+/// be created (its nearest existing ancestor is a writable directory). The reason when not.
+pub fn usable_dir(dir: &Path) -> Result<(), String> {
+    let writable = |p: &Path| {
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+            return false;
+        };
+        // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+        unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+    };
+    if dir.exists() {
+        if !dir.is_dir() {
+            return Err(format!("{} is not a directory", dir.display()));
+        }
+        if !writable(dir) {
+            return Err(format!("{} is not writable", dir.display()));
+        }
+        return Ok(());
+    }
+    let mut parent = dir.parent();
+    while let Some(p) = parent {
+        let p = if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        };
+        if p.exists() {
+            if !p.is_dir() {
+                return Err(format!(
+                    "{} cannot be created: {} is not a directory",
+                    dir.display(),
+                    p.display()
+                ));
+            }
+            if !writable(p) {
+                return Err(format!(
+                    "{} cannot be created: {} is not writable",
+                    dir.display(),
+                    p.display()
+                ));
+            }
+            return Ok(());
+        }
+        parent = p.parent();
+    }
+    Ok(())
+}
+
 /// FNV-1a 64 over `bytes`, as 16 hex digits: stable across runs, builds and platforms.
 pub fn fnv1a64_hex(bytes: impl IntoIterator<Item = u8>) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -193,6 +242,18 @@ mod tests {
             x = x.wrapping_add(i * i);
         }
         assert!(x > 0 && thread_cpu_ns() >= a);
+    }
+
+    #[test]
+    fn state_dir_problems_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(usable_dir(&dir.path().join("a/b/c")).is_ok());
+        let file = dir.path().join("f");
+        std::fs::write(&file, "x").unwrap();
+        assert!(usable_dir(&file).unwrap_err().contains("not a directory"));
+        assert!(usable_dir(&file.join("state"))
+            .unwrap_err()
+            .contains("cannot be created"));
     }
 
     #[test]

@@ -490,3 +490,31 @@ fn xid_alert_keeps_firing_across_restart_and_resolves_when_its_window_expires() 
     assert!(feed(&mut e, 400..gone_s, |t| one_gpu(t, None, None)).is_empty());
     assert!(e.state().gpus.is_empty(), "the XID left the retention");
 }
+
+/// Issue 11: a reload keeps the instances of process-scope rules (they used to resolve and fire
+/// again, a notification pair on every reload or rule edit).
+#[test]
+fn reload_keeps_process_alerts() {
+    let dir = tempfile::tempdir().unwrap();
+    const BIG: &str = r#"rule(#{ name: "big", scope: "process", check: |p| p.mem > 1000.0 });"#;
+    let set = rules(dir.path(), &[("big.rhai", BIG)]);
+    let mut e = Engine::new(set.clone(), EngineOptions::default());
+    let with_proc = |t: i64| {
+        let mut s = snap(t, &[50.0]);
+        s.processes = Some(vec![crate::model::ProcSample::compute(
+            42,
+            0,
+            "GPU-0",
+            Some(1 << 30),
+        )]);
+        s
+    };
+    let fired = e.observe(&with_proc(0));
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!(fired[0].target_pid, Some(42));
+    assert!(
+        e.reload(set).is_empty(),
+        "a reload resolved a process alert"
+    );
+    assert!(e.observe(&with_proc(1)).is_empty(), "and fired it again");
+}

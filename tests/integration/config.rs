@@ -53,6 +53,12 @@ const BROKEN: &[(&str, &str, &str, &str)] = &[
         "duplicate exec name",
     ),
     (
+        "a state directory that cannot be created (its parent is a file)",
+        "[daemon]\nstate_dir = \"broken.toml/state\"\n",
+        "2:13",
+        "cannot be created",
+    ),
+    (
         "a rule directory that does not exist",
         "[rules]\ndirs = [\"no-such-rules\"]\n",
         "2:9",
