@@ -382,7 +382,7 @@ pub fn state_path(dir: &Path) -> PathBuf {
 /// `dir/alerts.json`, fsync the directory. Creates `dir` if needed.
 pub fn save_state(dir: &Path, state: &AlertStateFile) -> anyhow::Result<()> {
     use anyhow::Context;
-    std::fs::create_dir_all(dir)
+    crate::sys::create_private_dir(dir)
         .with_context(|| format!("cannot create state dir {}", dir.display()))?;
     let path = state_path(dir);
     let json = serde_json::to_vec_pretty(state)?;

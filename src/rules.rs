@@ -266,6 +266,67 @@ thread_local! {
     static DEADLINE: std::cell::Cell<Option<Deadline>> = const { std::cell::Cell::new(None) };
 }
 
+thread_local! {
+    /// The rule (or, while loading, the file) whose script runs on this thread, for its output.
+    static CURRENT_RULE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Lines of `print`/`debug` output one rule may log per [`OUTPUT_WINDOW`].
+pub const OUTPUT_LINES: u32 = 10;
+/// The window of [`OUTPUT_LINES`].
+pub const OUTPUT_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Per rule: the start of its output window, lines logged in it, lines suppressed.
+static OUTPUT: Mutex<BTreeMap<String, (std::time::Instant, u32, u64)>> =
+    Mutex::new(BTreeMap::new());
+
+/// Whether the running rule may log one more line of output; its name if so. A rule over its
+/// allowance is quiet until its window ends, then one line says how much was suppressed.
+fn rule_output_allowed() -> Option<String> {
+    let rule = CURRENT_RULE.with(|r| r.borrow().clone());
+    let rule = if rule.is_empty() {
+        "rule".to_string()
+    } else {
+        rule
+    };
+    let mut map = OUTPUT.lock().ok()?;
+    let now = std::time::Instant::now();
+    let entry = map.entry(rule.clone()).or_insert((now, 0, 0));
+    if now.duration_since(entry.0) >= OUTPUT_WINDOW {
+        if entry.2 > 0 {
+            tracing::warn!(
+                target: "gpuwatch::rules",
+                rule = %rule,
+                "{} line(s) of print/debug output suppressed (at most {OUTPUT_LINES} per {} s)",
+                entry.2,
+                OUTPUT_WINDOW.as_secs()
+            );
+        }
+        *entry = (now, 0, 0);
+    }
+    if entry.1 < OUTPUT_LINES {
+        entry.1 += 1;
+        Some(rule)
+    } else {
+        entry.2 += 1;
+        None
+    }
+}
+
+/// `s` with control characters (newlines, escape sequences) shown as `\u{..}` escapes, so
+/// output from outside cannot forge log lines or drive a terminal.
+pub fn escape_control(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
 /// The termination token the progress callback returns when the budget is spent.
 const OVER_BUDGET: &str = "gpuwatch: time budget exceeded";
 
@@ -363,9 +424,21 @@ fn new_engine(collector: Collector) -> Engine {
         }
         Some(Dynamic::from(rhai::ImmutableString::from(OVER_BUDGET)))
     });
-    engine.on_print(|s| tracing::info!(target: "gpuwatch::rules", "{s}"));
+    engine.on_print(|s| {
+        if let Some(rule) = rule_output_allowed() {
+            tracing::info!(target: "gpuwatch::rules", rule = %rule, "{}", escape_control(s));
+        }
+    });
     engine.on_debug(|s, src, pos| {
-        tracing::debug!(target: "gpuwatch::rules", "{}:{pos}: {s}", src.unwrap_or("rule"));
+        if let Some(rule) = rule_output_allowed() {
+            tracing::debug!(
+                target: "gpuwatch::rules",
+                rule = %rule,
+                "{}:{pos}: {}",
+                src.unwrap_or("rule"),
+                escape_control(s)
+            );
+        }
     });
     api::register(&mut engine);
     engine.register_fn(
@@ -697,6 +770,7 @@ impl RuleSet {
             }
             api::PARAMS.with(|p| *p.borrow_mut() = Some(params_for(config, &stem)));
             api::LOADING.with(|l| l.set(true));
+            CURRENT_RULE.with(|r| r.borrow_mut().clone_from(&file));
             let run = with_deadline(LOAD_BUDGET_MS, || {
                 engine.run_ast_with_scope(&mut scope, &ast)
             });
@@ -866,6 +940,7 @@ impl RuleSet {
         let rule_pos = Position::new(rule.line.try_into().unwrap_or(1), 1);
         api::NODATA.with(|c| c.set(false));
         api::PARAMS.with(|p| *p.borrow_mut() = Some(rule.params.clone()));
+        CURRENT_RULE.with(|r| r.borrow_mut().clone_from(&rule.spec.name));
         let result: Result<Dynamic, _> = with_deadline(self.budget_ms, || {
             rule.check.call(&self.engine, &rule.ast, (arg,))
         });

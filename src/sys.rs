@@ -126,8 +126,19 @@ pub fn read_cmdline(pid: u32) -> Option<Vec<String>> {
     parse_cmdline(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?)
 }
 
-/// Writes `bytes` to `path` atomically and durably: a temporary file in the same directory,
-/// fsync, rename over `path`, then an fsync of the directory ([`sync_dir`]).
+/// Creates `dir` and any missing parents with mode 0700 (state, outbox, audit: they hold
+/// command lines, alert text and, in undelivered messages, what receivers were sent). An
+/// existing directory is left as it is.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Writes `bytes` to `path` atomically and durably: a temporary file (mode 0600) in the same
+/// directory, fsync, rename over `path`, then an fsync of the directory ([`sync_dir`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -139,7 +150,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     {
-        let mut f = std::fs::File::create(&tmp)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
     }
@@ -260,6 +277,20 @@ mod tests {
     fn fnv_is_stable() {
         assert_eq!(fnv1a64_hex(*b""), "cbf29ce484222325");
         assert_eq!(fnv1a64_hex(*b"a"), "af63dc4c8601ec8c");
+    }
+
+    #[test]
+    fn state_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state/outbox");
+        create_private_dir(&state).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.path().join("state")), 0o700);
+        assert_eq!(mode(&state), 0o700);
+        let f = state.join("n.json");
+        write_atomic(&f, b"{}").unwrap();
+        assert_eq!(mode(&f), 0o600);
     }
 
     #[test]

@@ -187,7 +187,7 @@ impl AuditLog {
     /// Opens (creating with mode 0600, and creating parent directories) `path` for appending.
     pub fn open(path: &Path) -> std::io::Result<AuditLog> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
+            crate::sys::create_private_dir(dir)?;
         }
         let file = OpenOptions::new()
             .append(true)

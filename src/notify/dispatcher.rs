@@ -57,7 +57,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Opens the outbox and state under `state_dir` and starts the worker thread.
     pub fn start(settings: NotifySettings, state_dir: &Path) -> anyhow::Result<Dispatcher> {
-        std::fs::create_dir_all(state_dir)
+        crate::sys::create_private_dir(state_dir)
             .map_err(|e| anyhow::anyhow!("cannot create state_dir {}: {e}", state_dir.display()))?;
         let outbox = Outbox::open(state_dir)
             .map_err(|e| anyhow::anyhow!("cannot open outbox in {}: {e}", state_dir.display()))?;

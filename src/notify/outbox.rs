@@ -36,7 +36,7 @@ impl Outbox {
     /// Opens (creating) `state_dir/outbox` and removes leftover temp files.
     pub fn open(state_dir: &Path) -> std::io::Result<Outbox> {
         let dir = state_dir.join("outbox");
-        fs::create_dir_all(dir.join("dead"))?;
+        crate::sys::create_private_dir(&dir.join("dead"))?;
         for entry in fs::read_dir(&dir)? {
             let path = entry?.path();
             if path.extension().is_some_and(|e| e == "tmp") {

@@ -159,7 +159,7 @@ impl AlertSink for DispatchSink {
         // Hand what is left to the daemon's outbox.
         let target = self.state_dir.join("outbox");
         let mut moved = 0;
-        if std::fs::create_dir_all(&target).is_ok() {
+        if crate::sys::create_private_dir(&target).is_ok() {
             for p in &left {
                 if let Some(name) = p.file_name() {
                     if std::fs::rename(p, target.join(name)).is_ok() {

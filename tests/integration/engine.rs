@@ -402,3 +402,38 @@ fn replay_bad_value_names_file_line_column() {
         "{stderr}"
     );
 }
+
+/// Issue 11: `print` from a rule is rate-limited per rule and names the rule; control
+/// characters in it cannot forge a log line.
+#[test]
+fn rule_output_is_rate_limited_and_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = hot_trace(dir.path());
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("mkdir");
+    std::fs::write(
+        rules.join("chatty.rhai"),
+        r#"rule(#{ name: "chatty", check: |gpu| { for i in 0..50 { print(`line ${i}\nERROR forged`); } false } });"#,
+    )
+    .expect("write rule");
+    let out = crate::common::command(
+        &[
+            "replay",
+            "--rules",
+            rules.to_str().expect("utf-8"),
+            trace.to_str().expect("utf-8"),
+        ],
+        &[("GPUWATCH_LOG", "info")],
+    )
+    .output()
+    .expect("replay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("line ")).collect();
+    assert_eq!(lines.len(), 10, "{stderr}");
+    assert!(lines.iter().all(|l| l.contains("rule=chatty")), "{stderr}");
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("ERROR forged")),
+        "{stderr}"
+    );
+    assert!(lines[0].contains("\\nERROR forged"), "{stderr}");
+}
