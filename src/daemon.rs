@@ -372,6 +372,8 @@ impl Live<'_> {
         match Setup::load(self.config_path, &[]) {
             Ok(new) => {
                 self.dispatcher.send(Input::Reload(Box::new(new.notify)));
+                let version = self.pipeline.reload_actions(&new.config.actions_resolved());
+                info!(policy_version = version, "[actions] reloaded");
                 if new.rules.is_empty() {
                     warn!(paths = ?new.rule_paths, "the reloaded configuration has no rules: nothing will alert");
                 }

@@ -225,6 +225,11 @@ impl Pipeline {
         &self.actions
     }
 
+    /// Applies a reloaded `[actions]` (see [`ActionRunner::reload`]); the new policy version.
+    pub fn reload_actions(&mut self, actions: &crate::action::ActionsSection) -> u64 {
+        self.actions.reload(actions)
+    }
+
     /// Waits for running exec actions (each bounded by its own timeout).
     pub fn finish(&mut self) {
         self.actions.finish();

@@ -88,6 +88,9 @@ pub struct AuditRecord {
     pub fingerprint: String,
     /// Why: the refusal reason, the rule's summary, or the error.
     pub reason: String,
+    /// Which `[actions.kill]` the decision was made under: 1 at start, +1 at every reload.
+    #[serde(default)]
+    pub policy_version: u64,
 }
 
 impl AuditRecord {
@@ -244,6 +247,7 @@ mod tests {
             alert: "gpu_memory_quota".into(),
             fingerprint: "abc".into(),
             reason: "over quota".into(),
+            policy_version: 1,
         }
     }
 

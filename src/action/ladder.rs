@@ -61,6 +61,12 @@ pub struct KillManager {
 }
 
 impl KillManager {
+    /// Replaces the policy's settings (a reload); recent kills still count against the rate.
+    pub fn set_section(&mut self, section: super::policy::KillSection, version: u64) {
+        self.policy.section = section;
+        self.policy.version = version;
+    }
+
     /// A manager writing to `audit`.
     pub fn new(policy: KillPolicy, audit: AuditLog, mapper: PidMapper) -> KillManager {
         KillManager {
@@ -277,6 +283,7 @@ impl KillManager {
             alert: l.request.alert.clone(),
             fingerprint: l.request.fingerprint.clone(),
             reason: reason.to_string(),
+            policy_version: self.policy.version,
         };
         if let Err(e) = self.audit.append(&rec) {
             tracing::error!(path = %self.audit.path().display(), "cannot write the kill audit log: {e}");

@@ -232,6 +232,8 @@ impl std::fmt::Display for SignalTarget {
 pub struct KillPolicy {
     /// The settings.
     pub section: KillSection,
+    /// Which `[actions.kill]` this is (1 at start, +1 at every reload); in every audit record.
+    pub version: u64,
     recent_kills_ms: VecDeque<i64>,
 }
 
@@ -240,6 +242,7 @@ impl KillPolicy {
     pub fn new(section: KillSection) -> KillPolicy {
         KillPolicy {
             section,
+            version: 1,
             recent_kills_ms: VecDeque::new(),
         }
     }

@@ -25,6 +25,8 @@ use crate::model::{AlertEvent, AlertStatus, ProcSample};
 #[derive(Debug)]
 pub struct ActionRunner {
     kill_section: KillSection,
+    /// The version of `[actions]` in force: 1 at start, +1 at every reload.
+    policy_version: u64,
     audit_path: PathBuf,
     kill: Option<KillManager>,
     exec: Vec<ExecSection>,
@@ -42,6 +44,7 @@ impl ActionRunner {
     ) -> ActionRunner {
         ActionRunner {
             kill_section: actions.kill.clone(),
+            policy_version: 1,
             audit_path: actions.audit_log_path(state_dir),
             kill: None,
             exec: actions.exec.clone(),
@@ -49,6 +52,30 @@ impl ActionRunner {
             running: Vec::new(),
             gpu_of: HashMap::new(),
         }
+    }
+
+    /// Applies a reloaded `[actions]`: the kill policy (a tightening takes effect at the next
+    /// step, also for ladders already running; the rate of recent kills is kept) and the exec
+    /// entries. The audit log stays where it is. Returns the new policy version.
+    pub fn reload(&mut self, actions: &super::ActionsSection) -> u64 {
+        if actions
+            .kill
+            .audit_log
+            .as_ref()
+            .is_some_and(|p| *p != self.audit_path)
+        {
+            tracing::warn!(
+                "actions.kill.audit_log changed: takes effect at the next start; still writing {}",
+                self.audit_path.display()
+            );
+        }
+        self.kill_section = actions.kill.clone();
+        self.exec = actions.exec.clone();
+        self.policy_version += 1;
+        if let Some(k) = &mut self.kill {
+            k.set_section(actions.kill.clone(), self.policy_version);
+        }
+        self.policy_version
     }
 
     /// The audit log path.
@@ -75,11 +102,9 @@ impl ActionRunner {
                 )
             })?;
             let mapper = PidMapper::detect(self.kill_section.host_proc.as_deref());
-            self.kill = Some(KillManager::new(
-                KillPolicy::new(self.kill_section.clone()),
-                audit,
-                mapper,
-            ));
+            let mut policy = KillPolicy::new(self.kill_section.clone());
+            policy.version = self.policy_version;
+            self.kill = Some(KillManager::new(policy, audit, mapper));
         }
         self.kill
             .as_mut()
@@ -193,6 +218,7 @@ fn refusal(ev: &AlertEvent, host_pid: u32, host: &str, reason: &str, now_ms: i64
         alert: ev.name.clone(),
         fingerprint: ev.fingerprint.clone(),
         reason: reason.to_string(),
+        policy_version: 0,
     }
 }
 

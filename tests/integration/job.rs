@@ -993,3 +993,63 @@ fn pid_and_action_labels_are_reserved() {
         );
     }
 }
+
+/// Issue 11: a SIGHUP that tightens `[actions]` (dry run, nobody allowed) applies at once, also
+/// to a ladder already running; the audit log says which policy version each decision used.
+#[test]
+fn a_reload_that_tightens_the_kill_policy_stops_a_running_ladder() {
+    use crate::notify::servers::Daemon;
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = runaway();
+    let control = dir.path().join("control.toml");
+    place_on_gpu(&control, &[target.id()]);
+    let cfg = kill_config(dir.path(), false, "", "4s");
+    common::sim_lib();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
+    let control_env = control.display().to_string();
+    let cmd = common::command(
+        &[
+            "--sim",
+            scenario.to_str().unwrap(),
+            "daemon",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        &[("NVML_SIM_CONTROL", control_env.as_str())],
+    );
+    let daemon = Daemon::spawn(cmd, &dir.path().join("daemon.log"), &[], false);
+    let start = Instant::now();
+    while decisions(&audit(dir.path())).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(15), "no warning");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(decisions(&audit(dir.path())), vec!["warn"]);
+    // Tighten: dry run, nobody allowed.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let user_line = text
+        .lines()
+        .find(|l| l.starts_with("allow_users"))
+        .unwrap()
+        .to_string();
+    let tightened = text
+        .replace("dry_run = false", "dry_run = true")
+        .replace(&user_line, "allow_users = []");
+    std::fs::write(&cfg, tightened).unwrap();
+    daemon.signal(libc::SIGHUP);
+    // Past the grace period and the term timeout: never signalled.
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        target.try_wait().unwrap().is_none(),
+        "killed after the reload: {:?}\n{}",
+        audit(dir.path()),
+        daemon.log_text()
+    );
+    let records = audit(dir.path());
+    assert_eq!(decisions(&records), vec!["warn", "refused"], "{records:?}");
+    assert_eq!(records[0]["policy_version"], 1);
+    assert_eq!(records[1]["policy_version"], 2);
+    assert!(daemon.log_text().contains("[actions] reloaded"));
+    daemon.kill9();
+    target.kill().unwrap();
+    target.wait().unwrap();
+}
