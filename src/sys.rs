@@ -137,6 +137,36 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
+/// The real uid from the text of `/proc/PID/status` (`Uid:\treal\teffective\t…`).
+pub fn parse_status_uid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The real uid of `pid`.
+pub fn read_uid(pid: u32) -> Option<u32> {
+    parse_status_uid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// Every live process in process group `pgid`.
+pub fn process_group(pgid: u32) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out: Vec<u32> = rd
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            read_stat(*pid).is_some_and(|s| s.pgid == pgid && !matches!(s.state, 'Z' | 'X'))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
 /// Writes `bytes` to `path` atomically and durably: a temporary file (mode 0600) in the same
 /// directory, fsync, rename over `path`, then an fsync of the directory ([`sync_dir`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

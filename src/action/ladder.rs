@@ -296,7 +296,7 @@ impl KillManager {
 fn send(target: SignalTarget, signal: i32) -> Result<(), String> {
     let raw = match target {
         SignalTarget::Group(g) => -(g as libc::pid_t),
-        SignalTarget::Process(p) => p as libc::pid_t,
+        SignalTarget::Process(p) | SignalTarget::ProcessOnly { pid: p, .. } => p as libc::pid_t,
     };
     // SAFETY: kill(2) with a pid or negative pgid.
     let rc = unsafe { libc::kill(raw, signal) };

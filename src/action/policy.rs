@@ -212,10 +212,19 @@ impl std::fmt::Display for Refusal {
 /// What an approved signal goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SignalTarget {
-    /// The whole process group (`kill(-pgid)`).
+    /// The whole process group (`kill(-pgid)`): every member passed the policy's owner checks.
     Group(u32),
     /// Only this process (its group is shared with gpuwatch, its parent or init).
     Process(u32),
+    /// Only this process: a member of its group is one the policy protects.
+    ProcessOnly {
+        /// The vetted process.
+        pid: u32,
+        /// Its process group.
+        group: u32,
+        /// A member the policy refused.
+        protected: u32,
+    },
 }
 
 impl std::fmt::Display for SignalTarget {
@@ -223,6 +232,14 @@ impl std::fmt::Display for SignalTarget {
         match self {
             SignalTarget::Group(g) => write!(f, "group {g}"),
             SignalTarget::Process(p) => write!(f, "pid {p}"),
+            SignalTarget::ProcessOnly {
+                pid,
+                group,
+                protected,
+            } => write!(
+                f,
+                "pid {pid} only (group {group} has pid {protected}, which the policy protects)"
+            ),
         }
     }
 }
@@ -298,29 +315,14 @@ impl KillPolicy {
         if target.gpu.is_none() {
             return Err(Refusal::NotOnGpu);
         }
-        let uid = target.uid.ok_or(Refusal::UnknownOwner)?;
+        if let Some(refusal) = self.owner_refusal(
+            target.uid,
+            target.user.as_deref(),
+            target.command.as_deref().unwrap_or(""),
+        ) {
+            return Err(refusal);
+        }
         let s = &self.section;
-        if uid == 0 {
-            if !s.allow_root {
-                return Err(Refusal::Root);
-            }
-        } else if uid < s.min_uid {
-            return Err(Refusal::SystemAccount(uid));
-        }
-        let user = target.user.clone().unwrap_or_else(|| uid.to_string());
-        if s.protect_users.contains(&user) {
-            return Err(Refusal::ProtectedUser(user));
-        }
-        let command = target.command.as_deref().unwrap_or("");
-        if let Some(p) = s.protect_commands.iter().find(|p| p.0.is_match(command)) {
-            return Err(Refusal::ProtectedCommand(p.as_str().to_string()));
-        }
-        if !s.allow_users.iter().any(|u| u == "*" || *u == user) {
-            return Err(Refusal::UserNotAllowed(user));
-        }
-        if !s.allow_commands.is_empty() && !s.allow_commands.iter().any(|p| p.0.is_match(command)) {
-            return Err(Refusal::CommandNotAllowed);
-        }
         let max_kills = s.max_kills_per_hour;
         if counting {
             let n = self.kills_in_last_hour(now_ms);
@@ -332,9 +334,74 @@ impl KillPolicy {
             g > 1 && g != me.pgid && Some(g) != me.parent_pgid && g != me.pid && g != me.ppid
         });
         Ok(match target.pgid {
-            Some(g) if group_is_safe => SignalTarget::Group(g),
+            Some(g) if group_is_safe => self.vet_group(g, pid),
             _ => SignalTarget::Process(pid),
         })
+    }
+
+    /// Why the policy protects a process with this owner and command line, if it does: root
+    /// unless allowed, system accounts, protected users and commands, users and commands not
+    /// allowed.
+    fn owner_refusal(
+        &self,
+        uid: Option<u32>,
+        user: Option<&str>,
+        command: &str,
+    ) -> Option<Refusal> {
+        let Some(uid) = uid else {
+            return Some(Refusal::UnknownOwner);
+        };
+        let s = &self.section;
+        if uid == 0 {
+            if !s.allow_root {
+                return Some(Refusal::Root);
+            }
+        } else if uid < s.min_uid {
+            return Some(Refusal::SystemAccount(uid));
+        }
+        let user = user.map_or_else(|| uid.to_string(), str::to_string);
+        if s.protect_users.contains(&user) {
+            return Some(Refusal::ProtectedUser(user));
+        }
+        if let Some(p) = s.protect_commands.iter().find(|p| p.0.is_match(command)) {
+            return Some(Refusal::ProtectedCommand(p.as_str().to_string()));
+        }
+        if !s.allow_users.iter().any(|u| u == "*" || *u == user) {
+            return Some(Refusal::UserNotAllowed(user));
+        }
+        if !s.allow_commands.is_empty() && !s.allow_commands.iter().any(|p| p.0.is_match(command)) {
+            return Some(Refusal::CommandNotAllowed);
+        }
+        None
+    }
+
+    /// The whole group `g` when every member passes the owner checks (a signal to the group
+    /// reaches them all); otherwise only the vetted `pid`.
+    fn vet_group(&self, g: u32, pid: u32) -> SignalTarget {
+        for member in crate::sys::process_group(g) {
+            if member == pid {
+                continue;
+            }
+            // A member that exited meanwhile is no longer reached by the signal.
+            let Some(uid) = crate::sys::read_uid(member) else {
+                continue;
+            };
+            let user = user_name(uid);
+            let command = crate::sys::read_cmdline(member)
+                .map(|a| a.join(" "))
+                .unwrap_or_default();
+            if let Some(refusal) = self.owner_refusal(Some(uid), user.as_deref(), &command) {
+                tracing::warn!(
+                    "process group {g} of pid {pid} has pid {member} ({refusal}): signalling pid {pid} only"
+                );
+                return SignalTarget::ProcessOnly {
+                    pid,
+                    group: g,
+                    protected: member,
+                };
+            }
+        }
+        SignalTarget::Group(g)
     }
 }
 
@@ -355,13 +422,7 @@ pub fn gather_facts(host_pid: u32, mapper: &PidMapper, gpu_of: &HashMap<u32, u32
         facts.start_ticks = Some(st.start_ticks);
         facts.pgid = Some(st.pgid);
     }
-    if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        facts.uid = status
-            .lines()
-            .find(|l| l.starts_with("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|s| s.parse().ok());
-    }
+    facts.uid = crate::sys::read_uid(pid);
     facts.user = facts.uid.and_then(user_name);
     facts.command = crate::sys::read_cmdline(pid).map(|a| a.join(" "));
     facts

@@ -26,14 +26,7 @@ pub struct ProcDetails {
     pub runtime_s: Option<f64>,
 }
 
-/// The real uid from the text of `/proc/PID/status` (`Uid:\treal\teffective\t…`).
-pub fn parse_status_uid(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
+pub use crate::sys::parse_status_uid;
 
 /// The command line from the bytes of `/proc/PID/cmdline` (NUL-separated arguments); `None` for
 /// kernel threads and zombies, whose cmdline is empty.

@@ -1053,3 +1053,85 @@ fn a_reload_that_tightens_the_kill_policy_stops_a_running_ladder() {
     target.kill().unwrap();
     target.wait().unwrap();
 }
+
+/// Issue 11: the ladder signals a process group only when every member passes the policy; a
+/// protected sibling in the target's group survives, and the audit log says only the pid was
+/// signalled.
+#[test]
+fn a_protected_member_of_the_targets_group_is_not_signalled() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    // A group leader that ignores SIGTERM, with a sibling `sleep 1001` in its group.
+    let mut leader = Command::new("sh")
+        .args([
+            "-c",
+            "trap '' TERM; sleep 1001 & echo ready; exec >/dev/null; while :; do sleep 0.05; done",
+        ])
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(leader.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let sibling = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmd == b"sleep\x001001\x00"
+                && stat
+                    .rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().nth(2))
+                    == Some(&leader.id().to_string())
+        })
+        .expect("the sibling in the leader's group");
+    let control = dir.path().join("control.toml");
+    place_on_gpu(&control, &[leader.id()]);
+    let cfg = kill_config(
+        dir.path(),
+        false,
+        "protect_commands = [\"^sleep 1001$\"]",
+        "500ms",
+    );
+    let watch = start_watch(dir.path(), &cfg, &control, "4");
+    let start = Instant::now();
+    while leader.try_wait().unwrap().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never killed: {:?}",
+            audit(dir.path())
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    finish(watch);
+    let alive = std::fs::read_to_string(format!("/proc/{sibling}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    });
+    // SAFETY: killing our own test child's orphan.
+    unsafe { libc::kill(sibling as i32, libc::SIGKILL) };
+    assert!(
+        alive,
+        "the protected sibling was signalled: {:?}",
+        audit(dir.path())
+    );
+    let records = audit(dir.path());
+    let term = records
+        .iter()
+        .find(|r| r["decision"] == "term")
+        .expect("a term record");
+    let target = term["target"].as_str().unwrap();
+    assert!(
+        target.contains(&format!("pid {} only", leader.id()))
+            && target.contains(&format!("pid {sibling}")),
+        "{records:?}"
+    );
+}
