@@ -223,7 +223,9 @@ fn log_events(events: &[AlertEvent]) {
             status = ?e.status,
             repeat = e.repeat,
             "{}",
-            e.annotations.get("summary").map_or("", String::as_str)
+            crate::values::escape_control(
+                e.annotations.get("summary").map_or("", String::as_str)
+            )
         );
     }
 }

@@ -313,19 +313,7 @@ fn rule_output_allowed() -> Option<String> {
     }
 }
 
-/// `s` with control characters (newlines, escape sequences) shown as `\u{..}` escapes, so
-/// output from outside cannot forge log lines or drive a terminal.
-pub fn escape_control(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
-}
+pub use crate::values::escape_control;
 
 /// The termination token the progress callback returns when the budget is spent.
 const OVER_BUDGET: &str = "gpuwatch: time budget exceeded";

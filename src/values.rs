@@ -90,6 +90,20 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// `s` with control characters (newlines, escape sequences) shown as `\u{..}` escapes, so
+/// output from outside cannot forge log lines or drive a terminal.
+pub fn escape_control(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
 /// A problem a section's own checks found, at a dotted key path (`actions.exec.0.command`);
 /// the config loader turns the path into `file:line:column`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -98,7 +98,10 @@ fn runtime(s: f64) -> String {
     }
 }
 
+/// `s` for a terminal: control characters escaped (a command line cannot move the cursor,
+/// clear the screen or start a forged line), cut to `max` characters.
 fn truncate(s: &str, max: usize) -> String {
+    let s = &crate::values::escape_control(s);
     if s.chars().count() <= max {
         s.to_string()
     } else {
@@ -198,7 +201,7 @@ fn status_table(
                 let _ = write!(line, "  {:>7}", runtime(r));
             }
             if let Some(c) = &p.container {
-                let _ = write!(line, "  [ctr {}]", &c[..c.len().min(12)]);
+                let _ = write!(line, "  [ctr {}]", truncate(c, 12));
             }
             let _ = write!(
                 line,

@@ -42,11 +42,8 @@ impl AlertSink for StderrSink {
             AlertStatus::Firing => "firing",
             AlertStatus::Resolved => "resolved",
         };
-        let summary = ev
-            .annotations
-            .get("summary")
-            .map_or("", String::as_str)
-            .to_string();
+        let summary =
+            crate::values::escape_control(ev.annotations.get("summary").map_or("", String::as_str));
         eprintln!(
             "gpuwatch: [{status}] {} ({}): {summary}",
             ev.name,

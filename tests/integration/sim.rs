@@ -772,3 +772,43 @@ fn sigterm_leaves_a_valid_file() {
     let (_, rows) = csv_rows(&text);
     assert_eq!(rows.len() % 8, 0, "whole ticks");
 }
+
+/// Issue 11: a command line with a newline and an escape sequence cannot forge a line or drive
+/// the terminal in `status`.
+#[test]
+fn status_escapes_control_characters_from_command_lines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "sleep 30; :", "\nERROR forged\x1b[2J"])
+        .spawn()
+        .expect("spawn");
+    let control = dir.path().join("control.toml");
+    std::fs::write(
+        &control,
+        format!(
+            "[[process]]\ngpu = 0\npid = {}\nused_memory_mib = 1024\n",
+            child.id()
+        ),
+    )
+    .expect("control");
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
+    let out = sim(
+        scenario.to_str().expect("utf-8"),
+        &["status"],
+        &[("NVML_SIM_CONTROL", control.to_str().expect("utf-8"))],
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stdout.contains('\x1b'), "{:?}", out.stdout);
+    assert!(
+        !out.stdout.lines().any(|l| l.starts_with("ERROR forged")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("\\nERROR forged\\u{1b}[2J"),
+        "{}",
+        out.stdout
+    );
+}
