@@ -767,14 +767,9 @@ fn run_sends_one_notice_with_the_exit_code_through_the_channels() {
         .is_ok_and(|mut d| d.next().is_some()));
 }
 
-#[test]
-fn the_daemon_routes_kill_rules_through_the_policy() {
-    use crate::notify::servers::Daemon;
-    let dir = tempfile::tempdir().unwrap();
-    let mut target = runaway();
-    let control = dir.path().join("control.toml");
-    place_on_gpu(&control, &[target.id()]);
-    let cfg = kill_config(dir.path(), false, "", "500ms");
+/// `gpuwatch --sim two-gpus daemon --config CFG` with the control file, logging to
+/// `dir/daemon.log`.
+fn kill_daemon(dir: &Path, cfg: &Path, control: &Path) -> crate::notify::servers::Daemon {
     common::sim_lib();
     let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
     let control_env = control.display().to_string();
@@ -788,7 +783,17 @@ fn the_daemon_routes_kill_rules_through_the_policy() {
         ],
         &[("NVML_SIM_CONTROL", control_env.as_str())],
     );
-    let daemon = Daemon::spawn(cmd, &dir.path().join("daemon.log"), &[], false);
+    crate::notify::servers::Daemon::spawn(cmd, &dir.join("daemon.log"), &[], false)
+}
+
+#[test]
+fn the_daemon_routes_kill_rules_through_the_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = runaway();
+    let control = dir.path().join("control.toml");
+    place_on_gpu(&control, &[target.id()]);
+    let cfg = kill_config(dir.path(), false, "", "500ms");
+    let daemon = kill_daemon(dir.path(), &cfg, &control);
     let start = Instant::now();
     let status = loop {
         if let Some(s) = target.try_wait().unwrap() {
@@ -998,26 +1003,12 @@ fn pid_and_action_labels_are_reserved() {
 /// to a ladder already running; the audit log says which policy version each decision used.
 #[test]
 fn a_reload_that_tightens_the_kill_policy_stops_a_running_ladder() {
-    use crate::notify::servers::Daemon;
     let dir = tempfile::tempdir().unwrap();
     let mut target = runaway();
     let control = dir.path().join("control.toml");
     place_on_gpu(&control, &[target.id()]);
     let cfg = kill_config(dir.path(), false, "", "4s");
-    common::sim_lib();
-    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job/two-gpus.toml");
-    let control_env = control.display().to_string();
-    let cmd = common::command(
-        &[
-            "--sim",
-            scenario.to_str().unwrap(),
-            "daemon",
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
-        &[("NVML_SIM_CONTROL", control_env.as_str())],
-    );
-    let daemon = Daemon::spawn(cmd, &dir.path().join("daemon.log"), &[], false);
+    let daemon = kill_daemon(dir.path(), &cfg, &control);
     let start = Instant::now();
     while decisions(&audit(dir.path())).is_empty() {
         assert!(start.elapsed() < Duration::from_secs(15), "no warning");
