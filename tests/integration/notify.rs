@@ -787,3 +787,90 @@ fn check_validates_channels_and_routes() {
         "{err}"
     );
 }
+
+/// Issue 11: tokens inside channel URLs never leak, even when the receiver echoes the request
+/// (path, query and body) in its error: not in `notify-test`'s output, the daemon log, or any
+/// file gpuwatch writes (outbox, dead letters, state).
+#[test]
+fn echoed_url_tokens_never_reach_output_or_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    hook.set_mode(Mode::Echo(404));
+    let base = hook.url("");
+    let base = base.trim_end_matches('/');
+    let secrets = [
+        "123456789:AAbbCCddEEffGGhh",
+        "0f9e8d7c6b5a4d3c",
+        "6f1c2a3b-9d8e-4f00-aa11-223344556677",
+        "T01234567",
+        "B7654321",
+        "xyzXYZ0123456789",
+    ];
+    let config = write_config(
+        tmp.path(),
+        "give_up_after = \"2s\"\nfailing_after = 1",
+        &format!(
+            "[[channel]]\nname = \"tg\"\ntype = \"telegram\"\nurl = \"{base}\"\ntoken = \"{}\"\nchat_id = 42\n\n\
+             [[channel]]\nname = \"dt\"\ntype = \"dingtalk\"\nurl = \"{base}/robot/send?access_token={}\"\n\n\
+             [[channel]]\nname = \"fs\"\ntype = \"feishu\"\nurl = \"{base}/open-apis/bot/v2/hook/{}\"\n\n\
+             [[channel]]\nname = \"wh\"\ntype = \"webhook\"\nurl = \"{base}/hooks/{}/{}/{}\"\n\n{}",
+            secrets[0],
+            secrets[1],
+            secrets[2],
+            secrets[3],
+            secrets[4],
+            secrets[5],
+            route(&["tg", "dt", "fs", "wh"], "group_wait = \"0s\"")
+        ),
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["notify-test", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(stdout.matches("FAIL").count(), 4, "{stdout}");
+    assert!(stdout.contains("404"), "{stdout}");
+    let mut d = Daemon::events(&config, &tmp.path().join("log"), &[]);
+    d.send(&event("XidCritical", 3, "critical", "firing"));
+    // Retries, give-up into dead letters, notifier_failing through the others.
+    wait_until(T, "the echoes", || {
+        (hook.requests().len() >= 8).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(d.finish(T).success());
+    // Every request really carried the secrets, and the receiver echoed them.
+    assert!(hook.requests().iter().any(|r| r.path.contains(secrets[1])));
+    let mut seen = vec![
+        ("notify-test output".to_string(), stdout),
+        (
+            "daemon log".to_string(),
+            std::fs::read_to_string(tmp.path().join("log")).unwrap(),
+        ),
+    ];
+    let mut stack = vec![tmp.path().join("state")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                seen.push((
+                    p.display().to_string(),
+                    String::from_utf8_lossy(&bytes).into_owned(),
+                ));
+            }
+        }
+    }
+    assert!(
+        seen.len() > 3,
+        "nothing was written: {:?}",
+        seen.iter().map(|s| &s.0).collect::<Vec<_>>()
+    );
+    for (what, text) in &seen {
+        for s in secrets {
+            assert!(!text.contains(s), "{s} leaked into {what}:\n{text}");
+        }
+    }
+}

@@ -47,6 +47,9 @@ pub enum Mode {
     Status(u16),
     /// Read the request, never answer (until the receiver is dropped).
     Hang,
+    /// This status with a body that echoes the method, path, query and body, as many real
+    /// endpoints do (`Cannot POST /robot/send?access_token=…`).
+    Echo(u16),
 }
 
 /// One recorded request.
@@ -217,6 +220,13 @@ fn serve(
                 r#"{"ok":true,"code":0,"errcode":0,"status":1,"Code":"OK"}"#.to_string(),
             ),
             Mode::Status(s) => (s, format!("injected failure {s}")),
+            Mode::Echo(s) => {
+                let last = requests.lock().unwrap().last().cloned();
+                let text = last.map_or_else(String::new, |r| {
+                    format!("Cannot {} {}: {}", r.method, r.path, r.body)
+                });
+                (s, text)
+            }
             Mode::Hang => {
                 while !stop.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(50));
