@@ -287,6 +287,13 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         devices: devices.clone(),
         processes: None,
     });
+    if !sampler.degraded().is_empty() {
+        // Never silently blind: an info alert says what cannot be watched.
+        publish(
+            &dispatcher,
+            vec![degraded_event(&hostname, sampler.degraded(), now_ms())],
+        );
+    }
     let rules = Rules::new(setup.rule_paths, setup.rules_signature);
     let rules_config = config.rules.clone();
 
@@ -430,6 +437,49 @@ impl Live<'_> {
             save_engine(&self.dir, self.pipeline.engine());
             self.last_save = Instant::now();
         }
+    }
+}
+
+/// The `collector_degraded` alert (info): what the sampler cannot watch, e.g. GPUs whose XID
+/// events could not be registered.
+fn degraded_event(hostname: &str, missing: &[String], now: i64) -> AlertEvent {
+    let labels: std::collections::BTreeMap<String, String> = [
+        ("alertname", "collector_degraded"),
+        ("severity", "info"),
+        ("hostname", hostname),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let mut annotations = std::collections::BTreeMap::new();
+    annotations.insert(
+        "summary".to_string(),
+        format!(
+            "gpuwatch on {hostname} cannot watch everything: {}",
+            missing.join("; ")
+        ),
+    );
+    annotations.insert(
+        "next_steps".to_string(),
+        "XIDs on these GPUs (79 fallen off the bus, 94/95 memory errors, …) will not be \
+         reported: check the driver (`nvidia-smi -q`), and the kernel log (`journalctl -k | \
+         grep -i xid`) for XIDs meanwhile."
+            .to_string(),
+    );
+    AlertEvent {
+        fingerprint: crate::alert::fingerprint(&labels),
+        name: "collector_degraded".into(),
+        severity: crate::model::Severity::Info,
+        status: crate::model::AlertStatus::Firing,
+        labels,
+        annotations,
+        starts_at_ms: now,
+        ends_at_ms: None,
+        at_ms: now,
+        repeat: false,
+        gpu: None,
+        actions: Vec::new(),
+        target_pid: None,
     }
 }
 

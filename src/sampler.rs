@@ -497,6 +497,8 @@ pub struct Sampler {
     nvml: &'static Nvml,
     slots: Vec<Slot>,
     xids: Option<events::XidListener>,
+    /// What cannot be watched (see [`Sampler::degraded`]).
+    degraded: Vec<String>,
     process_interval_ms: i64,
     last_process_ms: Option<i64>,
     proc_cache: procfs::ProcCache,
@@ -584,13 +586,18 @@ impl Sampler {
         for index in 0..count {
             slots.push(Self::open_slot(nvml, index, now));
         }
+        let mut degraded = Vec::new();
         let xids = if cfg.xid_events {
             let regs: Vec<(&Device<'static>, u32, &str)> = slots
                 .iter()
                 .filter(|s| s.state == DeviceState::Ok)
                 .filter_map(|s| Some((s.handle.as_ref()?, s.id.index, s.id.uuid.as_str())))
                 .collect();
-            events::XidListener::start(nvml, &regs)
+            let listener = events::XidListener::start(nvml, &regs, &mut degraded);
+            for m in &degraded {
+                tracing::warn!("{m}: XIDs (79 fallen off the bus, 94/95 memory errors, …) on it will not be reported");
+            }
+            listener
         } else {
             None
         };
@@ -598,6 +605,7 @@ impl Sampler {
             nvml,
             slots,
             xids,
+            degraded,
             process_interval_ms: i64::try_from(cfg.process_interval.as_millis())
                 .unwrap_or(i64::MAX),
             last_process_ms: None,
@@ -658,6 +666,12 @@ impl Sampler {
         note(dev.pci_info().map(|p| slot.id.pci_bus_id = p.bus_id));
         note(dev.minor_number().map(|m| slot.id.minor = Some(m)));
         !lost
+    }
+
+    /// What this sampler cannot watch, one line each (e.g. GPUs without XID events); empty when
+    /// everything is monitored.
+    pub fn degraded(&self) -> &[String] {
+        &self.degraded
     }
 
     /// Identities of all GPUs, in NVML index order.

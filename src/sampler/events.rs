@@ -35,15 +35,17 @@ pub(crate) struct XidListener {
 
 impl XidListener {
     /// Registers every device in `devices` (handle, index, uuid) that supports XID events.
-    /// `None` when no device supports them or the event API is missing.
+    /// `None` when no device supports them or the event API is missing. Every GPU left without
+    /// XID monitoring, and why, is added to `missing` (the caller says so loudly).
     pub(crate) fn start(
         nvml: &'static Nvml,
         devices: &[(&Device<'static>, u32, &str)],
+        missing: &mut Vec<String>,
     ) -> Option<XidListener> {
         let mut set = match nvml.create_event_set() {
             Ok(s) => s,
             Err(e) => {
-                tracing::debug!("XID events unavailable: {e}");
+                missing.push(format!("XID events unavailable on every GPU: {e}"));
                 return None;
             }
         };
@@ -53,11 +55,11 @@ impl XidListener {
             match dev.supported_event_types() {
                 Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
                 Ok(_) => {
-                    tracing::debug!("GPU {index}: XID events not supported");
+                    missing.push(format!("GPU {index}: XID events not supported"));
                     continue;
                 }
                 Err(e) => {
-                    tracing::debug!("GPU {index}: XID event support unknown: {e}");
+                    missing.push(format!("GPU {index}: XID event support unknown: {e}"));
                     continue;
                 }
             }
@@ -75,7 +77,10 @@ impl XidListener {
                 Err(e) => {
                     // A failed registration frees the set: build a new one with the devices that
                     // registered before.
-                    tracing::debug!("GPU {index}: cannot register XID events: {}", e.error);
+                    missing.push(format!(
+                        "GPU {index}: cannot register XID events: {}",
+                        e.error
+                    ));
                     set = Self::rebuild(nvml, &ok_devices)?;
                 }
             }

@@ -474,3 +474,46 @@ fn an_expensive_rule_never_delays_gpu_lost() {
     d.signal(libc::SIGTERM);
     assert!(d.wait(T).success(), "{}", d.log_text());
 }
+
+/// Issue 11: when NVML event registration fails, XID monitoring is not silently off: a warning
+/// at start and a `collector_degraded` (info) alert naming the GPUs.
+#[test]
+fn failed_xid_registration_is_said_loudly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let path = tmp.path().join("config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[daemon]\ninterval = \"1s\"\nstate_dir = \"state\"\nrules = [{rules:?}]\nhostname = \"simhost\"\n\n\
+             [[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"{url}\"\n\n\
+             [[route]]\nchannels = [\"ops\"]\ngroup_wait = \"0s\"\n",
+            rules = stock_rules().display().to_string(),
+            url = hook.url("/hook"),
+        ),
+    )
+    .unwrap();
+    let mut d = daemon(
+        "healthy",
+        &path,
+        &tmp.path().join("log"),
+        &[("NVML_SIM_NOT_SUPPORTED", "nvmlDeviceRegisterEvents")],
+    );
+    let got = hook.wait_accepted(1, T);
+    let a = &got[0].json()["alerts"][0];
+    assert_eq!(a["labels"]["alertname"], "collector_degraded");
+    assert_eq!(a["labels"]["severity"], "info");
+    let summary = a["annotations"]["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("GPU 0: cannot register XID events")
+            && summary.contains("GPU 7: cannot register XID events"),
+        "{summary}"
+    );
+    let log = d.log_text();
+    assert!(
+        log.contains("WARN") && log.contains("GPU 3: cannot register XID events"),
+        "{log}"
+    );
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success(), "{}", d.log_text());
+}
