@@ -157,6 +157,9 @@ struct Worker {
     saved_state: String,
     transport: Transport,
     pending: BTreeMap<String, OutboxEntry>,
+    /// Ids of pending messages the outbox could not store (disk full, read-only, …): they live
+    /// only in memory, and a stop must say so rather than claim they are kept.
+    unsaved: std::collections::BTreeSet<String>,
     in_flight: HashSet<String>,
     tasks: JoinSet<Done>,
     health: HashMap<String, Health>,
@@ -184,6 +187,7 @@ impl Worker {
             saved_state,
             transport,
             pending: BTreeMap::new(),
+            unsaved: std::collections::BTreeSet::new(),
             in_flight: HashSet::new(),
             tasks: JoinSet::new(),
             health: HashMap::new(),
@@ -280,10 +284,46 @@ impl Worker {
         })
         .await;
         self.save_state();
-        info!(
-            queued = self.pending.len(),
-            "notification dispatcher stopped; undelivered messages stay in the outbox"
-        );
+        // One more try for what the outbox could not take; then say exactly what is kept.
+        let retry: Vec<OutboxEntry> = self
+            .unsaved
+            .iter()
+            .filter_map(|id| self.pending.get(id).cloned())
+            .collect();
+        for entry in &retry {
+            self.persist(entry, "cannot write to the outbox at stop");
+        }
+        self.unsaved.retain(|id| self.pending.contains_key(id));
+        let lost = self.unsaved.len();
+        let kept = self.pending.len() - lost;
+        if lost > 0 {
+            error!(
+                kept,
+                lost,
+                outbox = %self.outbox.dir().display(),
+                "notification dispatcher stopped; {lost} undelivered message(s) could not be written \
+                 to the outbox (disk full or read-only?) and are lost"
+            );
+        } else {
+            info!(
+                queued = kept,
+                "notification dispatcher stopped; undelivered messages stay in the outbox"
+            );
+        }
+    }
+
+    /// Writes `entry` to the outbox, remembering whether it is stored.
+    fn persist(&mut self, entry: &OutboxEntry, what: &str) {
+        let id = entry.notification.id.clone();
+        match self.outbox.put(entry) {
+            Ok(()) => {
+                self.unsaved.remove(&id);
+            }
+            Err(e) => {
+                error!(id = %id, "{what}: {e}");
+                self.unsaved.insert(id);
+            }
+        }
     }
 
     fn handle(&mut self, input: Input) {
@@ -332,9 +372,7 @@ impl Worker {
             next_attempt_ms: now,
             last_error: None,
         };
-        if let Err(e) = self.outbox.put(&entry) {
-            error!(id = %entry.notification.id, "cannot write to the outbox (sending anyway): {e}");
-        }
+        self.persist(&entry, "cannot write to the outbox (sending anyway)");
         info!(
             channel = %entry.notification.channel,
             id = %entry.notification.id,
@@ -450,6 +488,7 @@ impl Worker {
                 if let Some(e) = self.pending.remove(&id) {
                     info!(channel, id, attempts = e.attempts + 1, "delivered");
                 }
+                self.unsaved.remove(&id);
                 if let Err(e) = self.outbox.remove(&id) {
                     error!(id, "cannot remove a delivered message from the outbox: {e}");
                 }
@@ -498,9 +537,7 @@ impl Worker {
                         retry_in_ms = delay,
                         "send failed, will retry: {err}"
                     );
-                    if let Err(e) = self.outbox.put(&entry) {
-                        error!(id, "cannot update the outbox: {e}");
-                    }
+                    self.persist(&entry, "cannot update the outbox");
                     let next = entry.next_attempt_ms;
                     for e in self.pending.values_mut() {
                         if e.notification.channel == channel {

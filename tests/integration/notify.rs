@@ -874,3 +874,45 @@ fn echoed_url_tokens_never_reach_output_or_files() {
         }
     }
 }
+
+/// Issue 11: when the outbox cannot be written (disk full, read-only), a stop says the
+/// undelivered messages are lost instead of claiming they stay in the outbox.
+#[test]
+fn a_stop_does_not_claim_an_unwritable_outbox_kept_anything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dead_port = free_port();
+    let config = write_config(
+        tmp.path(),
+        "",
+        &format!(
+            "{}{}",
+            webhook_channel("dead", &format!("http://127.0.0.1:{dead_port}/x")),
+            route(&["dead"], "group_wait = \"0s\"")
+        ),
+    );
+    let mut d = Daemon::events(&config, &tmp.path().join("log"), &[]);
+    wait_until(T, "the outbox", || {
+        tmp.path().join("state/outbox").is_dir().then_some(())
+    });
+    // The outbox becomes unwritable: its directory is now a file.
+    let outbox = tmp.path().join("state/outbox");
+    std::fs::remove_dir_all(&outbox).unwrap();
+    std::fs::write(&outbox, "not a directory").unwrap();
+    d.send(&event("XidCritical", 3, "critical", "firing"));
+    wait_until(T, "the failed write", || {
+        d.log_text()
+            .contains("cannot write to the outbox")
+            .then_some(())
+    });
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success());
+    let log = d.log_text();
+    assert!(
+        log.contains("could not be written to the outbox") && log.contains("are lost"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("undelivered messages stay in the outbox"),
+        "{log}"
+    );
+}

@@ -206,6 +206,7 @@ fn serve(
             return;
         }
         let answered = *mode.lock().unwrap();
+        let echo = format!("Cannot {method} {path}: {}", String::from_utf8_lossy(&body));
         requests.lock().unwrap().push(Request {
             method,
             path,
@@ -220,13 +221,7 @@ fn serve(
                 r#"{"ok":true,"code":0,"errcode":0,"status":1,"Code":"OK"}"#.to_string(),
             ),
             Mode::Status(s) => (s, format!("injected failure {s}")),
-            Mode::Echo(s) => {
-                let last = requests.lock().unwrap().last().cloned();
-                let text = last.map_or_else(String::new, |r| {
-                    format!("Cannot {} {}: {}", r.method, r.path, r.body)
-                });
-                (s, text)
-            }
+            Mode::Echo(s) => (s, echo),
             Mode::Hang => {
                 while !stop.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(50));
