@@ -90,6 +90,35 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// The start of every line of a text, to turn many byte offsets into `line:column` in
+/// O(log n) each ([`line_col`] scans from the start: fine for one error, quadratic for a
+/// position per entry of a large file).
+#[derive(Debug, Clone)]
+pub struct LineIndex {
+    starts: Vec<usize>,
+    len: usize,
+}
+
+impl LineIndex {
+    /// Indexes `text`.
+    pub fn new(text: &str) -> LineIndex {
+        let starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        LineIndex {
+            starts,
+            len: text.len(),
+        }
+    }
+
+    /// 1-based line and column (in bytes) of `offset`, as [`line_col`] gives them.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.len);
+        let line = self.starts.partition_point(|s| *s <= offset).max(1);
+        (line, offset - self.starts[line - 1] + 1)
+    }
+}
+
 /// `s` with control characters (newlines, escape sequences) shown as `\u{..}` escapes, so
 /// output from outside cannot forge log lines or drive a terminal.
 pub fn escape_control(s: &str) -> String {
@@ -281,5 +310,10 @@ mod tests {
         assert!(parse_interval_ms("2h").is_err());
         assert_eq!(format_duration_ms(4_200), "4.2s");
         assert_eq!(line_col("ab\ncd", 4), (2, 2));
+        let text = "ab\ncd\n\nxyz";
+        let index = LineIndex::new(text);
+        for offset in 0..=text.len() + 2 {
+            assert_eq!(index.line_col(offset), line_col(text, offset), "{offset}");
+        }
     }
 }

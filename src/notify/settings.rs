@@ -15,7 +15,7 @@ use toml::Spanned;
 use super::channel::{self, Channel, Section};
 use super::secret::{self, Secret};
 use crate::model::Severity;
-use crate::values::{line_col, parse_duration_ms};
+use crate::values::parse_duration_ms;
 
 /// `[notify]`: global delivery settings.
 #[derive(Debug, Clone, Deserialize)]
@@ -440,20 +440,23 @@ impl NotifySettings {
     /// per line.
     pub fn from_config(config: &NotifyConfig<'_>) -> anyhow::Result<NotifySettings> {
         let mut errors = Vec::new();
-        let ctx = Ctx { config: *config };
+        let ctx = Ctx {
+            config: *config,
+            lines: crate::values::LineIndex::new(config.text),
+        };
         let n = config.notify;
         // Every duration but group_wait must be positive: a zero retry or timeout would hammer a
         // failing receiver (issue 11).
         let mut dur = |what: &str, s: &str| -> i64 {
-            let at = ctx.key(&format!("notify.{what}"));
+            let at = || ctx.key(&format!("notify.{what}"));
             match parse_duration_ms(s) {
                 Ok(0) if what != "group_wait" => {
-                    errors.push(format!("{at}: [notify] {what} must be longer than 0s"));
+                    errors.push(format!("{}: [notify] {what} must be longer than 0s", at()));
                     1
                 }
                 Ok(ms) => ms,
                 Err(e) => {
-                    errors.push(format!("{at}: [notify] {what}: {e}"));
+                    errors.push(format!("{}: [notify] {what}: {e}", at()));
                     0
                 }
             }
@@ -526,13 +529,14 @@ impl NotifySettings {
                 channel_tables(&synthetic).unwrap_or_default()
             }
         };
+        let mut names = std::collections::HashSet::new();
         for table in tables {
             match build_channel(&ctx, table, positions, timeout_ms) {
                 Ok((spec, at)) => {
-                    if channels.iter().any(|o| o.name == spec.name) {
-                        errors.push(format!("{at}: duplicate channel name {:?}", spec.name));
-                    } else {
+                    if names.insert(spec.name.clone()) {
                         channels.push(spec);
+                    } else {
+                        errors.push(format!("{at}: duplicate channel name {:?}", spec.name));
                     }
                 }
                 Err(e) => errors.push(e),
@@ -540,10 +544,12 @@ impl NotifySettings {
         }
 
         let mut routes = Vec::new();
+        let declared: std::collections::HashSet<&str> =
+            config.channels.iter().map(|c| c.name()).collect();
         for r in config.routes {
             let mut ok = true;
             for ch in &r.channels {
-                if !config.channels.iter().any(|c| c.name() == ch.get_ref()) {
+                if !declared.contains(ch.get_ref().as_str()) {
                     errors.push(format!(
                         "{}: route names unknown channel {:?}",
                         ctx.at(ch.span().start),
@@ -629,6 +635,7 @@ impl NotifySettings {
 
 struct Ctx<'a> {
     config: NotifyConfig<'a>,
+    lines: crate::values::LineIndex,
 }
 
 impl Ctx<'_> {
@@ -637,14 +644,15 @@ impl Ctx<'_> {
     }
 
     fn at(&self, offset: usize) -> String {
-        let (line, col) = line_col(self.config.text, offset);
+        let (line, col) = self.lines.line_col(offset);
         format!("{}:{line}:{col}", self.file())
     }
 
-    /// `file:line:column` of the value at dotted `key`.
+    /// `file:line:column` of the value at dotted `key` (for an error: parses the file).
     fn key(&self, key: &str) -> String {
-        let (line, col) = crate::values::key_line_col(self.config.text, key);
-        format!("{}:{line}:{col}", self.file())
+        let offset = toml::de::DeTable::parse(self.config.text)
+            .map_or(0, |root| crate::values::key_offset(&root, key));
+        self.at(offset)
     }
 }
 
