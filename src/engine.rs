@@ -893,4 +893,6 @@ pub fn replay<E>(
 }
 
 #[cfg(test)]
+mod job_rules_tests;
+#[cfg(test)]
 mod tests;

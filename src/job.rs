@@ -20,9 +20,6 @@ pub mod report;
 pub mod scan;
 pub mod tty;
 
-#[cfg(test)]
-mod rules_tests;
-
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;

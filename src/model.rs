@@ -218,7 +218,7 @@ impl HostRead {
 }
 
 /// Where a metric's value comes from. Every table row names one; the sampler reads the row
-/// through it (see `crate::sampler`), so a row cannot exist without being read.
+/// through it (see the `sampler` module), so a row cannot exist without being read.
 #[derive(Debug, Clone, Copy)]
 pub enum Source {
     /// A dedicated NVML call.

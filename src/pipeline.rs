@@ -1,9 +1,9 @@
 //! The one pipeline every live command drives: the sampler on its own thread
 //! ([`SamplerThread`]) → the engine → kill/exec actions → their audit records as alert events
-//! ([`Pipeline`]). `gpuwatch daemon` ([`crate::daemon`]) and `run`/`attach` ([`watch`]) are thin
+//! ([`Pipeline`]). `gpuwatch daemon` (the `daemon` module) and `run`/`attach` ([`watch`]) are thin
 //! drivers that decide where events go (the notification dispatcher, stderr, a job report);
 //! `record` reuses the sampler thread; `replay` and `test` feed the engine in virtual time
-//! ([`crate::engine::replay`]) with no actions at all.
+//! (`engine::replay`) with no actions at all.
 //!
 //! The sequence "engine events → actions → audit records → `kill_action` events" exists only
 //! in [`Pipeline::act`].

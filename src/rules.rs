@@ -184,7 +184,7 @@ pub enum RuleScope {
     /// Once per evaluation.
     Host,
     /// Once per job sample of `gpuwatch run` / `attach` (`check: |job| ..`), see
-    /// [`crate::engine::Engine::evaluate_job`].
+    /// `Engine::evaluate_job` in the `engine` module.
     Job,
     /// Once per process in each GPU's latest process list (`check: |p| ..`).
     Process,

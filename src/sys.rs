@@ -2,7 +2,7 @@
 //! database, `/proc/PID/stat` and `cmdline`, durable atomic writes, and the FNV-1a hash behind
 //! every fingerprint.
 //!
-//! The bottom layer with [`crate::model`]: it imports nothing from the crate. The engine never
+//! The bottom layer with `model` and `values`: it imports nothing from the crate. The engine never
 //! calls the clock or any I/O here; the rules' time budget reads only [`thread_cpu_ns`].
 
 use std::io::Write;

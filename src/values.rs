@@ -2,7 +2,7 @@
 //! everywhere: durations (`"500ms"`, `"90s"`, `"5m"`, `"1h"`, `"2d"`, or a number of seconds),
 //! regular expressions compiled once, and `line:column` positions for error messages.
 //!
-//! A bottom layer beside [`crate::model`] and [`crate::sys`]: it imports nothing from the crate.
+//! A bottom layer beside `model` and `sys`: it imports nothing from the crate.
 
 use serde::{Deserialize, Deserializer};
 

@@ -1,5 +1,5 @@
 //! Plain data about a training job watched by `gpuwatch run` / `attach`: its progress, how it
-//! ended, and the sample job rules see. The job machinery (`crate::job`) produces these; the
+//! ended, and the sample job rules see. The job machinery (the `job` module) produces these; the
 //! rules engine reads them; neither needs the other.
 
 use serde::{Deserialize, Serialize};

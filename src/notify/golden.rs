@@ -86,9 +86,22 @@ fn golden_dir() -> PathBuf {
 }
 
 fn spec(keys: &str) -> ChannelSpec {
+    #[derive(serde::Deserialize)]
+    struct Doc {
+        channel: Vec<super::settings::ChannelSection>,
+    }
     let text = format!("[[channel]]\nname = \"ops\"\n{keys}");
-    let config = crate::config::parse(&text, Path::new("golden.toml")).expect("config");
-    let settings = config.notify_settings().expect("channel");
+    let doc: Doc = toml::from_str(&text).expect("channel table");
+    let settings = super::settings::NotifySettings::from_config(&super::settings::NotifyConfig {
+        notify: &super::settings::NotifySection::default(),
+        channels: &doc.channel,
+        routes: &[],
+        hostname: "golden",
+        base_dir: Path::new("."),
+        path: Path::new("golden.toml"),
+        text: &text,
+    })
+    .expect("channel");
     settings.channels[0].clone()
 }
 

@@ -1,7 +1,6 @@
 //! The module layers of `docs/architecture.md`, checked from the source: every `crate::X` path
-//! in non-test code names a module in a lower layer (or its own), so data flows one way and there
-//! are no import cycles. Test code (`#[cfg(test)]` modules, `tests.rs`, `*_tests.rs`) may reach
-//! upwards to build fixtures and is skipped.
+//! (before a file's `#[cfg(test)]` line; doc links and test files under `src/` included) names a
+//! module in a lower layer (or its own), so data flows one way and there are no import cycles.
 
 #![allow(clippy::unwrap_used)]
 
@@ -61,53 +60,15 @@ fn module_of(src: &Path, file: &Path) -> String {
     first.trim_end_matches(".rs").to_string()
 }
 
-/// Files of modules declared under `#[cfg(test)]` (`#[cfg(test)] mod golden;` in
-/// `src/notify.rs` → `src/notify/golden.rs`).
-fn test_module_files(files: &[PathBuf]) -> BTreeSet<PathBuf> {
-    let mut out = BTreeSet::new();
-    for f in files {
-        let Ok(text) = std::fs::read_to_string(f) else {
-            continue;
-        };
-        let lines: Vec<&str> = text.lines().map(str::trim).collect();
-        for pair in lines.windows(2) {
-            let Some(name) = pair[1]
-                .strip_prefix("mod ")
-                .or_else(|| pair[1].strip_prefix("pub(crate) mod "))
-                .and_then(|r| r.strip_suffix(';'))
-            else {
-                continue;
-            };
-            if pair[0] == "#[cfg(test)]" {
-                let dir = f.with_extension("");
-                out.insert(dir.join(format!("{name}.rs")));
-            }
-        }
-    }
-    out
-}
-
-/// The non-test code of a file: up to its first `#[cfg(test)]` line, without comment lines;
-/// `None` for a file that is a test module.
-fn production_text(file: &Path, test_files: &BTreeSet<PathBuf>) -> Option<String> {
-    let name = file.file_name()?.to_string_lossy().to_string();
-    if name == "tests.rs" || name.ends_with("_tests.rs") || test_files.contains(file) {
-        return None;
-    }
+/// The code of a file up to its first `#[cfg(test)]` line. Doc links and test files under
+/// `src/` count (as `../shared/tools/layers.py` counts them): a test fixture that reaches up is
+/// an import too.
+fn production_text(file: &Path) -> Option<String> {
     let text = std::fs::read_to_string(file).ok()?;
-    let mut out = String::new();
-    for line in text.lines() {
-        let t = line.trim_start();
-        if t.starts_with("#[cfg(test)]") {
-            break;
-        }
-        if t.starts_with("//") {
-            continue; // comments and doc links do not import
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    Some(out)
+    Some(match text.find("#[cfg(test)]") {
+        Some(cut) => text[..cut].to_string(),
+        None => text,
+    })
 }
 
 /// Every `crate::NAME` in `text` (paths in `use` lines and inline alike).
@@ -167,14 +128,13 @@ fn graph() -> BTreeMap<String, BTreeMap<String, Vec<String>>> {
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     files.sort();
-    let test_files = test_module_files(&files);
     let mut edges: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
     for f in files {
         let module = module_of(&src, &f);
         if module == "lib" || module == "main" {
             continue;
         }
-        let Some(text) = production_text(&f, &test_files) else {
+        let Some(text) = production_text(&f) else {
             continue;
         };
         for target in crate_refs(&text) {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::engine::{Engine, EngineOptions};
-use crate::job::{CrashClass, JobExit, JobSample, ProgressState, ProgressUpdate};
+use crate::model::job::{CrashClass, JobExit, JobSample, ProgressState, ProgressUpdate};
 use crate::model::{
     AlertEvent, AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcKind,
     ProcSample, Snapshot,
