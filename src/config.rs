@@ -134,16 +134,11 @@ impl Config {
             },
         )
     }
-
-    /// The rule paths for commands: `explicit` (`--rules DIR`) when given; else `[daemon] rules`
-    /// and `[rules] dirs` relative to the config file (those that exist); else `./rules`; else
-    /// the stock `rules/` directory shipped with gpuwatch.
-    pub fn rule_paths(&self, explicit: &[PathBuf]) -> Vec<PathBuf> {
-        rule_paths(explicit, Some(self))
-    }
 }
 
-/// The rule paths when there may be no config file (see [`Config::rule_paths`]).
+/// The rule paths for commands: `explicit` (`--rules DIR`) when given; else `[daemon] rules`
+/// and `[rules] dirs` relative to the config file (those that exist); else `./rules`; else the
+/// stock `rules/` directory shipped with gpuwatch.
 pub fn rule_paths(explicit: &[PathBuf], config: Option<&Config>) -> Vec<PathBuf> {
     if !explicit.is_empty() {
         return explicit.to_vec();

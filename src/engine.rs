@@ -28,7 +28,6 @@
 pub mod testfile;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::alert::{
@@ -36,7 +35,7 @@ use crate::alert::{
 };
 use crate::model::{AlertEvent, GpuSample, Metric, MetricKind, Severity, Snapshot};
 use crate::rules::api::{JobHandle, ProcessHandle};
-use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet, RulesConfig};
+use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet};
 use crate::window::GpuHistory;
 use std::borrow::Cow;
 
@@ -227,17 +226,6 @@ impl Engine {
             let rule = key.split('/').next().unwrap_or(key);
             names.iter().any(|n| n == rule)
         })
-    }
-
-    /// Loads rules from `paths` and swaps them in; on any error the current rules keep running
-    /// and the errors are returned.
-    pub fn reload_from(
-        &mut self,
-        paths: &[PathBuf],
-        config: &RulesConfig,
-    ) -> Result<Vec<AlertEvent>, Vec<RuleError>> {
-        let rules = RuleSet::load(paths, config)?;
-        Ok(self.reload(rules))
     }
 
     /// Ingests a snapshot and evaluates, at its time, the rules whose evaluation is due.

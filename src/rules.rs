@@ -313,7 +313,7 @@ fn rule_output_allowed() -> Option<String> {
     }
 }
 
-pub use crate::values::escape_control;
+use crate::values::escape_control;
 
 /// The termination token the progress callback returns when the budget is spent.
 const OVER_BUDGET: &str = "gpuwatch: time budget exceeded";
@@ -887,11 +887,6 @@ impl RuleSet {
     /// How much history windows must keep, ms.
     pub fn retention_ms(&self) -> i64 {
         self.retention_ms
-    }
-
-    /// The wall-clock budget of one evaluation, ms.
-    pub fn budget_ms(&self) -> i64 {
-        self.budget_ms
     }
 
     /// Evaluates rule `idx` for one GPU at `now_ms`.

@@ -4,6 +4,7 @@
 use super::*;
 use crate::alert::{load_state, save_state, CounterPoint};
 use crate::model::{AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, XidEvent};
+use crate::rules::RulesConfig;
 use std::path::Path;
 
 fn rules(dir: &Path, files: &[(&str, &str)]) -> RuleSet {
@@ -173,10 +174,7 @@ fn every_overrides_the_global_interval_and_survives_reload() {
     evs.extend(run(&mut e, 31, 45, 90.0));
     // A reload keeps the rule's last evaluation time: no extra evaluation at 45.
     let path = dir.path().join("hot.rhai");
-    assert!(e
-        .reload_from(&[path], &RulesConfig::default())
-        .unwrap()
-        .is_empty());
+    assert!(e.reload_with(&[path]).unwrap().is_empty());
     evs.extend(run(&mut e, 45, 61, 90.0));
     assert_eq!(evs, vec![(60, "hot30".to_string(), AlertStatus::Firing)]);
 }
@@ -240,9 +238,7 @@ fn reload_keeps_state_and_broken_edit_keeps_old_rules() {
         "rule(#{ name: \"hot\", check: |gpu| { gpu.temp.last( } });",
     )
     .unwrap();
-    let errs = e
-        .reload_from(std::slice::from_ref(&path), &RulesConfig::default())
-        .unwrap_err();
+    let errs = e.reload_with(std::slice::from_ref(&path)).unwrap_err();
     assert!(errs[0].to_string().contains("hot.rhai:1:"), "{}", errs[0]);
     assert_eq!(e.rule_count(), 1);
     assert!(
@@ -250,10 +246,7 @@ fn reload_keeps_state_and_broken_edit_keeps_old_rules() {
         "still firing, not re-announced"
     );
     std::fs::write(&path, HOT).unwrap();
-    assert!(e
-        .reload_from(&[path], &RulesConfig::default())
-        .unwrap()
-        .is_empty());
+    assert!(e.reload_with(&[path]).unwrap().is_empty());
     assert!(
         run(&mut e, 14, 16, 90.0).is_empty(),
         "state kept across reload"
@@ -517,4 +510,14 @@ fn reload_keeps_process_alerts() {
         "a reload resolved a process alert"
     );
     assert!(e.observe(&with_proc(1)).is_empty(), "and fired it again");
+}
+
+impl Engine {
+    /// Loads rules from `paths` and swaps them in, as the daemon's reload does.
+    fn reload_with(
+        &mut self,
+        paths: &[std::path::PathBuf],
+    ) -> Result<Vec<AlertEvent>, Vec<RuleError>> {
+        Ok(self.reload(RuleSet::load(paths, &RulesConfig::default())?))
+    }
 }
