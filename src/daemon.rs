@@ -466,21 +466,15 @@ fn degraded_event(hostname: &str, missing: &[String], now: i64) -> AlertEvent {
          grep -i xid`) for XIDs meanwhile."
             .to_string(),
     );
-    AlertEvent {
-        fingerprint: crate::alert::fingerprint(&labels),
-        name: "collector_degraded".into(),
-        severity: crate::model::Severity::Info,
-        status: crate::model::AlertStatus::Firing,
+    AlertEvent::notice(
+        crate::alert::fingerprint(&labels),
+        "collector_degraded",
+        crate::model::Severity::Info,
+        crate::model::AlertStatus::Firing,
         labels,
         annotations,
-        starts_at_ms: now,
-        ends_at_ms: None,
-        at_ms: now,
-        repeat: false,
-        gpu: None,
-        actions: Vec::new(),
-        target_pid: None,
-    }
+        now,
+    )
 }
 
 /// Logs `events` and hands them to the dispatcher; true when there were any.

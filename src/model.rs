@@ -801,6 +801,37 @@ pub struct AlertEvent {
     pub target_pid: Option<u32>,
 }
 
+impl AlertEvent {
+    /// An event gpuwatch raises itself rather than a rule (`notifier_failing`,
+    /// `collector_degraded`, `kill_action`, the `notify-test` message): its transition happens
+    /// at `now_ms` (a resolution ends then too), on no GPU, asking for no action.
+    pub fn notice(
+        fingerprint: String,
+        name: &str,
+        severity: Severity,
+        status: AlertStatus,
+        labels: std::collections::BTreeMap<String, String>,
+        annotations: std::collections::BTreeMap<String, String>,
+        now_ms: i64,
+    ) -> AlertEvent {
+        AlertEvent {
+            fingerprint,
+            name: name.to_string(),
+            severity,
+            status,
+            labels,
+            annotations,
+            starts_at_ms: now_ms,
+            ends_at_ms: (status == AlertStatus::Resolved).then_some(now_ms),
+            at_ms: now_ms,
+            repeat: false,
+            gpu: None,
+            actions: Vec::new(),
+            target_pid: None,
+        }
+    }
+}
+
 /// A control decision a rule declares with `action:`. Travels as this type from the rule to the
 /// action runner; annotations and labels are presentation only and can never request one.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

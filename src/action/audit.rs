@@ -128,19 +128,16 @@ impl AuditRecord {
             self.decision.as_str(),
         ]);
         AlertEvent {
-            fingerprint,
-            name: "kill_action".into(),
-            severity,
-            status: AlertStatus::Firing,
-            labels,
-            annotations,
-            starts_at_ms: self.time_ms,
-            ends_at_ms: None,
-            at_ms: self.time_ms,
-            repeat: false,
             gpu: self.gpu,
-            actions: Vec::new(),
-            target_pid: None,
+            ..AlertEvent::notice(
+                fingerprint,
+                "kill_action",
+                severity,
+                AlertStatus::Firing,
+                labels,
+                annotations,
+                self.time_ms,
+            )
         }
     }
 

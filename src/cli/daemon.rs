@@ -67,21 +67,15 @@ pub fn test_notification(settings: &NotifySettings, channel: &str, now: i64) -> 
         "next_steps".to_string(),
         "Nothing: this was sent by `gpuwatch notify-test`.".to_string(),
     );
-    let alert = AlertEvent {
-        fingerprint: "gpuwatch_test".into(),
-        name: "gpuwatch_test".into(),
-        severity: Severity::Info,
-        status: AlertStatus::Firing,
-        labels: labels.clone(),
+    let alert = AlertEvent::notice(
+        "gpuwatch_test".into(),
+        "gpuwatch_test",
+        Severity::Info,
+        AlertStatus::Firing,
+        labels.clone(),
         annotations,
-        starts_at_ms: now,
-        ends_at_ms: None,
-        at_ms: now,
-        repeat: false,
-        gpu: None,
-        actions: Vec::new(),
-        target_pid: None,
-    };
+        now,
+    );
     let mut n = Notification {
         id: String::new(),
         channel: channel.to_string(),

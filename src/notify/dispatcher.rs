@@ -651,19 +651,13 @@ pub fn notifier_failing_event(
             outbox_dir.display()
         ),
     );
-    AlertEvent {
-        fingerprint: format!("notifier_failing:{}", spec.name),
-        name: "notifier_failing".into(),
-        severity: Severity::Warning,
+    AlertEvent::notice(
+        format!("notifier_failing:{}", spec.name),
+        "notifier_failing",
+        Severity::Warning,
         status,
         labels,
         annotations,
-        starts_at_ms: now,
-        ends_at_ms: (status == AlertStatus::Resolved).then_some(now),
-        at_ms: now,
-        repeat: false,
-        gpu: None,
-        actions: Vec::new(),
-        target_pid: None,
-    }
+        now,
+    )
 }
