@@ -91,7 +91,11 @@ fn main() -> anyhow::Result<()> {
     let hours: i64 = args.get(1).map_or(Ok(24), |h| h.parse())?;
     let eval = args.get(2).cloned();
     let ticks = hours * 3600;
-    let rules_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
+    // `BENCH_RULES=DIR` times another rule set (e.g. one rule, to see the ingest cost alone).
+    let rules_dir = std::env::var_os("BENCH_RULES").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules"),
+        PathBuf::from,
+    );
     let cfg = RulesConfig {
         eval_interval: eval
             .as_deref()
@@ -146,7 +150,7 @@ fn main() -> anyhow::Result<()> {
         eval_interval_ms: cfg.eval_interval_ms(),
         sample_interval_ms: None,
     };
-    let mut engine = Engine::new(rules.clone(), opts);
+    let mut engine = Engine::new(rules.clone(), opts.clone());
     let t = Instant::now();
     let mut events = 0;
     let stats = gpuwatch::engine::replay(
@@ -156,11 +160,32 @@ fn main() -> anyhow::Result<()> {
     )?;
     let replay_s = t.elapsed().as_secs_f64();
     let eval = eval.unwrap_or_else(|| "sample (default)".into());
+    let (reused, ran) = engine.reuse_stats();
     println!(
-        "replay: {} snapshots, {} device-samples through {} rules (eval_interval {eval}, rules' own `every` kept) in {replay_s:.2} s, {:.0} µs per tick ({events} events)",
+        "replay: {} snapshots, {} device-samples through {} rules (eval_interval {eval}, rules' own `every` kept) in {replay_s:.2} s, {:.0} µs per tick ({events} events; {:.0}% of {} GPU-scope evaluations reused)",
         stats.snapshots, stats.gpu_samples, engine.rule_count(),
-        replay_s * 1e6 / stats.snapshots.max(1) as f64
+        replay_s * 1e6 / stats.snapshots.max(1) as f64,
+        reused as f64 * 100.0 / (reused + ran).max(1) as f64,
+        reused + ran
     );
+
+    // 2b. The same without reusing results (every due rule runs its script for every GPU), side
+    //     by side with the run above; the events must be the same.
+    let mut plain = Engine::new(rules.clone(), opts.clone());
+    plain.set_reuse(false);
+    let t = Instant::now();
+    let mut plain_events = 0;
+    gpuwatch::engine::replay(
+        &mut plain,
+        gpuwatch::trace::read_ahead(gpuwatch::trace::TraceReader::open(&path, None)?),
+        |_| plain_events += 1,
+    )?;
+    let plain_s = t.elapsed().as_secs_f64();
+    println!(
+        "replay without reuse: {plain_s:.2} s ({plain_events} events), {:.1}x the time with reuse",
+        plain_s / replay_s
+    );
+    assert_eq!(plain_events, events, "reuse changed the events");
 
     // 3. Rule evaluation cost per tick for 8 GPUs: warm windows, then observe every snapshot with
     //    the default cadence (each rule at every sample or at its own `every`).

@@ -181,7 +181,8 @@ pub fn fingerprint(labels: &BTreeMap<String, String>) -> String {
 /// All live alert instances.
 #[derive(Debug, Clone, Default)]
 pub struct AlertBook {
-    instances: BTreeMap<(String, Option<u32>), AlertInstanceState>,
+    /// By key, then GPU: a lookup by `&str` needs no allocation (most steps find nothing).
+    instances: BTreeMap<String, BTreeMap<Option<u32>, AlertInstanceState>>,
 }
 
 /// Identity of the instance being stepped. `labels` is only called when a new instance starts.
@@ -205,12 +206,27 @@ impl AlertBook {
 
     /// Rebuilds a book from a saved state.
     pub fn from_state(state: &AlertStateFile) -> Self {
-        let instances = state
-            .instances
-            .iter()
-            .map(|i| ((i.key.clone(), i.gpu), i.clone()))
-            .collect();
-        AlertBook { instances }
+        let mut book = AlertBook::default();
+        for i in &state.instances {
+            book.instances
+                .entry(i.key.clone())
+                .or_default()
+                .insert(i.gpu, i.clone());
+        }
+        book
+    }
+
+    fn get_mut(&mut self, key: &str, gpu: Option<u32>) -> Option<&mut AlertInstanceState> {
+        self.instances.get_mut(key)?.get_mut(&gpu)
+    }
+
+    fn remove(&mut self, key: &str, gpu: Option<u32>) -> Option<AlertInstanceState> {
+        let by_gpu = self.instances.get_mut(key)?;
+        let inst = by_gpu.remove(&gpu);
+        if by_gpu.is_empty() {
+            self.instances.remove(key);
+        }
+        inst
     }
 
     /// The state to persist.
@@ -218,14 +234,14 @@ impl AlertBook {
         AlertStateFile {
             version: STATE_VERSION,
             saved_at_ms: now_ms,
-            instances: self.instances.values().cloned().collect(),
+            instances: self.instances().cloned().collect(),
             gpus: Vec::new(),
         }
     }
 
     /// Live instances (pending and firing).
     pub fn instances(&self) -> impl Iterator<Item = &AlertInstanceState> {
-        self.instances.values()
+        self.instances.values().flat_map(BTreeMap::values)
     }
 
     /// Keeps only instances for which `keep(key)` holds; returns the removed firing ones as
@@ -236,14 +252,19 @@ impl AlertBook {
         mut keep: impl FnMut(&str) -> bool,
     ) -> Vec<AlertEvent> {
         let mut events = Vec::new();
-        let removed: Vec<_> = self
+        let removed: Vec<String> = self
             .instances
             .keys()
-            .filter(|(k, _)| !keep(k))
+            .filter(|k| !keep(k))
             .cloned()
             .collect();
         for key in removed {
-            if let Some(inst) = self.instances.remove(&key) {
+            for inst in self
+                .instances
+                .remove(&key)
+                .into_iter()
+                .flat_map(BTreeMap::into_values)
+            {
                 if inst.phase == Phase::Firing {
                     events.push(event(&inst, AlertStatus::Resolved, now_ms, false));
                 }
@@ -267,26 +288,30 @@ impl AlertBook {
             } => {
                 annotations.insert("summary".into(), summary);
                 annotations.insert("rule_file".into(), spec.source.clone());
-                let map_key = (id.key.to_string(), id.gpu);
-                let inst = self.instances.entry(map_key).or_insert_with(|| {
-                    let labels = (id.labels)();
-                    AlertInstanceState {
-                        key: id.key.to_string(),
-                        gpu: id.gpu,
-                        phase: Phase::Pending,
-                        fingerprint: fingerprint(&labels),
-                        labels,
-                        severity: spec.severity,
-                        active_since_ms: now_ms,
-                        fired_at_ms: None,
-                        last_active_ms: now_ms,
-                        last_notified_ms: None,
-                        nodata_since_ms: None,
-                        annotations: BTreeMap::new(),
-                        actions: Vec::new(),
-                        target_pid: id.target_pid,
-                    }
-                });
+                let inst = self
+                    .instances
+                    .entry(id.key.to_string())
+                    .or_default()
+                    .entry(id.gpu)
+                    .or_insert_with(|| {
+                        let labels = (id.labels)();
+                        AlertInstanceState {
+                            key: id.key.to_string(),
+                            gpu: id.gpu,
+                            phase: Phase::Pending,
+                            fingerprint: fingerprint(&labels),
+                            labels,
+                            severity: spec.severity,
+                            active_since_ms: now_ms,
+                            fired_at_ms: None,
+                            last_active_ms: now_ms,
+                            last_notified_ms: None,
+                            nodata_since_ms: None,
+                            annotations: BTreeMap::new(),
+                            actions: Vec::new(),
+                            target_pid: id.target_pid,
+                        }
+                    });
                 inst.actions.clone_from(&spec.actions);
                 inst.last_active_ms = now_ms;
                 inst.nodata_since_ms = None;
@@ -305,18 +330,17 @@ impl AlertBook {
                 }
             }
             Outcome::Inactive => {
-                let map_key = (id.key.to_string(), id.gpu);
-                let inst = self.instances.get_mut(&map_key)?;
+                let inst = self.get_mut(id.key, id.gpu)?;
                 inst.nodata_since_ms = None;
                 match inst.phase {
                     Phase::Pending => {
-                        self.instances.remove(&map_key);
+                        self.remove(id.key, id.gpu);
                         None
                     }
                     Phase::Firing => {
                         if now_ms - inst.last_active_ms >= spec.keep_firing_for_ms {
                             let ev = event(inst, AlertStatus::Resolved, now_ms, false);
-                            self.instances.remove(&map_key);
+                            self.remove(id.key, id.gpu);
                             Some(ev)
                         } else {
                             repeat_due(inst, spec, now_ms)
@@ -325,8 +349,7 @@ impl AlertBook {
                 }
             }
             Outcome::NoData => {
-                let map_key = (id.key.to_string(), id.gpu);
-                let inst = self.instances.get_mut(&map_key)?;
+                let inst = self.get_mut(id.key, id.gpu)?;
                 let since = *inst.nodata_since_ms.get_or_insert(now_ms);
                 if now_ms - since < NODATA_RESOLVE_MS {
                     return match inst.phase {
@@ -334,7 +357,7 @@ impl AlertBook {
                         Phase::Pending => None,
                     };
                 }
-                let inst = self.instances.remove(&map_key)?;
+                let inst = self.remove(id.key, id.gpu)?;
                 (inst.phase == Phase::Firing)
                     .then(|| event(&inst, AlertStatus::Resolved, now_ms, false))
             }

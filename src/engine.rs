@@ -35,7 +35,7 @@ use crate::alert::{
 };
 use crate::model::{AlertEvent, GpuSample, Metric, MetricKind, Severity, Snapshot};
 use crate::rules::api::{JobHandle, ProcessHandle};
-use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet};
+use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet, Trace};
 use crate::window::GpuHistory;
 use std::borrow::Cow;
 
@@ -82,9 +82,18 @@ pub struct Engine {
     order: Vec<usize>,
     last_now_ms: i64,
     recent_snapshots: VecDeque<i64>,
-    rule_error_spec: AlertSpec,
+    /// Per rule: the key and spec of its `rule_error` instance.
+    rule_errors: Vec<(String, AlertSpec)>,
     /// Restored per-GPU data (by UUID) not yet applied to a history.
     carry: BTreeMap<String, GpuCarry>,
+    /// Per rule (same order as `rules`), per GPU index: the inputs its last GPU-scope evaluation
+    /// read and what it returned, reused while the inputs read the same (see below).
+    memo: Vec<BTreeMap<u32, (Trace, EvalResult)>>,
+    /// Whether results are reused (always, except to prove that reuse changes nothing).
+    reuse: bool,
+    /// GPU-scope evaluations answered from `memo`, and those that ran their script.
+    reused: u64,
+    ran: u64,
 }
 
 impl Engine {
@@ -93,7 +102,12 @@ impl Engine {
         Engine {
             last_eval_ms: vec![None; rules.len()],
             overrun: vec![Overrun::default(); rules.len()],
+            memo: vec![BTreeMap::new(); rules.len()],
+            reuse: true,
+            reused: 0,
+            ran: 0,
             order: evaluation_order(&rules),
+            rule_errors: rule_error_specs(&rules),
             rules,
             opts,
             gpus: BTreeMap::new(),
@@ -104,16 +118,6 @@ impl Engine {
             last_now_ms: 0,
             recent_snapshots: VecDeque::new(),
             carry: BTreeMap::new(),
-            rule_error_spec: AlertSpec {
-                name: RULE_ERROR.into(),
-                severity: Severity::Warning,
-                hold_ms: 0,
-                keep_firing_for_ms: 0,
-                repeat_ms: 0,
-                labels: BTreeMap::new(),
-                source: "gpuwatch".into(),
-                actions: Vec::new(),
-            },
         }
     }
 
@@ -176,6 +180,20 @@ impl Engine {
         state
     }
 
+    /// Turns reuse of GPU-scope results off or on (on by default). Off, every due rule runs its
+    /// script for every GPU; the events are the same either way, which the tests check.
+    pub fn set_reuse(&mut self, reuse: bool) {
+        self.reuse = reuse;
+        if !reuse {
+            self.memo.iter_mut().for_each(BTreeMap::clear);
+        }
+    }
+
+    /// GPU-scope evaluations so far whose result was reused, and those that ran the script.
+    pub fn reuse_stats(&self) -> (u64, u64) {
+        (self.reused, self.ran)
+    }
+
     /// Number of loaded rules.
     pub fn rule_count(&self) -> usize {
         self.rules.len()
@@ -213,7 +231,9 @@ impl Engine {
             .map(|n| previous.get(n.as_str()).copied().flatten())
             .collect();
         self.overrun = vec![Overrun::default(); rules.len()];
+        self.memo = vec![BTreeMap::new(); rules.len()];
         self.order = evaluation_order(&rules);
+        self.rule_errors = rule_error_specs(&rules);
         self.rules = rules;
         let now = self.last_now_ms;
         // Instance keys are `rule`, `rule/gpuN/pid:P` (process scope) or `rule/job:PID`, and
@@ -365,41 +385,38 @@ impl Engine {
         }
     }
 
-    /// Steps the `rule_error` alert of the rule described by `spec`: active while its last
-    /// evaluation failed (naming the script location), inactive once it runs cleanly again.
+    /// Steps the `rule_error` alert of rule `idx`: active while its last evaluation failed
+    /// (naming the script location), inactive once it runs cleanly again.
     fn step_rule_error(
         &mut self,
+        idx: usize,
         now: i64,
-        spec: &AlertSpec,
         error: Option<RuleError>,
         events: &mut Vec<AlertEvent>,
     ) {
-        let key = format!("{RULE_ERROR}/{}", spec.name);
+        let Some((key, err_spec)) = self.rule_errors.get(idx) else {
+            return;
+        };
         let outcome = match error {
             Some(e) => Outcome::Active {
-                summary: format!("rule {} failed: {e}", spec.name),
+                summary: format!("rule {} failed: {e}", self.rules.rules()[idx].spec.name),
                 annotations: [("error_location".to_string(), e.location())]
                     .into_iter()
                     .collect(),
             },
             None => Outcome::Inactive,
         };
-        let err_spec = AlertSpec {
-            source: spec.source.clone(),
-            ..self.rule_error_spec.clone()
-        };
         let subject = Subject {
-            key: &key,
+            key,
             gpu: None,
-            extra: vec![("rule", spec.name.clone())],
+            extra: vec![("rule", self.rules.rules()[idx].spec.name.clone())],
             target_pid: None,
         };
-        let hostname = &self.opts.hostname;
         events.extend(step(
             &mut self.book,
-            hostname,
+            &self.opts.hostname,
             now,
-            &err_spec,
+            err_spec,
             &subject,
             outcome,
             None,
@@ -490,8 +507,7 @@ impl Engine {
                 RuleScope::Job => continue,
             };
             let error = self.note_budget(idx, now, error);
-            let spec = self.rules.rules()[idx].spec.clone();
-            self.step_rule_error(now, &spec, error, &mut events);
+            self.step_rule_error(idx, now, error, &mut events);
         }
         events
     }
@@ -551,10 +567,8 @@ impl Engine {
             let Some(hist) = self.gpus.get(index).cloned() else {
                 continue;
             };
-            let result = self.rules.eval_gpu(idx, &hist, now);
-            let name = self.rules.rules()[idx].spec.name.clone();
-            if let Some(e) = self.step_result(idx, now, result, Subject::gpu(&name, &hist), events)
-            {
+            let result = self.eval_gpu(idx, &hist, now);
+            if let Some(e) = self.step_result(idx, now, result, Subject::gpu(&hist), events) {
                 let stop = e.over_budget;
                 if error.as_ref().is_none_or(|prev| !prev.over_budget && stop) {
                     error = Some(e);
@@ -569,6 +583,34 @@ impl Engine {
 }
 
 impl Engine {
+    /// Rule `idx`'s result for the GPU of `hist` at `now`: the previous one when every input
+    /// that evaluation read still reads the same (the check would compute the same result — see
+    /// `rules::api::gpu` on traces), else a fresh evaluation, remembered when it is reusable.
+    fn eval_gpu(&mut self, idx: usize, hist: &Arc<GpuHistory>, now: i64) -> EvalResult {
+        let index = hist.id.index;
+        if self.reuse {
+            if let Some((trace, result)) = self.memo.get(idx).and_then(|m| m.get(&index)) {
+                if trace.holds(hist, now) {
+                    self.reused += 1;
+                    return result.clone();
+                }
+            }
+        }
+        self.ran += 1;
+        let (result, trace) = self.rules.eval_gpu_traced(idx, hist, now);
+        if let Some(memo) = self.memo.get_mut(idx) {
+            match trace.filter(|_| self.reuse) {
+                Some(trace) => {
+                    memo.insert(index, (trace, result.clone()));
+                }
+                None => {
+                    memo.remove(&index);
+                }
+            }
+        }
+        result
+    }
+
     /// Evaluates process-scope rule `idx` for every process in the latest process list of each
     /// present GPU. Instances are keyed `rule/gpuN/pid:P`, labelled with `pid` (and `user`) and
     /// target that process; those of processes that left the list resolve. Returns the first
@@ -681,8 +723,7 @@ impl Engine {
             };
             let error = self.step_result(idx, now_ms, result, subject, &mut events);
             let error = self.note_budget(idx, now_ms, error);
-            let spec = self.rules.rules()[idx].spec.clone();
-            self.step_rule_error(now_ms, &spec, error, &mut events);
+            self.step_rule_error(idx, now_ms, error, &mut events);
         }
         events
     }
@@ -704,6 +745,27 @@ struct Overrun {
     suspended_until_ms: Option<i64>,
     /// The current suspension length, ms (0 = never suspended since the last clean run).
     backoff_ms: i64,
+}
+
+/// Per rule: the key (`rule_error/<rule>`) and spec of the alert its failures raise.
+fn rule_error_specs(rules: &RuleSet) -> Vec<(String, AlertSpec)> {
+    rules
+        .rules()
+        .iter()
+        .map(|r| {
+            let spec = AlertSpec {
+                name: RULE_ERROR.into(),
+                severity: Severity::Warning,
+                hold_ms: 0,
+                keep_firing_for_ms: 0,
+                repeat_ms: 0,
+                labels: BTreeMap::new(),
+                source: r.spec.source.clone(),
+                actions: Vec::new(),
+            };
+            (format!("{RULE_ERROR}/{}", r.spec.name), spec)
+        })
+        .collect()
 }
 
 /// Per-sample rules (no `every`: lost GPU, XID, ECC, …) first, then windowed ones.
@@ -733,10 +795,10 @@ impl<'a> Subject<'a> {
         }
     }
 
-    /// The instance of rule `name` for one GPU.
-    fn gpu(name: &'a str, hist: &'a GpuHistory) -> Subject<'a> {
+    /// The rule's instance for one GPU (keyed by the rule name).
+    fn gpu(hist: &'a GpuHistory) -> Subject<'a> {
         Subject {
-            key: name,
+            key: "",
             gpu: Some(hist),
             extra: Vec::new(),
             target_pid: None,
@@ -882,5 +944,7 @@ pub fn replay<E>(
 
 #[cfg(test)]
 mod job_rules_tests;
+#[cfg(test)]
+mod reuse_tests;
 #[cfg(test)]
 mod tests;

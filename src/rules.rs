@@ -27,6 +27,7 @@ use crate::model::{Action, Severity};
 use crate::values::parse_duration_ms;
 use crate::values::{DurationSetting, Problem};
 use crate::window::GpuHistory;
+pub use api::gpu::Trace;
 pub use api::{GpuHandle, HostHandle};
 
 /// Operation budget of one evaluation of one rule.
@@ -413,11 +414,13 @@ fn new_engine(collector: Collector) -> Engine {
         Some(Dynamic::from(rhai::ImmutableString::from(OVER_BUDGET)))
     });
     engine.on_print(|s| {
+        api::gpu::opaque_trace();
         if let Some(rule) = rule_output_allowed() {
             tracing::info!(target: "gpuwatch::rules", rule = %rule, "{}", escape_control(s));
         }
     });
     engine.on_debug(|s, src, pos| {
+        api::gpu::opaque_trace();
         if let Some(rule) = rule_output_allowed() {
             tracing::debug!(
                 target: "gpuwatch::rules",
@@ -685,11 +688,17 @@ fn build_rule(
             labels.insert(k.to_string(), v.to_string());
         }
     }
-    let check = reg
+    let mut check = reg
         .def
         .get("check")
         .and_then(|c| c.read_lock::<FnPtr>().map(|f| f.clone()))
         .ok_or_else(|| err("rule needs a `check` closure, e.g. `check: |gpu| { .. }`".into()))?;
+    // A check is a function of what it reads: each evaluation gets its own copy of the
+    // variables it captures, as the file left them, so no evaluation can leave state behind for
+    // the next one (see `api::gpu` on traces).
+    for v in check.iter_curry_mut() {
+        *v = std::mem::take(v).flatten();
+    }
     let line = reg.pos.line().unwrap_or(0);
     Ok(Rule {
         spec: AlertSpec {
@@ -894,6 +903,21 @@ impl RuleSet {
         let handle = GpuHandle::new(gpu.clone(), now_ms);
         let default = || format!("{} on GPU {}", self.rules[idx].spec.name, gpu.id.index);
         self.eval(idx, Dynamic::from(handle), default)
+    }
+
+    /// [`RuleSet::eval_gpu`], also returning the inputs the check read when its result may be
+    /// reused while they keep their values (a clean evaluation without `print`/`debug`).
+    pub fn eval_gpu_traced(
+        &self,
+        idx: usize,
+        gpu: &Arc<GpuHistory>,
+        now_ms: i64,
+    ) -> (EvalResult, Option<Trace>) {
+        api::gpu::start_trace();
+        let result = self.eval_gpu(idx, gpu, now_ms);
+        let trace = api::gpu::finish_trace();
+        let trace = trace.filter(|_| !matches!(result, EvalResult::Error(_)));
+        (result, trace)
     }
 
     /// Evaluates host-scope rule `idx`.

@@ -229,11 +229,36 @@ impl Window {
         self.points.back().copied()
     }
 
-    /// Index range of points with `start < t <= end`.
+    /// Index range of points with `start < t <= end`. Windows usually end at the newest point and
+    /// cover its recent part, so `hi` is checked at the end first and `lo` is found by galloping
+    /// back from `hi` (O(log of the window's length), not of the retention's).
     fn range(&self, start_ms: i64, end_ms: i64) -> (usize, usize) {
-        let lo = self.points.partition_point(|p| p.0 <= start_ms);
-        let hi = self.points.partition_point(|p| p.0 <= end_ms);
-        (lo, hi.max(lo))
+        let n = self.points.len();
+        let hi = if self.points.back().is_some_and(|p| p.0 <= end_ms) {
+            n
+        } else {
+            self.points.partition_point(|p| p.0 <= end_ms)
+        };
+        // Invariant: points[right..hi] are all after `start_ms`; the answer is in [left, right].
+        let (mut left, mut right, mut step) = (0, hi, 1);
+        while step <= right {
+            let i = right - step;
+            if self.points[i].0 <= start_ms {
+                left = i + 1;
+                break;
+            }
+            right = i;
+            step *= 2;
+        }
+        while left < right {
+            let mid = left + (right - left) / 2;
+            if self.points[mid].0 <= start_ms {
+                left = mid + 1;
+            } else {
+                right = mid;
+            }
+        }
+        (left, hi.max(left))
     }
 
     /// Computes `agg` over `(now - duration, now]`. `interval_ms` is the sampling interval used for
@@ -799,6 +824,27 @@ mod tests {
         w.evict_before(50_000);
         assert_eq!(w.len(), 51);
         assert_eq!(w.points.front().map(|p| p.0), Some(49_000));
+    }
+
+    #[test]
+    fn range_finds_the_same_points_as_a_scan() {
+        // Irregular times, evictions, and windows anywhere (also past both ends).
+        let mut w = Window::default();
+        let mut t = 0;
+        for i in 0..500i64 {
+            t += 1 + (i * 7919) % 5;
+            w.push(t, 0.0);
+        }
+        w.evict_before(200);
+        let times: Vec<i64> = w.points.iter().map(|p| p.0).collect();
+        for start in (150..t + 10).step_by(7) {
+            for len in [0, 1, 3, 50, 400, 5000] {
+                let end = start + len;
+                let lo = times.iter().filter(|x| **x <= start).count();
+                let hi = times.iter().filter(|x| **x <= end).count().max(lo);
+                assert_eq!(w.range(start, end), (lo, hi), "({start}, {end}]");
+            }
+        }
     }
 
     #[test]

@@ -261,3 +261,31 @@ fn rule_cannot_be_registered_from_a_check() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn no_clock_and_traces_record_what_a_check_read() {
+    // No wall clock in rules: a check's result depends on the history alone.
+    let errs = load("let t = timestamp(); rule(#{ name: \"x\", check: |gpu| false });")
+        .err()
+        .expect("timestamp() is not available");
+    assert!(errs[0].to_string().contains("timestamp"), "{errs:?}");
+
+    let set = load(
+        r#"rule(#{ name: "t", check: |gpu| {
+            let hot = gpu.temp.max("1m") > 80.0;
+            if hot { print("hot"); }
+            if gpu.lost || hot { "x" }
+        } });"#,
+    )
+    .unwrap();
+    let cool = history(&[50.0; 120]);
+    let (result, trace) = set.eval_gpu_traced(0, &cool, 119_000);
+    assert_eq!(result, EvalResult::Quiet);
+    let trace = trace.expect("a clean evaluation is reusable");
+    assert_eq!(trace.len(), 2, "{trace:?}"); // temp.max("1m") and lost
+    assert!(trace.holds(&cool, 119_000));
+    assert!(!trace.holds(&history(&[90.0; 120]), 119_000));
+    // `print` makes an evaluation not reusable.
+    let (_, trace) = set.eval_gpu_traced(0, &history(&[90.0; 120]), 119_000);
+    assert!(trace.is_none());
+}

@@ -1,66 +1,351 @@
 //! The `gpu` object: one GPU's identity, state, processes and metric series (`gpu.util`), with
 //! the window functions as by-value methods.
+//!
+//! **Inputs.** The script API reads a GPU's history only through [`View::get`] with an
+//! [`Input`] (a window aggregate, the newest fresh value, the process list, …). While an
+//! evaluation is traced ([`start_trace`] / [`finish_trace`]) every input it read is recorded with
+//! the value it got. A GPU-scope check is a function of those inputs alone — captured variables
+//! are read-only, there is no clock and no randomness, and `print`/`debug` make a trace opaque —
+//! so when every recorded input still has the same value at a later evaluation
+//! ([`Trace::holds`]), the check would return the same result and the engine can reuse it.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use rhai::{Array, Dynamic, Engine, ImmutableString, Map};
 
 use super::{duration_ms, nodata, num_arg, number, RhaiResult};
-use crate::model::{clock_event_mask, DeviceState, Metric, METRICS};
-use crate::window::{Agg, GpuHistory};
+use crate::model::{clock_event_mask, DeviceId, DeviceState, Metric, ProcSample, METRICS};
+use crate::window::{Agg, GpuHistory, RunStats};
+
+/// Something a check can read from one GPU's history at the evaluation time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    /// `series.fn(duration, arg)`: metric, function, duration (ms), argument bits.
+    Agg(Metric, Agg, i64, u64),
+    /// `series.last()`: the newest value if fresh (at most 3 sampling intervals, ≥ 5 s old).
+    Fresh(Metric),
+    /// `series.age()`: seconds since the newest value.
+    Age(Metric),
+    /// Whether the metric has any sample (`series.supported`; also what tells "no data" from
+    /// "not supported").
+    Supported(Metric),
+    /// `gpu.index`, `uuid`, `name`, `pci_bus_id`.
+    Device,
+    /// `gpu.lost`.
+    Lost,
+    /// `gpu.processes`, `gpu.process_count`.
+    Processes,
+    /// `gpu.interval`: the observed sampling interval, ms.
+    Interval,
+    /// `gpu.xids(duration)`: distinct XID codes within the duration (ms).
+    Xids(i64),
+    /// `series.idle_runs(duration, threshold)`: duration (ms), threshold bits.
+    Runs(Metric, i64, u64),
+    /// `series.maxima(duration, n)`.
+    Maxima(Metric, i64, usize),
+}
+
+/// What an [`Input`] read.
+#[derive(Debug, Clone)]
+pub enum Value {
+    /// A number, or none (no data).
+    Num(Option<f64>),
+    /// A yes/no.
+    Flag(bool),
+    /// An integer.
+    Int(i64),
+    /// The device identity.
+    Device(DeviceId),
+    /// The process list.
+    Procs(Vec<ProcSample>),
+    /// XID codes.
+    Codes(Vec<u64>),
+    /// Idle-run statistics.
+    Runs(Option<RunStats>),
+    /// Several numbers, or none.
+    Nums(Option<Vec<f64>>),
+}
+
+fn same_f64(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits()
+}
+
+fn same_opt(a: Option<f64>, b: Option<f64>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => same_f64(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// Equality with floats compared bit for bit, so "the same value" means the script could not
+/// tell the difference (0.0 and -0.0 differ, a NaN equals itself).
+impl PartialEq for Value {
+    fn eq(&self, other: &Value) -> bool {
+        match (self, other) {
+            (Value::Num(a), Value::Num(b)) => same_opt(*a, *b),
+            (Value::Flag(a), Value::Flag(b)) => a == b,
+            (Value::Int(a), Value::Int(b)) => a == b,
+            (Value::Device(a), Value::Device(b)) => a == b,
+            (Value::Procs(a), Value::Procs(b)) => {
+                a.len() == b.len()
+                    && a.iter()
+                        .zip(b)
+                        .all(|(p, q)| p == q && same_opt(p.runtime_s, q.runtime_s))
+            }
+            (Value::Codes(a), Value::Codes(b)) => a == b,
+            (Value::Runs(a), Value::Runs(b)) => match (a, b) {
+                (Some(a), Some(b)) => {
+                    a.runs == b.runs
+                        && same_f64(a.share, b.share)
+                        && same_opt(a.period_s, b.period_s)
+                        && same_opt(a.period_cv, b.period_cv)
+                        && same_f64(a.median_len_s, b.median_len_s)
+                }
+                (None, None) => true,
+                _ => false,
+            },
+            (Value::Nums(a), Value::Nums(b)) => match (a, b) {
+                (Some(a), Some(b)) => {
+                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| same_f64(*x, *y))
+                }
+                (None, None) => true,
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
+impl Input {
+    /// Reads this input from `hist` at `now_ms`.
+    pub fn eval(self, hist: &GpuHistory, now_ms: i64) -> Value {
+        match self {
+            Input::Agg(metric, agg, dur, arg) => {
+                Value::Num(hist.aggregate(metric, agg, now_ms, dur, f64::from_bits(arg)))
+            }
+            Input::Fresh(metric) => {
+                // Newest value if it is at most 3 sampling intervals (at least 5 s) old.
+                let fresh_ms = (hist.interval_ms * 3).max(5000);
+                Value::Num(match hist.window(metric).newest() {
+                    Some((t, v)) if now_ms - t <= fresh_ms && t <= now_ms => Some(v),
+                    _ => None,
+                })
+            }
+            Input::Age(metric) => Value::Num(hist.window(metric).newest().map(|(t, _)| {
+                #[expect(clippy::cast_precision_loss, reason = "ms")]
+                let age = (now_ms - t) as f64 / 1000.0;
+                age
+            })),
+            Input::Supported(metric) => Value::Flag(!hist.window(metric).is_empty()),
+            Input::Device => Value::Device(hist.id.clone()),
+            Input::Lost => Value::Flag(hist.state == DeviceState::Lost),
+            Input::Processes => Value::Procs(hist.processes.clone()),
+            Input::Interval => Value::Int(hist.interval_ms),
+            Input::Xids(dur) => Value::Codes(hist.xids_in(now_ms, dur)),
+            Input::Runs(metric, dur, x) => Value::Runs(hist.window(metric).runs_below(
+                now_ms,
+                dur,
+                f64::from_bits(x),
+                hist.interval_ms,
+            )),
+            Input::Maxima(metric, dur, n) => {
+                Value::Nums(hist.window(metric).maxima(now_ms, dur, n, hist.interval_ms))
+            }
+        }
+    }
+}
+
+/// The inputs one evaluation read, each with the value it got.
+#[derive(Debug, Clone, Default)]
+pub struct Trace(Vec<(Input, Value)>);
+
+impl Trace {
+    /// Whether every input still reads the same value from `hist` at `now_ms`.
+    pub fn holds(&self, hist: &GpuHistory, now_ms: i64) -> bool {
+        self.0.iter().all(|(i, v)| i.eval(hist, now_ms) == *v)
+    }
+
+    /// Number of inputs read.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when the evaluation read nothing.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The trace being recorded on this thread: its reads, and whether it became opaque.
+struct Recording {
+    trace: Trace,
+    opaque: bool,
+}
+
+thread_local! {
+    static RECORDING: RefCell<Option<Recording>> = const { RefCell::new(None) };
+}
+
+/// Starts recording the inputs of the evaluation about to run on this thread.
+pub(crate) fn start_trace() {
+    RECORDING.with(|r| {
+        *r.borrow_mut() = Some(Recording {
+            trace: Trace::default(),
+            opaque: false,
+        });
+    });
+}
+
+/// Stops recording; the trace, unless the evaluation did something a trace cannot replay.
+pub(crate) fn finish_trace() -> Option<Trace> {
+    RECORDING
+        .with(|r| r.borrow_mut().take())
+        .filter(|rec| !rec.opaque)
+        .map(|rec| rec.trace)
+}
+
+/// Marks the evaluation being recorded as not reusable (it had an effect: `print`, `debug`).
+pub(crate) fn opaque_trace() {
+    RECORDING.with(|r| {
+        if let Some(rec) = r.borrow_mut().as_mut() {
+            rec.opaque = true;
+        }
+    });
+}
+
+fn record(input: Input, value: &Value) {
+    RECORDING.with(|r| {
+        if let Some(rec) = r.borrow_mut().as_mut() {
+            if !rec.trace.0.iter().any(|(i, _)| *i == input) {
+                rec.trace.0.push((input, value.clone()));
+            }
+        }
+    });
+}
+
+mod view {
+    use super::{record, GpuHistory, Input, Value};
+    use std::sync::Arc;
+
+    /// A GPU's history at one evaluation time: the script API's only way to read it.
+    #[derive(Debug, Clone)]
+    pub struct View {
+        hist: Arc<GpuHistory>,
+        now_ms: i64,
+    }
+
+    impl View {
+        pub fn new(hist: Arc<GpuHistory>, now_ms: i64) -> Self {
+            View { hist, now_ms }
+        }
+
+        /// Reads `input` (recording it when the evaluation is traced).
+        pub fn get(&self, input: Input) -> Value {
+            let v = input.eval(&self.hist, self.now_ms);
+            record(input, &v);
+            v
+        }
+    }
+}
+
+use view::View;
 
 /// One GPU as a rule sees it (`gpu`).
 #[derive(Debug, Clone)]
 pub struct GpuHandle {
-    pub(crate) hist: Arc<GpuHistory>,
-    pub(crate) now_ms: i64,
+    view: View,
 }
 
 impl GpuHandle {
     /// A handle on `hist` evaluated at `now_ms`.
     pub fn new(hist: Arc<GpuHistory>, now_ms: i64) -> Self {
-        GpuHandle { hist, now_ms }
+        GpuHandle {
+            view: View::new(hist, now_ms),
+        }
+    }
+
+    fn num(&self, input: Input) -> Option<f64> {
+        match self.view.get(input) {
+            Value::Num(v) => v,
+            _ => None,
+        }
+    }
+
+    fn flag(&self, input: Input) -> bool {
+        matches!(self.view.get(input), Value::Flag(true))
+    }
+
+    fn int(&self, input: Input) -> i64 {
+        match self.view.get(input) {
+            Value::Int(v) => v,
+            _ => 0,
+        }
+    }
+
+    fn device(&self) -> DeviceId {
+        match self.view.get(Input::Device) {
+            Value::Device(d) => d,
+            _ => DeviceId::default(),
+        }
+    }
+
+    fn processes(&self) -> Vec<ProcSample> {
+        match self.view.get(Input::Processes) {
+            Value::Procs(p) => p,
+            _ => Vec::new(),
+        }
+    }
+
+    fn series(&self, metric: Metric) -> Series {
+        Series {
+            gpu: self.clone(),
+            metric,
+        }
     }
 }
 
 /// One metric of one GPU (`gpu.util`), with the window functions as methods.
 #[derive(Debug, Clone)]
 pub struct Series {
-    hist: Arc<GpuHistory>,
+    gpu: GpuHandle,
     metric: Metric,
-    now_ms: i64,
 }
 
 impl Series {
     /// `()` for a missing result; the evaluation counts as "no data" unless the metric has no
     /// samples at all (not supported by this GPU or log), which is permanent, not a gap.
     fn missing(&self) -> Dynamic {
-        if self.hist.window(self.metric).is_empty() {
-            Dynamic::UNIT
-        } else {
+        if self.gpu.flag(Input::Supported(self.metric)) {
             nodata()
+        } else {
+            Dynamic::UNIT
         }
+    }
+
+    fn number(&self, input: Input) -> Dynamic {
+        match self.gpu.num(input) {
+            Some(v) => Dynamic::from_float(v),
+            None => self.missing(),
+        }
+    }
+
+    fn aggregate(&self, agg: Agg, dur: i64, arg: f64) -> Option<f64> {
+        self.gpu
+            .num(Input::Agg(self.metric, agg, dur, arg.to_bits()))
     }
 
     fn agg(&self, agg: Agg, d: &Dynamic, arg: f64) -> RhaiResult {
         let dur = duration_ms(d)?;
-        Ok(
-            match self.hist.aggregate(self.metric, agg, self.now_ms, dur, arg) {
-                Some(v) => Dynamic::from_float(v),
-                None => self.missing(),
-            },
-        )
+        Ok(match self.aggregate(agg, dur, arg) {
+            Some(v) => Dynamic::from_float(v),
+            None => self.missing(),
+        })
     }
 
     fn last_default(&self) -> Dynamic {
-        // Newest value if it is at most 3 sampling intervals (at least 5 s) old.
-        let fresh_ms = (self.hist.interval_ms * 3).max(5000);
-        match self.hist.window(self.metric).newest() {
-            Some((t, v)) if self.now_ms - t <= fresh_ms && t <= self.now_ms => {
-                Dynamic::from_float(v)
-            }
-            _ => self.missing(),
-        }
+        self.number(Input::Fresh(self.metric))
     }
 
     fn all(&self, d: &Dynamic, x: &Dynamic, above: bool) -> RhaiResult {
@@ -71,18 +356,16 @@ impl Series {
         } else {
             Agg::FracBelow
         };
-        Ok(
-            match self.hist.aggregate(self.metric, agg, self.now_ms, dur, x) {
-                Some(f) => Dynamic::from_bool(f >= 1.0),
-                None => self.missing(),
-            },
-        )
+        Ok(match self.aggregate(agg, dur, x) {
+            Some(f) => Dynamic::from_bool(f >= 1.0),
+            None => self.missing(),
+        })
     }
 }
 
-fn processes(h: &GpuHistory) -> Array {
-    h.processes
-        .iter()
+fn processes(g: &GpuHandle) -> Array {
+    g.processes()
+        .into_iter()
         .map(|p| {
             let mut m = Map::new();
             m.insert("pid".into(), Dynamic::from_int(i64::from(p.pid)));
@@ -95,13 +378,10 @@ fn processes(h: &GpuHistory) -> Array {
                 p.used_mem_bytes
                     .map_or(Dynamic::UNIT, |b| Dynamic::from_float(b as f64)),
             );
-            m.insert(
-                "user".into(),
-                p.user.clone().map_or(Dynamic::UNIT, Dynamic::from),
-            );
+            m.insert("user".into(), p.user.map_or(Dynamic::UNIT, Dynamic::from));
             m.insert(
                 "command".into(),
-                p.command.clone().map_or(Dynamic::UNIT, Dynamic::from),
+                p.command.map_or(Dynamic::UNIT, Dynamic::from),
             );
             m.insert(
                 "runtime_s".into(),
@@ -115,12 +395,7 @@ fn processes(h: &GpuHistory) -> Array {
 fn throttled_now(g: &GpuHandle, name: &str) -> RhaiResult {
     let mask =
         clock_event_mask(name).ok_or_else(|| format!("unknown clock event reason {name:?}"))?;
-    let s = Series {
-        hist: g.hist.clone(),
-        metric: Metric::ClockEventReasons,
-        now_ms: g.now_ms,
-    };
-    let last = s.last_default();
+    let last = g.series(Metric::ClockEventReasons).last_default();
     Ok(match number(&last) {
         #[expect(
             clippy::cast_possible_truncation,
@@ -140,29 +415,22 @@ pub(super) fn register(engine: &mut Engine) {
 
     for desc in METRICS {
         let metric = desc.id;
-        engine.register_get(desc.key, move |g: &mut GpuHandle| Series {
-            hist: g.hist.clone(),
-            metric,
-            now_ms: g.now_ms,
-        });
+        engine.register_get(desc.key, move |g: &mut GpuHandle| g.series(metric));
     }
-    engine.register_get("index", |g: &mut GpuHandle| i64::from(g.hist.id.index));
-    engine.register_get("uuid", |g: &mut GpuHandle| g.hist.id.uuid.clone());
-    engine.register_get("name", |g: &mut GpuHandle| g.hist.id.name.clone());
-    engine.register_get("pci_bus_id", |g: &mut GpuHandle| {
-        g.hist.id.pci_bus_id.clone()
-    });
-    engine.register_get("lost", |g: &mut GpuHandle| {
-        g.hist.state == DeviceState::Lost
-    });
-    engine.register_get("processes", |g: &mut GpuHandle| processes(&g.hist));
+    engine.register_get("index", |g: &mut GpuHandle| i64::from(g.device().index));
+    engine.register_get("uuid", |g: &mut GpuHandle| g.device().uuid);
+    engine.register_get("name", |g: &mut GpuHandle| g.device().name);
+    engine.register_get("pci_bus_id", |g: &mut GpuHandle| g.device().pci_bus_id);
+    engine.register_get("lost", |g: &mut GpuHandle| g.flag(Input::Lost));
+    engine.register_get("processes", |g: &mut GpuHandle| processes(g));
     engine.register_get("process_count", |g: &mut GpuHandle| {
-        i64::try_from(g.hist.processes.len()).unwrap_or(i64::MAX)
+        i64::try_from(g.processes().len()).unwrap_or(i64::MAX)
     });
     engine.register_get("interval", |g: &mut GpuHandle| {
+        let ms = g.int(Input::Interval);
         #[expect(clippy::cast_precision_loss, reason = "small")]
-        if g.hist.interval_ms > 0 {
-            Dynamic::from_float(g.hist.interval_ms as f64 / 1000.0)
+        if ms > 0 {
+            Dynamic::from_float(ms as f64 / 1000.0)
         } else {
             Dynamic::UNIT
         }
@@ -178,34 +446,27 @@ pub(super) fn register(engine: &mut Engine) {
             let dur = duration_ms(&d)?;
             #[expect(clippy::cast_precision_loss, reason = "bitmask below 2^53")]
             let arg = mask as f64;
-            let series = Series {
-                hist: g.hist.clone(),
-                metric: Metric::ClockEventReasons,
-                now_ms: g.now_ms,
-            };
-            Ok(
-                match g
-                    .hist
-                    .aggregate(Metric::ClockEventReasons, Agg::FracBits, g.now_ms, dur, arg)
-                {
-                    Some(v) => Dynamic::from_float(v),
-                    None => series.missing(),
-                },
-            )
+            let series = g.series(Metric::ClockEventReasons);
+            Ok(match series.aggregate(Agg::FracBits, dur, arg) {
+                Some(v) => Dynamic::from_float(v),
+                None => series.missing(),
+            })
         },
     );
     engine.register_fn("xids", |g: GpuHandle, d: Dynamic| -> RhaiResult {
         let dur = duration_ms(&d)?;
+        let Value::Codes(codes) = g.view.get(Input::Xids(dur)) else {
+            return Ok(Dynamic::from_array(Array::new()));
+        };
         Ok(Dynamic::from_array(
-            g.hist
-                .xids_in(g.now_ms, dur)
+            codes
                 .into_iter()
                 .map(|c| Dynamic::from_int(i64::try_from(c).unwrap_or(i64::MAX)))
                 .collect(),
         ))
     });
     engine.register_fn("to_string", |g: &mut GpuHandle| {
-        format!("GPU {}", g.hist.id.index)
+        format!("GPU {}", g.device().index)
     });
 
     // Window methods, by value.
@@ -226,10 +487,7 @@ pub(super) fn register(engine: &mut Engine) {
     }
     window_method(engine, "count", |s, d| {
         let dur = duration_ms(d)?;
-        let n = s
-            .hist
-            .aggregate(s.metric, Agg::Count, s.now_ms, dur, 0.0)
-            .unwrap_or(0.0);
+        let n = s.aggregate(Agg::Count, dur, 0.0).unwrap_or(0.0);
         #[expect(clippy::cast_possible_truncation, reason = "a count")]
         Ok(Dynamic::from_int(n as i64))
     });
@@ -252,11 +510,8 @@ pub(super) fn register(engine: &mut Engine) {
         |s: Series, d: Dynamic, x: Dynamic| -> RhaiResult {
             let dur = duration_ms(&d)?;
             let x = num_arg(&x)?;
-            let stats = s
-                .hist
-                .window(s.metric)
-                .runs_below(s.now_ms, dur, x, s.hist.interval_ms);
-            let Some(r) = stats else {
+            let Value::Runs(Some(r)) = s.gpu.view.get(Input::Runs(s.metric, dur, x.to_bits()))
+            else {
                 return Ok(s.missing());
             };
             let mut m = Map::new();
@@ -280,26 +535,16 @@ pub(super) fn register(engine: &mut Engine) {
     engine.register_fn("maxima", |s: Series, d: Dynamic, n: i64| -> RhaiResult {
         let dur = duration_ms(&d)?;
         let n = usize::try_from(n.clamp(1, 1000)).unwrap_or(1);
-        Ok(
-            match s
-                .hist
-                .window(s.metric)
-                .maxima(s.now_ms, dur, n, s.hist.interval_ms)
-            {
-                Some(v) => Dynamic::from_array(v.into_iter().map(Dynamic::from_float).collect()),
-                None => s.missing(),
-            },
-        )
+        Ok(match s.gpu.view.get(Input::Maxima(s.metric, dur, n)) {
+            Value::Nums(Some(v)) => {
+                Dynamic::from_array(v.into_iter().map(Dynamic::from_float).collect())
+            }
+            _ => s.missing(),
+        })
     });
-    engine.register_fn("age", |s: Series| -> Dynamic {
-        match s.hist.window(s.metric).newest() {
-            #[expect(clippy::cast_precision_loss, reason = "ms")]
-            Some((t, _)) => Dynamic::from_float((s.now_ms - t) as f64 / 1000.0),
-            None => s.missing(),
-        }
-    });
+    engine.register_fn("age", |s: Series| s.number(Input::Age(s.metric)));
     engine.register_get("supported", |s: &mut Series| {
-        !s.hist.window(s.metric).is_empty()
+        s.gpu.flag(Input::Supported(s.metric))
     });
     engine.register_get("key", |s: &mut Series| s.metric.key().to_string());
     engine.register_get("unit", |s: &mut Series| s.metric.desc().unit.to_string());
