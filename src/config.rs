@@ -255,12 +255,48 @@ impl Locator<'_> {
     }
 }
 
-/// Deserializes one value of the document into `T`; errors keep their place in the file.
+/// Deserializes one value of the document into `T`; errors keep their place in the file. serde
+/// stops at the first bad key, so that key is reported, left out, and the rest tried again: every
+/// bad key of a section is reported at once (a nested table with a problem counts as one key).
 fn section<T: DeserializeOwned>(
     v: &Spanned<DeValue<'_>>,
     loc: &Locator<'_>,
-) -> Result<T, ConfigError> {
-    T::deserialize(ValueDeserializer::from(v.clone())).map_err(|e| loc.toml(&e))
+) -> Result<T, Vec<ConfigError>> {
+    let mut v = v.clone();
+    let mut errors = Vec::new();
+    let mut removed: Vec<String> = Vec::new();
+    loop {
+        let e = match T::deserialize(ValueDeserializer::from(v.clone())) {
+            Ok(t) if errors.is_empty() => return Ok(t),
+            Ok(_) => return Err(errors),
+            Err(e) => e,
+        };
+        // A key left out that the struct requires is not a new problem.
+        if removed
+            .iter()
+            .any(|k| e.message() == format!("missing field `{k}`"))
+        {
+            return Err(errors);
+        }
+        errors.push(loc.toml(&e));
+        let Some(at) = e.span().map(|s| s.start) else {
+            return Err(errors);
+        };
+        let DeValue::Table(table) = v.get_mut() else {
+            return Err(errors);
+        };
+        let key = table
+            .iter()
+            .find(|(k, val)| k.span().start <= at && at < val.span().end.max(k.span().end))
+            .map(|(k, _)| k.clone());
+        match key {
+            Some(k) => {
+                removed.push(k.get_ref().to_string());
+                table.remove(&k);
+            }
+            None => return Err(errors),
+        }
+    }
 }
 
 /// Deserializes an array of tables entry by entry, so each bad entry is reported.
@@ -272,7 +308,7 @@ fn entries<T: DeserializeOwned>(
     match v.get_ref() {
         DeValue::Array(items) => items
             .iter()
-            .filter_map(|item| section(item, loc).map_err(|e| errors.push(e)).ok())
+            .filter_map(|item| section(item, loc).map_err(|e| errors.extend(e)).ok())
             .collect(),
         _ => {
             errors.push(loc.at(v.span().start, "expected an array of tables (`[[…]]`)"));
@@ -304,7 +340,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
                 config.route = entries(value, &loc, &mut errors);
                 Ok(())
             }
-            other => Err(loc.at(
+            other => Err(vec![loc.at(
                 key.span().start,
                 with_suggestion(&format!(
                     "unknown section `{other}`, expected one of {}",
@@ -314,10 +350,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
                         .collect::<Vec<_>>()
                         .join(", ")
                 )),
-            )),
+            )]),
         };
         if let Err(e) = result {
-            errors.push(e);
+            errors.extend(e);
         }
     }
     let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -613,6 +649,27 @@ mod tests {
         let lines: Vec<usize> = err.iter().map(|e| e.line).collect();
         assert_eq!(lines, vec![2, 5, 8, 11], "{err}");
         assert!(err[0].message.contains("shortest interval"), "{err}");
+    }
+
+    #[test]
+    fn every_bad_key_of_a_section_is_reported() {
+        let text = "[daemon]\ninterval = true\nstate_dir = 3\nhostnam = \"x\"\nrules = [\"r\"]\n";
+        let err = parse(text, Path::new("c.toml")).unwrap_err();
+        let lines: Vec<usize> = err.iter().map(|e| e.line).collect();
+        assert_eq!(lines, vec![2, 3, 4], "{err}");
+        assert!(err[2].message.contains("did you mean `hostname`?"), "{err}");
+    }
+
+    #[test]
+    fn notify_durations_are_typed() {
+        let text = "[notify]\ngroup_wait = \"soon\"\nretry_max = \"5 parsecs\"\n\n[[route]]\nchannels = []\nrepeat_interval = \"often\"\n";
+        let err = parse(text, Path::new("c.toml")).unwrap_err();
+        let at: Vec<(usize, usize)> = err.iter().map(|e| (e.line, e.column)).collect();
+        assert_eq!(at, vec![(2, 14), (3, 13), (7, 19)], "{err}");
+        assert!(
+            err.iter().all(|e| e.message.contains("invalid duration")),
+            "{err}"
+        );
     }
 
     #[test]

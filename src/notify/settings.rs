@@ -15,26 +15,26 @@ use toml::Spanned;
 use super::channel::{self, Channel, Section};
 use super::secret::{self, Secret};
 use crate::model::Severity;
-use crate::values::parse_duration_ms;
+use crate::values::DurationSetting;
 
 /// `[notify]`: global delivery settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NotifySection {
     /// Default `group_wait` of routes: wait before the first message of a new group.
-    pub group_wait: String,
+    pub group_wait: DurationSetting,
     /// Default `group_interval` of routes: how often a group may send an update.
-    pub group_interval: String,
+    pub group_interval: DurationSetting,
     /// Default `repeat_interval` of routes: re-send an unchanged firing group this often.
-    pub repeat_interval: String,
+    pub repeat_interval: DurationSetting,
     /// Default per-send timeout of channels (HTTP request or whole SMTP conversation).
-    pub timeout: String,
+    pub timeout: DurationSetting,
     /// First retry delay after a failed send; doubles per attempt.
-    pub retry_initial: String,
+    pub retry_initial: DurationSetting,
     /// Longest retry delay.
-    pub retry_max: String,
+    pub retry_max: DurationSetting,
     /// A notification still undelivered after this long is moved to `outbox/dead/`.
-    pub give_up_after: String,
+    pub give_up_after: DurationSetting,
     /// Consecutive failed sends after which a channel counts as failing (`notifier_failing`).
     pub failing_after: u32,
     /// Quiet hours: non-critical messages are held and sent as one digest when they end.
@@ -48,7 +48,7 @@ pub struct NotifySection {
     /// The heartbeat URL from this file.
     pub heartbeat_url_file: Option<PathBuf>,
     /// How often to ping the heartbeat URL.
-    pub heartbeat_interval: String,
+    pub heartbeat_interval: DurationSetting,
     /// Inhibition rules (`[[notify.inhibit]]`); default: `gpu_lost` mutes every other alert of
     /// the same GPU.
     pub inhibit: Vec<InhibitSection>,
@@ -112,20 +112,20 @@ impl InhibitSection {
 impl Default for NotifySection {
     fn default() -> Self {
         NotifySection {
-            group_wait: "30s".into(),
-            group_interval: "5m".into(),
-            repeat_interval: "4h".into(),
-            timeout: "10s".into(),
-            retry_initial: "1s".into(),
-            retry_max: "5m".into(),
-            give_up_after: "24h".into(),
+            group_wait: DurationSetting::from_ms(30_000),
+            group_interval: DurationSetting::from_ms(300_000),
+            repeat_interval: DurationSetting::from_ms(14_400_000),
+            timeout: DurationSetting::from_ms(10_000),
+            retry_initial: DurationSetting::from_ms(1_000),
+            retry_max: DurationSetting::from_ms(300_000),
+            give_up_after: DurationSetting::from_ms(86_400_000),
             failing_after: 3,
             quiet_hours: None,
             rate_limit: RateLimitSection::default(),
             heartbeat_url: None,
             heartbeat_url_env: None,
             heartbeat_url_file: None,
-            heartbeat_interval: "1m".into(),
+            heartbeat_interval: DurationSetting::from_ms(60_000),
             inhibit: default_inhibit(),
         }
     }
@@ -155,14 +155,14 @@ pub struct RateLimitSection {
     /// At most this many messages per channel within `per` (0 = unlimited).
     pub max: u32,
     /// The window.
-    pub per: String,
+    pub per: DurationSetting,
 }
 
 impl Default for RateLimitSection {
     fn default() -> Self {
         RateLimitSection {
             max: 30,
-            per: "1h".into(),
+            per: DurationSetting::from_ms(3_600_000),
         }
     }
 }
@@ -199,7 +199,7 @@ struct CommonSection {
     /// Send resolved notices (default true).
     send_resolved: Option<bool>,
     /// Per-send timeout (default `[notify] timeout`).
-    timeout: Option<String>,
+    timeout: Option<Spanned<DurationSetting>>,
     /// At most this many alerts per message (0 = all); the rest are counted as truncated.
     max_alerts: Option<usize>,
 }
@@ -223,11 +223,11 @@ pub struct RouteSection {
     /// Group alerts sharing these label values into one message; `["..."]` disables grouping.
     pub group_by: Option<Vec<String>>,
     /// Overrides `[notify] group_wait`.
-    pub group_wait: Option<String>,
+    pub group_wait: Option<DurationSetting>,
     /// Overrides `[notify] group_interval`.
-    pub group_interval: Option<String>,
+    pub group_interval: Option<DurationSetting>,
     /// Overrides `[notify] repeat_interval`.
-    pub repeat_interval: Option<String>,
+    pub repeat_interval: Option<DurationSetting>,
     /// Keep matching later routes after this one matched (default false: first match wins).
     #[serde(rename = "continue")]
     pub continue_matching: bool,
@@ -447,32 +447,26 @@ impl NotifySettings {
         let n = config.notify;
         // Every duration but group_wait must be positive: a zero retry or timeout would hammer a
         // failing receiver (issue 11).
-        let mut dur = |what: &str, s: &str| -> i64 {
-            let at = || ctx.key(&format!("notify.{what}"));
-            match parse_duration_ms(s) {
-                Ok(0) if what != "group_wait" => {
-                    errors.push(format!("{}: [notify] {what} must be longer than 0s", at()));
-                    1
-                }
-                Ok(ms) => ms,
-                Err(e) => {
-                    errors.push(format!("{}: [notify] {what}: {e}", at()));
-                    0
-                }
+        let mut dur = |what: &str, d: DurationSetting| -> i64 {
+            if d.ms == 0 && what != "group_wait" {
+                let at = ctx.key(&format!("notify.{what}"));
+                errors.push(format!("{at}: [notify] {what} must be longer than 0s"));
+                return 1;
             }
+            d.ms
         };
-        let group_wait_ms = dur("group_wait", &n.group_wait);
-        let group_interval_ms = dur("group_interval", &n.group_interval).max(1);
-        let repeat_interval_ms = dur("repeat_interval", &n.repeat_interval).max(1);
-        let timeout_ms = dur("timeout", &n.timeout).max(1);
+        let group_wait_ms = dur("group_wait", n.group_wait);
+        let group_interval_ms = dur("group_interval", n.group_interval).max(1);
+        let repeat_interval_ms = dur("repeat_interval", n.repeat_interval).max(1);
+        let timeout_ms = dur("timeout", n.timeout).max(1);
         let delivery = DeliverySpec {
-            retry_initial_ms: dur("retry_initial", &n.retry_initial).max(1),
-            retry_max_ms: dur("retry_max", &n.retry_max).max(1),
-            give_up_after_ms: dur("give_up_after", &n.give_up_after).max(1),
+            retry_initial_ms: dur("retry_initial", n.retry_initial).max(1),
+            retry_max_ms: dur("retry_max", n.retry_max).max(1),
+            give_up_after_ms: dur("give_up_after", n.give_up_after).max(1),
             failing_after: n.failing_after.max(1),
         };
-        let heartbeat_interval_ms = dur("heartbeat_interval", &n.heartbeat_interval).max(1000);
-        let rate_per_ms = dur("rate_limit.per", &n.rate_limit.per).max(1);
+        let heartbeat_interval_ms = dur("heartbeat_interval", n.heartbeat_interval).max(1000);
+        let rate_per_ms = dur("rate_limit.per", n.rate_limit.per).max(1);
         let rate_limit = (n.rate_limit.max > 0).then_some((n.rate_limit.max, rate_per_ms));
         let quiet_hours = match &n.quiet_hours {
             Some(q) => match parse_quiet_hours(q) {
@@ -568,14 +562,7 @@ impl NotifySettings {
                     }
                 }
             }
-            let mut rdur = |what: &str, v: &Option<String>, default: i64| -> i64 {
-                v.as_deref().map_or(default, |s| {
-                    parse_duration_ms(s).unwrap_or_else(|e| {
-                        errors.push(format!("{}: route {what}: {e}", ctx.file()));
-                        default
-                    })
-                })
-            };
+            let rdur = |v: Option<DurationSetting>, default: i64| v.map_or(default, |d| d.ms);
             let spec = RouteSpec {
                 severity: r.severity.clone(),
                 rules: r.rules.clone(),
@@ -587,11 +574,9 @@ impl NotifySettings {
                     Some(g) => Some(g.clone()),
                     None => Some(vec!["alertname".into()]),
                 },
-                group_wait_ms: rdur("group_wait", &r.group_wait, group_wait_ms),
-                group_interval_ms: rdur("group_interval", &r.group_interval, group_interval_ms)
-                    .max(1),
-                repeat_interval_ms: rdur("repeat_interval", &r.repeat_interval, repeat_interval_ms)
-                    .max(1),
+                group_wait_ms: rdur(r.group_wait, group_wait_ms),
+                group_interval_ms: rdur(r.group_interval, group_interval_ms).max(1),
+                repeat_interval_ms: rdur(r.repeat_interval, repeat_interval_ms).max(1),
                 continue_matching: r.continue_matching,
             };
             if ok {
@@ -760,9 +745,10 @@ fn build_channel(
         ));
     };
     let timeout_ms = match &common.timeout {
-        Some(t) => parse_duration_ms(t)
-            .map_err(|e| fail(None, &format!("timeout: {e}")))?
-            .max(1),
+        Some(t) if t.get_ref().ms == 0 => {
+            return Err(fail(Some(t.span().start), "timeout must be longer than 0s"));
+        }
+        Some(t) => t.get_ref().ms,
         None => default_timeout_ms,
     };
     let mut section = Section::new(table, span, positions, ctx.config.base_dir);
@@ -975,7 +961,7 @@ repeat_interval = "4h"
         );
         let e = err("[[channel]]\nname = \"x\"\ntype = \"gotify\"\nurl = \"https://g\"\ntoken = \"AbCdEfGh\"\ntimeout = \"soon\"\n");
         assert!(
-            e.contains("config.toml:2:8: channel \"x\": timeout: invalid duration"),
+            e.contains("config.toml:6:11: channel: invalid duration \"soon\""),
             "{e}"
         );
         assert!(!e.contains("AbCdEfGh"), "{e}");
