@@ -13,6 +13,7 @@
 //! so a new row cannot ship as a column that is never filled.
 
 pub mod job;
+pub mod visible;
 
 use serde::{Deserialize, Serialize};
 

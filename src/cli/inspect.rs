@@ -8,6 +8,7 @@ use std::io::Write;
 use serde_json::{json, Map, Value};
 
 use super::GlobalArgs;
+use crate::model::visible::{cuda_visible, nvidia_visible, CudaVisible, NvidiaVisible};
 use crate::model::{
     clock_event_names, DeviceId, DeviceState, GpuSample, Metric, ProcSample, METRICS,
 };
@@ -261,132 +262,6 @@ pub fn status(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Why a `CUDA_VISIBLE_DEVICES` entry ended the list.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoppedAt {
-    /// The entry as written.
-    pub entry: String,
-    /// Why CUDA does not accept it.
-    pub reason: String,
-}
-
-/// What a CUDA program started with a given `CUDA_VISIBLE_DEVICES` sees.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CudaVisible {
-    /// `cuda:k` is `devices[visible[k]]` (positions in the NVML device list).
-    pub visible: Vec<usize>,
-    /// The entry that ended the list early, if any (it and all later entries are ignored).
-    pub stopped_at: Option<StoppedAt>,
-    /// A device named twice: CUDA then exposes no device at all.
-    pub duplicate: Option<String>,
-}
-
-/// Interprets `CUDA_VISIBLE_DEVICES` the way the CUDA driver does: comma-separated entries, each
-/// an index (leading digits count, as with `strtoul`: `1gpu` is 1), a `GPU-` UUID or a unique
-/// UUID prefix; the first invalid entry (unparsable, out of range, unknown or ambiguous UUID,
-/// MIG ids, which gpuwatch does not resolve) ends the list; naming one device twice makes the
-/// whole list empty. NVML order is assumed to be CUDA's order (true with
-/// `CUDA_DEVICE_ORDER=PCI_BUS_ID`, or identical GPUs).
-pub fn cuda_visible(spec: &str, devices: &[DeviceId]) -> CudaVisible {
-    let mut out = CudaVisible {
-        visible: Vec::new(),
-        stopped_at: None,
-        duplicate: None,
-    };
-    if spec.trim().is_empty() {
-        return out;
-    }
-    for raw in spec.split(',') {
-        let entry = raw.trim();
-        let stop = |reason: &str| StoppedAt {
-            entry: entry.to_string(),
-            reason: reason.to_string(),
-        };
-        let found = if entry.starts_with("GPU-") {
-            let matches: Vec<usize> = devices
-                .iter()
-                .enumerate()
-                .filter(|(_, d)| d.uuid.starts_with(entry))
-                .map(|(i, _)| i)
-                .collect();
-            match matches.as_slice() {
-                [one] => Ok(*one),
-                [] => Err(stop("no GPU has this UUID")),
-                _ => Err(stop("UUID prefix matches several GPUs")),
-            }
-        } else if entry.starts_with("MIG-") {
-            Err(stop("MIG instance ids are not resolved by gpuwatch"))
-        } else {
-            let digits: String = entry
-                .strip_prefix('+')
-                .unwrap_or(entry)
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            match digits.parse::<usize>() {
-                Err(_) => Err(stop("not an index or GPU UUID")),
-                Ok(i) if i >= devices.len() => Err(stop(&format!(
-                    "no GPU with index {i} ({} visible to NVML)",
-                    devices.len()
-                ))),
-                Ok(i) => Ok(i),
-            }
-        };
-        match found {
-            Ok(i) if out.visible.contains(&i) => {
-                out.visible.clear();
-                out.duplicate = Some(entry.to_string());
-                return out;
-            }
-            Ok(i) => out.visible.push(i),
-            Err(s) => {
-                out.stopped_at = Some(s);
-                break;
-            }
-        }
-    }
-    out
-}
-
-/// What `NVIDIA_VISIBLE_DEVICES` (read by the NVIDIA container runtime when a container is
-/// created) asked for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NvidiaVisible {
-    /// `all`: every host GPU.
-    All,
-    /// `none`: driver libraries, no GPU.
-    None,
-    /// `void` or empty: no GPU support at all.
-    Void,
-    /// Host indices or UUIDs; each resolved to a position in this NVML device list when found
-    /// (index entries are matched against minor numbers, which keep the host's numbering).
-    List(Vec<(String, Option<usize>)>),
-}
-
-/// Parses `NVIDIA_VISIBLE_DEVICES` against the devices visible here.
-pub fn nvidia_visible(spec: &str, devices: &[DeviceId]) -> NvidiaVisible {
-    match spec.trim() {
-        "all" => NvidiaVisible::All,
-        "none" => NvidiaVisible::None,
-        "void" | "" => NvidiaVisible::Void,
-        list => NvidiaVisible::List(
-            list.split(',')
-                .map(|e| {
-                    let e = e.trim();
-                    let pos = if e.starts_with("GPU-") {
-                        devices.iter().position(|d| d.uuid.starts_with(e))
-                    } else {
-                        e.parse::<u32>()
-                            .ok()
-                            .and_then(|n| devices.iter().position(|d| d.minor == Some(n)))
-                    };
-                    (e.to_string(), pos)
-                })
-                .collect(),
-        ),
-    }
-}
-
 fn minor_path(d: &DeviceId) -> String {
     d.minor
         .map_or_else(|| "n/a".into(), |m| format!("/dev/nvidia{m}"))
@@ -401,25 +276,63 @@ pub fn devices(global: &GlobalArgs, args: &DevicesArgs) -> anyhow::Result<i32> {
     let mut cfg = global.sampler_config();
     cfg.xid_events = false;
     let sampler = Sampler::open(&cfg)?;
-    let devs = sampler.devices();
-    let cuda_env = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    let nvidia_env = std::env::var("NVIDIA_VISIBLE_DEVICES").ok();
-    let order = std::env::var("CUDA_DEVICE_ORDER").ok();
-    let cuda = cuda_env.as_deref().map(|s| cuda_visible(s, &devs));
-    let nvidia = nvidia_env.as_deref().map(|s| nvidia_visible(s, &devs));
-    let renumbered = devs.iter().any(|d| d.minor.is_some_and(|m| m != d.index));
-    let mixed_models = devs.windows(2).any(|w| w[0].name != w[1].name);
-    let order_warning = (mixed_models && order.as_deref() != Some("PCI_BUS_ID")).then_some(
-        "GPUs of different models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers the fastest GPU first, \
-         so cuda:N may not be NVML index N; set CUDA_DEVICE_ORDER=PCI_BUS_ID",
-    );
+    let view = DeviceView::new(sampler.devices());
     let mut stdout = std::io::stdout().lock();
     if args.json {
+        serde_json::to_writer_pretty(&mut stdout, &view.json())?;
+        writeln!(stdout)?;
+    } else {
+        stdout.write_all(view.text().as_bytes())?;
+    }
+    stdout.flush()?;
+    Ok(0)
+}
+
+/// The GPUs as NVML numbers them and as CUDA and the container runtime will see them, from this
+/// process's environment.
+struct DeviceView {
+    devs: Vec<DeviceId>,
+    cuda_env: Option<String>,
+    nvidia_env: Option<String>,
+    order: Option<String>,
+    cuda: Option<CudaVisible>,
+    nvidia: Option<NvidiaVisible>,
+    renumbered: bool,
+    order_warning: Option<&'static str>,
+}
+
+impl DeviceView {
+    fn new(devs: Vec<DeviceId>) -> DeviceView {
+        let cuda_env = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let nvidia_env = std::env::var("NVIDIA_VISIBLE_DEVICES").ok();
+        let order = std::env::var("CUDA_DEVICE_ORDER").ok();
+        let cuda = cuda_env.as_deref().map(|s| cuda_visible(s, &devs));
+        let nvidia = nvidia_env.as_deref().map(|s| nvidia_visible(s, &devs));
+        let renumbered = devs.iter().any(|d| d.minor.is_some_and(|m| m != d.index));
+        let mixed_models = devs.windows(2).any(|w| w[0].name != w[1].name);
+        let order_warning = (mixed_models && order.as_deref() != Some("PCI_BUS_ID")).then_some(
+            "GPUs of different models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers the fastest GPU first, \
+             so cuda:N may not be NVML index N; set CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        );
+        DeviceView {
+            devs,
+            cuda_env,
+            nvidia_env,
+            order,
+            cuda,
+            nvidia,
+            renumbered,
+            order_warning,
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let devs = &self.devs;
         let dev_json = |d: &DeviceId| {
             json!({"index": d.index, "minor": d.minor, "device_path": d.minor.map(|m| format!("/dev/nvidia{m}")),
                    "uuid": d.uuid, "pci_bus_id": d.pci_bus_id, "name": d.name})
         };
-        let cuda_json = cuda.as_ref().zip(cuda_env.as_ref()).map(|(c, v)| {
+        let cuda_json = self.cuda.as_ref().zip(self.cuda_env.as_ref()).map(|(c, v)| {
             json!({
                 "value": v,
                 "visible": c.visible.iter().enumerate().map(|(k, &i)| {
@@ -429,7 +342,7 @@ pub fn devices(global: &GlobalArgs, args: &DevicesArgs) -> anyhow::Result<i32> {
                 "duplicate": c.duplicate,
             })
         });
-        let nvidia_json = nvidia.as_ref().zip(nvidia_env.as_ref()).map(|(n, v)| {
+        let nvidia_json = self.nvidia.as_ref().zip(self.nvidia_env.as_ref()).map(|(n, v)| {
             let (mode, entries) = match n {
                 NvidiaVisible::All => ("all", Vec::new()),
                 NvidiaVisible::None => ("none", Vec::new()),
@@ -443,78 +356,98 @@ pub fn devices(global: &GlobalArgs, args: &DevicesArgs) -> anyhow::Result<i32> {
             };
             json!({"value": v, "mode": mode, "entries": entries})
         });
-        let doc = json!({
+        json!({
             "devices": devs.iter().map(dev_json).collect::<Vec<_>>(),
             "cuda_visible_devices": cuda_json,
             "nvidia_visible_devices": nvidia_json,
-            "cuda_device_order": order,
-            "renumbered": renumbered,
-            "warnings": order_warning.into_iter().collect::<Vec<_>>(),
-        });
-        serde_json::to_writer_pretty(&mut stdout, &doc)?;
-        writeln!(stdout)?;
-        return Ok(0);
+            "cuda_device_order": self.order,
+            "renumbered": self.renumbered,
+            "warnings": self.order_warning.into_iter().collect::<Vec<_>>(),
+        })
     }
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<5}  {:<13}  {:<40}  {:<16}  NAME",
-        "INDEX", "MINOR", "UUID", "PCI BUS ID"
-    );
-    for d in &devs {
+
+    fn text(&self) -> String {
+        let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<5}  {:<13}  {:<40}  {:<16}  {}",
-            d.index,
-            minor_path(d),
-            d.uuid,
-            d.pci_bus_id,
-            d.name
+            "{:<5}  {:<13}  {:<40}  {:<16}  NAME",
+            "INDEX", "MINOR", "UUID", "PCI BUS ID"
         );
-    }
-    out.push('\n');
-    match (&cuda, &cuda_env) {
-        (Some(c), Some(v)) => {
+        for d in &self.devs {
             let _ = writeln!(
                 out,
-                "CUDA_VISIBLE_DEVICES={v:?}: a CUDA framework started from this environment sees {} GPU{}:",
-                c.visible.len(),
-                if c.visible.len() == 1 { "" } else { "s" }
+                "{:<5}  {:<13}  {:<40}  {:<16}  {}",
+                d.index,
+                minor_path(d),
+                d.uuid,
+                d.pci_bus_id,
+                d.name
             );
-            for (k, &i) in c.visible.iter().enumerate() {
-                let d = &devs[i];
-                let _ = writeln!(
-                    out,
-                    "  cuda:{k} = NVML index {}  {}  {}  {}",
-                    d.index,
-                    minor_path(d),
-                    d.uuid,
-                    d.name
-                );
-            }
-            if let Some(s) = &c.stopped_at {
-                let _ = writeln!(
-                    out,
-                    "  entry {:?} ends the list: {} (CUDA ignores it and every entry after it)",
-                    s.entry, s.reason
-                );
-            }
-            if let Some(d) = &c.duplicate {
-                let _ = writeln!(
-                    out,
-                    "  entry {d:?} names a GPU twice: CUDA then sees no GPU at all"
-                );
-            }
         }
-        _ => {
+        out.push('\n');
+        self.cuda_text(&mut out);
+        self.nvidia_text(&mut out);
+        if self.renumbered {
+            let _ = writeln!(
+                out,
+                "\nNVML indices differ from the /dev/nvidiaN minor numbers: this looks like a container, so index N here is not host GPU N."
+            );
+        }
+        if let Some(w) = self.order_warning {
+            let _ = writeln!(out, "\nWarning: {w}.");
+        }
+        if self.cuda_env.is_some() || self.nvidia_env.is_some() || self.renumbered {
+            let _ = writeln!(out, "\n{TRAP}");
+        }
+        out
+    }
+
+    fn cuda_text(&self, out: &mut String) {
+        let devs = &self.devs;
+        let (Some(c), Some(v)) = (&self.cuda, &self.cuda_env) else {
             let _ = writeln!(
                 out,
                 "CUDA_VISIBLE_DEVICES is not set: cuda:N is NVML index N (all {} GPUs).",
                 devs.len()
             );
+            return;
+        };
+        let _ = writeln!(
+            out,
+            "CUDA_VISIBLE_DEVICES={v:?}: a CUDA framework started from this environment sees {} GPU{}:",
+            c.visible.len(),
+            if c.visible.len() == 1 { "" } else { "s" }
+        );
+        for (k, &i) in c.visible.iter().enumerate() {
+            let d = &devs[i];
+            let _ = writeln!(
+                out,
+                "  cuda:{k} = NVML index {}  {}  {}  {}",
+                d.index,
+                minor_path(d),
+                d.uuid,
+                d.name
+            );
+        }
+        if let Some(s) = &c.stopped_at {
+            let _ = writeln!(
+                out,
+                "  entry {:?} ends the list: {} (CUDA ignores it and every entry after it)",
+                s.entry, s.reason
+            );
+        }
+        if let Some(d) = &c.duplicate {
+            let _ = writeln!(
+                out,
+                "  entry {d:?} names a GPU twice: CUDA then sees no GPU at all"
+            );
         }
     }
-    if let (Some(n), Some(v)) = (&nvidia, &nvidia_env) {
+
+    fn nvidia_text(&self, out: &mut String) {
+        let (Some(n), Some(v)) = (&self.nvidia, &self.nvidia_env) else {
+            return;
+        };
         let _ = writeln!(out);
         match n {
             NvidiaVisible::All => {
@@ -541,7 +474,7 @@ pub fn devices(global: &GlobalArgs, args: &DevicesArgs) -> anyhow::Result<i32> {
                 for (e, pos) in entries {
                     match pos {
                         Some(p) => {
-                            let d = &devs[*p];
+                            let d = &self.devs[*p];
                             let _ = writeln!(
                                 out,
                                 "  host GPU {e} = NVML index {} here  {}  {}",
@@ -558,101 +491,13 @@ pub fn devices(global: &GlobalArgs, args: &DevicesArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    if renumbered {
-        let _ = writeln!(
-            out,
-            "\nNVML indices differ from the /dev/nvidiaN minor numbers: this looks like a container, so index N here is not host GPU N."
-        );
-    }
-    if let Some(w) = order_warning {
-        let _ = writeln!(out, "\nWarning: {w}.");
-    }
-    if cuda_env.is_some() || nvidia_env.is_some() || renumbered {
-        let _ = writeln!(out, "\n{TRAP}");
-    }
-    stdout.write_all(out.as_bytes())?;
-    stdout.flush()?;
-    Ok(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn devs(n: u32) -> Vec<DeviceId> {
-        (0..n)
-            .map(|i| DeviceId {
-                index: i,
-                minor: Some(i + 2),
-                uuid: format!("GPU-{i}{i}aa{i}-0000-1111-2222-33334444555{i}"),
-                pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + i),
-                name: "NVIDIA H100 80GB HBM3".into(),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn cuda_indices_uuids_and_prefixes() {
-        let d = devs(4);
-        assert_eq!(cuda_visible("2,0", &d).visible, vec![2, 0]);
-        assert_eq!(cuda_visible(" 1 , 3", &d).visible, vec![1, 3]);
-        assert_eq!(
-            cuda_visible("1gpu,2", &d).visible,
-            vec![1, 2],
-            "strtoul-like"
-        );
-        assert_eq!(cuda_visible("GPU-33aa3,GPU-11", &d).visible, vec![3, 1]);
-        assert_eq!(cuda_visible(&d[2].uuid, &d).visible, vec![2]);
-        assert!(cuda_visible("", &d).visible.is_empty());
-    }
-
-    #[test]
-    fn invalid_entries_end_the_list() {
-        let d = devs(4);
-        let c = cuda_visible("1,7,2", &d);
-        assert_eq!(c.visible, vec![1]);
-        assert_eq!(c.stopped_at.as_ref().map(|s| s.entry.as_str()), Some("7"));
-        let c = cuda_visible("0,-1,2", &d);
-        assert_eq!(c.visible, vec![0]);
-        let c = cuda_visible("GPU-,1", &d);
-        assert!(c.visible.is_empty());
-        assert!(c.stopped_at.unwrap().reason.contains("several"));
-        let c = cuda_visible("3,GPU-ffff", &d);
-        assert_eq!(c.visible, vec![3]);
-        let c = cuda_visible("abc", &d);
-        assert!(c.visible.is_empty() && c.stopped_at.is_some());
-        let c = cuda_visible("MIG-GPU-1/0/0", &d);
-        assert!(c.stopped_at.is_some());
-    }
-
-    #[test]
-    fn duplicates_hide_everything() {
-        let d = devs(4);
-        let c = cuda_visible("0,1,0", &d);
-        assert!(c.visible.is_empty());
-        assert_eq!(c.duplicate.as_deref(), Some("0"));
-        assert!(cuda_visible(&format!("1,{}", d[1].uuid), &d)
-            .visible
-            .is_empty());
-    }
-
-    #[test]
-    fn nvidia_visible_modes() {
-        let d = devs(2);
-        assert_eq!(nvidia_visible("all", &d), NvidiaVisible::All);
-        assert_eq!(nvidia_visible("none", &d), NvidiaVisible::None);
-        assert_eq!(nvidia_visible("void", &d), NvidiaVisible::Void);
-        assert_eq!(nvidia_visible("", &d), NvidiaVisible::Void);
-        // Host index 3 is minor 3 = NVML index 1 here; host 0 is not in this container.
-        assert_eq!(
-            nvidia_visible("3,0,GPU-00aa0", &d),
-            NvidiaVisible::List(vec![
-                ("3".into(), Some(1)),
-                ("0".into(), None),
-                ("GPU-00aa0".into(), Some(0))
-            ])
-        );
-    }
+    use crate::model::visible::tests::devs;
 
     #[test]
     fn status_json_names_metrics_by_table_key_only() {

@@ -498,6 +498,51 @@ impl NotifySettings {
             }
         };
 
+        let channels = ctx.channels(timeout_ms, &mut errors);
+        let defaults = RouteDefaults {
+            group_wait_ms,
+            group_interval_ms,
+            repeat_interval_ms,
+        };
+        let routes = ctx.routes(&defaults, &channels, &mut errors);
+        if !errors.is_empty() {
+            anyhow::bail!("{}", errors.join("\n"));
+        }
+        Ok(NotifySettings {
+            hostname: config.hostname.to_string(),
+            channels,
+            routes,
+            quiet_hours,
+            rate_limit,
+            delivery,
+            heartbeat,
+            inhibit: n.inhibit.clone(),
+        })
+    }
+
+    /// The channel called `name`.
+    pub fn channel(&self, name: &str) -> Option<&ChannelSpec> {
+        self.channels.iter().find(|c| c.name == name)
+    }
+}
+
+struct Ctx<'a> {
+    config: NotifyConfig<'a>,
+    lines: crate::values::LineIndex,
+}
+
+/// The `[notify]` grouping durations routes inherit.
+#[derive(Clone, Copy)]
+struct RouteDefaults {
+    group_wait_ms: i64,
+    group_interval_ms: i64,
+    repeat_interval_ms: i64,
+}
+
+impl Ctx<'_> {
+    /// Every `[[channel]]`, parsed by its type's registration; problems go to `errors`.
+    fn channels(&self, timeout_ms: i64, errors: &mut Vec<String>) -> Vec<ChannelSpec> {
+        let (ctx, config) = (self, self.config);
         let mut channels: Vec<ChannelSpec> = Vec::new();
         // Channel parsers see their table with positions into the file; a config built without
         // its text gets its tables re-serialized (errors then name only the file).
@@ -525,7 +570,7 @@ impl NotifySettings {
         };
         let mut names = std::collections::HashSet::new();
         for table in tables {
-            match build_channel(&ctx, table, positions, timeout_ms) {
+            match build_channel(ctx, table, positions, timeout_ms) {
                 Ok((spec, at)) => {
                     if names.insert(spec.name.clone()) {
                         channels.push(spec);
@@ -537,6 +582,23 @@ impl NotifySettings {
             }
         }
 
+        channels
+    }
+
+    /// Every `[[route]]` (or one catch-all route to every channel when there is none); problems
+    /// go to `errors`.
+    fn routes(
+        &self,
+        defaults: &RouteDefaults,
+        channels: &[ChannelSpec],
+        errors: &mut Vec<String>,
+    ) -> Vec<RouteSpec> {
+        let (ctx, config) = (self, self.config);
+        let RouteDefaults {
+            group_wait_ms,
+            group_interval_ms,
+            repeat_interval_ms,
+        } = *defaults;
         let mut routes = Vec::new();
         let declared: std::collections::HashSet<&str> =
             config.channels.iter().map(|c| c.name()).collect();
@@ -597,33 +659,9 @@ impl NotifySettings {
                 continue_matching: false,
             });
         }
-        if !errors.is_empty() {
-            anyhow::bail!("{}", errors.join("\n"));
-        }
-        Ok(NotifySettings {
-            hostname: config.hostname.to_string(),
-            channels,
-            routes,
-            quiet_hours,
-            rate_limit,
-            delivery,
-            heartbeat,
-            inhibit: n.inhibit.clone(),
-        })
+        routes
     }
 
-    /// The channel called `name`.
-    pub fn channel(&self, name: &str) -> Option<&ChannelSpec> {
-        self.channels.iter().find(|c| c.name == name)
-    }
-}
-
-struct Ctx<'a> {
-    config: NotifyConfig<'a>,
-    lines: crate::values::LineIndex,
-}
-
-impl Ctx<'_> {
     fn file(&self) -> String {
         self.config.path.display().to_string()
     }

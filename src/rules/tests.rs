@@ -266,8 +266,7 @@ fn rule_cannot_be_registered_from_a_check() {
 fn no_clock_and_traces_record_what_a_check_read() {
     // No wall clock in rules: a check's result depends on the history alone.
     let errs = load("let t = timestamp(); rule(#{ name: \"x\", check: |gpu| false });")
-        .err()
-        .expect("timestamp() is not available");
+        .expect_err("timestamp() is not available");
     assert!(errs[0].to_string().contains("timestamp"), "{errs:?}");
 
     let set = load(
