@@ -582,40 +582,10 @@ fn build_rule(
     config: &RulesConfig,
 ) -> Result<Rule, RuleError> {
     let err = |m: String| RuleError::at(file, reg.pos, m);
-    const KEYS: &[&str] = &[
-        "name",
-        "severity",
-        "scope",
-        "hold",
-        "keep_firing_for",
-        "repeat",
-        "labels",
-        "check",
-        "description",
-        "action",
-        "every",
-    ];
-    for k in reg.def.keys() {
-        if !KEYS.contains(&k.as_str()) {
-            return Err(err(format!(
-                "unknown rule field `{k}` (expected one of {})",
-                KEYS.join(", ")
-            )));
-        }
-    }
-    let name = get_str(&reg.def, "name")
-        .map_err(&err)?
-        .ok_or_else(|| err("rule needs a `name`".into()))?;
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        return Err(err(format!(
-            "rule name {name:?} must be letters, digits, `_` or `-`"
-        )));
-    }
-    let severity = match get_str(&reg.def, "severity").map_err(&err)? {
+    let def = &reg.def;
+    check_keys(def).map_err(&err)?;
+    let name = rule_name(def).map_err(&err)?;
+    let severity = match get_str(def, "severity").map_err(&err)? {
         None => Severity::Warning,
         Some(s) => Severity::parse(&s).ok_or_else(|| {
             err(format!(
@@ -623,73 +593,14 @@ fn build_rule(
             ))
         })?,
     };
-    let scope = match get_str(&reg.def, "scope").map_err(&err)?.as_deref() {
-        None | Some("gpu") => RuleScope::Gpu,
-        Some("host") => RuleScope::Host,
-        Some("job") => RuleScope::Job,
-        Some("process") => RuleScope::Process,
-        Some(s) => {
-            return Err(err(format!(
-                "scope {s:?} must be \"gpu\", \"host\", \"job\" or \"process\""
-            )))
-        }
-    };
-    let mut actions = Vec::new();
-    if let Some(a) = get_str(&reg.def, "action").map_err(&err)? {
-        for part in a.split(',').map(str::trim) {
-            let action = Action::parse(part).filter(|action| {
-                *action != Action::Kill || matches!(scope, RuleScope::Process | RuleScope::Job)
-            });
-            match action {
-                Some(action) if !actions.contains(&action) => actions.push(action),
-                Some(_) => {}
-                None => {
-                    return Err(err(format!(
-                        "action {part:?}: expected \"kill\" (process or job rules only) or \"exec:NAME\""
-                    )))
-                }
-            }
-        }
-    }
-    let hold_ms = get_duration(&reg.def, "hold").map_err(&err)?;
-    let keep_firing_for_ms = get_duration(&reg.def, "keep_firing_for").map_err(&err)?;
-    let repeat_ms = get_duration(&reg.def, "repeat").map_err(&err)?;
-    let every_ms = match reg.def.get("every") {
-        None => None,
-        Some(v) if v.is_unit() => None,
-        Some(v) => {
-            if scope == RuleScope::Job {
-                return Err(err(
-                    "`every` is not allowed on job rules (they run at every job sample)".into(),
-                ));
-            }
-            let ms = api::duration_ms(v).map_err(|e| err(format!("`every`: {e}")))?;
-            if ms > MAX_EVERY_MS {
-                return Err(err(format!(
-                    "`every` = {} s is longer than the 24 h maximum",
-                    ms / 1000
-                )));
-            }
-            Some(ms)
-        }
-    };
-    let mut labels = BTreeMap::new();
-    if let Some(l) = reg.def.get("labels") {
-        let map = l
-            .read_lock::<Map>()
-            .ok_or_else(|| err("`labels` must be a map".into()))?;
-        for (k, v) in map.iter() {
-            if RESERVED_LABELS.contains(&k.as_str()) {
-                return Err(err(format!(
-                    "label `{k}` is reserved (gpuwatch sets {})",
-                    RESERVED_LABELS.join(", ")
-                )));
-            }
-            labels.insert(k.to_string(), v.to_string());
-        }
-    }
-    let mut check = reg
-        .def
+    let scope = rule_scope(def).map_err(&err)?;
+    let actions = rule_actions(def, scope).map_err(&err)?;
+    let hold_ms = get_duration(def, "hold").map_err(&err)?;
+    let keep_firing_for_ms = get_duration(def, "keep_firing_for").map_err(&err)?;
+    let repeat_ms = get_duration(def, "repeat").map_err(&err)?;
+    let every_ms = rule_every(def, scope).map_err(&err)?;
+    let labels = rule_labels(def).map_err(&err)?;
+    let mut check = def
         .get("check")
         .and_then(|c| c.read_lock::<FnPtr>().map(|f| f.clone()))
         .ok_or_else(|| err("rule needs a `check` closure, e.g. `check: |gpu| { .. }`".into()))?;
@@ -720,6 +631,115 @@ fn build_rule(
         ast: ast.clone(),
         params: params_for(config, &name),
     })
+}
+
+/// The fields `rule(#{ .. })` accepts.
+const RULE_KEYS: &[&str] = &[
+    "name",
+    "severity",
+    "scope",
+    "hold",
+    "keep_firing_for",
+    "repeat",
+    "labels",
+    "check",
+    "description",
+    "action",
+    "every",
+];
+
+fn check_keys(def: &Map) -> Result<(), String> {
+    match def.keys().find(|k| !RULE_KEYS.contains(&k.as_str())) {
+        Some(k) => Err(format!(
+            "unknown rule field `{k}` (expected one of {})",
+            RULE_KEYS.join(", ")
+        )),
+        None => Ok(()),
+    }
+}
+
+fn rule_name(def: &Map) -> Result<String, String> {
+    let name = get_str(def, "name")?.ok_or_else(|| "rule needs a `name`".to_string())?;
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(format!(
+            "rule name {name:?} must be letters, digits, `_` or `-`"
+        ));
+    }
+    Ok(name)
+}
+
+fn rule_scope(def: &Map) -> Result<RuleScope, String> {
+    match get_str(def, "scope")?.as_deref() {
+        None | Some("gpu") => Ok(RuleScope::Gpu),
+        Some("host") => Ok(RuleScope::Host),
+        Some("job") => Ok(RuleScope::Job),
+        Some("process") => Ok(RuleScope::Process),
+        Some(s) => Err(format!(
+            "scope {s:?} must be \"gpu\", \"host\", \"job\" or \"process\""
+        )),
+    }
+}
+
+/// `action: "kill"` (process and job scopes only), `"exec:NAME"`, or both comma-separated.
+fn rule_actions(def: &Map, scope: RuleScope) -> Result<Vec<Action>, String> {
+    let mut actions = Vec::new();
+    let Some(a) = get_str(def, "action")? else {
+        return Ok(actions);
+    };
+    for part in a.split(',').map(str::trim) {
+        let action = Action::parse(part).filter(|action| {
+            *action != Action::Kill || matches!(scope, RuleScope::Process | RuleScope::Job)
+        });
+        match action {
+            Some(action) if !actions.contains(&action) => actions.push(action),
+            Some(_) => {}
+            None => return Err(format!(
+                "action {part:?}: expected \"kill\" (process or job rules only) or \"exec:NAME\""
+            )),
+        }
+    }
+    Ok(actions)
+}
+
+fn rule_every(def: &Map, scope: RuleScope) -> Result<Option<i64>, String> {
+    let Some(v) = def.get("every").filter(|v| !v.is_unit()) else {
+        return Ok(None);
+    };
+    if scope == RuleScope::Job {
+        return Err("`every` is not allowed on job rules (they run at every job sample)".into());
+    }
+    let ms = api::duration_ms(v).map_err(|e| format!("`every`: {e}"))?;
+    if ms > MAX_EVERY_MS {
+        return Err(format!(
+            "`every` = {} s is longer than the 24 h maximum",
+            ms / 1000
+        ));
+    }
+    Ok(Some(ms))
+}
+
+fn rule_labels(def: &Map) -> Result<BTreeMap<String, String>, String> {
+    let mut labels = BTreeMap::new();
+    let Some(l) = def.get("labels") else {
+        return Ok(labels);
+    };
+    let map = l
+        .read_lock::<Map>()
+        .ok_or_else(|| "`labels` must be a map".to_string())?;
+    for (k, v) in map.iter() {
+        if RESERVED_LABELS.contains(&k.as_str()) {
+            return Err(format!(
+                "label `{k}` is reserved (gpuwatch sets {})",
+                RESERVED_LABELS.join(", ")
+            ));
+        }
+        labels.insert(k.to_string(), v.to_string());
+    }
+    Ok(labels)
 }
 
 impl RuleSet {

@@ -33,6 +33,7 @@
 //! over its series; the expected list must equal the actual firing/resolved events (repeats
 //! only when the case lists one), in time order.
 
+use crate::model::AlertEvent;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -424,71 +425,86 @@ fn run_case(
     let mut engine = Engine::new(rules.clone(), opts);
     let mut events = Vec::new();
     for k in 0..ticks {
-        let off = i64::try_from(k).unwrap_or(i64::MAX) * interval;
-        let now = TEST_EPOCH_MS + off;
-        let mut snap = Snapshot {
-            time_ms: now,
-            ..Snapshot::default()
-        };
-        let mut procs = Vec::new();
-        for g in &gpus {
-            let lost = value_at(&g.lost, k).is_some_and(|v| v != 0.0);
-            let mut values = MetricValues::default();
-            let mut any = false;
-            for (m, s) in &g.series {
-                let v = value_at(s, k);
-                any |= v.is_some();
-                values.set(*m, v);
-            }
-            if !any && !lost {
-                continue;
-            }
-            if lost {
-                values = MetricValues::default();
-            }
-            for (at, code) in &g.xids {
-                if *at > off - interval && *at <= off {
-                    snap.xids.push(XidEvent {
-                        time_ms: now,
-                        gpu_index: g.index,
-                        gpu_uuid: g.uuid.clone(),
-                        xid: *code,
-                    });
-                }
-            }
-            for (from, to, p) in &g.procs {
-                if *from <= off && off < *to {
-                    let mut p = p.clone();
-                    p.gpu_index = g.index;
-                    p.gpu_uuid.clone_from(&g.uuid);
-                    procs.push(p);
-                }
-            }
-            snap.gpus.push(GpuSample {
-                time_ms: now,
-                id: DeviceId {
-                    index: g.index,
-                    minor: Some(g.index),
-                    uuid: g.uuid.clone(),
-                    pci_bus_id: format!("00000000:{:02X}:00.0", g.index + 1),
-                    name: g.name.clone(),
-                },
-                state: if lost {
-                    DeviceState::Lost
-                } else {
-                    DeviceState::Ok
-                },
-                values,
-            });
-        }
+        let snap = snapshot_at(&gpus, k, interval);
         let evs = if snap.gpus.is_empty() {
-            engine.advance(now)
+            engine.advance(snap.time_ms)
         } else {
-            snap.processes = Some(procs);
             engine.observe(&snap)
         };
         events.extend(evs);
     }
+    compare(case, &events, file)
+}
+
+/// The snapshot of tick `k` (at `k × interval` after the test epoch): the GPUs with a value or
+/// lost at that tick, their XIDs since the previous tick and their processes.
+fn snapshot_at(gpus: &[GpuInput], k: usize, interval: i64) -> Snapshot {
+    let off = i64::try_from(k).unwrap_or(i64::MAX) * interval;
+    let now = TEST_EPOCH_MS + off;
+    let mut snap = Snapshot {
+        time_ms: now,
+        ..Snapshot::default()
+    };
+    let mut procs = Vec::new();
+    for g in gpus {
+        let lost = value_at(&g.lost, k).is_some_and(|v| v != 0.0);
+        let mut values = MetricValues::default();
+        let mut any = false;
+        for (m, s) in &g.series {
+            let v = value_at(s, k);
+            any |= v.is_some();
+            values.set(*m, v);
+        }
+        if !any && !lost {
+            continue;
+        }
+        if lost {
+            values = MetricValues::default();
+        }
+        for (at, code) in &g.xids {
+            if *at > off - interval && *at <= off {
+                snap.xids.push(XidEvent {
+                    time_ms: now,
+                    gpu_index: g.index,
+                    gpu_uuid: g.uuid.clone(),
+                    xid: *code,
+                });
+            }
+        }
+        for (from, to, p) in &g.procs {
+            if *from <= off && off < *to {
+                let mut p = p.clone();
+                p.gpu_index = g.index;
+                p.gpu_uuid.clone_from(&g.uuid);
+                procs.push(p);
+            }
+        }
+        snap.gpus.push(GpuSample {
+            time_ms: now,
+            id: DeviceId {
+                index: g.index,
+                minor: Some(g.index),
+                uuid: g.uuid.clone(),
+                pci_bus_id: format!("00000000:{:02X}:00.0", g.index + 1),
+                name: g.name.clone(),
+            },
+            state: if lost {
+                DeviceState::Lost
+            } else {
+                DeviceState::Ok
+            },
+            values,
+        });
+    }
+    if !snap.gpus.is_empty() {
+        snap.processes = Some(procs);
+    }
+    snap
+}
+
+/// Compares the events of a case with its `expect` lines (repeats only when some are expected)
+/// and checks their severities and summaries.
+fn compare(case: &Case, events: &[AlertEvent], file: &str) -> Result<CaseReport, String> {
     let want_repeats = case.expect.iter().any(|e| e.state == "repeat");
     let line = |alert: &str, gpu: Option<u32>, state: &str, at_ms: i64| {
         let gpu = gpu.map_or_else(|| "host".to_string(), |g| format!("gpu {g}"));
