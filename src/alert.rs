@@ -286,7 +286,15 @@ impl AlertBook {
                 summary,
                 mut annotations,
             } => {
-                annotations.insert("summary".into(), summary);
+                // Summaries and annotations carry text from outside (command lines, user
+                // names, a job's output): control characters are escaped once, here, so no
+                // log line, table or message can be forged or carry terminal escapes.
+                for v in annotations.values_mut() {
+                    if v.chars().any(char::is_control) {
+                        *v = crate::values::escape_control(v);
+                    }
+                }
+                annotations.insert("summary".into(), crate::values::escape_control(&summary));
                 annotations.insert("rule_file".into(), spec.source.clone());
                 let inst = self
                     .instances
@@ -492,6 +500,28 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn text_from_outside_is_escaped() {
+        let mut b = AlertBook::new();
+        let id = InstanceId {
+            key: "quota",
+            gpu: Some(0),
+            labels: &labels,
+            target_pid: None,
+        };
+        let forged = "python3 train.py\n2026-12-03T00:00:00Z ERROR forged \u{1b}[31mred";
+        let outcome = Outcome::Active {
+            summary: format!("process uses 90 GiB: {forged}"),
+            annotations: [("job".to_string(), forged.to_string())].into_iter().collect(),
+        };
+        let ev = b.step(0, &spec(0, 0, 0), &id, outcome).unwrap();
+        for v in ev.annotations.values() {
+            assert!(!v.chars().any(char::is_control), "{v:?}");
+        }
+        assert!(ev.annotations["summary"].contains("train.py\\n2026"), "{:?}", ev.annotations);
+        assert!(ev.annotations["job"].contains("\\u{1b}[31m"), "{:?}", ev.annotations);
     }
 
     #[test]

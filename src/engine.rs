@@ -636,7 +636,7 @@ impl Engine {
                 let key = format!("{prefix}{index}/pid:{}", p.pid);
                 let mut extra = vec![("pid", p.pid.to_string())];
                 if let Some(u) = &p.user {
-                    extra.push(("user", u.clone()));
+                    extra.push(("user", crate::values::escape_control(u)));
                 }
                 let subject = Subject {
                     key: &key,

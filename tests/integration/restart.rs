@@ -13,13 +13,19 @@ use crate::notify::servers::{wait_until, Daemon, HttpReceiver};
 const T: Duration = Duration::from_secs(60);
 
 fn config(dir: &Path, webhook_url: &str) -> PathBuf {
+    config_with(dir, webhook_url, &["ecc_uncorrected"])
+}
+
+fn config_with(dir: &Path, webhook_url: &str, stock_rules: &[&str]) -> PathBuf {
     let rules = dir.join("rules");
     std::fs::create_dir_all(&rules).unwrap();
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/ecc_uncorrected.rhai"),
-        rules.join("ecc_uncorrected.rhai"),
-    )
-    .unwrap();
+    for rule in stock_rules {
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("rules/{rule}.rhai")),
+            rules.join(format!("{rule}.rhai")),
+        )
+        .unwrap();
+    }
     let path = dir.join("config.toml");
     std::fs::write(
         &path,
@@ -53,11 +59,15 @@ group_wait = "0s"
 }
 
 fn daemon(config: &Path, log: &Path, start_s: &str) -> Daemon {
+    daemon_on("ecc-errors", config, log, start_s)
+}
+
+fn daemon_on(scenario: &str, config: &Path, log: &Path, start_s: &str) -> Daemon {
     common::sim_lib();
     let cmd = common::command(
         &[
             "--sim",
-            "ecc-errors",
+            scenario,
             "daemon",
             "--config",
             config.to_str().unwrap(),
@@ -135,4 +145,56 @@ fn ecc_error_while_down_is_announced_at_the_first_sample_after_the_restart() {
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     assert_eq!(saved["instances"][0]["key"], "ecc_uncorrected", "{saved}");
+}
+
+/// A restart while a GPU is lost: its `gpu_lost` and `xid_error` alerts stay firing (the lost
+/// GPU gives no samples, its XIDs come back from the state file), nothing is sent as resolved.
+#[test]
+fn restart_while_a_gpu_is_lost_resolves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let cfg = config_with(tmp.path(), &hook.url("/hook"), &["gpu_lost", "xid_error"]);
+    // Without the default inhibition (gpu_lost mutes the GPU's other alerts), so a wrong
+    // `xid_error` resolution would be sent.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("[notify]\ninhibit = []\n{text}")).unwrap();
+    let log = tmp.path().join("log");
+
+    // XID 79 and the loss of GPU 3 at scenario 30 s (3 s at 10x).
+    let mut d = daemon_on("xid-79", &cfg, &log, "0");
+    let got = hook.wait_accepted(2, T);
+    let names: Vec<String> = got
+        .iter()
+        .flat_map(|r| {
+            let body = r.json();
+            assert_eq!(body["status"], "firing", "{body}");
+            body["alerts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a["labels"]["alertname"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(names.contains(&"gpu_lost".to_string()), "{names:?}");
+    assert!(names.contains(&"xid_error".to_string()), "{names:?}");
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success(), "{}", d.log_text());
+
+    // Restarted at scenario 60 s: GPU 3 is still lost.
+    let mut d = daemon_on("xid-79", &cfg, &log, "60");
+    wait_until(T, "samples after the restart", || {
+        d.log_text()
+            .matches("resuming alert state")
+            .next()
+            .map(|_| ())
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success(), "{}", d.log_text());
+    let sent = hook.accepted();
+    for r in &sent[got.len()..] {
+        let body = r.json();
+        assert_ne!(body["status"], "resolved", "{body}\n{}", d.log_text());
+    }
 }
