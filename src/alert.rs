@@ -514,14 +514,24 @@ mod tests {
         let forged = "python3 train.py\n2026-12-03T00:00:00Z ERROR forged \u{1b}[31mred";
         let outcome = Outcome::Active {
             summary: format!("process uses 90 GiB: {forged}"),
-            annotations: [("job".to_string(), forged.to_string())].into_iter().collect(),
+            annotations: [("job".to_string(), forged.to_string())]
+                .into_iter()
+                .collect(),
         };
         let ev = b.step(0, &spec(0, 0, 0), &id, outcome).unwrap();
         for v in ev.annotations.values() {
             assert!(!v.chars().any(char::is_control), "{v:?}");
         }
-        assert!(ev.annotations["summary"].contains("train.py\\n2026"), "{:?}", ev.annotations);
-        assert!(ev.annotations["job"].contains("\\u{1b}[31m"), "{:?}", ev.annotations);
+        assert!(
+            ev.annotations["summary"].contains("train.py\\n2026"),
+            "{:?}",
+            ev.annotations
+        );
+        assert!(
+            ev.annotations["job"].contains("\\u{1b}[31m"),
+            "{:?}",
+            ev.annotations
+        );
     }
 
     #[test]

@@ -320,6 +320,23 @@ pub struct MetricDesc {
     pub dcgm: Option<&'static str>,
 }
 
+impl MetricDesc {
+    /// Whether `v` can be a reading of this metric: finite, not negative, a percentage at most
+    /// 100, a flag 0 or 1, a temperature at most 200 °C, a P-state at most 15. Importers treat
+    /// anything else as a malformed cell (absent), never as a reading.
+    pub fn plausible(&self, v: f64) -> bool {
+        v.is_finite()
+            && v >= 0.0
+            && match self.unit {
+                "percent" => v <= 100.0,
+                "bool" => v == 0.0 || v == 1.0,
+                "celsius" => v <= 200.0,
+                "pstate" => v <= 15.0,
+                _ => true,
+            }
+    }
+}
+
 macro_rules! metrics {
     ($( $variant:ident => { key: $key:literal, unit: $unit:literal, kind: $kind:ident, help: $help:literal,
         source: $source:expr, smi: $smi:expr, smi_unit: $smiu:ident, dcgm: $dcgm:expr } ),* $(,)?) => {

@@ -16,8 +16,10 @@
 //! Format detection ([`detect`]): a first line starting `timestamp,index,uuid,` and containing
 //! `processes` is gpuwatch's; anything else with a known nvidia-smi column is nvidia-smi's.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read as _};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
 
@@ -167,7 +169,7 @@ fn smi_value(raw: &str, unit: SmiUnit) -> Result<Option<f64>, String> {
             .trim_end_matches(|c: char| c.is_ascii_alphabetic() || c == '%' || c == ' ')
             .trim();
         s.parse::<f64>()
-            .map_err(|_| format!("cannot read {raw:?} as a number"))
+            .map_err(|_| format!("cannot read {} as a number", quoted(raw)))
     };
     Ok(Some(match unit {
         SmiUnit::Same => number(v)?,
@@ -175,22 +177,43 @@ fn smi_value(raw: &str, unit: SmiUnit) -> Result<Option<f64>, String> {
         SmiUnit::Pstate => {
             let p = v.trim_start_matches(['P', 'p']);
             p.parse::<f64>()
-                .map_err(|_| format!("cannot read {raw:?} as a pstate"))?
+                .map_err(|_| format!("cannot read {} as a pstate", quoted(raw)))?
         }
         SmiUnit::Hex => {
             let h = v.trim_start_matches("0x").trim_start_matches("0X");
             #[expect(clippy::cast_precision_loss, reason = "bitmask below 2^53")]
             let x = u64::from_str_radix(h, 16)
-                .map_err(|_| format!("cannot read {raw:?} as a hex bitmask"))?
+                .map_err(|_| format!("cannot read {} as a hex bitmask", quoted(raw)))?
                 as f64;
             x
         }
     }))
 }
 
+/// The longest line a log may have: a longer one (a file that is not a CSV log, or one that lost
+/// its newlines) is an error rather than a read of the whole file into memory.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// At most this many malformed cells are reported one by one; the rest are only counted.
+const REPORTED_CELLS: u64 = 5;
+
+/// `v` for an error message: control characters escaped, at most ~80 characters.
+pub fn quoted(v: &str) -> String {
+    let v = crate::values::escape_control(v);
+    if v.chars().count() <= 80 {
+        format!("{v:?}")
+    } else {
+        let head: String = v.chars().take(80).collect();
+        format!("{head:?}… ({} characters)", v.chars().count())
+    }
+}
+
 /// A reader of snapshots from a trace file.
 pub struct TraceReader {
-    lines: std::io::Lines<std::io::BufReader<std::fs::File>>,
+    input: std::io::BufReader<std::fs::File>,
+    /// Cells that could not be a reading (unparsable, NaN, infinite, out of range): read as
+    /// absent and counted here.
+    malformed: Arc<AtomicU64>,
     path: String,
     line_no: usize,
     format: TraceFormat,
@@ -229,17 +252,13 @@ impl TraceReader {
     pub fn open(path: &Path, smi_header: Option<&str>) -> anyhow::Result<TraceReader> {
         let f =
             std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        let mut lines = std::io::BufReader::new(f).lines();
+        let mut input = std::io::BufReader::new(f);
         let pathname = path.display().to_string();
         let mut line_no = 0;
         let header = if let Some(h) = smi_header {
             h.to_string()
         } else {
-            line_no += 1;
-            lines
-                .next()
-                .transpose()
-                .with_context(|| format!("cannot read {pathname}"))?
+            read_line(&mut input, &pathname, &mut line_no)?
                 .ok_or_else(|| anyhow!("{pathname}:1:1: empty file"))?
         };
         let format = if smi_header.is_some() {
@@ -282,8 +301,12 @@ impl TraceReader {
         if !columns.iter().any(|c| matches!(c, Col::Time)) {
             bail!("{pathname}:1:1: the header has no `timestamp` column");
         }
+        if smi_header.is_none() {
+            check_duplicates(header, &columns, &pathname)?;
+        }
         Ok(TraceReader {
-            lines,
+            input,
+            malformed: Arc::new(AtomicU64::new(0)),
             path: pathname,
             line_no,
             format,
@@ -299,17 +322,37 @@ impl TraceReader {
         self.format
     }
 
+    /// The count of malformed cells read so far (shared: it keeps counting while the reader
+    /// runs on another thread, see [`read_ahead`]).
+    pub fn malformed_cells(&self) -> Arc<AtomicU64> {
+        self.malformed.clone()
+    }
+
+    /// Counts a malformed cell (read as absent); the first few are reported with their place.
+    fn malformed_cell(&self, col: usize, what: &str) {
+        let n = self.malformed.fetch_add(1, Ordering::Relaxed) + 1;
+        if n <= REPORTED_CELLS {
+            tracing::warn!(
+                "{}:{}:{}: {what}: read as absent",
+                self.path,
+                self.line_no,
+                col + 1
+            );
+        }
+        if n == REPORTED_CELLS {
+            tracing::warn!("{}: further malformed cells are only counted", self.path);
+        }
+    }
+
     fn err(&self, col: usize, msg: impl std::fmt::Display) -> anyhow::Error {
         anyhow!("{}:{}:{}: {msg}", self.path, self.line_no, col + 1)
     }
 
     fn next_row(&mut self) -> anyhow::Result<Option<Row>> {
         loop {
-            let Some(line) = self.lines.next() else {
+            let Some(line) = read_line(&mut self.input, &self.path, &mut self.line_no)? else {
                 return Ok(None);
             };
-            self.line_no += 1;
-            let line = line.with_context(|| format!("cannot read {}", self.path))?;
             if line.trim().is_empty() {
                 continue;
             }
@@ -346,7 +389,7 @@ impl TraceReader {
                 Col::Time => {
                     if self.last_time.0 != v {
                         let t = parse_time_ms(v)
-                            .ok_or_else(|| self.err(col, format!("bad timestamp {v:?}")))?;
+                            .ok_or_else(|| self.err(col, format!("bad timestamp {}", quoted(v))))?;
                         self.last_time = (v.to_string(), t);
                     }
                     time_ms = Some(self.last_time.1);
@@ -354,7 +397,7 @@ impl TraceReader {
                 Col::Index => {
                     id.index = v
                         .parse()
-                        .map_err(|_| self.err(col, format!("bad GPU index {v:?}")))?;
+                        .map_err(|_| self.err(col, format!("bad GPU index {}", quoted(v))))?;
                     has_index = true;
                 }
                 Col::Uuid => id.uuid = v.to_string(),
@@ -365,23 +408,35 @@ impl TraceReader {
                     state = match v {
                         "" | "ok" => DeviceState::Ok,
                         "lost" => DeviceState::Lost,
-                        other => return Err(self.err(col, format!("bad state {other:?}"))),
+                        other => return Err(self.err(col, format!("bad state {}", quoted(other)))),
                     }
                 }
                 Col::Metric(m, unit) => {
                     let value = if self.format == TraceFormat::Gpuwatch {
                         if v.is_empty() {
-                            None
+                            Ok(None)
                         } else {
-                            Some(v.parse::<f64>().map_err(|_| {
-                                self.err(col, format!("bad {} value {v:?}", m.key()))
-                            })?)
+                            v.parse::<f64>().map(Some).map_err(|_| {
+                                format!("{} value {} is not a number", m.key(), quoted(v))
+                            })
                         }
                     } else {
                         if v.eq_ignore_ascii_case("[GPU is lost]") {
                             state = DeviceState::Lost;
                         }
-                        smi_value(v, *unit).map_err(|e| self.err(col, e))?
+                        smi_value(v, *unit)
+                    };
+                    let value = match value {
+                        Ok(Some(x)) if !m.desc().plausible(x) => {
+                            let what = format!("{} value {} out of range", m.key(), quoted(v));
+                            self.malformed_cell(col, &what);
+                            None
+                        }
+                        Ok(x) => x,
+                        Err(e) => {
+                            self.malformed_cell(col, &e);
+                            None
+                        }
                     };
                     values.set(*m, value);
                 }
@@ -390,7 +445,7 @@ impl TraceReader {
                         xids.push(
                             x.trim()
                                 .parse()
-                                .map_err(|_| self.err(col, format!("bad XID {x:?}")))?,
+                                .map_err(|_| self.err(col, format!("bad XID {}", quoted(x))))?,
                         );
                     }
                 }
@@ -401,7 +456,7 @@ impl TraceReader {
                         let pid = pid
                             .trim()
                             .parse()
-                            .map_err(|_| self.err(col, format!("bad process {p:?}")))?;
+                            .map_err(|_| self.err(col, format!("bad process {}", quoted(p))))?;
                         list.push(ProcSample::compute(
                             pid,
                             0,
@@ -505,6 +560,79 @@ impl TraceReader {
         snap.processes = procs;
         Ok(Some(snap))
     }
+}
+
+/// Reads one line (without its `\n` / `\r\n`), at most [`MAX_LINE`] bytes, as UTF-8; errors name
+/// the line (and the column of the first byte that is not UTF-8).
+fn read_line(
+    input: &mut std::io::BufReader<std::fs::File>,
+    path: &str,
+    line_no: &mut usize,
+) -> anyhow::Result<Option<String>> {
+    let mut buf = Vec::new();
+    let limit = u64::try_from(MAX_LINE).unwrap_or(u64::MAX) + 1;
+    let n = input
+        .by_ref()
+        .take(limit)
+        .read_until(b'\n', &mut buf)
+        .with_context(|| format!("cannot read {path}"))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    *line_no += 1;
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+    } else if buf.len() > MAX_LINE {
+        bail!(
+            "{path}:{line_no}:1: line longer than {} MiB: not a CSV log (or one without line breaks)",
+            MAX_LINE >> 20
+        );
+    }
+    if *line_no == 1 && (buf.starts_with(&[0xff, 0xfe]) || buf.starts_with(&[0xfe, 0xff])) {
+        bail!(
+            "{path}:1:1: UTF-16 text (as PowerShell writes it); convert it first: \
+             iconv -f UTF-16 -t UTF-8 {path} > log.csv"
+        );
+    }
+    String::from_utf8(buf).map(Some).map_err(|e| {
+        let col = e.utf8_error().valid_up_to() + 1;
+        let byte = e.as_bytes()[col - 1];
+        anyhow!(
+            "{path}:{line_no}:{col}: not UTF-8 text (byte 0x{byte:02x}); convert the file to UTF-8"
+        )
+    })
+}
+
+/// A header that names one column twice (two `index` columns, or `temperature.gpu` twice) is an
+/// error naming both.
+fn check_duplicates(header: &str, columns: &[Col], path: &str) -> anyhow::Result<()> {
+    let names = split_csv(header);
+    let what = |c: &Col| match c {
+        Col::Metric(m, _) => Some(m.key().to_string()),
+        Col::Ignore => None,
+        other => Some(format!("{other:?}")),
+    };
+    let mut offset = 0;
+    let mut seen: Vec<(String, usize, String)> = Vec::new();
+    for (i, c) in columns.iter().enumerate() {
+        let name = names.get(i).map_or("", |n| n.trim());
+        let col = offset + 1;
+        offset += names.get(i).map_or(0, String::len) + 1;
+        let Some(key) = what(c) else { continue };
+        if let Some((_, first_col, first)) = seen.iter().find(|(k, _, _)| *k == key) {
+            bail!(
+                "{path}:1:{col}: column {} repeats column {} (1:{first_col}): both are {}",
+                quoted(name),
+                quoted(first),
+                key.to_lowercase()
+            );
+        }
+        seen.push((key, col, name.to_string()));
+    }
+    Ok(())
 }
 
 impl Iterator for TraceReader {
@@ -755,8 +883,11 @@ mod tests {
         assert_eq!(s.gpus.len(), 2);
         assert_eq!(s.gpus[0].get(Metric::MemUsed), Some(1_073_741_824.0));
         assert_eq!(s.gpus[1].get(Metric::Power), None);
-        let err = r.next().unwrap().unwrap_err().to_string();
-        assert!(err.contains("smi.csv:5:"), "{err}");
+        // "bogus" is a malformed cell: absent and counted, not the end of the replay.
+        let s = r.next().unwrap().unwrap();
+        assert_eq!(s.gpus[1].get(Metric::Util), None);
+        assert_eq!(s.gpus[1].get(Metric::Power), Some(70.0));
+        assert_eq!(r.malformed_cells().load(Ordering::Relaxed), 1);
         // noheader + nounits with the header given
         std::fs::write(&path, "2026/12/02 15:00:00.101, 0, 87, 1024\n").unwrap();
         let mut r = TraceReader::open(
@@ -766,5 +897,99 @@ mod tests {
         .unwrap();
         let s = r.next().unwrap().unwrap();
         assert_eq!(s.gpus[0].get(Metric::Util), Some(87.0));
+    }
+
+    fn hostile(name: &str, bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        (dir, path)
+    }
+
+    fn read_all(path: &Path) -> anyhow::Result<Vec<Snapshot>> {
+        TraceReader::open(path, None)?.collect()
+    }
+
+    const HEADER: &str = "timestamp, index, utilization.gpu [%], temperature.gpu\n";
+
+    #[test]
+    fn a_line_without_end_is_refused_without_reading_it_all() {
+        let mut bytes = HEADER.as_bytes().to_vec();
+        bytes.extend(std::iter::repeat_n(b'7', 3 * MAX_LINE));
+        let (_d, path) = hostile("long.csv", &bytes);
+        let err = read_all(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("long.csv:2:1: line longer than 1 MiB"),
+            "{err}"
+        );
+        assert!(err.len() < 300, "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_quoted_short_and_escaped() {
+        let v = format!("\u{1b}[31m{}", "x".repeat(5000));
+        let text = format!("{HEADER}2026/12/02 15:00:00.000, {v}, 50, 60\n");
+        let (_d, path) = hostile("idx.csv", text.as_bytes());
+        let err = read_all(&path).unwrap_err().to_string();
+        assert!(err.contains("idx.csv:2:"), "{err}");
+        assert!(err.len() < 300 && !err.contains('\u{1b}'), "{err}");
+    }
+
+    #[test]
+    fn encodings_are_named_with_their_line() {
+        let mut bytes = HEADER.as_bytes().to_vec();
+        bytes.extend(b"2026/12/02 15:00:00.000, 0, 5\xe9, 60\n");
+        let (_d, path) = hostile("latin1.csv", &bytes);
+        let err = read_all(&path).unwrap_err().to_string();
+        assert!(err.contains("latin1.csv:2:30: not UTF-8"), "{err}");
+        let utf16: Vec<u8> = [0xff, 0xfe]
+            .into_iter()
+            .chain(HEADER.encode_utf16().flat_map(u16::to_le_bytes))
+            .collect();
+        let (_d, path) = hostile("ps.csv", &utf16);
+        let err = read_all(&path).unwrap_err().to_string();
+        assert!(err.contains("ps.csv:1:1: UTF-16"), "{err}");
+    }
+
+    #[test]
+    fn impossible_values_are_malformed_cells() {
+        let text = format!(
+            "{HEADER}2026/12/02 15:00:00.000, 0, -5, 1e400\n\
+             2026/12/02 15:00:00.001, 1, NaN, inf\n\
+             2026/12/02 15:00:00.002, 2, 101, 60\n\
+             2026/12/02 15:00:00.003, 3, 100, 60\n"
+        );
+        let (_d, path) = hostile("bad.csv", text.as_bytes());
+        let mut r = TraceReader::open(&path, None).unwrap();
+        let count = r.malformed_cells();
+        let s = r.next().unwrap().unwrap();
+        for g in &s.gpus[..3] {
+            assert_eq!(g.get(Metric::Util), None, "{g:?}");
+        }
+        assert_eq!(s.gpus[0].get(Metric::Temp), None);
+        assert_eq!(s.gpus[2].get(Metric::Temp), Some(60.0));
+        assert_eq!(s.gpus[3].get(Metric::Util), Some(100.0));
+        assert_eq!(count.load(Ordering::Relaxed), 5);
+        // The same in gpuwatch's own format.
+        let mut snap = s.clone();
+        snap.gpus.truncate(1);
+        let mut out = Vec::new();
+        write_gpuwatch_csv(&mut out, &[snap]).unwrap();
+        let text = String::from_utf8(out).unwrap().replace(",100,", ",NaN,");
+        let (_d, path) = hostile("own.csv", text.as_bytes());
+        assert!(read_all(&path).is_ok());
+    }
+
+    #[test]
+    fn a_repeated_column_names_both() {
+        let (_d, path) = hostile(
+            "dup.csv",
+            b"timestamp, index, temperature.gpu, utilization.gpu [%], temperature.gpu\n",
+        );
+        let err = read_all(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("dup.csv:1:") && err.matches("temperature.gpu").count() >= 2,
+            "{err}"
+        );
     }
 }

@@ -171,6 +171,7 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
         }
     };
     let reader = TraceReader::open(&args.file, args.smi_header.as_deref())?;
+    let malformed = reader.malformed_cells();
     let opts = EngineOptions {
         hostname: crate::sys::hostname(),
         eval_interval_ms,
@@ -223,6 +224,12 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
             None => a.labels.get("alertname").unwrap_or(&a.key).clone(),
         })
         .collect();
+    let malformed = malformed.load(std::sync::atomic::Ordering::Relaxed);
+    if malformed > 0 {
+        eprintln!(
+            "{malformed} malformed cell(s) (not a number, NaN, infinite or out of range) read as absent"
+        );
+    }
     eprintln!(
         "replayed {} snapshots ({} GPU samples{}) through {} rules in {:.2} s: {transitions} transitions; firing at the end: {}",
         stats.snapshots,
