@@ -12,5 +12,6 @@ mod job;
 mod layers;
 mod metrics_doc;
 mod notify;
+mod parsers;
 mod restart;
 mod sim;
