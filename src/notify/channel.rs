@@ -599,6 +599,9 @@ pub struct SmtpServer {
     pub username: Option<String>,
     /// AUTH password.
     pub password: Option<Secret>,
+    /// Extra trust anchors (the channel's `ca_file`), trusted in addition to the webpki roots
+    /// for `starttls` and `tls`.
+    pub ca_certs: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 /// A rendered email and where to send it.

@@ -5,11 +5,14 @@
 //! see retries as one message.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use lettre::message::{Mailbox, MultiPart};
 use lettre::Message;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::CertificateDer;
 use serde::Deserialize;
+use toml::Spanned;
 
 use super::channel::{
     Channel, ChannelType, RenderEnv, Request, Section, SectionError, SmtpRequest, SmtpServer,
@@ -111,6 +114,8 @@ struct EmailSection {
     password: Option<String>,
     password_env: Option<String>,
     password_file: Option<PathBuf>,
+    /// PEM CA bundle trusted in addition to the built-in roots.
+    ca_file: Option<Spanned<PathBuf>>,
 }
 
 /// The `email` channel: a validated SMTP server, sender and recipients.
@@ -130,6 +135,8 @@ pub struct Email {
     pub username: Option<String>,
     /// AUTH password.
     pub password: Option<Secret>,
+    /// Extra trust anchors from `ca_file` (DER), trusted in addition to the webpki roots.
+    pub ca_certs: Vec<CertificateDer<'static>>,
 }
 
 impl ChannelType for Email {
@@ -171,6 +178,20 @@ impl ChannelType for Email {
         if password.is_some() && c.username.is_none() {
             return Err("a password needs `username`".into());
         }
+        let ca_certs = match &c.ca_file {
+            None => Vec::new(),
+            Some(path) => {
+                let at = path.span().start;
+                if tls == TlsMode::None {
+                    return Err(section.error_at(
+                        at,
+                        "`ca_file` needs `tls = \"starttls\"` or `tls = \"tls\"`",
+                    ));
+                }
+                read_ca_file(path.get_ref(), section.base_dir())
+                    .map_err(|e| section.error_at(at, format!("`ca_file`: {e}")))?
+            }
+        };
         Ok(Email {
             host,
             port,
@@ -179,8 +200,40 @@ impl ChannelType for Email {
             to: c.to,
             username: c.username,
             password,
+            ca_certs,
         })
     }
+}
+
+/// The certificates of the PEM bundle `path` (relative to `base_dir`), each checked to parse as
+/// a trust anchor. A file that cannot be read, is not PEM, holds no certificate or a broken one
+/// is an error.
+fn read_ca_file(path: &Path, base_dir: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let full = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        base_dir.join(path)
+    };
+    let shown = full.display();
+    let pem = std::fs::read(&full).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{shown} is not a PEM certificate bundle: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{shown} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        ));
+    }
+    let mut store = rustls::RootCertStore::empty();
+    for (i, cert) in certs.iter().enumerate() {
+        store.add(cert.clone()).map_err(|e| {
+            format!(
+                "certificate {} of {shown} is not a valid X.509 certificate: {e}",
+                i + 1
+            )
+        })?;
+    }
+    Ok(certs)
 }
 
 impl Channel for Email {
@@ -196,6 +249,7 @@ impl Channel for Email {
                 tls: self.tls,
                 username: self.username.clone(),
                 password: self.password.clone(),
+                ca_certs: self.ca_certs.clone(),
             },
             message: message(self, n)?,
         })])
@@ -259,6 +313,73 @@ mod tests {
             .contains("<th align=\"left\" valign=\"top\">Values</th><td>xid=79</td>"));
     }
 
+    /// The notify settings of `channel` (an email `[[channel]]` table) in `dir/config.toml`,
+    /// or the error text.
+    fn email_settings(dir: &Path, channel: &str) -> Result<(), String> {
+        let path = dir.join("config.toml");
+        let text = format!(
+            "[[channel]]\nname = \"mail\"\ntype = \"email\"\nsmtp = \"127.0.0.1:2525\"\nfrom = \"a@b.c\"\nto = [\"d@e.f\"]\n{channel}"
+        );
+        let config = crate::config::parse(&text, &path).map_err(|e| e.to_string())?;
+        config
+            .notify_settings()
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Issue 11: `ca_file` that cannot be read, is not PEM, holds no certificate or a broken
+    /// one, or comes with `tls = "none"`, is a config error at the value's position, naming the
+    /// file resolved against the config's directory.
+    #[test]
+    fn ca_file_problems_are_config_errors_at_their_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("notes.txt"), "just some text\n").unwrap();
+        std::fs::write(
+            d.join("key.pem"),
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("badb64.pem"),
+            "-----BEGIN CERTIFICATE-----\n!!not base64!!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        // Valid PEM and base64, but not DER of a certificate.
+        std::fs::write(
+            d.join("notder.pem"),
+            "-----BEGIN CERTIFICATE-----\naGVsbG8gd29ybGQ=\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let missing = d.join("missing.pem");
+        for (file, expected) in [
+            ("missing.pem", format!("cannot read {}", missing.display())),
+            ("notes.txt", "holds no PEM certificate".to_string()),
+            ("key.pem", "holds no PEM certificate".to_string()),
+            ("badb64.pem", "is not a PEM certificate bundle".to_string()),
+            (
+                "notder.pem",
+                format!(
+                    "certificate 1 of {} is not a valid X.509 certificate",
+                    d.join("notder.pem").display()
+                ),
+            ),
+        ] {
+            let err = email_settings(d, &format!("ca_file = \"{file}\"\n")).unwrap_err();
+            let want = "config.toml:7:11: channel \"mail\": `ca_file`: ";
+            assert!(err.contains(want), "{file}: {err}");
+            assert!(err.contains(&expected), "{file}: {err}");
+        }
+        let err = email_settings(d, "tls = \"none\"\nca_file = \"notes.txt\"\n").unwrap_err();
+        assert!(
+            err.contains("config.toml:8:11: channel \"mail\": `ca_file` needs `tls = \"starttls\"`"),
+            "{err}"
+        );
+        let err = email_settings(d, "ca_file = 5\n").unwrap_err();
+        assert!(err.contains("config.toml:7:11"), "{err}");
+        assert!(email_settings(d, "").is_ok());
+    }
+
     #[test]
     fn builds_a_multipart_message_with_stable_id() {
         let n = notification(vec![alert(1, AlertStatus::Resolved)]);
@@ -270,6 +391,7 @@ mod tests {
             to: vec!["a@example.org".into(), "b@example.org".into()],
             username: None,
             password: None,
+            ca_certs: Vec::new(),
         };
         let m = message(&spec, &n).unwrap();
         let raw = String::from_utf8(m.formatted()).unwrap();

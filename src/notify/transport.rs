@@ -209,14 +209,25 @@ fn describe_reqwest(e: reqwest::Error) -> String {
 
 async fn send_email(mail: &SmtpRequest, timeout: Duration) -> Result<(), SendError> {
     use lettre::transport::smtp::authentication::Credentials;
-    use lettre::transport::smtp::client::{Tls, TlsParameters};
+    use lettre::transport::smtp::client::{Certificate, CertificateStore, Tls, TlsParameters};
     use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 
     let spec = &mail.server;
     let tls = match spec.tls {
         TlsMode::None => Tls::None,
         TlsMode::Starttls | TlsMode::Tls => {
-            let params = TlsParameters::new(spec.host.clone())
+            // The webpki (Mozilla) roots, plus the channel's `ca_file`; the host name is checked
+            // against the certificate. There is no fallback to plain text: `Required` fails
+            // when the server offers no STARTTLS or the handshake fails.
+            let mut builder = TlsParameters::builder(spec.host.clone())
+                .certificate_store(CertificateStore::WebpkiRoots);
+            for der in &spec.ca_certs {
+                let cert = Certificate::from_der(der.to_vec())
+                    .map_err(|e| SendError::permanent(format!("TLS setup: ca_file: {e}")))?;
+                builder = builder.add_root_certificate(cert);
+            }
+            let params = builder
+                .build_rustls()
                 .map_err(|e| SendError::permanent(format!("TLS setup: {e}")))?;
             if spec.tls == TlsMode::Starttls {
                 Tls::Required(params)
@@ -236,7 +247,8 @@ async fn send_email(mail: &SmtpRequest, timeout: Duration) -> Result<(), SendErr
     match transport.send(mail.message.clone()).await {
         Ok(_) => Ok(()),
         Err(e) => {
-            let msg = format!("SMTP {}:{}: {e}", spec.host, spec.port);
+            let what = rustls_error(&e).map_or_else(|| e.to_string(), describe_tls);
+            let msg = format!("SMTP {}:{}: {what}", spec.host, spec.port);
             let msg = spec
                 .password
                 .as_ref()
@@ -248,4 +260,57 @@ async fn send_email(mail: &SmtpRequest, timeout: Duration) -> Result<(), SendErr
             }
         }
     }
+}
+
+/// The rustls error in `e`'s source chain, also inside an `io::Error` (as tokio-rustls reports
+/// a failed handshake; `io::Error::source` skips the error it wraps).
+fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut current = Some(e);
+    while let Some(err) = current {
+        if let Some(r) = err.downcast_ref::<rustls::Error>() {
+            return Some(r);
+        }
+        let wrapped = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref);
+        if let Some(r) = wrapped.and_then(|inner| rustls_error(inner)) {
+            return Some(r);
+        }
+        current = err.source();
+    }
+    None
+}
+
+/// A TLS failure in words: which certificate check refused the server, or what else failed.
+fn describe_tls(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    let at = |t: rustls::pki_types::UnixTime| {
+        i64::try_from(t.as_secs())
+            .ok()
+            .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+            .map_or_else(
+                || format!("{} (UNIX)", t.as_secs()),
+                |d| d.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            )
+    };
+    let problem = match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::UnknownIssuer => "certificate issuer not trusted (UnknownIssuer: it does not chain \
+                                 to the built-in roots or to the channel's ca_file)"
+                .to_string(),
+            C::ExpiredContext { time, not_after } => format!(
+                "certificate expired: not valid after {}, now {}",
+                at(*not_after),
+                at(*time)
+            ),
+            C::NotValidYetContext { time, not_before } => format!(
+                "certificate not valid yet: not valid before {}, now {}",
+                at(*not_before),
+                at(*time)
+            ),
+            other => other.to_string(),
+        },
+        other => return format!("TLS handshake failed: {other}"),
+    };
+    format!("TLS: server certificate refused: {problem}")
 }

@@ -6,6 +6,7 @@
 
 mod channels;
 pub mod servers;
+mod tls;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

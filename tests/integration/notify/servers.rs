@@ -274,6 +274,18 @@ impl SilentServer {
     }
 }
 
+/// How an [`SmtpServer`] speaks TLS, with the certificate and key it presents (PEM files).
+#[derive(Debug, Clone, Copy)]
+pub struct SmtpTls<'a> {
+    /// Implicit TLS (`true`, the handshake first) or STARTTLS offered (`false`; not required,
+    /// so a client that falls back to plain text is seen doing it).
+    pub implicit: bool,
+    /// The server certificate (PEM).
+    pub cert: &'a Path,
+    /// Its private key (PEM).
+    pub key: &'a Path,
+}
+
 /// The aiosmtpd server from `tests/fixtures/notify/smtp_server.py`.
 pub struct SmtpServer {
     /// Its port.
@@ -292,6 +304,21 @@ impl SmtpServer {
 
     /// Starts on `port`.
     pub fn start_on(port: u16, maildir: &Path, auth: Option<&str>) -> SmtpServer {
+        Self::start_with(port, maildir, auth, None)
+    }
+
+    /// Starts on a free port, speaking TLS as `tls` says.
+    pub fn start_tls(maildir: &Path, auth: Option<&str>, tls: SmtpTls<'_>) -> SmtpServer {
+        Self::start_with(free_port(), maildir, auth, Some(tls))
+    }
+
+    /// Starts on `port`, with TLS when `tls` is given.
+    pub fn start_with(
+        port: u16,
+        maildir: &Path,
+        auth: Option<&str>,
+        tls: Option<SmtpTls<'_>>,
+    ) -> SmtpServer {
         let script =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/notify/smtp_server.py");
         // CI installs aiosmtpd into the .ci/run virtualenv ($GPUWATCH_PEERS).
@@ -303,6 +330,14 @@ impl SmtpServer {
         cmd.arg(script).arg(port.to_string()).arg(maildir);
         if let Some(a) = auth {
             cmd.arg(a);
+        }
+        if let Some(t) = tls {
+            cmd.arg("--tls")
+                .arg(if t.implicit { "tls" } else { "starttls" })
+                .arg("--cert")
+                .arg(t.cert)
+                .arg("--key")
+                .arg(t.key);
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -340,6 +375,33 @@ impl SmtpServer {
     /// Every message received so far (sorted by file name).
     pub fn messages(&self) -> Vec<serde_json::Value> {
         read_maildir(&self.maildir)
+    }
+
+    /// Every connection (`{"event": "connect"}`, noted before any TLS handshake) and command
+    /// (`{"command": "MAIL", "tls": true, "peer": PORT}`, the verb only) seen so far, in order.
+    pub fn commands(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.maildir.join("commands.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.commands()
+            .iter()
+            .filter(|c| c["event"] == "connect")
+            .count()
+    }
+
+    /// The verbs of the commands that arrived in plain text (not over TLS), in order.
+    pub fn plain_text_commands(&self) -> Vec<String> {
+        self.commands()
+            .iter()
+            .filter(|c| c["tls"] == false)
+            .filter_map(|c| c["command"].as_str().map(str::to_string))
+            .collect()
     }
 
     /// Waits until at least `n` messages arrived.
