@@ -1,5 +1,5 @@
 //! Property tests over every parser that reads user input: the config file, rule files, trace
-//! logs (gpuwatch CSV and nvidia-smi CSV) and durations. Inputs are valid documents mutated at
+//! logs (gpuwatch CSV and nvidia-smi CSV), nvml-sim scenario files and durations. Inputs are valid documents mutated at
 //! random (deleted ranges, inserted tokens, control characters, non-ASCII text, duplicated and
 //! swapped lines) with a fixed seed, so a failure names a reproducible case. The properties:
 //! nothing panics, and every error carries a position (`file:line:column`, line and column ≥ 1,
@@ -250,6 +250,25 @@ fn trace_readers_never_panic_and_errors_have_positions() {
         }
     });
     assert!(failed > 40, "only {failed} of 400 mutations were rejected");
+}
+
+#[test]
+fn scenario_parser_never_panics_and_errors_have_positions() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("nvml-sim/scenarios");
+    let mut bases: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    bases.sort();
+    let mut failed = 0;
+    each_case(5, 300, &bases, |text| {
+        if let Err(e) = nvml_sim::scenario::parse(text, "s.toml", None) {
+            failed += 1;
+            let m = e.to_string();
+            assert!(has_position(&m, "s.toml", text), "{m} for input {text:?}");
+        }
+    });
+    assert!(failed > 30, "only {failed} of 300 mutations were rejected");
 }
 
 #[test]
