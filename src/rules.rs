@@ -697,9 +697,11 @@ fn rule_actions(def: &Map, scope: RuleScope) -> Result<Vec<Action>, String> {
         match action {
             Some(action) if !actions.contains(&action) => actions.push(action),
             Some(_) => {}
-            None => return Err(format!(
+            None => {
+                return Err(format!(
                 "action {part:?}: expected \"kill\" (process or job rules only) or \"exec:NAME\""
-            )),
+            ))
+            }
         }
     }
     Ok(actions)
