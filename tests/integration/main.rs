@@ -13,4 +13,5 @@ mod layers;
 mod metrics_doc;
 mod notify;
 mod restart;
+mod service;
 mod sim;
