@@ -14,4 +14,5 @@ mod metrics_doc;
 mod notify;
 mod parsers;
 mod restart;
+mod service;
 mod sim;
