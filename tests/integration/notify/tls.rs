@@ -184,6 +184,11 @@ fn notify_test(config: &Path) -> (Option<i32>, Vec<String>) {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
+    // Shown with a failing test's output.
+    eprintln!(
+        "notify-test stderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     (
         out.status.code(),
         stdout.lines().map(str::to_string).collect(),
