@@ -608,7 +608,7 @@ fn build_rule(
     // variables it captures, as the file left them, so no evaluation can leave state behind for
     // the next one (see `api::gpu` on traces).
     for v in check.iter_curry_mut() {
-        *v = std::mem::take(v).flatten();
+        *v = unshared(std::mem::take(v));
     }
     let line = reg.pos.line().unwrap_or(0);
     Ok(Rule {
@@ -631,6 +631,28 @@ fn build_rule(
         ast: ast.clone(),
         params: params_for(config, &name),
     })
+}
+
+/// `v` with no shared (captured) value left anywhere inside it: closures it holds, and arrays
+/// and maps, are copied down to plain values, so calling a captured closure cannot change a
+/// variable that outlives the evaluation either.
+fn unshared(v: Dynamic) -> Dynamic {
+    let v = v.flatten();
+    if let Some(mut f) = v.read_lock::<FnPtr>().map(|f| f.clone()) {
+        for c in f.iter_curry_mut() {
+            *c = unshared(std::mem::take(c));
+        }
+        return Dynamic::from(f);
+    }
+    if v.is_array() {
+        let a: rhai::Array = v.cast();
+        return Dynamic::from_array(a.into_iter().map(unshared).collect());
+    }
+    if v.is_map() {
+        let m: Map = v.cast();
+        return Dynamic::from_map(m.into_iter().map(|(k, x)| (k, unshared(x))).collect());
+    }
+    v
 }
 
 /// The fields `rule(#{ .. })` accepts.

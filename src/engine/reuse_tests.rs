@@ -193,7 +193,7 @@ fn a_check_cannot_keep_state_between_evaluations() {
 rule(#{ name: "count", check: |gpu| { n += 1; n > 2 } });"#,
     )
     .unwrap();
-    let rules = RuleSet::load(&[path], &RulesConfig::default()).unwrap();
+    let rules = RuleSet::load(std::slice::from_ref(&path), &RulesConfig::default()).unwrap();
     let mut engine = Engine::new(rules, EngineOptions::default());
     let snaps = scenario();
     let mut events = Vec::new();
@@ -201,5 +201,22 @@ rule(#{ name: "count", check: |gpu| { n += 1; n > 2 } });"#,
         events.extend(engine.observe(s));
     }
     // Each evaluation starts from the value the file left: `n` is 1 every time, never 3.
+    assert!(events.is_empty(), "{events:?}");
+
+    // Nor through a captured closure (or one inside an array) that captured the variable.
+    std::fs::write(
+        &path,
+        r#"let n = 0;
+let inc = || { n += 1; n };
+let fns = [inc];
+rule(#{ name: "count", check: |gpu| { inc.call() + fns[0].call() > 4 } });"#,
+    )
+    .unwrap();
+    let rules = RuleSet::load(&[path], &RulesConfig::default()).unwrap();
+    let mut engine = Engine::new(rules, EngineOptions::default());
+    let mut events = Vec::new();
+    for s in snaps.iter().take(5) {
+        events.extend(engine.observe(s));
+    }
     assert!(events.is_empty(), "{events:?}");
 }
