@@ -24,6 +24,7 @@
 //! lives as long as its process (this also avoids `nvmlShutdown` at exit).
 
 mod events;
+pub mod kmsg;
 pub mod procfs;
 
 use std::ffi::OsString;
