@@ -286,6 +286,8 @@ impl AlertBook {
                 summary,
                 mut annotations,
             } => {
+                annotations.insert("summary".into(), summary);
+                annotations.insert("rule_file".into(), spec.source.clone());
                 // Summaries and annotations carry text from outside (command lines, user
                 // names, a job's output): control characters are escaped once, here, so no
                 // log line, table or message can be forged or carry terminal escapes.
@@ -294,8 +296,6 @@ impl AlertBook {
                         *v = crate::values::escape_control(v);
                     }
                 }
-                annotations.insert("summary".into(), crate::values::escape_control(&summary));
-                annotations.insert("rule_file".into(), spec.source.clone());
                 let inst = self
                     .instances
                     .entry(id.key.to_string())

@@ -587,26 +587,24 @@ impl Engine {
     /// that evaluation read still reads the same (the check would compute the same result — see
     /// `rules::api::gpu` on traces), else a fresh evaluation, remembered when it is reusable.
     fn eval_gpu(&mut self, idx: usize, hist: &Arc<GpuHistory>, now: i64) -> EvalResult {
+        if !self.reuse {
+            self.ran += 1;
+            return self.rules.eval_gpu(idx, hist, now);
+        }
         let index = hist.id.index;
-        if self.reuse {
-            if let Some((trace, result)) = self.memo.get(idx).and_then(|m| m.get(&index)) {
-                if trace.holds(hist, now) {
-                    self.reused += 1;
-                    return result.clone();
-                }
+        if let Some((trace, result)) = self.memo.get(idx).and_then(|m| m.get(&index)) {
+            if trace.holds(hist, now) {
+                self.reused += 1;
+                return result.clone();
             }
         }
         self.ran += 1;
         let (result, trace) = self.rules.eval_gpu_traced(idx, hist, now);
         if let Some(memo) = self.memo.get_mut(idx) {
-            match trace.filter(|_| self.reuse) {
-                Some(trace) => {
-                    memo.insert(index, (trace, result.clone()));
-                }
-                None => {
-                    memo.remove(&index);
-                }
-            }
+            match trace {
+                Some(trace) => memo.insert(index, (trace, result.clone())),
+                None => memo.remove(&index),
+            };
         }
         result
     }

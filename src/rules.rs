@@ -25,7 +25,7 @@ use serde::Deserialize;
 use crate::alert::AlertSpec;
 use crate::model::{Action, Severity};
 use crate::values::parse_duration_ms;
-use crate::values::{DurationSetting, Problem};
+use crate::values::{escape_control, DurationSetting, Problem};
 use crate::window::GpuHistory;
 pub use api::gpu::Trace;
 pub use api::{GpuHandle, HostHandle};
@@ -313,8 +313,6 @@ fn rule_output_allowed() -> Option<String> {
         None
     }
 }
-
-use crate::values::escape_control;
 
 /// The termination token the progress callback returns when the budget is spent.
 const OVER_BUDGET: &str = "gpuwatch: time budget exceeded";

@@ -197,14 +197,16 @@ pub const MAX_LINE: usize = 1 << 20;
 /// At most this many malformed cells are reported one by one; the rest are only counted.
 const REPORTED_CELLS: u64 = 5;
 
-/// `v` for an error message: control characters escaped, at most ~80 characters.
+/// `v` for an error message: quoted with control characters escaped, at most 80 characters.
 pub fn quoted(v: &str) -> String {
-    let v = crate::values::escape_control(v);
-    if v.chars().count() <= 80 {
+    let n = v.chars().count();
+    if n <= 80 {
         format!("{v:?}")
     } else {
-        let head: String = v.chars().take(80).collect();
-        format!("{head:?}… ({} characters)", v.chars().count())
+        format!(
+            "{:?} ({n} characters)",
+            crate::values::truncate_chars(v, 81)
+        )
     }
 }
 

@@ -119,6 +119,16 @@ impl LineIndex {
     }
 }
 
+/// Cuts `s` to at most `max` characters, ending in `…` when cut.
+pub fn truncate_chars(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
 /// `s` with control characters (newlines, escape sequences) shown as `\u{..}` escapes, so
 /// output from outside cannot forge log lines or drive a terminal.
 pub fn escape_control(s: &str) -> String {

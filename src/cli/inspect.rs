@@ -102,14 +102,7 @@ fn runtime(s: f64) -> String {
 /// `s` for a terminal: control characters escaped (a command line cannot move the cursor,
 /// clear the screen or start a forged line), cut to `max` characters.
 fn truncate(s: &str, max: usize) -> String {
-    let s = &crate::values::escape_control(s);
-    if s.chars().count() <= max {
-        s.to_string()
-    } else {
-        let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
-        t.push('…');
-        t
-    }
+    crate::values::truncate_chars(&crate::values::escape_control(s), max)
 }
 
 /// Renders the status table.

@@ -239,15 +239,7 @@ pub fn html_escape(s: &str) -> String {
     out
 }
 
-/// Cuts `s` to at most `max` characters, ending in `…` when cut.
-pub fn truncate_chars(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_string();
-    }
-    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
-    out.push('…');
-    out
-}
+pub use crate::values::truncate_chars;
 
 /// Cuts `s` to at most `max` bytes on a character boundary, ending in `…` when cut.
 pub fn truncate_bytes(s: &str, max: usize) -> String {

@@ -542,12 +542,12 @@ struct RouteDefaults {
 impl Ctx<'_> {
     /// Every `[[channel]]`, parsed by its type's registration; problems go to `errors`.
     fn channels(&self, timeout_ms: i64, errors: &mut Vec<String>) -> Vec<ChannelSpec> {
-        let (ctx, config) = (self, self.config);
         let mut channels: Vec<ChannelSpec> = Vec::new();
         // Channel parsers see their table with positions into the file; a config built without
         // its text gets its tables re-serialized (errors then name only the file).
         let synthetic: String;
-        let from_text = channel_tables(config.text).filter(|t| t.len() == config.channels.len());
+        let from_text =
+            channel_tables(self.config.text).filter(|t| t.len() == self.config.channels.len());
         let positions = from_text.is_some();
         let tables = match from_text {
             Some(t) => t,
@@ -555,7 +555,7 @@ impl Ctx<'_> {
                 let doc: toml::Table = [(
                     "channel".to_string(),
                     toml::Value::Array(
-                        config
+                        self.config
                             .channels
                             .iter()
                             .map(|c| toml::Value::Table(c.table.get_ref().clone()))
@@ -570,7 +570,7 @@ impl Ctx<'_> {
         };
         let mut names = std::collections::HashSet::new();
         for table in tables {
-            match build_channel(ctx, table, positions, timeout_ms) {
+            match build_channel(self, table, positions, timeout_ms) {
                 Ok((spec, at)) => {
                     if names.insert(spec.name.clone()) {
                         channels.push(spec);
@@ -593,7 +593,6 @@ impl Ctx<'_> {
         channels: &[ChannelSpec],
         errors: &mut Vec<String>,
     ) -> Vec<RouteSpec> {
-        let (ctx, config) = (self, self.config);
         let RouteDefaults {
             group_wait_ms,
             group_interval_ms,
@@ -601,14 +600,14 @@ impl Ctx<'_> {
         } = *defaults;
         let mut routes = Vec::new();
         let declared: std::collections::HashSet<&str> =
-            config.channels.iter().map(|c| c.name()).collect();
-        for r in config.routes {
+            self.config.channels.iter().map(|c| c.name()).collect();
+        for r in self.config.routes {
             let mut ok = true;
             for ch in &r.channels {
                 if !declared.contains(ch.get_ref().as_str()) {
                     errors.push(format!(
                         "{}: route names unknown channel {:?}",
-                        ctx.at(ch.span().start),
+                        self.at(ch.span().start),
                         ch.get_ref()
                     ));
                     ok = false;
@@ -619,7 +618,7 @@ impl Ctx<'_> {
                 match regex::Regex::new(&format!("^(?:{v})$")) {
                     Ok(re) => labels_re.push((k.clone(), re)),
                     Err(e) => {
-                        errors.push(format!("{}: route labels_re.{k}: {e}", ctx.file()));
+                        errors.push(format!("{}: route labels_re.{k}: {e}", self.file()));
                         ok = false;
                     }
                 }
@@ -645,7 +644,7 @@ impl Ctx<'_> {
                 routes.push(spec);
             }
         }
-        if config.routes.is_empty() && !channels.is_empty() {
+        if self.config.routes.is_empty() && !channels.is_empty() {
             routes.push(RouteSpec {
                 severity: Vec::new(),
                 rules: Vec::new(),
