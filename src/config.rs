@@ -24,8 +24,8 @@ use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 use toml::Spanned;
 
-use crate::values::IntervalSetting;
 pub use crate::values::{line_col, parse_duration_ms};
+use crate::values::{DurationSetting, IntervalSetting};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default)]
@@ -94,6 +94,17 @@ impl Config {
     /// The sampling interval.
     pub fn interval(&self) -> std::time::Duration {
         self.daemon.interval.as_std()
+    }
+
+    /// `sampler` with this file's NVML call timeout.
+    pub fn sampler_config(
+        &self,
+        sampler: &crate::sampler::SamplerConfig,
+    ) -> crate::sampler::SamplerConfig {
+        crate::sampler::SamplerConfig {
+            call_timeout: self.daemon.nvml_timeout.as_std(),
+            ..sampler.clone()
+        }
     }
 
     /// Engine options: the host name, `[rules] eval_interval` and `[daemon] interval`.
@@ -179,6 +190,29 @@ pub struct DaemonSection {
     pub rules: Vec<PathBuf>,
     /// Host name put in alerts and messages (default: the machine's host name).
     pub hostname: String,
+    /// How long one NVML call may block before its GPU is reported stalled.
+    pub nvml_timeout: DurationSetting,
+    /// How many GPUs this machine should have (`gpu_missing` when fewer answer); `None` = the
+    /// GPUs on the PCI bus and those seen before.
+    pub expected_gpus: Option<u32>,
+}
+
+impl DaemonSection {
+    /// The section's own checks.
+    pub fn validate(&self) -> Vec<crate::values::Problem> {
+        use crate::values::Problem;
+        let mut out = Vec::new();
+        if !(100..=60_000).contains(&self.nvml_timeout.ms) {
+            out.push(Problem::at(
+                "daemon.nvml_timeout",
+                "must be between 100ms and 60s (real calls take up to ~20 ms; a longer one is a wedged driver)",
+            ));
+        }
+        if self.expected_gpus.is_some_and(|n| !(1..=64).contains(&n)) {
+            out.push(Problem::at("daemon.expected_gpus", "must be 1 to 64"));
+        }
+        out
+    }
 }
 
 impl Default for DaemonSection {
@@ -188,6 +222,8 @@ impl Default for DaemonSection {
             state_dir: PathBuf::from("/var/lib/gpuwatch"),
             rules: vec![PathBuf::from("rules/")],
             hostname: String::new(),
+            nvml_timeout: DurationSetting::from_ms(1000),
+            expected_gpus: None,
         }
     }
 }
@@ -358,9 +394,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
     }
     let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let problems = config
-        .rules
+        .daemon
         .validate()
         .into_iter()
+        .chain(config.rules.validate())
         .chain(config.actions.validate())
         .chain(config.job.validate());
     for p in problems {

@@ -264,7 +264,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     };
     // Kill and exec actions of firing rules (`action: "kill"` goes through [actions.kill]).
     let pipeline = Pipeline::new(engine, config.action_runner(&hostname));
-    let sampler = match crate::sampler::Sampler::open(sampler_cfg) {
+    let sampler = match crate::sampler::Sampler::open(&config.sampler_config(sampler_cfg)) {
         Ok(s) => s,
         Err(e) => {
             error!("{e}");

@@ -100,6 +100,13 @@ pub enum NvmlCall {
 }
 
 impl NvmlCall {
+    /// Whether the call blocks for long on real drivers (`nvmlDeviceGetPcieThroughput` samples
+    /// for 20 ms): such a call is made off the tick path, on the slow cadence, with its own
+    /// timestamp (see the `sampler` module).
+    pub fn is_slow(self) -> bool {
+        matches!(self, NvmlCall::PcieRx | NvmlCall::PcieTx)
+    }
+
     /// The NVML function called (`nvmlDeviceGetClockInfo`); nvml-wrapper may call a versioned
     /// symbol of it (`…_v2`).
     pub fn function(self) -> &'static str {
@@ -178,6 +185,16 @@ impl NvmlField {
     pub const REMAPPED_PENDING: NvmlField = NvmlField::new(144, "NVML_FI_DEV_REMAPPED_PENDING");
     /// A row remapping failed.
     pub const REMAPPED_FAILURE: NvmlField = NvmlField::new(145, "NVML_FI_DEV_REMAPPED_FAILURE");
+    /// Bytes sent over PCIe since driver load (cumulative, may wrap; r550 and later).
+    pub const PCIE_COUNT_TX_BYTES: NvmlField =
+        NvmlField::new(197, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES");
+    /// Bytes received over PCIe since driver load (cumulative, may wrap; r550 and later).
+    pub const PCIE_COUNT_RX_BYTES: NvmlField =
+        NvmlField::new(198, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES");
+    /// NVIDIA's recommended recovery action (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P,
+    /// 4 drain and reset; r570 and later).
+    pub const GPU_RECOVERY_ACTION: NvmlField =
+        NvmlField::new(230, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION");
 
     const fn new(id: u32, name: &'static str) -> NvmlField {
         NvmlField { id, name }
@@ -195,6 +212,9 @@ pub struct FieldSource {
     pub scale: f64,
     /// Dedicated call that gives the same number, for GPUs and drivers without the field.
     pub fallback: Option<NvmlCall>,
+    /// The field is a cumulative counter and the metric is its per-second rate between two
+    /// readings (a counter that went backwards, e.g. wrapped, gives no value for that reading).
+    pub rate: bool,
 }
 
 /// A metric gpuwatch computes from other metrics of the same sample (after every NVML read).
@@ -246,7 +266,17 @@ impl Source {
             field,
             scale: 1.0,
             fallback: None,
+            rate: false,
         })
+    }
+
+    /// This counter field's per-second rate. Only for fields (a compile error in the table
+    /// otherwise).
+    pub const fn rate(self) -> Source {
+        match self {
+            Source::Field(fs) => Source::Field(FieldSource { rate: true, ..fs }),
+            _ => panic!("only a field source has a rate"),
+        }
     }
 
     /// This field, multiplied by `scale` to reach the canonical unit. Only for fields (a
@@ -282,6 +312,9 @@ impl std::fmt::Display for Source {
         match self {
             Source::Nvml(call) => write!(f, "`{}`", call.describe()),
             Source::Field(fs) => {
+                if fs.rate {
+                    write!(f, "rate of ")?;
+                }
                 write!(f, "`nvmlDeviceGetFieldValues({})`", fs.field.name)?;
                 if fs.scale != 1.0 {
                     write!(f, " × {}", fs.scale)?;
@@ -332,6 +365,7 @@ impl MetricDesc {
                 "bool" => v == 0.0 || v == 1.0,
                 "celsius" => v <= 200.0,
                 "pstate" => v <= 15.0,
+                "recovery_action" => v <= 4.0 && v.fract() == 0.0,
                 _ => true,
             }
     }
@@ -476,13 +510,20 @@ metrics! {
         source: Source::field(NvmlField::REMAPPED_FAILURE),
         smi: Some("remapped_rows.failure"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_ROW_REMAP_FAILURE") },
+    RecoveryAction => { key: "recovery_action", unit: "recovery_action", kind: Gauge,
+        help: "NVIDIA's recommended recovery action: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset (r570 and later)",
+        source: Source::field(NvmlField::GPU_RECOVERY_ACTION),
+        smi: None, smi_unit: Same,
+        dcgm: None },
     PcieRx => { key: "pcie_rx", unit: "bytes_per_second", kind: Gauge,
-        help: "PCIe receive throughput over the driver's 20 ms window",
-        source: Source::nvml(NvmlCall::PcieRx), smi: None, smi_unit: Same,
+        help: "PCIe receive throughput: the rate of the driver's byte counter between samples, else its 20 ms window (read off the tick path)",
+        source: Source::field(NvmlField::PCIE_COUNT_RX_BYTES).rate().or_call(NvmlCall::PcieRx),
+        smi: None, smi_unit: Same,
         dcgm: None },
     PcieTx => { key: "pcie_tx", unit: "bytes_per_second", kind: Gauge,
-        help: "PCIe transmit throughput over the driver's 20 ms window",
-        source: Source::nvml(NvmlCall::PcieTx), smi: None, smi_unit: Same,
+        help: "PCIe transmit throughput: the rate of the driver's byte counter between samples, else its 20 ms window (read off the tick path)",
+        source: Source::field(NvmlField::PCIE_COUNT_TX_BYTES).rate().or_call(NvmlCall::PcieTx),
+        smi: None, smi_unit: Same,
         dcgm: None },
     PcieReplay => { key: "pcie_replay", unit: "replays", kind: Counter,
         help: "PCIe replay counter (link retransmissions)",
@@ -613,6 +654,112 @@ pub enum DeviceState {
     Ok,
     /// NVML said `GPU_IS_LOST` (fallen off the bus); the device gives no more values.
     Lost,
+    /// A call on this device has not returned within the sampler's deadline (a wedged driver,
+    /// a GPU in reset): the function named has been blocked since. Values the device still
+    /// gives on its other path are kept; the blocked ones are absent.
+    Stalled(NvmlFunction),
+}
+
+impl DeviceState {
+    /// `ok`, `lost` or `stalled:FUNCTION`, as recordings write it.
+    pub fn label(self) -> std::borrow::Cow<'static, str> {
+        match self {
+            DeviceState::Ok => "ok".into(),
+            DeviceState::Lost => "lost".into(),
+            DeviceState::Stalled(f) => format!("stalled:{}", f.symbol()).into(),
+        }
+    }
+
+    /// Reads [`DeviceState::label`] back (`stalled` alone names no function).
+    pub fn from_label(s: &str) -> Option<DeviceState> {
+        match s {
+            "" | "ok" => Some(DeviceState::Ok),
+            "lost" => Some(DeviceState::Lost),
+            "stalled" => Some(DeviceState::Stalled(NvmlFunction::Unknown)),
+            _ => {
+                let f = s.strip_prefix("stalled:")?;
+                Some(DeviceState::Stalled(
+                    NvmlFunction::from_symbol(f).unwrap_or(NvmlFunction::Unknown),
+                ))
+            }
+        }
+    }
+
+    /// The function a stalled device is blocked in.
+    pub fn stalled_in(self) -> Option<NvmlFunction> {
+        match self {
+            DeviceState::Stalled(f) => Some(f),
+            _ => None,
+        }
+    }
+}
+
+macro_rules! nvml_functions {
+    ($( $variant:ident => $symbol:literal ),* $(,)?) => {
+        /// An NVML function the sampler calls on a device, to name a call that hung.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum NvmlFunction {
+            $( #[doc = $symbol] #[serde(rename = $symbol)] $variant, )*
+            /// A function not named (e.g. read back from a recording that said only `stalled`).
+            #[serde(rename = "unknown")]
+            Unknown,
+        }
+
+        impl NvmlFunction {
+            /// Every named function.
+            pub const ALL: &'static [NvmlFunction] = &[$(NvmlFunction::$variant),*];
+
+            /// The C symbol (without nvml-wrapper's version suffix).
+            pub fn symbol(self) -> &'static str {
+                match self {
+                    $( NvmlFunction::$variant => $symbol, )*
+                    NvmlFunction::Unknown => "unknown",
+                }
+            }
+        }
+    };
+}
+
+nvml_functions! {
+    HandleByIndex => "nvmlDeviceGetHandleByIndex",
+    Uuid => "nvmlDeviceGetUUID",
+    Name => "nvmlDeviceGetName",
+    PciInfo => "nvmlDeviceGetPciInfo",
+    MinorNumber => "nvmlDeviceGetMinorNumber",
+    FieldValues => "nvmlDeviceGetFieldValues",
+    UtilizationRates => "nvmlDeviceGetUtilizationRates",
+    MemoryInfo => "nvmlDeviceGetMemoryInfo",
+    Temperature => "nvmlDeviceGetTemperature",
+    PowerUsage => "nvmlDeviceGetPowerUsage",
+    EnforcedPowerLimit => "nvmlDeviceGetEnforcedPowerLimit",
+    TotalEnergyConsumption => "nvmlDeviceGetTotalEnergyConsumption",
+    ClockInfo => "nvmlDeviceGetClockInfo",
+    ClocksEventReasons => "nvmlDeviceGetCurrentClocksEventReasons",
+    PerformanceState => "nvmlDeviceGetPerformanceState",
+    FanSpeed => "nvmlDeviceGetFanSpeed",
+    TotalEccErrors => "nvmlDeviceGetTotalEccErrors",
+    RetiredPages => "nvmlDeviceGetRetiredPages",
+    RetiredPagesPendingStatus => "nvmlDeviceGetRetiredPagesPendingStatus",
+    PcieThroughput => "nvmlDeviceGetPcieThroughput",
+    PcieReplayCounter => "nvmlDeviceGetPcieReplayCounter",
+    EncoderUtilization => "nvmlDeviceGetEncoderUtilization",
+    DecoderUtilization => "nvmlDeviceGetDecoderUtilization",
+    ComputeRunningProcesses => "nvmlDeviceGetComputeRunningProcesses",
+    GraphicsRunningProcesses => "nvmlDeviceGetGraphicsRunningProcesses",
+}
+
+impl NvmlFunction {
+    /// The function with this symbol (a version suffix such as `_v3` is ignored).
+    pub fn from_symbol(s: &str) -> Option<NvmlFunction> {
+        let base = match s.rsplit_once("_v") {
+            Some((b, v)) if !v.is_empty() && v.bytes().all(|c| c.is_ascii_digit()) => b,
+            _ => s,
+        };
+        NvmlFunction::ALL
+            .iter()
+            .copied()
+            .find(|f| f.symbol() == base)
+    }
 }
 
 /// Stable identity of a GPU.

@@ -70,6 +70,8 @@ impl SamplerThread {
         mut deliver: impl FnMut(Snapshot) -> bool + Send + 'static,
     ) -> SamplerThread {
         let devices = sampler.devices();
+        // Ticks wait at most half an interval for slow devices (a late one is a gap).
+        sampler.set_tick_budget(interval / 2);
         let (_, rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();

@@ -17,7 +17,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
-use crate::model::{DeviceState, ProcSample, Snapshot, METRICS};
+use crate::model::{ProcSample, Snapshot, METRICS};
 
 /// Columns before the metric columns.
 pub const LEADING_COLUMNS: [&str; 7] = [
@@ -161,10 +161,8 @@ impl CsvRows {
             if let Some(m) = gpu.id.minor {
                 push_u64(out, u64::from(m));
             }
-            out.push_str(match gpu.state {
-                DeviceState::Ok => ",ok",
-                DeviceState::Lost => ",lost",
-            });
+            out.push(',');
+            out.push_str(&gpu.state.label());
             for d in METRICS {
                 out.push(',');
                 if let Some(v) = gpu.values.get(d.id) {
@@ -340,6 +338,7 @@ fn shift(path: &Path, keep: usize) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::DeviceState;
     use crate::model::{DeviceId, GpuSample, Metric, MetricValues, XidEvent};
 
     fn gpu(index: u32, state: DeviceState, util: Option<f64>) -> GpuSample {

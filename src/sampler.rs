@@ -1,49 +1,57 @@
 //! The only module that talks to NVML (through `nvml-wrapper`).
 //!
 //! [`Sampler::open`] loads the library (`--nvml-lib`, `GPUWATCH_NVML_LIB`, the simulated library
-//! for `--sim`, or `libnvidia-ml.so.1`), reads every GPU's identity once and keeps one handle per
-//! GPU. [`Sampler::sample`] then produces a plain [`Snapshot`]: every metric of
-//! [`crate::model::METRICS`] per GPU in canonical units, the XID events received since the last
-//! tick (drained from an NVML event set without blocking, see `events`) and, on a slower
-//! cadence, the GPU process list enriched from `/proc` ([`procfs`]).
+//! for `--sim`, or `libnvidia-ml.so.1`) and gives every GPU two worker threads (`worker`): the
+//! fast path reads every metric of [`crate::model::METRICS`] at every tick, the slow path reads
+//! the process lists and the calls that block on real drivers (`nvmlDeviceGetPcieThroughput`
+//! samples for 20 ms) on the slower process cadence. [`Sampler::sample`] asks every fast worker
+//! at once and waits for the answers until the tick's budget, then produces a plain
+//! [`Snapshot`]: per GPU the values in canonical units, the slow values while they are fresh
+//! (older than twice the process interval they are absent), the XID events received since the
+//! last tick (drained from an NVML event set without blocking, see `events`) and, when a slow
+//! read finished, the process list enriched from `/proc` ([`procfs`]).
 //!
-//! The metric table drives the per-GPU read: each row is read through its
-//! [`Source`] — all field rows in one `nvmlDeviceGetFieldValues` call, a
-//! field the GPU lacks through its row's fallback call, every [`NvmlCall`] by its reader (calls
-//! answering several rows are made once per tick), derived rows last. A new row therefore needs
-//! no sampler code unless it brings a new `NvmlCall` (which does not compile without a reader).
+//! The metric table drives the per-GPU read (`slot`): each row is read through its
+//! [`Source`](crate::model::Source) — all field rows in one `nvmlDeviceGetFieldValues` call
+//! (PCIe throughput as the rate of the driver's byte counters), a field the GPU lacks through its
+//! row's fallback call, every [`NvmlCall`](crate::model::NvmlCall) by its reader (calls answering
+//! several rows are made once per tick), derived rows last. A new row therefore needs no sampler
+//! code unless it brings a new `NvmlCall` (which does not compile without a reader).
 //!
 //! Faults never stop sampling. A value the GPU cannot give is `None`; after the first
 //! `NotSupported` (or missing symbol, or no permission) that query (or field) is not asked again
 //! for that GPU (logged once at debug). `GpuLost` / `ResetRequired` make the device
 //! [`DeviceState::Lost`] (all values `None`, probed again every [`LOST_PROBE_MS`]) while the
-//! other GPUs keep being sampled. Other errors leave the value `None` and are logged once per
-//! GPU and query.
+//! other GPUs keep being sampled. A call that does not return within the call timeout makes the
+//! device [`DeviceState::Stalled`] with the function named; a device that is merely late at a
+//! tick is left out of that snapshot (a gap). Other errors leave the value `None` and are logged
+//! once per GPU and query.
 //!
 //! The `Nvml` handle is leaked on purpose: devices and the event set borrow it, and a sampler
-//! lives as long as its process (this also avoids `nvmlShutdown` at exit).
+//! lives as long as its process (this also avoids `nvmlShutdown` at exit, which would wait for
+//! calls blocked in a wedged driver).
 
 mod events;
 pub mod kmsg;
 pub mod procfs;
+mod slot;
+mod worker;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvml_wrapper::enum_wrappers::device::{
-    Clock, EccCounter, MemoryError, PcieUtilCounter, RetirementCause, TemperatureSensor,
-};
-use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
+use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::struct_wrappers::device::ProcessInfo;
-use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 
 use crate::model::{
-    DeviceId, DeviceState, GpuSample, Metric, MetricValues, NvmlCall, ProcKind, ProcSample,
-    Snapshot, Source, METRICS, METRIC_COUNT,
+    DeviceId, DeviceState, GpuSample, MetricValues, NvmlFunction, ProcSample, Snapshot, METRICS,
 };
+use slot::{Slot, SlowAnswer, SlowSlot};
+use worker::Worker;
 
 /// The NVML library loaded when nothing else is said.
 pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
@@ -53,6 +61,9 @@ pub const SIM_LIB_FILE: &str = "libnvml_sim.so";
 pub const DEFAULT_PROCESS_INTERVAL: Duration = Duration::from_secs(5);
 /// How often a lost GPU is asked again whether it answers.
 pub const LOST_PROBE_MS: i64 = 10_000;
+/// Default time an NVML call may take before its GPU counts as stalled: 50 times the slowest
+/// call a healthy driver makes on the tick path.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How to open the sampler.
 #[derive(Debug, Clone)]
@@ -65,6 +76,8 @@ pub struct SamplerConfig {
     pub process_interval: Duration,
     /// Register for XID events (drained at every tick).
     pub xid_events: bool,
+    /// How long an NVML call may block before its GPU is reported stalled.
+    pub call_timeout: Duration,
 }
 
 impl Default for SamplerConfig {
@@ -74,6 +87,7 @@ impl Default for SamplerConfig {
             sim_scenario: None,
             process_interval: DEFAULT_PROCESS_INTERVAL,
             xid_events: true,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
 }
@@ -115,404 +129,65 @@ pub enum SamplerError {
 
 pub use crate::sys::now_ms;
 
-/// One NVML query; the unit of "supported or not" bookkeeping (several [`NvmlCall`]s can share
-/// one, e.g. both retired-page counts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum Query {
-    Utilization,
-    Memory,
-    Temperature,
-    Fields,
-    Power,
-    PowerLimit,
-    Energy,
-    SmClock,
-    MemClock,
-    Throttle,
-    Pstate,
-    Fan,
-    EccCorrected,
-    EccUncorrected,
-    PcieRx,
-    PcieTx,
-    PcieReplay,
-    Encoder,
-    Decoder,
-    ComputeProcs,
-    GraphicsProcs,
-    RetiredPages,
-    RetiredPending,
-}
-
-impl Query {
-    fn bit(self) -> u32 {
-        1 << (self as u8)
-    }
-}
-
-/// Bit of metric `m` in a per-metric mask.
-fn metric_bit(m: Metric) -> u64 {
-    1 << (m as u8)
-}
-
-const _: () = assert!(METRIC_COUNT <= 64, "per-metric masks are u64");
-
-/// The table's field rows, in table order: `(field id, metric, scale to canonical units)`. They
-/// are read in one `nvmlDeviceGetFieldValues` call per GPU and tick, which saves one library call
-/// per counter; a field the GPU does not support is dropped and its row's fallback call (if any)
-/// is used instead (see `Slot::read`).
-fn table_fields() -> impl Iterator<Item = (FieldId, Metric, f64)> {
-    METRICS.iter().filter_map(|d| match d.source {
-        Source::Field(f) => Some((FieldId(f.field.id), d.id, f.scale)),
-        _ => None,
-    })
-}
-
-/// Answers of multi-value calls, made once per GPU and tick however many rows read them.
-#[derive(Default)]
-struct TickAnswers {
-    /// `(gpu, memory)` percent of `nvmlDeviceGetUtilizationRates`.
-    utilization: Option<Option<[f64; 2]>>,
-    /// `(used, free, total, reserved)` bytes of `nvmlDeviceGetMemoryInfo_v2`.
-    memory: Option<Option<[f64; 4]>>,
-    /// Queries that already failed at this tick (not asked again until the next one).
-    failed: u32,
-}
-
-/// Per-GPU state kept between ticks.
-struct Slot {
-    handle: Option<Device<'static>>,
-    id: DeviceId,
-    state: DeviceState,
-    /// Queries that answered NotSupported (never asked again).
-    unsupported: u32,
-    /// Queries whose transient failure was already logged.
-    warned: u32,
-    /// Field IDs still worth asking for, with the metric each feeds and its scale.
-    fields: Vec<FieldId>,
-    field_rows: Vec<(Metric, f64)>,
-    /// Metrics whose field is still in `fields` (a per-metric mask).
-    field_metrics: u64,
-    /// When a lost device was last probed.
-    lost_probe_ms: i64,
-}
-
-/// Marker: the device answered GpuLost / ResetRequired.
-struct Lost;
-
-impl Slot {
-    /// Runs one query unless it is known unsupported (or already failed at this tick), mapping
-    /// errors to `None` or [`Lost`].
-    fn query<T>(
-        &mut self,
-        q: Query,
-        tick: &mut TickAnswers,
-        f: impl FnOnce(&Device<'static>) -> Result<T, NvmlError>,
-    ) -> Result<Option<T>, Lost> {
-        if (self.unsupported | tick.failed) & q.bit() != 0 {
-            return Ok(None);
-        }
-        let Some(dev) = self.handle.as_ref() else {
-            return Err(Lost);
-        };
-        match f(dev) {
-            Ok(v) => Ok(Some(v)),
-            Err(e) => {
-                tick.failed |= q.bit();
-                self.failed(q, &e).map(|()| None)
-            }
-        }
-    }
-
-    fn failed(&mut self, q: Query, e: &NvmlError) -> Result<(), Lost> {
-        match e {
-            NvmlError::GpuLost | NvmlError::ResetRequired => Err(Lost),
-            NvmlError::NotSupported
-            | NvmlError::FailedToLoadSymbol(_)
-            | NvmlError::FunctionNotFound
-            | NvmlError::NoPermission
-            | NvmlError::InvalidArg => {
-                tracing::debug!(
-                    "GPU {}: {q:?} not available ({e}); not asked again",
-                    self.id.index
-                );
-                self.unsupported |= q.bit();
-                Ok(())
-            }
-            NvmlError::NotFound | NvmlError::NoData => Ok(()),
-            _ => {
-                if self.warned & q.bit() == 0 {
-                    self.warned |= q.bit();
-                    tracing::warn!("GPU {}: reading {q:?} failed: {e}", self.id.index);
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Whether `m`'s field is still read through field values (else its fallback call is used).
-    fn field_active(&self, m: Metric) -> bool {
-        self.unsupported & Query::Fields.bit() == 0 && self.field_metrics & metric_bit(m) != 0
-    }
-
-    /// Reads every metric of the table into `values`, each through its row's [`Source`]: the
-    /// batched field-values call first, then one reader per [`NvmlCall`] in table order, then
-    /// the derived rows.
-    fn read(&mut self, values: &mut MetricValues) -> Result<(), Lost> {
-        let mut tick = TickAnswers::default();
-        self.read_fields(values, &mut tick)?;
-        for d in METRICS {
-            match d.source {
-                Source::Nvml(call) => values.set(d.id, self.read_call(call, &mut tick)?),
-                Source::Field(f) => {
-                    if let Some(call) = f.fallback.filter(|_| !self.field_active(d.id)) {
-                        values.set(d.id, self.read_call(call, &mut tick)?);
-                    }
-                }
-                Source::Derived(_) => {}
-                Source::Host(h) => match h {},
-            }
-        }
-        for d in METRICS {
-            if let Source::Derived(how) = d.source {
-                let v = (how.compute)(values);
-                values.set(d.id, v);
-            }
-        }
-        Ok(())
-    }
-
-    /// The reader of one [`NvmlCall`]: the value in canonical units, `None` when the GPU cannot
-    /// give it.
-    fn read_call(&mut self, call: NvmlCall, tick: &mut TickAnswers) -> Result<Option<f64>, Lost> {
-        use NvmlCall as C;
-        let v = match call {
-            C::UtilizationGpu | C::UtilizationMemory => {
-                if tick.utilization.is_none() {
-                    let u = self.query(Query::Utilization, tick, Device::utilization_rates)?;
-                    tick.utilization = Some(u.map(|u| [f64::from(u.gpu), f64::from(u.memory)]));
-                }
-                let part = usize::from(call == C::UtilizationMemory);
-                tick.utilization.flatten().map(|u| u[part])
-            }
-            C::MemoryUsed | C::MemoryFree | C::MemoryTotal | C::MemoryReserved => {
-                if tick.memory.is_none() {
-                    let m = self.query(Query::Memory, tick, Device::memory_info)?;
-                    tick.memory =
-                        Some(m.map(|m| [m.used, m.free, m.total, m.reserved].map(|b| b as f64)));
-                }
-                let part = match call {
-                    C::MemoryUsed => 0,
-                    C::MemoryFree => 1,
-                    C::MemoryTotal => 2,
-                    _ => 3,
-                };
-                tick.memory.flatten().map(|m| m[part])
-            }
-            C::TemperatureGpu => self
-                .query(Query::Temperature, tick, |d| {
-                    d.temperature(TemperatureSensor::Gpu)
-                })?
-                .map(f64::from),
-            C::PowerUsage => self
-                .query(Query::Power, tick, Device::power_usage)?
-                .map(|mw| f64::from(mw) / 1000.0),
-            C::EnforcedPowerLimit => self
-                .query(Query::PowerLimit, tick, Device::enforced_power_limit)?
-                .map(|mw| f64::from(mw) / 1000.0),
-            C::TotalEnergyConsumption => self
-                .query(Query::Energy, tick, Device::total_energy_consumption)?
-                .map(|mj| mj as f64 / 1000.0),
-            C::ClockSm => self
-                .query(Query::SmClock, tick, |d| d.clock_info(Clock::SM))?
-                .map(f64::from),
-            C::ClockMem => self
-                .query(Query::MemClock, tick, |d| d.clock_info(Clock::Memory))?
-                .map(f64::from),
-            C::ClockEventReasons => self
-                .query(Query::Throttle, tick, Device::current_throttle_reasons)?
-                .map(|r| r.bits() as f64),
-            C::PerformanceState => self
-                .query(Query::Pstate, tick, Device::performance_state)?
-                .map(|p| p.as_c())
-                .filter(|&c| c <= 15)
-                .map(f64::from),
-            C::FanSpeed => self
-                .query(Query::Fan, tick, |d| d.fan_speed(0))?
-                .map(f64::from),
-            C::EccCorrectedVolatile => self
-                .query(Query::EccCorrected, tick, |d| {
-                    d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-                })?
-                .map(|c| c as f64),
-            C::EccUncorrectedVolatile => self
-                .query(Query::EccUncorrected, tick, |d| {
-                    d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-                })?
-                .map(|c| c as f64),
-            // Pre-Ampere GPUs answer; newer ones say NotSupported once (for both causes).
-            C::RetiredPagesSbe => self
-                .query(Query::RetiredPages, tick, |d| {
-                    d.retired_pages(RetirementCause::MultipleSingleBitEccErrors)
-                })?
-                .map(|p| p.len() as f64),
-            C::RetiredPagesDbe => self
-                .query(Query::RetiredPages, tick, |d| {
-                    d.retired_pages(RetirementCause::DoubleBitEccError)
-                })?
-                .map(|p| p.len() as f64),
-            C::RetiredPagesPending => self
-                .query(
-                    Query::RetiredPending,
-                    tick,
-                    Device::are_pages_pending_retired,
-                )?
-                .map(|p| f64::from(u8::from(p))),
-            // NVML reports PCIe throughput in KB/s; like nvitop we read KB as KiB.
-            C::PcieRx => self
-                .query(Query::PcieRx, tick, |d| {
-                    d.pcie_throughput(PcieUtilCounter::Receive)
-                })?
-                .map(|kb| f64::from(kb) * 1024.0),
-            C::PcieTx => self
-                .query(Query::PcieTx, tick, |d| {
-                    d.pcie_throughput(PcieUtilCounter::Send)
-                })?
-                .map(|kb| f64::from(kb) * 1024.0),
-            C::PcieReplayCounter => self
-                .query(Query::PcieReplay, tick, Device::pcie_replay_counter)?
-                .map(f64::from),
-            C::EncoderUtilization => self
-                .query(Query::Encoder, tick, Device::encoder_utilization)?
-                .map(|u| f64::from(u.utilization)),
-            C::DecoderUtilization => self
-                .query(Query::Decoder, tick, Device::decoder_utilization)?
-                .map(|u| f64::from(u.utilization)),
-        };
-        Ok(v)
-    }
-
-    /// The one field-values call of the tick: sets every metric whose field is still asked for.
-    fn read_fields(
-        &mut self,
-        values: &mut MetricValues,
-        tick: &mut TickAnswers,
-    ) -> Result<(), Lost> {
-        if self.fields.is_empty() || self.unsupported & Query::Fields.bit() != 0 {
-            return Ok(());
-        }
-        let Some(dev) = self.handle.as_ref() else {
-            return Err(Lost);
-        };
-        let samples = match dev.field_values_for(&self.fields) {
-            Ok(s) => s,
-            Err(e) => {
-                tick.failed |= Query::Fields.bit();
-                return self.failed(Query::Fields, &e);
-            }
-        };
-        let mut drop_mask: u64 = 0;
-        for (i, sample) in samples.into_iter().enumerate() {
-            let Some(&(metric, scale)) = self.field_rows.get(i) else {
-                break;
-            };
-            let value = match sample.and_then(|s| s.value) {
-                Ok(SampleValue::F64(v)) => Some(v * scale),
-                Ok(SampleValue::U32(v)) => Some(f64::from(v) * scale),
-                Ok(SampleValue::U64(v)) => Some(v as f64 * scale),
-                Ok(SampleValue::I64(v)) => Some(v as f64 * scale),
-                Err(NvmlError::GpuLost | NvmlError::ResetRequired) => return Err(Lost),
-                Err(NvmlError::NotSupported | NvmlError::InvalidArg | NvmlError::NoPermission) => {
-                    tracing::debug!(
-                        "GPU {}: field {} ({}) not supported; not asked again",
-                        self.id.index,
-                        self.fields[i].0,
-                        metric.key()
-                    );
-                    drop_mask |= 1 << i;
-                    None
-                }
-                Err(_) => None,
-            };
-            values.set(metric, value);
-        }
-        if drop_mask != 0 {
-            let mut i = 0;
-            self.fields.retain(|_| {
-                let keep = drop_mask & (1 << i) == 0;
-                i += 1;
-                keep
-            });
-            let mut i = 0;
-            self.field_rows.retain(|_| {
-                let keep = drop_mask & (1 << i) == 0;
-                i += 1;
-                keep
-            });
-            self.field_metrics = self
-                .field_rows
-                .iter()
-                .fold(0, |mask, (m, _)| mask | metric_bit(*m));
-        }
-        Ok(())
-    }
-
-    fn processes(&mut self, out: &mut Vec<(ProcessInfo, ProcKind)>) -> Result<(), Lost> {
-        let tick = &mut TickAnswers::default();
-        if let Some(list) =
-            self.query(Query::ComputeProcs, tick, Device::running_compute_processes)?
-        {
-            out.extend(list.into_iter().map(|p| (p, ProcKind::Compute)));
-        }
-        if let Some(list) = self.query(
-            Query::GraphicsProcs,
-            tick,
-            Device::running_graphics_processes,
-        )? {
-            for p in list {
-                if !out.iter().any(|(q, _)| q.pid == p.pid) {
-                    out.push((p, ProcKind::Graphics));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn mark_lost(&mut self, now_ms: i64) {
-        if self.state != DeviceState::Lost {
-            tracing::error!(
-                "GPU {} ({}) is lost (fallen off the bus or needs a reset); other GPUs keep being sampled",
-                self.id.index,
-                self.id.uuid
-            );
-        }
-        self.state = DeviceState::Lost;
-        self.lost_probe_ms = now_ms;
-    }
-}
-
 /// Samples every GPU through NVML. Not `Sync`: one thread owns it (the daemon runs it on its
-/// sampling thread and sends snapshots over a channel).
+/// sampling thread and sends snapshots over a channel); each device's calls run on that device's
+/// worker threads (see [`worker`]).
 pub struct Sampler {
     nvml: &'static Nvml,
-    slots: Vec<Slot>,
+    devices: Vec<Dev>,
     xids: Option<events::XidListener>,
     /// What cannot be watched (see [`Sampler::degraded`]).
     degraded: Vec<String>,
     process_interval_ms: i64,
-    last_process_ms: Option<i64>,
+    /// How long a call may take before its device counts as stalled.
+    call_timeout: Duration,
+    /// How long a tick waits for the devices' answers.
+    tick_budget: Duration,
+    /// The slow read in progress.
+    round: Option<Round>,
+    last_round_ms: Option<i64>,
     proc_cache: procfs::ProcCache,
     lib: String,
     driver_version: Option<String>,
-    scratch: Vec<(ProcessInfo, ProcKind)>,
+}
+
+/// One device as the sampler sees it: its last known identity and state, and its two workers.
+struct Dev {
+    id: DeviceId,
+    state: DeviceState,
+    fast: Worker<FastAnswer>,
+    slow: Worker<SlowAnswer>,
+    /// Metrics read on the slow path (from the fast worker's last answer), shared with the
+    /// slow worker.
+    slow_mask: Arc<AtomicU64>,
+    /// The last slow metric values and when they were read.
+    slow_values: Option<(MetricValues, i64)>,
+    /// The state last put in a snapshot (to log changes once).
+    reported: DeviceState,
+}
+
+/// A fast-path answer.
+struct FastAnswer {
+    /// The identity, when it changed (first answer, re-attached after loss).
+    id: Option<DeviceId>,
+    state: DeviceState,
+    values: MetricValues,
+    slow_mask: u64,
+}
+
+/// A slow read across devices: started at one tick, collected over the next ones.
+struct Round {
+    started: Instant,
+    /// Per device: still waiting, and what came.
+    waiting: Vec<bool>,
+    answers: Vec<Option<SlowAnswer>>,
 }
 
 impl std::fmt::Debug for Sampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sampler")
             .field("lib", &self.lib)
-            .field("devices", &self.slots.len())
+            .field("devices", &self.devices.len())
             .finish_non_exhaustive()
     }
 }
@@ -537,8 +212,65 @@ fn library_path(cfg: &SamplerConfig) -> Result<PathBuf, SamplerError> {
     Ok(PathBuf::from(DEFAULT_NVML_LIB))
 }
 
+/// Starts device `index`'s fast worker: attaches (handle and identity) at its first request,
+/// then reads the fast path at each one.
+fn fast_worker(nvml: &'static Nvml, index: u32) -> Worker<FastAnswer> {
+    let busy = Arc::new(worker::Busy::default());
+    let slot = Slot::new(index, now_ms(), busy.clone());
+    let mut attached = false;
+    let mut sent_id: Option<DeviceId> = None;
+    Worker::spawn(
+        format!("gpuwatch-gpu{index}"),
+        slot,
+        busy,
+        move |slot: &mut Slot, _, req| {
+            if !attached {
+                attached = true;
+                if !slot.attach(nvml) {
+                    tracing::warn!("GPU {index} does not answer (lost); the others are sampled");
+                    slot.state = DeviceState::Lost;
+                }
+            }
+            let mut values = MetricValues::default();
+            let state = slot.tick(nvml, req.time_ms, &mut values);
+            let id = (sent_id.as_ref() != Some(&slot.id)).then(|| {
+                sent_id = Some(slot.id.clone());
+                slot.id.clone()
+            });
+            FastAnswer {
+                id,
+                state,
+                values,
+                slow_mask: slot.slow_metrics(),
+            }
+        },
+    )
+}
+
+/// Starts device `index`'s slow worker: process lists and the slow metrics in `mask` (kept up
+/// to date by the sampler from the fast worker's answers).
+fn slow_worker(nvml: &'static Nvml, index: u32, mask: Arc<AtomicU64>) -> Worker<SlowAnswer> {
+    let busy = Arc::new(worker::Busy::default());
+    let slot = SlowSlot::new(index, None, busy.clone());
+    Worker::spawn(
+        format!("gpuwatch-gpu{index}-slow"),
+        slot,
+        busy,
+        move |slot: &mut SlowSlot, busy, _| {
+            if slot.handle.is_none() {
+                slot.handle = busy
+                    .around(NvmlFunction::HandleByIndex, || nvml.device_by_index(index))
+                    .ok();
+            }
+            slot.read(mask.load(Ordering::Relaxed))
+        },
+    )
+}
+
 impl Sampler {
-    /// Loads NVML, enumerates the GPUs and (if configured) registers for XID events.
+    /// Loads NVML, enumerates the GPUs (each on its own worker thread; a GPU that does not
+    /// answer within the call timeout starts out stalled) and, if configured, registers for XID
+    /// events.
     pub fn open(cfg: &SamplerConfig) -> Result<Sampler, SamplerError> {
         let path = library_path(cfg)?;
         let lib = path.display().to_string();
@@ -582,91 +314,86 @@ impl Sampler {
             source: e,
         })?;
         let driver_version = nvml.sys_driver_version().ok();
+        let mut devices: Vec<Dev> = (0..count)
+            .map(|index| {
+                let mask = Arc::new(AtomicU64::new(0));
+                Dev {
+                    id: DeviceId {
+                        index,
+                        ..DeviceId::default()
+                    },
+                    state: DeviceState::Ok,
+                    fast: fast_worker(nvml, index),
+                    slow: slow_worker(nvml, index, mask.clone()),
+                    slow_mask: mask,
+                    slow_values: None,
+                    reported: DeviceState::Ok,
+                }
+            })
+            .collect();
+        // Attach every device in parallel; wait for them up to the call timeout.
         let now = now_ms();
-        let mut slots = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            slots.push(Self::open_slot(nvml, index, now));
+        for d in &mut devices {
+            d.fast.request(now);
         }
+        let deadline = Instant::now() + cfg.call_timeout;
         let mut degraded = Vec::new();
+        for d in &mut devices {
+            match d.fast.wait(deadline) {
+                Some(answer) => {
+                    d.take(answer);
+                }
+                None => {
+                    let f = d.fast.stalled(Instant::now(), Duration::ZERO);
+                    let what = f.map_or("NVML", NvmlFunction::symbol);
+                    let line = format!(
+                        "GPU {}: {what} did not return within {} ms at start; it is reported stalled until it answers",
+                        d.id.index,
+                        cfg.call_timeout.as_millis()
+                    );
+                    tracing::error!("{line}");
+                    degraded.push(line);
+                }
+            }
+        }
         let xids = if cfg.xid_events {
-            let regs: Vec<(&Device<'static>, u32, &str)> = slots
+            let handles: Vec<(Device<'static>, u32, String)> = devices
                 .iter()
-                .filter(|s| s.state == DeviceState::Ok)
-                .filter_map(|s| Some((s.handle.as_ref()?, s.id.index, s.id.uuid.as_str())))
+                .filter(|d| d.state == DeviceState::Ok && !d.fast.pending())
+                .filter_map(|d| {
+                    let h = nvml.device_by_index(d.id.index).ok()?;
+                    Some((h, d.id.index, d.id.uuid.clone()))
+                })
                 .collect();
-            let listener = events::XidListener::start(nvml, &regs, &mut degraded);
-            for m in &degraded {
+            let regs: Vec<(&Device<'static>, u32, &str)> = handles
+                .iter()
+                .map(|(h, i, u)| (h, *i, u.as_str()))
+                .collect();
+            let mut missing = Vec::new();
+            let listener = events::XidListener::start(nvml, &regs, &mut missing);
+            for m in &missing {
                 tracing::warn!("{m}: XIDs (79 fallen off the bus, 94/95 memory errors, …) on it will not be reported");
             }
+            degraded.extend(missing);
             listener
         } else {
             None
         };
         Ok(Sampler {
             nvml,
-            slots,
+            devices,
             xids,
             degraded,
             process_interval_ms: i64::try_from(cfg.process_interval.as_millis())
                 .unwrap_or(i64::MAX),
-            last_process_ms: None,
+            call_timeout: cfg.call_timeout,
+            tick_budget: cfg.call_timeout,
+            round: None,
+            last_round_ms: None,
             proc_cache: procfs::ProcCache::default(),
             lib,
             driver_version,
-            scratch: Vec::new(),
         })
-    }
-
-    fn open_slot(nvml: &'static Nvml, index: u32, now: i64) -> Slot {
-        let mut slot = Slot {
-            handle: None,
-            id: DeviceId {
-                index,
-                ..DeviceId::default()
-            },
-            state: DeviceState::Ok,
-            unsupported: 0,
-            warned: 0,
-            fields: table_fields().map(|(f, _, _)| f).collect(),
-            field_rows: table_fields().map(|(_, m, scale)| (m, scale)).collect(),
-            field_metrics: table_fields().fold(0, |mask, (_, m, _)| mask | metric_bit(m)),
-            lost_probe_ms: now,
-        };
-        if !Self::attach(nvml, &mut slot) {
-            tracing::warn!("GPU {index} does not answer (lost); the others are sampled");
-            slot.state = DeviceState::Lost;
-        }
-        slot
-    }
-
-    /// Gets the handle and identity of `slot`'s device; false when the device is lost.
-    fn attach(nvml: &'static Nvml, slot: &mut Slot) -> bool {
-        let index = slot.id.index;
-        match nvml.device_by_index(index) {
-            Ok(dev) => slot.handle = Some(dev),
-            Err(e) => {
-                tracing::debug!("GPU {index}: no handle: {e}");
-                return false;
-            }
-        }
-        let Some(dev) = slot.handle.as_ref() else {
-            return false;
-        };
-        let mut lost = false;
-        let mut note = |r: Result<(), NvmlError>| {
-            if let Err(e) = r {
-                if matches!(e, NvmlError::GpuLost | NvmlError::ResetRequired) {
-                    lost = true;
-                } else {
-                    tracing::debug!("GPU {index}: identity incomplete: {e}");
-                }
-            }
-        };
-        note(dev.uuid().map(|u| slot.id.uuid = u));
-        note(dev.name().map(|n| slot.id.name = n));
-        note(dev.pci_info().map(|p| slot.id.pci_bus_id = p.bus_id));
-        note(dev.minor_number().map(|m| slot.id.minor = Some(m)));
-        !lost
     }
 
     /// What this sampler cannot watch, one line each (e.g. GPUs without XID events); empty when
@@ -677,7 +404,7 @@ impl Sampler {
 
     /// Identities of all GPUs, in NVML index order.
     pub fn devices(&self) -> Vec<DeviceId> {
-        self.slots.iter().map(|s| s.id.clone()).collect()
+        self.devices.iter().map(|d| d.id.clone()).collect()
     }
 
     /// The library that was loaded (path or name).
@@ -695,52 +422,95 @@ impl Sampler {
         self.nvml.sys_nvml_version().ok()
     }
 
+    /// The NVML library handle (for one-shot queries such as `doctor`'s).
+    pub fn nvml(&self) -> &'static Nvml {
+        self.nvml
+    }
+
+    /// How long a tick waits for the devices' answers (default: the call timeout, right for a
+    /// one-shot sample; a periodic sampler sets about half its interval).
+    pub fn set_tick_budget(&mut self, budget: Duration) {
+        self.tick_budget = budget.min(self.call_timeout);
+    }
+
     /// Takes one snapshot now.
     pub fn sample(&mut self) -> Snapshot {
         self.sample_at(now_ms())
     }
 
-    /// Takes one snapshot stamped `time_ms`. The process list is refreshed at the first call and
-    /// then whenever the process interval has passed.
+    /// Takes one snapshot stamped `time_ms`: asks every device's fast worker and waits for the
+    /// answers up to the tick budget. A device that did not answer in time is left out of the
+    /// snapshot (a gap), or shown stalled once its call has been blocked for the call timeout.
+    /// The process list (and the slow metrics) are read on the process cadence by the slow
+    /// workers and come in the first snapshot after they answered; the first snapshot waits for
+    /// them.
     pub fn sample_at(&mut self, time_ms: i64) -> Snapshot {
+        let start = Instant::now();
+        let deadline = start + self.tick_budget;
         let xids = self
             .xids
             .as_mut()
             .map(|x| x.drain(time_ms))
             .unwrap_or_default();
-        let mut gpus = Vec::with_capacity(self.slots.len());
-        for slot in &mut self.slots {
-            let mut values = MetricValues::default();
-            if slot.state == DeviceState::Lost && time_ms - slot.lost_probe_ms >= LOST_PROBE_MS {
-                slot.lost_probe_ms = time_ms;
-                let answers = match slot.handle.as_ref() {
-                    Some(d) => d.temperature(TemperatureSensor::Gpu).is_ok(),
-                    None => Self::attach(self.nvml, slot),
-                };
-                if answers {
-                    tracing::warn!("GPU {} answers again", slot.id.index);
-                    slot.state = DeviceState::Ok;
+        let asked: Vec<bool> = self
+            .devices
+            .iter_mut()
+            .map(|d| d.fast.request(time_ms))
+            .collect();
+        let first = self.last_round_ms.is_none();
+        self.start_round(time_ms);
+        let mut answers: Vec<Option<FastAnswer>> = Vec::with_capacity(self.devices.len());
+        for (d, asked) in self.devices.iter_mut().zip(&asked) {
+            let answer = if *asked || d.fast.pending() {
+                d.fast.wait(deadline)
+            } else {
+                None
+            };
+            if answer.is_none() {
+                // Blocked in a call: wait (within the budget) for it to reach the timeout, so a
+                // stall is reported at this tick rather than the next.
+                if let Some(at) = d.fast.stall_instant(self.call_timeout) {
+                    if at <= deadline {
+                        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                    }
                 }
             }
-            if slot.state == DeviceState::Ok && slot.read(&mut values).is_err() {
-                slot.mark_lost(time_ms);
-                values = MetricValues::default();
+            answers.push(answer);
+        }
+        let processes = self.collect_round(if first { Some(deadline) } else { None });
+        let now = Instant::now();
+        let max_age = 2 * self.process_interval_ms + duration_ms(self.call_timeout);
+        let timeout = self.call_timeout;
+        let mut gpus = Vec::with_capacity(self.devices.len());
+        for (d, answer) in self.devices.iter_mut().zip(answers) {
+            let fresh = answer.map(|a| d.take(a));
+            let (state, mut values) = match (d.fast.stalled(now, timeout), fresh) {
+                (Some(f), _) => (DeviceState::Stalled(f), MetricValues::default()),
+                (None, Some(v)) => match d.slow.stalled(now, timeout) {
+                    Some(f) if d.state == DeviceState::Ok => (DeviceState::Stalled(f), v),
+                    _ => (d.state, v),
+                },
+                // Late but not yet stalled: a gap for this GPU at this tick.
+                (None, None) => continue,
+            };
+            let mask = d.slow_mask.load(Ordering::Relaxed);
+            if let Some((slow, at)) = &d.slow_values {
+                if mask != 0 && time_ms - at <= max_age && state != DeviceState::Lost {
+                    for m in METRICS {
+                        if mask & slot::metric_bit(m.id) != 0 {
+                            values.set(m.id, slow.get(m.id));
+                        }
+                    }
+                }
             }
+            d.report(state, timeout);
             gpus.push(GpuSample {
                 time_ms,
-                id: slot.id.clone(),
-                state: slot.state,
+                id: d.id.clone(),
+                state,
                 values,
             });
         }
-        let due = self
-            .last_process_ms
-            .is_none_or(|last| time_ms - last >= self.process_interval_ms);
-        let processes = due.then(|| {
-            self.last_process_ms = Some(time_ms);
-            self.read_processes(time_ms)
-        });
-        // A device found lost while listing processes shows as lost from the next tick on.
         Snapshot {
             time_ms,
             gpus,
@@ -749,20 +519,56 @@ impl Sampler {
         }
     }
 
-    fn read_processes(&mut self, time_ms: i64) -> Vec<ProcSample> {
+    /// Starts a slow read on every device when the process cadence says so and none is running.
+    fn start_round(&mut self, time_ms: i64) {
+        let due = self
+            .last_round_ms
+            .is_none_or(|last| time_ms - last >= self.process_interval_ms);
+        if !due || self.round.is_some() {
+            return;
+        }
+        self.last_round_ms = Some(time_ms);
+        let mut waiting = Vec::with_capacity(self.devices.len());
+        for d in &mut self.devices {
+            waiting.push(d.state != DeviceState::Lost && d.slow.request(time_ms));
+        }
+        self.round = Some(Round {
+            started: Instant::now(),
+            answers: waiting.iter().map(|_| None).collect(),
+            waiting,
+        });
+    }
+
+    /// Takes the slow answers that came (waiting for them until `wait_until` when given); when
+    /// every device answered, or the call timeout passed, the round ends with a process list.
+    fn collect_round(&mut self, wait_until: Option<Instant>) -> Option<Vec<ProcSample>> {
+        let round = self.round.as_mut()?;
+        for (i, d) in self.devices.iter_mut().enumerate() {
+            if !round.waiting[i] {
+                continue;
+            }
+            let got = match wait_until {
+                Some(t) => d.slow.wait(t),
+                None => d.slow.try_take(),
+            };
+            if let Some(a) = got {
+                round.waiting[i] = false;
+                round.answers[i] = Some(a);
+            }
+        }
+        let done = !round.waiting.contains(&true);
+        if !done && round.started.elapsed() < self.call_timeout {
+            return None;
+        }
+        let round = self.round.take()?;
         let mut out = Vec::new();
-        for slot in &mut self.slots {
-            if slot.state != DeviceState::Ok {
-                continue;
-            }
-            self.scratch.clear();
-            if slot.processes(&mut self.scratch).is_err() {
-                slot.mark_lost(time_ms);
-                continue;
-            }
-            for (p, kind) in self.scratch.drain(..) {
+        for (d, answer) in self.devices.iter_mut().zip(round.answers) {
+            let Some(a) = answer else { continue };
+            d.slow_values = Some((a.values, a.time_ms));
+            let Some(list) = a.processes else { continue };
+            for (p, kind) in list {
                 // One process often holds every GPU: read /proc once per refresh.
-                let d = match out.iter().find(|q: &&ProcSample| q.pid == p.pid) {
+                let det = match out.iter().find(|q: &&ProcSample| q.pid == p.pid) {
                     Some(q) => procfs::ProcDetails {
                         uid: q.uid,
                         user: q.user.clone(),
@@ -774,25 +580,62 @@ impl Sampler {
                 };
                 out.push(ProcSample {
                     pid: p.pid,
-                    gpu_index: slot.id.index,
-                    gpu_uuid: slot.id.uuid.clone(),
+                    gpu_index: d.id.index,
+                    gpu_uuid: d.id.uuid.clone(),
                     used_mem_bytes: match p.used_gpu_memory {
                         UsedGpuMemory::Used(b) => Some(b),
                         UsedGpuMemory::Unavailable => None,
                     },
                     kind,
-                    uid: d.uid,
-                    user: d.user,
-                    command: d.command,
-                    container: d.container,
-                    runtime_s: d.runtime_s,
+                    uid: det.uid,
+                    user: det.user,
+                    command: det.command,
+                    container: det.container,
+                    runtime_s: det.runtime_s,
                 });
             }
         }
         let alive: Vec<u32> = out.iter().map(|p| p.pid).collect();
         self.proc_cache.retain(&alive);
-        out
+        Some(out)
     }
+}
+
+impl Dev {
+    /// Books a fast answer's identity, state and slow mask; returns its values.
+    fn take(&mut self, a: FastAnswer) -> MetricValues {
+        if let Some(id) = a.id {
+            self.id = id;
+        }
+        self.state = a.state;
+        self.slow_mask.store(a.slow_mask, Ordering::Relaxed);
+        a.values
+    }
+
+    /// Logs a change between stalled and not stalled.
+    fn report(&mut self, state: DeviceState, timeout: Duration) {
+        let was = self.reported.stalled_in();
+        self.reported = state;
+        match (was, state.stalled_in()) {
+            (None, Some(f)) => tracing::error!(
+                "GPU {} ({}): {} has not returned for {} ms (driver wedged or GPU in reset); the other GPUs keep being sampled",
+                self.id.index,
+                self.id.uuid,
+                f.symbol(),
+                timeout.as_millis()
+            ),
+            (Some(f), None) => tracing::warn!(
+                "GPU {}: {} returned; the GPU answers again",
+                self.id.index,
+                f.symbol()
+            ),
+            _ => {}
+        }
+    }
+}
+
+fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Absolute-time tick schedule: tick `k` is due at `start + k × interval`. A tick that could
@@ -843,6 +686,7 @@ impl Ticker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Metric, Source};
 
     #[test]
     fn ticker_keeps_absolute_schedule_and_skips_late_ticks() {
@@ -889,7 +733,7 @@ mod tests {
     /// (all of them batched), derived rows after the reads.
     #[test]
     fn every_row_is_read_through_its_source() {
-        let fields: Vec<Metric> = table_fields().map(|(_, m, _)| m).collect();
+        let fields: Vec<Metric> = slot::table_fields().map(|r| r.metric).collect();
         for d in METRICS {
             match d.source {
                 Source::Field(_) => assert!(fields.contains(&d.id), "{}", d.key),

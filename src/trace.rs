@@ -407,11 +407,8 @@ impl TraceReader {
                 Col::Pci => id.pci_bus_id = v.to_string(),
                 Col::Minor => id.minor = v.parse().ok(),
                 Col::State => {
-                    state = match v {
-                        "" | "ok" => DeviceState::Ok,
-                        "lost" => DeviceState::Lost,
-                        other => return Err(self.err(col, format!("bad state {}", quoted(other)))),
-                    }
+                    state = DeviceState::from_label(v)
+                        .ok_or_else(|| self.err(col, format!("bad state {}", quoted(v))))?;
                 }
                 Col::Metric(m, unit) => {
                     let value = if self.format == TraceFormat::Gpuwatch {
@@ -725,11 +722,7 @@ pub fn write_gpuwatch_rows(out: &mut impl std::io::Write, s: &Snapshot) -> std::
             quote(&g.id.name),
             quote(&g.id.pci_bus_id),
             g.id.minor.map(|m| m.to_string()).unwrap_or_default(),
-            if g.state == DeviceState::Lost {
-                "lost"
-            } else {
-                "ok"
-            }
+            g.state.label()
         );
         for v in &g.values.0 {
             line.push(',');

@@ -160,8 +160,9 @@ fn status_table(
             int(g.get(Metric::EccUncorrected), "")
         );
         let state = match g.state {
-            DeviceState::Ok => "ok",
-            DeviceState::Lost => "LOST",
+            DeviceState::Ok => "ok".to_string(),
+            DeviceState::Lost => "LOST".to_string(),
+            DeviceState::Stalled(f) => format!("STALLED in {}", f.symbol()),
         };
         let _ = writeln!(
             out,

@@ -82,7 +82,7 @@ fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<
     let engine = crate::engine::Engine::new(setup.rules, config.engine_options(&hostname));
     let pipeline = Pipeline::new(engine, config.action_runner(&hostname));
     let interval = config.interval();
-    let mut sampler_cfg = global.sampler_config();
+    let mut sampler_cfg = config.sampler_config(&global.sampler_config());
     sampler_cfg.process_interval = interval.max(std::time::Duration::from_secs(1));
     let snapshots = match SamplerThread::open(&sampler_cfg, interval, None) {
         Ok(t) => Some(t),

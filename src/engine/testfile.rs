@@ -17,6 +17,8 @@
 //! util = "0+10x10 100x80"       # ramps: a+bxN; `_` = missing sample, `_x5` five of them
 //! mem_total = "80GiBx90"        # KiB/MiB/GiB/TiB suffixes give bytes
 //! lost = "0x80 1x10"            # 1 = GPU lost at that tick
+//! stalled = "0x80 1x10"         # 1 = an NVML call on the GPU hangs at that tick (values given
+//! stalled_call = "nvmlDeviceGetPowerUsage"  # at such ticks are kept; default: field values)
 //! xids = [{ at = "4m", code = 79 }]
 //! processes = [{ pid = 4242, used = "20GiB", from = "0s", to = "10m" }]
 //! [[case.expect]]
@@ -42,8 +44,8 @@ use serde::Deserialize;
 
 use crate::engine::{Engine, EngineOptions};
 use crate::model::{
-    AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, ProcSample, Snapshot,
-    XidEvent,
+    AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, NvmlFunction, ProcSample,
+    Snapshot, XidEvent,
 };
 use crate::rules::{RuleSet, RulesConfig};
 
@@ -244,6 +246,8 @@ struct GpuInput {
     name: String,
     series: Vec<(Metric, Vec<Option<f64>>)>,
     lost: Vec<Option<f64>>,
+    stalled: Vec<Option<f64>>,
+    stalled_call: NvmlFunction,
     xids: Vec<(i64, u64)>,
     procs: Vec<(i64, i64, ProcSample)>,
 }
@@ -255,6 +259,8 @@ fn gpu_input(table: &toml::Table, pos: usize, text: &str, file: &str) -> Result<
         name: "Test GPU".into(),
         series: Vec::new(),
         lost: Vec::new(),
+        stalled: Vec::new(),
+        stalled_call: NvmlFunction::FieldValues,
         xids: Vec::new(),
         procs: Vec::new(),
     };
@@ -275,6 +281,17 @@ fn gpu_input(table: &toml::Table, pos: usize, text: &str, file: &str) -> Result<
             "lost" => {
                 g.lost = parse_series(v.as_str().ok_or_else(|| s_err("must be a string".into()))?)
                     .map_err(s_err)?;
+            }
+            "stalled" => {
+                g.stalled =
+                    parse_series(v.as_str().ok_or_else(|| s_err("must be a string".into()))?)
+                        .map_err(s_err)?;
+            }
+            "stalled_call" => {
+                g.stalled_call = v
+                    .as_str()
+                    .and_then(NvmlFunction::from_symbol)
+                    .ok_or_else(|| s_err("must name an NVML function the sampler calls".into()))?;
             }
             "xids" => {
                 let list: Vec<XidIn> = v.clone().try_into().map_err(|e| s_err(format!("{e}")))?;
@@ -320,7 +337,7 @@ fn gpu_input(table: &toml::Table, pos: usize, text: &str, file: &str) -> Result<
             }
             key => {
                 let m = Metric::from_key(key).ok_or_else(|| {
-                    s_err("unknown key (expected a metric key, index, uuid, name, lost, xids or processes)".into())
+                    s_err("unknown key (expected a metric key, index, uuid, name, lost, stalled, stalled_call, xids or processes)".into())
                 })?;
                 let text = v
                     .as_str()
@@ -407,7 +424,12 @@ fn run_case(
         .collect::<Result<_, _>>()?;
     let longest = gpus
         .iter()
-        .flat_map(|g| g.series.iter().map(|s| s.1.len()).chain([g.lost.len()]))
+        .flat_map(|g| {
+            g.series
+                .iter()
+                .map(|s| s.1.len())
+                .chain([g.lost.len(), g.stalled.len()])
+        })
         .max()
         .unwrap_or(0);
     let ticks = match &case.duration {
@@ -448,6 +470,7 @@ fn snapshot_at(gpus: &[GpuInput], k: usize, interval: i64) -> Snapshot {
     let mut procs = Vec::new();
     for g in gpus {
         let lost = value_at(&g.lost, k).is_some_and(|v| v != 0.0);
+        let stalled = value_at(&g.stalled, k).is_some_and(|v| v != 0.0);
         let mut values = MetricValues::default();
         let mut any = false;
         for (m, s) in &g.series {
@@ -455,7 +478,7 @@ fn snapshot_at(gpus: &[GpuInput], k: usize, interval: i64) -> Snapshot {
             any |= v.is_some();
             values.set(*m, v);
         }
-        if !any && !lost {
+        if !any && !lost && !stalled {
             continue;
         }
         if lost {
@@ -490,6 +513,8 @@ fn snapshot_at(gpus: &[GpuInput], k: usize, interval: i64) -> Snapshot {
             },
             state: if lost {
                 DeviceState::Lost
+            } else if stalled {
+                DeviceState::Stalled(g.stalled_call)
             } else {
                 DeviceState::Ok
             },

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use rhai::{Array, Dynamic, Engine, ImmutableString, Map};
 
 use super::{duration_ms, nodata, num_arg, number, RhaiResult};
-use crate::model::{clock_event_mask, DeviceId, DeviceState, Metric, ProcSample, METRICS};
+use crate::model::{
+    clock_event_mask, DeviceId, DeviceState, Metric, NvmlFunction, ProcSample, METRICS,
+};
 use crate::window::{Agg, GpuHistory, RunStats};
 
 /// Something a check can read from one GPU's history at the evaluation time.
@@ -34,6 +36,8 @@ pub enum Input {
     Device,
     /// `gpu.lost`.
     Lost,
+    /// `gpu.stalled`, `gpu.stalled_call`: the NVML function the GPU is blocked in, if any.
+    Stalled,
     /// `gpu.processes`, `gpu.process_count`.
     Processes,
     /// `gpu.interval`: the observed sampling interval, ms.
@@ -65,6 +69,8 @@ pub enum Value {
     Runs(Option<RunStats>),
     /// Several numbers, or none.
     Nums(Option<Vec<f64>>),
+    /// A fixed name, or none.
+    Name(Option<&'static str>),
 }
 
 fn same_f64(a: f64, b: f64) -> bool {
@@ -95,6 +101,7 @@ impl PartialEq for Value {
                         .all(|(p, q)| p == q && same_opt(p.runtime_s, q.runtime_s))
             }
             (Value::Codes(a), Value::Codes(b)) => a == b,
+            (Value::Name(a), Value::Name(b)) => a == b,
             (Value::Runs(a), Value::Runs(b)) => match (a, b) {
                 (Some(a), Some(b)) => {
                     a.runs == b.runs
@@ -141,6 +148,7 @@ impl Input {
             Input::Supported(metric) => Value::Flag(!hist.window(metric).is_empty()),
             Input::Device => Value::Device(hist.id.clone()),
             Input::Lost => Value::Flag(hist.state == DeviceState::Lost),
+            Input::Stalled => Value::Name(hist.state.stalled_in().map(NvmlFunction::symbol)),
             Input::Processes => Value::Procs(hist.processes.clone()),
             Input::Interval => Value::Int(hist.interval_ms),
             Input::Xids(dur) => Value::Codes(hist.xids_in(now_ms, dur)),
@@ -284,6 +292,13 @@ impl GpuHandle {
         }
     }
 
+    fn stalled_in(&self) -> Option<&'static str> {
+        match self.view.get(Input::Stalled) {
+            Value::Name(n) => n,
+            _ => None,
+        }
+    }
+
     fn device(&self) -> DeviceId {
         match self.view.get(Input::Device) {
             Value::Device(d) => d,
@@ -422,6 +437,10 @@ pub(super) fn register(engine: &mut Engine) {
     engine.register_get("name", |g: &mut GpuHandle| g.device().name);
     engine.register_get("pci_bus_id", |g: &mut GpuHandle| g.device().pci_bus_id);
     engine.register_get("lost", |g: &mut GpuHandle| g.flag(Input::Lost));
+    engine.register_get("stalled", |g: &mut GpuHandle| g.stalled_in().is_some());
+    engine.register_get("stalled_call", |g: &mut GpuHandle| {
+        g.stalled_in().unwrap_or_default().to_string()
+    });
     engine.register_get("processes", |g: &mut GpuHandle| processes(g));
     engine.register_get("process_count", |g: &mut GpuHandle| {
         i64::try_from(g.processes().len()).unwrap_or(i64::MAX)

@@ -1,0 +1,689 @@
+//! One device's NVML reads: the fast path ([`Slot`]: everything read at every tick, in one
+//! field-values call and the cheap getters) and the slow path ([`SlowSlot`]: process lists and
+//! calls that block for long on real drivers, read on the slower process cadence). Each runs on
+//! its own worker thread (see `worker`), so neither waits for the other, and every call is
+//! bracketed by the thread's [`Busy`] marker so the sampler can tell a call that hangs.
+
+use std::sync::Arc;
+
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, PcieUtilCounter, RetirementCause, TemperatureSensor,
+};
+use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::{Device, Nvml};
+
+use super::worker::Busy;
+use crate::model::{
+    DeviceId, DeviceState, Metric, MetricValues, NvmlCall, NvmlFunction, ProcKind, Source, METRICS,
+    METRIC_COUNT,
+};
+
+/// One NVML query; the unit of "supported or not" bookkeeping (several [`NvmlCall`]s can share
+/// one, e.g. both retired-page counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Query {
+    Utilization,
+    Memory,
+    Temperature,
+    Fields,
+    Power,
+    PowerLimit,
+    Energy,
+    SmClock,
+    MemClock,
+    Throttle,
+    Pstate,
+    Fan,
+    EccCorrected,
+    EccUncorrected,
+    PcieRx,
+    PcieTx,
+    PcieReplay,
+    Encoder,
+    Decoder,
+    ComputeProcs,
+    GraphicsProcs,
+    RetiredPages,
+    RetiredPending,
+}
+
+impl Query {
+    pub(super) fn bit(self) -> u32 {
+        1 << (self as u8)
+    }
+
+    /// The NVML function this query calls.
+    fn function(self) -> NvmlFunction {
+        use NvmlFunction as F;
+        match self {
+            Query::Utilization => F::UtilizationRates,
+            Query::Memory => F::MemoryInfo,
+            Query::Temperature => F::Temperature,
+            Query::Fields => F::FieldValues,
+            Query::Power => F::PowerUsage,
+            Query::PowerLimit => F::EnforcedPowerLimit,
+            Query::Energy => F::TotalEnergyConsumption,
+            Query::SmClock | Query::MemClock => F::ClockInfo,
+            Query::Throttle => F::ClocksEventReasons,
+            Query::Pstate => F::PerformanceState,
+            Query::Fan => F::FanSpeed,
+            Query::EccCorrected | Query::EccUncorrected => F::TotalEccErrors,
+            Query::PcieRx | Query::PcieTx => F::PcieThroughput,
+            Query::PcieReplay => F::PcieReplayCounter,
+            Query::Encoder => F::EncoderUtilization,
+            Query::Decoder => F::DecoderUtilization,
+            Query::ComputeProcs => F::ComputeRunningProcesses,
+            Query::GraphicsProcs => F::GraphicsRunningProcesses,
+            Query::RetiredPages => F::RetiredPages,
+            Query::RetiredPending => F::RetiredPagesPendingStatus,
+        }
+    }
+}
+
+/// Bit of metric `m` in a per-metric mask.
+pub(super) fn metric_bit(m: Metric) -> u64 {
+    1 << (m as u8)
+}
+
+const _: () = assert!(METRIC_COUNT <= 64, "per-metric masks are u64");
+
+/// The table's field rows, in table order. They are read in one `nvmlDeviceGetFieldValues` call
+/// per GPU and tick, which saves one library call per counter; a field the GPU does not support
+/// is dropped and its row's fallback call (if any) is used instead (see `Slot::read`).
+pub(super) fn table_fields() -> impl Iterator<Item = FieldRow> {
+    METRICS.iter().filter_map(|d| match d.source {
+        Source::Field(f) => Some(FieldRow {
+            id: FieldId(f.field.id),
+            metric: d.id,
+            scale: f.scale,
+            rate: f.rate,
+            prev: None,
+        }),
+        _ => None,
+    })
+}
+
+/// One field of the batched call.
+#[derive(Debug, Clone)]
+pub(super) struct FieldRow {
+    pub id: FieldId,
+    pub metric: Metric,
+    /// Factor to the canonical unit.
+    pub scale: f64,
+    /// The metric is the per-second rate of this cumulative counter.
+    pub rate: bool,
+    /// For a rate: the previous raw reading and its timestamp (µs).
+    prev: Option<(f64, i64)>,
+}
+
+impl FieldRow {
+    /// The metric's value for a raw reading taken at `at_us`: the reading scaled, or for a rate
+    /// the scaled per-second change since the previous reading (none for the first reading, or
+    /// when the counter went backwards: it wrapped or the driver was reloaded).
+    fn value(&mut self, raw: f64, at_us: i64) -> Option<f64> {
+        if !self.rate {
+            return Some(raw * self.scale);
+        }
+        let prev = self.prev.replace((raw, at_us));
+        let (p, pt) = prev?;
+        let dt = (at_us - pt) as f64 / 1e6;
+        (raw >= p && dt > 0.0).then(|| (raw - p) * self.scale / dt)
+    }
+}
+
+/// Answers of multi-value calls, made once per GPU and tick however many rows read them.
+#[derive(Default)]
+pub(super) struct TickAnswers {
+    /// `(gpu, memory)` percent of `nvmlDeviceGetUtilizationRates`.
+    utilization: Option<Option<[f64; 2]>>,
+    /// `(used, free, total, reserved)` bytes of `nvmlDeviceGetMemoryInfo_v2`.
+    memory: Option<Option<[f64; 4]>>,
+    /// Queries that already failed at this tick (not asked again until the next one).
+    failed: u32,
+}
+
+/// Per-GPU state kept between ticks, owned by the device's worker thread.
+pub(super) struct Slot {
+    pub handle: Option<Device<'static>>,
+    pub id: DeviceId,
+    pub state: DeviceState,
+    /// Queries that answered NotSupported (never asked again).
+    unsupported: u32,
+    /// Queries whose transient failure was already logged.
+    warned: u32,
+    /// Field IDs still worth asking for, and the row each feeds (same order).
+    fields: Vec<FieldId>,
+    field_rows: Vec<FieldRow>,
+    /// Metrics whose field is still in `fields` (a per-metric mask).
+    field_metrics: u64,
+    /// When a lost device was last probed.
+    lost_probe_ms: i64,
+    /// Which call this slot's thread is in (read by the sampler for its deadline).
+    busy: Arc<Busy>,
+}
+
+/// Marker: the device answered GpuLost / ResetRequired.
+pub(super) struct Lost;
+
+impl Slot {
+    /// A slot for device `index`, not attached yet.
+    pub(super) fn new(index: u32, now_ms: i64, busy: Arc<Busy>) -> Slot {
+        Slot {
+            handle: None,
+            id: DeviceId {
+                index,
+                ..DeviceId::default()
+            },
+            state: DeviceState::Ok,
+            unsupported: 0,
+            warned: 0,
+            fields: table_fields().map(|r| r.id).collect(),
+            field_rows: table_fields().collect(),
+            field_metrics: table_fields().fold(0, |mask, r| mask | metric_bit(r.metric)),
+            lost_probe_ms: now_ms,
+            busy,
+        }
+    }
+
+    /// Gets the handle and identity of the device; false when it is lost.
+    pub(super) fn attach(&mut self, nvml: &'static Nvml) -> bool {
+        let index = self.id.index;
+        let busy = self.busy.clone();
+        match busy.around(NvmlFunction::HandleByIndex, || nvml.device_by_index(index)) {
+            Ok(dev) => self.handle = Some(dev),
+            Err(e) => {
+                tracing::debug!("GPU {index}: no handle: {e}");
+                return false;
+            }
+        }
+        let Some(dev) = self.handle.as_ref() else {
+            return false;
+        };
+        let mut lost = false;
+        let mut note = |r: Result<(), NvmlError>| {
+            if let Err(e) = r {
+                if matches!(e, NvmlError::GpuLost | NvmlError::ResetRequired) {
+                    lost = true;
+                } else {
+                    tracing::debug!("GPU {index}: identity incomplete: {e}");
+                }
+            }
+        };
+        let id = &mut self.id;
+        note(busy.around(NvmlFunction::Uuid, || dev.uuid().map(|u| id.uuid = u)));
+        note(busy.around(NvmlFunction::Name, || dev.name().map(|n| id.name = n)));
+        note(busy.around(NvmlFunction::PciInfo, || {
+            dev.pci_info().map(|p| id.pci_bus_id = p.bus_id)
+        }));
+        note(busy.around(NvmlFunction::MinorNumber, || {
+            dev.minor_number().map(|m| id.minor = Some(m))
+        }));
+        !lost
+    }
+
+    /// Reads the fast path into `values` at `time_ms`, probing a lost device again every
+    /// [`LOST_PROBE_MS`](super::LOST_PROBE_MS). Returns the device's state.
+    pub(super) fn tick(
+        &mut self,
+        nvml: &'static Nvml,
+        time_ms: i64,
+        values: &mut MetricValues,
+    ) -> DeviceState {
+        if self.state == DeviceState::Lost && time_ms - self.lost_probe_ms >= super::LOST_PROBE_MS {
+            self.lost_probe_ms = time_ms;
+            let busy = self.busy.clone();
+            let answers = match self.handle.as_ref() {
+                Some(d) => busy
+                    .around(NvmlFunction::Temperature, || {
+                        d.temperature(TemperatureSensor::Gpu)
+                    })
+                    .is_ok(),
+                None => self.attach(nvml),
+            };
+            if answers {
+                tracing::warn!("GPU {} answers again", self.id.index);
+                self.state = DeviceState::Ok;
+            }
+        }
+        if self.state == DeviceState::Ok && self.read(values).is_err() {
+            self.mark_lost(time_ms);
+            *values = MetricValues::default();
+        }
+        self.state
+    }
+
+    /// Metrics whose value comes from a slow call (off the tick path): rows whose call is slow,
+    /// and field rows with a slow fallback once the field is known unsupported.
+    pub(super) fn slow_metrics(&self) -> u64 {
+        METRICS.iter().fold(0, |mask, d| {
+            let slow = match d.source {
+                Source::Nvml(call) => call.is_slow(),
+                Source::Field(f) => {
+                    f.fallback.is_some_and(NvmlCall::is_slow) && !self.field_active(d.id)
+                }
+                _ => false,
+            };
+            if slow {
+                mask | metric_bit(d.id)
+            } else {
+                mask
+            }
+        })
+    }
+    /// Runs one query unless it is known unsupported (or already failed at this tick), mapping
+    /// errors to `None` or [`Lost`].
+    fn query<T>(
+        &mut self,
+        q: Query,
+        tick: &mut TickAnswers,
+        f: impl FnOnce(&Device<'static>) -> Result<T, NvmlError>,
+    ) -> Result<Option<T>, Lost> {
+        if (self.unsupported | tick.failed) & q.bit() != 0 {
+            return Ok(None);
+        }
+        let Some(dev) = self.handle.as_ref() else {
+            return Err(Lost);
+        };
+        match self.busy.around(q.function(), || f(dev)) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) => {
+                tick.failed |= q.bit();
+                self.failed(q, &e).map(|()| None)
+            }
+        }
+    }
+
+    fn failed(&mut self, q: Query, e: &NvmlError) -> Result<(), Lost> {
+        match e {
+            NvmlError::GpuLost | NvmlError::ResetRequired => Err(Lost),
+            NvmlError::NotSupported
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::FunctionNotFound
+            | NvmlError::NoPermission
+            | NvmlError::InvalidArg => {
+                tracing::debug!(
+                    "GPU {}: {q:?} not available ({e}); not asked again",
+                    self.id.index
+                );
+                self.unsupported |= q.bit();
+                Ok(())
+            }
+            NvmlError::NotFound | NvmlError::NoData => Ok(()),
+            _ => {
+                if self.warned & q.bit() == 0 {
+                    self.warned |= q.bit();
+                    tracing::warn!("GPU {}: reading {q:?} failed: {e}", self.id.index);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether `m`'s field is still read through field values (else its fallback call is used).
+    fn field_active(&self, m: Metric) -> bool {
+        self.unsupported & Query::Fields.bit() == 0 && self.field_metrics & metric_bit(m) != 0
+    }
+
+    /// Reads every metric of the table into `values`, each through its row's [`Source`]: the
+    /// batched field-values call first, then one reader per [`NvmlCall`] in table order, then
+    /// the derived rows.
+    /// Slow calls are left to the slow path (see [`Slot::slow_metrics`]).
+    fn read(&mut self, values: &mut MetricValues) -> Result<(), Lost> {
+        let mut tick = TickAnswers::default();
+        self.read_fields(values, &mut tick)?;
+        for d in METRICS {
+            match d.source {
+                Source::Nvml(call) if call.is_slow() => {}
+                Source::Nvml(call) => values.set(d.id, self.read_call(call, &mut tick)?),
+                Source::Field(f) => {
+                    let fallback = f.fallback.filter(|c| !c.is_slow());
+                    if let Some(call) = fallback.filter(|_| !self.field_active(d.id)) {
+                        values.set(d.id, self.read_call(call, &mut tick)?);
+                    }
+                }
+                Source::Derived(_) => {}
+                Source::Host(h) => match h {},
+            }
+        }
+        for d in METRICS {
+            if let Source::Derived(how) = d.source {
+                let v = (how.compute)(values);
+                values.set(d.id, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// The reader of one [`NvmlCall`]: the value in canonical units, `None` when the GPU cannot
+    /// give it.
+    pub(super) fn read_call(
+        &mut self,
+        call: NvmlCall,
+        tick: &mut TickAnswers,
+    ) -> Result<Option<f64>, Lost> {
+        use NvmlCall as C;
+        let v = match call {
+            C::UtilizationGpu | C::UtilizationMemory => {
+                if tick.utilization.is_none() {
+                    let u = self.query(Query::Utilization, tick, Device::utilization_rates)?;
+                    tick.utilization = Some(u.map(|u| [f64::from(u.gpu), f64::from(u.memory)]));
+                }
+                let part = usize::from(call == C::UtilizationMemory);
+                tick.utilization.flatten().map(|u| u[part])
+            }
+            C::MemoryUsed | C::MemoryFree | C::MemoryTotal | C::MemoryReserved => {
+                if tick.memory.is_none() {
+                    let m = self.query(Query::Memory, tick, Device::memory_info)?;
+                    tick.memory =
+                        Some(m.map(|m| [m.used, m.free, m.total, m.reserved].map(|b| b as f64)));
+                }
+                let part = match call {
+                    C::MemoryUsed => 0,
+                    C::MemoryFree => 1,
+                    C::MemoryTotal => 2,
+                    _ => 3,
+                };
+                tick.memory.flatten().map(|m| m[part])
+            }
+            C::TemperatureGpu => self
+                .query(Query::Temperature, tick, |d| {
+                    d.temperature(TemperatureSensor::Gpu)
+                })?
+                .map(f64::from),
+            C::PowerUsage => self
+                .query(Query::Power, tick, Device::power_usage)?
+                .map(|mw| f64::from(mw) / 1000.0),
+            C::EnforcedPowerLimit => self
+                .query(Query::PowerLimit, tick, Device::enforced_power_limit)?
+                .map(|mw| f64::from(mw) / 1000.0),
+            C::TotalEnergyConsumption => self
+                .query(Query::Energy, tick, Device::total_energy_consumption)?
+                .map(|mj| mj as f64 / 1000.0),
+            C::ClockSm => self
+                .query(Query::SmClock, tick, |d| d.clock_info(Clock::SM))?
+                .map(f64::from),
+            C::ClockMem => self
+                .query(Query::MemClock, tick, |d| d.clock_info(Clock::Memory))?
+                .map(f64::from),
+            C::ClockEventReasons => self
+                .query(Query::Throttle, tick, Device::current_throttle_reasons)?
+                .map(|r| r.bits() as f64),
+            C::PerformanceState => self
+                .query(Query::Pstate, tick, Device::performance_state)?
+                .map(|p| p.as_c())
+                .filter(|&c| c <= 15)
+                .map(f64::from),
+            C::FanSpeed => self
+                .query(Query::Fan, tick, |d| d.fan_speed(0))?
+                .map(f64::from),
+            C::EccCorrectedVolatile => self
+                .query(Query::EccCorrected, tick, |d| {
+                    d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+                })?
+                .map(|c| c as f64),
+            C::EccUncorrectedVolatile => self
+                .query(Query::EccUncorrected, tick, |d| {
+                    d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                })?
+                .map(|c| c as f64),
+            // Pre-Ampere GPUs answer; newer ones say NotSupported once (for both causes).
+            C::RetiredPagesSbe => self
+                .query(Query::RetiredPages, tick, |d| {
+                    d.retired_pages(RetirementCause::MultipleSingleBitEccErrors)
+                })?
+                .map(|p| p.len() as f64),
+            C::RetiredPagesDbe => self
+                .query(Query::RetiredPages, tick, |d| {
+                    d.retired_pages(RetirementCause::DoubleBitEccError)
+                })?
+                .map(|p| p.len() as f64),
+            C::RetiredPagesPending => self
+                .query(
+                    Query::RetiredPending,
+                    tick,
+                    Device::are_pages_pending_retired,
+                )?
+                .map(|p| f64::from(u8::from(p))),
+            // Slow calls: read by `SlowSlot` off the tick path, never here.
+            C::PcieRx | C::PcieTx => None,
+            C::PcieReplayCounter => self
+                .query(Query::PcieReplay, tick, Device::pcie_replay_counter)?
+                .map(f64::from),
+            C::EncoderUtilization => self
+                .query(Query::Encoder, tick, Device::encoder_utilization)?
+                .map(|u| f64::from(u.utilization)),
+            C::DecoderUtilization => self
+                .query(Query::Decoder, tick, Device::decoder_utilization)?
+                .map(|u| f64::from(u.utilization)),
+        };
+        Ok(v)
+    }
+
+    /// The one field-values call of the tick: sets every metric whose field is still asked for.
+    fn read_fields(
+        &mut self,
+        values: &mut MetricValues,
+        tick: &mut TickAnswers,
+    ) -> Result<(), Lost> {
+        if self.fields.is_empty() || self.unsupported & Query::Fields.bit() != 0 {
+            return Ok(());
+        }
+        let Some(dev) = self.handle.as_ref() else {
+            return Err(Lost);
+        };
+        let fields = &self.fields;
+        let answer = self
+            .busy
+            .around(NvmlFunction::FieldValues, || dev.field_values_for(fields));
+        let now_us = crate::sys::now_ms() * 1000;
+        let samples = match answer {
+            Ok(s) => s,
+            Err(e) => {
+                tick.failed |= Query::Fields.bit();
+                return self.failed(Query::Fields, &e);
+            }
+        };
+        let mut drop_mask: u64 = 0;
+        for (i, sample) in samples.into_iter().enumerate() {
+            let Some(row) = self.field_rows.get_mut(i) else {
+                break;
+            };
+            let metric = row.metric;
+            let (at_us, value) = match sample {
+                Ok(s) => (if s.timestamp > 0 { s.timestamp } else { now_us }, s.value),
+                Err(e) => (now_us, Err(e)),
+            };
+            let value = match value {
+                Ok(SampleValue::F64(v)) => row.value(v, at_us),
+                Ok(SampleValue::U32(v)) => row.value(f64::from(v), at_us),
+                Ok(SampleValue::U64(v)) => row.value(v as f64, at_us),
+                Ok(SampleValue::I64(v)) => row.value(v as f64, at_us),
+                Err(NvmlError::GpuLost | NvmlError::ResetRequired) => return Err(Lost),
+                Err(NvmlError::NotSupported | NvmlError::InvalidArg | NvmlError::NoPermission) => {
+                    tracing::debug!(
+                        "GPU {}: field {} ({}) not supported; not asked again",
+                        self.id.index,
+                        self.fields[i].0,
+                        metric.key()
+                    );
+                    drop_mask |= 1 << i;
+                    None
+                }
+                Err(_) => None,
+            };
+            values.set(metric, value);
+        }
+        if drop_mask != 0 {
+            let mut i = 0;
+            self.fields.retain(|_| {
+                let keep = drop_mask & (1 << i) == 0;
+                i += 1;
+                keep
+            });
+            let mut i = 0;
+            self.field_rows.retain(|_| {
+                let keep = drop_mask & (1 << i) == 0;
+                i += 1;
+                keep
+            });
+            self.field_metrics = self
+                .field_rows
+                .iter()
+                .fold(0, |mask, r| mask | metric_bit(r.metric));
+        }
+        Ok(())
+    }
+
+    fn mark_lost(&mut self, now_ms: i64) {
+        if self.state != DeviceState::Lost {
+            tracing::error!(
+                "GPU {} ({}) is lost (fallen off the bus or needs a reset); other GPUs keep being sampled",
+                self.id.index,
+                self.id.uuid
+            );
+        }
+        self.state = DeviceState::Lost;
+        self.lost_probe_ms = now_ms;
+    }
+}
+
+/// The slow path of one device: process lists and slow calls (PCIe throughput where the byte
+/// counters are missing), on the process cadence, on a thread of their own.
+pub(super) struct SlowSlot {
+    pub handle: Option<Device<'static>>,
+    pub index: u32,
+    /// Queries that answered NotSupported (never asked again).
+    unsupported: u32,
+    busy: Arc<Busy>,
+}
+
+/// What one slow read found.
+#[derive(Default)]
+pub(super) struct SlowAnswer {
+    /// The device's processes and their kind; `None` when the lists could not be read.
+    pub processes: Option<Vec<(ProcessInfo, ProcKind)>>,
+    /// Values of the slow metrics asked for.
+    pub values: MetricValues,
+    /// When the reads were made, UTC ms.
+    pub time_ms: i64,
+    /// The device answered GPU_IS_LOST.
+    pub lost: bool,
+}
+
+impl SlowSlot {
+    pub(super) fn new(index: u32, handle: Option<Device<'static>>, busy: Arc<Busy>) -> SlowSlot {
+        SlowSlot {
+            handle,
+            index,
+            unsupported: 0,
+            busy,
+        }
+    }
+
+    /// Reads the process lists and the slow metrics in `mask`.
+    pub(super) fn read(&mut self, mask: u64) -> SlowAnswer {
+        let mut answer = SlowAnswer::default();
+        let Some(dev) = self.handle.as_ref() else {
+            answer.time_ms = crate::sys::now_ms();
+            return answer;
+        };
+        let mut lists = Vec::new();
+        let mut ok = true;
+        for (q, kind) in [
+            (Query::ComputeProcs, ProcKind::Compute),
+            (Query::GraphicsProcs, ProcKind::Graphics),
+        ] {
+            if self.unsupported & q.bit() != 0 {
+                continue;
+            }
+            let r = self.busy.around(q.function(), || match q {
+                Query::ComputeProcs => dev.running_compute_processes(),
+                _ => dev.running_graphics_processes(),
+            });
+            match r {
+                Ok(list) => {
+                    for p in list {
+                        if !lists
+                            .iter()
+                            .any(|(x, _): &(ProcessInfo, ProcKind)| x.pid == p.pid)
+                        {
+                            lists.push((p, kind));
+                        }
+                    }
+                }
+                Err(e) => {
+                    ok &= slow_failed(&mut self.unsupported, self.index, q, &e, &mut answer.lost)
+                }
+            }
+        }
+        answer.processes = ok.then_some(lists);
+        for d in METRICS {
+            if mask & metric_bit(d.id) == 0 {
+                continue;
+            }
+            let call = match d.source {
+                Source::Nvml(c) => c,
+                Source::Field(f) => match f.fallback {
+                    Some(c) => c,
+                    None => continue,
+                },
+                _ => continue,
+            };
+            let (q, counter) = match call {
+                NvmlCall::PcieRx => (Query::PcieRx, PcieUtilCounter::Receive),
+                NvmlCall::PcieTx => (Query::PcieTx, PcieUtilCounter::Send),
+                _ => continue,
+            };
+            if self.unsupported & q.bit() != 0 {
+                continue;
+            }
+            // NVML reports PCIe throughput in KB/s; like nvitop we read KB as KiB.
+            match self
+                .busy
+                .around(q.function(), || dev.pcie_throughput(counter))
+            {
+                Ok(kb) => answer.values.set(d.id, Some(f64::from(kb) * 1024.0)),
+                Err(e) => {
+                    slow_failed(&mut self.unsupported, self.index, q, &e, &mut answer.lost);
+                }
+            }
+        }
+        answer.time_ms = crate::sys::now_ms();
+        answer
+    }
+}
+
+/// Books a failed slow query of GPU `index`; false when it leaves the answer unknown (not
+/// merely empty).
+fn slow_failed(
+    unsupported: &mut u32,
+    index: u32,
+    q: Query,
+    e: &NvmlError,
+    lost: &mut bool,
+) -> bool {
+    match e {
+        NvmlError::GpuLost | NvmlError::ResetRequired => {
+            *lost = true;
+            false
+        }
+        NvmlError::NotSupported
+        | NvmlError::FailedToLoadSymbol(_)
+        | NvmlError::FunctionNotFound
+        | NvmlError::NoPermission
+        | NvmlError::InvalidArg => {
+            tracing::debug!("GPU {index}: {q:?} not available ({e}); not asked again");
+            *unsupported |= q.bit();
+            true
+        }
+        NvmlError::NotFound | NvmlError::NoData => true,
+        _ => {
+            tracing::debug!("GPU {index}: reading {q:?} failed: {e}");
+            false
+        }
+    }
+}
