@@ -1,8 +1,11 @@
 //! Measures what a sampler tick costs against the simulated library: for every GPU, the ~20
 //! nvml-wrapper calls a sampler makes, repeated; prints the time per call and per tick.
 //!
-//!     cargo build --release -p nvml-sim --examples
+//!     cargo build --release -p nvml-sim --lib --examples
 //!     target/release/examples/callbench target/release/libnvml_sim.so [ticks]
+//!
+//! The library's real-driver call latency is on by default (~0.4 s per 8-GPU tick, mostly
+//! `nvmlDeviceGetPcieThroughput`); `NVML_SIM_LATENCY=0` measures the bare call cost.
 
 use std::ffi::OsString;
 use std::time::Instant;

@@ -50,10 +50,10 @@ pub fn handle_of(index: usize) -> nvmlDevice_t {
     HANDLES.as_ptr().wrapping_add(index) as nvmlDevice_t
 }
 
-/// The index of a handle, if it is one of ours and the device exists.
-fn index_of(handle: nvmlDevice_t, count: usize) -> Option<usize> {
+/// The scenario index of a handle, if it is one of ours and the device is enumerated.
+fn index_of(handle: nvmlDevice_t, sim: &Sim) -> Option<usize> {
     let offset = (handle as usize).wrapping_sub(HANDLES.as_ptr() as usize);
-    (offset < count).then_some(offset)
+    (offset < sim.device_count() && sim.nvml_index(offset).is_some()).then_some(offset)
 }
 
 fn debug_enabled() -> bool {
@@ -66,7 +66,9 @@ thread_local! {
     static CALL_GPU: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
-/// Runs an export's body: contains panics (→ UNKNOWN) and logs the call when NVML_SIM_DEBUG=1.
+/// Runs an export's body: contains panics (→ UNKNOWN), sleeps for the function's latency once a
+/// scenario is loaded (like a real driver; see `latency.rs`) and logs the call when
+/// NVML_SIM_DEBUG=1.
 pub(crate) fn entry(name: &'static str, body: impl FnOnce() -> Result<(), u32>) -> nvmlReturn_t {
     CALL_GPU.with(|c| c.set(None));
     let result = match catch_unwind(AssertUnwindSafe(body)) {
@@ -74,6 +76,12 @@ pub(crate) fn entry(name: &'static str, body: impl FnOnce() -> Result<(), u32>) 
         Ok(Err(c)) => c,
         Err(_) => code::UNKNOWN,
     };
+    if let Some(sim) = sim::loaded() {
+        let latency = sim.latency.of(name);
+        if !latency.is_zero() {
+            std::thread::sleep(latency);
+        }
+    }
     if debug_enabled() {
         let gpu = CALL_GPU.with(Cell::get);
         let t = sim::current().map(|s| s.now_s()).unwrap_or(0.0);
@@ -107,11 +115,13 @@ impl Dev {
     }
 }
 
-/// Resolves a device handle: UNINITIALIZED, INVALID_ARGUMENT, injected faults, GPU_IS_LOST.
+/// Resolves a device handle: UNINITIALIZED, INVALID_ARGUMENT, hangs, injected faults,
+/// GPU_IS_LOST.
 pub(crate) fn dev(name: &'static str, handle: nvmlDevice_t) -> Result<Dev, u32> {
     let sim = sim::current()?;
-    let gpu = index_of(handle, sim.device_count()).ok_or(code::INVALID_ARGUMENT)?;
+    let gpu = index_of(handle, &sim).ok_or(code::INVALID_ARGUMENT)?;
     CALL_GPU.with(|c| c.set(Some(gpu)));
+    sim.hang(name, gpu);
     let t = sim.now_s();
     sim.inject(name, Some(gpu), t)?;
     if sim.is_lost(gpu, t) {
@@ -249,7 +259,7 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
 unsafe fn device_count(name: &'static str, count: *mut c_uint) -> nvmlReturn_t {
     entry(name, || {
         let sim = system(name)?;
-        unsafe { put(count, sim.device_count() as c_uint) }
+        unsafe { put(count, sim.visible_count() as c_uint) }
     })
 }
 
@@ -271,6 +281,7 @@ unsafe fn give_handle(
     out: *mut nvmlDevice_t,
 ) -> Result<(), u32> {
     CALL_GPU.with(|c| c.set(Some(gpu)));
+    sim.hang(name, gpu);
     let t = sim.now_s();
     sim.inject(name, Some(gpu), t)?;
     if sim.is_lost(gpu, t) {
@@ -286,10 +297,9 @@ unsafe fn handle_by_index(
 ) -> nvmlReturn_t {
     entry(name, || {
         let sim = sim::current()?;
-        let gpu = index as usize;
-        if gpu >= sim.device_count() {
-            return Err(code::INVALID_ARGUMENT);
-        }
+        let gpu = sim
+            .visible_gpu(index as usize)
+            .ok_or(code::INVALID_ARGUMENT)?;
         unsafe { give_handle(name, &sim, gpu, device) }
     })
 }
@@ -322,7 +332,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .scenario
             .devices
             .iter()
-            .position(|d| d.uuid.eq_ignore_ascii_case(wanted))
+            .position(|d| !d.hidden && d.uuid.eq_ignore_ascii_case(wanted))
             .ok_or(code::NOT_FOUND)?;
         unsafe { give_handle("nvmlDeviceGetHandleByUUID", &sim, gpu, device) }
     })
@@ -340,7 +350,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleBySerial(
             .scenario
             .devices
             .iter()
-            .position(|d| d.serial == wanted)
+            .position(|d| !d.hidden && d.serial == wanted)
             .ok_or(code::NOT_FOUND)?;
         unsafe { give_handle("nvmlDeviceGetHandleBySerial", &sim, gpu, device) }
     })
@@ -359,7 +369,7 @@ unsafe fn handle_by_bus_id(
             .scenario
             .devices
             .iter()
-            .position(|d| (d.pci_domain, d.pci_bus, d.pci_device) == addr)
+            .position(|d| !d.hidden && (d.pci_domain, d.pci_bus, d.pci_device) == addr)
             .ok_or(code::NOT_FOUND)?;
         unsafe { give_handle(name, &sim, gpu, device) }
     })

@@ -8,14 +8,18 @@
 //!
 //! Modules: `signal` (signal shapes), `trace` (CSV replay), `scenario` (format + validation),
 //! `shipped` (embedded scenarios, env), `sim` (runtime state), `errors` (return codes),
-//! `ffi` (the exported C functions).
+//! `ffi` (the exported C functions), `latency` (per-function call latency), `kmsg` (the
+//! driver's kernel-log lines), `sysfs` (the fake sysfs tree).
 
 pub mod errors;
 pub mod ffi;
+pub mod kmsg;
+pub mod latency;
 pub mod scenario;
 pub mod shipped;
 pub mod signal;
 pub mod sim;
+pub mod sysfs;
 pub mod trace;
 
 /// Most devices a scenario may declare.

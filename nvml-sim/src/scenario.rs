@@ -197,6 +197,28 @@ pub struct DeviceSpec {
     pub compute_mode: u32,
     pub memory_repair: MemoryRepair,
     pub energy_start_mj: u64,
+    /// Present in the scenario and the fake sysfs, but not enumerated by NVML.
+    pub hidden: bool,
+    /// PCI class code for the fake sysfs (`0x030200` 3D controller, `0x030000` VGA).
+    pub pci_class: u32,
+    /// Current PCIe link generation and width (the max ones are `pcie_gen` / `pcie_width`).
+    pub pcie_link_gen: u32,
+    pub pcie_link_width: u32,
+    /// Max PCIe generation of the slot / system (`GetMaxPcieLinkGeneration` = min(GPU, slot)).
+    pub pcie_slot_max_gen: u32,
+    /// Applications clocks (target clocks under load); defaults are the max clocks.
+    pub app_sm_clock_mhz: u32,
+    pub app_mem_clock_mhz: u32,
+    /// Locked SM clock (`nvidia-smi -lgc`): the busy SM clock, and clock event reason 0x2.
+    pub locked_sm_clock_mhz: Option<u32>,
+    /// ECC mode after the next reboot.
+    pub ecc_pending: bool,
+    /// Fields 197/198 (PCIe byte counters) answered; false = NOT_SUPPORTED (older drivers).
+    pub pcie_byte_counters: bool,
+    /// GPU recovery action (field 230) before any `recovery_action` event.
+    pub recovery_action: u32,
+    /// Whether field 230 is answered (else NOT_SUPPORTED).
+    pub recovery_action_supported: bool,
     /// One optional signal per `Metric::ALL` entry.
     pub signals: Vec<Option<Signal>>,
     /// Noise seed for this device.
@@ -208,6 +230,22 @@ impl DeviceSpec {
     pub fn bus_id(&self) -> String {
         format!(
             "{:08X}:{:02X}:{:02X}.0",
+            self.pci_domain, self.pci_bus, self.pci_device
+        )
+    }
+
+    /// The kernel's form (sysfs directory name): 4-digit lower-case domain, `0000:18:00.0`.
+    pub fn sysfs_name(&self) -> String {
+        format!(
+            "{:04x}:{:02x}:{:02x}.0",
+            self.pci_domain, self.pci_bus, self.pci_device
+        )
+    }
+
+    /// The NVRM kernel-log form without the function: `0000:18:00`.
+    pub fn kmsg_pci(&self) -> String {
+        format!(
+            "{:04x}:{:02x}:{:02x}",
             self.pci_domain, self.pci_bus, self.pci_device
         )
     }
@@ -229,8 +267,13 @@ impl DeviceSpec {
 /// What a timed event does.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EventKind {
-    /// An XID error, delivered through event sets (`nvmlEventTypeXidCriticalError`).
-    Xid(u64),
+    /// An XID error, delivered through event sets (`nvmlEventTypeXidCriticalError`) unless
+    /// `nvml` is false, and written to the kernel log (`NVML_SIM_KMSG`) in `kmsg`'s shape.
+    Xid(Box<Xid>),
+    /// A kernel-log line only (`NVML_SIM_KMSG`).
+    Kmsg(String),
+    /// Sets the GPU recovery action (field 230) from now on.
+    RecoveryAction(u32),
     /// ECC error counter increments (volatile and aggregate).
     Ecc { corrected: u64, uncorrected: u64 },
     /// A retired page (pre-Ampere page retirement).
@@ -252,6 +295,107 @@ pub enum EventKind {
     PcieReplay(u64),
     /// The GPU falls off the bus: every later call on it returns GPU_IS_LOST.
     Lost,
+}
+
+/// An XID event's details.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Xid {
+    pub code: u64,
+    pub kmsg: KmsgStyle,
+    /// `None` = the pid of the GPU's first scenario process, or 0.
+    pub pid: Option<PidSpec>,
+    /// `None` = the comm of the pid, else "python3".
+    pub process_name: Option<String>,
+    /// `None` = the default text for the code.
+    pub text: Option<String>,
+    /// Delivered through NVML event sets.
+    pub nvml: bool,
+}
+
+impl Xid {
+    /// An XID with every default.
+    pub fn code(code: u64) -> Xid {
+        Xid {
+            code,
+            kmsg: KmsgStyle::PidName,
+            pid: None,
+            process_name: None,
+            text: None,
+            nvml: true,
+        }
+    }
+}
+
+/// The shape of an XID's kernel-log line (driver generations differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KmsgStyle {
+    /// `79, pid=1234, name=python3, TEXT`
+    PidName,
+    /// `79, pid=1234, TEXT`
+    Pid,
+    /// `31, pid='1234', name='python3', 'TEXT'`
+    Quoted,
+    /// `74, pid=<unknown>, name=<unknown>, TEXT`
+    Unknown,
+    /// `79, TEXT`
+    None,
+    /// like `PidName`, with the function in the bus id: `PCI:0000:18:00.0`
+    Function,
+    /// no kernel-log line
+    Off,
+}
+
+impl KmsgStyle {
+    /// Every style with its name.
+    pub const NAMES: [(&'static str, KmsgStyle); 7] = [
+        ("pid_name", KmsgStyle::PidName),
+        ("pid", KmsgStyle::Pid),
+        ("quoted", KmsgStyle::Quoted),
+        ("unknown", KmsgStyle::Unknown),
+        ("none", KmsgStyle::None),
+        ("function", KmsgStyle::Function),
+        ("off", KmsgStyle::Off),
+    ];
+}
+
+/// GPU recovery action names (field 230 values).
+pub const RECOVERY_ACTIONS: [(&str, u32); 5] = [
+    ("none", 0),
+    ("gpu_reset", 1),
+    ("node_reboot", 2),
+    ("drain_p2p", 3),
+    ("drain_and_reset", 4),
+];
+
+fn recovery_action_by_name(name: &str) -> Result<u32, String> {
+    RECOVERY_ACTIONS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            format!(
+                "recovery action `{name}` (known: {})",
+                RECOVERY_ACTIONS.map(|r| r.0).join(", ")
+            )
+        })
+}
+
+/// A wedge: calls matching `function` on `gpu` block while it is active.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hang {
+    pub at_s: f64,
+    pub gpu: u32,
+    /// Exact symbol, `prefix*` or `*`.
+    pub function: String,
+    /// Scenario seconds (real seconds with a frozen clock); infinite = forever.
+    pub for_s: f64,
+}
+
+impl Hang {
+    /// Whether the hang applies to `function`.
+    pub fn matches(&self, function: &str) -> bool {
+        crate::latency::specificity(&self.function, function).is_some()
+    }
 }
 
 /// A timed event on one GPU.
@@ -346,6 +490,10 @@ pub struct Scenario {
     pub events: Vec<Event>,
     pub faults: Vec<Fault>,
     pub processes: Vec<ProcessSpec>,
+    /// The `[latency]` table: (pattern, latency).
+    pub latency: Vec<(String, std::time::Duration)>,
+    /// Wedges (`hang`).
+    pub hangs: Vec<Hang>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -371,6 +519,25 @@ struct RawScenario {
     fault: Vec<Spanned<RawFault>>,
     #[serde(default)]
     process: Vec<Spanned<RawProcess>>,
+    latency: Option<BTreeMap<String, Spanned<RawNumOrText>>>,
+    hang: Option<Spanned<toml::Value>>,
+}
+
+/// A number or a string (durations: `"3ms"` or `3`).
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+enum RawNumOrText {
+    Number(f64),
+    Text(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHang {
+    at_s: Option<f64>,
+    gpu: RawGpus,
+    function: Option<String>,
+    for_s: Option<RawNumOrText>,
 }
 
 #[derive(Debug, Default, Deserialize, Clone)]
@@ -410,6 +577,18 @@ struct RawDevice {
     compute_mode: Option<u32>,
     memory_repair: Option<Spanned<String>>,
     energy_start_j: Option<f64>,
+    hidden: Option<bool>,
+    pci_class: Option<u32>,
+    pcie_link_gen: Option<u32>,
+    pcie_link_width: Option<u32>,
+    pcie_slot_max_gen: Option<u32>,
+    app_sm_clock_mhz: Option<u32>,
+    app_mem_clock_mhz: Option<u32>,
+    locked_sm_clock_mhz: Option<u32>,
+    ecc_pending_enabled: Option<bool>,
+    pcie_byte_counters: Option<bool>,
+    recovery_action: Option<Spanned<String>>,
+    recovery_action_supported: Option<bool>,
     #[serde(default)]
     metrics: BTreeMap<String, Spanned<RawSignal>>,
 }
@@ -511,6 +690,12 @@ struct RawEvent {
     reasons: Option<Vec<String>>,
     mask: Option<u64>,
     count: Option<u64>,
+    kmsg: Option<String>,
+    pid: Option<RawPid>,
+    process_name: Option<String>,
+    text: Option<String>,
+    nvml: Option<bool>,
+    action: Option<String>,
 }
 
 /// `error = "NOT_SUPPORTED"` or `error = 15`.
@@ -751,6 +936,60 @@ fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError
         });
     }
 
+    let driver_version = raw.driver_version.unwrap_or_else(|| "550.54.15".into());
+    let driver_major: u32 = driver_version
+        .split('.')
+        .next()
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or(0);
+    for (i, dev) in devices.iter_mut().enumerate() {
+        let explicit = raw
+            .device
+            .iter()
+            .find(|d| d.get_ref().index.as_ref().map(|x| *x.get_ref()) == Some(i as u32))
+            .and_then(|d| d.get_ref().recovery_action_supported)
+            .or(defaults.recovery_action_supported);
+        if explicit.is_none() && !dev.recovery_action_supported {
+            dev.recovery_action_supported = driver_major >= 570
+                || events
+                    .iter()
+                    .any(|e| e.gpu == i as u32 && matches!(e.kind, EventKind::RecoveryAction(_)));
+        }
+    }
+
+    let mut latency = Vec::new();
+    for (key, value) in raw.latency.iter().flatten() {
+        if !crate::latency::valid_pattern(key) {
+            return Err(src.err(
+                value.span(),
+                format!("latency key `{key}` is not an NVML symbol name, `prefix*` or `*`"),
+            ));
+        }
+        let d = match value.get_ref() {
+            RawNumOrText::Number(ms) => {
+                crate::latency::millis(*ms).ok_or_else(|| format!("latency `{key}` must be >= 0"))
+            }
+            RawNumOrText::Text(t) => crate::latency::parse_duration(t),
+        }
+        .map_err(|m| src.err(value.span(), m))?;
+        latency.push((key.clone(), d));
+    }
+
+    let mut hangs = Vec::new();
+    if let Some(h) = &raw.hang {
+        let span = h.span();
+        let tables: Vec<toml::Value> = match h.get_ref() {
+            toml::Value::Array(items) => items.clone(),
+            other => vec![other.clone()],
+        };
+        for t in tables {
+            let r: RawHang = t.try_into().map_err(|e: toml::de::Error| {
+                src.err(span.clone(), format!("hang: {}", e.message().trim()))
+            })?;
+            hangs.extend(resolve_hang(&r, count, src, span.clone())?);
+        }
+    }
+
     let mut processes = Vec::new();
     for p in &raw.process {
         let span = p.span();
@@ -795,14 +1034,112 @@ fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError
         time_scale,
         start_s,
         seed,
-        driver_version: raw.driver_version.unwrap_or_else(|| "550.54.15".into()),
+        driver_version,
         nvml_version: raw.nvml_version.unwrap_or_else(|| "12.550.54.15".into()),
         cuda_driver_version: raw.cuda_driver_version.unwrap_or(12040),
         devices,
         events,
         faults,
         processes,
+        latency,
+        hangs,
     })
+}
+
+fn resolve_hang(
+    r: &RawHang,
+    count: u32,
+    src: &Source<'_>,
+    span: std::ops::Range<usize>,
+) -> Result<Vec<Hang>, ScenarioError> {
+    let gpus = resolve_gpus(&r.gpu, count, src, span.clone())?;
+    let function = r.function.clone().unwrap_or_else(|| "*".into());
+    if !crate::latency::valid_pattern(&function) {
+        return Err(src.err(
+            span,
+            format!("hang function `{function}` is not an NVML symbol name, `prefix*` or `*`"),
+        ));
+    }
+    let for_s = match &r.for_s {
+        None => f64::INFINITY,
+        Some(RawNumOrText::Number(n)) if *n >= 0.0 => *n,
+        Some(RawNumOrText::Text(t)) if t == "inf" || t == "forever" => f64::INFINITY,
+        Some(_) => return Err(src.err(span, "hang for_s must be seconds >= 0 or \"inf\"")),
+    };
+    let at_s = r.at_s.unwrap_or(0.0);
+    if !(at_s >= 0.0 && at_s.is_finite()) {
+        return Err(src.err(span, "hang at_s must be a time in seconds >= 0"));
+    }
+    Ok(gpus
+        .into_iter()
+        .map(|gpu| Hang {
+            at_s,
+            gpu,
+            function: function.clone(),
+            for_s,
+        })
+        .collect())
+}
+
+/// Hangs from `NVML_SIM_HANG`: `gpu=2,at_s=60,function=*,for_s=30` (`;` between hangs; `gpu` is a
+/// scenario index or `all`).
+pub fn parse_env_hangs(text: &str, count: u32) -> Result<Vec<Hang>, String> {
+    let mut out = Vec::new();
+    for item in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        let mut gpus: Option<Vec<u32>> = None;
+        let mut hang = Hang {
+            at_s: 0.0,
+            gpu: 0,
+            function: "*".into(),
+            for_s: f64::INFINITY,
+        };
+        for kv in item.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("`{kv}`: expected KEY=VALUE"))?;
+            let (k, v) = (k.trim(), v.trim());
+            let num = || {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|x| *x >= 0.0)
+                    .ok_or_else(|| format!("`{k}={v}`: expected seconds >= 0"))
+            };
+            match k {
+                "gpu" if v == "all" => gpus = Some((0..count).collect()),
+                "gpu" => {
+                    let g: u32 = v
+                        .parse()
+                        .map_err(|_| format!("`gpu={v}`: expected an index or `all`"))?;
+                    if g >= count {
+                        return Err(format!("gpu {g} is out of range ({count} devices)"));
+                    }
+                    gpus = Some(vec![g]);
+                }
+                "at_s" => hang.at_s = num()?,
+                "for_s" if v == "inf" => hang.for_s = f64::INFINITY,
+                "for_s" => hang.for_s = num()?,
+                "function" => {
+                    if !crate::latency::valid_pattern(v) {
+                        return Err(format!(
+                            "`function={v}`: not an NVML symbol name, `prefix*` or `*`"
+                        ));
+                    }
+                    hang.function = v.to_string();
+                }
+                other => {
+                    return Err(format!(
+                        "unknown key `{other}` (gpu, at_s, function, for_s)"
+                    ))
+                }
+            }
+        }
+        let gpus = gpus.ok_or_else(|| format!("`{item}`: needs gpu=N"))?;
+        out.extend(gpus.into_iter().map(|gpu| Hang {
+            gpu,
+            ..hang.clone()
+        }));
+    }
+    Ok(out)
 }
 
 /// Parses a `pid` value.
@@ -870,7 +1207,50 @@ fn resolve_event_kind(
         })
     };
     Ok(match e.kind.as_str() {
-        "xid" => EventKind::Xid(need(e.code, "code")?),
+        "xid" => {
+            let kmsg = match e.kmsg.as_deref() {
+                None => KmsgStyle::PidName,
+                Some(name) => KmsgStyle::NAMES
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, k)| *k)
+                    .ok_or_else(|| {
+                        src.err(
+                            span.clone(),
+                            format!(
+                                "kmsg style `{name}` (known: {})",
+                                KmsgStyle::NAMES.map(|k| k.0).join(", ")
+                            ),
+                        )
+                    })?,
+            };
+            let pid = match &e.pid {
+                None => None,
+                Some(p) => Some(resolve_pid(p).map_err(|m| src.err(span.clone(), m))?),
+            };
+            EventKind::Xid(Box::new(Xid {
+                code: need(e.code, "code")?,
+                kmsg,
+                pid,
+                process_name: e.process_name.clone(),
+                text: e.text.clone(),
+                nvml: e.nvml.unwrap_or(true),
+            }))
+        }
+        "kmsg" => EventKind::Kmsg(
+            e.text
+                .clone()
+                .ok_or_else(|| src.err(span.clone(), "a kmsg event needs `text`"))?,
+        ),
+        "recovery_action" => {
+            let name = e
+                .action
+                .as_deref()
+                .ok_or_else(|| src.err(span.clone(), "a recovery_action event needs `action`"))?;
+            EventKind::RecoveryAction(
+                recovery_action_by_name(name).map_err(|m| src.err(span.clone(), m))?,
+            )
+        }
         "ecc" => {
             let corrected = e.corrected.unwrap_or(0);
             let uncorrected = e.uncorrected.unwrap_or(0);
@@ -936,7 +1316,7 @@ fn resolve_event_kind(
                 span,
                 format!(
                     "unknown event kind `{other}` (known: xid, ecc, retired_page, remapped_row, \
-                     clock_event_reasons, pcie_replay, lost)"
+                     clock_event_reasons, pcie_replay, lost, kmsg, recovery_action)"
                 ),
             ))
         }
@@ -1018,6 +1398,16 @@ fn resolve_device(
             }
         },
     };
+    let recovery_action = match pick!(recovery_action) {
+        None => None,
+        Some(r) => Some(recovery_action_by_name(r.get_ref()).map_err(|m| src.err(r.span(), m))?),
+    };
+    let pcie_gen = pick!(pcie_gen).unwrap_or(5);
+    let pcie_width = pick!(pcie_width).unwrap_or(16);
+    let pcie_slot_max_gen = pick!(pcie_slot_max_gen).unwrap_or(pcie_gen);
+    let max_sm_clock_mhz = pick!(max_sm_clock_mhz).unwrap_or(1980);
+    let max_mem_clock_mhz = pick!(max_mem_clock_mhz).unwrap_or(2619);
+    let ecc_enabled = pick!(ecc_enabled).unwrap_or(true);
     let mw = |w: f64| (w * 1000.0).round().max(0.0) as u32;
     let power_limit_w = pick!(power_limit_w).unwrap_or(700.0);
     let memory_total_mib = pick!(memory_total_mib).unwrap_or(81559.0);
@@ -1064,13 +1454,13 @@ fn resolve_device(
         temp_slowdown_c: pick!(temp_slowdown_c).unwrap_or(89),
         temp_gpu_max_c: pick!(temp_gpu_max_c).unwrap_or(87),
         temp_mem_max_c: pick!(temp_mem_max_c).unwrap_or(95),
-        ecc_enabled: pick!(ecc_enabled).unwrap_or(true),
+        ecc_enabled,
         num_fans: pick!(num_fans).unwrap_or(0),
-        max_sm_clock_mhz: pick!(max_sm_clock_mhz).unwrap_or(1980),
-        max_mem_clock_mhz: pick!(max_mem_clock_mhz).unwrap_or(2619),
+        max_sm_clock_mhz,
+        max_mem_clock_mhz,
         max_video_clock_mhz: pick!(max_video_clock_mhz).unwrap_or(1755),
-        pcie_gen: pick!(pcie_gen).unwrap_or(5),
-        pcie_width: pick!(pcie_width).unwrap_or(16),
+        pcie_gen,
+        pcie_width,
         architecture: pick!(architecture).unwrap_or(9),
         cuda_cc_major,
         cuda_cc_minor,
@@ -1081,6 +1471,21 @@ fn resolve_device(
         memory_repair,
         energy_start_mj: (pick!(energy_start_j).unwrap_or(1_000_000.0 + f64::from(index) * 1234.5)
             * 1000.0) as u64,
+        hidden: pick!(hidden).unwrap_or(false),
+        pci_class: pick!(pci_class).unwrap_or(0x030200),
+        pcie_link_gen: pick!(pcie_link_gen).unwrap_or(pcie_gen.min(pcie_slot_max_gen)),
+        pcie_link_width: pick!(pcie_link_width).unwrap_or(pcie_width),
+        pcie_slot_max_gen,
+        app_sm_clock_mhz: pick!(app_sm_clock_mhz).unwrap_or(max_sm_clock_mhz),
+        app_mem_clock_mhz: pick!(app_mem_clock_mhz).unwrap_or(max_mem_clock_mhz),
+        locked_sm_clock_mhz: pick!(locked_sm_clock_mhz),
+        ecc_pending: pick!(ecc_pending_enabled).unwrap_or(ecc_enabled),
+        pcie_byte_counters: pick!(pcie_byte_counters).unwrap_or(true),
+        recovery_action: recovery_action.unwrap_or(0),
+        // resolved by the caller once the events and the driver version are known:
+        // explicit option, else set action, else a recovery_action event, else driver >= 570
+        recovery_action_supported: pick!(recovery_action_supported)
+            .unwrap_or(recovery_action.is_some()),
         signals,
         seed: dev_seed,
     })
@@ -1423,6 +1828,124 @@ used_memory_mib = 512
         assert_eq!((e.line, e.column), (1, 14), "{e}");
         let e = err("[[process]]\ngpu = 0\npid = \"me\"\n");
         assert!(e.message.contains("pid `me`"), "{e}");
+    }
+
+    #[test]
+    fn real_driver_keys() {
+        let s = parse(
+            r#"
+hang = { at_s = 60, gpu = 2, function = "nvmlDeviceGet*", for_s = 5 }
+[latency]
+nvmlDeviceGetPcieThroughput = "20ms"
+"nvmlDeviceGet*" = 0.5
+"*" = "40us"
+[devices]
+count = 3
+pcie_slot_max_gen = 4
+[[device]]
+index = 1
+hidden = true
+recovery_action = "drain_and_reset"
+pcie_byte_counters = false
+[[device]]
+index = 2
+pcie_link_width = 8
+app_sm_clock_mhz = 1500
+locked_sm_clock_mhz = 1400
+ecc_pending_enabled = false
+[[event]]
+at_s = 3
+gpu = 2
+kind = "recovery_action"
+action = "gpu_reset"
+[[event]]
+at_s = 3
+gpu = 0
+kind = "kmsg"
+text = "NVRM: hello"
+"#,
+            "rd.toml",
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.latency.len(), 3);
+        assert!(s
+            .latency
+            .contains(&("*".to_string(), std::time::Duration::from_micros(40))));
+        assert_eq!(
+            s.hangs,
+            vec![Hang {
+                at_s: 60.0,
+                gpu: 2,
+                function: "nvmlDeviceGet*".into(),
+                for_s: 5.0
+            }]
+        );
+        let d = &s.devices;
+        assert!(!d[0].hidden && d[1].hidden);
+        assert_eq!(
+            (d[0].pcie_gen, d[0].pcie_link_gen, d[0].pcie_slot_max_gen),
+            (5, 4, 4)
+        );
+        assert_eq!((d[2].pcie_link_width, d[2].pcie_width), (8, 16));
+        assert_eq!(d[2].app_sm_clock_mhz, 1500);
+        assert_eq!(d[2].app_mem_clock_mhz, 2619);
+        assert_eq!(d[2].locked_sm_clock_mhz, Some(1400));
+        assert!(d[2].ecc_enabled && !d[2].ecc_pending);
+        assert!(!d[1].pcie_byte_counters && d[0].pcie_byte_counters);
+        assert_eq!(d[1].recovery_action, 4);
+        // supported: explicit action (1), a recovery_action event (2); not on driver 550 (0)
+        assert!(!d[0].recovery_action_supported);
+        assert!(d[1].recovery_action_supported);
+        assert!(d[2].recovery_action_supported);
+        let s = parse(
+            "driver_version = \"570.86.10\"\n[[hang]]\ngpu = \"all\"\n[[hang]]\ngpu = 0\nfor_s = \"inf\"\n\
+             [[device]]\nindex = 0\nrecovery_action_supported = false\n",
+            "h.toml",
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.hangs.len(), 9);
+        assert!(s
+            .hangs
+            .iter()
+            .all(|h| h.for_s.is_infinite() && h.function == "*"));
+        assert!(!s.devices[0].recovery_action_supported);
+        assert!(s.devices[1].recovery_action_supported);
+    }
+
+    #[test]
+    fn real_driver_key_errors() {
+        let e = err("[latency]\nnvmlDeviceGetName = \"3 weeks\"\n");
+        assert_eq!((e.line, e.column), (2, 21), "{e}");
+        assert!(e.message.contains("unknown unit"), "{e}");
+        let e = err("[latency]\nGetName = 3\n");
+        assert!(e.message.contains("not an NVML symbol"), "{e}");
+        let e = err("\nhang = { gpu = 9 }\n");
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("out of range"), "{e}");
+        let e = err("hang = { gpu = 0, for_s = \"soon\" }\n");
+        assert!(e.message.contains("for_s"), "{e}");
+        let e = err("hang = { gpu = 0, bogus = 1 }\n");
+        assert!(e.message.contains("bogus"), "{e}");
+        let e = err("[[device]]\nindex = 0\nrecovery_action = \"panic\"\n");
+        assert!(e.message.contains("recovery action `panic`"), "{e}");
+        let e = err("[[event]]\nat_s = 1\ngpu = 0\nkind = \"xid\"\ncode = 79\nkmsg = \"fancy\"\n");
+        assert!(e.message.contains("kmsg style `fancy`"), "{e}");
+        let e = err("[[event]]\nat_s = 1\ngpu = 0\nkind = \"kmsg\"\n");
+        assert!(e.message.contains("needs `text`"), "{e}");
+    }
+
+    #[test]
+    fn env_hangs() {
+        let h = parse_env_hangs("gpu=2,at_s=60,function=*; gpu=all,for_s=1.5", 4).unwrap();
+        assert_eq!(h.len(), 5);
+        assert_eq!((h[0].gpu, h[0].at_s, h[0].for_s), (2, 60.0, f64::INFINITY));
+        assert_eq!((h[4].gpu, h[4].for_s), (3, 1.5));
+        assert!(parse_env_hangs("gpu=9", 4).is_err());
+        assert!(parse_env_hangs("at_s=1", 4).is_err());
+        assert!(parse_env_hangs("gpu=1,colour=red", 4).is_err());
+        assert!(parse_env_hangs("gpu=1,function=GetName", 4).is_err());
     }
 
     #[test]

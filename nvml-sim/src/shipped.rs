@@ -61,7 +61,7 @@ pub fn resolve(value: &str) -> Result<Scenario, String> {
 
 /// Builds the simulation from the environment:
 /// `NVML_SIM_SCENARIO`, `NVML_SIM_TIME_SCALE`, `NVML_SIM_START_S`, `NVML_SIM_CONTROL`,
-/// `NVML_SIM_NOT_SUPPORTED`.
+/// `NVML_SIM_NOT_SUPPORTED`, `NVML_SIM_HIDE`, `NVML_SIM_HANG`, `NVML_SIM_LATENCY`.
 pub fn load_from_env() -> Result<Sim, String> {
     let value = std::env::var("NVML_SIM_SCENARIO")
         .ok()
@@ -93,10 +93,34 @@ pub fn load_from_env() -> Result<Sim, String> {
     if let Ok(list) = std::env::var("NVML_SIM_NOT_SUPPORTED") {
         scenario.faults.extend(env_faults(&list));
     }
+    let count = scenario.devices.len() as u32;
+    if let Ok(list) = std::env::var("NVML_SIM_HIDE") {
+        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match item.parse::<u32>() {
+                Ok(g) if g < count => scenario.devices[g as usize].hidden = true,
+                _ => {
+                    return Err(format!(
+                        "NVML_SIM_HIDE={list}: `{item}` is not a GPU index below {count}"
+                    ))
+                }
+            }
+        }
+    }
+    if let Ok(v) = std::env::var("NVML_SIM_HANG") {
+        let hangs =
+            scenario::parse_env_hangs(&v, count).map_err(|m| format!("NVML_SIM_HANG={v}: {m}"))?;
+        scenario.hangs.extend(hangs);
+    }
+    let latency = crate::latency::Latency::new(
+        scenario.latency.clone(),
+        std::env::var("NVML_SIM_LATENCY").ok().as_deref(),
+    )?;
     let control = std::env::var_os("NVML_SIM_CONTROL")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from);
-    Ok(Sim::new(scenario, time_scale, offset_s, control))
+    let mut sim = Sim::new(scenario, time_scale, offset_s, control);
+    sim.latency = latency;
+    Ok(sim)
 }
 
 #[cfg(test)]
@@ -228,11 +252,9 @@ mod tests {
         assert!(!s.is_lost(3, 29.9));
         assert!(s.is_lost(3, 30.0));
         assert!((0..8).filter(|g| *g != 3).all(|g| !s.is_lost(g, 1e6)));
-        assert!(s
-            .scenario
-            .events
-            .iter()
-            .any(|e| e.gpu == 3 && e.at_s == 30.0 && e.kind == EventKind::Xid(79)));
+        assert!(s.scenario.events.iter().any(|e| e.gpu == 3
+            && e.at_s == 30.0
+            && matches!(&e.kind, EventKind::Xid(x) if x.code == 79)));
     }
 
     #[test]

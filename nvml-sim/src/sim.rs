@@ -32,6 +32,8 @@ pub mod code {
 
 /// Clock event reason bit: the GPU is idle.
 pub const REASON_GPU_IDLE: u64 = 0x1;
+/// Clock event reason bit: applications clocks setting (also locked clocks).
+pub const REASON_APPLICATIONS_CLOCKS: u64 = 0x2;
 
 /// How often the control file's mtime is checked, at most.
 const CONTROL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
@@ -50,6 +52,7 @@ pub struct Counters {
     pub remap_failure: bool,
     pub pcie_replay: u64,
     pub reasons_override: Option<u64>,
+    pub recovery_action: Option<u32>,
 }
 
 /// A process reported on a GPU.
@@ -90,10 +93,29 @@ struct RawControlProcess {
     sm_util_pct: Option<f64>,
 }
 
+/// Cumulative PCIe bytes on a fixed 1 s grid of scenario time (deterministic).
+#[derive(Debug, Default)]
+struct PcieBytes {
+    /// Whole grid cells integrated so far.
+    cells: u64,
+    tx: f64,
+    rx: f64,
+}
+
+/// Grid step of the PCIe byte-counter integration, scenario seconds.
+const PCIE_STEP_S: f64 = 1.0;
+
 /// One loaded simulation.
 #[derive(Debug)]
 pub struct Sim {
     pub scenario: Scenario,
+    /// Per-function call latency (applied by the FFI call guard).
+    pub latency: crate::latency::Latency,
+    /// Scenario indexes of the GPUs NVML enumerates, in NVML index order.
+    visible: Vec<usize>,
+    /// NVML index of each scenario GPU (`None` = hidden).
+    nvml_index: Vec<Option<usize>>,
+    pcie_bytes: Vec<Mutex<PcieBytes>>,
     start: Instant,
     wall_start_us: u64,
     time_scale: f64,
@@ -140,7 +162,18 @@ impl Sim {
             .collect();
         // SAFETY: getppid has no preconditions.
         let parent_pid = unsafe { libc::getppid() } as u32;
+        let visible: Vec<usize> = (0..n).filter(|g| !scenario.devices[*g].hidden).collect();
+        let mut nvml_index = vec![None; n];
+        for (i, g) in visible.iter().enumerate() {
+            nvml_index[*g] = Some(i);
+        }
+        let latency =
+            crate::latency::Latency::new(scenario.latency.clone(), None).unwrap_or_default();
         Sim {
+            latency,
+            visible,
+            nvml_index,
+            pcie_bytes: (0..n).map(|_| Mutex::new(PcieBytes::default())).collect(),
             scenario,
             start: Instant::now(),
             wall_start_us: wall_now_us(),
@@ -184,9 +217,111 @@ impl Sim {
         (self.wall_start_us as f64 + real_s * 1e6).max(0.0) as u64
     }
 
-    /// Number of devices.
+    /// Number of devices in the scenario (hidden ones included).
     pub fn device_count(&self) -> usize {
         self.scenario.devices.len()
+    }
+
+    /// Number of devices NVML enumerates (hidden ones excluded).
+    pub fn visible_count(&self) -> usize {
+        self.visible.len()
+    }
+
+    /// The scenario index of NVML index `i`.
+    pub fn visible_gpu(&self, i: usize) -> Option<usize> {
+        self.visible.get(i).copied()
+    }
+
+    /// The NVML index of scenario GPU `gpu` (`None` when hidden).
+    pub fn nvml_index(&self, gpu: usize) -> Option<usize> {
+        self.nvml_index.get(gpu).copied().flatten()
+    }
+
+    /// Real time since the simulation started.
+    pub fn real_elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// Scenario offset (time at start).
+    pub fn start_s(&self) -> f64 {
+        self.offset_s
+    }
+
+    /// Real seconds after the start at which scenario time `t_s` arrives (a frozen clock: 0 when
+    /// `t_s` is at or before the start, else never).
+    pub fn real_s_of(&self, t_s: f64) -> f64 {
+        if self.time_scale > 0.0 {
+            (t_s - self.offset_s) / self.time_scale
+        } else if t_s <= self.offset_s {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// Blocks a call that matches an active hang on `gpu` until the hang ends (or forever).
+    pub fn hang(&self, function: &str, gpu: usize) {
+        if self.scenario.hangs.is_empty() {
+            return;
+        }
+        loop {
+            let now = self.start.elapsed().as_secs_f64();
+            let mut until: Option<f64> = None;
+            for h in &self.scenario.hangs {
+                if h.gpu as usize != gpu || !h.matches(function) {
+                    continue;
+                }
+                let begin = self.real_s_of(h.at_s);
+                let end = if h.for_s.is_infinite() {
+                    f64::INFINITY
+                } else if self.time_scale > 0.0 {
+                    begin + h.for_s / self.time_scale
+                } else {
+                    // frozen clock: for_s counts real seconds
+                    begin + h.for_s
+                };
+                if now >= begin && now < end {
+                    until = Some(until.map_or(end, |u: f64| u.max(end)));
+                }
+            }
+            let Some(end) = until else {
+                return;
+            };
+            if end.is_infinite() {
+                // wedged for ever, like a thread stuck in the driver
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            }
+            std::thread::sleep(Duration::from_secs_f64((end - now).max(0.0)));
+        }
+    }
+
+    /// The GPU recovery action (field 230) at `t_s`.
+    pub fn recovery_action(&self, gpu: usize, t_s: f64) -> u32 {
+        self.counters(gpu, t_s)
+            .recovery_action
+            .unwrap_or(self.device(gpu).recovery_action)
+    }
+
+    /// Cumulative PCIe bytes (TX or RX) at `t_s`: the KB/s signal × 1024 integrated over scenario
+    /// time on a fixed 1 s grid (midpoint rule), so the value depends only on `t_s`.
+    pub fn pcie_bytes(&self, gpu: usize, t_s: f64, tx: bool) -> u64 {
+        let Some(cell) = self.pcie_bytes.get(gpu) else {
+            return 0;
+        };
+        let t = t_s.max(0.0);
+        let whole = (t / PCIE_STEP_S).floor() as u64;
+        let rate = |mid: f64, m: Metric| self.metric(gpu, m, mid) * 1024.0;
+        let mut st = cell.lock().unwrap_or_else(|p| p.into_inner());
+        if whole < st.cells {
+            // an earlier time (another thread's later call got in first): integrate afresh
+            let mut fresh = PcieBytes::default();
+            integrate(&mut fresh, whole, &rate);
+            return partial(&fresh, whole, t, tx, &rate);
+        }
+        integrate(&mut st, whole, &rate);
+        partial(&st, whole, t, tx, &rate)
     }
 
     /// The static spec of a device.
@@ -265,13 +400,17 @@ impl Sim {
             Metric::MemoryTemperatureC => self.metric(gpu, Metric::TemperatureC, t_s) + 6.0,
             Metric::SmClockMhz => {
                 if util() >= 1.0 {
-                    f64::from(dev.max_sm_clock_mhz)
+                    f64::from(
+                        dev.locked_sm_clock_mhz
+                            .unwrap_or(dev.app_sm_clock_mhz)
+                            .min(dev.max_sm_clock_mhz),
+                    )
                 } else {
                     345.0
                 }
             }
             Metric::GraphicsClockMhz => self.metric(gpu, Metric::SmClockMhz, t_s),
-            Metric::MemClockMhz => f64::from(dev.max_mem_clock_mhz),
+            Metric::MemClockMhz => f64::from(dev.app_mem_clock_mhz.min(dev.max_mem_clock_mhz)),
             Metric::VideoClockMhz => {
                 if util() >= 1.0 {
                     f64::from(dev.max_video_clock_mhz)
@@ -300,10 +439,16 @@ impl Sim {
     }
 
     /// Clock event (throttle) reasons at `t_s`: an event override, else the signal/default.
+    /// A locked SM clock adds ApplicationsClocksSetting (0x2).
     pub fn clock_event_reasons(&self, gpu: usize, t_s: f64) -> u64 {
+        let locked = if self.device(gpu).locked_sm_clock_mhz.is_some() {
+            REASON_APPLICATIONS_CLOCKS
+        } else {
+            0
+        };
         match self.counters(gpu, t_s).reasons_override {
-            Some(mask) => mask,
-            None => self.metric(gpu, Metric::ClockEventReasons, t_s) as u64,
+            Some(mask) => mask | locked,
+            None => self.metric(gpu, Metric::ClockEventReasons, t_s) as u64 | locked,
         }
     }
 
@@ -347,7 +492,8 @@ impl Sim {
                 }
                 EventKind::ClockEventReasons(mask) => c.reasons_override = *mask,
                 EventKind::PcieReplay(n) => c.pcie_replay += n,
-                EventKind::Xid(_) | EventKind::Lost => {}
+                EventKind::RecoveryAction(a) => c.recovery_action = Some(*a),
+                EventKind::Xid(_) | EventKind::Lost | EventKind::Kmsg(_) => {}
             }
         }
         c
@@ -374,7 +520,8 @@ impl Sim {
         e.energy_mj as u64
     }
 
-    fn resolve_pid(&self, pid: PidSpec) -> u32 {
+    /// The host pid a pid spec stands for.
+    pub fn resolve_pid(&self, pid: PidSpec) -> u32 {
         match pid {
             PidSpec::Fixed(p) => p,
             PidSpec::SelfPid => self.self_pid,
@@ -501,6 +648,26 @@ pub(crate) fn parse_control(
     Ok(out)
 }
 
+fn integrate(st: &mut PcieBytes, whole: u64, rate: &dyn Fn(f64, Metric) -> f64) {
+    while st.cells < whole {
+        let mid = (st.cells as f64 + 0.5) * PCIE_STEP_S;
+        st.tx += rate(mid, Metric::PcieTxKbS) * PCIE_STEP_S;
+        st.rx += rate(mid, Metric::PcieRxKbS) * PCIE_STEP_S;
+        st.cells += 1;
+    }
+}
+
+fn partial(st: &PcieBytes, whole: u64, t: f64, tx: bool, rate: &dyn Fn(f64, Metric) -> f64) -> u64 {
+    let start = whole as f64 * PCIE_STEP_S;
+    let mid = start + 0.5 * PCIE_STEP_S;
+    let (acc, m) = if tx {
+        (st.tx, Metric::PcieTxKbS)
+    } else {
+        (st.rx, Metric::PcieRxKbS)
+    };
+    (acc + rate(mid, m) * (t - start)) as u64
+}
+
 /// Wall-clock time in microseconds since the Unix epoch.
 pub fn wall_now_us() -> u64 {
     SystemTime::now()
@@ -523,6 +690,11 @@ static GLOBAL: RwLock<Global> = RwLock::new(Global {
     sim: None,
 });
 
+/// The loaded simulation, initialised or not (for the call guard's latency).
+pub fn loaded() -> Option<Arc<Sim>> {
+    GLOBAL.read().unwrap_or_else(|p| p.into_inner()).sim.clone()
+}
+
 /// The running simulation, or UNINITIALIZED.
 pub fn current() -> Result<Arc<Sim>, u32> {
     let g = GLOBAL.read().unwrap_or_else(|p| p.into_inner());
@@ -537,7 +709,18 @@ pub fn init() -> Result<(), u32> {
     let mut g = GLOBAL.write().unwrap_or_else(|p| p.into_inner());
     if g.sim.is_none() {
         match crate::shipped::load_from_env() {
-            Ok(sim) => g.sim = Some(Arc::new(sim)),
+            Ok(sim) => {
+                let sim = Arc::new(sim);
+                if let Some(dir) = std::env::var_os("NVML_SIM_SYSFS").filter(|v| !v.is_empty()) {
+                    if let Err(e) = crate::sysfs::write(&sim, std::path::Path::new(&dir)) {
+                        eprintln!("nvml-sim: cannot write the fake sysfs: {e}");
+                    }
+                }
+                if let Some(path) = std::env::var_os("NVML_SIM_KMSG").filter(|v| !v.is_empty()) {
+                    crate::kmsg::start(Arc::clone(&sim), PathBuf::from(path));
+                }
+                g.sim = Some(sim);
+            }
             Err(msg) => {
                 eprintln!("nvml-sim: error: {msg}");
                 return Err(code::UNKNOWN);
@@ -572,4 +755,81 @@ pub fn env_faults(list: &str) -> Vec<Fault> {
             until_s: f64::INFINITY,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sim(text: &str, scale: f64) -> Sim {
+        Sim::new(
+            crate::scenario::parse(text, "t.toml", None).unwrap(),
+            scale,
+            0.0,
+            None,
+        )
+    }
+
+    #[test]
+    fn pcie_byte_counters_integrate_the_signal() {
+        let s = sim(
+            "[devices]\ncount = 1\n[devices.metrics]\npcie_tx_kb_s = 100\n\
+             pcie_rx_kb_s = { type = \"steps\", points = [[0, 10], [5, 20]] }\n",
+            1.0,
+        );
+        assert_eq!(s.pcie_bytes(0, 0.0, true), 0);
+        assert_eq!(s.pcie_bytes(0, 2.5, true), 256_000);
+        assert_eq!(s.pcie_bytes(0, 10.0, false), (5 * 10 + 5 * 20) * 1024);
+        // deterministic: an earlier time after a later one gives the same as a fresh integration
+        assert_eq!(s.pcie_bytes(0, 2.5, true), 256_000);
+        let mut last = 0;
+        for i in 0..200 {
+            let v = s.pcie_bytes(0, f64::from(i) * 0.05, false);
+            assert!(v >= last);
+            last = v;
+        }
+    }
+
+    #[test]
+    fn hidden_gpus_are_renumbered_densely() {
+        let s = sim(
+            "[devices]\ncount = 4\n[[device]]\nindex = 1\nhidden = true\n",
+            1.0,
+        );
+        assert_eq!(s.visible_count(), 3);
+        assert_eq!(s.visible_gpu(1), Some(2));
+        assert_eq!(s.visible_gpu(3), None);
+        assert_eq!(s.nvml_index(1), None);
+        assert_eq!(s.nvml_index(3), Some(2));
+    }
+
+    #[test]
+    fn recovery_action_and_locked_clocks() {
+        let s = sim(
+            "[devices]\ncount = 1\nlocked_sm_clock_mhz = 1500\n[devices.metrics]\ngpu_util_pct = 90\n\
+             [[event]]\nat_s = 10\ngpu = 0\nkind = \"recovery_action\"\naction = \"node_reboot\"\n",
+            1.0,
+        );
+        assert_eq!(s.recovery_action(0, 5.0), 0);
+        assert_eq!(s.recovery_action(0, 10.0), 2);
+        assert_eq!(s.clock_event_reasons(0, 1.0), REASON_APPLICATIONS_CLOCKS);
+        assert_eq!(s.metric(0, Metric::SmClockMhz, 1.0), 1500.0);
+    }
+
+    #[test]
+    fn a_finite_hang_blocks_matching_calls_until_it_ends() {
+        let s = sim(
+            "hang = { gpu = 1, function = \"nvmlDeviceGetName\", for_s = 0.3 }\n[devices]\ncount = 2\n",
+            1.0,
+        );
+        let start = Instant::now();
+        s.hang("nvmlDeviceGetUUID", 1);
+        s.hang("nvmlDeviceGetName", 0);
+        assert!(start.elapsed() < Duration::from_millis(100));
+        s.hang("nvmlDeviceGetName", 1);
+        assert!(start.elapsed() >= Duration::from_millis(250));
+        let again = Instant::now();
+        s.hang("nvmlDeviceGetName", 1);
+        assert!(again.elapsed() < Duration::from_millis(50));
+    }
 }

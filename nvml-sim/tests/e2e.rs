@@ -62,7 +62,12 @@ fn run_check(check: &str, envs: &[(&str, &str)]) -> Output {
         .env_remove("NVML_SIM_START_S")
         .env_remove("NVML_SIM_CONTROL")
         .env_remove("NVML_SIM_DEBUG")
-        .env_remove("NVML_SIM_NOT_SUPPORTED");
+        .env_remove("NVML_SIM_NOT_SUPPORTED")
+        .env_remove("NVML_SIM_LATENCY")
+        .env_remove("NVML_SIM_HANG")
+        .env_remove("NVML_SIM_HIDE")
+        .env_remove("NVML_SIM_KMSG")
+        .env_remove("NVML_SIM_SYSFS");
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -126,6 +131,13 @@ fn child() {
         }
         "every_scenario" => check_every_scenario(),
         "frozen" => check_frozen(),
+        "latency" => check_latency(),
+        "hang" => check_hang(),
+        "hang_forever" => check_hang_forever(),
+        "kmsg" => check_kmsg(),
+        "fields" => check_new_fields(),
+        "hidden" => check_hidden(),
+        "doctor" => check_doctor(),
         other => panic!("unknown check {other}"),
     }
     println!("CHECK OK");
@@ -467,6 +479,218 @@ fn check_frozen() {
     println!("VALUES {first:?}");
 }
 
+/// `NVML_SIM_E2E_EXPECT`: `defaults`, `off` or `override` (see `latency_*` tests).
+fn check_latency() {
+    let expect = std::env::var("NVML_SIM_E2E_EXPECT").unwrap();
+    let timed = |f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        f();
+        start.elapsed()
+    };
+    let mut nvml = None;
+    let init = timed(&mut || nvml = Some(self::nvml()));
+    let nvml = nvml.unwrap();
+    let d = nvml.device_by_index(0).unwrap();
+    let pcie = timed(&mut || {
+        d.pcie_throughput(PcieUtilCounter::Send).unwrap();
+    });
+    let mem = timed(&mut || {
+        d.memory_info().unwrap();
+    });
+    let util = timed(&mut || {
+        d.utilization_rates().unwrap();
+    });
+    println!("init {init:?} pcie {pcie:?} memory {mem:?} util {util:?}");
+    let ms = Duration::from_millis;
+    match expect.as_str() {
+        "defaults" => {
+            assert!(init >= ms(150), "init {init:?}");
+            assert!(pcie >= ms(20), "pcie {pcie:?}");
+            assert!(mem < ms(5), "memory {mem:?}");
+            let procs = timed(&mut || {
+                d.running_compute_processes().unwrap();
+            });
+            assert!(procs >= ms(3), "processes {procs:?}");
+        }
+        "off" => {
+            assert!(init < ms(100), "init {init:?}");
+            assert!(pcie < ms(5), "pcie {pcie:?}");
+        }
+        "override" => {
+            // env: PcieThroughput=2ms and MemoryInfo_v2=30ms; scenario: UtilizationRates 25ms
+            assert!(pcie < ms(15), "pcie {pcie:?}");
+            assert!(mem >= ms(30), "memory {mem:?}");
+            assert!(util >= ms(25), "util {util:?}");
+            assert!(init >= ms(150), "init {init:?}");
+        }
+        other => panic!("unknown expectation {other}"),
+    }
+}
+
+/// Scenario: hang on GPU 1 from t = 0 for 1.5 s.
+fn check_hang() {
+    let nvml = nvml();
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        let hung = scope.spawn(|| {
+            let d = nvml.device_by_index(1).unwrap();
+            d.name().unwrap();
+            start.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = Instant::now();
+        let d0 = nvml.device_by_index(0).unwrap();
+        d0.name().unwrap();
+        d0.memory_info().unwrap();
+        assert_eq!(nvml.device_count().unwrap(), 2);
+        let quick = t0.elapsed();
+        assert!(quick < Duration::from_millis(300), "gpu 0 took {quick:?}");
+        let waited = hung.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(1400),
+            "gpu 1 took {waited:?}"
+        );
+    });
+    // over: GPU 1 answers at once
+    let t1 = Instant::now();
+    nvml.device_by_index(1).unwrap().name().unwrap();
+    assert!(t1.elapsed() < Duration::from_millis(300));
+}
+
+/// `NVML_SIM_HANG=gpu=2,at_s=1`: GPU 2 wedged for ever from t = 1 s.
+fn check_hang_forever() {
+    let nvml: &'static Nvml = Box::leak(Box::new(nvml()));
+    let devices: Vec<_> = (0..4).map(|i| nvml.device_by_index(i).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(1200));
+    let (tx, rx) = std::sync::mpsc::channel();
+    // abandoned: the process exits with this thread still blocked in the library
+    std::thread::spawn(move || {
+        let hung = nvml.device_by_index(2);
+        let _ = hung.map(|d| d.name());
+        let _ = tx.send(());
+    });
+    let t0 = Instant::now();
+    for i in [0, 1, 3] {
+        devices[i].name().unwrap();
+        devices[i].utilization_rates().unwrap();
+        assert_eq!(
+            nvml.device_by_index(i as u32).unwrap().index().unwrap(),
+            i as u32
+        );
+    }
+    assert_eq!(nvml.device_count().unwrap(), 4);
+    assert!(t0.elapsed() < Duration::from_millis(500));
+    assert!(
+        rx.recv_timeout(Duration::from_secs(2)).is_err(),
+        "the call on the wedged GPU returned"
+    );
+    println!("WEDGED");
+}
+
+/// `NVML_SIM_KMSG` with XIDs at 0.3 s; GPU 0's XID has `nvml = false`.
+fn check_kmsg() {
+    let nvml = nvml();
+    let d0 = nvml.device_by_index(0).unwrap();
+    let set = nvml.create_event_set().unwrap();
+    let set = d0
+        .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+        .unwrap();
+    // the XID on GPU 0 goes to the kernel log only
+    assert!(matches!(set.wait(800), Err(NvmlError::Timeout)));
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+/// Fields 197/198 (PCIe bytes) and 230 (recovery action).
+fn check_new_fields() {
+    let nvml = nvml();
+    let d0 = nvml.device_by_index(0).unwrap();
+    let d1 = nvml.device_by_index(1).unwrap();
+    let ids = [FieldId(197), FieldId(198), FieldId(230)];
+    let a = d0.field_values_for(&ids).unwrap();
+    // START_S = 10: 10 s at 100 / 200 KB/s
+    let tx = field(&a, 197).unwrap();
+    let rx = field(&a, 198).unwrap();
+    assert!((1_024_000..1_100_000).contains(&tx), "{tx}");
+    assert!((2_048_000..2_200_000).contains(&rx), "{rx}");
+    assert_eq!(field(&a, 230).unwrap(), 1, "gpu_reset from the event");
+    std::thread::sleep(Duration::from_millis(200));
+    let b = d0.field_values_for(&ids).unwrap();
+    assert!(field(&b, 197).unwrap() > tx);
+    let c = d1.field_values_for(&ids).unwrap();
+    for id in [197, 198, 230] {
+        let f = c.iter().flatten().find(|f| f.field.0 == id).unwrap();
+        assert!(
+            matches!(f.value, Err(NvmlError::NotSupported)),
+            "field {id}"
+        );
+    }
+}
+
+/// `NVML_SIM_HIDE=1` on three GPUs; `NVML_SIM_E2E_HIDDEN_UUID` is GPU 1's uuid.
+fn check_hidden() {
+    let nvml = nvml();
+    assert_eq!(nvml.device_count().unwrap(), 2);
+    let d1 = nvml.device_by_index(1).unwrap();
+    assert_eq!(d1.index().unwrap(), 1);
+    assert_eq!(d1.pci_info().unwrap().bus_id, "00000000:3A:00.0");
+    assert!(matches!(
+        nvml.device_by_index(2),
+        Err(NvmlError::InvalidArg)
+    ));
+    let uuid = std::env::var("NVML_SIM_E2E_HIDDEN_UUID").unwrap();
+    assert!(matches!(
+        nvml.device_by_uuid(uuid.as_str()),
+        Err(NvmlError::NotFound)
+    ));
+    assert!(matches!(
+        nvml.device_by_pci_bus_id("00000000:2A:00.0"),
+        Err(NvmlError::NotFound)
+    ));
+}
+
+/// Link, applications clocks, locked clocks and ECC pending mode on GPU 0.
+fn check_doctor() {
+    let nvml = nvml();
+    let d = nvml.device_by_index(0).unwrap();
+    assert_eq!(d.current_pcie_link_gen().unwrap(), 3);
+    assert_eq!(d.max_pcie_link_gen().unwrap(), 4);
+    assert_eq!(d.current_pcie_link_width().unwrap(), 8);
+    assert_eq!(d.max_pcie_link_width().unwrap(), 16);
+    assert_eq!(d.applications_clock(Clock::SM).unwrap(), 1500);
+    assert_eq!(d.default_applications_clock(Clock::SM).unwrap(), 1980);
+    assert_eq!(d.applications_clock(Clock::Memory).unwrap(), 2619);
+    assert_eq!(d.clock_info(Clock::SM).unwrap(), 1400);
+    assert!(d
+        .current_throttle_reasons()
+        .unwrap()
+        .contains(nvml_wrapper::bitmasks::device::ThrottleReasons::APPLICATIONS_CLOCKS_SETTING));
+    let ecc = d.is_ecc_enabled().unwrap();
+    assert!(ecc.currently_enabled && !ecc.pending_enabled);
+    assert!(d.is_in_persistent_mode().unwrap());
+    assert_eq!(d.enforced_power_limit().unwrap(), 500_000);
+    assert_eq!(d.power_management_limit_default().unwrap(), 700_000);
+    // not in nvml-wrapper: the raw symbol
+    let lib = std::ffi::CString::new(std::env::var("NVML_SIM_E2E_LIB").unwrap()).unwrap();
+    let sym = std::ffi::CString::new("nvmlDeviceGetGpuMaxPcieLinkGeneration").unwrap();
+    // SAFETY: our own library, already loaded; the symbol has this signature.
+    unsafe {
+        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        assert!(!h.is_null());
+        let f = libc::dlsym(h, sym.as_ptr());
+        assert!(!f.is_null());
+        let f: extern "C" fn(nvml_wrapper_sys::bindings::nvmlDevice_t, *mut u32) -> u32 =
+            std::mem::transmute(f);
+        let mut gen = 0u32;
+        assert_eq!(f(d.handle(), &mut gen), 0);
+        assert_eq!(gen, 5);
+    }
+    // GPU 1: defaults follow the max
+    let d1 = nvml.device_by_index(1).unwrap();
+    assert_eq!(d1.current_pcie_link_gen().unwrap(), 5);
+    assert_eq!(d1.max_pcie_link_gen().unwrap(), 5);
+    assert!(d1.is_ecc_enabled().unwrap().pending_enabled);
+}
+
 fn check_every_scenario() {
     let nvml = nvml();
     let n = nvml.device_count().unwrap();
@@ -569,6 +793,7 @@ fn xid_79_delivers_event_then_gpu_is_lost() {
         &[
             ("NVML_SIM_SCENARIO", "xid-79"),
             ("NVML_SIM_TIME_SCALE", "60"),
+            ("NVML_SIM_LATENCY", "0"),
         ],
     );
 }
@@ -665,6 +890,7 @@ fn control_file_places_real_processes() {
         &[
             ("NVML_SIM_SCENARIO", scenario.to_str().unwrap()),
             ("NVML_SIM_CONTROL", path.to_str().unwrap()),
+            ("NVML_SIM_LATENCY", "0"),
         ],
     );
     let _ = std::fs::remove_file(path);
@@ -676,6 +902,7 @@ fn frozen_clock_gives_every_process_the_same_values() {
         ("NVML_SIM_SCENARIO", "overnight"),
         ("NVML_SIM_TIME_SCALE", "0"),
         ("NVML_SIM_START_S", "42.5"),
+        ("NVML_SIM_LATENCY", "0"),
     ];
     let values = |out: Output| {
         String::from_utf8_lossy(&out.stdout)
@@ -728,7 +955,11 @@ fn every_shipped_scenario_through_nvml_wrapper() {
         for start in ["0", "700"] {
             assert_check(
                 "every_scenario",
-                &[("NVML_SIM_SCENARIO", name), ("NVML_SIM_START_S", start)],
+                &[
+                    ("NVML_SIM_SCENARIO", name),
+                    ("NVML_SIM_START_S", start),
+                    ("NVML_SIM_LATENCY", "0"),
+                ],
             );
         }
     }
@@ -745,6 +976,261 @@ fn debug_log_names_each_call() {
     assert!(
         stderr.contains("nvmlInitWithFlags() -> 0 SUCCESS"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn latency_defaults_are_on() {
+    assert_check("latency", &[("NVML_SIM_E2E_EXPECT", "defaults")]);
+}
+
+#[test]
+fn latency_off_and_overrides() {
+    assert_check(
+        "latency",
+        &[("NVML_SIM_E2E_EXPECT", "off"), ("NVML_SIM_LATENCY", "0")],
+    );
+    let path = temp_file(
+        "latency.toml",
+        "[latency]\nnvmlDeviceGetUtilizationRates = \"25ms\"\nnvmlDeviceGetMemoryInfo_v2 = 1\n",
+    );
+    assert_check(
+        "latency",
+        &[
+            ("NVML_SIM_E2E_EXPECT", "override"),
+            ("NVML_SIM_SCENARIO", path.to_str().unwrap()),
+            (
+                "NVML_SIM_LATENCY",
+                "nvmlDeviceGetPcieThroughput=2ms,nvmlDeviceGetMemoryInfo_v2=30ms",
+            ),
+        ],
+    );
+    let out = assert_check("init_fails", &[("NVML_SIM_LATENCY", "nvmlInit=soon")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nvml-sim: error: NVML_SIM_LATENCY=nvmlInit=soon: "),
+        "{stderr}"
+    );
+    let bad = temp_file("badlatency.toml", "[latency]\nnvmlInit = \"2 days\"\n");
+    let out = assert_check(
+        "init_fails",
+        &[("NVML_SIM_SCENARIO", bad.to_str().unwrap())],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("nvml-sim: error: {}:2:12: ", bad.display())),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn hang_blocks_one_gpu_for_a_while() {
+    let path = temp_file(
+        "hang.toml",
+        "hang = { at_s = 0, gpu = 1, function = \"*\", for_s = 1.5 }\n[devices]\ncount = 2\n",
+    );
+    assert_check(
+        "hang",
+        &[
+            ("NVML_SIM_SCENARIO", path.to_str().unwrap()),
+            ("NVML_SIM_LATENCY", "0"),
+        ],
+    );
+}
+
+#[test]
+fn hang_forever_from_the_environment() {
+    let path = temp_file("four.toml", "[devices]\ncount = 4\n");
+    let out = assert_check(
+        "hang_forever",
+        &[
+            ("NVML_SIM_SCENARIO", path.to_str().unwrap()),
+            ("NVML_SIM_HANG", "gpu=2,at_s=1,function=*"),
+            ("NVML_SIM_LATENCY", "0"),
+        ],
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("WEDGED"));
+}
+
+#[test]
+fn kernel_log_lines_for_xids_and_loss() {
+    let log = temp_file("kmsg.log", "");
+    std::fs::remove_file(&log).unwrap();
+    let path = temp_file(
+        "kmsg.toml",
+        r#"
+[devices]
+count = 3
+[[process]]
+gpu = 1
+pid = "self"
+[[event]]
+at_s = 0.3
+gpu = 0
+kind = "xid"
+code = 13
+nvml = false
+kmsg = "quoted"
+pid = 4321
+process_name = "trainer"
+[[event]]
+at_s = 0.4
+gpu = 1
+kind = "xid"
+code = 79
+[[event]]
+at_s = 0.4
+gpu = 1
+kind = "lost"
+[[event]]
+at_s = 0.5
+gpu = 2
+kind = "xid"
+code = 31
+kmsg = "off"
+[[event]]
+at_s = 0.5
+gpu = 2
+kind = "kmsg"
+text = "NVRM: A GPU crash dump has been created."
+"#,
+    );
+    let out = assert_check(
+        "kmsg",
+        &[
+            ("NVML_SIM_SCENARIO", path.to_str().unwrap()),
+            ("NVML_SIM_KMSG", log.to_str().unwrap()),
+            ("NVML_SIM_LATENCY", "0"),
+        ],
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    let msg = |l: &str| l.split_once(";").unwrap().1.to_string();
+    assert_eq!(
+        msg(lines[0]),
+        "NVRM: Xid (PCI:0000:18:00): 13, pid='4321', name='trainer', 'Graphics Engine Exception'"
+    );
+    // GPU 1's process is the check process: its pid and command name
+    let child_line = msg(lines[1]);
+    assert!(
+        child_line.starts_with("NVRM: Xid (PCI:0000:2a:00): 79, pid=")
+            && child_line.ends_with(", GPU has fallen off the bus."),
+        "{child_line}"
+    );
+    assert!(!child_line.contains("pid=0,"), "{child_line}");
+    assert_eq!(
+        msg(lines[2]),
+        "NVRM: GPU at PCI:0000:2a:00.0 has fallen off the bus."
+    );
+    assert_eq!(msg(lines[3]), "NVRM: A GPU crash dump has been created.");
+    let mut last_seq = 0;
+    for l in &lines {
+        let (head, _) = l.split_once(';').unwrap();
+        let parts: Vec<&str> = head.split(',').collect();
+        assert_eq!(parts.len(), 4, "{l}");
+        assert!(parts[0] == "3" || parts[0] == "4", "{l}");
+        let seq: u64 = parts[1].parse().unwrap();
+        assert!(seq > last_seq);
+        last_seq = seq;
+        let us: u64 = parts[2].parse().unwrap();
+        assert!((1_000_000_000..1_010_000_000).contains(&us), "{l}");
+        assert_eq!(parts[3], "-");
+    }
+    drop(out);
+}
+
+#[test]
+fn pcie_byte_counters_and_recovery_action_fields() {
+    let path = temp_file(
+        "fields.toml",
+        r#"
+start_s = 10
+[devices]
+count = 2
+[devices.metrics]
+pcie_tx_kb_s = 100
+pcie_rx_kb_s = 200
+[[device]]
+index = 1
+pcie_byte_counters = false
+[[event]]
+at_s = 5
+gpu = 0
+kind = "recovery_action"
+action = "gpu_reset"
+"#,
+    );
+    assert_check(
+        "fields",
+        &[
+            ("NVML_SIM_SCENARIO", path.to_str().unwrap()),
+            ("NVML_SIM_LATENCY", "0"),
+        ],
+    );
+}
+
+#[test]
+fn hidden_gpus_and_fake_sysfs() {
+    let scenario = temp_file("three.toml", "[devices]\ncount = 3\n");
+    let parsed = nvml_sim::scenario::load_file(&scenario).unwrap();
+    let sysfs = std::env::temp_dir().join(format!("nvml-sim-e2e-sysfs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&sysfs);
+    assert_check(
+        "hidden",
+        &[
+            ("NVML_SIM_SCENARIO", scenario.to_str().unwrap()),
+            ("NVML_SIM_HIDE", "1"),
+            ("NVML_SIM_SYSFS", sysfs.to_str().unwrap()),
+            ("NVML_SIM_E2E_HIDDEN_UUID", &parsed.devices[1].uuid),
+            ("NVML_SIM_LATENCY", "0"),
+        ],
+    );
+    let devices = sysfs.join("bus/pci/devices");
+    for name in ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"] {
+        let vendor = std::fs::read_to_string(devices.join(name).join("vendor")).unwrap();
+        assert_eq!(vendor, "0x10de\n", "{name}");
+        let speed = std::fs::read_to_string(devices.join(name).join("current_link_speed")).unwrap();
+        assert_eq!(speed, "32.0 GT/s PCIe\n");
+    }
+    assert_eq!(
+        std::fs::read_to_string(devices.join("0000:18:00.1/class")).unwrap(),
+        "0x040300\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(devices.join("0000:00:1f.6/vendor")).unwrap(),
+        "0x8086\n"
+    );
+    let _ = std::fs::remove_dir_all(&sysfs);
+}
+
+#[test]
+fn doctor_state_link_clocks_ecc() {
+    let path = temp_file(
+        "doctor.toml",
+        r#"
+[devices]
+count = 2
+power_limit_w = 500
+power_default_limit_w = 700
+[[device]]
+index = 0
+pcie_slot_max_gen = 4
+pcie_link_gen = 3
+pcie_link_width = 8
+app_sm_clock_mhz = 1500
+locked_sm_clock_mhz = 1400
+ecc_pending_enabled = false
+[device.metrics]
+gpu_util_pct = 90
+"#,
+    );
+    assert_check(
+        "doctor",
+        &[
+            ("NVML_SIM_SCENARIO", path.to_str().unwrap()),
+            ("NVML_SIM_LATENCY", "0"),
+        ],
     );
 }
 
@@ -835,6 +1321,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "nvmlDeviceGetCurrPcieLinkWidth",
     "nvmlDeviceGetMaxPcieLinkGeneration",
     "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+    "nvmlDeviceGetDefaultApplicationsClock",
     "nvmlDeviceGetSamples",
     // processes
     "nvmlDeviceGetComputeRunningProcesses_v3",

@@ -17,6 +17,13 @@ const VALUE_NOT_AVAILABLE: u64 = u64::MAX;
 /// gpuInstanceId / computeInstanceId when MIG is off.
 const NO_INSTANCE: u32 = u32::MAX;
 
+/// `NVML_FI_DEV_PCIE_COUNT_TX_BYTES` / `_RX_BYTES` (not in nvml-wrapper-sys's bindings).
+pub const FI_PCIE_COUNT_TX_BYTES: u32 = 197;
+pub const FI_PCIE_COUNT_RX_BYTES: u32 = 198;
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (r570+; UINT: 0 none, 1 GPU reset, 2 node reboot,
+/// 3 drain P2P, 4 drain and reset).
+pub const FI_GET_GPU_RECOVERY_ACTION: u32 = 230;
+
 /// A getter writing one value: `getter!(symbol, type, |d| expr -> Result<type, u32>)`.
 macro_rules! getter {
     ($name:ident, $ty:ty, |$d:ident| $val:expr) => {
@@ -62,7 +69,9 @@ string_getter!(nvmlDeviceGetBoardPartNumber, |d| d
     .spec()
     .board_part_number
     .clone());
-getter!(nvmlDeviceGetIndex, c_uint, |d| Ok(d.gpu as c_uint));
+getter!(nvmlDeviceGetIndex, c_uint, |d| Ok(
+    d.sim.nvml_index(d.gpu).unwrap_or(d.gpu) as c_uint
+));
 getter!(nvmlDeviceGetMinorNumber, c_uint, |d| Ok(d.spec().minor));
 getter!(nvmlDeviceGetArchitecture, nvmlDeviceArchitecture_t, |d| Ok(
     d.spec().architecture
@@ -96,13 +105,19 @@ getter!(nvmlDeviceGetMaxMigDeviceCount, c_uint, |d| {
 getter!(nvmlDeviceGetNumFans, c_uint, |d| Ok(d.spec().num_fans));
 getter!(nvmlDeviceGetCurrPcieLinkGeneration, c_uint, |d| Ok(d
     .spec()
-    .pcie_gen));
+    .pcie_link_gen));
+// the max the link can reach in this system: min(GPU max, slot max)
 getter!(nvmlDeviceGetMaxPcieLinkGeneration, c_uint, |d| Ok(d
+    .spec()
+    .pcie_gen
+    .min(d.spec().pcie_slot_max_gen)));
+// the GPU's own max
+getter!(nvmlDeviceGetGpuMaxPcieLinkGeneration, c_uint, |d| Ok(d
     .spec()
     .pcie_gen));
 getter!(nvmlDeviceGetCurrPcieLinkWidth, c_uint, |d| Ok(d
     .spec()
-    .pcie_width));
+    .pcie_link_width));
 getter!(nvmlDeviceGetMaxPcieLinkWidth, c_uint, |d| Ok(d
     .spec()
     .pcie_width));
@@ -186,10 +201,9 @@ pub unsafe extern "C" fn nvmlDeviceGetEccMode(
 ) -> nvmlReturn_t {
     entry("nvmlDeviceGetEccMode", || {
         let d = dev("nvmlDeviceGetEccMode", device)?;
-        let on = d.spec().ecc_enabled as u32;
         unsafe {
-            put(current, on)?;
-            put(pending, on)
+            put(current, d.spec().ecc_enabled as u32)?;
+            put(pending, d.spec().ecc_pending as u32)
         }
     })
 }
@@ -504,13 +518,26 @@ pub unsafe extern "C" fn nvmlDeviceGetClock(
 ) -> nvmlReturn_t {
     entry("nvmlDeviceGetClock", || {
         let d = dev("nvmlDeviceGetClock", device)?;
+        // 0 current, 1 applications target, 2 applications default, 3 customer boost max
         let value = match clock_id {
             0 => d.metric(clock_metric(clock_type)?).round() as u32,
-            1..=3 => max_clock(&d, clock_type)?,
+            1 => app_clock_of(&d, clock_type)?,
+            2 | 3 => max_clock(&d, clock_type)?,
             _ => return Err(code::INVALID_ARGUMENT),
         };
         unsafe { put(mhz, value) }
     })
+}
+
+/// The applications clock: `app_sm_clock_mhz` / `app_mem_clock_mhz` (default: the max clocks).
+fn app_clock_of(d: &Dev, clock_type: nvmlClockType_t) -> Result<u32, u32> {
+    let s = d.spec();
+    match clock_type {
+        0 | 1 => Ok(s.app_sm_clock_mhz),
+        2 => Ok(s.app_mem_clock_mhz),
+        3 => Ok(s.max_video_clock_mhz),
+        _ => Err(code::INVALID_ARGUMENT),
+    }
 }
 
 unsafe fn app_clock(
@@ -518,10 +545,16 @@ unsafe fn app_clock(
     device: nvmlDevice_t,
     clock_type: nvmlClockType_t,
     mhz: *mut c_uint,
+    default: bool,
 ) -> nvmlReturn_t {
     entry(name, || {
         let d = dev(name, device)?;
-        unsafe { put(mhz, max_clock(&d, clock_type)?) }
+        let v = if default {
+            max_clock(&d, clock_type)?
+        } else {
+            app_clock_of(&d, clock_type)?
+        };
+        unsafe { put(mhz, v) }
     })
 }
 
@@ -531,7 +564,15 @@ pub unsafe extern "C" fn nvmlDeviceGetApplicationsClock(
     clock_type: nvmlClockType_t,
     mhz: *mut c_uint,
 ) -> nvmlReturn_t {
-    unsafe { app_clock("nvmlDeviceGetApplicationsClock", device, clock_type, mhz) }
+    unsafe {
+        app_clock(
+            "nvmlDeviceGetApplicationsClock",
+            device,
+            clock_type,
+            mhz,
+            false,
+        )
+    }
 }
 
 #[no_mangle]
@@ -546,6 +587,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDefaultApplicationsClock(
             device,
             clock_type,
             mhz,
+            true,
         )
     }
 }
@@ -922,6 +964,18 @@ fn field_value(d: &Dev, id: u32) -> Result<(nvmlValueType_t, nvmlValue_t), u32> 
         NVML_FI_DEV_REMAPPED_FAILURE => ui(remap()?.remap_failure as u32),
         NVML_FI_DEV_POWER_AVERAGE | NVML_FI_DEV_POWER_INSTANT => ui(power_mw(d)),
         NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION => ull(d.sim.energy_mj(d.gpu, d.t)),
+        FI_PCIE_COUNT_TX_BYTES | FI_PCIE_COUNT_RX_BYTES => {
+            if !s.pcie_byte_counters {
+                return Err(code::NOT_SUPPORTED);
+            }
+            ull(d.sim.pcie_bytes(d.gpu, d.t, id == FI_PCIE_COUNT_TX_BYTES))
+        }
+        FI_GET_GPU_RECOVERY_ACTION => {
+            if !s.recovery_action_supported {
+                return Err(code::NOT_SUPPORTED);
+            }
+            ui(d.sim.recovery_action(d.gpu, d.t))
+        }
         _ => Err(code::NOT_SUPPORTED),
     }
 }

@@ -39,7 +39,7 @@ static NEXT_SET: AtomicUsize = AtomicUsize::new(0x5e70_0000);
 /// (type, data) pairs an event produces.
 fn deliverables(kind: &EventKind) -> Vec<(u64, u64)> {
     match kind {
-        EventKind::Xid(code) => vec![(XID, *code)],
+        EventKind::Xid(x) if x.nvml => vec![(XID, x.code)],
         EventKind::Ecc {
             corrected,
             uncorrected,

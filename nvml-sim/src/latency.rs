@@ -1,0 +1,287 @@
+//! Per-function call latency, like a real driver: defaults per NVML symbol, a scenario
+//! `[latency]` table and `NVML_SIM_LATENCY` overrides, resolved once per symbol and cached.
+//!
+//! Patterns are exact symbol names, `prefix*` or `*`; the most specific match wins (exact, then
+//! the longest prefix, then `*`).
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::Duration;
+
+/// Default latency of one symbol (see the README's *Real-driver behaviour* for sources).
+pub fn default_latency(name: &str) -> Duration {
+    const INIT: &[&str] = &["nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags"];
+    const PROCESS_PREFIXES: &[&str] = &[
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+    ];
+    /// Cheap getters: utilization, memory, power, clocks, temperature, reasons, pstate, ECC, energy.
+    const CHEAP_PREFIXES: &[&str] = &[
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetEncoderUtilization",
+        "nvmlDeviceGetDecoderUtilization",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetBAR1MemoryInfo",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetClock",
+        "nvmlDeviceGetApplicationsClock",
+        "nvmlDeviceGetDefaultApplicationsClock",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetPerformanceState",
+        "nvmlDeviceGetPowerState",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetMemoryErrorCounter",
+        "nvmlDeviceGetTotalEnergyConsumption",
+    ];
+    if INIT.contains(&name) {
+        Duration::from_millis(200)
+    } else if name == "nvmlDeviceGetPcieThroughput" {
+        Duration::from_millis(20)
+    } else if name == "nvmlDeviceGetProcessUtilization"
+        || PROCESS_PREFIXES.iter().any(|p| name.starts_with(p))
+    {
+        Duration::from_millis(3)
+    } else if name == "nvmlDeviceGetFieldValues" {
+        Duration::from_micros(40)
+    } else if name.starts_with("nvmlEventSetWait") || name == "nvmlErrorString" {
+        Duration::ZERO
+    } else if CHEAP_PREFIXES.iter().any(|p| name.starts_with(p)) {
+        Duration::from_micros(20)
+    } else {
+        Duration::from_micros(10)
+    }
+}
+
+/// Parses a duration: `"40us"`, `"3ms"`, `"0.2s"`, `"500ns"`, or a bare number of milliseconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == 'e' || c == 'E'))
+        .unwrap_or(t.len());
+    // "1e" would eat the unit's first letter in the split above; units never start with e
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("cannot read duration `{text}` (e.g. \"40us\", \"3ms\", \"0.2s\")"))?;
+    let factor_ms = match unit.trim() {
+        "" | "ms" => 1.0,
+        "us" | "µs" => 1e-3,
+        "ns" => 1e-6,
+        "s" => 1e3,
+        other => {
+            return Err(format!(
+                "duration `{text}`: unknown unit `{other}` (ns, us, ms, s; a bare number is ms)"
+            ))
+        }
+    };
+    millis(value * factor_ms).ok_or_else(|| format!("duration `{text}` must be >= 0"))
+}
+
+/// A duration of `ms` milliseconds, if finite and >= 0.
+pub fn millis(ms: f64) -> Option<Duration> {
+    (ms.is_finite() && ms >= 0.0).then(|| Duration::from_secs_f64(ms / 1000.0))
+}
+
+/// Whether a pattern (exact, `prefix*` or `*`) is a valid key.
+pub fn valid_pattern(p: &str) -> bool {
+    p == "*" || (p.starts_with("nvml") && !p[..p.len() - 1].contains('*'))
+}
+
+/// How specific a pattern's match of `name` is: exact > longer prefix > `*`; `None` = no match.
+pub fn specificity(pattern: &str, name: &str) -> Option<usize> {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix).then_some(prefix.len()),
+        None => (pattern == name).then_some(usize::MAX),
+    }
+}
+
+/// Latency rules: scenario table, env overrides, the off switch; with a per-symbol cache.
+#[derive(Debug, Default)]
+pub struct Latency {
+    /// `NVML_SIM_LATENCY=0`: every latency is zero.
+    pub off: bool,
+    /// `NVML_SIM_LATENCY=name=dur,...` (wins over the scenario and defaults).
+    pub env: Vec<(String, Duration)>,
+    /// The scenario's `[latency]` table.
+    pub scenario: Vec<(String, Duration)>,
+    cache: RwLock<HashMap<usize, Duration>>,
+}
+
+impl Latency {
+    /// Rules from a scenario table and an optional `NVML_SIM_LATENCY` value.
+    pub fn new(scenario: Vec<(String, Duration)>, env: Option<&str>) -> Result<Latency, String> {
+        let mut l = Latency {
+            scenario,
+            ..Latency::default()
+        };
+        if let Some(v) = env {
+            let t = v.trim();
+            if t == "0" || t.eq_ignore_ascii_case("off") {
+                l.off = true;
+            } else {
+                l.env = parse_env(t).map_err(|m| format!("NVML_SIM_LATENCY={v}: {m}"))?;
+            }
+        }
+        Ok(l)
+    }
+
+    /// Resolves the latency of `name` (uncached).
+    pub fn resolve(&self, name: &str) -> Duration {
+        if self.off {
+            return Duration::ZERO;
+        }
+        best(&self.env, name)
+            .or_else(|| best(&self.scenario, name))
+            .unwrap_or_else(|| default_latency(name))
+    }
+
+    /// The latency of an export, resolved once per symbol (keyed by the name's address).
+    pub fn of(&self, name: &'static str) -> Duration {
+        let key = name.as_ptr() as usize;
+        if let Some(d) = self
+            .cache
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return *d;
+        }
+        let d = self.resolve(name);
+        self.cache
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, d);
+        d
+    }
+}
+
+/// The most specific rule matching `name`.
+fn best(rules: &[(String, Duration)], name: &str) -> Option<Duration> {
+    rules
+        .iter()
+        .filter_map(|(p, d)| specificity(p, name).map(|s| (s, *d)))
+        .max_by_key(|(s, _)| *s)
+        .map(|(_, d)| d)
+}
+
+/// Parses `name=dur,name=dur` (names: exact, `prefix*` or `*`).
+pub fn parse_env(text: &str) -> Result<Vec<(String, Duration)>, String> {
+    let mut out = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("`{item}`: expected NAME=DURATION"))?;
+        let name = name.trim();
+        if !valid_pattern(name) {
+            return Err(format!(
+                "`{name}` is not an NVML symbol name, `prefix*` or `*`"
+            ));
+        }
+        out.push((name.to_string(), parse_duration(value)?));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        assert_eq!(default_latency("nvmlInit_v2"), Duration::from_millis(200));
+        assert_eq!(
+            default_latency("nvmlInitWithFlags"),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            default_latency("nvmlDeviceGetPcieThroughput"),
+            Duration::from_millis(20)
+        );
+        assert_eq!(
+            default_latency("nvmlDeviceGetComputeRunningProcesses_v3"),
+            Duration::from_millis(3)
+        );
+        assert_eq!(
+            default_latency("nvmlDeviceGetMPSComputeRunningProcesses_v2"),
+            Duration::from_millis(3)
+        );
+        assert_eq!(
+            default_latency("nvmlDeviceGetFieldValues"),
+            Duration::from_micros(40)
+        );
+        assert_eq!(
+            default_latency("nvmlDeviceGetMemoryInfo_v2"),
+            Duration::from_micros(20)
+        );
+        assert_eq!(
+            default_latency("nvmlDeviceGetName"),
+            Duration::from_micros(10)
+        );
+        assert_eq!(default_latency("nvmlEventSetWait_v2"), Duration::ZERO);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("40us").unwrap(), Duration::from_micros(40));
+        assert_eq!(parse_duration("3ms").unwrap(), Duration::from_millis(3));
+        assert_eq!(parse_duration("0.2s").unwrap(), Duration::from_millis(200));
+        assert_eq!(parse_duration("5").unwrap(), Duration::from_millis(5));
+        assert_eq!(
+            parse_duration("1.5 ms").unwrap(),
+            Duration::from_micros(1500)
+        );
+        assert!(parse_duration("3 weeks").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("-1ms").is_err());
+    }
+
+    #[test]
+    fn most_specific_match_wins_and_env_overrides() {
+        let scenario = vec![
+            ("*".to_string(), Duration::from_millis(1)),
+            ("nvmlDeviceGet*".to_string(), Duration::from_millis(2)),
+            ("nvmlDeviceGetPcie*".to_string(), Duration::from_millis(3)),
+            (
+                "nvmlDeviceGetPcieThroughput".to_string(),
+                Duration::from_millis(4),
+            ),
+        ];
+        let l = Latency::new(scenario.clone(), None).unwrap();
+        assert_eq!(
+            l.resolve("nvmlDeviceGetPcieThroughput"),
+            Duration::from_millis(4)
+        );
+        assert_eq!(
+            l.resolve("nvmlDeviceGetPcieReplayCounter"),
+            Duration::from_millis(3)
+        );
+        assert_eq!(l.resolve("nvmlDeviceGetName"), Duration::from_millis(2));
+        assert_eq!(l.resolve("nvmlShutdown"), Duration::from_millis(1));
+        let l = Latency::new(
+            scenario.clone(),
+            Some("nvmlDeviceGetPcieThroughput=7ms, nvmlShut*=0"),
+        )
+        .unwrap();
+        assert_eq!(
+            l.resolve("nvmlDeviceGetPcieThroughput"),
+            Duration::from_millis(7)
+        );
+        assert_eq!(l.resolve("nvmlShutdown"), Duration::ZERO);
+        assert_eq!(l.of("nvmlDeviceGetName"), Duration::from_millis(2));
+        assert_eq!(l.of("nvmlDeviceGetName"), Duration::from_millis(2));
+        let l = Latency::new(scenario, Some("off")).unwrap();
+        assert_eq!(l.resolve("nvmlDeviceGetPcieThroughput"), Duration::ZERO);
+        assert_eq!(l.resolve("nvmlInit_v2"), Duration::ZERO);
+        let none = Latency::new(Vec::new(), None).unwrap();
+        assert_eq!(none.resolve("nvmlInit"), Duration::from_millis(200));
+        let e = Latency::new(Vec::new(), Some("nvmlX=fast")).unwrap_err();
+        assert!(e.starts_with("NVML_SIM_LATENCY=nvmlX=fast: "), "{e}");
+        assert!(Latency::new(Vec::new(), Some("GetName=1ms")).is_err());
+        assert!(Latency::new(Vec::new(), Some("nvmlDeviceGetName")).is_err());
+    }
+}
