@@ -13,6 +13,7 @@ mod layers;
 mod metrics_doc;
 mod notify;
 mod parsers;
+mod real_driver;
 mod restart;
 mod service;
 mod sim;
