@@ -194,3 +194,179 @@ fn a_hang_in_the_slow_path_keeps_the_fast_values() {
         rec.stdout
     );
 }
+
+/// XIDs from both sources: the kernel line (nvml-sim's `NVML_SIM_KMSG` stands in for
+/// `/dev/kmsg`) names the process that raised the XID, and the alert says so; an XID only in
+/// the kernel log (event registration unsupported) still alerts; NVIDIA's recovery action
+/// becomes the `recovery_action` label and the action the alert gives.
+#[test]
+fn kernel_log_xids_name_the_process_and_the_recovery_action_is_a_label() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tmp.path().join("xids.toml");
+    std::fs::write(
+        &scenario,
+        r#"name = "xids-kmsg"
+[devices]
+count = 3
+[devices.metrics]
+gpu_util_pct = 95
+memory_used_mib = 60000
+[[event]]
+at_s = 3
+gpu = 1
+kind = "xid"
+code = 31
+pid = 4242
+process_name = "python3"
+[[event]]
+at_s = 3
+gpu = 0
+kind = "recovery_action"
+action = "node_reboot"
+[[event]]
+at_s = 3
+gpu = 0
+kind = "xid"
+code = 154
+kmsg = "none"
+[[event]]
+at_s = 3
+gpu = 2
+kind = "xid"
+code = 43
+nvml = false
+kmsg = "quoted"
+pid = 777
+process_name = "worker"
+"#,
+    )
+    .unwrap();
+    let kmsg = tmp.path().join("kmsg");
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    common::sim_lib();
+    let cmd = common::command(
+        &[
+            "--sim",
+            scenario.to_str().unwrap(),
+            "daemon",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        &[("NVML_SIM_KMSG", kmsg.to_str().unwrap())],
+    );
+    let mut d = Daemon::spawn(cmd, &tmp.path().join("log"), &[], false);
+    let find = |gpu: &'static str| {
+        let hook = &hook;
+        move || {
+            hook.accepted().into_iter().map(|r| r.json()).find(|b| {
+                let l = &b["alerts"][0]["labels"];
+                l["alertname"] == "xid_error" && l["gpu"] == gpu
+            })
+        }
+    };
+    let job = wait_until(T, "xid_error on GPU 1", find("1"));
+    let a = &job["alerts"][0];
+    let summary = a["annotations"]["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("XID 31") && summary.contains("raised by pid 4242 (python3)"),
+        "{summary}\n{}",
+        d.log_text()
+    );
+    let reboot = wait_until(T, "xid_error on GPU 0", find("0"));
+    let a = &reboot["alerts"][0];
+    assert_eq!(a["labels"]["recovery_action"], "node_reboot", "{reboot}");
+    let summary = a["annotations"]["summary"].as_str().unwrap();
+    assert!(summary.contains("reboot the node"), "{summary}");
+    let kernel_only = wait_until(T, "xid_error on GPU 2", find("2"));
+    let summary = kernel_only["alerts"][0]["annotations"]["summary"]
+        .as_str()
+        .unwrap();
+    assert!(
+        summary.contains("XID 43") && summary.contains("raised by pid 777 (worker)"),
+        "{summary}"
+    );
+    // One alert per GPU: NVML's event and the kernel line were merged, not announced twice.
+    std::thread::sleep(Duration::from_secs(2));
+    let xid_msgs = hook
+        .accepted()
+        .iter()
+        .filter(|r| r.json()["alerts"][0]["labels"]["alertname"] == "xid_error")
+        .count();
+    assert_eq!(xid_msgs, 3, "{}", d.log_text());
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success(), "{}", d.log_text());
+}
+
+/// The XID ledger lives in the state directory: an XID 31 on a GPU that had one an hour ago
+/// (before a restart or a reboot) is the second on that GPU and is suspected hardware; the
+/// ledger the daemon leaves behind holds both.
+#[test]
+fn the_xid_ledger_survives_restarts_and_escalates_repeats() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tmp.path().join("xid31.toml");
+    std::fs::write(
+        &scenario,
+        "name = \"xid31\"\n[devices]\ncount = 2\n[[event]]\nat_s = 2\ngpu = 0\nkind = \"xid\"\ncode = 31\n",
+    )
+    .unwrap();
+    let devs = common::sim(scenario.to_str().unwrap(), &["devices", "--json"], &[]).json();
+    let uuid = devs["devices"][0]["uuid"]
+        .as_str()
+        .or_else(|| devs[0]["uuid"].as_str())
+        .unwrap()
+        .to_string();
+    let state = tmp.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let hour_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 3_600_000;
+    std::fs::write(
+        state.join("alerts.json"),
+        format!(
+            r#"{{"version": 2, "saved_at_ms": {hour_ago}, "instances": [],
+               "xid_ledger": [{{"uuid": "{uuid}", "gpu": 0, "time_ms": {hour_ago}, "code": 31}}]}}"#
+        ),
+    )
+    .unwrap();
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    common::sim_lib();
+    let cmd = common::command(
+        &[
+            "--sim",
+            scenario.to_str().unwrap(),
+            "daemon",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let mut d = Daemon::spawn(cmd, &tmp.path().join("log"), &[], false);
+    let got = wait_until(T, "xid_error", || {
+        hook.accepted()
+            .into_iter()
+            .map(|r| r.json())
+            .find(|b| b["alerts"][0]["labels"]["alertname"] == "xid_error")
+    });
+    let a = &got["alerts"][0];
+    assert_eq!(
+        a["labels"]["severity"],
+        "critical",
+        "{got}\n{}",
+        d.log_text()
+    );
+    let summary = a["annotations"]["summary"].as_str().unwrap();
+    assert!(summary.contains("2 times on this GPU in 24 h"), "{summary}");
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success(), "{}", d.log_text());
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("alerts.json")).unwrap()).unwrap();
+    let ledger = saved["xid_ledger"].as_array().unwrap();
+    assert_eq!(ledger.len(), 2, "{saved}");
+    assert!(ledger
+        .iter()
+        .all(|e| e["uuid"] == uuid.as_str() && e["code"] == 31));
+}
