@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# CPU time per sampled tick and peak RSS: gpuwatch vs gpustat, 8 simulated GPUs, 100 ms interval,
-# both running side by side against the same simulated libnvidia-ml.so.1 (release builds).
+# CPU time per device-sample, ticks kept and peak RSS: gpuwatch vs gpustat, 8 simulated GPUs at
+# 100 ms and at 1 s, both running side by side against the same simulated libnvidia-ml.so.1 with
+# nvml-sim's realistic call latencies (release builds; NVML_SIM_LATENCY=0 to compare without).
 #
-#   bash bench/sampler.sh [SECONDS]        (default 60; needs .venv-ci from .ci/run, or
-#                                           GPUWATCH_PEERS=<venv with gpustat>)
+#   bash bench/sampler.sh [SECONDS]        (default 30 per interval; needs .venv-ci from
+#                                           .ci/run, or GPUWATCH_PEERS=<venv with gpustat>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECONDS_TO_RUN="${1:-60}"
+SECONDS_TO_RUN="${1:-30}"
 PEERS="${GPUWATCH_PEERS:-$PWD/.venv-ci}"
 if [ ! -x "$PEERS/bin/python" ]; then
     python3 -m venv "$PEERS"

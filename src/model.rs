@@ -100,11 +100,26 @@ pub enum NvmlCall {
 }
 
 impl NvmlCall {
-    /// Whether the call blocks for long on real drivers (`nvmlDeviceGetPcieThroughput` samples
-    /// for 20 ms): such a call is made off the tick path, on the slow cadence, with its own
-    /// timestamp (see the `sampler` module).
+    /// Whether the call is made off the tick path, on the slow (process-list) cadence: calls that
+    /// block on real drivers (`nvmlDeviceGetPcieThroughput` samples for 20 ms; the retired-page
+    /// lists) and settings that rarely change (power limit, performance state, fan, video
+    /// engines). Their values are carried into every snapshot while fresh (see the `sampler`
+    /// module), so a tick makes only the calls that change from tick to tick: the field values,
+    /// utilization, memory, temperature, power, clocks and clock-event reasons.
     pub fn is_slow(self) -> bool {
-        matches!(self, NvmlCall::PcieRx | NvmlCall::PcieTx)
+        matches!(
+            self,
+            NvmlCall::PcieRx
+                | NvmlCall::PcieTx
+                | NvmlCall::EnforcedPowerLimit
+                | NvmlCall::PerformanceState
+                | NvmlCall::FanSpeed
+                | NvmlCall::EncoderUtilization
+                | NvmlCall::DecoderUtilization
+                | NvmlCall::RetiredPagesSbe
+                | NvmlCall::RetiredPagesDbe
+                | NvmlCall::RetiredPagesPending
+        )
     }
 
     /// The NVML function called (`nvmlDeviceGetClockInfo`); nvml-wrapper may call a versioned

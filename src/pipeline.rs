@@ -30,6 +30,38 @@ pub struct SamplerThread {
     stop: Arc<AtomicBool>,
     handle: Option<std::thread::JoinHandle<()>>,
     devices: Vec<DeviceId>,
+    stats: Arc<std::sync::Mutex<TickStats>>,
+}
+
+/// How the sampling thread kept its schedule: ticks taken and skipped, and the wall time each
+/// tick's sample took.
+#[derive(Debug, Clone, Default)]
+pub struct TickStats {
+    /// Ticks sampled.
+    pub taken: u64,
+    /// Ticks skipped because the previous one ran late (see [`Ticker`]).
+    pub missed: u64,
+    /// Wall time of each sample, µs (the first 1,000,000 ticks).
+    pub micros: Vec<u32>,
+}
+
+impl TickStats {
+    /// The `q`-quantile (0–1) of the sample wall times, ms.
+    pub fn quantile_ms(&self, q: f64) -> Option<f64> {
+        let mut v = self.micros.clone();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "an index within the vector"
+        )]
+        let i = ((v.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+        Some(f64::from(v[i]) / 1000.0)
+    }
 }
 
 impl std::fmt::Debug for SamplerThread {
@@ -75,6 +107,8 @@ impl SamplerThread {
         let (_, rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let stats = Arc::new(std::sync::Mutex::new(TickStats::default()));
+        let book = stats.clone();
         let spawned = std::thread::Builder::new()
             .name("gpuwatch-sampler".into())
             .spawn(move || {
@@ -95,7 +129,18 @@ impl SamplerThread {
                         }
                         std::thread::sleep(left.min(Duration::from_millis(100)));
                     }
-                    if !deliver(sampler.sample()) {
+                    let t0 = Instant::now();
+                    let snap = sampler.sample();
+                    let took = t0.elapsed();
+                    if let Ok(mut s) = book.lock() {
+                        s.taken += 1;
+                        s.missed = ticker.missed();
+                        if s.micros.len() < 1_000_000 {
+                            s.micros
+                                .push(u32::try_from(took.as_micros()).unwrap_or(u32::MAX));
+                        }
+                    }
+                    if !deliver(snap) {
                         break;
                     }
                 }
@@ -115,7 +160,13 @@ impl SamplerThread {
             stop,
             handle,
             devices,
+            stats,
         }
+    }
+
+    /// How the thread kept its schedule so far.
+    pub fn stats(&self) -> TickStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// The GPUs found at start.

@@ -52,7 +52,7 @@ use crate::model::{
     DeviceId, DeviceState, GpuSample, MetricValues, NvmlFunction, ProcSample, Snapshot, METRICS,
 };
 use slot::{Slot, SlowAnswer, SlowSlot};
-use worker::Worker;
+use worker::Pool;
 
 /// The NVML library loaded when nothing else is said.
 pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
@@ -134,11 +134,17 @@ pub enum SamplerError {
 pub use crate::sys::now_ms;
 
 /// Samples every GPU through NVML. Not `Sync`: one thread owns it (the daemon runs it on its
-/// sampling thread and sends snapshots over a channel); each device's calls run on that device's
-/// worker threads (see [`worker`]).
+/// sampling thread and sends snapshots over a channel); the NVML calls run on the worker threads
+/// of two pools (see [`worker`]): the fast path at each tick, the slow path on the process
+/// cadence.
 pub struct Sampler {
     nvml: &'static Nvml,
     devices: Vec<Dev>,
+    fast: Pool<FastState, FastAnswer>,
+    slow: Pool<SlowSlot, SlowAnswer>,
+    /// Per device, the slow metrics to read (from the fast path's answers), shared with the
+    /// slow pool's threads.
+    slow_masks: Arc<Vec<AtomicU64>>,
     xids: Option<events::XidListener>,
     /// NVML's XIDs merged with the kernel log's.
     merger: xids::XidMerger,
@@ -149,27 +155,29 @@ pub struct Sampler {
     call_timeout: Duration,
     /// How long a tick waits for the devices' answers.
     tick_budget: Duration,
-    /// The slow read in progress.
-    round: Option<Round>,
+    /// When the slow read in progress started.
+    round: Option<Instant>,
     last_round_ms: Option<i64>,
     proc_cache: procfs::ProcCache,
     lib: String,
     driver_version: Option<String>,
 }
 
-/// One device as the sampler sees it: its last known identity and state, and its two workers.
+/// One device as the sampler sees it: its last known identity and state.
 struct Dev {
     id: DeviceId,
     state: DeviceState,
-    fast: Worker<FastAnswer>,
-    slow: Worker<SlowAnswer>,
-    /// Metrics read on the slow path (from the fast worker's last answer), shared with the
-    /// slow worker.
-    slow_mask: Arc<AtomicU64>,
     /// The last slow metric values and when they were read.
     slow_values: Option<(MetricValues, i64)>,
     /// The state last put in a snapshot (to log changes once).
     reported: DeviceState,
+}
+
+/// A fast-path thread's state for one device.
+struct FastState {
+    slot: Slot,
+    attached: bool,
+    sent_id: Option<DeviceId>,
 }
 
 /// A fast-path answer.
@@ -181,13 +189,11 @@ struct FastAnswer {
     slow_mask: u64,
 }
 
-/// A slow read across devices: started at one tick, collected over the next ones.
-struct Round {
-    started: Instant,
-    /// Per device: still waiting, and what came.
-    waiting: Vec<bool>,
-    answers: Vec<Option<SlowAnswer>>,
-}
+/// A call on the fast path blocked this long moves the GPUs after it to another thread (healthy
+/// tick-path calls take microseconds).
+const FAST_SPLIT: Duration = Duration::from_millis(25);
+/// The same for the slow path (`nvmlDeviceGetPcieThroughput` takes 20 ms per call).
+const SLOW_SPLIT: Duration = Duration::from_millis(250);
 
 impl std::fmt::Debug for Sampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -218,65 +224,61 @@ fn library_path(cfg: &SamplerConfig) -> Result<PathBuf, SamplerError> {
     Ok(PathBuf::from(DEFAULT_NVML_LIB))
 }
 
-/// Starts device `index`'s fast worker: attaches (handle and identity) at its first request,
-/// then reads the fast path at each one.
-fn fast_worker(nvml: &'static Nvml, index: u32) -> Worker<FastAnswer> {
-    let busy = Arc::new(worker::Busy::default());
-    let slot = Slot::new(index, now_ms(), busy.clone());
-    let mut attached = false;
-    let mut sent_id: Option<DeviceId> = None;
-    Worker::spawn(
-        format!("gpuwatch-gpu{index}"),
-        slot,
-        busy,
-        move |slot: &mut Slot, _, req| {
-            if !attached {
-                attached = true;
-                if !slot.attach(nvml) {
-                    tracing::warn!("GPU {index} does not answer (lost); the others are sampled");
-                    slot.state = DeviceState::Lost;
-                }
+/// The fast path for `n` devices: a device is attached (handle and identity) at its first read.
+fn fast_pool(nvml: &'static Nvml, n: usize) -> Pool<FastState, FastAnswer> {
+    let factory: worker::Factory<FastState> = Arc::new(|pos, busy| FastState {
+        slot: Slot::new(u32::try_from(pos).unwrap_or(u32::MAX), now_ms(), busy),
+        attached: false,
+        sent_id: None,
+    });
+    let work: worker::Work<FastState, FastAnswer> = Arc::new(move |st, _, time_ms| {
+        if !st.attached {
+            st.attached = true;
+            if !st.slot.attach(nvml) {
+                tracing::warn!(
+                    "GPU {} does not answer (lost); the others are sampled",
+                    st.slot.id.index
+                );
+                st.slot.state = DeviceState::Lost;
             }
-            let mut values = MetricValues::default();
-            let state = slot.tick(nvml, req.time_ms, &mut values);
-            let id = (sent_id.as_ref() != Some(&slot.id)).then(|| {
-                sent_id = Some(slot.id.clone());
-                slot.id.clone()
-            });
-            FastAnswer {
-                id,
-                state,
-                values,
-                slow_mask: slot.slow_metrics(),
-            }
-        },
-    )
+        }
+        let mut values = MetricValues::default();
+        let state = st.slot.tick(nvml, time_ms, &mut values);
+        let id = (st.sent_id.as_ref() != Some(&st.slot.id)).then(|| {
+            st.sent_id = Some(st.slot.id.clone());
+            st.slot.id.clone()
+        });
+        FastAnswer {
+            id,
+            state,
+            values,
+            slow_mask: st.slot.slow_metrics(),
+        }
+    });
+    Pool::new("gpuwatch-nvml", n, FAST_SPLIT, factory, work)
 }
 
-/// Starts device `index`'s slow worker: process lists and the slow metrics in `mask` (kept up
-/// to date by the sampler from the fast worker's answers).
-fn slow_worker(nvml: &'static Nvml, index: u32, mask: Arc<AtomicU64>) -> Worker<SlowAnswer> {
-    let busy = Arc::new(worker::Busy::default());
-    let slot = SlowSlot::new(index, None, busy.clone());
-    Worker::spawn(
-        format!("gpuwatch-gpu{index}-slow"),
-        slot,
-        busy,
-        move |slot: &mut SlowSlot, busy, _| {
-            if slot.handle.is_none() {
-                slot.handle = busy
-                    .around(NvmlFunction::HandleByIndex, || nvml.device_by_index(index))
-                    .ok();
-            }
-            slot.read(mask.load(Ordering::Relaxed))
-        },
-    )
+/// The slow path for `n` devices: process lists and the slow metrics in `masks`.
+fn slow_pool(
+    nvml: &'static Nvml,
+    n: usize,
+    masks: Arc<Vec<AtomicU64>>,
+) -> Pool<SlowSlot, SlowAnswer> {
+    let factory: worker::Factory<SlowSlot> =
+        Arc::new(|pos, busy| SlowSlot::new(u32::try_from(pos).unwrap_or(u32::MAX), busy));
+    let work: worker::Work<SlowSlot, SlowAnswer> = Arc::new(move |slot, _, _| {
+        slot.ensure_handle(nvml);
+        let pos = slot.slot.id.index as usize;
+        let mask = masks.get(pos).map_or(0, |m| m.load(Ordering::Relaxed));
+        slot.read(mask)
+    });
+    Pool::new("gpuwatch-nvml-slow", n, SLOW_SPLIT, factory, work)
 }
 
 impl Sampler {
-    /// Loads NVML, enumerates the GPUs (each on its own worker thread; a GPU that does not
-    /// answer within the call timeout starts out stalled) and, if configured, registers for XID
-    /// events.
+    /// Loads NVML, enumerates the GPUs (a GPU that does not answer within the call timeout
+    /// starts out stalled) and, if configured, registers for XID events and follows the kernel
+    /// log.
     pub fn open(cfg: &SamplerConfig) -> Result<Sampler, SamplerError> {
         let path = library_path(cfg)?;
         let lib = path.display().to_string();
@@ -320,91 +322,28 @@ impl Sampler {
             source: e,
         })?;
         let driver_version = nvml.sys_driver_version().ok();
-        let mut devices: Vec<Dev> = (0..count)
-            .map(|index| {
-                let mask = Arc::new(AtomicU64::new(0));
-                Dev {
-                    id: DeviceId {
-                        index,
-                        ..DeviceId::default()
-                    },
-                    state: DeviceState::Ok,
-                    fast: fast_worker(nvml, index),
-                    slow: slow_worker(nvml, index, mask.clone()),
-                    slow_mask: mask,
-                    slow_values: None,
-                    reported: DeviceState::Ok,
-                }
+        let n = count as usize;
+        let devices: Vec<Dev> = (0..count)
+            .map(|index| Dev {
+                id: DeviceId {
+                    index,
+                    ..DeviceId::default()
+                },
+                state: DeviceState::Ok,
+                slow_values: None,
+                reported: DeviceState::Ok,
             })
             .collect();
-        // Attach every device in parallel; wait for them up to the call timeout.
-        let now = now_ms();
-        for d in &mut devices {
-            d.fast.request(now);
-        }
-        let deadline = Instant::now() + cfg.call_timeout;
-        let mut degraded = Vec::new();
-        for d in &mut devices {
-            match d.fast.wait(deadline) {
-                Some(answer) => {
-                    d.take(answer);
-                }
-                None => {
-                    let f = d.fast.stalled(Instant::now(), Duration::ZERO);
-                    let what = f.map_or("NVML", NvmlFunction::symbol);
-                    let line = format!(
-                        "GPU {}: {what} did not return within {} ms at start; it is reported stalled until it answers",
-                        d.id.index,
-                        cfg.call_timeout.as_millis()
-                    );
-                    tracing::error!("{line}");
-                    degraded.push(line);
-                }
-            }
-        }
-        let xids = if cfg.xid_events {
-            let handles: Vec<(Device<'static>, u32, String)> = devices
-                .iter()
-                .filter(|d| d.state == DeviceState::Ok && !d.fast.pending())
-                .filter_map(|d| {
-                    let h = nvml.device_by_index(d.id.index).ok()?;
-                    Some((h, d.id.index, d.id.uuid.clone()))
-                })
-                .collect();
-            let regs: Vec<(&Device<'static>, u32, &str)> = handles
-                .iter()
-                .map(|(h, i, u)| (h, *i, u.as_str()))
-                .collect();
-            let mut missing = Vec::new();
-            let listener = events::XidListener::start(nvml, &regs, &mut missing);
-            for m in &missing {
-                tracing::warn!("{m}: XIDs (79 fallen off the bus, 94/95 memory errors, …) on it will not be reported");
-            }
-            degraded.extend(missing);
-            listener
-        } else {
-            None
-        };
-        let kmsg = if cfg.xid_events {
-            let path = cfg.kernel_log.clone().unwrap_or_else(kmsg::default_path);
-            match kmsg::KmsgReader::start(&path) {
-                Ok(k) => Some(k),
-                Err(e) => {
-                    // Not degraded monitoring (NVML events still come): the XIDs lack the
-                    // process that raised them.
-                    tracing::info!("kernel log not followed ({e}); XIDs come from NVML events only, without the process that raised them");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        Ok(Sampler {
+        let slow_masks: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+        let mut sampler = Sampler {
             nvml,
             devices,
-            xids,
-            merger: xids::XidMerger::new(kmsg),
-            degraded,
+            fast: fast_pool(nvml, n),
+            slow: slow_pool(nvml, n, slow_masks.clone()),
+            slow_masks,
+            xids: None,
+            merger: xids::XidMerger::new(None),
+            degraded: Vec::new(),
             process_interval_ms: i64::try_from(cfg.process_interval.as_millis())
                 .unwrap_or(i64::MAX),
             call_timeout: cfg.call_timeout,
@@ -414,7 +353,68 @@ impl Sampler {
             proc_cache: procfs::ProcCache::default(),
             lib,
             driver_version,
-        })
+        };
+        sampler.attach_all();
+        if cfg.xid_events {
+            sampler.watch_xids(cfg);
+        }
+        Ok(sampler)
+    }
+
+    /// Attaches every device (a first fast read), waiting up to the call timeout.
+    fn attach_all(&mut self) {
+        self.fast.ask(now_ms(), |_| true);
+        self.fast.collect(Instant::now() + self.call_timeout, None);
+        for pos in 0..self.devices.len() {
+            match self.fast.take(pos) {
+                Some(answer) => {
+                    self.take(pos, answer);
+                }
+                None => {
+                    let f = self.fast.stalled(pos, Instant::now(), Duration::ZERO);
+                    let what = f.map_or("NVML", NvmlFunction::symbol);
+                    let line = format!(
+                        "GPU {pos}: {what} did not return within {} ms at start; it is reported stalled until it answers",
+                        self.call_timeout.as_millis()
+                    );
+                    tracing::error!("{line}");
+                    self.degraded.push(line);
+                }
+            }
+        }
+    }
+
+    /// Registers for NVML XID events on the devices that answered, and follows the kernel log.
+    fn watch_xids(&mut self, cfg: &SamplerConfig) {
+        let nvml = self.nvml;
+        let handles: Vec<(Device<'static>, u32, String)> = self
+            .devices
+            .iter()
+            .filter(|d| d.state == DeviceState::Ok && !d.id.uuid.is_empty())
+            .filter_map(|d| {
+                let h = nvml.device_by_index(d.id.index).ok()?;
+                Some((h, d.id.index, d.id.uuid.clone()))
+            })
+            .collect();
+        let regs: Vec<(&Device<'static>, u32, &str)> = handles
+            .iter()
+            .map(|(h, i, u)| (h, *i, u.as_str()))
+            .collect();
+        let mut missing = Vec::new();
+        self.xids = events::XidListener::start(nvml, &regs, &mut missing);
+        for m in &missing {
+            tracing::warn!("{m}: XIDs (79 fallen off the bus, 94/95 memory errors, …) on it will not be reported");
+        }
+        self.degraded.extend(missing);
+        let path = cfg.kernel_log.clone().unwrap_or_else(kmsg::default_path);
+        match kmsg::KmsgReader::start(&path) {
+            Ok(k) => self.merger = xids::XidMerger::new(Some(k)),
+            Err(e) => {
+                // Not degraded monitoring (NVML events still come): the XIDs lack the process
+                // that raised them.
+                tracing::info!("kernel log not followed ({e}); XIDs come from NVML events only, without the process that raised them");
+            }
+        }
     }
 
     /// What this sampler cannot watch, one line each (e.g. GPUs without XID events); empty when
@@ -459,64 +459,50 @@ impl Sampler {
         self.sample_at(now_ms())
     }
 
-    /// Takes one snapshot stamped `time_ms`: asks every device's fast worker and waits for the
-    /// answers up to the tick budget. A device that did not answer in time is left out of the
-    /// snapshot (a gap), or shown stalled once its call has been blocked for the call timeout.
-    /// The process list (and the slow metrics) are read on the process cadence by the slow
-    /// workers and come in the first snapshot after they answered; the first snapshot waits for
-    /// them.
+    /// Takes one snapshot stamped `time_ms`: asks the fast path for every device and waits for
+    /// the answers up to the tick budget. A device that did not answer in time is left out of
+    /// the snapshot (a gap), or shown stalled once its call has been blocked for the call
+    /// timeout. The process list (and the slow metrics) are read on the process cadence by the
+    /// slow path and come in the first snapshot after they answered; the first snapshot waits
+    /// for them.
     pub fn sample_at(&mut self, time_ms: i64) -> Snapshot {
-        let start = Instant::now();
-        let deadline = start + self.tick_budget;
+        let deadline = Instant::now() + self.tick_budget;
+        // The devices are read while the XIDs are merged.
+        self.fast.ask(time_ms, |_| true);
         let nvml_xids = self
             .xids
             .as_mut()
             .map(|x| x.drain(time_ms))
             .unwrap_or_default();
         let ids = self.devices.iter().map(|d| &d.id);
-        let xids = self.merger.merge(time_ms, nvml_xids, ids);
-        let asked: Vec<bool> = self
-            .devices
-            .iter_mut()
-            .map(|d| d.fast.request(time_ms))
-            .collect();
+        let xids = self.merger.merge(time_ms, nvml_xids, ids, deadline);
         let first = self.last_round_ms.is_none();
         self.start_round(time_ms);
-        let mut answers: Vec<Option<FastAnswer>> = Vec::with_capacity(self.devices.len());
-        for (d, asked) in self.devices.iter_mut().zip(&asked) {
-            let answer = if *asked || d.fast.pending() {
-                d.fast.wait(deadline)
-            } else {
-                None
-            };
-            if answer.is_none() {
-                // Blocked in a call: wait (within the budget) for it to reach the timeout, so a
-                // stall is reported at this tick rather than the next.
-                if let Some(at) = d.fast.stall_instant(self.call_timeout) {
-                    if at <= deadline {
-                        std::thread::sleep(at.saturating_duration_since(Instant::now()));
-                    }
-                }
-            }
-            answers.push(answer);
-        }
-        let processes = self.collect_round(if first { Some(deadline) } else { None });
-        let now = Instant::now();
-        let max_age = 2 * self.process_interval_ms + duration_ms(self.call_timeout);
+        // Blocked calls that reach the timeout within the budget are waited for, so a stall is
+        // reported at this tick rather than the next.
         let timeout = self.call_timeout;
+        let stall_at = (0..self.devices.len())
+            .filter_map(|p| self.fast.stall_instant(p, timeout))
+            .filter(|t| *t <= deadline)
+            .max();
+        self.fast.collect(deadline, stall_at);
+        let processes = self.collect_round(first.then_some(deadline));
+        let now = Instant::now();
+        let max_age = 2 * self.process_interval_ms + duration_ms(timeout);
         let mut gpus = Vec::with_capacity(self.devices.len());
-        for (d, answer) in self.devices.iter_mut().zip(answers) {
-            let fresh = answer.map(|a| d.take(a));
-            let (state, mut values) = match (d.fast.stalled(now, timeout), fresh) {
+        for pos in 0..self.devices.len() {
+            let fresh = self.fast.take(pos).map(|a| self.take(pos, a));
+            let d = &self.devices[pos];
+            let (state, mut values) = match (self.fast.stalled(pos, now, timeout), fresh) {
                 (Some(f), _) => (DeviceState::Stalled(f), MetricValues::default()),
-                (None, Some(v)) => match d.slow.stalled(now, timeout) {
+                (None, Some(v)) => match self.slow.stalled(pos, now, timeout) {
                     Some(f) if d.state == DeviceState::Ok => (DeviceState::Stalled(f), v),
                     _ => (d.state, v),
                 },
                 // Late but not yet stalled: a gap for this GPU at this tick.
                 (None, None) => continue,
             };
-            let mask = d.slow_mask.load(Ordering::Relaxed);
+            let mask = self.slow_masks[pos].load(Ordering::Relaxed);
             if let Some((slow, at)) = &d.slow_values {
                 if mask != 0 && time_ms - at <= max_age && state != DeviceState::Lost {
                     for m in METRICS {
@@ -526,6 +512,7 @@ impl Sampler {
                     }
                 }
             }
+            let d = &mut self.devices[pos];
             d.report(state, timeout);
             gpus.push(GpuSample {
                 time_ms,
@@ -542,7 +529,18 @@ impl Sampler {
         }
     }
 
-    /// Starts a slow read on every device when the process cadence says so and none is running.
+    /// Books a fast answer's identity, state and slow mask for device `pos`; returns its values.
+    fn take(&mut self, pos: usize, a: FastAnswer) -> MetricValues {
+        let d = &mut self.devices[pos];
+        if let Some(id) = a.id {
+            d.id = id;
+        }
+        d.state = a.state;
+        self.slow_masks[pos].store(a.slow_mask, Ordering::Relaxed);
+        a.values
+    }
+
+    /// Starts a slow read of every device when the process cadence says so and none is running.
     fn start_round(&mut self, time_ms: i64) {
         let due = self
             .last_round_ms
@@ -551,42 +549,28 @@ impl Sampler {
             return;
         }
         self.last_round_ms = Some(time_ms);
-        let mut waiting = Vec::with_capacity(self.devices.len());
-        for d in &mut self.devices {
-            waiting.push(d.state != DeviceState::Lost && d.slow.request(time_ms));
-        }
-        self.round = Some(Round {
-            started: Instant::now(),
-            answers: waiting.iter().map(|_| None).collect(),
-            waiting,
-        });
+        let devices = &self.devices;
+        self.slow
+            .ask(time_ms, |p| devices[p].state != DeviceState::Lost);
+        self.round = Some(Instant::now());
     }
 
     /// Takes the slow answers that came (waiting for them until `wait_until` when given); when
     /// every device answered, or the call timeout passed, the round ends with a process list.
     fn collect_round(&mut self, wait_until: Option<Instant>) -> Option<Vec<ProcSample>> {
-        let round = self.round.as_mut()?;
-        for (i, d) in self.devices.iter_mut().enumerate() {
-            if !round.waiting[i] {
-                continue;
-            }
-            let got = match wait_until {
-                Some(t) => d.slow.wait(t),
-                None => d.slow.try_take(),
-            };
-            if let Some(a) = got {
-                round.waiting[i] = false;
-                round.answers[i] = Some(a);
-            }
-        }
-        let done = !round.waiting.contains(&true);
-        if !done && round.started.elapsed() < self.call_timeout {
+        let started = self.round?;
+        self.slow
+            .collect(wait_until.unwrap_or_else(Instant::now), None);
+        if self.slow.waiting() && started.elapsed() < self.call_timeout {
             return None;
         }
-        let round = self.round.take()?;
+        self.round = None;
         let mut out = Vec::new();
-        for (d, answer) in self.devices.iter_mut().zip(round.answers) {
-            let Some(a) = answer else { continue };
+        for pos in 0..self.devices.len() {
+            let Some(a) = self.slow.take(pos) else {
+                continue;
+            };
+            let d = &mut self.devices[pos];
             d.slow_values = Some((a.values, a.time_ms));
             let Some(list) = a.processes else { continue };
             for (p, kind) in list {
@@ -625,16 +609,6 @@ impl Sampler {
 }
 
 impl Dev {
-    /// Books a fast answer's identity, state and slow mask; returns its values.
-    fn take(&mut self, a: FastAnswer) -> MetricValues {
-        if let Some(id) = a.id {
-            self.id = id;
-        }
-        self.state = a.state;
-        self.slow_mask.store(a.slow_mask, Ordering::Relaxed);
-        a.values
-    }
-
     /// Logs a change between stalled and not stalled.
     fn report(&mut self, state: DeviceState, timeout: Duration) {
         let was = self.reported.stalled_in();

@@ -77,7 +77,7 @@ pub(crate) fn entry(name: &'static str, body: impl FnOnce() -> Result<(), u32>) 
     if let Some(sim) = sim::loaded() {
         let latency = sim.latency.of(name);
         if !latency.is_zero() {
-            std::thread::sleep(latency);
+            crate::latency::spend(latency);
         }
     }
     let result = match catch_unwind(AssertUnwindSafe(body)) {

@@ -187,6 +187,48 @@ pub fn parse_env(text: &str) -> Result<Vec<(String, Duration)>, String> {
     Ok(out)
 }
 
+/// Latencies shorter than this are not slept one by one: a thread's short latencies add up and
+/// are slept together once they reach it (see [`spend`]).
+pub const COALESCE: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// Latency this thread owes (positive) or has overslept (negative), ns.
+    static DEBT_NS: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+}
+
+/// Spends `latency` of real wall time in the calling thread, as a driver's call would. A latency
+/// of [`COALESCE`] or more is slept at once. Shorter ones (the tens of µs of cheap getters) are
+/// owed and slept together when the thread's debt reaches [`COALESCE`]: sleeping 20 µs costs a
+/// timer and two context switches — tens of µs of kernel CPU on a VM, and a 50–60 µs overshoot
+/// from the timer slack — which would charge both the simulated driver's clients with CPU a real
+/// driver's ioctl does not cost, and make every cheap call 3–4× too slow. Over any run the wall
+/// time spent equals the sum of the latencies (an oversleep is credited to the next calls); a
+/// single cheap call may return at once or take about a millisecond.
+pub fn spend(latency: Duration) {
+    let ns = i64::try_from(latency.as_nanos()).unwrap_or(i64::MAX);
+    if latency >= COALESCE {
+        sleep_ns(ns);
+        return;
+    }
+    let debt = DEBT_NS.with(|d| {
+        let v = d.get().saturating_add(ns);
+        d.set(v);
+        v
+    });
+    let threshold = i64::try_from(COALESCE.as_nanos()).unwrap_or(i64::MAX);
+    if debt >= threshold {
+        let slept = sleep_ns(debt);
+        DEBT_NS.with(|d| d.set(d.get().saturating_sub(slept)));
+    }
+}
+
+/// Sleeps about `ns`; returns the nanoseconds actually slept.
+fn sleep_ns(ns: i64) -> i64 {
+    let t = std::time::Instant::now();
+    std::thread::sleep(Duration::from_nanos(u64::try_from(ns).unwrap_or(0)));
+    i64::try_from(t.elapsed().as_nanos()).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,6 +36,10 @@ pub struct RecordArgs {
     /// How often the GPU process list is refreshed (process lists are slow on real drivers).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub process_interval: Duration,
+    /// At the end, print on stderr how the schedule was kept: ticks taken and skipped, and the
+    /// wall time of each sample (median, p99, max).
+    #[arg(long)]
+    pub stats: bool,
 }
 
 use crate::values::parse_duration;
@@ -120,6 +124,29 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
         sink.write_tick(&buf).context("writing the recording")?;
     }
     handle.close();
+    if args.stats {
+        let s = thread.stats();
+        let due = s.taken + s.missed;
+        #[expect(clippy::cast_precision_loss, reason = "tick counts")]
+        let kept = if due == 0 {
+            100.0
+        } else {
+            s.taken as f64 * 100.0 / due as f64
+        };
+        let ms = |q| {
+            s.quantile_ms(q)
+                .map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
+        };
+        eprintln!(
+            "gpuwatch record: {} ticks taken, {} skipped ({kept:.1} % kept); sample wall time median {} ms, p99 {} ms, max {} ms; {} GPUs",
+            s.taken,
+            s.missed,
+            ms(0.5),
+            ms(0.99),
+            ms(1.0),
+            thread.devices().len()
+        );
+    }
     thread.stop(Duration::from_secs(2));
     if let Sink::File(f) = &mut sink {
         f.sync().context("syncing the recording")?;

@@ -146,9 +146,9 @@ mod tests {
         l.record(&ev(10_000, 2, 13));
         assert_eq!(l.record(&ev(10_020, 3, 13)).gpus, 1);
         // A day later the first ones no longer count as repeats.
-        assert_eq!(l.record(&ev(3600 + 86_400, 0, 31)).repeats, 1);
+        assert_eq!(l.record(&ev(3700 + 86_400, 0, 31)).repeats, 1);
         // Recording the same event twice (a restart) does not count it twice.
-        let again = l.record(&ev(3600 + 86_400, 0, 31));
+        let again = l.record(&ev(3700 + 86_400, 0, 31));
         assert_eq!(again.repeats, 1);
     }
 
@@ -159,7 +159,7 @@ mod tests {
         let back = XidLedger::from_entries(&l.entries());
         assert_eq!(back, l);
         let mut back = back;
-        let n = back.record(&ev(60, 0, 79));
+        let n = back.record(&ev(600, 0, 79));
         assert_eq!(n.repeats, 2);
         back.record(&ev(8 * 86_400, 0, 79));
         assert_eq!(back.entries().len(), 1);

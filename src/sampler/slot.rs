@@ -152,7 +152,7 @@ pub(super) struct Slot {
     pub id: DeviceId,
     pub state: DeviceState,
     /// Queries that answered NotSupported (never asked again).
-    unsupported: u32,
+    pub(super) unsupported: u32,
     /// Queries whose transient failure was already logged.
     warned: u32,
     /// Field IDs still worth asking for, and the row each feeds (same order).
@@ -163,7 +163,7 @@ pub(super) struct Slot {
     /// When a lost device was last probed.
     lost_probe_ms: i64,
     /// Which call this slot's thread is in (read by the sampler for its deadline).
-    busy: Arc<Busy>,
+    pub(super) busy: Arc<Busy>,
 }
 
 /// Marker: the device answered GpuLost / ResetRequired.
@@ -276,7 +276,7 @@ impl Slot {
     }
     /// Runs one query unless it is known unsupported (or already failed at this tick), mapping
     /// errors to `None` or [`Lost`].
-    fn query<T>(
+    pub(super) fn query<T>(
         &mut self,
         q: Query,
         tick: &mut TickAnswers,
@@ -448,8 +448,17 @@ impl Slot {
                     Device::are_pages_pending_retired,
                 )?
                 .map(|p| f64::from(u8::from(p))),
-            // Slow calls: read by `SlowSlot` off the tick path, never here.
-            C::PcieRx | C::PcieTx => None,
+            // NVML reports PCIe throughput in KB/s; like nvitop we read KB as KiB.
+            C::PcieRx => self
+                .query(Query::PcieRx, tick, |d| {
+                    d.pcie_throughput(PcieUtilCounter::Receive)
+                })?
+                .map(|kb| f64::from(kb) * 1024.0),
+            C::PcieTx => self
+                .query(Query::PcieTx, tick, |d| {
+                    d.pcie_throughput(PcieUtilCounter::Send)
+                })?
+                .map(|kb| f64::from(kb) * 1024.0),
             C::PcieReplayCounter => self
                 .query(Query::PcieReplay, tick, Device::pcie_replay_counter)?
                 .map(f64::from),
@@ -551,14 +560,11 @@ impl Slot {
     }
 }
 
-/// The slow path of one device: process lists and slow calls (PCIe throughput where the byte
-/// counters are missing), on the process cadence, on a thread of their own.
+/// The slow path of one device: process lists and the slow calls (see `NvmlCall::is_slow`), on
+/// the process cadence, on a thread of their own. The calls are read through a [`Slot`] of its
+/// own (its not-supported bookkeeping is separate from the fast path's).
 pub(super) struct SlowSlot {
-    pub handle: Option<Device<'static>>,
-    pub index: u32,
-    /// Queries that answered NotSupported (never asked again).
-    unsupported: u32,
-    busy: Arc<Busy>,
+    pub slot: Slot,
 }
 
 /// What one slow read found.
@@ -575,54 +581,62 @@ pub(super) struct SlowAnswer {
 }
 
 impl SlowSlot {
-    pub(super) fn new(index: u32, handle: Option<Device<'static>>, busy: Arc<Busy>) -> SlowSlot {
+    pub(super) fn new(index: u32, busy: Arc<Busy>) -> SlowSlot {
         SlowSlot {
-            handle,
-            index,
-            unsupported: 0,
-            busy,
+            slot: Slot::new(index, crate::sys::now_ms(), busy),
+        }
+    }
+
+    /// Gets the device handle if it has none yet.
+    pub(super) fn ensure_handle(&mut self, nvml: &'static Nvml) {
+        if self.slot.handle.is_none() {
+            let index = self.slot.id.index;
+            self.slot.handle = self
+                .slot
+                .busy
+                .around(NvmlFunction::HandleByIndex, || nvml.device_by_index(index))
+                .ok();
         }
     }
 
     /// Reads the process lists and the slow metrics in `mask`.
     pub(super) fn read(&mut self, mask: u64) -> SlowAnswer {
         let mut answer = SlowAnswer::default();
-        let Some(dev) = self.handle.as_ref() else {
+        if self.slot.handle.is_none() {
             answer.time_ms = crate::sys::now_ms();
             return answer;
-        };
-        let mut lists = Vec::new();
+        }
+        let mut tick = TickAnswers::default();
+        let mut lists: Vec<(ProcessInfo, ProcKind)> = Vec::new();
         let mut ok = true;
         for (q, kind) in [
             (Query::ComputeProcs, ProcKind::Compute),
             (Query::GraphicsProcs, ProcKind::Graphics),
         ] {
-            if self.unsupported & q.bit() != 0 {
-                continue;
-            }
-            let r = self.busy.around(q.function(), || match q {
-                Query::ComputeProcs => dev.running_compute_processes(),
-                _ => dev.running_graphics_processes(),
+            let listed = self.slot.query(q, &mut tick, |d| match q {
+                Query::ComputeProcs => d.running_compute_processes(),
+                _ => d.running_graphics_processes(),
             });
-            match r {
-                Ok(list) => {
+            match listed {
+                Ok(Some(list)) => {
                     for p in list {
-                        if !lists
-                            .iter()
-                            .any(|(x, _): &(ProcessInfo, ProcKind)| x.pid == p.pid)
-                        {
+                        if !lists.iter().any(|(x, _)| x.pid == p.pid) {
                             lists.push((p, kind));
                         }
                     }
                 }
-                Err(e) => {
-                    ok &= slow_failed(&mut self.unsupported, self.index, q, &e, &mut answer.lost)
+                // Not supported (asked no more) or nothing to list: an empty answer.
+                Ok(None) if tick.failed & q.bit() == 0 || self.slot.unsupported & q.bit() != 0 => {}
+                Ok(None) => ok = false,
+                Err(Lost) => {
+                    answer.lost = true;
+                    ok = false;
                 }
             }
         }
         answer.processes = ok.then_some(lists);
         for d in METRICS {
-            if mask & metric_bit(d.id) == 0 {
+            if mask & metric_bit(d.id) == 0 || answer.lost {
                 continue;
             }
             let call = match d.source {
@@ -633,57 +647,12 @@ impl SlowSlot {
                 },
                 _ => continue,
             };
-            let (q, counter) = match call {
-                NvmlCall::PcieRx => (Query::PcieRx, PcieUtilCounter::Receive),
-                NvmlCall::PcieTx => (Query::PcieTx, PcieUtilCounter::Send),
-                _ => continue,
-            };
-            if self.unsupported & q.bit() != 0 {
-                continue;
-            }
-            // NVML reports PCIe throughput in KB/s; like nvitop we read KB as KiB.
-            match self
-                .busy
-                .around(q.function(), || dev.pcie_throughput(counter))
-            {
-                Ok(kb) => answer.values.set(d.id, Some(f64::from(kb) * 1024.0)),
-                Err(e) => {
-                    slow_failed(&mut self.unsupported, self.index, q, &e, &mut answer.lost);
-                }
+            match self.slot.read_call(call, &mut tick) {
+                Ok(v) => answer.values.set(d.id, v),
+                Err(Lost) => answer.lost = true,
             }
         }
         answer.time_ms = crate::sys::now_ms();
         answer
-    }
-}
-
-/// Books a failed slow query of GPU `index`; false when it leaves the answer unknown (not
-/// merely empty).
-fn slow_failed(
-    unsupported: &mut u32,
-    index: u32,
-    q: Query,
-    e: &NvmlError,
-    lost: &mut bool,
-) -> bool {
-    match e {
-        NvmlError::GpuLost | NvmlError::ResetRequired => {
-            *lost = true;
-            false
-        }
-        NvmlError::NotSupported
-        | NvmlError::FailedToLoadSymbol(_)
-        | NvmlError::FunctionNotFound
-        | NvmlError::NoPermission
-        | NvmlError::InvalidArg => {
-            tracing::debug!("GPU {index}: {q:?} not available ({e}); not asked again");
-            *unsupported |= q.bit();
-            true
-        }
-        NvmlError::NotFound | NvmlError::NoData => true,
-        _ => {
-            tracing::debug!("GPU {index}: reading {q:?} failed: {e}");
-            false
-        }
     }
 }

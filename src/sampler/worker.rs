@@ -1,15 +1,16 @@
-//! Per-GPU worker threads: every NVML call on a device runs on a thread of its own, so a call
-//! that blocks — 20 ms for `nvmlDeviceGetPcieThroughput`, for ever in a wedged driver — delays
-//! only that device's answer. The sampler sends each worker a request per tick and waits for the
-//! answers until the tick's deadline; a worker that is still inside a call when the sampler
-//! looks shows, through its [`Busy`] marker, which function and since when.
+//! Worker threads for NVML calls, so that a call that blocks — for ever in a wedged driver —
+//! delays only its own GPU. A [`Pool`] starts with one thread reading every GPU in turn (one
+//! hand-off per tick: the cheapest way to sample) and answers per GPU as it goes. When a call has
+//! been blocked longer than the pool's split time, the GPUs after it are moved to a new thread at
+//! once (asked again within the same tick), and the blocked thread keeps only the GPU it is stuck
+//! on; each thread's [`Busy`] marker tells which GPU and function it is in, and since when.
 //!
 //! A thread blocked inside the driver cannot be cancelled. It is left where it is: while its
-//! call has not returned the sampler sends it nothing (no backlog builds up), reports the device
-//! as stalled, and keeps sampling the others; when the call returns, the worker answers its old
-//! request (discarded as stale) and takes requests again.
+//! call has not returned it is sent nothing (no backlog builds up), the sampler reports its GPU
+//! stalled once the call timeout has passed, and the other GPUs keep being sampled; when the call
+//! returns, the thread's late answers are discarded and it takes requests for its GPU again.
 
-use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,8 @@ pub(crate) struct Busy {
     call: AtomicU8,
     /// When the call started, µs since the process's sampler epoch.
     since_us: AtomicI64,
+    /// The GPU (position) the thread is reading.
+    gpu: AtomicUsize,
 }
 
 impl Busy {
@@ -61,6 +64,16 @@ impl Busy {
         out
     }
 
+    /// Marks the GPU (position) the following calls are about.
+    pub(crate) fn set_gpu(&self, pos: usize) {
+        self.gpu.store(pos, Ordering::Release);
+    }
+
+    /// The GPU the thread is reading.
+    pub(crate) fn gpu(&self) -> usize {
+        self.gpu.load(Ordering::Acquire)
+    }
+
     /// The function the worker is inside at `now` and for how long, if any.
     pub(crate) fn blocked(&self, now: Instant) -> Option<(NvmlFunction, Duration)> {
         let code = self.call.load(Ordering::Acquire);
@@ -77,45 +90,134 @@ impl Busy {
     }
 }
 
-/// One request: its sequence number and the tick time it is for.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Request {
-    pub seq: u64,
-    pub time_ms: i64,
+/// One request to a thread: the ask it belongs to, the tick time, the GPUs to read in order.
+struct Request {
+    seq: u64,
+    time_ms: i64,
+    positions: Vec<usize>,
 }
 
-/// A worker thread owning state `S` (a device's slot) and answering requests with `R`.
-pub(crate) struct Worker<R> {
+/// One message from a thread: an answer for a GPU, or (`None`) the end of a request.
+struct Reply<R> {
+    group: usize,
+    seq: u64,
+    part: Option<(usize, R)>,
+}
+
+/// One thread of a pool and the GPUs it reads.
+struct Group {
+    id: usize,
     tx: mpsc::Sender<Request>,
-    rx: mpsc::Receiver<(u64, R)>,
     busy: Arc<Busy>,
-    /// The request sent and not yet answered, with when it was sent.
-    outstanding: Option<(u64, Instant)>,
-    next_seq: u64,
-    /// Whether the thread exists (spawning can fail; the device then shows as stalled).
+    members: Vec<usize>,
+    /// The ask whose request it has not finished, and how many GPUs of it are still to come.
+    outstanding: Option<(u64, usize)>,
     alive: bool,
 }
 
-impl<R: Send + 'static> Worker<R> {
-    /// Starts a thread named `name` that owns `state` and answers each request with
-    /// `work(&mut state, &busy, request)`.
-    pub(crate) fn spawn<S: Send + 'static>(
-        name: String,
-        mut state: S,
-        busy: Arc<Busy>,
-        mut work: impl FnMut(&mut S, &Busy, Request) -> R + Send + 'static,
-    ) -> Worker<R> {
-        let (tx, req_rx) = mpsc::channel::<Request>();
-        let (reply_tx, rx) = mpsc::channel();
-        let marker = busy.clone();
+/// Per-GPU state of a pool thread, created on first use.
+pub(crate) type Factory<S> = Arc<dyn Fn(usize, Arc<Busy>) -> S + Send + Sync>;
+/// One GPU's read: the state, the thread's busy marker, the tick time.
+pub(crate) type Work<S, R> = Arc<dyn Fn(&mut S, &Busy, i64) -> R + Send + Sync>;
+
+/// Threads reading `n` GPUs (see the module docs). Answers of the current ask are collected by
+/// GPU position.
+pub(crate) struct Pool<S, R> {
+    name: &'static str,
+    n: usize,
+    groups: Vec<Group>,
+    replies_tx: mpsc::Sender<Reply<R>>,
+    replies: mpsc::Receiver<Reply<R>>,
+    factory: Factory<S>,
+    work: Work<S, R>,
+    /// How long a call may block before the GPUs after it move to a new thread.
+    split_after: Duration,
+    next_group: usize,
+    seq: u64,
+    time_ms: i64,
+    /// Per GPU: wanted in the current ask, asked, answered.
+    wanted: Vec<bool>,
+    pending: Vec<bool>,
+    got: Vec<Option<R>>,
+}
+
+impl<S: 'static, R: Send + 'static> Pool<S, R> {
+    /// A pool for `n` GPUs: one thread (named `name`) reading all of them.
+    pub(crate) fn new(
+        name: &'static str,
+        n: usize,
+        split_after: Duration,
+        factory: Factory<S>,
+        work: Work<S, R>,
+    ) -> Pool<S, R> {
+        let (replies_tx, replies) = mpsc::channel();
+        let mut pool = Pool {
+            name,
+            n,
+            groups: Vec::new(),
+            replies_tx,
+            replies,
+            factory,
+            work,
+            split_after,
+            next_group: 0,
+            seq: 0,
+            time_ms: 0,
+            wanted: vec![false; n],
+            pending: vec![false; n],
+            got: (0..n).map(|_| None).collect(),
+        };
+        let all: Vec<usize> = (0..n).collect();
+        if n > 0 {
+            pool.spawn_group(all);
+        }
+        pool
+    }
+
+    fn spawn_group(&mut self, members: Vec<usize>) -> usize {
+        let id = self.next_group;
+        self.next_group += 1;
+        let (tx, rx) = mpsc::channel::<Request>();
+        let busy = Arc::new(Busy::default());
+        let (marker, replies, factory, work, n) = (
+            busy.clone(),
+            self.replies_tx.clone(),
+            self.factory.clone(),
+            self.work.clone(),
+            self.n,
+        );
         let spawned = std::thread::Builder::new()
-            .name(name)
+            .name(format!("{}-{id}", self.name))
             .stack_size(STACK_BYTES)
             .spawn(move || {
-                while let Ok(req) = req_rx.recv() {
-                    let out = work(&mut state, &marker, req);
-                    if reply_tx.send((req.seq, out)).is_err() {
-                        break;
+                let mut states: Vec<Option<S>> = (0..n).map(|_| None).collect();
+                while let Ok(req) = rx.recv() {
+                    for pos in req.positions {
+                        marker.set_gpu(pos);
+                        let Some(slot) = states.get_mut(pos) else {
+                            continue;
+                        };
+                        let state = slot.get_or_insert_with(|| factory(pos, marker.clone()));
+                        let out = work(state, &marker, req.time_ms);
+                        let part = Some((pos, out));
+                        if replies
+                            .send(Reply {
+                                group: id,
+                                seq: req.seq,
+                                part,
+                            })
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    let done = Reply {
+                        group: id,
+                        seq: req.seq,
+                        part: None,
+                    };
+                    if replies.send(done).is_err() {
+                        return;
                     }
                 }
             });
@@ -126,102 +228,213 @@ impl<R: Send + 'static> Worker<R> {
                 false
             }
         };
-        Worker {
+        self.groups.push(Group {
+            id,
             tx,
-            rx,
             busy,
+            members,
             outstanding: None,
-            next_seq: 0,
             alive,
+        });
+        id
+    }
+
+    /// Starts a new ask at `time_ms` for the GPUs `want` selects: every thread that is free
+    /// is sent its wanted GPUs. (Answers to an earlier ask still coming are discarded.)
+    pub(crate) fn ask(&mut self, time_ms: i64, want: impl Fn(usize) -> bool) {
+        self.drain_stale();
+        self.seq += 1;
+        self.time_ms = time_ms;
+        for pos in 0..self.n {
+            self.wanted[pos] = want(pos);
+            self.pending[pos] = false;
+            self.got[pos] = None;
+        }
+        for g in 0..self.groups.len() {
+            let positions: Vec<usize> = self.groups[g]
+                .members
+                .iter()
+                .copied()
+                .filter(|p| self.wanted[*p])
+                .collect();
+            self.send(g, positions);
         }
     }
 
-    /// Sends a request for `time_ms` unless the previous one is still unanswered (a worker
-    /// blocked in a call gets no backlog). True when sent.
-    pub(crate) fn request(&mut self, time_ms: i64) -> bool {
-        self.collect_stale();
-        if self.outstanding.is_some() || !self.alive {
-            return false;
+    /// Sends group `g` the current ask for `positions` unless it is busy.
+    fn send(&mut self, g: usize, positions: Vec<usize>) {
+        let group = &mut self.groups[g];
+        if positions.is_empty() || group.outstanding.is_some() || !group.alive {
+            return;
         }
-        self.next_seq += 1;
+        let count = positions.len();
         let req = Request {
-            seq: self.next_seq,
-            time_ms,
+            seq: self.seq,
+            time_ms: self.time_ms,
+            positions: positions.clone(),
         };
-        if self.tx.send(req).is_err() {
-            self.alive = false;
-            return false;
+        if group.tx.send(req).is_err() {
+            group.alive = false;
+            return;
         }
-        self.outstanding = Some((req.seq, Instant::now()));
-        true
+        for p in &positions {
+            self.pending[*p] = true;
+        }
+        group.outstanding = Some((self.seq, count));
     }
 
-    /// Takes answers to requests already given up on (their values are too old to use).
-    fn collect_stale(&mut self) {
-        while self.outstanding.is_some() {
-            match self.rx.try_recv() {
-                Ok((seq, _)) => {
-                    if self.outstanding.is_some_and(|(s, _)| s == seq) {
-                        self.outstanding = None;
-                    }
+    /// Handles the replies already there without waiting.
+    fn drain_stale(&mut self) {
+        while let Ok(r) = self.replies.try_recv() {
+            self.handle(r);
+        }
+    }
+
+    /// Books a reply: an answer of the current ask is kept; a thread whose request is fully
+    /// answered is free again (its end-of-request message only confirms it).
+    fn handle(&mut self, r: Reply<R>) {
+        if let Some(g) = self.groups.iter_mut().find(|g| g.id == r.group) {
+            if let Some((seq, left)) = g.outstanding {
+                if seq == r.seq {
+                    let left = if r.part.is_some() {
+                        left.saturating_sub(1)
+                    } else {
+                        0
+                    };
+                    g.outstanding = (left > 0).then_some((seq, left));
                 }
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    self.alive = false;
-                    self.outstanding = None;
-                }
+            }
+        }
+        if let Some((pos, out)) = r.part {
+            if r.seq == self.seq && pos < self.n {
+                self.pending[pos] = false;
+                self.got[pos] = Some(out);
             }
         }
     }
 
-    /// Waits until `deadline` for the answer to the outstanding request.
-    pub(crate) fn wait(&mut self, deadline: Instant) -> Option<R> {
-        let (seq, _) = self.outstanding?;
+    /// Collects answers of the current ask until all came or `deadline`; moves the GPUs after a
+    /// call blocked longer than the split time to a new thread, asked at once. With `also_until`,
+    /// keeps waiting (within the deadline) until that instant even when nothing is pending (the
+    /// sampler waits for a blocked call to reach the stall timeout).
+    pub(crate) fn collect(&mut self, deadline: Instant, also_until: Option<Instant>) {
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
-                Ok((s, out)) if s == seq => {
-                    self.outstanding = None;
-                    return Some(out);
+            self.drain_stale();
+            self.split_blocked();
+            let now = Instant::now();
+            let waiting = self.pending.contains(&true);
+            let hold = also_until.is_some_and(|t| t > now);
+            if (!waiting && !hold) || now >= deadline {
+                return;
+            }
+            let mut wake = deadline;
+            if let Some(t) = also_until.filter(|t| *t > now) {
+                wake = wake.min(t);
+            }
+            // A working thread that reads several GPUs is looked at again by the time a call it
+            // is in (or starts now) would reach the split time.
+            for g in &self.groups {
+                if g.members.len() > 1 && g.outstanding.is_some() {
+                    let d = g.busy.blocked(now).map_or(Duration::ZERO, |(_, d)| d);
+                    wake = wake.min(now + self.split_after.saturating_sub(d));
                 }
-                Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Timeout) => return None,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    self.alive = false;
-                    self.outstanding = None;
-                    return None;
-                }
+            }
+            match self
+                .replies
+                .recv_timeout(wake.saturating_duration_since(now))
+            {
+                Ok(r) => self.handle(r),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
         }
     }
 
-    /// Takes the answer to the outstanding request if it is there, without waiting.
-    pub(crate) fn try_take(&mut self) -> Option<R> {
-        self.wait(Instant::now())
+    /// Splits every thread blocked longer than the split time in one GPU's call: the blocked
+    /// thread keeps that GPU, a new thread takes the others and is asked for those still wanted.
+    fn split_blocked(&mut self) {
+        let now = Instant::now();
+        let mut splits = Vec::new();
+        for (g, group) in self.groups.iter().enumerate() {
+            if group.members.len() < 2 {
+                continue;
+            }
+            if let Some((_, d)) = group.busy.blocked(now) {
+                if d >= self.split_after {
+                    splits.push((g, group.busy.gpu()));
+                }
+            }
+        }
+        for (g, stuck) in splits {
+            let others: Vec<usize> = self.groups[g]
+                .members
+                .iter()
+                .copied()
+                .filter(|p| *p != stuck)
+                .collect();
+            self.groups[g].members = vec![stuck];
+            tracing::debug!(
+                "{}: GPU position {stuck} blocks; {} others move to a new thread",
+                self.name,
+                others.len()
+            );
+            let ask: Vec<usize> = others
+                .iter()
+                .copied()
+                .filter(|p| self.wanted[*p] && self.got[*p].is_none())
+                .collect();
+            let new = self.spawn_group(others);
+            let idx = self.groups.iter().position(|x| x.id == new).unwrap_or(0);
+            self.send(idx, ask);
+        }
     }
 
-    /// Whether a request is unanswered.
-    pub(crate) fn pending(&self) -> bool {
-        self.outstanding.is_some()
+    /// The answer for GPU `pos` in the current ask, if it came.
+    pub(crate) fn take(&mut self, pos: usize) -> Option<R> {
+        self.got.get_mut(pos).and_then(Option::take)
     }
 
-    /// The call the worker has been blocked in for at least `timeout` at `now`, if any. A worker
-    /// that could not be started counts as blocked from the start.
-    pub(crate) fn stalled(&self, now: Instant, timeout: Duration) -> Option<NvmlFunction> {
-        if !self.alive {
+    /// Whether an answer of the current ask is still awaited.
+    pub(crate) fn waiting(&self) -> bool {
+        self.pending.contains(&true)
+    }
+
+    /// The call GPU `pos` has been blocked in for at least `timeout`, if any (a GPU whose thread
+    /// could not be started counts as blocked).
+    pub(crate) fn stalled(
+        &self,
+        pos: usize,
+        now: Instant,
+        timeout: Duration,
+    ) -> Option<NvmlFunction> {
+        let g = self.groups.iter().find(|g| g.members.contains(&pos))?;
+        if !g.alive {
             return Some(NvmlFunction::Unknown);
         }
-        match self.busy.blocked(now) {
+        if g.busy.gpu() != pos {
+            return None;
+        }
+        match g.busy.blocked(now) {
             Some((f, d)) if d >= timeout => Some(f),
             _ => None,
         }
     }
 
-    /// When the current call (if any) reaches `timeout`.
-    pub(crate) fn stall_instant(&self, timeout: Duration) -> Option<Instant> {
+    /// When GPU `pos`'s current call (if it is in one) reaches `timeout`.
+    pub(crate) fn stall_instant(&self, pos: usize, timeout: Duration) -> Option<Instant> {
+        let g = self.groups.iter().find(|g| g.members.contains(&pos))?;
+        if g.busy.gpu() != pos {
+            return None;
+        }
         let now = Instant::now();
-        let (_, d) = self.busy.blocked(now)?;
+        let (_, d) = g.busy.blocked(now)?;
         Some(now + timeout.saturating_sub(d))
+    }
+
+    /// Threads in the pool.
+    #[cfg(test)]
+    pub(crate) fn threads(&self) -> usize {
+        self.groups.len()
     }
 }
 
@@ -229,39 +442,59 @@ impl<R: Send + 'static> Worker<R> {
 mod tests {
     use super::*;
 
+    /// GPU 2 blocks from its second read on until released; the others answer at once.
     #[test]
-    fn a_blocked_worker_is_seen_blocked_and_gets_no_backlog() {
+    fn a_blocked_gpu_is_split_off_and_the_others_answer_in_the_same_tick() {
         let (release_tx, release_rx) = mpsc::channel::<()>();
-        let release_rx = std::sync::Mutex::new(release_rx);
-        let mut w = Worker::spawn(
-            "test-worker".into(),
-            0u32,
-            Arc::new(Busy::default()),
-            move |n: &mut u32, busy, req| {
-                *n += 1;
-                if req.time_ms == 2 {
-                    busy.around(NvmlFunction::PowerUsage, || {
-                        let _ = release_rx.lock().map(|r| r.recv());
-                    });
-                }
-                *n
-            },
-        );
+        let release_rx = Arc::new(std::sync::Mutex::new(release_rx));
+        let factory: Factory<(usize, u32)> = Arc::new(|pos, _| (pos, 0));
+        let work: Work<(usize, u32), (usize, u32)> = Arc::new(move |st, busy, _t| {
+            st.1 += 1;
+            if st.0 == 2 && st.1 == 2 {
+                busy.around(NvmlFunction::PowerUsage, || {
+                    let _ = release_rx.lock().map(|r| r.recv());
+                });
+            }
+            *st
+        });
+        let mut pool = Pool::new("test", 4, Duration::from_millis(20), factory, work);
         let soon = || Instant::now() + Duration::from_secs(5);
-        assert!(w.request(1));
-        assert_eq!(w.wait(soon()), Some(1));
-        assert!(w.request(2));
-        assert_eq!(w.wait(Instant::now() + Duration::from_millis(50)), None);
-        assert!(!w.request(3), "no request while one is unanswered");
-        std::thread::sleep(Duration::from_millis(20));
-        let blocked = w.stalled(Instant::now(), Duration::from_millis(10));
-        assert_eq!(blocked, Some(NvmlFunction::PowerUsage));
-        assert!(w.stalled(Instant::now(), Duration::from_secs(60)).is_none());
+        pool.ask(1, |_| true);
+        pool.collect(soon(), None);
+        assert_eq!(pool.threads(), 1);
+        for p in 0..4 {
+            assert_eq!(pool.take(p), Some((p, 1)));
+        }
+        // Second tick: GPU 2 blocks; 0 and 1 answered before, 3 moves to a new thread.
+        pool.ask(2, |_| true);
+        pool.collect(Instant::now() + Duration::from_millis(300), None);
+        assert_eq!(pool.take(0), Some((0, 2)));
+        assert_eq!(pool.take(1), Some((1, 2)));
+        assert_eq!(pool.take(2), None);
+        assert_eq!(
+            pool.take(3).map(|a| a.0),
+            Some(3),
+            "asked again on the new thread"
+        );
+        assert_eq!(pool.threads(), 2);
+        let t = Duration::from_millis(10);
+        assert_eq!(
+            pool.stalled(2, Instant::now(), t),
+            Some(NvmlFunction::PowerUsage)
+        );
+        assert_eq!(pool.stalled(0, Instant::now(), t), None);
+        // Third tick: the blocked thread gets nothing; the others answer.
+        pool.ask(3, |_| true);
+        pool.collect(soon(), None);
+        assert!(pool.take(0).is_some() && pool.take(3).is_some());
+        assert_eq!(pool.take(2), None);
+        // Released: its late answer is discarded; then it answers for GPU 2 again.
         release_tx.send(()).unwrap();
         std::thread::sleep(Duration::from_millis(50));
-        // The late answer is discarded; the worker takes requests again.
-        assert!(w.request(4));
-        assert_eq!(w.wait(soon()), Some(3));
-        assert!(w.stalled(Instant::now(), Duration::ZERO).is_none());
+        pool.ask(4, |_| true);
+        pool.collect(soon(), None);
+        assert_eq!(pool.take(2), Some((2, 3)));
+        assert!(pool.stalled(2, Instant::now(), Duration::ZERO).is_none());
+        assert!(!pool.waiting());
     }
 }

@@ -36,12 +36,14 @@ impl XidMerger {
         }
     }
 
-    /// The XIDs of one tick at `time_ms`: NVML's events merged with the kernel lines read.
+    /// The XIDs of one tick at `time_ms`: NVML's events merged with the kernel lines read
+    /// (waiting for a twin at most until `until`, the tick's deadline).
     pub(crate) fn merge<'d>(
         &mut self,
         time_ms: i64,
         nvml: Vec<XidEvent>,
         devices: impl Iterator<Item = &'d DeviceId> + Clone,
+        until: Instant,
     ) -> Vec<XidEvent> {
         self.recent.retain(|r| time_ms - r.0 <= SAME_MS);
         let mut kernel: Vec<XidEvent> = match &self.kmsg {
@@ -53,7 +55,7 @@ impl XidMerger {
             None => Vec::new(),
         };
         let mut out: Vec<XidEvent> = Vec::with_capacity(nvml.len() + kernel.len());
-        let deadline = Instant::now() + TWIN_WAIT;
+        let deadline = (Instant::now() + TWIN_WAIT).min(until);
         for mut ev in nvml {
             // Already announced from the kernel log: nothing new.
             if self.seen(&ev, true) {
@@ -160,6 +162,10 @@ fn take_twin(kernel: &mut Vec<XidEvent>, ev: &XidEvent) -> Option<XidEvent> {
 mod tests {
     use super::*;
 
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
     fn devs() -> Vec<DeviceId> {
         (0..2)
             .map(|i| DeviceId {
@@ -199,6 +205,7 @@ mod tests {
             1000,
             vec![XidEvent::new(1000, 0, "GPU-0", 31)],
             devs().iter(),
+            far(),
         );
         assert_eq!(out.len(), 2, "{out:?}");
         assert_eq!(out[0].xid, 31);
@@ -213,6 +220,7 @@ mod tests {
             2000,
             vec![XidEvent::new(2000, 1, "GPU-1", 79)],
             devs().iter(),
+            far(),
         );
         assert!(again.is_empty(), "{again:?}");
     }
@@ -225,13 +233,18 @@ mod tests {
             1000,
             vec![XidEvent::new(1000, 0, "GPU-0", 94)],
             devs().iter(),
+            far(),
         );
         assert!(t.elapsed() < Duration::from_millis(500));
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].source, XidSource::Nvml);
         assert_eq!(out[0].pid, None);
-        let out =
-            XidMerger::new(None).merge(1000, vec![XidEvent::new(1, 0, "GPU-0", 94)], devs().iter());
+        let out = XidMerger::new(None).merge(
+            1000,
+            vec![XidEvent::new(1, 0, "GPU-0", 94)],
+            devs().iter(),
+            far(),
+        );
         assert_eq!(out.len(), 1);
     }
 }
