@@ -438,6 +438,7 @@ mod tests {
                     xid: 48,
                 },
             ],
+            ..Snapshot::default()
         };
         let mut out = String::new();
         rows.render(&snap, &mut out);
@@ -477,6 +478,7 @@ mod tests {
             gpus: vec![gpu(1, DeviceState::Lost, None)],
             processes: None,
             xids: vec![],
+            ..Snapshot::default()
         };
         let mut out2 = String::new();
         rows.render(&snap2, &mut out2);

@@ -32,9 +32,11 @@
 //! calls blocked in a wedged driver).
 
 mod events;
+pub mod expected;
 pub mod kmsg;
 pub mod procfs;
 mod slot;
+pub mod sysfs;
 mod worker;
 
 use std::ffi::OsString;
@@ -48,7 +50,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
 use crate::model::{
-    DeviceId, DeviceState, GpuSample, MetricValues, NvmlFunction, ProcSample, Snapshot, METRICS,
+    DeviceId, DeviceState, GpuSample, MetricValues, MissingGpu, NvmlFunction, ProcSample, Snapshot,
+    METRICS,
 };
 use slot::{Slot, SlowAnswer, SlowSlot};
 use worker::Worker;
@@ -149,6 +152,10 @@ pub struct Sampler {
     proc_cache: procfs::ProcCache,
     lib: String,
     driver_version: Option<String>,
+    /// The `--sim` scenario, if any (the bus of a simulated machine is `$NVML_SIM_SYSFS`).
+    sim_scenario: Option<String>,
+    /// Expected GPUs NVML does not enumerate ([`Sampler::check_expected`]), in every snapshot.
+    missing: Vec<MissingGpu>,
 }
 
 /// One device as the sampler sees it: its last known identity and state, and its two workers.
@@ -393,7 +400,32 @@ impl Sampler {
             proc_cache: procfs::ProcCache::default(),
             lib,
             driver_version,
+            sim_scenario: cfg.sim_scenario.clone(),
+            missing: Vec::new(),
         })
+    }
+
+    /// Compares the enumerated GPUs with the expected set (the PCI bus, the GPUs seen before,
+    /// `expected_gpus`; see [`expected`]), records the present ones when `opts.record`, and
+    /// carries the missing GPUs in every snapshot from now on. Returns them.
+    pub fn check_expected(&mut self, opts: &expected::ExpectedOptions) -> &[MissingGpu] {
+        self.missing = expected::check(
+            &self.devices(),
+            opts,
+            self.sim_scenario.as_deref(),
+            now_ms(),
+        );
+        &self.missing
+    }
+
+    /// The missing GPUs found by [`Sampler::check_expected`] (empty before it ran).
+    pub fn missing(&self) -> &[MissingGpu] {
+        &self.missing
+    }
+
+    /// Whether this sampler runs on the simulated library (`--sim`).
+    pub fn is_sim(&self) -> bool {
+        self.sim_scenario.is_some()
     }
 
     /// What this sampler cannot watch, one line each (e.g. GPUs without XID events); empty when
@@ -516,6 +548,7 @@ impl Sampler {
             gpus,
             processes,
             xids,
+            missing: self.missing.clone(),
         }
     }
 

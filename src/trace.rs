@@ -842,6 +842,7 @@ mod tests {
                 } else {
                     vec![]
                 },
+                ..Snapshot::default()
             });
         }
         let path = dir.path().join("t.csv");
