@@ -84,7 +84,11 @@ fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<
     let interval = config.interval();
     let mut sampler_cfg = config.sampler_config(&global.sampler_config());
     sampler_cfg.process_interval = interval.max(std::time::Duration::from_secs(1));
-    let snapshots = match SamplerThread::open(&sampler_cfg, interval, None) {
+    let opened = crate::sampler::Sampler::open(&sampler_cfg).map(|mut s| {
+        s.check_expected(&config.expected_options(true));
+        SamplerThread::start(s, interval, None)
+    });
+    let snapshots = match opened {
         Ok(t) => Some(t),
         Err(e) if global.sim.is_some() || global.nvml_lib.is_some() => return Err(e.into()),
         Err(e) => {

@@ -204,7 +204,7 @@ pub struct ExpectedOptions {
 }
 
 /// The start-up check: reads the bus and the history, computes the missing GPUs, records the
-/// present ones when asked, and logs each missing GPU. Never fails: what it cannot read it
+/// present ones when asked (and then logs each missing GPU as an error). Never fails: what it cannot read it
 /// says in the log and leaves out.
 pub fn check(
     devices: &[DeviceId],
@@ -229,7 +229,12 @@ pub fn check(
     };
     let out = missing(devices, &bus, &history.gpus, opts.expected_gpus);
     for m in &out {
-        tracing::error!("GPU missing: {}", m.describe());
+        // The daemon and `run` log it; `status` and `doctor` print it themselves.
+        if opts.record {
+            tracing::error!("GPU missing: {}", m.describe());
+        } else {
+            tracing::debug!("GPU missing: {}", m.describe());
+        }
     }
     if let (true, Some(path)) = (opts.record, path) {
         let before = history.clone();
