@@ -31,6 +31,7 @@
 //! lives as long as its process (this also avoids `nvmlShutdown` at exit, which would wait for
 //! calls blocked in a wedged driver).
 
+pub mod doctor;
 mod events;
 pub mod expected;
 pub mod kmsg;
