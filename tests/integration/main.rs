@@ -6,6 +6,7 @@ mod acceptance;
 mod common;
 mod config;
 mod daemon;
+mod doctor;
 mod engine;
 mod fidelity;
 mod job;
