@@ -133,6 +133,10 @@ pub struct AlertStateFile {
     /// Per-GPU data the windows need across a restart (version 2; empty in version 1 files).
     #[serde(default)]
     pub gpus: Vec<GpuCarry>,
+    /// The XID ledger: every XID of the last week on every GPU (survives restarts and reboots;
+    /// see `engine::ledger`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xid_ledger: Vec<crate::model::LedgerEntry>,
 }
 
 /// What the engine carries over a restart for one GPU, keyed by UUID (an index may name another
@@ -159,14 +163,8 @@ pub struct CounterPoint {
     pub value: f64,
 }
 
-/// One XID event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct XidPoint {
-    /// When it was received, UTC ms.
-    pub time_ms: i64,
-    /// XID code.
-    pub code: u64,
-}
+/// One XID event as carried over a restart (older state files hold only time and code).
+pub type XidPoint = crate::model::XidNote;
 
 /// FNV-1a 64-bit hash of the sorted labels as `name=value\n` lines, in 16 hex digits.
 pub fn fingerprint(labels: &BTreeMap<String, String>) -> String {
@@ -236,6 +234,7 @@ impl AlertBook {
             saved_at_ms: now_ms,
             instances: self.instances().cloned().collect(),
             gpus: Vec::new(),
+            xid_ledger: Vec::new(),
         }
     }
 

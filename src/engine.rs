@@ -25,13 +25,14 @@
 //! earlier when the counter grew (not when it dropped: a driver reload reset it), so an increase
 //! made while gpuwatch was down is reported at the first sample after the restart.
 
+pub mod ledger;
 pub mod testfile;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use crate::alert::{
-    AlertBook, AlertSpec, AlertStateFile, CounterPoint, GpuCarry, InstanceId, Outcome, XidPoint,
+    AlertBook, AlertSpec, AlertStateFile, CounterPoint, GpuCarry, InstanceId, Outcome,
 };
 use crate::model::{AlertEvent, GpuSample, Metric, MetricKind, MissingGpu, Severity, Snapshot};
 use crate::rules::api::{JobHandle, ProcessHandle};
@@ -88,6 +89,8 @@ pub struct Engine {
     rule_errors: Vec<(String, AlertSpec)>,
     /// Restored per-GPU data (by UUID) not yet applied to a history.
     carry: BTreeMap<String, GpuCarry>,
+    /// Every XID of the last week (see [`ledger`]).
+    ledger: ledger::XidLedger,
     /// Per rule (same order as `rules`), per GPU index: the inputs its last GPU-scope evaluation
     /// read and what it returned, reused while the inputs read the same (see below).
     memo: Vec<BTreeMap<u32, (Trace, EvalResult)>>,
@@ -121,6 +124,7 @@ impl Engine {
             last_now_ms: 0,
             recent_snapshots: VecDeque::new(),
             carry: BTreeMap::new(),
+            ledger: ledger::XidLedger::default(),
         }
     }
 
@@ -137,6 +141,7 @@ impl Engine {
             .filter(|g| !g.uuid.is_empty())
             .map(|g| (g.uuid.clone(), g.clone()))
             .collect();
+        e.ledger = ledger::XidLedger::from_entries(&state.xid_ledger);
         e
     }
 
@@ -161,13 +166,9 @@ impl Engine {
                         .insert(m.key().to_string(), CounterPoint { time_ms, value });
                 }
             }
-            for (time_ms, code) in &h.xids {
-                let p = XidPoint {
-                    time_ms: *time_ms,
-                    code: *code,
-                };
-                if !entry.xids.contains(&p) {
-                    entry.xids.push(p);
+            for x in &h.xids {
+                if !entry.xids.contains(x) {
+                    entry.xids.push(x.clone());
                 }
             }
         }
@@ -180,6 +181,7 @@ impl Engine {
             })
             .filter(|g| !g.counters.is_empty() || !g.xids.is_empty())
             .collect();
+        state.xid_ledger = self.ledger.entries();
         state
     }
 
@@ -351,7 +353,8 @@ impl Engine {
         }
         for x in &snap.xids {
             if let Some(h) = self.gpus.get_mut(&x.gpu_index) {
-                Arc::make_mut(h).push_xid(x.time_ms, x.xid);
+                let note = self.ledger.record(x);
+                Arc::make_mut(h).push_xid(note);
             }
         }
     }
@@ -416,7 +419,7 @@ impl Engine {
         let subject = Subject {
             key,
             gpu: None,
-            extra: vec![("rule", self.rules.rules()[idx].spec.name.clone())],
+            extra: vec![("rule".into(), self.rules.rules()[idx].spec.name.clone())],
             target_pid: None,
         };
         events.extend(step(
@@ -526,7 +529,7 @@ impl Engine {
         idx: usize,
         now: i64,
         result: EvalResult,
-        subject: Subject<'_>,
+        mut subject: Subject<'_>,
         events: &mut Vec<AlertEvent>,
     ) -> Option<RuleError> {
         let (outcome, severity) = match result {
@@ -535,13 +538,19 @@ impl Engine {
                 summary,
                 annotations,
                 severity,
-            } => (
-                Outcome::Active {
-                    summary,
-                    annotations,
-                },
-                severity,
-            ),
+                labels,
+            } => {
+                subject
+                    .extra
+                    .extend(labels.into_iter().map(|(k, v)| (k.into(), v)));
+                (
+                    Outcome::Active {
+                        summary,
+                        annotations,
+                    },
+                    severity,
+                )
+            }
             EvalResult::Quiet => (Outcome::Inactive, None),
             EvalResult::NoData => (Outcome::NoData, None),
         };
@@ -639,9 +648,9 @@ impl Engine {
                 handle.gpu_series = rhai::Dynamic::from(GpuHandle::new(hist.clone(), now));
                 let result = self.rules.eval_process(idx, handle);
                 let key = format!("{prefix}{index}/pid:{}", p.pid);
-                let mut extra = vec![("pid", p.pid.to_string())];
+                let mut extra = vec![("pid".into(), p.pid.to_string())];
                 if let Some(u) = &p.user {
-                    extra.push(("user", crate::values::escape_control(u)));
+                    extra.push(("user".into(), crate::values::escape_control(u)));
                 }
                 let subject = Subject {
                     key: &key,
@@ -723,7 +732,7 @@ impl Engine {
             let subject = Subject {
                 key: &key,
                 gpu: None,
-                extra: vec![("pid", job.pid.to_string())],
+                extra: vec![("pid".into(), job.pid.to_string())],
                 target_pid: Some(job.pid),
             };
             let error = self.step_result(idx, now_ms, result, subject, &mut events);
@@ -785,7 +794,7 @@ fn evaluation_order(rules: &RuleSet) -> Vec<usize> {
 struct Subject<'a> {
     key: &'a str,
     gpu: Option<&'a GpuHistory>,
-    extra: Vec<(&'static str, String)>,
+    extra: Vec<(Cow<'static, str>, String)>,
     target_pid: Option<u32>,
 }
 
@@ -832,7 +841,7 @@ fn step(
     let labels = || {
         let mut l = labels(hostname, &spec, subject.gpu);
         for (k, v) in &subject.extra {
-            l.insert((*k).to_string(), v.clone());
+            l.insert(k.to_string(), v.clone());
         }
         l
     };
@@ -860,7 +869,7 @@ fn counter_metrics() -> impl Iterator<Item = Metric> {
 /// point when the counter grew while gpuwatch was down. What was applied leaves `carry`.
 fn restore(h: &mut GpuHistory, carry: &mut GpuCarry, sample: &GpuSample, interval_ms: Option<i64>) {
     for x in carry.xids.drain(..) {
-        h.push_xid(x.time_ms, x.code);
+        h.push_xid(x);
     }
     let step_ms = interval_ms.filter(|i| *i > 0).unwrap_or(1000);
     carry.counters.retain(|key, saved| {

@@ -857,8 +857,9 @@ pub enum ProcKind {
     Graphics,
 }
 
-/// An XID error event delivered by the driver.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// An XID error event delivered by the driver (an NVML event, a kernel-log line, or both
+/// merged into one).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct XidEvent {
     /// When gpuwatch received it, UTC ms.
     pub time_ms: i64,
@@ -868,6 +869,106 @@ pub struct XidEvent {
     pub gpu_uuid: String,
     /// The XID code.
     pub xid: u64,
+    /// The process that triggered it, when the kernel log names one (`pid=…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// That process's name (`name=…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    /// The driver's description from the kernel log, control characters escaped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Where it was seen.
+    #[serde(default)]
+    pub source: XidSource,
+}
+
+impl XidEvent {
+    /// An event with no process details, from NVML.
+    pub fn new(time_ms: i64, gpu_index: u32, gpu_uuid: impl Into<String>, xid: u64) -> XidEvent {
+        XidEvent {
+            time_ms,
+            gpu_index,
+            gpu_uuid: gpu_uuid.into(),
+            xid,
+            ..XidEvent::default()
+        }
+    }
+}
+
+/// An XID as the engine keeps it in a GPU's history: the event, what the kernel log said about
+/// it, and how it stands in the XID ledger (`engine::ledger`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XidNote {
+    /// When it was received, UTC ms.
+    pub time_ms: i64,
+    /// The XID code.
+    pub code: u64,
+    /// The process that raised it, when the kernel log names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// That process's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    /// The driver's description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// How many times (incidents: reports within the burst window count once) this code was
+    /// seen on this GPU within the ledger's repeat window (24 h), this one included.
+    #[serde(default = "one")]
+    pub repeats: u32,
+    /// How many GPUs reported this code within the burst window (15 s for XID 13, else 3 min),
+    /// this one included.
+    #[serde(default = "one")]
+    pub gpus: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl XidNote {
+    /// A bare note (no process, first of its kind).
+    pub fn new(time_ms: i64, code: u64) -> XidNote {
+        XidNote {
+            time_ms,
+            code,
+            pid: None,
+            process: None,
+            detail: None,
+            repeats: 1,
+            gpus: 1,
+        }
+    }
+}
+
+/// One entry of the persisted XID ledger: which GPU, and the XID.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    /// The GPU's UUID (indexes change across reboots).
+    pub uuid: String,
+    /// The GPU's index when it happened.
+    pub gpu: u32,
+    /// When, UTC ms.
+    pub time_ms: i64,
+    /// The XID code.
+    pub code: u64,
+    /// The process that raised it, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+/// Where an XID was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum XidSource {
+    /// An NVML event (`nvmlEventSetWait`).
+    #[default]
+    Nvml,
+    /// A kernel-log line (`/dev/kmsg`).
+    Kernel,
+    /// Both, merged.
+    Both,
 }
 
 /// Everything sampled at one tick. Snapshots arrive in time order; a missing tick is a gap.

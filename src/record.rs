@@ -425,18 +425,8 @@ mod tests {
                 proc(12, 1, None),
             ]),
             xids: vec![
-                XidEvent {
-                    time_ms: 0,
-                    gpu_index: 1,
-                    gpu_uuid: "GPU-1".into(),
-                    xid: 79,
-                },
-                XidEvent {
-                    time_ms: 0,
-                    gpu_index: 1,
-                    gpu_uuid: "GPU-1".into(),
-                    xid: 48,
-                },
+                XidEvent::new(0, 1, "GPU-1", 79),
+                XidEvent::new(0, 1, "GPU-1", 48),
             ],
             ..Snapshot::default()
         };

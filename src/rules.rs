@@ -56,6 +56,20 @@ pub const RESERVED_LABELS: &[&str] = &[
 /// declared `action:` and the scope's own target.
 pub const RESERVED_RESULT_KEYS: &[&str] = &["pid", "action", "actions", "target_pid"];
 
+/// Labels gpuwatch sets on every alert (or on process and job alerts); a check's `labels` map
+/// cannot replace them.
+pub const BUILTIN_LABELS: &[&str] = &[
+    "alertname",
+    "severity",
+    "hostname",
+    "gpu",
+    "uuid",
+    "pid",
+    "user",
+    "rule",
+    "action",
+];
+
 /// Longest accepted `every` of a rule.
 pub const MAX_EVERY_MS: i64 = 24 * 3600 * 1000;
 
@@ -224,6 +238,9 @@ pub enum EvalResult {
         annotations: BTreeMap<String, String>,
         /// A severity the check returned for this instance (`#{ severity: .. }`).
         severity: Option<Severity>,
+        /// Labels the check returned (`#{ labels: #{ .. } }`): added to a new instance's
+        /// identity labels, for receivers to route on (the built-in labels cannot be replaced).
+        labels: BTreeMap<String, String>,
     },
     /// It does not.
     Quiet,
@@ -1043,6 +1060,7 @@ fn interpret(
                 summary: default(),
                 annotations: BTreeMap::new(),
                 severity: None,
+                labels: BTreeMap::new(),
             }
         } else {
             quiet
@@ -1053,6 +1071,7 @@ fn interpret(
             summary: value.to_string(),
             annotations: BTreeMap::new(),
             severity: None,
+            labels: BTreeMap::new(),
         };
     }
     if let Some(map) = value.read_lock::<Map>() {
@@ -1060,8 +1079,31 @@ fn interpret(
         let mut summary = None;
         let mut severity = None;
         let mut values = Vec::new();
+        let mut labels = BTreeMap::new();
         for (k, v) in map.iter() {
             match k.as_str() {
+                "labels" => {
+                    let Some(lm) = v.read_lock::<Map>() else {
+                        return EvalResult::Error(RuleError::at(
+                            &rule.file,
+                            rule_pos,
+                            "check returned `labels` that is not a map".to_string(),
+                        ));
+                    };
+                    for (lk, lv) in lm.iter() {
+                        if BUILTIN_LABELS.contains(&lk.as_str()) {
+                            return EvalResult::Error(RuleError::at(
+                                &rule.file,
+                                rule_pos,
+                                format!("check returned label `{lk}`, which gpuwatch sets itself"),
+                            ));
+                        }
+                        labels.insert(
+                            lk.to_string(),
+                            crate::values::escape_control(&lv.to_string()),
+                        );
+                    }
+                }
                 "summary" => summary = Some(v.to_string()),
                 "severity" => {
                     let sev = v.to_string();
@@ -1106,6 +1148,7 @@ fn interpret(
             summary: summary.unwrap_or_else(default),
             annotations,
             severity,
+            labels,
         };
     }
     EvalResult::Error(RuleError::at(

@@ -39,6 +39,7 @@ pub mod procfs;
 mod slot;
 pub mod sysfs;
 mod worker;
+mod xids;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -78,8 +79,10 @@ pub struct SamplerConfig {
     pub sim_scenario: Option<String>,
     /// Process-list refresh period (the list is also read at the first tick).
     pub process_interval: Duration,
-    /// Register for XID events (drained at every tick).
+    /// Register for XID events (drained at every tick) and follow the kernel log.
     pub xid_events: bool,
+    /// The kernel log to follow for XID lines; `None` = [`kmsg::default_path`].
+    pub kernel_log: Option<PathBuf>,
     /// How long an NVML call may block before its GPU is reported stalled.
     pub call_timeout: Duration,
 }
@@ -91,6 +94,7 @@ impl Default for SamplerConfig {
             sim_scenario: None,
             process_interval: DEFAULT_PROCESS_INTERVAL,
             xid_events: true,
+            kernel_log: None,
             call_timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
@@ -140,6 +144,8 @@ pub struct Sampler {
     nvml: &'static Nvml,
     devices: Vec<Dev>,
     xids: Option<events::XidListener>,
+    /// NVML's XIDs merged with the kernel log's.
+    merger: xids::XidMerger,
     /// What cannot be watched (see [`Sampler::degraded`]).
     degraded: Vec<String>,
     process_interval_ms: i64,
@@ -387,10 +393,25 @@ impl Sampler {
         } else {
             None
         };
+        let kmsg = if cfg.xid_events {
+            let path = cfg.kernel_log.clone().unwrap_or_else(kmsg::default_path);
+            match kmsg::KmsgReader::start(&path) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    // Not degraded monitoring (NVML events still come): the XIDs lack the
+                    // process that raised them.
+                    tracing::info!("kernel log not followed ({e}); XIDs come from NVML events only, without the process that raised them");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(Sampler {
             nvml,
             devices,
             xids,
+            merger: xids::XidMerger::new(kmsg),
             degraded,
             process_interval_ms: i64::try_from(cfg.process_interval.as_millis())
                 .unwrap_or(i64::MAX),
@@ -480,11 +501,13 @@ impl Sampler {
     pub fn sample_at(&mut self, time_ms: i64) -> Snapshot {
         let start = Instant::now();
         let deadline = start + self.tick_budget;
-        let xids = self
+        let nvml_xids = self
             .xids
             .as_mut()
             .map(|x| x.drain(time_ms))
             .unwrap_or_default();
+        let ids = self.devices.iter().map(|d| &d.id);
+        let xids = self.merger.merge(time_ms, nvml_xids, ids);
         let asked: Vec<bool> = self
             .devices
             .iter_mut()

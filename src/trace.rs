@@ -540,12 +540,12 @@ impl TraceReader {
             }
             row.sample.time_ms = tick_time;
             for x in row.xids {
-                snap.xids.push(XidEvent {
-                    time_ms: tick_time,
-                    gpu_index: row.sample.id.index,
-                    gpu_uuid: row.sample.id.uuid.clone(),
-                    xid: x,
-                });
+                snap.xids.push(XidEvent::new(
+                    tick_time,
+                    row.sample.id.index,
+                    row.sample.id.uuid.clone(),
+                    x,
+                ));
             }
             if let Some(list) = row.procs {
                 let all = procs.get_or_insert_with(Vec::new);
@@ -833,12 +833,7 @@ mod tests {
                 gpus,
                 processes: Some(vec![]),
                 xids: if t == 1 {
-                    vec![XidEvent {
-                        time_ms: 0,
-                        gpu_index: 1,
-                        gpu_uuid: "GPU-1".into(),
-                        xid: 79,
-                    }]
+                    vec![XidEvent::new(0, 1, "GPU-1", 79)]
                 } else {
                     vec![]
                 },

@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use crate::model::{DeviceId, DeviceState, GpuSample, Metric, ProcSample, METRIC_COUNT};
+use crate::model::{DeviceId, DeviceState, GpuSample, Metric, ProcSample, XidNote, METRIC_COUNT};
 
 /// Points per summary block.
 const BLOCK: u64 = 64;
@@ -485,8 +485,8 @@ pub struct GpuHistory {
     pub last_time_ms: i64,
     /// One window per metric, indexed by `Metric as usize`.
     pub series: Vec<Window>,
-    /// XID events `(time_ms, code)`, oldest first.
-    pub xids: VecDeque<(i64, u64)>,
+    /// XID events, oldest first.
+    pub xids: VecDeque<XidNote>,
     /// The newest process list for this GPU.
     pub processes: Vec<ProcSample>,
     /// Recent sample times, for the interval estimate.
@@ -555,9 +555,9 @@ impl GpuHistory {
     }
 
     /// Records an XID event.
-    pub fn push_xid(&mut self, time_ms: i64, code: u64) {
-        let pos = self.xids.partition_point(|e| e.0 <= time_ms);
-        self.xids.insert(pos, (time_ms, code));
+    pub fn push_xid(&mut self, note: XidNote) {
+        let pos = self.xids.partition_point(|e| e.time_ms <= note.time_ms);
+        self.xids.insert(pos, note);
     }
 
     /// Drops everything older than `cutoff_ms`.
@@ -565,7 +565,7 @@ impl GpuHistory {
         for w in &mut self.series {
             w.evict_before(cutoff_ms);
         }
-        while self.xids.front().is_some_and(|e| e.0 < cutoff_ms) {
+        while self.xids.front().is_some_and(|e| e.time_ms < cutoff_ms) {
             self.xids.pop_front();
         }
     }
@@ -608,15 +608,26 @@ impl GpuHistory {
 
     /// Distinct XID codes with `now - duration < t <= now`, in order of first occurrence.
     pub fn xids_in(&self, now_ms: i64, duration_ms: i64) -> Vec<u64> {
-        let lo = self.xids.partition_point(|e| e.0 <= now_ms - duration_ms);
-        let hi = self.xids.partition_point(|e| e.0 <= now_ms);
         let mut out = Vec::new();
-        for (_, code) in self.xids.range(lo..hi.max(lo)) {
-            if !out.contains(code) {
-                out.push(*code);
+        for x in self.xid_notes_in(now_ms, duration_ms) {
+            if !out.contains(&x.code) {
+                out.push(x.code);
             }
         }
         out
+    }
+
+    /// The XID events with `now - duration < t <= now`, oldest first.
+    pub fn xid_notes_in(
+        &self,
+        now_ms: i64,
+        duration_ms: i64,
+    ) -> impl Iterator<Item = &XidNote> + '_ {
+        let lo = self
+            .xids
+            .partition_point(|e| e.time_ms <= now_ms - duration_ms);
+        let hi = self.xids.partition_point(|e| e.time_ms <= now_ms);
+        self.xids.range(lo..hi.max(lo))
     }
 }
 
@@ -862,9 +873,9 @@ mod tests {
             });
         }
         assert_eq!(h.interval_ms, 2000);
-        h.push_xid(5000, 13);
-        h.push_xid(7000, 79);
-        h.push_xid(8000, 13);
+        h.push_xid(XidNote::new(5000, 13));
+        h.push_xid(XidNote::new(7000, 79));
+        h.push_xid(XidNote::new(8000, 13));
         assert_eq!(h.xids_in(18_000, 20_000), vec![13, 79]);
         assert_eq!(h.xids_in(18_000, 5_000), Vec::<u64>::new());
         let m = h.aggregate(Metric::Util, Agg::Mean, 18_000, 20_000, 0.0);

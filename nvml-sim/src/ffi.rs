@@ -71,17 +71,20 @@ thread_local! {
 /// NVML_SIM_DEBUG=1.
 pub(crate) fn entry(name: &'static str, body: impl FnOnce() -> Result<(), u32>) -> nvmlReturn_t {
     CALL_GPU.with(|c| c.set(None));
-    let result = match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => code::SUCCESS,
-        Ok(Err(c)) => c,
-        Err(_) => code::UNKNOWN,
-    };
+    // The call's latency passes before it answers, so the answer is the state at its return (a
+    // PCIe throughput is the window ending then). The first nvmlInit* sleeps inside `sim::init`,
+    // before the scenario clock starts.
     if let Some(sim) = sim::loaded() {
         let latency = sim.latency.of(name);
         if !latency.is_zero() {
             std::thread::sleep(latency);
         }
     }
+    let result = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => code::SUCCESS,
+        Ok(Err(c)) => c,
+        Err(_) => code::UNKNOWN,
+    };
     if debug_enabled() {
         let gpu = CALL_GPU.with(Cell::get);
         let t = sim::current().map(|s| s.now_s()).unwrap_or(0.0);
@@ -180,17 +183,17 @@ pub(crate) unsafe fn get_str<'a>(ptr: *const c_char) -> Result<&'a str, u32> {
 
 #[no_mangle]
 pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
-    entry("nvmlInit_v2", sim::init)
+    entry("nvmlInit_v2", || sim::init("nvmlInit_v2"))
 }
 
 #[no_mangle]
 pub extern "C" fn nvmlInit() -> nvmlReturn_t {
-    entry("nvmlInit", sim::init)
+    entry("nvmlInit", || sim::init("nvmlInit"))
 }
 
 #[no_mangle]
 pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
-    entry("nvmlInitWithFlags", sim::init)
+    entry("nvmlInitWithFlags", || sim::init("nvmlInitWithFlags"))
 }
 
 #[no_mangle]

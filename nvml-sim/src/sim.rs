@@ -704,12 +704,19 @@ pub fn current() -> Result<Arc<Sim>, u32> {
     }
 }
 
-/// `nvmlInit*`: loads the scenario on first use (scenario time starts then) and counts up.
-pub fn init() -> Result<(), u32> {
+/// `nvmlInit*` (the export `name`): loads the scenario on first use, spends the init latency,
+/// starts scenario time, and counts up.
+pub fn init(name: &'static str) -> Result<(), u32> {
     let mut g = GLOBAL.write().unwrap_or_else(|p| p.into_inner());
     if g.sim.is_none() {
         match crate::shipped::load_from_env() {
-            Ok(sim) => {
+            Ok(mut sim) => {
+                let latency = sim.latency.of(name);
+                if !latency.is_zero() {
+                    std::thread::sleep(latency);
+                }
+                sim.start = Instant::now();
+                sim.wall_start_us = wall_now_us();
                 let sim = Arc::new(sim);
                 if let Some(dir) = std::env::var_os("NVML_SIM_SYSFS").filter(|v| !v.is_empty()) {
                     if let Err(e) = crate::sysfs::write(&sim, std::path::Path::new(&dir)) {

@@ -160,11 +160,15 @@ fn status_table(
             int(g.get(Metric::EccCorrected), ""),
             int(g.get(Metric::EccUncorrected), "")
         );
-        let state = match g.state {
+        let mut state = match g.state {
             DeviceState::Ok => "ok".to_string(),
             DeviceState::Lost => "LOST".to_string(),
             DeviceState::Stalled(f) => format!("STALLED in {}", f.symbol()),
         };
+        if let Some(action) = g.get(Metric::RecoveryAction).and_then(recovery_action_name) {
+            state.push_str(", NVIDIA recovery action: ");
+            state.push_str(action);
+        }
         let _ = writeln!(
             out,
             "{:>3}  {:<name_w$}  {:>5}  {:>4}  {:>4}  {:>17}  {:>11}  {:<20}  {:>9}  {state}",
@@ -497,6 +501,18 @@ impl DeviceView {
                 }
             }
         }
+    }
+}
+
+/// The driver's recovery action (field `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) when one is
+/// needed: `None` for "none" and unknown values.
+fn recovery_action_name(v: f64) -> Option<&'static str> {
+    match v {
+        1.0 => Some("GPU_RESET"),
+        2.0 => Some("NODE_REBOOT"),
+        3.0 => Some("DRAIN_P2P"),
+        4.0 => Some("DRAIN_AND_RESET"),
+        _ => None,
     }
 }
 

@@ -111,12 +111,12 @@ fn scenario() -> Vec<Snapshot> {
         let mut xids = Vec::new();
         for (at, gpu_index, code) in [(2400, 1, 48), (4000, 1, 13), (6000, 2, 79)] {
             if t == at {
-                xids.push(XidEvent {
-                    time_ms: t * 1000,
+                xids.push(XidEvent::new(
+                    t * 1000,
                     gpu_index,
-                    gpu_uuid: format!("GPU-{gpu_index}"),
-                    xid: code,
-                });
+                    format!("GPU-{gpu_index}"),
+                    code,
+                ));
             }
         }
         out.push(Snapshot {

@@ -19,7 +19,7 @@
 //! lost = "0x80 1x10"            # 1 = GPU lost at that tick
 //! stalled = "0x80 1x10"         # 1 = an NVML call on the GPU hangs at that tick (values given
 //! stalled_call = "nvmlDeviceGetPowerUsage"  # at such ticks are kept; default: field values)
-//! xids = [{ at = "4m", code = 79 }]
+//! xids = [{ at = "4m", code = 79 }, { at = "6m", code = 31, pid = 4242, process = "python3" }]
 //! processes = [{ pid = 4242, used = "20GiB", from = "0s", to = "10m" }]
 //! [[case.missing]]              # an expected GPU NVML does not enumerate (host.missing_gpus)
 //! pci_bus_id = "00000000:3A:00.0"   # optional, like uuid and name
@@ -50,7 +50,7 @@ use serde::Deserialize;
 use crate::engine::{Engine, EngineOptions};
 use crate::model::{
     AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, MissingGpu, MissingWhy,
-    NvmlFunction, ProcSample, Snapshot, XidEvent,
+    NvmlFunction, ProcSample, Snapshot, XidEvent, XidSource,
 };
 use crate::rules::{RuleSet, RulesConfig};
 
@@ -113,6 +113,9 @@ struct Expect {
 struct XidIn {
     at: String,
     code: u64,
+    /// The process the kernel log names.
+    pid: Option<u32>,
+    process: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -269,7 +272,7 @@ struct GpuInput {
     lost: Vec<Option<f64>>,
     stalled: Vec<Option<f64>>,
     stalled_call: NvmlFunction,
-    xids: Vec<(i64, u64)>,
+    xids: Vec<(i64, XidEvent)>,
     procs: Vec<(i64, i64, ProcSample)>,
 }
 
@@ -317,8 +320,22 @@ fn gpu_input(table: &toml::Table, pos: usize, text: &str, file: &str) -> Result<
             "xids" => {
                 let list: Vec<XidIn> = v.clone().try_into().map_err(|e| s_err(format!("{e}")))?;
                 for x in list {
-                    g.xids
-                        .push((parse_offset_ms(&x.at).map_err(&s_err)?, x.code));
+                    let at = parse_offset_ms(&x.at).map_err(&s_err)?;
+                    let source = if x.pid.is_some() {
+                        XidSource::Both
+                    } else {
+                        XidSource::Nvml
+                    };
+                    g.xids.push((
+                        at,
+                        XidEvent {
+                            xid: x.code,
+                            pid: x.pid,
+                            process: x.process,
+                            source,
+                            ..XidEvent::default()
+                        },
+                    ));
                 }
             }
             "processes" => {
@@ -538,13 +555,13 @@ fn snapshot_at(gpus: &[GpuInput], k: usize, interval: i64) -> Snapshot {
         if lost {
             values = MetricValues::default();
         }
-        for (at, code) in &g.xids {
+        for (at, x) in &g.xids {
             if *at > off - interval && *at <= off {
                 snap.xids.push(XidEvent {
                     time_ms: now,
                     gpu_index: g.index,
                     gpu_uuid: g.uuid.clone(),
-                    xid: *code,
+                    ..x.clone()
                 });
             }
         }

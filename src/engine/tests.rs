@@ -307,12 +307,7 @@ fn xids_processes_and_labels() {
         },
     );
     let mut s = snap(0, &[50.0, 50.0]);
-    s.xids.push(XidEvent {
-        time_ms: 0,
-        gpu_index: 1,
-        gpu_uuid: "GPU-1".into(),
-        xid: 79,
-    });
+    s.xids.push(XidEvent::new(0, 1, "GPU-1", 79));
     s.processes = Some(vec![crate::model::ProcSample::compute(
         7,
         1,
@@ -350,12 +345,7 @@ fn one_gpu(t_s: i64, ecc_uncorrected: Option<f64>, xid: Option<u64>) -> Snapshot
         .values
         .set(Metric::EccUncorrected, ecc_uncorrected);
     if let Some(code) = xid {
-        s.xids.push(XidEvent {
-            time_ms: t_s * 1000,
-            gpu_index: 0,
-            gpu_uuid: "GPU-0".into(),
-            xid: code,
-        });
+        s.xids.push(XidEvent::new(t_s * 1000, 0, "GPU-0", code));
     }
     s
 }
@@ -463,10 +453,7 @@ fn xid_alert_keeps_firing_across_restart_and_resolves_when_its_window_expires() 
     let state = e.state();
     assert_eq!(
         state.gpus[0].xids,
-        vec![crate::alert::XidPoint {
-            time_ms: 5000,
-            code: 79
-        }]
+        vec![crate::alert::XidPoint::new(5000, 79)]
     );
     // Down from 60 s to 120 s; the 5-minute window of the XID at 5 s ends at 305 s.
     let mut e = restart(e, rules, opts_1s());

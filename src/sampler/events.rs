@@ -134,12 +134,7 @@ impl XidListener {
                 Some(XidError::Unknown) | None => 999,
             };
             tracing::info!("GPU {}: XID {xid}", dev.index);
-            out.push(XidEvent {
-                time_ms,
-                gpu_index: dev.index,
-                gpu_uuid: dev.uuid.clone(),
-                xid,
-            });
+            out.push(XidEvent::new(time_ms, dev.index, dev.uuid.clone(), xid));
         }
         out
     }

@@ -16,6 +16,15 @@
 //!
 //! The parser is total: any line either is one of these or is not (`None`); nothing panics.
 //! `pid=0` and `<unknown>` mean "no process". NVSwitch `SXid` lines are not GPU XIDs.
+//!
+//! [`KmsgReader`] follows the kernel log on a thread of its own (see `xids` for how its events
+//! are merged with NVML's).
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
 
 /// A GPU's PCI address as the kernel log and NVML name it, normalised: domain, bus, device
 /// (the function is always 0 for a GPU and is not compared).
@@ -154,6 +163,116 @@ pub fn parse_line(line: &str) -> Option<KernelEvent> {
     Some(KernelEvent::FallenOff {
         pci: PciAddr::parse(addr)?,
     })
+}
+
+/// Where the kernel log is read from: `GPUWATCH_KMSG`, else nvml-sim's stand-in
+/// (`NVML_SIM_KMSG`, the file the simulated driver writes its kernel lines to), else
+/// `/dev/kmsg`.
+pub fn default_path() -> PathBuf {
+    ["GPUWATCH_KMSG", "NVML_SIM_KMSG"]
+        .iter()
+        .find_map(|v| std::env::var_os(v).filter(|p| !p.is_empty()))
+        .map_or_else(|| PathBuf::from("/dev/kmsg"), PathBuf::from)
+}
+
+/// A thread following the kernel log from now on and passing on the NVIDIA lines, each with
+/// the time it was read (UTC ms). `/dev/kmsg` gives one record per read, from its end at start
+/// (records from before gpuwatch started are not replayed, like NVML events); a regular file is
+/// followed like `tail -f` from its end (from its start when it appears after gpuwatch did).
+pub(crate) struct KmsgReader {
+    rx: mpsc::Receiver<(i64, KernelEvent)>,
+}
+
+impl KmsgReader {
+    /// Opens `path` and starts following it. `Err` says why it cannot be read (e.g. a kernel
+    /// with `dmesg_restrict` and no privilege); a regular file that does not exist yet is
+    /// waited for.
+    pub(crate) fn start(path: &Path) -> Result<KmsgReader, String> {
+        let (tx, rx) = mpsc::channel();
+        let first = match File::open(path) {
+            Ok(mut f) => {
+                // Follow from now on.
+                f.seek(SeekFrom::End(0))
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                Some(f)
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound && path != Path::new("/dev/kmsg") =>
+            {
+                None
+            }
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        let path = path.to_path_buf();
+        std::thread::Builder::new()
+            .name("gpuwatch-kmsg".into())
+            .stack_size(256 * 1024)
+            .spawn(move || follow(&path, first, &tx))
+            .map_err(|e| format!("cannot start the kernel-log thread: {e}"))?;
+        Ok(KmsgReader { rx })
+    }
+
+    /// The lines read since the last call.
+    pub(crate) fn drain(&self) -> Vec<(i64, KernelEvent)> {
+        self.rx.try_iter().collect()
+    }
+
+    /// Waits up to `timeout` for one more line.
+    pub(crate) fn wait(&self, timeout: Duration) -> Option<(i64, KernelEvent)> {
+        self.rx.recv_timeout(timeout).ok()
+    }
+}
+
+/// The reader thread: records from a character device, lines from a regular file.
+fn follow(path: &Path, mut file: Option<File>, tx: &mpsc::Sender<(i64, KernelEvent)>) {
+    let mut buf = vec![0u8; 8192];
+    let mut pending: Vec<u8> = Vec::new();
+    let mut warned = false;
+    loop {
+        let Some(f) = file.as_mut() else {
+            std::thread::sleep(Duration::from_millis(200));
+            file = File::open(path).ok();
+            continue;
+        };
+        match f.read(&mut buf) {
+            Ok(0) => {
+                // End of a regular file: wait for more (a file truncated or replaced is
+                // re-opened from its start).
+                std::thread::sleep(Duration::from_millis(100));
+                let pos = f.stream_position().unwrap_or(0);
+                let len = std::fs::metadata(path).map_or(pos, |m| m.len());
+                if len < pos {
+                    file = File::open(path).ok();
+                    pending.clear();
+                }
+            }
+            Ok(n) => {
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    let line = String::from_utf8_lossy(&line);
+                    if let Some(ev) = parse_line(&line) {
+                        if tx.send((crate::sys::now_ms(), ev)).is_err() {
+                            return;
+                        }
+                    }
+                }
+                if pending.len() > 64 * 1024 {
+                    pending.clear();
+                }
+            }
+            // /dev/kmsg: records were overwritten before we read them; go on.
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                if !warned {
+                    warned = true;
+                    tracing::warn!("reading the kernel log {} failed: {e}", path.display());
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

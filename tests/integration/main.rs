@@ -14,6 +14,7 @@ mod layers;
 mod metrics_doc;
 mod notify;
 mod parsers;
+mod real_driver;
 mod real_gpu;
 mod restart;
 mod service;

@@ -477,6 +477,7 @@ const EVERY_METRIC: &str = r#"name = "every-metric"
 [devices]
 count = 2
 num_fans = 2
+recovery_action = "none"
 [devices.metrics]
 gpu_util_pct = 50
 encoder_util_pct = 10

@@ -16,7 +16,7 @@ use rhai::{Array, Dynamic, Engine, ImmutableString, Map};
 
 use super::{duration_ms, nodata, num_arg, number, RhaiResult};
 use crate::model::{
-    clock_event_mask, DeviceId, DeviceState, Metric, NvmlFunction, ProcSample, METRICS,
+    clock_event_mask, DeviceId, DeviceState, Metric, NvmlFunction, ProcSample, XidNote, METRICS,
 };
 use crate::window::{Agg, GpuHistory, RunStats};
 
@@ -44,6 +44,9 @@ pub enum Input {
     Interval,
     /// `gpu.xids(duration)`: distinct XID codes within the duration (ms).
     Xids(i64),
+    /// `gpu.xid_events(duration)`: the XID events within the duration (ms), with their
+    /// process and ledger counts.
+    XidEvents(i64),
     /// `series.idle_runs(duration, threshold)`: duration (ms), threshold bits.
     Runs(Metric, i64, u64),
     /// `series.maxima(duration, n)`.
@@ -71,6 +74,8 @@ pub enum Value {
     Nums(Option<Vec<f64>>),
     /// A fixed name, or none.
     Name(Option<&'static str>),
+    /// XID events.
+    Notes(Vec<XidNote>),
 }
 
 fn same_f64(a: f64, b: f64) -> bool {
@@ -102,6 +107,7 @@ impl PartialEq for Value {
             }
             (Value::Codes(a), Value::Codes(b)) => a == b,
             (Value::Name(a), Value::Name(b)) => a == b,
+            (Value::Notes(a), Value::Notes(b)) => a == b,
             (Value::Runs(a), Value::Runs(b)) => match (a, b) {
                 (Some(a), Some(b)) => {
                     a.runs == b.runs
@@ -152,6 +158,9 @@ impl Input {
             Input::Processes => Value::Procs(hist.processes.clone()),
             Input::Interval => Value::Int(hist.interval_ms),
             Input::Xids(dur) => Value::Codes(hist.xids_in(now_ms, dur)),
+            Input::XidEvents(dur) => {
+                Value::Notes(hist.xid_notes_in(now_ms, dur).cloned().collect())
+            }
             Input::Runs(metric, dur, x) => Value::Runs(hist.window(metric).runs_below(
                 now_ms,
                 dur,
@@ -378,6 +387,34 @@ impl Series {
     }
 }
 
+/// One XID event as scripts see it: `#{ code, at, pid, process, detail, repeats, gpus }` (`at`
+/// in UTC seconds; `pid`, `process`, `detail` are `()` unless the kernel log named them).
+fn xid_event(n: XidNote) -> Dynamic {
+    let mut m = Map::new();
+    m.insert(
+        "code".into(),
+        Dynamic::from_int(i64::try_from(n.code).unwrap_or(i64::MAX)),
+    );
+    #[expect(clippy::cast_precision_loss, reason = "ms since 1970 fit f64")]
+    m.insert("at".into(), Dynamic::from_float(n.time_ms as f64 / 1000.0));
+    m.insert(
+        "pid".into(),
+        n.pid
+            .map_or(Dynamic::UNIT, |p| Dynamic::from_int(i64::from(p))),
+    );
+    m.insert(
+        "process".into(),
+        n.process.map_or(Dynamic::UNIT, Dynamic::from),
+    );
+    m.insert(
+        "detail".into(),
+        n.detail.map_or(Dynamic::UNIT, Dynamic::from),
+    );
+    m.insert("repeats".into(), Dynamic::from_int(i64::from(n.repeats)));
+    m.insert("gpus".into(), Dynamic::from_int(i64::from(n.gpus)));
+    Dynamic::from_map(m)
+}
+
 fn processes(g: &GpuHandle) -> Array {
     g.processes()
         .into_iter()
@@ -482,6 +519,15 @@ pub(super) fn register(engine: &mut Engine) {
                 .into_iter()
                 .map(|c| Dynamic::from_int(i64::try_from(c).unwrap_or(i64::MAX)))
                 .collect(),
+        ))
+    });
+    engine.register_fn("xid_events", |g: GpuHandle, d: Dynamic| -> RhaiResult {
+        let dur = duration_ms(&d)?;
+        let Value::Notes(notes) = g.view.get(Input::XidEvents(dur)) else {
+            return Ok(Dynamic::from_array(Array::new()));
+        };
+        Ok(Dynamic::from_array(
+            notes.into_iter().map(xid_event).collect(),
         ))
     });
     engine.register_fn("to_string", |g: &mut GpuHandle| {
