@@ -27,6 +27,11 @@
 //! tick is left out of that snapshot (a gap). Other errors leave the value `None` and are logged
 //! once per GPU and query.
 //!
+//! Around NVML: [`sysfs`] lists the NVIDIA GPUs on the PCI bus, [`expected`] compares them (and
+//! the GPUs seen at earlier starts, and `[daemon] expected_gpus`) with NVML's list
+//! ([`Sampler::check_expected`]; the missing GPUs ride in every snapshot), and [`doctor`] holds
+//! the preflight checks of `gpuwatch doctor`.
+//!
 //! The `Nvml` handle is leaked on purpose: devices and the event set borrow it, and a sampler
 //! lives as long as its process (this also avoids `nvmlShutdown` at exit, which would wait for
 //! calls blocked in a wedged driver).

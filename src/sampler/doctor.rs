@@ -199,7 +199,7 @@ fn one_shot(nvml: &nvml_wrapper::Nvml, dev: &nvml_wrapper::Device<'_>, f: &mut G
         .ok()
         .map(|mw| f64::from(mw) / 1000.0);
     let app = |c: Clock| {
-        let now = dev.applications_clock(c.clone()).ok()?;
+        let now = dev.applications_clock(c).ok()?;
         Some((now, dev.default_applications_clock(c).ok()?))
     };
     f.app_sm_clock = app(Clock::SM);
