@@ -83,6 +83,7 @@ fn snapshot(t: i64, rng: &mut u64) -> Snapshot {
         gpus,
         processes,
         xids: Vec::new(),
+        ..Snapshot::default()
     }
 }
 

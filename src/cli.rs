@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 mod daemon;
+mod doctor;
 mod inspect;
 mod job;
 mod record;
@@ -57,6 +58,9 @@ pub enum Command {
     Status(inspect::StatusArgs),
     /// List GPUs with their identities and CUDA_VISIBLE_DEVICES mapping.
     Devices(inspect::DevicesArgs),
+    /// Preflight before a long job: PCIe link, persistence, pending repairs, recovery action,
+    /// power and clock settings, ECC, foreign processes, missing GPUs (exit 1 with findings).
+    Doctor(doctor::DoctorArgs),
     /// Record a timestamped CSV log of every metric.
     Record(record::RecordArgs),
     /// Validate the config and every rule.
@@ -87,6 +91,7 @@ pub fn main() -> i32 {
     let result = match &cli.command {
         Command::Status(a) => inspect::status(&cli.global, a),
         Command::Devices(a) => inspect::devices(&cli.global, a),
+        Command::Doctor(a) => doctor::doctor(&cli.global, a),
         Command::Record(a) => record::run(&cli.global, a),
         Command::Check(a) => rules::check(&cli.global, a),
         Command::Test(a) => rules::test(&cli.global, a),

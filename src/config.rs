@@ -107,6 +107,16 @@ impl Config {
         }
     }
 
+    /// What the start-up check of the expected GPUs reads: the history in the state directory
+    /// and `[daemon] expected_gpus`; `record` writes the enumerated GPUs into the history.
+    pub fn expected_options(&self, record: bool) -> crate::sampler::expected::ExpectedOptions {
+        crate::sampler::expected::ExpectedOptions {
+            state_dir: Some(self.state_dir()),
+            expected_gpus: self.daemon.expected_gpus,
+            record,
+        }
+    }
+
     /// Engine options: the host name, `[rules] eval_interval` and `[daemon] interval`.
     pub fn engine_options(&self, hostname: &str) -> crate::engine::EngineOptions {
         crate::engine::EngineOptions {

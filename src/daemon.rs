@@ -264,13 +264,15 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     };
     // Kill and exec actions of firing rules (`action: "kill"` goes through [actions.kill]).
     let pipeline = Pipeline::new(engine, config.action_runner(&hostname));
-    let sampler = match crate::sampler::Sampler::open(&config.sampler_config(sampler_cfg)) {
+    let mut sampler = match crate::sampler::Sampler::open(&config.sampler_config(sampler_cfg)) {
         Ok(s) => s,
         Err(e) => {
             error!("{e}");
             return Ok(EXIT_NO_NVML);
         }
     };
+    // GPUs on the bus or seen before that NVML does not list: `gpu_missing` (host rule).
+    sampler.check_expected(&config.expected_options(true));
     let devices = sampler.devices();
     info!(
         config = %describe(config_path),

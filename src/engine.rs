@@ -34,7 +34,7 @@ use std::sync::Arc;
 use crate::alert::{
     AlertBook, AlertSpec, AlertStateFile, CounterPoint, GpuCarry, InstanceId, Outcome,
 };
-use crate::model::{AlertEvent, GpuSample, Metric, MetricKind, Severity, Snapshot};
+use crate::model::{AlertEvent, GpuSample, Metric, MetricKind, MissingGpu, Severity, Snapshot};
 use crate::rules::api::{JobHandle, ProcessHandle};
 use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet, Trace};
 use crate::window::GpuHistory;
@@ -72,6 +72,8 @@ pub struct Engine {
     opts: EngineOptions,
     gpus: BTreeMap<u32, Arc<GpuHistory>>,
     present: Vec<u32>,
+    /// Expected GPUs NVML does not enumerate, as the latest snapshot said (`host.missing_gpus`).
+    missing: Vec<MissingGpu>,
     book: AlertBook,
     last_snapshot_ms: Option<i64>,
     first_seen_ms: Option<i64>,
@@ -115,6 +117,7 @@ impl Engine {
             opts,
             gpus: BTreeMap::new(),
             present: Vec::new(),
+            missing: Vec::new(),
             book: AlertBook::new(),
             last_snapshot_ms: None,
             first_seen_ms: None,
@@ -308,6 +311,9 @@ impl Engine {
             }
         }
         self.present.clear();
+        if self.missing != snap.missing {
+            self.missing.clone_from(&snap.missing);
+        }
         let cutoff = now - self.rules.retention_ms();
         for sample in &snap.gpus {
             let index = sample.id.index;
@@ -385,6 +391,7 @@ impl Engine {
             now_ms,
             sample_age_s: reference.map(|t| secs(now_ms - t)),
             interval_s: self.interval_ms().map(secs),
+            missing: self.missing.clone(),
         }
     }
 

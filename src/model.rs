@@ -998,6 +998,80 @@ pub struct Snapshot {
     pub processes: Option<Vec<ProcSample>>,
     /// XID events received since the previous tick.
     pub xids: Vec<XidEvent>,
+    /// GPUs this machine should have that NVML does not enumerate (found when the sampler
+    /// opened; carried in every snapshot so host rules such as `gpu_missing` see them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<MissingGpu>,
+}
+
+/// Why a GPU counts as expected although NVML does not enumerate it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingWhy {
+    /// An NVIDIA display/3D controller on the PCI bus (sysfs) that NVML does not list.
+    OnBus,
+    /// A GPU (by UUID) seen at an earlier start (`state_dir/gpus.json`) and absent now.
+    SeenBefore,
+    /// `[daemon] expected_gpus` says there should be more GPUs than NVML lists.
+    ExpectedCount,
+}
+
+impl MissingWhy {
+    /// `on_bus`, `seen_before` or `expected_count`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MissingWhy::OnBus => "on_bus",
+            MissingWhy::SeenBefore => "seen_before",
+            MissingWhy::ExpectedCount => "expected_count",
+        }
+    }
+
+    /// One phrase for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            MissingWhy::OnBus => "on the PCI bus but not enumerated by NVML",
+            MissingWhy::SeenBefore => "seen at an earlier start but not enumerated by NVML now",
+            MissingWhy::ExpectedCount => "fewer GPUs enumerated than [daemon] expected_gpus",
+        }
+    }
+}
+
+/// A GPU this machine should have that NVML does not enumerate.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct MissingGpu {
+    /// NVML-style bus id (`00000000:3A:00.0`) when known; empty for a count shortfall.
+    #[serde(default)]
+    pub pci_bus_id: String,
+    /// Its UUID when it was seen before; empty when unknown.
+    #[serde(default)]
+    pub uuid: String,
+    /// Its marketing name when it was seen before; empty when unknown.
+    #[serde(default)]
+    pub name: String,
+    /// Why it is expected.
+    pub why: Option<MissingWhy>,
+}
+
+impl MissingGpu {
+    /// One line for people: `00000000:3A:00.0 (GPU-…, NVIDIA H100): on the PCI bus but not …`.
+    pub fn describe(&self) -> String {
+        let mut who = if self.pci_bus_id.is_empty() {
+            "a GPU".to_string()
+        } else {
+            self.pci_bus_id.clone()
+        };
+        let extra: Vec<&str> = [self.uuid.as_str(), self.name.as_str()]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
+        if !extra.is_empty() {
+            who = format!("{who} ({})", extra.join(", "));
+        }
+        let why = self
+            .why
+            .map_or("not enumerated by NVML", MissingWhy::describe);
+        format!("{who}: {why}")
+    }
 }
 
 /// How bad an alert is.

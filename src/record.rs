@@ -428,6 +428,7 @@ mod tests {
                 XidEvent::new(0, 1, "GPU-1", 79),
                 XidEvent::new(0, 1, "GPU-1", 48),
             ],
+            ..Snapshot::default()
         };
         let mut out = String::new();
         rows.render(&snap, &mut out);
@@ -467,6 +468,7 @@ mod tests {
             gpus: vec![gpu(1, DeviceState::Lost, None)],
             processes: None,
             xids: vec![],
+            ..Snapshot::default()
         };
         let mut out2 = String::new();
         rows.render(&snap2, &mut out2);

@@ -27,14 +27,22 @@
 //! tick is left out of that snapshot (a gap). Other errors leave the value `None` and are logged
 //! once per GPU and query.
 //!
+//! Around NVML: [`sysfs`] lists the NVIDIA GPUs on the PCI bus, [`expected`] compares them (and
+//! the GPUs seen at earlier starts, and `[daemon] expected_gpus`) with NVML's list
+//! ([`Sampler::check_expected`]; the missing GPUs ride in every snapshot), and [`doctor`] holds
+//! the preflight checks of `gpuwatch doctor`.
+//!
 //! The `Nvml` handle is leaked on purpose: devices and the event set borrow it, and a sampler
 //! lives as long as its process (this also avoids `nvmlShutdown` at exit, which would wait for
 //! calls blocked in a wedged driver).
 
+pub mod doctor;
 mod events;
+pub mod expected;
 pub mod kmsg;
 pub mod procfs;
 mod slot;
+pub mod sysfs;
 mod worker;
 mod xids;
 
@@ -49,7 +57,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
 use crate::model::{
-    DeviceId, DeviceState, GpuSample, MetricValues, NvmlFunction, ProcSample, Snapshot, METRICS,
+    DeviceId, DeviceState, GpuSample, MetricValues, MissingGpu, NvmlFunction, ProcSample, Snapshot,
+    METRICS,
 };
 use slot::{Slot, SlowAnswer, SlowSlot};
 use worker::Pool;
@@ -161,6 +170,10 @@ pub struct Sampler {
     proc_cache: procfs::ProcCache,
     lib: String,
     driver_version: Option<String>,
+    /// The `--sim` scenario, if any (the bus of a simulated machine is `$NVML_SIM_SYSFS`).
+    sim_scenario: Option<String>,
+    /// Expected GPUs NVML does not enumerate ([`Sampler::check_expected`]), in every snapshot.
+    missing: Vec<MissingGpu>,
 }
 
 /// One device as the sampler sees it: its last known identity and state.
@@ -353,6 +366,8 @@ impl Sampler {
             proc_cache: procfs::ProcCache::default(),
             lib,
             driver_version,
+            sim_scenario: cfg.sim_scenario.clone(),
+            missing: Vec::new(),
         };
         sampler.attach_all();
         if cfg.xid_events {
@@ -415,6 +430,29 @@ impl Sampler {
                 tracing::info!("kernel log not followed ({e}); XIDs come from NVML events only, without the process that raised them");
             }
         }
+    }
+
+    /// Compares the enumerated GPUs with the expected set (the PCI bus, the GPUs seen before,
+    /// `expected_gpus`; see [`expected`]), records the present ones when `opts.record`, and
+    /// carries the missing GPUs in every snapshot from now on. Returns them.
+    pub fn check_expected(&mut self, opts: &expected::ExpectedOptions) -> &[MissingGpu] {
+        self.missing = expected::check(
+            &self.devices(),
+            opts,
+            self.sim_scenario.as_deref(),
+            now_ms(),
+        );
+        &self.missing
+    }
+
+    /// The missing GPUs found by [`Sampler::check_expected`] (empty before it ran).
+    pub fn missing(&self) -> &[MissingGpu] {
+        &self.missing
+    }
+
+    /// Whether this sampler runs on the simulated library (`--sim`).
+    pub fn is_sim(&self) -> bool {
+        self.sim_scenario.is_some()
     }
 
     /// What this sampler cannot watch, one line each (e.g. GPUs without XID events); empty when
@@ -526,6 +564,7 @@ impl Sampler {
             gpus,
             processes,
             xids,
+            missing: self.missing.clone(),
         }
     }
 

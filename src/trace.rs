@@ -837,6 +837,7 @@ mod tests {
                 } else {
                     vec![]
                 },
+                ..Snapshot::default()
             });
         }
         let path = dir.path().join("t.csv");

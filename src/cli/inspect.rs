@@ -10,8 +10,9 @@ use serde_json::{json, Map, Value};
 use super::GlobalArgs;
 use crate::model::visible::{cuda_visible, nvidia_visible, CudaVisible, NvidiaVisible};
 use crate::model::{
-    clock_event_names, DeviceId, DeviceState, GpuSample, Metric, ProcSample, METRICS,
+    clock_event_names, DeviceId, DeviceState, GpuSample, Metric, MissingGpu, ProcSample, METRICS,
 };
+use crate::sampler::expected::ExpectedOptions;
 use crate::sampler::Sampler;
 
 /// Arguments of `status`.
@@ -216,11 +217,21 @@ fn status_table(
     out
 }
 
+/// One `MISSING` line per expected GPU that NVML does not enumerate.
+fn missing_lines(out: &mut String, missing: &[MissingGpu]) {
+    for m in missing {
+        let _ = writeln!(out, "MISSING  {}", truncate(&m.describe(), 200));
+    }
+}
+
 /// Runs `status`.
 pub fn status(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<i32> {
     let mut cfg = global.sampler_config();
     cfg.xid_events = false;
     let mut sampler = Sampler::open(&cfg)?;
+    // The bus only: `status` keeps no history (the daemon's `gpu_missing` also knows the GPUs
+    // seen before and `expected_gpus`).
+    sampler.check_expected(&ExpectedOptions::default());
     let snap = sampler.sample();
     let procs = snap.processes.clone().unwrap_or_default();
     let time = crate::record::format_timestamp(snap.time_ms);
@@ -249,11 +260,13 @@ pub fn status(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<i32> {
             "driver_version": sampler.driver_version(),
             "nvml_library": sampler.library(),
             "gpus": gpus,
+            "missing": snap.missing,
         });
         serde_json::to_writer_pretty(&mut stdout, &doc)?;
         writeln!(stdout)?;
     } else {
-        let table = status_table(&host, &time, sampler.driver_version(), &snap.gpus, &procs);
+        let mut table = status_table(&host, &time, sampler.driver_version(), &snap.gpus, &procs);
+        missing_lines(&mut table, &snap.missing);
         stdout.write_all(table.as_bytes())?;
     }
     stdout.flush()?;

@@ -50,9 +50,49 @@ pub struct RunArgs {
     /// Append the job's stdout and stderr to this file as well.
     #[arg(long, value_name = "FILE")]
     pub tee: Option<PathBuf>,
+    /// Run `gpuwatch doctor` first: with findings, print them and exit 1 without starting the
+    /// job (`--preflight`), or print them and start it anyway (`--preflight=warn`).
+    #[arg(long, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "fail")]
+    pub preflight: Option<Preflight>,
     /// The command to run and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// What `run --preflight` does with findings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Preflight {
+    /// Print them and do not start the job (exit 1).
+    Fail,
+    /// Print them and start the job.
+    Warn,
+}
+
+/// `run --preflight`: the doctor's findings on stderr; `Some(exit code)` when the job must not
+/// start (findings in `fail` mode: 1; no NVML in `fail` mode: [`crate::pipeline::EXIT_NO_NVML`]).
+fn preflight(
+    global: &GlobalArgs,
+    mode: Preflight,
+    path: Option<&Path>,
+) -> anyhow::Result<Option<i32>> {
+    let expected = load_config(path)?.expected_options(false);
+    let findings = match super::doctor::examine(global, &expected) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("gpuwatch: preflight: {e}");
+            return Ok((mode == Preflight::Fail).then_some(crate::pipeline::EXIT_NO_NVML));
+        }
+    };
+    for line in super::doctor::render_text(&findings).lines() {
+        eprintln!("gpuwatch: preflight: {line}");
+    }
+    if findings.is_empty() || mode == Preflight::Warn {
+        return Ok(None);
+    }
+    eprintln!(
+        "gpuwatch: preflight: not starting the job (use --preflight=warn to start it anyway)"
+    );
+    Ok(Some(1))
 }
 
 /// Arguments of `attach`.
@@ -84,7 +124,11 @@ fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<
     let interval = config.interval();
     let mut sampler_cfg = config.sampler_config(&global.sampler_config());
     sampler_cfg.process_interval = interval.max(std::time::Duration::from_secs(1));
-    let snapshots = match SamplerThread::open(&sampler_cfg, interval, None) {
+    let opened = crate::sampler::Sampler::open(&sampler_cfg).map(|mut s| {
+        s.check_expected(&config.expected_options(true));
+        SamplerThread::start(s, interval, None)
+    });
+    let snapshots = match opened {
         Ok(t) => Some(t),
         Err(e) if global.sim.is_some() || global.nvml_lib.is_some() => return Err(e.into()),
         Err(e) => {
@@ -151,6 +195,11 @@ fn finish(report: &JobReport, flags: &JobFlags) -> anyhow::Result<()> {
 /// Runs `run`: the job's exit code (128 + signal when a signal ended it).
 pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
     let path = args.flags.config.as_deref();
+    if let Some(mode) = args.preflight {
+        if let Some(code) = preflight(global, mode, path)? {
+            return Ok(code);
+        }
+    }
     let result = if args.flags.no_rules {
         let config = load_config(path)?;
         let opts = options(&config, &args.flags, args.tee.as_ref())?;

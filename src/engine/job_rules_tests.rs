@@ -76,6 +76,7 @@ fn snapshot(t: i64, util: f64, power: f64, procs: Option<Vec<ProcSample>>) -> Sn
         gpus: vec![gpu(0, t, util, power), gpu(1, t, util, power)],
         processes: procs,
         xids: vec![],
+        ..Snapshot::default()
     }
 }
 

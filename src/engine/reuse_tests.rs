@@ -124,6 +124,7 @@ fn scenario() -> Vec<Snapshot> {
             gpus,
             processes: Some(processes),
             xids,
+            ..Snapshot::default()
         });
     }
     out

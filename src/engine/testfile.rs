@@ -21,6 +21,11 @@
 //! stalled_call = "nvmlDeviceGetPowerUsage"  # at such ticks are kept; default: field values)
 //! xids = [{ at = "4m", code = 79 }, { at = "6m", code = 31, pid = 4242, process = "python3" }]
 //! processes = [{ pid = 4242, used = "20GiB", from = "0s", to = "10m" }]
+//! [[case.missing]]              # an expected GPU NVML does not enumerate (host.missing_gpus)
+//! pci_bus_id = "00000000:3A:00.0"   # optional, like uuid and name
+//! why = "on_bus"                # on_bus | seen_before | expected_count (default on_bus)
+//! from = "0s"                   # optional: in the snapshots from this offset (default 0)
+//! to = "5m"                     # optional: until this offset (default: to the end)
 //! [[case.expect]]
 //! alert = "gpu_hot"
 //! gpu = 0                       # omit for host alerts
@@ -44,8 +49,8 @@ use serde::Deserialize;
 
 use crate::engine::{Engine, EngineOptions};
 use crate::model::{
-    AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, NvmlFunction, ProcSample,
-    Snapshot, XidEvent, XidSource,
+    AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, MissingGpu, MissingWhy,
+    NvmlFunction, ProcSample, Snapshot, XidEvent, XidSource,
 };
 use crate::rules::{RuleSet, RulesConfig};
 
@@ -74,6 +79,22 @@ struct Case {
     gpu: Vec<toml::Table>,
     #[serde(default)]
     expect: Vec<Expect>,
+    #[serde(default)]
+    missing: Vec<MissingIn>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MissingIn {
+    #[serde(default)]
+    pci_bus_id: String,
+    #[serde(default)]
+    uuid: String,
+    #[serde(default)]
+    name: String,
+    why: Option<MissingWhy>,
+    from: Option<String>,
+    to: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -461,10 +482,17 @@ fn run_case(
         eval_interval_ms: eval_interval,
         sample_interval_ms: Some(interval),
     };
+    let missing = missing_inputs(case, file)?;
     let mut engine = Engine::new(rules.clone(), opts);
     let mut events = Vec::new();
     for k in 0..ticks {
-        let snap = snapshot_at(&gpus, k, interval);
+        let mut snap = snapshot_at(&gpus, k, interval);
+        let off = snap.time_ms - TEST_EPOCH_MS;
+        snap.missing = missing
+            .iter()
+            .filter(|(from, to, _)| *from <= off && off < *to)
+            .map(|(_, _, m)| m.clone())
+            .collect();
         let evs = if snap.gpus.is_empty() {
             engine.advance(snap.time_ms)
         } else {
@@ -473,6 +501,32 @@ fn run_case(
         events.extend(evs);
     }
     compare(case, &events, file)
+}
+
+/// A case's `[[case.missing]]` GPUs with the offsets they are missing in, `[from, to)`.
+fn missing_inputs(case: &Case, file: &str) -> Result<Vec<(i64, i64, MissingGpu)>, String> {
+    let err = |e: String| format!("{file}: case {:?}: missing: {e}", case.name);
+    case.missing
+        .iter()
+        .map(|m| {
+            let from = m
+                .from
+                .as_deref()
+                .map_or(Ok(0), parse_offset_ms)
+                .map_err(err)?;
+            let to =
+                m.to.as_deref()
+                    .map_or(Ok(i64::MAX), parse_offset_ms)
+                    .map_err(err)?;
+            let gpu = MissingGpu {
+                pci_bus_id: m.pci_bus_id.clone(),
+                uuid: m.uuid.clone(),
+                name: m.name.clone(),
+                why: Some(m.why.unwrap_or(MissingWhy::OnBus)),
+            };
+            Ok((from, to, gpu))
+        })
+        .collect()
 }
 
 /// The snapshot of tick `k` (at `k × interval` after the test epoch): the GPUs with a value or

@@ -40,6 +40,7 @@ fn snap(t_s: i64, temps: &[f64]) -> Snapshot {
             .collect(),
         processes: None,
         xids: Vec::new(),
+        ..Snapshot::default()
     }
 }
 

@@ -424,6 +424,7 @@ mod tests {
                 gpus: vec![gpu(80.0)],
                 processes: Some(vec![proc_(10, 100), proc_(11, 50), proc_(99, 1000)]),
                 xids: vec![],
+                ..Snapshot::default()
             },
             &pids,
         );
@@ -433,6 +434,7 @@ mod tests {
                 gpus: vec![gpu(40.0)],
                 processes: None,
                 xids: vec![],
+                ..Snapshot::default()
             },
             &pids,
         );

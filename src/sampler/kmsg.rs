@@ -54,6 +54,19 @@ impl PciAddr {
             device: u32::from_str_radix(v, 16).ok()?,
         })
     }
+
+    /// The address as NVML spells a GPU's `pci.busId`: `00000000:18:00.0` (8-digit domain,
+    /// upper-case hex, function 0). Comparable with [`crate::model::DeviceId::pci_bus_id`] after
+    /// [`PciAddr::normalise`].
+    pub fn nvml_bus_id(self) -> String {
+        format!("{:08X}:{:02X}:{:02X}.0", self.domain, self.bus, self.device)
+    }
+
+    /// Any spelling of a bus id (kernel log, sysfs, NVML, either case) in NVML's form; `None`
+    /// when it is not a PCI address.
+    pub fn normalise(s: &str) -> Option<String> {
+        PciAddr::parse(s).map(PciAddr::nvml_bus_id)
+    }
 }
 
 /// What one kernel-log line says about a GPU.
@@ -382,6 +395,27 @@ mod tests {
         assert_eq!(PciAddr::parse("00000000:18:00.0"), Some(pci(0x18)));
         assert_eq!(PciAddr::parse("0000:18:00"), Some(pci(0x18)));
         assert_eq!(PciAddr::parse("18:00"), None);
+    }
+
+    #[test]
+    fn every_spelling_normalises_to_nvmls() {
+        for s in [
+            "0000:3a:00.0",
+            "0000:3A:00",
+            "00000000:3a:00.0",
+            " 00000000:3A:00.0\n",
+        ] {
+            assert_eq!(
+                PciAddr::normalise(s).as_deref(),
+                Some("00000000:3A:00.0"),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            PciAddr::normalise("10000:db:1f.0").as_deref(),
+            Some("00010000:DB:1F.0")
+        );
+        assert_eq!(PciAddr::normalise("not-a-bus"), None);
     }
 
     #[test]

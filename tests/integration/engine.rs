@@ -164,6 +164,7 @@ fn hot_trace(dir: &Path) -> PathBuf {
                 gpus,
                 processes: None,
                 xids: Vec::new(),
+                ..Snapshot::default()
             }
         })
         .collect();
