@@ -59,6 +59,8 @@ pub enum Check {
     ForeignProcess,
     /// An expected GPU is not enumerated.
     GpuMissing,
+    /// The GPU answers GPU_IS_LOST, or an NVML call on it hangs.
+    GpuUnusable,
 }
 
 /// One thing that needs attention.
@@ -96,6 +98,8 @@ impl Finding {
 pub struct GpuFacts {
     /// Identity.
     pub id: DeviceId,
+    /// The device's state at the snapshot (lost or stalled GPUs get no other checks).
+    pub state: DeviceState,
     /// Utilization, %.
     pub util: Option<f64>,
     /// Current PCIe link generation.
@@ -162,6 +166,7 @@ pub fn gather(sampler: &mut Sampler) -> (Vec<GpuFacts>, Vec<ProcSample>) {
     for g in &snap.gpus {
         let mut f = GpuFacts {
             id: g.id.clone(),
+            state: g.state,
             util: g.get(Metric::Util),
             remap_pending: g.get(Metric::RemapPending).map(|v| v != 0.0),
             retired_pending: g.get(Metric::RetiredPending).map(|v| v != 0.0),
@@ -280,6 +285,23 @@ fn link_findings(g: &GpuFacts, out: &mut Vec<Finding>) {
 /// The settings and health checks of one GPU.
 fn state_findings(g: &GpuFacts, out: &mut Vec<Finding>) {
     let i = g.id.index;
+    match g.state {
+        DeviceState::Lost => out.push(finding(
+            g,
+            Check::GpuUnusable,
+            Severity::Critical,
+            "the GPU is lost (NVML answers GPU_IS_LOST: fallen off the bus) — a job on it fails at once".into(),
+            "check dmesg | grep NVRM for XID 79; reboot the node".into(),
+        )),
+        DeviceState::Stalled(f) => out.push(finding(
+            g,
+            Check::GpuUnusable,
+            Severity::Critical,
+            format!("NVML call {} does not return on this GPU (driver wedged or GPU in reset) — a job on it will hang", f.symbol()),
+            "check dmesg | grep NVRM for XIDs; try nvidia-smi -r -i {i} (GPU reset) or reboot the node".replace("{i}", &i.to_string()),
+        )),
+        DeviceState::Ok => {}
+    }
     if g.persistence == Some(false) {
         out.push(finding(
             g,
@@ -485,6 +507,7 @@ mod tests {
                 pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + index),
                 name: "NVIDIA H100 80GB HBM3".into(),
             },
+            state: DeviceState::Ok,
             util: Some(0.0),
             link_gen: Some(1), // idle: the link rests at gen 1
             link_gen_max: Some(5),
@@ -566,6 +589,31 @@ mod tests {
             f[9].line()
         );
         assert!(f.iter().all(|f| !f.fix.is_empty() && !f.message.is_empty()));
+    }
+
+    #[test]
+    fn a_lost_or_wedged_gpu_is_a_critical_finding() {
+        let mut g: Vec<GpuFacts> = (0..3).map(healthy).collect();
+        g[1].state = DeviceState::Lost;
+        g[2].state = DeviceState::Stalled(crate::model::NvmlFunction::FieldValues);
+        let f = findings(
+            &Inputs {
+                gpus: g,
+                ..Inputs::default()
+            },
+            &|_| true,
+        );
+        assert_eq!(
+            checks(&f),
+            [(Some(1), Check::GpuUnusable), (Some(2), Check::GpuUnusable)]
+        );
+        assert!(f.iter().all(|f| f.severity == Severity::Critical));
+        assert!(
+            f[1].message.contains("nvmlDeviceGetFieldValues"),
+            "{}",
+            f[1].message
+        );
+        assert!(f[1].fix.contains("nvidia-smi -r -i 2"), "{}", f[1].fix);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! returns, the thread's late answers are discarded and it takes requests for its GPU again.
 
 use std::sync::atomic::{AtomicI64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::model::NvmlFunction;
@@ -97,7 +97,9 @@ struct Request {
     positions: Vec<usize>,
 }
 
-/// One message from a thread: an answer for a GPU, or (`None`) the end of a request.
+/// One message from a thread: an answer for a GPU, or (`None`) the end of a request. Answers are
+/// left in the pool's shared list (no wake-up each); only the end of a request is sent, so a
+/// tick costs the sampler one wake-up however many GPUs there are.
 struct Reply<R> {
     group: usize,
     seq: u64,
@@ -128,6 +130,8 @@ pub(crate) struct Pool<S, R> {
     groups: Vec<Group>,
     replies_tx: mpsc::Sender<Reply<R>>,
     replies: mpsc::Receiver<Reply<R>>,
+    /// Answers the threads have left, not yet booked.
+    parts: Arc<Mutex<Vec<Reply<R>>>>,
     factory: Factory<S>,
     work: Work<S, R>,
     /// How long a call may block before the GPUs after it move to a new thread.
@@ -157,6 +161,7 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
             groups: Vec::new(),
             replies_tx,
             replies,
+            parts: Arc::new(Mutex::new(Vec::new())),
             factory,
             work,
             split_after,
@@ -179,9 +184,10 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
         self.next_group += 1;
         let (tx, rx) = mpsc::channel::<Request>();
         let busy = Arc::new(Busy::default());
-        let (marker, replies, factory, work, n) = (
+        let (marker, replies, parts, factory, work, n) = (
             busy.clone(),
             self.replies_tx.clone(),
+            self.parts.clone(),
             self.factory.clone(),
             self.work.clone(),
             self.n,
@@ -199,16 +205,14 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
                         };
                         let state = slot.get_or_insert_with(|| factory(pos, marker.clone()));
                         let out = work(state, &marker, req.time_ms);
-                        let part = Some((pos, out));
-                        if replies
-                            .send(Reply {
-                                group: id,
-                                seq: req.seq,
-                                part,
-                            })
-                            .is_err()
-                        {
-                            return;
+                        let part = Reply {
+                            group: id,
+                            seq: req.seq,
+                            part: Some((pos, out)),
+                        };
+                        match parts.lock() {
+                            Ok(mut v) => v.push(part),
+                            Err(_) => return,
                         }
                     }
                     let done = Reply {
@@ -283,9 +287,22 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
         group.outstanding = Some((self.seq, count));
     }
 
-    /// Handles the replies already there without waiting.
+    /// Books the answers left and the ends of requests already sent, without waiting.
     fn drain_stale(&mut self) {
+        self.drain_parts();
         while let Ok(r) = self.replies.try_recv() {
+            self.drain_parts();
+            self.handle(r);
+        }
+    }
+
+    /// Books the answers the threads have left.
+    fn drain_parts(&mut self) {
+        let taken = match self.parts.lock() {
+            Ok(mut v) => std::mem::take(&mut *v),
+            Err(_) => return,
+        };
+        for r in taken {
             self.handle(r);
         }
     }
