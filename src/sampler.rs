@@ -1,11 +1,13 @@
 //! The only module that talks to NVML (through `nvml-wrapper`).
 //!
 //! [`Sampler::open`] loads the library (`--nvml-lib`, `GPUWATCH_NVML_LIB`, the simulated library
-//! for `--sim`, or `libnvidia-ml.so.1`) and gives every GPU two worker threads (`worker`): the
-//! fast path reads every metric of [`crate::model::METRICS`] at every tick, the slow path reads
-//! the process lists and the calls that block on real drivers (`nvmlDeviceGetPcieThroughput`
-//! samples for 20 ms) on the slower process cadence. [`Sampler::sample`] asks every fast worker
-//! at once and waits for the answers until the tick's budget, then produces a plain
+//! for `--sim`, or `libnvidia-ml.so.1`) and reads the GPUs on two pools of worker threads
+//! (`worker`; one thread each until a call blocks): the fast path reads the metrics of
+//! [`crate::model::METRICS`] that change from tick to tick, the slow path the process lists, the
+//! settings that rarely change and the calls that block on real drivers
+//! (`nvmlDeviceGetPcieThroughput` samples for 20 ms) on the slower process cadence.
+//! [`Sampler::sample`] asks the fast path and waits for the answers until the tick's budget,
+//! then produces a plain
 //! [`Snapshot`]: per GPU the values in canonical units, the slow values while they are fresh
 //! (older than twice the process interval they are absent), the XID events received since the
 //! last tick (drained from an NVML event set without blocking, see `events`) and, when a slow
