@@ -656,9 +656,13 @@ impl Dev {
         self.reported = state;
         match (was, state.stalled_in()) {
             (None, Some(f)) => tracing::error!(
-                "GPU {} ({}): {} has not returned for {} ms (driver wedged or GPU in reset); the other GPUs keep being sampled",
+                "GPU {}{}: {} has not returned for {} ms (driver wedged or GPU in reset); the other GPUs keep being sampled",
                 self.id.index,
-                self.id.uuid,
+                if self.id.uuid.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", self.id.uuid)
+                },
                 f.symbol(),
                 timeout.as_millis()
             ),
