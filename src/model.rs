@@ -61,6 +61,8 @@ pub enum NvmlCall {
     MemoryReserved,
     /// `nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)` (°C).
     TemperatureGpu,
+    /// `nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)` (°C).
+    TemperatureSlowdown,
     /// `nvmlDeviceGetPowerUsage` (mW).
     PowerUsage,
     /// `nvmlDeviceGetEnforcedPowerLimit` (mW).
@@ -102,8 +104,8 @@ pub enum NvmlCall {
 impl NvmlCall {
     /// Whether the call is made off the tick path, on the slow (process-list) cadence: calls that
     /// block on real drivers (`nvmlDeviceGetPcieThroughput` samples for 20 ms; the retired-page
-    /// lists) and settings that rarely change (power limit, performance state, fan, video
-    /// engines). Their values are carried into every snapshot while fresh (see the `sampler`
+    /// lists) and settings that rarely change (power limit, slowdown temperature, performance
+    /// state, fan, video engines). Their values are carried into every snapshot while fresh (see the `sampler`
     /// module), so a tick makes only the calls that change from tick to tick: the field values,
     /// utilization, memory, temperature, power, clocks and clock-event reasons.
     pub fn is_slow(self) -> bool {
@@ -112,6 +114,7 @@ impl NvmlCall {
             NvmlCall::PcieRx
                 | NvmlCall::PcieTx
                 | NvmlCall::EnforcedPowerLimit
+                | NvmlCall::TemperatureSlowdown
                 | NvmlCall::PerformanceState
                 | NvmlCall::FanSpeed
                 | NvmlCall::EncoderUtilization
@@ -139,6 +142,7 @@ impl NvmlCall {
             NvmlCall::MemoryTotal => "nvmlDeviceGetMemoryInfo_v2.total",
             NvmlCall::MemoryReserved => "nvmlDeviceGetMemoryInfo_v2.reserved",
             NvmlCall::TemperatureGpu => "nvmlDeviceGetTemperature(GPU)",
+            NvmlCall::TemperatureSlowdown => "nvmlDeviceGetTemperatureThreshold(SLOWDOWN)",
             NvmlCall::PowerUsage => "nvmlDeviceGetPowerUsage",
             NvmlCall::EnforcedPowerLimit => "nvmlDeviceGetEnforcedPowerLimit",
             NvmlCall::TotalEnergyConsumption => "nvmlDeviceGetTotalEnergyConsumption",
@@ -441,6 +445,11 @@ metrics! {
         source: Source::field(NvmlField::MEMORY_TEMP),
         smi: Some("temperature.memory"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_MEMORY_TEMP") },
+    TempSlowdown => { key: "temp_slowdown", unit: "celsius", kind: Gauge,
+        help: "Temperature at which the GPU slows its clocks (NVML's slowdown threshold, T.Limit 0); fixed per board (read off the tick path)",
+        source: Source::nvml(NvmlCall::TemperatureSlowdown),
+        smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_SLOWDOWN_TEMP") },
     Power => { key: "power", unit: "watts", kind: Gauge,
         help: "Power draw of the board",
         source: Source::nvml(NvmlCall::PowerUsage), smi: Some("power.draw"), smi_unit: Same,
@@ -745,6 +754,7 @@ nvml_functions! {
     UtilizationRates => "nvmlDeviceGetUtilizationRates",
     MemoryInfo => "nvmlDeviceGetMemoryInfo",
     Temperature => "nvmlDeviceGetTemperature",
+    TemperatureThreshold => "nvmlDeviceGetTemperatureThreshold",
     PowerUsage => "nvmlDeviceGetPowerUsage",
     EnforcedPowerLimit => "nvmlDeviceGetEnforcedPowerLimit",
     TotalEnergyConsumption => "nvmlDeviceGetTotalEnergyConsumption",

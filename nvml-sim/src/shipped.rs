@@ -27,6 +27,8 @@ pub const SHIPPED: &[(&str, &str)] = &[
     ("ecc-errors", include_str!("../scenarios/ecc-errors.toml")),
     ("xid-79", include_str!("../scenarios/xid-79.toml")),
     ("nccl-hang", include_str!("../scenarios/nccl-hang.toml")),
+    ("straggler", include_str!("../scenarios/straggler.toml")),
+    ("rank-dead", include_str!("../scenarios/rank-dead.toml")),
     ("overnight", include_str!("../scenarios/overnight.toml")),
 ];
 
@@ -266,6 +268,49 @@ mod tests {
                 assert_eq!(s.metric(gpu, Metric::GpuUtilPct, t), 100.0);
                 let p = s.metric(gpu, Metric::PowerW, t);
                 assert!((85.0..=95.0).contains(&p), "{p}");
+            }
+        }
+    }
+
+    #[test]
+    fn straggler_gpu0_lags_its_peers_for_ten_minutes() {
+        let s = sim("straggler");
+        let util = |gpu, from, to| mean(|t| s.metric(gpu, Metric::GpuUtilPct, t), from, to);
+        assert!((76.0..=82.0).contains(&util(0, 0.0, 59.0)));
+        let lagging = util(0, 60.0, 659.0);
+        assert!((6.0..=10.0).contains(&lagging), "{lagging}");
+        assert!((76.0..=82.0).contains(&util(0, 660.0, 900.0)));
+        assert!(s.metric(0, Metric::PowerW, 300.0) < 150.0);
+        for gpu in 1..8 {
+            assert!((76.0..=82.0).contains(&util(gpu, 60.0, 659.0)), "{gpu}");
+            assert!(s.metric(gpu, Metric::PowerW, 300.0) > 400.0);
+        }
+        assert!(s.memory_used_bytes(0, 300.0) > 60_000 * 1024 * 1024);
+    }
+
+    #[test]
+    fn rank_dead_gpu3_exits_while_the_others_hang() {
+        let s = sim("rank-dead");
+        assert!(s.metric(3, Metric::GpuUtilPct, 59.0) > 90.0);
+        assert_eq!(s.metric(3, Metric::GpuUtilPct, 60.0), 0.0);
+        assert_eq!(s.memory_used_bytes(3, 61.0), 4 * 1024 * 1024);
+        assert!(s.metric(3, Metric::PowerW, 120.0) < 75.0);
+        assert_eq!(s.clock_event_reasons(3, 120.0), 1);
+        let procs = |t: f64| {
+            s.scenario
+                .processes
+                .iter()
+                .filter(|p| p.gpu == 3 && p.from_s <= t && t < p.until_s)
+                .count()
+        };
+        assert_eq!((procs(59.0), procs(60.0)), (1, 0));
+        for gpu in (0..8).filter(|g| *g != 3) {
+            assert!(s.metric(gpu, Metric::PowerW, 30.0) > 500.0);
+            for t in [61.0, 300.0, 3600.0] {
+                assert_eq!(s.metric(gpu, Metric::GpuUtilPct, t), 100.0);
+                let p = s.metric(gpu, Metric::PowerW, t);
+                assert!((85.0..=95.0).contains(&p), "{p}");
+                assert!(s.memory_used_bytes(gpu, t) > 60_000 * 1024 * 1024);
             }
         }
     }

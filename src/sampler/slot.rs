@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, PcieUtilCounter, RetirementCause, TemperatureSensor,
+    TemperatureThreshold,
 };
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::error::NvmlError;
@@ -29,6 +30,7 @@ pub(super) enum Query {
     Utilization,
     Memory,
     Temperature,
+    TempThreshold,
     Fields,
     Power,
     PowerLimit,
@@ -63,6 +65,7 @@ impl Query {
             Query::Utilization => F::UtilizationRates,
             Query::Memory => F::MemoryInfo,
             Query::Temperature => F::Temperature,
+            Query::TempThreshold => F::TemperatureThreshold,
             Query::Fields => F::FieldValues,
             Query::Power => F::PowerUsage,
             Query::PowerLimit => F::EnforcedPowerLimit,
@@ -392,6 +395,11 @@ impl Slot {
             C::TemperatureGpu => self
                 .query(Query::Temperature, tick, |d| {
                     d.temperature(TemperatureSensor::Gpu)
+                })?
+                .map(f64::from),
+            C::TemperatureSlowdown => self
+                .query(Query::TempThreshold, tick, |d| {
+                    d.temperature_threshold(TemperatureThreshold::Slowdown)
                 })?
                 .map(f64::from),
             C::PowerUsage => self

@@ -60,6 +60,18 @@ fn recordings() -> Vec<Rec> {
             48,
             vec![("power_anomaly", 2), ("power_anomaly", 5)],
         ),
+        // GPU 0 at ~7 % from 60 s while its peers run at ~79 %: 480 s at 2 s resolution (the
+        // 5-min means cross at ~4 min, then a 2-min hold). A host alert has no GPU (u32::MAX).
+        r("straggler", 20, 24, vec![("gpu_straggler", u32::MAX)]),
+        // GPU 3's process exits at 60 s, the other seven hang: 250 s at 1 s resolution.
+        r("rank-dead", 10, 25, {
+            let mut e: Vec<_> = all_gpus("nccl_hang")
+                .into_iter()
+                .filter(|a| a.1 != 3)
+                .collect();
+            e.push(("rank_dead", u32::MAX));
+            e
+        }),
         // 3 s period: 4 s resolution still sees every phase; 1000 s.
         r("dataloader-stall", 40, 25, {
             let mut e = all_gpus("low_utilization");
@@ -395,4 +407,89 @@ fn runaway_rule_is_stopped_while_stock_rules_fire_on_a_recording() {
         "the runaway rule is reported: {}",
         show(&got)
     );
+}
+
+/// Every transition of `replay --json` over the stock rules: `(alert, state, summary)`.
+fn replay_events(trace: &Path) -> Vec<(String, String, String)> {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let args = [
+        "replay",
+        "--json",
+        "--rules",
+        rules.to_str().expect("utf-8 path"),
+        trace.to_str().expect("utf-8 path"),
+    ];
+    let run = common::gpuwatch(&args, &[]);
+    assert_eq!(run.code, 0, "replay {}: {}", trace.display(), run.stderr);
+    run.stdout
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+            (s("alert"), s("state"), s("summary"))
+        })
+        .collect()
+}
+
+/// Issue 13 §3: on recordings of the new scenarios `gpu_straggler` and `rank_dead` (host rules,
+/// so the GPU is in the summary) name the right GPU and no other one; `healthy` stays quiet.
+#[test]
+fn multi_gpu_rules_name_the_right_gpu_and_healthy_stays_quiet() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = vec![
+        Rec {
+            scenario: "straggler",
+            scale: 20,
+            real_s: 24,
+            expect: vec![],
+        },
+        Rec {
+            scenario: "rank-dead",
+            scale: 10,
+            real_s: 25,
+            expect: vec![],
+        },
+        Rec {
+            scenario: "healthy",
+            scale: 100,
+            real_s: 12,
+            expect: vec![],
+        },
+    ];
+    record_all(dir.path(), &recs);
+    let events = |scenario: &str, scale: u32| {
+        let raw = dir.path().join(file_name(scenario, ".raw"));
+        let scaled = dir.path().join(file_name(scenario, ""));
+        rescale(&raw, &scaled, scale);
+        replay_events(&scaled)
+    };
+    let fired = |ev: &[(String, String, String)], alert: &str| -> Vec<String> {
+        ev.iter()
+            .filter(|(a, s, _)| a == alert && s == "firing")
+            .map(|e| e.2.clone())
+            .collect()
+    };
+
+    let straggler = events("straggler", 20);
+    let s = fired(&straggler, "gpu_straggler");
+    assert_eq!(s.len(), 1, "{straggler:?}");
+    assert!(s[0].starts_with("GPU 0 at "), "{}", s[0]);
+    assert!(s[0].contains("while its 7 peers run at"), "{}", s[0]);
+    assert!(!s[0].contains("; GPU "), "only GPU 0 lags: {}", s[0]);
+    assert!(fired(&straggler, "rank_dead").is_empty(), "{straggler:?}");
+
+    let dead = events("rank-dead", 10);
+    let d = fired(&dead, "rank_dead");
+    assert_eq!(d.len(), 1, "{dead:?}");
+    assert!(d[0].starts_with("GPU 3 ("), "{}", d[0]);
+    assert!(
+        d[0].contains("lost its rank while GPUs 0,1,2,4,5,6,7 sit at"),
+        "{}",
+        d[0]
+    );
+    assert!(fired(&dead, "gpu_straggler").is_empty(), "{dead:?}");
+
+    let healthy = events("healthy", 100);
+    assert!(healthy.is_empty(), "healthy must stay quiet: {healthy:?}");
 }

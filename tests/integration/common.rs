@@ -17,6 +17,8 @@ pub const SCENARIOS: &[&str] = &[
     "ecc-errors",
     "xid-79",
     "nccl-hang",
+    "straggler",
+    "rank-dead",
     "overnight",
 ];
 
