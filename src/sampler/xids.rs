@@ -100,7 +100,7 @@ impl XidMerger {
     fn seen(&self, ev: &XidEvent, kernel: bool) -> bool {
         self.recent
             .iter()
-            .any(|r| r.1 == ev.gpu_index && r.2 == ev.xid && (r.3 == kernel || !kernel))
+            .any(|r| r.1 == ev.gpu_index && r.2 == ev.xid && (r.3 || !kernel))
     }
 
     /// A kernel event as an XID event on the NVML device at its PCI address.

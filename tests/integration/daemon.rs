@@ -71,7 +71,25 @@ fn stock_rules() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")
 }
 
-fn daemon(scenario: &str, config: &Path, log: &Path, envs: &[(&str, &str)]) -> Daemon {
+/// A config with the stock rules, host name `simhost` and one webhook channel to `url`
+/// (`group_wait` 0s, default grouping).
+pub(crate) fn webhook_config(dir: &Path, url: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[daemon]\ninterval = \"1s\"\nstate_dir = \"state\"\nrules = [{rules:?}]\nhostname = \"simhost\"\n\n\
+             [[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"{url}\"\n\n\
+             [[route]]\nchannels = [\"ops\"]\ngroup_wait = \"0s\"\n",
+            rules = stock_rules().display().to_string(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// `gpuwatch --sim SCENARIO daemon --config CONFIG` with `envs`, its log in `log`.
+pub(crate) fn daemon(scenario: &str, config: &Path, log: &Path, envs: &[(&str, &str)]) -> Daemon {
     common::sim_lib();
     let cmd = common::command(
         &[
@@ -481,18 +499,7 @@ fn an_expensive_rule_never_delays_gpu_lost() {
 fn failed_xid_registration_is_said_loudly() {
     let tmp = tempfile::tempdir().unwrap();
     let hook = HttpReceiver::start();
-    let path = tmp.path().join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[daemon]\ninterval = \"1s\"\nstate_dir = \"state\"\nrules = [{rules:?}]\nhostname = \"simhost\"\n\n\
-             [[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"{url}\"\n\n\
-             [[route]]\nchannels = [\"ops\"]\ngroup_wait = \"0s\"\n",
-            rules = stock_rules().display().to_string(),
-            url = hook.url("/hook"),
-        ),
-    )
-    .unwrap();
+    let path = webhook_config(tmp.path(), &hook.url("/hook"));
     let mut d = daemon(
         "healthy",
         &path,

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common;
-use crate::notify::servers::{Daemon, HttpReceiver};
+use crate::daemon::{daemon, webhook_config};
+use crate::notify::servers::HttpReceiver;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -157,38 +158,12 @@ fn run_preflight_refuses_a_job_with_findings_unless_warn() {
     );
 }
 
-fn config(dir: &Path, url: &str) -> PathBuf {
-    let path = dir.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[daemon]\ninterval = \"1s\"\nstate_dir = \"state\"\nrules = [{rules:?}]\nhostname = \"simhost\"\n\n\
-             [[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"{url}\"\n\n\
-             [[route]]\nchannels = [\"ops\"]\ngroup_wait = \"0s\"\n",
-            rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules").display().to_string(),
-        ),
-    )
-    .unwrap();
-    path
-}
-
 /// Starts the daemon on `healthy` with `env`, waits for the `gpu_missing` webhook and returns
 /// its alert and the daemon's log.
 fn gpu_missing_alert(dir: &Path, env: &[(&str, &str)]) -> (serde_json::Value, String) {
     let hook = HttpReceiver::start();
-    let cfg = config(dir, &hook.url("/hook"));
-    common::sim_lib();
-    let cmd = common::command(
-        &[
-            "--sim",
-            "healthy",
-            "daemon",
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
-        env,
-    );
-    let mut d = Daemon::spawn(cmd, &dir.join("log"), &[], false);
+    let cfg = webhook_config(dir, &hook.url("/hook"));
+    let mut d = daemon("healthy", &cfg, &dir.join("log"), env);
     let got = hook.wait_accepted(1, T);
     let alert = got[0].json()["alerts"][0].clone();
     d.signal(libc::SIGTERM);

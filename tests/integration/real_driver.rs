@@ -10,7 +10,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common::{self, col, csv_rows};
-use crate::notify::servers::{wait_until, Daemon, HttpReceiver};
+use crate::daemon::daemon;
+use crate::notify::servers::{wait_until, HttpReceiver};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -60,17 +61,12 @@ fn a_wedged_gpu_is_announced_within_interval_plus_2s_and_the_daemon_still_stops(
     common::sim_lib();
     let hang_at_s = 4.0;
     let started = Instant::now();
-    let cmd = common::command(
-        &[
-            "--sim",
-            "healthy",
-            "daemon",
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
+    let mut d = daemon(
+        "healthy",
+        &cfg,
+        &tmp.path().join("log"),
         &[("NVML_SIM_HANG", "gpu=2,at_s=4,function=*")],
     );
-    let mut d = Daemon::spawn(cmd, &tmp.path().join("log"), &[], false);
     let alert = wait_until(T, "an nvml_stalled notification", || {
         hook.accepted()
             .into_iter()
@@ -244,18 +240,12 @@ process_name = "worker"
     let kmsg = tmp.path().join("kmsg");
     let hook = HttpReceiver::start();
     let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
-    common::sim_lib();
-    let cmd = common::command(
-        &[
-            "--sim",
-            scenario.to_str().unwrap(),
-            "daemon",
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
+    let mut d = daemon(
+        scenario.to_str().unwrap(),
+        &cfg,
+        &tmp.path().join("log"),
         &[("NVML_SIM_KMSG", kmsg.to_str().unwrap())],
     );
-    let mut d = Daemon::spawn(cmd, &tmp.path().join("log"), &[], false);
     let find = |gpu: &'static str| {
         let hook = &hook;
         move || {
@@ -333,18 +323,12 @@ fn the_xid_ledger_survives_restarts_and_escalates_repeats() {
     .unwrap();
     let hook = HttpReceiver::start();
     let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
-    common::sim_lib();
-    let cmd = common::command(
-        &[
-            "--sim",
-            scenario.to_str().unwrap(),
-            "daemon",
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
+    let mut d = daemon(
+        scenario.to_str().unwrap(),
+        &cfg,
+        &tmp.path().join("log"),
         &[],
     );
-    let mut d = Daemon::spawn(cmd, &tmp.path().join("log"), &[], false);
     let got = wait_until(T, "xid_error", || {
         hook.accepted()
             .into_iter()
