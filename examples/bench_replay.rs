@@ -139,8 +139,8 @@ fn main() -> anyhow::Result<()> {
     // 1. Parsing alone.
     let t = Instant::now();
     let mut n = 0u64;
-    for s in gpuwatch::trace::TraceReader::open(&path, None)? {
-        n += s?.gpus.len() as u64;
+    for s in gpuwatch::import::Importer::open(&path, &Default::default())? {
+        n += s?.snapshot.gpus.len() as u64;
     }
     let parse_s = t.elapsed().as_secs_f64();
     println!("parse only: {n} device-samples in {parse_s:.2} s");
@@ -156,7 +156,7 @@ fn main() -> anyhow::Result<()> {
     let mut events = 0;
     let stats = gpuwatch::engine::replay(
         &mut engine,
-        gpuwatch::trace::read_ahead(gpuwatch::trace::TraceReader::open(&path, None)?),
+        snapshots(&path)?,
         |_| events += 1,
     )?;
     let replay_s = t.elapsed().as_secs_f64();
@@ -178,7 +178,7 @@ fn main() -> anyhow::Result<()> {
     let mut plain_events = 0;
     gpuwatch::engine::replay(
         &mut plain,
-        gpuwatch::trace::read_ahead(gpuwatch::trace::TraceReader::open(&path, None)?),
+        snapshots(&path)?,
         |_| plain_events += 1,
     )?;
     let plain_s = t.elapsed().as_secs_f64();
@@ -236,4 +236,12 @@ fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The recording's snapshots, read on their own thread as `gpuwatch replay` reads them.
+fn snapshots(
+    path: &std::path::Path,
+) -> anyhow::Result<impl Iterator<Item = anyhow::Result<gpuwatch::model::Snapshot>>> {
+    let importer = gpuwatch::import::Importer::open(path, &Default::default())?;
+    Ok(gpuwatch::import::read_ahead(importer).map(|t| t.map(|t| t.snapshot)))
 }

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod daemon;
 mod doctor;
+mod import;
 mod inspect;
 mod job;
 mod record;
@@ -69,6 +70,9 @@ pub enum Command {
     Test(rules::TestArgs),
     /// Run the rules over a recording in virtual time and print the alert timeline.
     Replay(rules::ReplayArgs),
+    /// Convert GPU logs (nvidia-smi CSV, table or dmon, monitoring-script logs, gzip, UTF-16)
+    /// to gpuwatch's CSV.
+    Import(import::ImportArgs),
     /// Run the watchdog: sample, evaluate rules, notify.
     Daemon(daemon::DaemonArgs),
     /// Send a test message through each configured channel.
@@ -96,6 +100,7 @@ pub fn main() -> i32 {
         Command::Check(a) => rules::check(&cli.global, a),
         Command::Test(a) => rules::test(&cli.global, a),
         Command::Replay(a) => rules::replay(&cli.global, a),
+        Command::Import(a) => import::run(&cli.global, a),
         Command::Daemon(a) => daemon::daemon(&cli.global, a),
         Command::NotifyTest(a) => daemon::notify_test(&cli.global, a),
         Command::Run(a) => job::run(&cli.global, a),

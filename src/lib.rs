@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod engine;
+pub mod import;
 pub mod job;
 pub mod model;
 pub mod notify;

@@ -11,7 +11,7 @@ use crate::config::{Config, Setup};
 use crate::engine::{Engine, EngineOptions};
 use crate::model::{AlertEvent, AlertStatus};
 use crate::rules::{RuleSet, RulesConfig};
-use crate::trace::{format_time_ms, TraceReader};
+use crate::trace::format_time_ms;
 
 /// Arguments of `check`.
 #[derive(Debug, clap::Args)]
@@ -110,7 +110,8 @@ pub fn test(_global: &GlobalArgs, args: &TestArgs) -> anyhow::Result<i32> {
 /// Arguments of `replay`.
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
-    /// The recording: gpuwatch CSV or nvidia-smi `--query-gpu=… --format=csv` log (detected).
+    /// The recording or log: gpuwatch CSV, nvidia-smi CSV, table or dmon, a monitoring-script
+    /// log (detected; see `import`).
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
     /// Rule directory or file (repeatable); default as for `check`.
@@ -122,10 +123,9 @@ pub struct ReplayArgs {
     /// One JSON object per line per transition.
     #[arg(long)]
     pub json: bool,
-    /// Header line for an nvidia-smi log written with `noheader`, e.g.
-    /// "timestamp, index, utilization.gpu [%], memory.used [MiB]".
-    #[arg(long, value_name = "HEADER")]
-    pub smi_header: Option<String>,
+    /// How to read the log.
+    #[command(flatten)]
+    pub log: super::import::LogArgs,
     /// Evaluation cadence of rules without their own `every` (default: `[rules] eval_interval`,
     /// else 0 = every snapshot).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_setting)]
@@ -170,19 +170,19 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
             return Ok(1);
         }
     };
-    let reader = TraceReader::open(&args.file, args.smi_header.as_deref())?;
-    let malformed = reader.malformed_cells();
+    let importer = crate::import::Importer::open(&args.file, &args.log.options())?;
+    let import_stats = importer.stats();
     let opts = EngineOptions {
         hostname: crate::sys::hostname(),
         eval_interval_ms,
         sample_interval_ms: None,
     };
-    let mut engine = Engine::new(rules, opts);
+    let mut engine = Engine::new(rules, opts.clone());
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut transitions = 0u64;
     let mut write_err: Option<std::io::Error> = None;
     let started = std::time::Instant::now();
-    let stats = crate::engine::replay(&mut engine, crate::trace::read_ahead(reader), |ev| {
+    let mut on_event = |ev: &AlertEvent| {
         if ev.repeat && !args.repeats {
             return;
         }
@@ -210,7 +210,42 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
         if let Err(e) = r {
             write_err.get_or_insert(e);
         }
-    })?;
+    };
+    // Each segment (time went back beyond the reordering window) is replayed from fresh rules:
+    // windows never mix two time lines.
+    let mut ticks = crate::import::read_ahead(importer).peekable();
+    let mut stats = crate::engine::ReplayStats::default();
+    let mut segments = 0u32;
+    loop {
+        let segment = match ticks.peek() {
+            None => break,
+            Some(Err(_)) => {
+                if let Some(Err(e)) = ticks.next() {
+                    return Err(e);
+                }
+                break;
+            }
+            Some(Ok(t)) => t.segment,
+        };
+        if segments > 0 {
+            let rules = RuleSet::load(&paths, &rules_config).map_err(|errs| {
+                anyhow::anyhow!(errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))
+            })?;
+            engine = Engine::new(rules, opts.clone());
+        }
+        segments += 1;
+        let part = std::iter::from_fn(|| {
+            if ticks.peek().is_some_and(|t| t.as_ref().is_ok_and(|t| t.segment != segment)) {
+                return None;
+            }
+            ticks.next().map(|t| t.map(|t| t.snapshot))
+        });
+        let s = crate::engine::replay(&mut engine, part, &mut on_event)?;
+        stats.snapshots += s.snapshots;
+        stats.gpu_samples += s.gpu_samples;
+        stats.first_ms = stats.first_ms.or(s.first_ms);
+        stats.last_ms = s.last_ms.or(stats.last_ms);
+    }
     if let Some(e) = write_err {
         return Err(e.into());
     }
@@ -224,11 +259,8 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
             None => a.labels.get("alertname").unwrap_or(&a.key).clone(),
         })
         .collect();
-    let malformed = malformed.load(std::sync::atomic::Ordering::Relaxed);
-    if malformed > 0 {
-        eprintln!(
-            "{malformed} malformed cell(s) (not a number, NaN, infinite or out of range) read as absent"
-        );
+    for w in import_stats.warnings(&args.file.display().to_string()) {
+        eprintln!("warning: {w}");
     }
     eprintln!(
         "replayed {} snapshots ({} GPU samples{}) through {} rules in {:.2} s: {transitions} transitions; firing at the end: {}",

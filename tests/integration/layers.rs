@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 /// [`PEERS`]; anything in a lower layer is allowed.
 const LAYERS: &[&[&str]] = &[
     &["sys", "values", "model"],
-    &["window", "alert", "trace", "record", "sampler"],
+    &["window", "alert", "trace", "record", "import", "sampler"],
     &["rules"],
     &["engine"],
     &["notify", "action"],
@@ -30,6 +30,7 @@ const PEERS: &[(&str, &str)] = &[
     ("sampler", "record"),
     ("record", "trace"),
     ("trace", "record"),
+    ("import", "trace"),
     ("alert", "window"),
 ];
 

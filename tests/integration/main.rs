@@ -9,6 +9,7 @@ mod daemon;
 mod doctor;
 mod engine;
 mod fidelity;
+mod import;
 mod job;
 mod layers;
 mod metrics_doc;

@@ -234,22 +234,49 @@ fn trace_readers_never_panic_and_errors_have_positions() {
              2026-12-02T15:00:01.000Z,0,GPU-0,H100,00000000:18:00.0,0,lost,{cells},,\n"
         )
     };
-    let bases = vec![smi.to_string(), own];
+    let mut bases = vec![smi.to_string(), own];
+    let logs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/logs");
+    for f in [
+        "smi-table.log",
+        "dmon-dt.log",
+        "script-rows.log",
+        "script-bars.log",
+        "script-progress.log",
+    ] {
+        bases.push(std::fs::read_to_string(logs.join(f)).unwrap());
+    }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("log.csv");
     let name = file.display().to_string();
-    let mut failed = 0;
-    each_case(3, 400, &bases, |text| {
+    let (mut failed, mut skipping) = (0, 0);
+    each_case(3, 600, &bases, |text| {
         std::fs::write(&file, text).unwrap();
-        let result = gpuwatch::trace::TraceReader::open(&file, None)
-            .and_then(|r| r.collect::<anyhow::Result<Vec<_>>>());
-        if let Err(e) = result {
-            failed += 1;
-            let m = e.to_string();
-            assert!(has_position(&m, &name, text), "{m} for input {text:?}");
+        // A malformed line is skipped and counted; only a file that cannot be read as any log
+        // (or whose times cannot be known) is an error, and the error names its place.
+        let result = gpuwatch::import::Importer::open(&file, &Default::default()).and_then(|r| {
+            let stats = r.stats();
+            r.collect::<anyhow::Result<Vec<_>>>().map(|_| stats)
+        });
+        match result {
+            Err(e) => {
+                failed += 1;
+                let m = e.to_string();
+                assert!(has_position(&m, &name, text), "{m} for input {text:?}");
+            }
+            Ok(stats) => {
+                if stats.skipped.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                    skipping += 1;
+                    for (line, why) in stats.first_skipped() {
+                        assert!(line >= 1 && !why.is_empty(), "{line}: {why}");
+                    }
+                }
+            }
         }
     });
-    assert!(failed > 40, "only {failed} of 400 mutations were rejected");
+    assert!(
+        failed + skipping > 60,
+        "only {failed} of 600 mutations were refused and {skipping} skipped lines"
+    );
 }
 
 #[test]

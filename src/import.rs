@@ -1,0 +1,706 @@
+//! Importing GPU logs of every shape users already have: gpuwatch's own CSV, nvidia-smi
+//! `--query-gpu` CSVs (with or without header and units, any field order, several timestamp
+//! forms), the plain `nvidia-smi` table, `nvidia-smi dmon`, and the monitoring-script logs
+//! tutorials teach. `replay`, `import` and (later) `report` read through here.
+//!
+//! Layers, one way: [`input`] (bytes → lines: gzip, UTF-16, CRLF), a format's line parser (one
+//! file per format, registered in [`Format`]), [`assemble`] (rows → ticks in time order:
+//! bursts, late rows, duplicates, segments). A line that does not parse is skipped and counted
+//! ([`ImportStats`]); only an unreadable file, or a log whose times cannot be known (elapsed
+//! seconds without `--t0`), ends an import with an error.
+
+mod assemble;
+mod csv;
+mod dmon;
+pub mod input;
+mod script;
+mod smi_table;
+pub mod stamp;
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::anyhow;
+
+use crate::model::{GpuSample, ProcSample, Snapshot};
+
+pub use assemble::AssembleStats;
+
+/// The log formats gpuwatch reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// gpuwatch's own CSV recording.
+    Gpuwatch,
+    /// nvidia-smi `--query-gpu=… --format=csv[,noheader][,nounits]`.
+    SmiCsv,
+    /// The plain `nvidia-smi` table (`nvidia-smi -l N`, a `date; nvidia-smi` loop, `watch`).
+    SmiTable,
+    /// `nvidia-smi dmon` (with or without `-o DT`).
+    Dmon,
+    /// `[time] index,name,util,mem,total` with the other GPUs' rows unprefixed below.
+    ScriptRows,
+    /// `[time] GPU0: util,mem,total | GPU1: … |`.
+    ScriptBars,
+    /// `[time] Progress:… | GPU:index,util,mem,total,temp,power`.
+    ScriptProgress,
+}
+
+impl Format {
+    /// Every format, in detection order.
+    pub const ALL: [Format; 7] = [
+        Format::Gpuwatch,
+        Format::SmiTable,
+        Format::Dmon,
+        Format::ScriptBars,
+        Format::ScriptProgress,
+        Format::ScriptRows,
+        Format::SmiCsv,
+    ];
+
+    /// The name `--format` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Gpuwatch => "gpuwatch",
+            Format::SmiCsv => "smi-csv",
+            Format::SmiTable => "smi-table",
+            Format::Dmon => "dmon",
+            Format::ScriptRows => "script-rows",
+            Format::ScriptBars => "script-bars",
+            Format::ScriptProgress => "script-progress",
+        }
+    }
+
+    /// The format named `s`.
+    pub fn from_name(s: &str) -> Option<Format> {
+        Format::ALL.into_iter().find(|f| f.name() == s)
+    }
+
+    /// Whether `line` (one of the first lines of a file) is typical of this format.
+    fn recognises(self, line: &str) -> bool {
+        match self {
+            Format::Gpuwatch => csv::is_gpuwatch_header(line),
+            Format::SmiCsv => csv::is_smi_header(line),
+            Format::SmiTable => smi_table::recognises(line),
+            Format::Dmon => dmon::recognises(line),
+            Format::ScriptRows => script::recognises_rows(line),
+            Format::ScriptBars => script::recognises_bars(line),
+            Format::ScriptProgress => script::recognises_progress(line),
+        }
+    }
+
+    fn parser(self, opts: &ImportOptions) -> Box<dyn Parse> {
+        match self {
+            Format::Gpuwatch => Box::new(csv::CsvParser::gpuwatch()),
+            Format::SmiCsv => Box::new(csv::CsvParser::smi(opts.smi_header.as_deref())),
+            Format::SmiTable => Box::new(smi_table::TableParser::default()),
+            Format::Dmon => Box::new(dmon::DmonParser::default()),
+            Format::ScriptRows => Box::new(script::RowsParser::default()),
+            Format::ScriptBars => Box::new(script::BarsParser),
+            Format::ScriptProgress => Box::new(script::ProgressParser),
+        }
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How to read a log (the command-line options every importing command shares).
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// Forced format (`--format`); detected when `None`.
+    pub format: Option<Format>,
+    /// The header of a `noheader` nvidia-smi CSV (`--smi-header`).
+    pub smi_header: Option<String>,
+    /// Start time for logs whose timestamps are seconds since the start, and for logs without
+    /// timestamps (`--t0`), UTC ms.
+    pub t0_ms: Option<i64>,
+    /// GPUs per sampling burst in a log without a GPU column (`--gpus`).
+    pub gpus: Option<u32>,
+    /// Time between samples of a log without timestamps (dmon without `-o DT`), ms; 1 s when 0.
+    pub every_ms: i64,
+}
+
+/// Training progress a log carried next to the GPU readings.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Progress {
+    /// The text as written (`Progress:3 120/500`).
+    pub text: String,
+    /// The epoch, when the text has a number before a `step/total`.
+    pub epoch: Option<u64>,
+    /// The step, from `step/total`.
+    pub step: Option<u64>,
+    /// The total steps, from `step/total`.
+    pub total: Option<u64>,
+}
+
+impl Progress {
+    /// Reads `Progress:3 120/500`, `epoch 3 step 120/500`, `120/500`: the first bare integer
+    /// before a `step/total` pair is the epoch.
+    pub fn parse(text: &str) -> Progress {
+        let text = text.trim();
+        let mut epoch = None;
+        let mut step = None;
+        let mut total = None;
+        for word in text.split(|c: char| c.is_whitespace() || c == ':' || c == ',') {
+            if let Some((a, b)) = word.split_once('/') {
+                if let (Ok(a), Ok(b)) = (a.parse(), b.parse()) {
+                    step = Some(a);
+                    total = Some(b);
+                    break;
+                }
+            } else if let Ok(n) = word.parse() {
+                epoch.get_or_insert(n);
+            }
+        }
+        Progress {
+            text: text.to_string(),
+            epoch: epoch.filter(|_| step.is_some()),
+            step,
+            total,
+        }
+    }
+}
+
+/// How a row names its GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Key {
+    /// By `sample.id.index`.
+    Index,
+    /// By UUID or bus id (numbered in order of appearance).
+    Named(String),
+    /// By its position in the sampling burst.
+    Position,
+}
+
+/// One GPU's row as a format parser read it.
+#[derive(Debug, Clone)]
+pub(crate) struct Reading {
+    pub time_ms: i64,
+    pub key: Key,
+    pub sample: GpuSample,
+    pub xids: Vec<u64>,
+    pub procs: Option<Vec<ProcSample>>,
+    pub progress: Option<Progress>,
+}
+
+impl Reading {
+    /// An empty reading of GPU `index` at `time_ms`.
+    pub fn new(time_ms: i64, key: Key, index: u32) -> Reading {
+        Reading {
+            time_ms,
+            key,
+            sample: GpuSample {
+                time_ms,
+                id: crate::model::DeviceId {
+                    index,
+                    ..Default::default()
+                },
+                state: crate::model::DeviceState::Ok,
+                values: crate::model::MetricValues::default(),
+            },
+            xids: Vec::new(),
+            procs: None,
+            progress: None,
+        }
+    }
+}
+
+/// What a parser made of a line.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "readings travel by value in batches: boxing each one costs an allocation and a \
+              cross-thread free per row, measured 2x slower in bench/import.sh"
+)]
+pub(crate) enum Item {
+    Reading(Reading),
+    /// The tick in progress is complete (a table ended).
+    EndTick,
+}
+
+/// Why a line was not read.
+pub(crate) enum LineError {
+    /// The line is malformed: skipped and counted.
+    Skip(String),
+    /// The log cannot be read on (its times cannot be known): ends the import.
+    Fatal(String),
+}
+
+impl From<String> for LineError {
+    fn from(s: String) -> LineError {
+        LineError::Skip(s)
+    }
+}
+
+/// What a parser needs besides the line.
+pub(crate) struct Ctx {
+    pub t0_ms: Option<i64>,
+    pub every_ms: i64,
+    /// Malformed cells (read as absent) of accepted lines so far.
+    pub malformed_cells: Arc<AtomicU64>,
+    /// Malformed cells of the line being read (counted only if the line is kept).
+    pub line_cells: std::cell::Cell<u64>,
+    /// What was wrong with them and where (1-based column), while few are reported.
+    pub cell_notes: std::cell::RefCell<Vec<(usize, String)>>,
+}
+
+impl Ctx {
+    /// Resolves a timestamp cell.
+    pub fn time(&self, cell: &str) -> Result<i64, LineError> {
+        let stamp = stamp::parse(cell)
+            .ok_or_else(|| LineError::Skip(format!("bad timestamp {}", quoted(cell))))?;
+        stamp
+            .resolve(self.t0_ms)
+            .map_err(|e| LineError::Fatal(e.to_string()))
+    }
+
+    /// Counts a cell that could not be read (the row is kept, the value absent).
+    pub fn malformed_cell(&self, col: usize, what: impl FnOnce() -> String) {
+        self.line_cells.set(self.line_cells.get() + 1);
+        if self.malformed_cells.load(Ordering::Relaxed) < REPORTED_CELLS {
+            self.cell_notes.borrow_mut().push((col, what()));
+        }
+    }
+}
+
+/// One format's line reader.
+pub(crate) trait Parse: Send {
+    /// Reads one line (not blank), pushing what it found.
+    fn line(&mut self, line: &str, ctx: &Ctx, out: &mut Vec<Item>) -> Result<(), LineError>;
+    /// The end of the file: pushes what is still held.
+    fn finish(&mut self, _ctx: &Ctx, _out: &mut Vec<Item>) {}
+    /// Whether snapshots of this format carry training progress.
+    fn has_progress(&self) -> bool {
+        false
+    }
+}
+
+/// `v` for an error message: quoted with control characters escaped, at most 80 characters.
+pub fn quoted(v: &str) -> String {
+    crate::trace::quoted(v)
+}
+
+/// One tick read from a log.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    /// The GPUs at that instant.
+    pub snapshot: Snapshot,
+    /// Training progress logged with it.
+    pub progress: Option<Progress>,
+    /// Time line the tick belongs to: a row older than everything before it starts the next.
+    pub segment: u32,
+}
+
+/// Lines reported by number when skipped.
+const REPORTED_LINES: usize = 10;
+/// Malformed cells reported with their place (the rest are counted).
+const REPORTED_CELLS: u64 = 5;
+
+/// Counts of what an import skipped, shared with the thread reading the file.
+#[derive(Debug, Default)]
+pub struct ImportStats {
+    /// Lines read.
+    pub lines: AtomicU64,
+    /// Malformed lines skipped.
+    pub skipped: AtomicU64,
+    /// Cells that could not be a reading, read as absent.
+    pub malformed_cells: Arc<AtomicU64>,
+    first_skipped: Mutex<Vec<(usize, String)>>,
+    assembled: Mutex<AssembleStats>,
+}
+
+impl ImportStats {
+    /// The first skipped lines with the reason (at most 10).
+    pub fn first_skipped(&self) -> Vec<(usize, String)> {
+        self.first_skipped
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+
+    /// Duplicates, reordered rows and segments.
+    pub fn assembled(&self) -> AssembleStats {
+        self.assembled.lock().map(|a| *a).unwrap_or_default()
+    }
+
+    /// The end-of-import warnings (empty when nothing was skipped or dropped).
+    pub fn warnings(&self, path: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let skipped = self.skipped.load(Ordering::Relaxed);
+        if skipped > 0 {
+            let first = self.first_skipped();
+            let lines: Vec<String> = first.iter().map(|(n, _)| n.to_string()).collect();
+            let more = if skipped > first.len() as u64 {
+                ", …"
+            } else {
+                ""
+            };
+            let why = first
+                .first()
+                .map(|(n, w)| format!("; line {n}: {w}"))
+                .unwrap_or_default();
+            out.push(format!(
+                "{path}: skipped {skipped} malformed line{} (first: {}{more}){why}",
+                if skipped == 1 { "" } else { "s" },
+                lines.join(", ")
+            ));
+        }
+        let cells = self.malformed_cells.load(Ordering::Relaxed);
+        if cells > 0 {
+            out.push(format!(
+                "{path}: {cells} malformed cell(s) (not a number, NaN, infinite or out of range) read as absent"
+            ));
+        }
+        let a = self.assembled();
+        if a.duplicates > 0 {
+            out.push(format!(
+                "{path}: {} duplicate row(s) (same GPU, same time) dropped",
+                a.duplicates
+            ));
+        }
+        if a.new_segments > 0 {
+            out.push(format!(
+                "{path}: time went back {} time(s) beyond the reordering window; each starts a new segment",
+                a.new_segments
+            ));
+        }
+        out
+    }
+}
+
+/// Reads one log as ticks in time order (see the module docs). An iterator of
+/// `anyhow::Result<Imported>`: an error ends it.
+pub struct Importer {
+    lines: input::Lines,
+    /// Lines read while detecting the format, not yet parsed: (number, text).
+    prefix: VecDeque<(usize, Option<String>)>,
+    core: Core,
+    asm: assemble::Assembler,
+    format: Format,
+    done: bool,
+}
+
+/// The importer less its input (borrowed apart from it while a line is parsed in place).
+struct Core {
+    parser: Box<dyn Parse>,
+    ctx: Ctx,
+    items: Vec<Item>,
+    path: String,
+    stats: Arc<ImportStats>,
+}
+
+/// Lines looked at to detect the format.
+const DETECT_LINES: usize = 200;
+
+impl Importer {
+    /// Opens `path` (format detected unless `opts.format` says).
+    pub fn open(path: &Path, opts: &ImportOptions) -> anyhow::Result<Importer> {
+        let lines = input::Lines::open(path)?;
+        Importer::from_lines(lines, &path.display().to_string(), opts)
+    }
+
+    /// Reads from already opened lines; `name` names the input in messages.
+    pub fn from_lines(
+        mut lines: input::Lines,
+        name: &str,
+        opts: &ImportOptions,
+    ) -> anyhow::Result<Importer> {
+        let mut prefix = VecDeque::new();
+        let mut format = opts.format;
+        if opts.smi_header.is_some() && format.is_none() {
+            format = Some(Format::SmiCsv);
+        }
+        let mut first_text = None;
+        while prefix.len() < DETECT_LINES {
+            let Some((no, line)) = lines
+                .next_line()
+                .map_err(|e| anyhow!("cannot read {name}: {e}"))?
+            else {
+                break;
+            };
+            let text = match line {
+                input::Line::Text(t) => Some(t.to_string()),
+                input::Line::TooLong => None,
+            };
+            if let (None, Some(t)) = (format, &text) {
+                if !t.trim().is_empty() {
+                    first_text.get_or_insert_with(|| (no, t.clone()));
+                    format = Format::ALL.into_iter().find(|f| f.recognises(t));
+                }
+            }
+            prefix.push_back((no, text));
+            if format.is_some() {
+                break;
+            }
+        }
+        let format = match format {
+            Some(f) => f,
+            None => {
+                let (no, text) = first_text.ok_or_else(|| anyhow!("{name}:1:1: empty file"))?;
+                if csv::looks_like_headerless_smi(&text) {
+                    anyhow::bail!(
+                        "{name}:{no}:1: an nvidia-smi CSV log without a header (`--format=csv,noheader`): \
+                         pass its header with --smi-header, e.g. --smi-header \"timestamp, index, utilization.gpu [%], memory.used [MiB]\""
+                    );
+                }
+                anyhow::bail!(
+                    "{name}:{no}:1: not a GPU log gpuwatch knows (gpuwatch CSV, nvidia-smi CSV, table or dmon, \
+                     or a monitoring-script log); name the format with --format ({})",
+                    Format::ALL.map(Format::name).join(", ")
+                );
+            }
+        };
+        let stats = Arc::new(ImportStats::default());
+        Ok(Importer {
+            lines,
+            prefix,
+            asm: assemble::Assembler::new(opts.gpus),
+            core: Core {
+                parser: format.parser(opts),
+                ctx: Ctx {
+                    t0_ms: opts.t0_ms,
+                    every_ms: if opts.every_ms > 0 {
+                        opts.every_ms
+                    } else {
+                        1000
+                    },
+                    malformed_cells: stats.malformed_cells.clone(),
+                    line_cells: std::cell::Cell::new(0),
+                    cell_notes: std::cell::RefCell::new(Vec::new()),
+                },
+                items: Vec::new(),
+                path: name.to_string(),
+                stats,
+            },
+            format,
+            done: false,
+        })
+    }
+
+    /// The format read.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// Whether the ticks carry training progress.
+    pub fn has_progress(&self) -> bool {
+        self.core.parser.has_progress()
+    }
+
+    /// Counts of what was skipped (shared: they keep counting while the importer runs on
+    /// another thread).
+    pub fn stats(&self) -> Arc<ImportStats> {
+        self.core.stats.clone()
+    }
+
+    /// The input's name as messages give it.
+    pub fn path(&self) -> &str {
+        &self.core.path
+    }
+
+    /// Reads and parses the next line into `core.items`; false at the end of the file (after
+    /// the parser's last items).
+    fn read_line(&mut self) -> anyhow::Result<bool> {
+        if let Some((no, text)) = self.prefix.pop_front() {
+            self.core.feed(no, text.as_deref())?;
+            return Ok(true);
+        }
+        let after = self.lines.line_no();
+        let line = self
+            .lines
+            .next_line()
+            .map_err(|e| anyhow!("{}: cannot read on after line {after}: {e}", self.core.path))?;
+        match line {
+            Some((no, input::Line::Text(t))) => self.core.feed(no, Some(t))?,
+            Some((no, input::Line::TooLong)) => self.core.feed(no, None)?,
+            None => {
+                self.core
+                    .parser
+                    .finish(&self.core.ctx, &mut self.core.items);
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn next_tick(&mut self) -> anyhow::Result<Option<Imported>> {
+        loop {
+            if let Some(t) = self.asm.pop() {
+                return Ok(Some(t));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let more = self.read_line()?;
+            feed_assembler(&mut self.asm, self.core.items.drain(..));
+            if !more {
+                finish_assembler(&mut self.asm, &self.core.stats);
+                self.done = true;
+            }
+        }
+    }
+}
+
+/// Hands parsed items to the assembler.
+fn feed_assembler(asm: &mut assemble::Assembler, items: impl Iterator<Item = Item>) {
+    for item in items {
+        match item {
+            Item::Reading(r) => asm.push(r),
+            Item::EndTick => asm.end_tick(),
+        }
+    }
+}
+
+/// The end of a log: every open tick out, the counts recorded.
+fn finish_assembler(asm: &mut assemble::Assembler, stats: &ImportStats) {
+    asm.flush(true);
+    if let Ok(mut a) = stats.assembled.lock() {
+        *a = asm.stats;
+    }
+}
+
+impl Core {
+    fn skip(&self, line_no: usize, why: String) {
+        self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut v) = self.stats.first_skipped.lock() {
+            if v.len() < REPORTED_LINES {
+                v.push((line_no, why));
+            }
+        }
+    }
+
+    /// Parses one line (`None`: a piece of an over-long line); `Err` only for a fatal one.
+    fn feed(&mut self, line_no: usize, text: Option<&str>) -> anyhow::Result<()> {
+        self.stats.lines.fetch_add(1, Ordering::Relaxed);
+        let Some(text) = text else {
+            self.skip(line_no, format!("line longer than {} MiB", input::MAX_LINE >> 20));
+            return Ok(());
+        };
+        if text.trim().is_empty() {
+            return Ok(());
+        }
+        let before = self.items.len();
+        let read = self.parser.line(text, &self.ctx, &mut self.items);
+        let cells = self.ctx.line_cells.replace(0);
+        if cells == 0 {
+            self.ctx.cell_notes.borrow_mut().clear();
+        }
+        match read {
+            Ok(()) => {
+                if cells > 0 {
+                    let before = self.ctx.malformed_cells.fetch_add(cells, Ordering::Relaxed);
+                    for (i, (col, what)) in self.ctx.cell_notes.borrow_mut().drain(..).enumerate() {
+                        let n = before + i as u64 + 1;
+                        if n <= REPORTED_CELLS {
+                            tracing::warn!("{}:{line_no}:{col}: {what}: read as absent", self.path);
+                        }
+                        if n == REPORTED_CELLS {
+                            tracing::warn!("{}: further malformed cells are only counted", self.path);
+                        }
+                    }
+                }
+            }
+            Err(LineError::Skip(why)) => {
+                self.items.truncate(before);
+                self.skip(line_no, why);
+            }
+            Err(LineError::Fatal(why)) => {
+                return Err(anyhow!("{}:{line_no}:1: {why}", self.path));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for Importer {
+    type Item = anyhow::Result<Imported>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.next_tick() {
+            Ok(Some(t)) => Some(Ok(t)),
+            Ok(None) => None,
+            Err(e) => {
+                self.done = true;
+                self.prefix.clear();
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// Reads and parses `importer`'s lines on their own thread and assembles ticks on the caller's,
+/// so reading a log and what consumes its ticks (rules, a writer) share two cores. The thread
+/// ends with the file, at the first error, or when the returned iterator is dropped.
+pub fn read_ahead(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imported>> {
+    type Batch = anyhow::Result<Vec<Item>>;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(4);
+    let Importer {
+        lines,
+        prefix,
+        core,
+        asm,
+        format,
+        done: _,
+    } = importer;
+    let stats = core.stats.clone();
+    let mut reader = Importer {
+        lines,
+        prefix,
+        core,
+        asm: assemble::Assembler::new(None),
+        format,
+        done: false,
+    };
+    let spawned = std::thread::Builder::new()
+        .name("gpuwatch-import".into())
+        .spawn(move || loop {
+            match reader.read_line() {
+                Ok(more) => {
+                    if (reader.core.items.len() >= 4096 || !more)
+                        && tx.send(Ok(std::mem::take(&mut reader.core.items))).is_err()
+                    {
+                        return;
+                    }
+                    if !more {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        });
+    let mut failed = spawned
+        .err()
+        .map(|e| anyhow!("cannot start the log reader thread: {e}"));
+    let mut asm = asm;
+    let mut done = false;
+    std::iter::from_fn(move || loop {
+        if let Some(e) = failed.take() {
+            done = true;
+            return Some(Err(e));
+        }
+        if let Some(t) = asm.pop() {
+            return Some(Ok(t));
+        }
+        if done {
+            return None;
+        }
+        match rx.recv() {
+            Ok(Ok(items)) => feed_assembler(&mut asm, items.into_iter()),
+            Ok(Err(e)) => {
+                done = true;
+                return Some(Err(e));
+            }
+            Err(_) => {
+                finish_assembler(&mut asm, &stats);
+                done = true;
+            }
+        }
+    })
+}

@@ -1,0 +1,365 @@
+//! Readings to snapshots: which rows make one tick, in time order, whatever order the file had.
+//!
+//! * A tick is one sampling instant: rows that share a timestamp (gpuwatch), a burst of one row
+//!   per GPU a few milliseconds apart (nvidia-smi writes each GPU in turn), one table, one dmon
+//!   round, one script instant. A keyed row (GPU index, UUID or bus id) joins the newest tick
+//!   that lacks its GPU and started less than half an interval before it; a row for a GPU the
+//!   tick already has starts a new tick. A positional row (a log with no GPU column) is GPU
+//!   *n* of its burst: bursts are split by a pause of more than [`BURST_GAP_MS`] or every
+//!   `--gpus N` rows.
+//! * Several writers appending to one file put rows out of time order. Ticks stay open for
+//!   [`REORDER_MS`] of log time (at most [`MAX_OPEN`] of them): a late row joins or starts the
+//!   tick where it belongs. A row older than everything still open starts a new *segment* (its
+//!   own time line; `replay` restarts the rules there) instead of rewriting what was emitted.
+//! * The same GPU at the same time again (a duplicated line, a header-less re-append) is dropped.
+//! * Nothing fills gaps: a missing tick stays missing.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::{Imported, Key, Reading};
+use crate::model::{ProcSample, Snapshot, XidEvent};
+
+/// Rows of a positional burst are at most this far apart.
+pub const BURST_GAP_MS: i64 = 50;
+/// How long (log time) a tick stays open for late rows.
+pub const REORDER_MS: i64 = 60_000;
+/// At most this many ticks stay open (bounds memory on fast logs).
+pub const MAX_OPEN: usize = 1024;
+
+struct Tick {
+    time_ms: i64,
+    last_row_ms: i64,
+    rows: Vec<Reading>,
+    closed: bool,
+}
+
+impl Tick {
+    fn new(r: Reading) -> Tick {
+        Tick {
+            time_ms: r.time_ms,
+            last_row_ms: r.time_ms,
+            rows: vec![r],
+            closed: false,
+        }
+    }
+
+    fn has(&self, index: u32) -> Option<&Reading> {
+        self.rows.iter().find(|x| x.sample.id.index == index)
+    }
+}
+
+/// What the assembler did besides making ticks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AssembleStats {
+    /// Rows dropped because the same GPU at the same time was already there.
+    pub duplicates: u64,
+    /// Rows that arrived after a later tick had started.
+    pub reordered: u64,
+    /// Times a row older than every open tick started a new segment.
+    pub new_segments: u64,
+}
+
+/// Groups readings into ticks (see the module docs).
+pub struct Assembler {
+    open: VecDeque<Tick>,
+    ready: VecDeque<Imported>,
+    segment: u32,
+    /// The time of the last tick emitted in this segment.
+    emitted_ms: Option<i64>,
+    /// Time between the two newest ticks started in order.
+    interval_ms: Option<i64>,
+    gpus: Option<u32>,
+    named: HashMap<String, u32>,
+    pub stats: AssembleStats,
+}
+
+impl Assembler {
+    /// `gpus`: rows per positional burst (`--gpus N`).
+    pub fn new(gpus: Option<u32>) -> Assembler {
+        Assembler {
+            open: VecDeque::new(),
+            ready: VecDeque::new(),
+            segment: 0,
+            emitted_ms: None,
+            interval_ms: None,
+            gpus,
+            named: HashMap::new(),
+            stats: AssembleStats::default(),
+        }
+    }
+
+    /// Half an interval once the interval is known, else a minute.
+    fn join_window(&self) -> i64 {
+        self.interval_ms.map_or(60_000, |iv| (iv / 2).clamp(1, 60_000))
+    }
+
+    /// Takes one row.
+    pub fn push(&mut self, mut r: Reading) {
+        match std::mem::replace(&mut r.key, Key::Index) {
+            Key::Index => {}
+            Key::Named(name) => {
+                let next = u32::try_from(self.named.len()).unwrap_or(u32::MAX);
+                r.sample.id.index = *self.named.entry(name).or_insert(next);
+            }
+            Key::Position => return self.push_positional(r),
+        }
+        self.push_keyed(r);
+        self.flush(false);
+    }
+
+    fn push_positional(&mut self, mut r: Reading) {
+        let gpus = self.gpus;
+        let full = move |t: &Tick| {
+            gpus.is_some_and(|n| t.rows.len() >= usize::try_from(n).unwrap_or(usize::MAX))
+        };
+        if let Some(t) = self.open.back_mut() {
+            let gap = r.time_ms - t.last_row_ms;
+            if !t.closed && !full(t) && (0..=BURST_GAP_MS).contains(&gap) {
+                r.sample.id.index = u32::try_from(t.rows.len()).unwrap_or(u32::MAX);
+                t.last_row_ms = r.time_ms;
+                t.rows.push(r);
+                if full(self.open.back().expect("just pushed")) {
+                    self.end_tick();
+                }
+                return;
+            }
+        }
+        r.sample.id.index = 0;
+        self.start_tick(r);
+        if self.open.back().is_some_and(full) {
+            self.end_tick();
+        }
+        self.flush(false);
+    }
+
+    fn push_keyed(&mut self, r: Reading) {
+        let index = r.sample.id.index;
+        let window = self.join_window();
+        // Newest first: almost every row belongs to the newest tick or starts the next one.
+        let mut after = None;
+        for (pos, t) in self.open.iter_mut().enumerate().rev() {
+            if r.time_ms < t.time_ms {
+                // A row a little before the tick's first one (its writer was slower).
+                if !t.closed && t.time_ms - r.time_ms <= BURST_GAP_MS && t.has(index).is_none() {
+                    t.time_ms = r.time_ms;
+                    t.rows.push(r);
+                    return;
+                }
+                continue;
+            }
+            if let Some(old) = t.has(index) {
+                if old.time_ms == r.time_ms {
+                    self.stats.duplicates += 1;
+                    return;
+                }
+            } else if !t.closed && r.time_ms - t.time_ms < window {
+                t.last_row_ms = t.last_row_ms.max(r.time_ms);
+                t.rows.push(r);
+                return;
+            }
+            after = Some(pos);
+            break;
+        }
+        match after {
+            Some(pos) if pos + 1 == self.open.len() => self.start_tick(r),
+            Some(pos) => {
+                self.stats.reordered += 1;
+                self.open.insert(pos + 1, Tick::new(r));
+            }
+            None if self.emitted_ms.is_none_or(|e| r.time_ms > e) => {
+                if !self.open.is_empty() {
+                    self.stats.reordered += 1;
+                }
+                self.open.push_front(Tick::new(r));
+            }
+            None => {
+                // Older than everything emitted: a new time line.
+                self.flush(true);
+                self.segment += 1;
+                self.emitted_ms = None;
+                self.interval_ms = None;
+                self.stats.new_segments += 1;
+                self.start_tick(r);
+            }
+        }
+    }
+
+    fn start_tick(&mut self, r: Reading) {
+        if let Some(prev) = self.open.back() {
+            let iv = r.time_ms - prev.time_ms;
+            if iv > 0 {
+                self.interval_ms = Some(iv);
+            }
+        }
+        self.open.push_back(Tick::new(r));
+    }
+
+    /// Closes the newest tick (the format knows it is complete: a table ended).
+    pub fn end_tick(&mut self) {
+        if let Some(t) = self.open.back_mut() {
+            t.closed = true;
+        }
+    }
+
+    /// Emits ticks that can no longer change (`all`: every open tick).
+    pub fn flush(&mut self, all: bool) {
+        while let (Some(front), Some(back)) = (self.open.front(), self.open.back()) {
+            let settled = back.time_ms - front.time_ms > REORDER_MS || self.open.len() > MAX_OPEN;
+            if !(all || settled) {
+                break;
+            }
+            let t = self.open.pop_front().expect("front exists");
+            self.emitted_ms = Some(t.time_ms);
+            self.ready.push_back(self.snapshot(t));
+        }
+    }
+
+    /// The next finished tick, if any.
+    pub fn pop(&mut self) -> Option<Imported> {
+        self.ready.pop_front()
+    }
+
+    fn snapshot(&self, mut t: Tick) -> Imported {
+        t.rows.sort_by_key(|r| r.sample.id.index);
+        let mut snap = Snapshot {
+            time_ms: t.time_ms,
+            gpus: Vec::with_capacity(t.rows.len()),
+            ..Snapshot::default()
+        };
+        let mut procs: Option<Vec<ProcSample>> = None;
+        let mut progress = None;
+        for mut r in t.rows {
+            let idx = r.sample.id.index;
+            r.sample.time_ms = t.time_ms;
+            for x in r.xids {
+                snap.xids.push(XidEvent::new(
+                    t.time_ms,
+                    idx,
+                    r.sample.id.uuid.clone(),
+                    x,
+                ));
+            }
+            if let Some(list) = r.procs {
+                procs.get_or_insert_with(Vec::new).extend(list.into_iter().map(|mut p| {
+                    p.gpu_index = idx;
+                    p.gpu_uuid.clone_from(&r.sample.id.uuid);
+                    p
+                }));
+            }
+            if r.progress.is_some() {
+                progress = r.progress;
+            }
+            snap.gpus.push(r.sample);
+        }
+        snap.processes = procs;
+        Imported {
+            snapshot: snap,
+            progress,
+            segment: self.segment,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{GpuSample, Metric};
+
+    fn row(t: i64, key: Key, index: u32, util: f64) -> Reading {
+        let mut sample = GpuSample {
+            time_ms: t,
+            id: crate::model::DeviceId {
+                index,
+                ..Default::default()
+            },
+            state: crate::model::DeviceState::Ok,
+            values: Default::default(),
+        };
+        sample.values.set(Metric::Util, Some(util));
+        Reading {
+            time_ms: t,
+            key,
+            sample,
+            xids: Vec::new(),
+            procs: None,
+            progress: None,
+        }
+    }
+
+    fn run(a: &mut Assembler, rows: Vec<Reading>) -> Vec<(u32, i64, Vec<u32>)> {
+        for r in rows {
+            a.push(r);
+        }
+        a.flush(true);
+        std::iter::from_fn(|| a.pop())
+            .map(|i| {
+                (
+                    i.segment,
+                    i.snapshot.time_ms,
+                    i.snapshot.gpus.iter().map(|g| g.id.index).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bursts_duplicates_and_late_rows() {
+        let mut a = Assembler::new(None);
+        let rows = vec![
+            row(1000, Key::Index, 0, 1.0),
+            row(1003, Key::Index, 1, 1.0),
+            row(2000, Key::Index, 0, 1.0),
+            row(2000, Key::Index, 0, 1.0), // duplicate
+            row(2004, Key::Index, 1, 1.0),
+            row(4000, Key::Index, 0, 1.0), // 3000 is a gap
+            row(3001, Key::Index, 1, 1.0), // late: a tick of its own between 2000 and 4000
+            row(4002, Key::Index, 1, 1.0),
+        ];
+        assert_eq!(
+            run(&mut a, rows),
+            [
+                (0, 1000, vec![0, 1]),
+                (0, 2000, vec![0, 1]),
+                (0, 3001, vec![1]),
+                (0, 4000, vec![0, 1])
+            ]
+        );
+        assert_eq!(a.stats.duplicates, 1);
+        assert_eq!(a.stats.reordered, 1);
+    }
+
+    #[test]
+    fn positional_bursts_and_segments() {
+        let mut a = Assembler::new(None);
+        let rows = vec![
+            row(1000, Key::Position, 0, 1.0),
+            row(1002, Key::Position, 0, 2.0),
+            row(1004, Key::Position, 0, 3.0),
+            row(2000, Key::Position, 0, 1.0),
+            row(2001, Key::Position, 0, 1.0),
+        ];
+        assert_eq!(
+            run(&mut a, rows),
+            [(0, 1000, vec![0, 1, 2]), (0, 2000, vec![0, 1])]
+        );
+        let mut a = Assembler::new(Some(2));
+        let rows = vec![
+            row(1000, Key::Position, 0, 1.0),
+            row(1000, Key::Position, 0, 2.0),
+            row(1000, Key::Position, 0, 3.0),
+        ];
+        assert_eq!(run(&mut a, rows), [(0, 1000, vec![0, 1]), (0, 1000, vec![0])]);
+        // Far back in time after ticks were emitted: a new segment.
+        let mut a = Assembler::new(None);
+        let mut rows: Vec<Reading> = (0..200)
+            .map(|i| row(1000 * i, Key::Index, 0, 1.0))
+            .collect();
+        rows.push(row(500, Key::Index, 0, 1.0));
+        rows.push(row(1500, Key::Index, 0, 1.0));
+        let out = run(&mut a, rows);
+        assert_eq!(out.len(), 202);
+        assert_eq!(out[200], (1, 500, vec![0]));
+        assert_eq!(out[201], (1, 1500, vec![0]));
+        assert_eq!(a.stats.new_segments, 1);
+    }
+}

@@ -1,0 +1,276 @@
+//! Every log shape in tests/fixtures/logs/ (hand-written to the documented formats, see its
+//! README) goes through `gpuwatch import` and `gpuwatch replay`; what comes out is checked
+//! against expected.toml: the format detected, GPUs, ticks, first and last time, skipped line
+//! numbers, values, processes and progress.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::gpuwatch;
+use gpuwatch::import::{ImportOptions, Importer};
+use gpuwatch::model::Metric;
+
+fn logs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/logs")
+}
+
+fn expected() -> Vec<toml::Value> {
+    let text = std::fs::read_to_string(logs().join("expected.toml")).expect("expected.toml");
+    let doc: toml::Value = toml::from_str(&text).expect("expected.toml parses");
+    doc["log"].as_array().expect("[[log]]").clone()
+}
+
+fn strs(v: &toml::Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| s.as_str().expect("string").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn int(v: &toml::Value, key: &str) -> i64 {
+    v[key].as_integer().unwrap_or_else(|| panic!("{key}"))
+}
+
+fn time_ms(s: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .expect("RFC 3339")
+        .timestamp_millis()
+}
+
+#[test]
+fn every_log_shape_imports_as_expected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut checked = 0;
+    for log in expected() {
+        let file = log["file"].as_str().expect("file");
+        let path = logs().join(file);
+        let out = dir.path().join(format!("{file}.gpuwatch.csv"));
+        let mut args = vec![
+            "import".to_string(),
+            path.display().to_string(),
+            "--out".into(),
+            out.display().to_string(),
+        ];
+        args.extend(strs(&log["args"]));
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = gpuwatch(&argv, &[]);
+        let stderr = run.stderr.clone();
+        assert_eq!(run.code, 0, "{file}: {stderr}");
+        let format = log["format"].as_str().expect("format");
+        assert!(
+            stderr.contains(&format!("{file}: {format},")),
+            "{file}: detected format: {stderr}"
+        );
+        let skipped = int(&log, "skipped");
+        let lines: Vec<String> = log["skipped_lines"]
+            .as_array()
+            .expect("skipped_lines")
+            .iter()
+            .map(|n| n.as_integer().expect("line").to_string())
+            .collect();
+        if skipped > 0 {
+            let want = format!("skipped {skipped} malformed line");
+            assert!(stderr.contains(&want), "{file}: {stderr}");
+            assert!(
+                stderr.contains(&format!("(first: {}", lines.join(", "))),
+                "{file}: skipped lines {lines:?}: {stderr}"
+            );
+        } else {
+            assert!(!stderr.contains("malformed line"), "{file}: {stderr}");
+        }
+
+        // What was written is gpuwatch's CSV, read back by the same importer.
+        let back: Vec<_> = Importer::open(&out, &ImportOptions::default())
+            .expect("the output opens")
+            .collect::<anyhow::Result<Vec<_>>>()
+            .expect("the output reads");
+        assert_eq!(
+            back.len() as i64,
+            int(&log, "ticks"),
+            "{file}: ticks: {:?}",
+            back.iter()
+                .map(|t| gpuwatch::trace::format_time_ms(t.snapshot.time_ms))
+                .collect::<Vec<_>>()
+        );
+        let mut gpus: Vec<u32> = back
+            .iter()
+            .flat_map(|t| t.snapshot.gpus.iter().map(|g| g.id.index))
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        assert_eq!(gpus.len() as i64, int(&log, "gpus"), "{file}: GPUs {gpus:?}");
+        assert_eq!(
+            back[0].snapshot.time_ms,
+            time_ms(log["first"].as_str().expect("first")),
+            "{file}: first tick"
+        );
+        assert_eq!(
+            back.last().expect("ticks").snapshot.time_ms,
+            time_ms(log["last"].as_str().expect("last")),
+            "{file}: last tick"
+        );
+        for w in back.windows(2) {
+            assert!(w[0].snapshot.time_ms <= w[1].snapshot.time_ms, "{file}: in time order");
+        }
+        for c in log
+            .get("check")
+            .and_then(|c| c.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let tick = usize::try_from(int(c, "tick")).expect("tick");
+            let gpu = u32::try_from(int(c, "gpu")).expect("gpu");
+            let key = c["metric"].as_str().expect("metric");
+            let m = Metric::from_key(key).unwrap_or_else(|| panic!("metric {key}"));
+            let sample = back[tick]
+                .snapshot
+                .gpus
+                .iter()
+                .find(|g| g.id.index == gpu)
+                .unwrap_or_else(|| panic!("{file}: tick {tick} has no GPU {gpu}"));
+            let got = sample.get(m);
+            if c.get("absent").and_then(toml::Value::as_bool) == Some(true) {
+                assert_eq!(got, None, "{file}: tick {tick} gpu {gpu} {key}");
+            } else {
+                let want = c["value"].as_float().expect("value");
+                let got = got.unwrap_or_else(|| panic!("{file}: tick {tick} gpu {gpu} {key} absent"));
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{file}: tick {tick} gpu {gpu} {key}: {got} != {want}"
+                );
+            }
+            checked += 1;
+        }
+        for p in log
+            .get("process")
+            .and_then(|c| c.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let tick = usize::try_from(int(p, "tick")).expect("tick");
+            let pid = u32::try_from(int(p, "pid")).expect("pid");
+            let procs = back[tick]
+                .snapshot
+                .processes
+                .as_ref()
+                .unwrap_or_else(|| panic!("{file}: tick {tick} has no process list"));
+            let proc = procs
+                .iter()
+                .find(|x| x.pid == pid)
+                .unwrap_or_else(|| panic!("{file}: tick {tick} has no pid {pid}: {procs:?}"));
+            assert_eq!(i64::from(proc.gpu_index), int(p, "gpu"), "{file}: pid {pid}");
+            assert_eq!(
+                proc.used_mem_bytes.map(|b| b as i64),
+                Some(int(p, "mem_bytes")),
+                "{file}: pid {pid}"
+            );
+            checked += 1;
+        }
+        if let Some(progress) = log.get("progress").and_then(|p| p.as_array()) {
+            for row in progress {
+                let row: Vec<i64> = row
+                    .as_array()
+                    .expect("[tick, epoch, step, total]")
+                    .iter()
+                    .map(|v| v.as_integer().expect("int"))
+                    .collect();
+                let p = back[usize::try_from(row[0]).expect("tick")]
+                    .progress
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("{file}: tick {} has no progress", row[0]));
+                let got = [p.epoch, p.step, p.total].map(|v| v.map(|v| v as i64));
+                assert_eq!(got, [Some(row[1]), Some(row[2]), Some(row[3])], "{file}: {p:?}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 60, "only {checked} checks ran");
+}
+
+/// The processes read from a table keep their names (what `status` and the report show).
+#[test]
+fn table_processes_keep_names() {
+    let ticks: Vec<_> = Importer::open(&logs().join("smi-table.log"), &ImportOptions::default())
+        .expect("opens")
+        .collect::<anyhow::Result<Vec<_>>>()
+        .expect("reads");
+    let names: Vec<String> = ticks
+        .iter()
+        .filter_map(|t| t.snapshot.processes.as_ref())
+        .flatten()
+        .filter_map(|p| p.command.clone())
+        .collect();
+    assert!(!names.is_empty(), "no process names");
+    assert!(names.iter().all(|n| !n.ends_with("MiB")), "{names:?}");
+}
+
+/// Every shape replays through the stock rules without an error.
+#[test]
+fn every_log_shape_replays() {
+    for log in expected() {
+        let file = log["file"].as_str().expect("file");
+        let path = logs().join(file).display().to_string();
+        let mut args = vec![
+            "replay".to_string(),
+            "--rules".into(),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("rules")
+                .display()
+                .to_string(),
+            path,
+        ];
+        args.extend(strs(&log["args"]));
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = gpuwatch(&argv, &[]);
+        let stderr = &run.stderr;
+        assert_eq!(run.code, 0, "{file}: {stderr}");
+        assert!(
+            stderr.contains(&format!("replayed {} snapshots", int(&log, "ticks"))),
+            "{file}: {stderr}"
+        );
+    }
+}
+
+/// Time going back beyond the reordering window (two days' logs concatenated in the wrong
+/// order) is a new segment, not an abort; replay restarts its rules there.
+#[test]
+fn time_going_back_far_is_a_new_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut text = String::from("timestamp, index, utilization.gpu [%]\n");
+    for day in [2, 1] {
+        for s in 0..120 {
+            text.push_str(&format!(
+                "2024/05/0{day} 10:{:02}:{:02}.000, 0, 50 %\n",
+                s / 60,
+                s % 60
+            ));
+        }
+    }
+    let path = dir.path().join("two-days.csv");
+    std::fs::write(&path, text).expect("write");
+    let ticks: Vec<_> = Importer::open(&path, &ImportOptions::default())
+        .expect("opens")
+        .collect::<anyhow::Result<Vec<_>>>()
+        .expect("reads");
+    assert_eq!(ticks.len(), 240);
+    assert_eq!(ticks[119].segment, 0);
+    assert_eq!(ticks[120].segment, 1);
+    let run = gpuwatch(
+        &[
+            "replay",
+            "--rules",
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("rules")
+                .to_str()
+                .expect("utf-8"),
+            path.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    let stderr = &run.stderr;
+    assert_eq!(run.code, 0, "{stderr}");
+    assert!(stderr.contains("new segment"), "{stderr}");
+    assert!(stderr.contains("replayed 240 snapshots"), "{stderr}");
+}
