@@ -28,4 +28,7 @@ for i in 1 2 3; do
 done
 run "import --out FILE" target/release/gpuwatch import "$dir/log.csv" --out "$dir/out.csv"
 tail -1 "$dir/err"
+echo "output $(stat -c %s "$dir/out.csv") bytes; for scale, the disk:"
+rm -f "$dir/out.csv"
+run "cp of the input (reference)" cp "$dir/log.csv" "$dir/copy.csv"
 echo "targets: >= 100 MB/s, <= 64 MiB peak RSS"

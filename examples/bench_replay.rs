@@ -154,11 +154,7 @@ fn main() -> anyhow::Result<()> {
     let mut engine = Engine::new(rules.clone(), opts.clone());
     let t = Instant::now();
     let mut events = 0;
-    let stats = gpuwatch::engine::replay(
-        &mut engine,
-        snapshots(&path)?,
-        |_| events += 1,
-    )?;
+    let stats = gpuwatch::engine::replay(&mut engine, snapshots(&path)?, |_| events += 1)?;
     let replay_s = t.elapsed().as_secs_f64();
     let eval = eval.unwrap_or_else(|| "sample (default)".into());
     let (reused, ran) = engine.reuse_stats();
@@ -176,17 +172,37 @@ fn main() -> anyhow::Result<()> {
     plain.set_reuse(false);
     let t = Instant::now();
     let mut plain_events = 0;
-    gpuwatch::engine::replay(
-        &mut plain,
-        snapshots(&path)?,
-        |_| plain_events += 1,
-    )?;
+    gpuwatch::engine::replay(&mut plain, snapshots(&path)?, |_| plain_events += 1)?;
     let plain_s = t.elapsed().as_secs_f64();
     println!(
         "replay without reuse: {plain_s:.2} s ({plain_events} events), {:.1}x the time with reuse",
         plain_s / replay_s
     );
     assert_eq!(plain_events, events, "reuse changed the events");
+
+    // 2c. `gpuwatch report` of the same recording: import, rules (diagnosis and alert timeline),
+    //     per-GPU numbers, charts, the HTML page.
+    let t = Instant::now();
+    let report = gpuwatch::report::build(
+        vec![path.display().to_string()],
+        gpuwatch::import::read_ahead(gpuwatch::import::Importer::open(
+            &path,
+            &Default::default(),
+        )?),
+        || Ok(Engine::new(rules.clone(), opts.clone())),
+        &Default::default(),
+    )?;
+    let page = gpuwatch::report::html::render(&report, None);
+    let report_s = t.elapsed().as_secs_f64();
+    let html = std::env::temp_dir().join("gpuwatch-bench-report.html");
+    std::fs::write(&html, &page)?;
+    println!(
+        "report: {report_s:.2} s for {} ticks x {} GPUs; HTML page {:.2} MB ({})",
+        report.summary.ticks,
+        report.summary.gpus.len(),
+        page.len() as f64 / 1e6,
+        html.display()
+    );
 
     // 3. Rule evaluation cost per tick for 8 GPUs: warm windows, then observe every snapshot with
     //    the default cadence (each rule at every sample or at its own `every`).

@@ -9,9 +9,7 @@ use std::io::Write as _;
 
 fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
-    let path = args
-        .next()
-        .expect("usage: gen_smi_csv OUT.csv MEGABYTES");
+    let path = args.next().expect("usage: gen_smi_csv OUT.csv MEGABYTES");
     let megabytes: u64 = args.next().map_or(1000, |m| m.parse().expect("MEGABYTES"));
     let target = megabytes * 1_000_000;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&path)?);

@@ -11,6 +11,7 @@ mod import;
 mod inspect;
 mod job;
 mod record;
+mod report;
 mod rules;
 
 /// Exit status for "the NVML library could not be used" (no driver, bad scenario).
@@ -73,6 +74,9 @@ pub enum Command {
     /// Convert GPU logs (nvidia-smi CSV, table or dmon, monitoring-script logs, gzip, UTF-16)
     /// to gpuwatch's CSV.
     Import(import::ImportArgs),
+    /// A run's report from any log: per-GPU numbers, diagnosis, alert timeline, charts
+    /// (--out report.html); two logs side by side; baselines.
+    Report(report::ReportArgs),
     /// Run the watchdog: sample, evaluate rules, notify.
     Daemon(daemon::DaemonArgs),
     /// Send a test message through each configured channel.
@@ -101,6 +105,7 @@ pub fn main() -> i32 {
         Command::Test(a) => rules::test(&cli.global, a),
         Command::Replay(a) => rules::replay(&cli.global, a),
         Command::Import(a) => import::run(&cli.global, a),
+        Command::Report(a) => report::run(&cli.global, a),
         Command::Daemon(a) => daemon::daemon(&cli.global, a),
         Command::NotifyTest(a) => daemon::notify_test(&cli.global, a),
         Command::Run(a) => job::run(&cli.global, a),

@@ -45,6 +45,8 @@ pub struct Config {
     pub actions: crate::action::ActionsSection,
     /// `[job]`: `gpuwatch run` / `attach` settings (owned by `job`).
     pub job: crate::job::JobSection,
+    /// `[report]`: energy price and carbon intensity for `gpuwatch report` (owned by `report`).
+    pub report: crate::report::ReportSection,
     /// Directory the config file lives in; relative paths in it resolve against this.
     pub base_dir: PathBuf,
     /// The config file's path (for messages).
@@ -55,7 +57,7 @@ pub struct Config {
 
 /// The top-level sections, in the order `config.example.toml` documents them.
 const SECTIONS: &[&str] = &[
-    "daemon", "rules", "notify", "channel", "route", "actions", "job",
+    "daemon", "rules", "notify", "channel", "route", "actions", "job", "report",
 ];
 
 impl Config {
@@ -378,6 +380,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
             "notify" => section(value, &loc).map(|s| config.notify = s),
             "actions" => section(value, &loc).map(|s| config.actions = s),
             "job" => section(value, &loc).map(|s| config.job = s),
+            "report" => section(value, &loc).map(|s| config.report = s),
             "channel" => {
                 config.channel = entries(value, &loc, &mut errors);
                 Ok(())
@@ -409,7 +412,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
         .into_iter()
         .chain(config.rules.validate())
         .chain(config.actions.validate())
-        .chain(config.job.validate());
+        .chain(config.job.validate())
+        .chain(config.report.validate());
     for p in problems {
         errors.push(loc.at(crate::values::key_offset(&root, &p.key), p.message));
     }

@@ -956,6 +956,56 @@ pub fn replay<E>(
     Ok(stats)
 }
 
+/// Replays imported ticks (`crate::import`), each time-line segment through a fresh engine
+/// from `fresh` (windows never mix two time lines); `on_tick` sees every tick first. Returns the
+/// counts over all segments and the last segment's engine (its alerts still firing).
+pub fn replay_segments(
+    ticks: impl Iterator<Item = anyhow::Result<crate::import::Imported>>,
+    mut fresh: impl FnMut() -> anyhow::Result<Engine>,
+    mut on_tick: impl FnMut(&crate::import::Imported),
+    mut on_event: impl FnMut(&AlertEvent),
+) -> anyhow::Result<(ReplayStats, Engine)> {
+    let mut ticks = ticks.peekable();
+    let mut stats = ReplayStats::default();
+    let mut engine = fresh()?;
+    let mut segments = 0u32;
+    loop {
+        let segment = match ticks.peek() {
+            None => break,
+            Some(Err(_)) => match ticks.next() {
+                Some(Err(e)) => return Err(e),
+                _ => break,
+            },
+            Some(Ok(t)) => t.segment,
+        };
+        if segments > 0 {
+            engine = fresh()?;
+        }
+        segments += 1;
+        let part = std::iter::from_fn(|| {
+            if ticks
+                .peek()
+                .is_some_and(|t| t.as_ref().is_ok_and(|t| t.segment != segment))
+            {
+                return None;
+            }
+            ticks.next().map(|t| {
+                t.map(|t| {
+                    on_tick(&t);
+                    t.snapshot
+                })
+            })
+        });
+        let s = replay(&mut engine, part, &mut on_event)?;
+        stats.snapshots += s.snapshots;
+        stats.gpu_samples += s.gpu_samples;
+        stats.advances += s.advances;
+        stats.first_ms = stats.first_ms.or(s.first_ms);
+        stats.last_ms = s.last_ms.or(stats.last_ms);
+    }
+    Ok((stats, engine))
+}
+
 #[cfg(test)]
 mod job_rules_tests;
 #[cfg(test)]

@@ -577,7 +577,10 @@ impl Core {
     fn feed(&mut self, line_no: usize, text: Option<&str>) -> anyhow::Result<()> {
         self.stats.lines.fetch_add(1, Ordering::Relaxed);
         let Some(text) = text else {
-            self.skip(line_no, format!("line longer than {} MiB", input::MAX_LINE >> 20));
+            self.skip(
+                line_no,
+                format!("line longer than {} MiB", input::MAX_LINE >> 20),
+            );
             return Ok(());
         };
         if text.trim().is_empty() {
@@ -599,7 +602,10 @@ impl Core {
                             tracing::warn!("{}:{line_no}:{col}: {what}: read as absent", self.path);
                         }
                         if n == REPORTED_CELLS {
-                            tracing::warn!("{}: further malformed cells are only counted", self.path);
+                            tracing::warn!(
+                                "{}: further malformed cells are only counted",
+                                self.path
+                            );
                         }
                     }
                 }

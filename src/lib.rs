@@ -17,6 +17,7 @@ pub mod model;
 pub mod notify;
 pub mod pipeline;
 pub mod record;
+pub mod report;
 pub mod rules;
 pub mod sampler;
 pub mod sys;

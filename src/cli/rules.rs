@@ -177,7 +177,6 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
         eval_interval_ms,
         sample_interval_ms: None,
     };
-    let mut engine = Engine::new(rules, opts.clone());
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut transitions = 0u64;
     let mut write_err: Option<std::io::Error> = None;
@@ -213,39 +212,26 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
     };
     // Each segment (time went back beyond the reordering window) is replayed from fresh rules:
     // windows never mix two time lines.
-    let mut ticks = crate::import::read_ahead(importer).peekable();
-    let mut stats = crate::engine::ReplayStats::default();
-    let mut segments = 0u32;
-    loop {
-        let segment = match ticks.peek() {
-            None => break,
-            Some(Err(_)) => {
-                if let Some(Err(e)) = ticks.next() {
-                    return Err(e);
-                }
-                break;
-            }
-            Some(Ok(t)) => t.segment,
-        };
-        if segments > 0 {
-            let rules = RuleSet::load(&paths, &rules_config).map_err(|errs| {
-                anyhow::anyhow!(errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))
-            })?;
-            engine = Engine::new(rules, opts.clone());
+    let mut first = Some(Engine::new(rules, opts.clone()));
+    let fresh = || -> anyhow::Result<Engine> {
+        if let Some(e) = first.take() {
+            return Ok(e);
         }
-        segments += 1;
-        let part = std::iter::from_fn(|| {
-            if ticks.peek().is_some_and(|t| t.as_ref().is_ok_and(|t| t.segment != segment)) {
-                return None;
-            }
-            ticks.next().map(|t| t.map(|t| t.snapshot))
-        });
-        let s = crate::engine::replay(&mut engine, part, &mut on_event)?;
-        stats.snapshots += s.snapshots;
-        stats.gpu_samples += s.gpu_samples;
-        stats.first_ms = stats.first_ms.or(s.first_ms);
-        stats.last_ms = s.last_ms.or(stats.last_ms);
-    }
+        let rules = RuleSet::load(&paths, &rules_config).map_err(|errs| {
+            anyhow::anyhow!(errs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"))
+        })?;
+        Ok(Engine::new(rules, opts.clone()))
+    };
+    let (stats, engine) = crate::engine::replay_segments(
+        crate::import::read_ahead(importer),
+        fresh,
+        |_| {},
+        &mut on_event,
+    )?;
     if let Some(e) = write_err {
         return Err(e.into());
     }

@@ -90,7 +90,8 @@ impl Assembler {
 
     /// Half an interval once the interval is known, else a minute.
     fn join_window(&self) -> i64 {
-        self.interval_ms.map_or(60_000, |iv| (iv / 2).clamp(1, 60_000))
+        self.interval_ms
+            .map_or(60_000, |iv| (iv / 2).clamp(1, 60_000))
     }
 
     /// Takes one row.
@@ -232,19 +233,17 @@ impl Assembler {
             let idx = r.sample.id.index;
             r.sample.time_ms = t.time_ms;
             for x in r.xids {
-                snap.xids.push(XidEvent::new(
-                    t.time_ms,
-                    idx,
-                    r.sample.id.uuid.clone(),
-                    x,
-                ));
+                snap.xids
+                    .push(XidEvent::new(t.time_ms, idx, r.sample.id.uuid.clone(), x));
             }
             if let Some(list) = r.procs {
-                procs.get_or_insert_with(Vec::new).extend(list.into_iter().map(|mut p| {
-                    p.gpu_index = idx;
-                    p.gpu_uuid.clone_from(&r.sample.id.uuid);
-                    p
-                }));
+                procs
+                    .get_or_insert_with(Vec::new)
+                    .extend(list.into_iter().map(|mut p| {
+                        p.gpu_index = idx;
+                        p.gpu_uuid.clone_from(&r.sample.id.uuid);
+                        p
+                    }));
             }
             if r.progress.is_some() {
                 progress = r.progress;
@@ -348,7 +347,10 @@ mod tests {
             row(1000, Key::Position, 0, 2.0),
             row(1000, Key::Position, 0, 3.0),
         ];
-        assert_eq!(run(&mut a, rows), [(0, 1000, vec![0, 1]), (0, 1000, vec![0])]);
+        assert_eq!(
+            run(&mut a, rows),
+            [(0, 1000, vec![0, 1]), (0, 1000, vec![0])]
+        );
         // Far back in time after ticks were emitted: a new segment.
         let mut a = Assembler::new(None);
         let mut rows: Vec<Reading> = (0..200)

@@ -109,14 +109,20 @@ pub(super) fn smi_value(raw: &str, unit: SmiUnit) -> Result<Option<f64>, String>
         let unit_part = v[digits..].trim_ascii_start();
         if digits > 0
             && digits <= 15
-            && unit_part.bytes().all(|b| b.is_ascii_alphabetic() || b == b'%')
+            && unit_part
+                .bytes()
+                .all(|b| b.is_ascii_alphabetic() || b == b'%')
         {
             let n = v.as_bytes()[..digits]
                 .iter()
                 .fold(0u64, |n, b| n * 10 + u64::from(b - b'0'));
             #[expect(clippy::cast_precision_loss, reason = "at most 15 digits: exact")]
             let n = n as f64;
-            return Ok(Some(if unit == SmiUnit::MiB { n * 1_048_576.0 } else { n }));
+            return Ok(Some(if unit == SmiUnit::MiB {
+                n * 1_048_576.0
+            } else {
+                n
+            }));
         }
     }
     if v.is_empty()
@@ -165,7 +171,9 @@ pub(super) fn checked(
 ) -> Option<f64> {
     match v {
         Ok(Some(x)) if !m.desc().plausible(x) => {
-            ctx.malformed_cell(col, || format!("{} value {} out of range", m.key(), quoted(raw)));
+            ctx.malformed_cell(col, || {
+                format!("{} value {} out of range", m.key(), quoted(raw))
+            });
             None
         }
         Ok(x) => x,
@@ -296,7 +304,9 @@ impl super::Parse for CsvParser {
         // A header, first or again.
         if is_gpuwatch_header(line) {
             if !self.own {
-                return Err(LineError::Skip("a gpuwatch CSV header in an nvidia-smi log".into()));
+                return Err(LineError::Skip(
+                    "a gpuwatch CSV header in an nvidia-smi log".into(),
+                ));
             }
             let cols = own_columns(line);
             check_duplicates(line, &cols)?;
@@ -317,7 +327,11 @@ impl super::Parse for CsvParser {
         let mut fields: smallvec_like::Fields<'_> = if quotes {
             owned = split_csv(line);
             smallvec_like::Fields::Owned(
-                owned.iter().map(String::as_str).collect::<Vec<_>>().into_iter(),
+                owned
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .into_iter(),
             )
         } else {
             smallvec_like::Fields::Borrowed(line.split(','))

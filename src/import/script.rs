@@ -25,7 +25,10 @@ pub fn recognises_rows(line: &str) -> bool {
     bracketed(line).is_some_and(|(t, rest)| {
         super::stamp::parse(t).is_some()
             && rest.split(',').count() == 5
-            && rest.split(',').next().is_some_and(|i| i.parse::<u32>().is_ok())
+            && rest
+                .split(',')
+                .next()
+                .is_some_and(|i| i.parse::<u32>().is_ok())
     })
 }
 

@@ -104,9 +104,10 @@ impl TableParser {
         else {
             return false;
         };
-        let Some(perf_at) = toks.iter().position(|t| {
-            t.len() >= 2 && t.starts_with('P') && t[1..].parse::<u32>().is_ok()
-        }) else {
+        let Some(perf_at) = toks
+            .iter()
+            .position(|t| t.len() >= 2 && t.starts_with('P') && t[1..].parse::<u32>().is_ok())
+        else {
             return false;
         };
         let Some(r) = self.gpus.last_mut() else {
@@ -142,10 +143,7 @@ impl TableParser {
         set(Metric::Power, power.first().and_then(|t| num(t, "W")));
         set(Metric::PowerLimit, power.get(1).and_then(|t| num(t, "W")));
         if let Some(mem) = cells.get(1) {
-            let m: Vec<&str> = mem
-                .split_whitespace()
-                .filter(|t| *t != "/")
-                .collect();
+            let m: Vec<&str> = mem.split_whitespace().filter(|t| *t != "/").collect();
             let mib = |t: Option<&&str>| t.and_then(|t| num(t, "MiB")).map(|v| v * 1_048_576.0);
             set(Metric::MemUsed, mib(m.first()));
             set(Metric::MemTotal, mib(m.get(1)));

@@ -103,8 +103,7 @@ fn numeric_date(b: &[u8]) -> Option<i64> {
         }
     }
     let (h, mi, sec) = (num(i..i + 2)?, num(i + 3..i + 5)?, num(i + 6..i + 8)?);
-    if b.get(i + 2) != Some(&b':') || b.get(i + 5) != Some(&b':') || h > 23 || mi > 59 || sec > 60
-    {
+    if b.get(i + 2) != Some(&b':') || b.get(i + 5) != Some(&b':') || h > 23 || mi > 59 || sec > 60 {
         return None;
     }
     i += 8;
@@ -206,8 +205,14 @@ mod tests {
         assert_eq!(at("Wed May  1 10:00:00 UTC 2024"), base);
         assert_eq!(at("May 1 10:00:00 CEST 2024"), base);
         assert_eq!(parse("1714557600.5").unwrap().resolve(None), Ok(base + 500));
-        assert_eq!(parse("1714557600123").unwrap().resolve(None), Ok(base + 123));
-        assert_eq!(parse("12.5").unwrap().resolve(Some(base)), Ok(base + 12_500));
+        assert_eq!(
+            parse("1714557600123").unwrap().resolve(None),
+            Ok(base + 123)
+        );
+        assert_eq!(
+            parse("12.5").unwrap().resolve(Some(base)),
+            Ok(base + 12_500)
+        );
         assert!(parse("12.5").unwrap().resolve(None).is_err());
         for bad in [
             "2024/13/01 10:00:00",

@@ -12,12 +12,12 @@ use super::common;
 
 /// One recording: scenario, time scale, real seconds. The recorder samples every 100 ms, so the
 /// rescaled recording has one tick every `scale / 10` scenario seconds.
-struct Rec {
-    scenario: &'static str,
-    scale: u32,
-    real_s: u32,
+pub(super) struct Rec {
+    pub(super) scenario: &'static str,
+    pub(super) scale: u32,
+    pub(super) real_s: u32,
     /// `(alert, gpu)` pairs that must fire; nothing else may.
-    expect: Vec<(&'static str, u32)>,
+    pub(super) expect: Vec<(&'static str, u32)>,
 }
 
 fn all_gpus(alert: &'static str) -> Vec<(&'static str, u32)> {
@@ -81,12 +81,12 @@ fn recordings() -> Vec<Rec> {
     ]
 }
 
-fn file_name(scenario: &str, suffix: &str) -> String {
+pub(super) fn file_name(scenario: &str, suffix: &str) -> String {
     format!("{scenario}{suffix}.csv")
 }
 
 /// Runs every recorder at once (they mostly sleep) and waits for all.
-fn record_all(dir: &Path, recs: &[Rec]) {
+pub(super) fn record_all(dir: &Path, recs: &[Rec]) {
     common::sim_lib();
     let children: Vec<_> = recs
         .iter()
@@ -132,7 +132,7 @@ fn parse_ts(s: &str) -> chrono::DateTime<chrono::Utc> {
 }
 
 /// Puts a time-compressed recording back on the scenario clock: `t0 + (t - t0) * scale`.
-fn rescale(raw: &Path, out: &Path, scale: u32) {
+pub(super) fn rescale(raw: &Path, out: &Path, scale: u32) {
     let text = std::fs::read_to_string(raw).expect("read recording");
     let (header, rows) = common::csv_rows(&text);
     assert_eq!(header[0], "timestamp");

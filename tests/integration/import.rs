@@ -100,7 +100,11 @@ fn every_log_shape_imports_as_expected() {
             .collect();
         gpus.sort_unstable();
         gpus.dedup();
-        assert_eq!(gpus.len() as i64, int(&log, "gpus"), "{file}: GPUs {gpus:?}");
+        assert_eq!(
+            gpus.len() as i64,
+            int(&log, "gpus"),
+            "{file}: GPUs {gpus:?}"
+        );
         assert_eq!(
             back[0].snapshot.time_ms,
             time_ms(log["first"].as_str().expect("first")),
@@ -112,7 +116,10 @@ fn every_log_shape_imports_as_expected() {
             "{file}: last tick"
         );
         for w in back.windows(2) {
-            assert!(w[0].snapshot.time_ms <= w[1].snapshot.time_ms, "{file}: in time order");
+            assert!(
+                w[0].snapshot.time_ms <= w[1].snapshot.time_ms,
+                "{file}: in time order"
+            );
         }
         for c in log
             .get("check")
@@ -135,7 +142,8 @@ fn every_log_shape_imports_as_expected() {
                 assert_eq!(got, None, "{file}: tick {tick} gpu {gpu} {key}");
             } else {
                 let want = c["value"].as_float().expect("value");
-                let got = got.unwrap_or_else(|| panic!("{file}: tick {tick} gpu {gpu} {key} absent"));
+                let got =
+                    got.unwrap_or_else(|| panic!("{file}: tick {tick} gpu {gpu} {key} absent"));
                 assert!(
                     (got - want).abs() <= 1e-6 * want.abs().max(1.0),
                     "{file}: tick {tick} gpu {gpu} {key}: {got} != {want}"
@@ -160,7 +168,11 @@ fn every_log_shape_imports_as_expected() {
                 .iter()
                 .find(|x| x.pid == pid)
                 .unwrap_or_else(|| panic!("{file}: tick {tick} has no pid {pid}: {procs:?}"));
-            assert_eq!(i64::from(proc.gpu_index), int(p, "gpu"), "{file}: pid {pid}");
+            assert_eq!(
+                i64::from(proc.gpu_index),
+                int(p, "gpu"),
+                "{file}: pid {pid}"
+            );
             assert_eq!(
                 proc.used_mem_bytes.map(|b| b as i64),
                 Some(int(p, "mem_bytes")),
@@ -181,7 +193,11 @@ fn every_log_shape_imports_as_expected() {
                     .as_ref()
                     .unwrap_or_else(|| panic!("{file}: tick {} has no progress", row[0]));
                 let got = [p.epoch, p.step, p.total].map(|v| v.map(|v| v as i64));
-                assert_eq!(got, [Some(row[1]), Some(row[2]), Some(row[3])], "{file}: {p:?}");
+                assert_eq!(
+                    got,
+                    [Some(row[1]), Some(row[2]), Some(row[3])],
+                    "{file}: {p:?}"
+                );
                 checked += 1;
             }
         }

@@ -14,7 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["window", "alert", "trace", "record", "import", "sampler"],
     &["rules"],
     &["engine"],
-    &["notify", "action"],
+    &["notify", "action", "report"],
     &["job"],
     &["config"],
     &["pipeline"],

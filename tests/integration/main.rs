@@ -17,6 +17,7 @@ mod notify;
 mod parsers;
 mod real_driver;
 mod real_gpu;
+mod report;
 mod restart;
 mod service;
 mod sim;

@@ -1,0 +1,160 @@
+//! `gpuwatch report`: a run's numbers, diagnosis, alert timeline and charts from any log
+//! `import` reads; two logs side by side; baselines.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+
+use super::import::LogArgs;
+use super::GlobalArgs;
+use crate::config::Config;
+use crate::engine::{Engine, EngineOptions};
+use crate::report::{compare, Report};
+use crate::rules::RuleSet;
+
+/// Arguments of `report`.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The log of the run; with two, BEFORE AFTER side by side.
+    #[arg(value_name = "FILE", required = true, num_args = 1..=2)]
+    pub files: Vec<PathBuf>,
+    /// Write the HTML page here (one self-contained file).
+    #[arg(long, short, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Print every number as JSON instead of the text summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Rule directory or file for the diagnosis and the alert timeline (repeatable); default
+    /// as for `check`.
+    #[arg(long = "rules", value_name = "DIR")]
+    pub rules: Vec<PathBuf>,
+    /// Configuration file (`[rules]` parameters, `[report]` price and CO₂, the state directory
+    /// that keeps baselines).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Keep this run's summary as baseline NAME.
+    #[arg(long, value_name = "NAME")]
+    pub save_baseline: Option<String>,
+    /// Compare this run with baseline NAME and flag what got worse.
+    #[arg(long, value_name = "NAME", conflicts_with = "save_baseline")]
+    pub baseline: Option<String>,
+    /// How to read the logs.
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// Reads one log into a report.
+fn build(path: &Path, args: &ReportArgs, config: &Config) -> anyhow::Result<Report> {
+    let importer = crate::import::Importer::open(path, &args.log.options())?;
+    let stats = importer.stats();
+    let name = path.display().to_string();
+    let paths = crate::config::rule_paths(&args.rules, Some(config));
+    let rules_config = config.rules.clone();
+    let opts = EngineOptions {
+        hostname: crate::sys::hostname(),
+        eval_interval_ms: rules_config.eval_interval_ms(),
+        sample_interval_ms: None,
+    };
+    let fresh = || -> anyhow::Result<Engine> {
+        let rules = RuleSet::load(&paths, &rules_config).map_err(|errs| {
+            anyhow::anyhow!(errs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"))
+        })?;
+        Ok(Engine::new(rules, opts.clone()))
+    };
+    let mut report = crate::report::build(
+        vec![name.clone()],
+        crate::import::read_ahead(importer),
+        fresh,
+        &config.report,
+    )?;
+    report.summary.warnings = stats.warnings(&name);
+    if report.summary.ticks == 0 {
+        bail!("{name}: no samples in the log");
+    }
+    Ok(report)
+}
+
+/// Runs `report`.
+pub fn run(_global: &GlobalArgs, args: &ReportArgs) -> anyhow::Result<i32> {
+    let config = match &args.config {
+        Some(p) => crate::config::load(p)?,
+        None => Config::builtin(),
+    };
+    let mut reports = Vec::new();
+    for f in &args.files {
+        reports.push(build(f, args, &config)?);
+    }
+    for r in &reports {
+        for w in &r.summary.warnings {
+            eprintln!("warning: {w}");
+        }
+    }
+    let after = reports.pop().context("a report")?;
+    let (against, before) = match (reports.pop(), &args.baseline) {
+        (Some(b), _) => (Some(args.files[0].display().to_string()), Some(b.summary)),
+        (None, Some(name)) => (
+            Some(format!("baseline {name}")),
+            Some(compare::load(&config.state_dir(), name)?),
+        ),
+        (None, None) => (None, None),
+    };
+    let rows = before
+        .as_ref()
+        .map(|b| compare::compare(b, &after.summary))
+        .unwrap_or_default();
+    if let Some(out) = &args.out {
+        let page =
+            crate::report::html::render(&after, against.as_deref().map(|a| (a, rows.as_slice())));
+        std::fs::write(out, page).with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    if args.json {
+        let value = match &before {
+            Some(b) => serde_json::json!({
+                "before": b,
+                "after": after.summary,
+                "compare": rows.iter().map(|r| serde_json::json!({
+                    "what": r.what, "before": r.before, "after": r.after,
+                    "change": r.change, "worse": r.worse,
+                })).collect::<Vec<_>>(),
+            }),
+            None => serde_json::to_value(&after.summary)?,
+        };
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        if let Some(b) = &before {
+            print!("{}", crate::report::text(b));
+            println!();
+        }
+        print!("{}", crate::report::text(&after.summary));
+        if let Some(a) = &against {
+            println!();
+            print!(
+                "{}",
+                compare::text(
+                    &rows,
+                    a,
+                    &args.files[args.files.len() - 1].display().to_string()
+                )
+            );
+        }
+    }
+    if let Some(out) = &args.out {
+        eprintln!("report: {}", out.display());
+    }
+    if let Some(name) = &args.save_baseline {
+        let path = compare::save(&config.state_dir(), name, &after.summary)?;
+        eprintln!("baseline `{name}` saved: {}", path.display());
+    }
+    let worse = rows.iter().filter(|r| r.worse).count();
+    if worse > 0 {
+        eprintln!(
+            "{worse} quantit{} got worse",
+            if worse == 1 { "y" } else { "ies" }
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,421 @@
+//! `gpuwatch report`: what a run looked like, from any log `import` reads — per-GPU numbers
+//! (`report::stats`), the diagnosis (time each stock problem-pattern rule was firing, with the
+//! likely cause and the fix), the alert timeline from replaying the rules, and charts
+//! (`report::series`), rendered as text, JSON or one self-contained HTML page
+//! (`report::html`); two runs or a run and a saved baseline side by side (`report::compare`).
+//!
+//! The diagnosis is the stock rules' own: `low_utilization`, `periodic_idle`, `memory_leak`,
+//! `small_batch` and `oom_risk` decide when a pattern holds, in the report exactly as in the
+//! daemon; the report adds how long, and what to do.
+
+pub mod compare;
+pub mod html;
+pub mod series;
+pub mod stats;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Engine;
+use crate::import::Imported;
+use crate::model::{AlertEvent, AlertStatus};
+pub use stats::{GpuCharts, GpuSummary};
+
+/// `[report]` in the config file.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReportSection {
+    /// Electricity price per kWh, for the energy cost line.
+    pub price_per_kwh: Option<f64>,
+    /// Currency shown with the cost (`"EUR"`, `"$"`).
+    pub currency: String,
+    /// Grid carbon intensity, grams of CO₂ per kWh.
+    pub grams_co2_per_kwh: Option<f64>,
+}
+
+impl ReportSection {
+    /// Checks the values serde cannot.
+    pub fn validate(&self) -> Vec<crate::values::Problem> {
+        let mut out = Vec::new();
+        for (key, v) in [
+            ("report.price_per_kwh", self.price_per_kwh),
+            ("report.grams_co2_per_kwh", self.grams_co2_per_kwh),
+        ] {
+            if v.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
+                out.push(crate::values::Problem::at(
+                    key,
+                    "must be a number of at least 0",
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// A problem pattern: the stock rule that detects it, in a practitioner's words.
+#[derive(Debug, Clone, Copy)]
+pub struct Pattern {
+    /// The stock rule.
+    pub alert: &'static str,
+    /// What a person sees.
+    pub title: &'static str,
+    /// The likely cause.
+    pub cause: &'static str,
+    /// The fix.
+    pub fix: &'static str,
+}
+
+/// The patterns the diagnosis reports, in order.
+pub const PATTERNS: [Pattern; 5] = [
+    Pattern {
+        alert: "low_utilization",
+        title: "Utilization long under 50 %",
+        cause: "the GPU waits for input: DataLoader workers, storage or network reads, or CPU-side augmentation cannot keep up",
+        fix: "raise num_workers, set pin_memory=True and prefetch_factor, cache or pre-process the dataset, check disk and network throughput",
+    },
+    Pattern {
+        alert: "periodic_idle",
+        title: "Utilization periodically dropping to zero",
+        cause: "regular CPU-side stalls: preprocessing between batches, DataLoader workers restarted every epoch, synchronous evaluation or checkpointing",
+        fix: "persistent_workers=True, move augmentation to the GPU, checkpoint and evaluate asynchronously or less often",
+    },
+    Pattern {
+        alert: "memory_leak",
+        title: "Memory growing steadily",
+        cause: "tensors kept alive across steps (total_loss += loss without .item(), stored outputs or graphs, growing caches)",
+        fix: "accumulate Python numbers (.item()), detach what you keep, clear lists; torch.cuda.memory_summary() shows what grows",
+    },
+    Pattern {
+        alert: "small_batch",
+        title: "Memory far below total",
+        cause: "the batch is too small for this GPU: most of its memory and throughput goes unused",
+        fix: "raise the batch size (scale the learning rate) or share the GPU with another job",
+    },
+    Pattern {
+        alert: "oom_risk",
+        title: "Memory suddenly full",
+        cause: "a larger batch, longer sequence or fragmentation pushed memory to the limit",
+        fix: "lower the batch size or sequence length, use gradient checkpointing, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    },
+];
+
+/// An alert from replaying the rules: when it fired and resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AlertSpan {
+    pub alert: String,
+    pub gpu: Option<u32>,
+    pub severity: String,
+    pub start_ms: i64,
+    pub end_ms: i64,
+    /// Still firing at the end of the log.
+    pub open: bool,
+    pub summary: String,
+}
+
+/// Time one GPU spent in one problem pattern.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub alert: String,
+    pub title: String,
+    pub gpu: u32,
+    pub seconds: f64,
+    /// Share of the GPU's span.
+    pub share: f64,
+    pub cause: String,
+    pub fix: String,
+}
+
+/// Training progress over the run (when the log carried it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProgressSummary {
+    pub first: String,
+    pub last: String,
+    /// Steps done (epoch × steps per epoch + step, when both are known).
+    pub steps: Option<u64>,
+    pub energy_wh_per_step: Option<f64>,
+}
+
+/// Every number of a run (what `--json` prints and a baseline keeps).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub sources: Vec<String>,
+    pub first_ms: i64,
+    pub last_ms: i64,
+    pub ticks: u64,
+    pub gpus: Vec<GpuSummary>,
+    pub energy_kwh: Option<f64>,
+    pub cost: Option<f64>,
+    pub currency: String,
+    pub co2_kg: Option<f64>,
+    pub findings: Vec<Finding>,
+    pub alerts: Vec<AlertSpan>,
+    pub progress: Option<ProgressSummary>,
+    pub warnings: Vec<String>,
+}
+
+/// A run's summary and its charts.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub summary: RunSummary,
+    pub charts: BTreeMap<u32, GpuCharts>,
+}
+
+/// Global step of a progress reading: `epoch × total + step` when both are known.
+fn global_step(p: &crate::import::Progress) -> Option<u64> {
+    match (p.epoch, p.step, p.total) {
+        (Some(e), Some(s), Some(t)) => Some(e.saturating_mul(t).saturating_add(s)),
+        (_, Some(s), _) => Some(s),
+        _ => None,
+    }
+}
+
+/// Builds a report from `ticks`, replaying them through the engines `fresh` makes (one per
+/// time-line segment). `sources` names the logs.
+pub fn build(
+    sources: Vec<String>,
+    ticks: impl Iterator<Item = anyhow::Result<Imported>>,
+    fresh: impl FnMut() -> anyhow::Result<Engine>,
+    section: &ReportSection,
+) -> anyhow::Result<Report> {
+    let mut accs: BTreeMap<u32, stats::GpuAcc> = BTreeMap::new();
+    let mut open: BTreeMap<(String, Option<u32>), AlertSpan> = BTreeMap::new();
+    let mut spans = Vec::new();
+    let mut progress: (
+        Option<crate::import::Progress>,
+        Option<crate::import::Progress>,
+    ) = (None, None);
+    let mut n_ticks = 0u64;
+    let mut first_ms = None;
+    let mut last_ms = 0;
+    let on_tick = |t: &Imported| {
+        let s = &t.snapshot;
+        n_ticks += 1;
+        first_ms.get_or_insert(s.time_ms);
+        last_ms = last_ms.max(s.time_ms);
+        for g in &s.gpus {
+            accs.entry(g.id.index)
+                .or_insert_with(|| stats::GpuAcc::new(g.id.index))
+                .push(s.time_ms, g);
+        }
+        for x in &s.xids {
+            if let Some(a) = accs.get_mut(&x.gpu_index) {
+                a.xid(s.time_ms, x.xid);
+            }
+        }
+        for p in s.processes.iter().flatten() {
+            if let Some(a) = accs.get_mut(&p.gpu_index) {
+                a.process(p.pid, p.command.as_deref());
+            }
+        }
+        if let Some(p) = &t.progress {
+            if progress.0.is_none() {
+                progress.0 = Some(p.clone());
+            }
+            progress.1 = Some(p.clone());
+        }
+    };
+    let on_event = |ev: &AlertEvent| {
+        if ev.repeat {
+            return;
+        }
+        let key = (ev.name.clone(), ev.gpu);
+        match ev.status {
+            AlertStatus::Firing => {
+                open.entry(key).or_insert_with(|| AlertSpan {
+                    alert: ev.name.clone(),
+                    gpu: ev.gpu,
+                    severity: ev.severity.as_str().to_string(),
+                    start_ms: ev.at_ms,
+                    end_ms: ev.at_ms,
+                    open: true,
+                    summary: ev.annotations.get("summary").cloned().unwrap_or_default(),
+                });
+            }
+            AlertStatus::Resolved => {
+                if let Some(mut s) = open.remove(&key) {
+                    s.end_ms = ev.at_ms;
+                    s.open = false;
+                    spans.push(s);
+                }
+            }
+        }
+    };
+    crate::engine::replay_segments(ticks, fresh, on_tick, on_event)?;
+    for (_, mut s) in open {
+        s.end_ms = last_ms.max(s.start_ms);
+        spans.push(s);
+    }
+    spans.sort_by(|a, b| (a.start_ms, &a.alert, a.gpu).cmp(&(b.start_ms, &b.alert, b.gpu)));
+
+    let mut gpus = Vec::new();
+    let mut charts = BTreeMap::new();
+    for (i, acc) in accs {
+        let (summary, chart) = acc.finish();
+        gpus.push(summary);
+        charts.insert(i, chart);
+    }
+    let mut findings = Vec::new();
+    for p in PATTERNS {
+        for g in &gpus {
+            let seconds: f64 = spans
+                .iter()
+                .filter(|s| s.alert == p.alert && s.gpu == Some(g.index))
+                .map(|s| (s.end_ms - s.start_ms) as f64 / 1000.0)
+                .sum();
+            if seconds > 0.0
+                || spans
+                    .iter()
+                    .any(|s| s.alert == p.alert && s.gpu == Some(g.index))
+            {
+                let span = ((g.last_ms - g.first_ms) as f64 / 1000.0).max(1.0);
+                findings.push(Finding {
+                    alert: p.alert.to_string(),
+                    title: p.title.to_string(),
+                    gpu: g.index,
+                    seconds,
+                    share: (seconds / span).min(1.0),
+                    cause: p.cause.to_string(),
+                    fix: p.fix.to_string(),
+                });
+            }
+        }
+    }
+    let energy: Option<f64> = gpus
+        .iter()
+        .filter_map(|g| g.energy_kwh)
+        .fold(None, |a, e| Some(a.unwrap_or(0.0) + e));
+    let progress = match progress {
+        (Some(a), Some(b)) => {
+            let steps = global_step(&b)
+                .zip(global_step(&a))
+                .map(|(z, a)| z.saturating_sub(a));
+            Some(ProgressSummary {
+                first: a.text,
+                last: b.text,
+                steps,
+                energy_wh_per_step: steps
+                    .filter(|s| *s > 0)
+                    .zip(energy)
+                    .map(|(s, e)| e * 1000.0 / s as f64),
+            })
+        }
+        _ => None,
+    };
+    Ok(Report {
+        summary: RunSummary {
+            sources,
+            first_ms: first_ms.unwrap_or(0),
+            last_ms,
+            ticks: n_ticks,
+            gpus,
+            energy_kwh: energy,
+            cost: energy.zip(section.price_per_kwh).map(|(e, p)| e * p),
+            currency: section.currency.clone(),
+            co2_kg: energy
+                .zip(section.grams_co2_per_kwh)
+                .map(|(e, g)| e * g / 1000.0),
+            findings,
+            alerts: spans,
+            progress,
+            warnings: Vec::new(),
+        },
+        charts,
+    })
+}
+
+/// `1h 02m`, `4m 10s`, `12s`.
+pub fn human_duration(seconds: f64) -> String {
+    let s = seconds.round() as i64;
+    if s >= 3600 {
+        format!("{}h {:02}m", s / 3600, (s % 3600) / 60)
+    } else if s >= 60 {
+        format!("{}m {:02}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// `3.2 GiB`.
+pub fn gib(bytes: f64) -> String {
+    format!("{:.1} GiB", bytes / 1_073_741_824.0)
+}
+
+/// The short text summary (what `report` prints without `--json`, and `run` at its end).
+pub fn text(r: &RunSummary) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let span = (r.last_ms - r.first_ms) as f64 / 1000.0;
+    let _ = writeln!(
+        out,
+        "{} to {} ({}), {} GPU(s), {} ticks",
+        crate::trace::format_time_ms(r.first_ms),
+        crate::trace::format_time_ms(r.last_ms),
+        human_duration(span),
+        r.gpus.len(),
+        r.ticks
+    );
+    for g in &r.gpus {
+        let util = g.util.map_or_else(
+            || "utilization -".to_string(),
+            |u| {
+                format!(
+                    "utilization mean {:.0} % (p50 {:.0}, p95 {:.0})",
+                    u.mean, u.p50, u.p95
+                )
+            },
+        );
+        let mem = match (g.mem_peak_bytes, g.mem_total_bytes) {
+            (Some(p), Some(t)) => format!("memory peak {} of {}", gib(p), gib(t)),
+            (Some(p), None) => format!("memory peak {}", gib(p)),
+            _ => "memory -".into(),
+        };
+        let temp = g
+            .temp_max_c
+            .map_or_else(|| "temp -".to_string(), |t| format!("max {t:.0} °C"));
+        let power = g
+            .power_mean_w
+            .map_or_else(String::new, |p| format!(", power mean {p:.0} W"));
+        let gaps = if g.gaps > 0 {
+            format!(", {} gap(s) {}", g.gaps, human_duration(g.gap_s))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "  GPU {}: {util}; {mem}; {temp}{power}{gaps}", g.index);
+    }
+    if let Some(e) = r.energy_kwh {
+        let cost = r
+            .cost
+            .map_or_else(String::new, |c| format!(", {c:.2} {}", r.currency));
+        let co2 = r
+            .co2_kg
+            .map_or_else(String::new, |c| format!(", {c:.2} kg CO₂"));
+        let _ = writeln!(out, "  energy {e:.2} kWh{cost}{co2}");
+    }
+    if r.findings.is_empty() {
+        let _ = writeln!(out, "diagnosis: no problem pattern found");
+    } else {
+        let _ = writeln!(out, "diagnosis:");
+        for f in &r.findings {
+            let _ = writeln!(
+                out,
+                "  GPU {}: {} for {} ({:.0} % of the run): {}. Fix: {}",
+                f.gpu,
+                f.title.to_lowercase(),
+                human_duration(f.seconds),
+                f.share * 100.0,
+                f.cause,
+                f.fix
+            );
+        }
+    }
+    let others = r
+        .alerts
+        .iter()
+        .filter(|a| !PATTERNS.iter().any(|p| p.alert == a.alert))
+        .count();
+    if others > 0 {
+        let _ = writeln!(out, "other alerts: {others} (see the alert timeline)");
+    }
+    out
+}
