@@ -39,6 +39,10 @@ pub struct JobFlags {
     /// Do not evaluate rules or sample GPUs: only pass output through and report the end.
     #[arg(long)]
     pub no_rules: bool,
+    /// No end-of-run report (by default the run's GPU samples are recorded to
+    /// `state_dir/runs/` and summarized at the end, with an HTML report beside them).
+    #[arg(long)]
+    pub no_report: bool,
 }
 
 /// Arguments of `run`.
@@ -200,6 +204,7 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
             return Ok(code);
         }
     }
+    let mut recorded = None;
     let result = if args.flags.no_rules {
         let config = load_config(path)?;
         let opts = options(&config, &args.flags, args.tee.as_ref())?;
@@ -207,8 +212,14 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
     } else {
         let setup = setup(path)?;
         let opts = options(&setup.config, &args.flags, args.tee.as_ref())?;
+        let config = setup.config.clone();
         let mut w = watch(global, setup, &args.flags)?;
-        crate::job::run_job(&args.command, &opts, &mut w)
+        if !args.flags.no_report {
+            w.record_to(&run_recording(&config), RUN_RECORDING_MAX_BYTES);
+        }
+        let result = crate::job::run_job(&args.command, &opts, &mut w);
+        recorded = w.recording().map(|p| (p.to_path_buf(), config));
+        result
     };
     let report = match result {
         Ok(r) => r,
@@ -229,7 +240,68 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
         }
     };
     finish(&report, &args.flags)?;
+    if let Some((recording, config)) = recorded {
+        end_report(&recording, &config, args.flags.quiet);
+    }
     Ok(report.exit_code)
+}
+
+/// A run's recording starts over past this size (the part before is kept as `.1`): 512 MB is
+/// about 20 hours of 8 GPUs at 1 s.
+const RUN_RECORDING_MAX_BYTES: u64 = 512 * 1024 * 1024;
+/// Recordings of this many runs are kept (the oldest are removed at the start of a run).
+const RUNS_KEPT: usize = 10;
+
+/// Where a run's GPU samples are recorded: `state_dir/runs/run-<UTC start>-<pid>.csv`; the
+/// oldest runs' files are removed so that at most [`RUNS_KEPT`] remain with this one.
+fn run_recording(config: &Config) -> PathBuf {
+    let dir = config.state_dir().join("runs");
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "csv")
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("run-"))
+        })
+        .collect();
+    runs.sort();
+    let excess = runs.len().saturating_sub(RUNS_KEPT - 1);
+    for old in &runs[..excess] {
+        for p in [
+            old.clone(),
+            old.with_extension("csv.1"),
+            old.with_extension("html"),
+        ] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    let start = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+    dir.join(format!("run-{start}-{}.csv", std::process::id()))
+}
+
+/// The end-of-run summary on stderr and the HTML report beside the recording. A report that
+/// cannot be made is a warning: it never changes the run's exit code.
+fn end_report(recording: &Path, config: &Config, quiet: bool) {
+    let made = super::report::build(recording, &[], &Default::default(), config).and_then(|r| {
+        let html = recording.with_extension("html");
+        std::fs::write(&html, crate::report::html::render(&r, None))
+            .with_context(|| format!("cannot write {}", html.display()))?;
+        Ok((r, html))
+    });
+    match made {
+        Ok((r, html)) if !quiet => {
+            for line in crate::report::text(&r.summary).lines() {
+                eprintln!("gpuwatch: {line}");
+            }
+            eprintln!("gpuwatch: report: {}", html.display());
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("gpuwatch: no end-of-run report: {e:#}"),
+    }
 }
 
 /// Runs `attach`: the process's exit code when the kernel told it, else 0.

@@ -43,12 +43,17 @@ pub struct ReportArgs {
     pub log: LogArgs,
 }
 
-/// Reads one log into a report.
-fn build(path: &Path, args: &ReportArgs, config: &Config) -> anyhow::Result<Report> {
-    let importer = crate::import::Importer::open(path, &args.log.options())?;
+/// Reads one log into a report, replaying `rules` (default as for `check`) for the diagnosis.
+pub(super) fn build(
+    path: &Path,
+    rules: &[PathBuf],
+    log: &crate::import::ImportOptions,
+    config: &Config,
+) -> anyhow::Result<Report> {
+    let importer = crate::import::Importer::open(path, log)?;
     let stats = importer.stats();
     let name = path.display().to_string();
-    let paths = crate::config::rule_paths(&args.rules, Some(config));
+    let paths = crate::config::rule_paths(rules, Some(config));
     let rules_config = config.rules.clone();
     let opts = EngineOptions {
         hostname: crate::sys::hostname(),
@@ -86,7 +91,7 @@ pub fn run(_global: &GlobalArgs, args: &ReportArgs) -> anyhow::Result<i32> {
     };
     let mut reports = Vec::new();
     for f in &args.files {
-        reports.push(build(f, args, &config)?);
+        reports.push(build(f, &args.rules, &args.log.options(), &config)?);
     }
     for r in &reports {
         for w in &r.summary.warnings {

@@ -184,6 +184,10 @@ pub struct Watch {
     sinks: Vec<Box<dyn AlertSink>>,
     alerts: Vec<AlertEvent>,
     job_pid: Option<u32>,
+    /// The run's GPU recording (for the end-of-run report), when one is kept.
+    recording: Option<(std::path::PathBuf, crate::record::RotatingFile)>,
+    rows: crate::record::CsvRows,
+    row_buf: String,
 }
 
 impl std::fmt::Debug for Watch {
@@ -205,7 +209,32 @@ impl Watch {
             sinks: Vec::new(),
             alerts: Vec::new(),
             job_pid: None,
+            recording: None,
+            rows: crate::record::CsvRows::new(),
+            row_buf: String::new(),
         }
+    }
+
+    /// Records every snapshot to `path` (gpuwatch CSV) for the end-of-run report, starting over
+    /// (the previous part kept as `PATH.1`) past `max_bytes`. A recording that cannot be
+    /// written is dropped with a warning; it never stops the watch.
+    pub fn record_to(&mut self, path: &std::path::Path, max_bytes: u64) {
+        if self.snapshots.is_none() {
+            return;
+        }
+        let opened = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| crate::record::RotatingFile::open(path, Some(max_bytes), 1));
+        match opened {
+            Ok(f) => self.recording = Some((path.to_path_buf(), f)),
+            Err(e) => tracing::warn!("cannot record the run to {}: {e}", path.display()),
+        }
+    }
+
+    /// The run's recording, if one was kept.
+    pub fn recording(&self) -> Option<&std::path::Path> {
+        self.recording.as_ref().map(|(p, _)| p.as_path())
     }
 
     /// Adds a sink for alert events.
@@ -234,6 +263,14 @@ impl Watch {
         if let Some(sampler) = &self.snapshots {
             while let Ok(snap) = sampler.receiver().try_recv() {
                 got = true;
+                if let Some((path, file)) = &mut self.recording {
+                    self.row_buf.clear();
+                    self.rows.render(&snap, &mut self.row_buf);
+                    if let Err(e) = file.write_tick(&self.row_buf) {
+                        tracing::warn!("recording to {} stopped: {e}", path.display());
+                        self.recording = None;
+                    }
+                }
                 self.usage.observe(&snap, pids);
                 events.extend(self.pipeline.observe(&snap));
             }

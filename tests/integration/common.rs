@@ -93,6 +93,9 @@ pub fn command(args: &[&str], envs: &[(&str, &str)]) -> Command {
     for k in SCRUBBED_ENV {
         cmd.env_remove(k);
     }
+    // State that defaults under $HOME (the end-of-run recordings of `run`) goes to a directory
+    // of this test process, never the caller's home.
+    cmd.env("HOME", test_home());
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -166,4 +169,15 @@ pub fn col<'a>(header: &[String], row: &'a [String], name: &str) -> &'a str {
         .position(|h| h == name)
         .unwrap_or_else(|| panic!("no column {name}"));
     &row[i]
+}
+
+/// A home directory for the children of this test process (removed by no one: it is under the
+/// system's temporary directory and named by the process id).
+pub fn test_home() -> &'static Path {
+    static HOME: OnceLock<PathBuf> = OnceLock::new();
+    HOME.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gpuwatch-test-home-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("test home");
+        dir
+    })
 }

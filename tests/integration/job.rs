@@ -1126,3 +1126,44 @@ fn a_protected_member_of_the_targets_group_is_not_signalled() {
         "{records:?}"
     );
 }
+
+/// Issue 13: `run` records the GPUs while the job runs and ends with a short report and the
+/// path of its HTML page (beside the recording in `state_dir/runs/`); `--no-report` skips it.
+#[test]
+fn run_ends_with_a_report_of_the_gpus() {
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let out = gpuwatch()
+        .args(["--sim", "healthy", "run", "--config", cfg.to_str().unwrap()])
+        .args(["--", "sh", "-c", "sleep 2"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("8 GPU(s)"), "{stderr}");
+    let html = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("gpuwatch: report: "))
+        .unwrap_or_else(|| panic!("no report path: {stderr}"));
+    let page = std::fs::read_to_string(html).expect("the HTML report");
+    assert_eq!(page.matches("<section class=\"gpu\"").count(), 8);
+    assert!(
+        Path::new(html).starts_with(dir.path().join("state/runs")),
+        "{html}"
+    );
+    let out = gpuwatch()
+        .args([
+            "--sim",
+            "healthy",
+            "run",
+            "--no-report",
+            "--config",
+            cfg.to_str().unwrap(),
+        ])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("gpuwatch: report:"), "{stderr}");
+}
