@@ -400,6 +400,7 @@ fn event(inst: &AlertInstanceState, status: AlertStatus, now_ms: i64, repeat: bo
         gpu: inst.gpu,
         actions: inst.actions.clone(),
         target_pid: inst.target_pid,
+        chart: None,
     }
 }
 

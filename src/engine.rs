@@ -34,7 +34,9 @@ use std::sync::Arc;
 use crate::alert::{
     AlertBook, AlertSpec, AlertStateFile, CounterPoint, GpuCarry, InstanceId, Outcome,
 };
-use crate::model::{AlertEvent, GpuSample, Metric, MetricKind, MissingGpu, Severity, Snapshot};
+use crate::model::{
+    AlertEvent, AlertStatus, GpuSample, Metric, MetricKind, MissingGpu, Severity, Snapshot,
+};
 use crate::rules::api::{JobHandle, ProcessHandle};
 use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet, Trace};
 use crate::window::GpuHistory;
@@ -257,7 +259,42 @@ impl Engine {
     pub fn observe(&mut self, snap: &Snapshot) -> Vec<AlertEvent> {
         let now = snap.time_ms;
         self.ingest(snap);
-        self.evaluate(now, true)
+        let mut events = self.evaluate(now, true);
+        self.attach_charts(&mut events, now);
+        events
+    }
+
+    /// Gives each firing GPU alert the chart of what its rule looked at: the metric it read over
+    /// the longest window (at least 10 minutes), from the rule's last evaluation trace.
+    fn attach_charts(&self, events: &mut [AlertEvent], now: i64) {
+        for ev in events.iter_mut() {
+            if ev.status != AlertStatus::Firing || ev.chart.is_some() {
+                continue;
+            }
+            let Some(gpu) = ev.gpu else { continue };
+            let Some(idx) = self
+                .rules
+                .rules()
+                .iter()
+                .position(|r| r.spec.name == ev.name)
+            else {
+                continue;
+            };
+            let traced = self
+                .memo
+                .get(idx)
+                .and_then(|m| m.get(&gpu))
+                .and_then(|(trace, _)| trace.main_series());
+            let (Some((metric, window)), Some(hist)) = (traced, self.gpus.get(&gpu)) else {
+                continue;
+            };
+            let window = window.clamp(10 * 60_000, 24 * 3_600_000);
+            let points: Vec<(i64, f64)> =
+                hist.window(metric).points_in(now - window, now).collect();
+            if points.len() >= 2 {
+                ev.chart = Some(crate::model::AlertChart::new(metric, window, &points));
+            }
+        }
     }
 
     /// Evaluates host-scope rules at `now_ms` with no new data (call it periodically, e.g. every
@@ -603,17 +640,16 @@ impl Engine {
     /// that evaluation read still reads the same (the check would compute the same result — see
     /// `rules::api::gpu` on traces), else a fresh evaluation, remembered when it is reusable.
     fn eval_gpu(&mut self, idx: usize, hist: &Arc<GpuHistory>, now: i64) -> EvalResult {
-        if !self.reuse {
-            self.ran += 1;
-            return self.rules.eval_gpu(idx, hist, now);
-        }
         let index = hist.id.index;
-        if let Some((trace, result)) = self.memo.get(idx).and_then(|m| m.get(&index)) {
-            if trace.holds(hist, now) {
-                self.reused += 1;
-                return result.clone();
+        if self.reuse {
+            if let Some((trace, result)) = self.memo.get(idx).and_then(|m| m.get(&index)) {
+                if trace.holds(hist, now) {
+                    self.reused += 1;
+                    return result.clone();
+                }
             }
         }
+        // Traced with reuse off too: the trace also says what an alert's chart shows.
         self.ran += 1;
         let (result, trace) = self.rules.eval_gpu_traced(idx, hist, now);
         if let Some(memo) = self.memo.get_mut(idx) {

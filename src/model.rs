@@ -1164,6 +1164,46 @@ pub struct AlertEvent {
     /// job the instance is about), never from labels or annotations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_pid: Option<u32>,
+    /// The rule's metric over its window when it fired (GPU-scope rules), for a chart in the
+    /// notification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chart: Option<AlertChart>,
+}
+
+/// A metric's recent history attached to a firing alert: what its chart draws.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AlertChart {
+    /// Metric key (`temp`, `mem_used`).
+    pub metric: String,
+    /// Its unit (`celsius`, `bytes`).
+    pub unit: String,
+    /// The window the rule looked at, ms.
+    pub window_ms: i64,
+    /// (UTC ms, value), oldest first, at most [`AlertChart::MAX_POINTS`].
+    pub points: Vec<(i64, f64)>,
+}
+
+impl AlertChart {
+    /// Points kept (the mean of each stretch when the window has more samples).
+    pub const MAX_POINTS: usize = 120;
+
+    /// A chart of `points` (oldest first), averaged down to [`AlertChart::MAX_POINTS`].
+    pub fn new(metric: Metric, window_ms: i64, points: &[(i64, f64)]) -> AlertChart {
+        let per = points.len().div_ceil(Self::MAX_POINTS).max(1);
+        let points = points
+            .chunks(per)
+            .map(|c| {
+                let n = c.len() as f64;
+                (c[c.len() - 1].0, c.iter().map(|p| p.1).sum::<f64>() / n)
+            })
+            .collect();
+        AlertChart {
+            metric: metric.key().to_string(),
+            unit: metric.desc().unit.to_string(),
+            window_ms,
+            points,
+        }
+    }
 }
 
 impl AlertEvent {
@@ -1193,6 +1233,7 @@ impl AlertEvent {
             gpu: None,
             actions: Vec::new(),
             target_pid: None,
+            chart: None,
         }
     }
 }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::{AlertEvent, AlertStatus, DeviceId, ProcSample, Severity};
 
 pub mod channel;
+pub mod chart;
 pub mod dispatcher;
 #[cfg(test)]
 mod golden;
@@ -254,6 +255,7 @@ pub(crate) mod testdata {
             gpu: Some(gpu),
             actions: Vec::new(),
             target_pid: None,
+            chart: None,
         }
     }
 

@@ -229,6 +229,12 @@ impl Window {
         self.points.back().copied()
     }
 
+    /// The points with `start_ms < t <= end_ms`, oldest first.
+    pub fn points_in(&self, start_ms: i64, end_ms: i64) -> impl Iterator<Item = (i64, f64)> + '_ {
+        let (lo, hi) = self.range(start_ms, end_ms);
+        self.points.range(lo..hi).copied()
+    }
+
     /// Index range of points with `start < t <= end`. Windows usually end at the newest point and
     /// cover its recent part, so `hi` is checked at the end first and `lo` is found by galloping
     /// back from `hi` (O(log of the window's length), not of the retention's).

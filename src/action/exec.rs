@@ -327,6 +327,7 @@ mod tests {
             gpu: Some(1),
             actions: vec![crate::model::Action::Exec("checkpoint".into())],
             target_pid: None,
+            chart: None,
         }
     }
 

@@ -253,6 +253,7 @@ mod tests {
             gpu: Some(0),
             actions,
             target_pid: Some(pid),
+            chart: None,
         }
     }
 

@@ -509,3 +509,38 @@ impl Engine {
         Ok(self.reload(RuleSet::load(paths, &RulesConfig::default())?))
     }
 }
+
+/// Issue 13: a firing GPU alert carries the chart of the metric its rule read, over the rule's
+/// window (at least 10 minutes); a resolution carries none.
+#[test]
+fn firing_alerts_carry_the_chart_of_their_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let warm = r#"rule(#{ name: "warm", check: |gpu| {
+        let m = gpu.temp.mean("2m");
+        if m > 70 { `mean ${m}` }
+    } });"#;
+    let mut e = Engine::new(rules(dir.path(), &[("w.rhai", warm)]), opts_1s());
+    let mut fired = Vec::new();
+    for t in 0..400 {
+        let temp = if t < 200 { 60.0 } else { 90.0 };
+        fired.extend(e.observe(&snap(t, &[temp, 50.0])));
+    }
+    let ev = fired
+        .iter()
+        .find(|ev| ev.status == AlertStatus::Firing)
+        .expect("warm fires");
+    let chart = ev.chart.as_ref().expect("a chart");
+    assert_eq!(chart.metric, "temp");
+    assert_eq!(chart.window_ms, 600_000, "at least ten minutes");
+    assert!(chart.points.len() >= 2 && chart.points.len() <= crate::model::AlertChart::MAX_POINTS);
+    assert_eq!(chart.points.last().map(|p| p.1), Some(90.0));
+    assert!(
+        chart.points.iter().any(|p| p.1 == 60.0),
+        "the history before the rise"
+    );
+    for t in 400..700 {
+        for ev in e.observe(&snap(t, &[50.0, 50.0])) {
+            assert!(ev.chart.is_none(), "{ev:?}");
+        }
+    }
+}

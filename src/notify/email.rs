@@ -7,7 +7,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use lettre::message::{Mailbox, MultiPart};
+use lettre::message::header::ContentType;
+use lettre::message::{Attachment, Mailbox, MultiPart, SinglePart};
 use lettre::Message;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::CertificateDer;
@@ -32,6 +33,8 @@ pub struct EmailContent {
     pub text: String,
     /// text/html part.
     pub html: String,
+    /// Inline images the HTML part references as `cid:ID`: (content id, PNG bytes).
+    pub images: Vec<(String, Vec<u8>)>,
 }
 
 /// Renders the email parts.
@@ -52,6 +55,7 @@ pub fn render(n: &Notification) -> EmailContent {
     if let Some(note) = &n.note {
         let _ = write!(html, "<p>{}</p>", html_escape(note));
     }
+    let mut images = Vec::new();
     for a in &n.alerts {
         let _ = write!(
             html,
@@ -66,6 +70,24 @@ pub fn render(n: &Notification) -> EmailContent {
             );
         }
         html.push_str("</table>");
+        // The shape of what tripped the rule, for the reader at 3 a.m.
+        let chart = a
+            .chart
+            .as_ref()
+            .filter(|_| a.status == AlertStatus::Firing)
+            .and_then(|c| super::chart::png(c).map(|png| (c, png)));
+        if let Some((c, png)) = chart {
+            let cid = format!("chart{}.{}@gpuwatch", images.len() + 1, n.id);
+            let caption = html_escape(&super::chart::caption(c));
+            let _ = write!(
+                html,
+                "<p><img src=\"cid:{cid}\" width=\"{}\" height=\"{}\" alt=\"{caption}\"><br>\
+                 <small style=\"color:#666\">{caption}</small></p>",
+                super::chart::WIDTH,
+                super::chart::HEIGHT
+            );
+            images.push((cid, png));
+        }
     }
     if n.truncated_alerts > 0 {
         let _ = write!(
@@ -92,6 +114,7 @@ pub fn render(n: &Notification) -> EmailContent {
         subject: title(n),
         text: text(n),
         html,
+        images,
     }
 }
 
@@ -274,11 +297,21 @@ pub fn message(spec: &Email, n: &Notification) -> Result<Message, String> {
             .parse()
             .map_err(|e| format!("bad to address {to:?}: {e}"))?);
     }
-    b.multipart(MultiPart::alternative_plain_html(
-        content.text,
-        content.html,
-    ))
-    .map_err(|e| format!("cannot build email: {e}"))
+    let body = if content.images.is_empty() {
+        MultiPart::alternative_plain_html(content.text, content.html)
+    } else {
+        // text | (html + the charts it shows inline)
+        let mut related = MultiPart::related().singlepart(SinglePart::html(content.html));
+        for (cid, png) in content.images {
+            let png_type = ContentType::parse("image/png").map_err(|e| e.to_string())?;
+            related = related.singlepart(Attachment::new_inline(cid).body(png, png_type));
+        }
+        MultiPart::alternative()
+            .singlepart(SinglePart::plain(content.text))
+            .multipart(related)
+    };
+    b.multipart(body)
+        .map_err(|e| format!("cannot build email: {e}"))
 }
 
 #[cfg(test)]

@@ -558,6 +558,7 @@ mod tests {
             gpu: Some(gpu),
             actions: Vec::new(),
             target_pid: None,
+            chart: None,
         }
     }
 

@@ -199,6 +199,8 @@ fn webhook_body_is_alertmanager_v4_and_email_has_the_context() {
     ] {
         assert!(data.contains(needle), "email lacks {needle:?}:\n{data}");
     }
+    // Without a chart, no image part.
+    assert!(!data.contains("image/png"), "{data}");
     // Delivered entries leave the outbox.
     wait_until(T, "empty outbox", || {
         (outbox_files(tmp.path()) == 0).then_some(())
@@ -206,6 +208,52 @@ fn webhook_body_is_alertmanager_v4_and_email_has_the_context() {
     assert!(d.finish(T).success());
     assert_eq!(hook.accepted().len(), 1, "exactly one webhook");
     assert_eq!(smtp.messages().len(), 1, "exactly one email");
+}
+
+/// Issue 13: the HTML part of an alert email shows the rule's metric over its window as an
+/// inline PNG (`cid:`), with a caption giving min, max and the last value.
+#[test]
+fn email_carries_the_chart_of_the_alert() {
+    let tmp = tempfile::tempdir().unwrap();
+    let smtp = SmtpServer::start(&tmp.path().join("mail"), None);
+    let config = write_config(
+        tmp.path(),
+        "",
+        &format!(
+            "{}{}",
+            email_channel("mail", smtp.port),
+            route(&["mail"], "")
+        ),
+    );
+    let mut d = Daemon::events(&config, &tmp.path().join("log"), &[]);
+    let mut ev = event("TemperatureHigh", 2, "warning", "firing");
+    let now = chrono::Utc::now().timestamp_millis();
+    let points: Vec<Value> = (0..60)
+        .map(|i| json!([now - (60 - i) * 10_000, 60.0 + f64::from(i as u32) / 2.0]))
+        .collect();
+    ev["chart"] =
+        json!({"metric": "temp", "unit": "celsius", "window_ms": 600_000, "points": points});
+    d.send(&ev);
+    let mails = smtp.wait_messages(1, T);
+    let data = unfold_email(mails[0]["data"].as_str().unwrap());
+    assert!(data.contains("multipart/related"), "{data}");
+    assert!(data.contains("Content-Type: image/png"), "{data}");
+    let cid = data
+        .split("src=3D\"cid:")
+        .nth(1)
+        .or_else(|| data.split("src=\"cid:").nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no cid: image in the HTML part: {data}"));
+    let cid = cid.trim_end_matches('\\').replace("=\n", "");
+    assert!(
+        data.contains(&format!("Content-ID: <{cid}>")),
+        "{cid} in {data}"
+    );
+    assert!(
+        data.contains("temp over the last 10 min"),
+        "caption: {data}"
+    );
+    assert!(d.finish(T).success());
 }
 
 #[test]

@@ -184,6 +184,19 @@ impl Trace {
         self.0.iter().all(|(i, v)| i.eval(hist, now_ms) == *v)
     }
 
+    /// The metric the evaluation looked at over the longest window, and that window (ms):
+    /// what a chart of the alert shows. `None` when it read no metric series.
+    pub fn main_series(&self) -> Option<(Metric, i64)> {
+        self.0
+            .iter()
+            .filter_map(|(i, _)| match i {
+                Input::Agg(m, _, d, _) => Some((*m, *d)),
+                Input::Fresh(m) => Some((*m, 0)),
+                _ => None,
+            })
+            .max_by_key(|(_, d)| *d)
+    }
+
     /// Number of inputs read.
     pub fn len(&self) -> usize {
         self.0.len()
