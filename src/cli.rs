@@ -87,6 +87,20 @@ pub enum Command {
     Attach(job::AttachArgs),
 }
 
+/// Loads rules for a command that reads logs (`replay`, `report`): every problem in one error.
+fn load_rules(
+    paths: &[PathBuf],
+    config: &crate::rules::RulesConfig,
+) -> anyhow::Result<crate::rules::RuleSet> {
+    crate::rules::RuleSet::load(paths, config).map_err(|errs| {
+        anyhow::anyhow!(errs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"))
+    })
+}
+
 /// Parses the command line, runs the command and returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();

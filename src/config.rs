@@ -47,6 +47,8 @@ pub struct Config {
     pub job: crate::job::JobSection,
     /// `[report]`: energy price and carbon intensity for `gpuwatch report` (owned by `report`).
     pub report: crate::report::ReportSection,
+    /// `[exporter]`: the daemon's `/metrics` listener (owned by `exporter`).
+    pub exporter: crate::exporter::ExporterSection,
     /// Directory the config file lives in; relative paths in it resolve against this.
     pub base_dir: PathBuf,
     /// The config file's path (for messages).
@@ -57,7 +59,7 @@ pub struct Config {
 
 /// The top-level sections, in the order `config.example.toml` documents them.
 const SECTIONS: &[&str] = &[
-    "daemon", "rules", "notify", "channel", "route", "actions", "job", "report",
+    "daemon", "rules", "notify", "channel", "route", "actions", "job", "report", "exporter",
 ];
 
 impl Config {
@@ -381,6 +383,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
             "actions" => section(value, &loc).map(|s| config.actions = s),
             "job" => section(value, &loc).map(|s| config.job = s),
             "report" => section(value, &loc).map(|s| config.report = s),
+            "exporter" => section(value, &loc).map(|s| config.exporter = s),
             "channel" => {
                 config.channel = entries(value, &loc, &mut errors);
                 Ok(())
@@ -413,7 +416,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
         .chain(config.rules.validate())
         .chain(config.actions.validate())
         .chain(config.job.validate())
-        .chain(config.report.validate());
+        .chain(config.report.validate())
+        .chain(config.exporter.validate());
     for p in problems {
         errors.push(loc.at(crate::values::key_offset(&root, &p.key), p.message));
     }

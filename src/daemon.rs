@@ -9,6 +9,8 @@
 //! The dispatcher runs on its own thread, so a slow channel never stalls the loop; everything it
 //! has not delivered is in the outbox under `state_dir`, so a stop loses nothing.
 
+mod http;
+
 use std::io::{BufRead as _, IsTerminal as _};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -306,7 +308,26 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         tx.send(Control::Snapshot(Box::new(snap))).is_ok()
     });
 
+    // `/metrics`: a taken port or a bad address is said once; alerting goes on without it.
+    let export = config.exporter.addr().and_then(|addr| {
+        let shared = http::Shared::default();
+        let started = addr
+            .map_err(|e| e.to_string())
+            .and_then(|a| http::start(a, shared.clone()).map_err(|e| format!("{a}: {e}")));
+        match started {
+            Ok(bound) => {
+                info!(listen = %bound, "exporter serving /metrics");
+                Some(shared)
+            }
+            Err(e) => {
+                error!("exporter: cannot listen on {e}; alerting goes on without /metrics");
+                None
+            }
+        }
+    });
     let mut live = Live {
+        export,
+        hostname: hostname.clone(),
         pipeline,
         dispatcher,
         dir,
@@ -347,6 +368,9 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
 
 /// The running daemon between two messages of its loop.
 struct Live<'a> {
+    /// What `/metrics` serves, when the exporter runs.
+    export: Option<http::Shared>,
+    hostname: String,
     pipeline: Pipeline,
     dispatcher: Dispatcher,
     dir: PathBuf,
@@ -375,6 +399,46 @@ impl Live<'_> {
         let events = self.pipeline.observe(snap);
         self.dispatcher.send(Input::Healthy(snap.time_ms));
         self.publish_and_save(events);
+        self.export(snap);
+    }
+
+    /// Hands the exporter the new snapshot and the alerts pending or firing now.
+    fn export(&mut self, snap: &Snapshot) {
+        let Some(shared) = &self.export else { return };
+        let alerts = self
+            .pipeline
+            .engine()
+            .alerts()
+            .map(|a| crate::exporter::AlertRow {
+                alertname: a
+                    .labels
+                    .get("alertname")
+                    .cloned()
+                    .unwrap_or_else(|| a.key.clone()),
+                severity: a.severity.as_str().to_string(),
+                gpu: a.gpu,
+                state: match a.phase {
+                    crate::alert::Phase::Pending => "pending",
+                    crate::alert::Phase::Firing => "firing",
+                },
+            })
+            .collect();
+        if let Ok(mut s) = shared.lock() {
+            s.hostname.clone_from(&self.hostname);
+            for x in &snap.xids {
+                s.last_xid.insert(x.gpu_index, x.xid);
+            }
+            let processes = match (&snap.processes, s.snapshot.take()) {
+                (Some(p), _) => Some(p.clone()),
+                (None, Some(old)) => old.processes,
+                (None, None) => None,
+            };
+            let mut copy = snap.clone();
+            copy.processes = processes;
+            s.snapshot = Some(copy);
+            s.alerts = alerts;
+            s.generation += 1;
+        }
     }
 
     /// SIGHUP: the whole setup is loaded and checked again; on any problem the running one stays.

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod engine;
+pub mod exporter;
 pub mod import;
 pub mod job;
 pub mod model;

@@ -119,6 +119,21 @@ impl LineIndex {
     }
 }
 
+/// Escapes `&`, `<`, `>` and `"` for HTML (notification bodies, the report page).
+pub fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Cuts `s` to at most `max` characters, ending in `…` when cut.
 pub fn truncate_chars(s: &str, max: usize) -> String {
     if s.chars().count() <= max {

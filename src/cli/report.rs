@@ -10,7 +10,6 @@ use super::GlobalArgs;
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions};
 use crate::report::{compare, Report};
-use crate::rules::RuleSet;
 
 /// Arguments of `report`.
 #[derive(Debug, clap::Args)]
@@ -61,14 +60,10 @@ pub(super) fn build(
         sample_interval_ms: None,
     };
     let fresh = || -> anyhow::Result<Engine> {
-        let rules = RuleSet::load(&paths, &rules_config).map_err(|errs| {
-            anyhow::anyhow!(errs
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("\n"))
-        })?;
-        Ok(Engine::new(rules, opts.clone()))
+        Ok(Engine::new(
+            super::load_rules(&paths, &rules_config)?,
+            opts.clone(),
+        ))
     };
     let mut report = crate::report::build(
         vec![name.clone()],

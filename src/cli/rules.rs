@@ -217,14 +217,10 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
         if let Some(e) = first.take() {
             return Ok(e);
         }
-        let rules = RuleSet::load(&paths, &rules_config).map_err(|errs| {
-            anyhow::anyhow!(errs
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("\n"))
-        })?;
-        Ok(Engine::new(rules, opts.clone()))
+        Ok(Engine::new(
+            super::load_rules(&paths, &rules_config)?,
+            opts.clone(),
+        ))
     };
     let (stats, engine) = crate::engine::replay_segments(
         crate::import::read_ahead(importer),

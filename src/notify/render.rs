@@ -224,20 +224,7 @@ pub fn text(n: &Notification) -> String {
     out
 }
 
-/// Escapes `&`, `<`, `>` and `"` for HTML.
-pub fn html_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use crate::values::html_escape;
 
 pub use crate::values::truncate_chars;
 

@@ -14,7 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["window", "alert", "trace", "record", "import", "sampler"],
     &["rules"],
     &["engine"],
-    &["notify", "action", "report"],
+    &["notify", "action", "report", "exporter"],
     &["job"],
     &["config"],
     &["pipeline"],

@@ -8,6 +8,7 @@ mod config;
 mod daemon;
 mod doctor;
 mod engine;
+mod exporter;
 mod fidelity;
 mod import;
 mod job;

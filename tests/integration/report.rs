@@ -154,6 +154,13 @@ fn report_renders_in_chromium_compares_runs_and_keeps_baselines() {
         rules.to_str().expect("utf-8"),
         config.to_str().expect("utf-8"),
     );
+    // `gpuwatch report ARGS --rules R --config C`.
+    let report = |args: &[&str]| {
+        let mut all = vec!["report"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--rules", rules, "--config", config_s]);
+        gpuwatch(&all, &[])
+    };
 
     // One run: text summary, HTML page.
     let run = gpuwatch(
@@ -248,18 +255,7 @@ fn report_renders_in_chromium_compares_runs_and_keeps_baselines() {
     }
 
     // The input stall is diagnosed, with its cause and fix.
-    let run = gpuwatch(
-        &[
-            "report",
-            stall.to_str().expect("utf-8"),
-            "--json",
-            "--rules",
-            rules,
-            "--config",
-            config_s,
-        ],
-        &[],
-    );
+    let run = report(&[stall.to_str().expect("utf-8"), "--json"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let json = run.json();
     let findings = json["findings"].as_array().expect("findings");
@@ -273,18 +269,10 @@ fn report_renders_in_chromium_compares_runs_and_keeps_baselines() {
     assert_eq!(json["gpus"].as_array().expect("gpus").len(), 8);
 
     // Two runs side by side, and the same run against the saved baseline.
-    let run = gpuwatch(
-        &[
-            "report",
-            overnight.to_str().expect("utf-8"),
-            stall.to_str().expect("utf-8"),
-            "--rules",
-            rules,
-            "--config",
-            config_s,
-        ],
-        &[],
-    );
+    let run = report(&[
+        overnight.to_str().expect("utf-8"),
+        stall.to_str().expect("utf-8"),
+    ]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("utilization mean"), "{}", run.stdout);
     assert!(run.stdout.contains(" → "), "{}", run.stdout);
@@ -294,19 +282,7 @@ fn report_renders_in_chromium_compares_runs_and_keeps_baselines() {
         "both runs: {}",
         run.stdout
     );
-    let run = gpuwatch(
-        &[
-            "report",
-            stall.to_str().expect("utf-8"),
-            "--baseline",
-            "overnight",
-            "--rules",
-            rules,
-            "--config",
-            config_s,
-        ],
-        &[],
-    );
+    let run = report(&[stall.to_str().expect("utf-8"), "--baseline", "overnight"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("baseline overnight"), "{}", run.stdout);
     assert!(
@@ -314,17 +290,7 @@ fn report_renders_in_chromium_compares_runs_and_keeps_baselines() {
         "the stall run is worse: {}",
         run.stdout
     );
-    let run = gpuwatch(
-        &[
-            "report",
-            stall.to_str().expect("utf-8"),
-            "--baseline",
-            "nope",
-            "--config",
-            config_s,
-        ],
-        &[],
-    );
+    let run = report(&[stall.to_str().expect("utf-8"), "--baseline", "nope"]);
     assert_ne!(run.code, 0);
     assert!(
         run.stderr.contains("saved ones: overnight"),

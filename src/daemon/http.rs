@@ -1,0 +1,134 @@
+//! The exporter's HTTP listener (hyper, HTTP/1.1, on its own thread): `/metrics` rendered from
+//! the daemon's last [`ExportState`] — never an NVML call; scrapes of one state generation share
+//! one rendering —, `/-/healthy` (the daemon runs) and `/-/ready` (a first sample is in).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+
+use crate::exporter::{self, ExportState};
+
+/// The state a scrape renders, shared with the daemon's loop.
+pub type Shared = Arc<Mutex<ExportState>>;
+
+/// The last rendering: (generation, OpenMetrics, page).
+type Cache = Arc<Mutex<Option<(u64, bool, Arc<String>)>>>;
+
+/// Binds `addr` now (so a taken port is reported at start) and serves on a new thread.
+pub fn start(addr: SocketAddr, state: Shared) -> std::io::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let cache: Cache = Arc::new(Mutex::new(None));
+    std::thread::Builder::new()
+        .name("gpuwatch-exporter".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("exporter: cannot start: {e}");
+                    return;
+                }
+            };
+            rt.block_on(serve(listener, state, cache));
+        })?;
+    Ok(bound)
+}
+
+async fn serve(listener: std::net::TcpListener, state: Shared, cache: Cache) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("exporter: {e}");
+            return;
+        }
+    };
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (state, cache) = (state.clone(), cache.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let response = respond(&req, &state, &cache);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await;
+        });
+    }
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn respond(req: &Request<Incoming>, state: &Shared, cache: &Cache) -> Response<Full<Bytes>> {
+    if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            let om = req
+                .headers()
+                .get(hyper::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(exporter::wants_openmetrics);
+            let page = page(state, cache, om);
+            let mut r = Response::new(Full::new(Bytes::from(page.as_bytes().to_vec())));
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(exporter::content_type(om)),
+            );
+            r
+        }
+        "/-/healthy" => text(StatusCode::OK, "gpuwatch is healthy\n"),
+        "/-/ready" => {
+            let ready = state.lock().is_ok_and(|s| s.snapshot.is_some());
+            if ready {
+                text(StatusCode::OK, "gpuwatch is ready\n")
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "no sample yet\n")
+            }
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "gpuwatch serves /metrics, /-/healthy and /-/ready\n",
+        ),
+    }
+}
+
+/// The page for the current state, rendered once per state generation and format.
+fn page(state: &Shared, cache: &Cache, om: bool) -> Arc<String> {
+    let Ok(s) = state.lock() else {
+        return Arc::new(String::new());
+    };
+    if let Ok(c) = cache.lock() {
+        if let Some((g, o, page)) = c.as_ref() {
+            if *g == s.generation && *o == om {
+                return page.clone();
+            }
+        }
+    }
+    let page = Arc::new(exporter::render(&s, om));
+    if let Ok(mut c) = cache.lock() {
+        *c = Some((s.generation, om, page.clone()));
+    }
+    page
+}

@@ -1,0 +1,316 @@
+//! `/metrics`: the last snapshot and the alert state in Prometheus's text format (0.0.4) or
+//! OpenMetrics, under dcgm-exporter's metric names and labels so its dashboards work unchanged,
+//! plus gpuwatch's own families. Rendering is a pure function of [`ExportState`]; the daemon
+//! keeps that state current and serves it (`daemon::http`), so a scrape never calls NVML.
+//!
+//! Units follow dcgm-exporter: framebuffer memory in MiB, energy in mJ, the rest as gpuwatch
+//! keeps them (%, °C, W, MHz, counts, bitmask). The names come from the metric table
+//! (`model::METRICS`, column `dcgm`).
+
+use std::fmt::Write as _;
+
+use crate::model::{MetricKind, Snapshot, METRICS};
+
+/// One alert instance as `gpuwatch_alerts` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertRow {
+    pub alertname: String,
+    pub severity: String,
+    pub gpu: Option<u32>,
+    /// `pending` or `firing`.
+    pub state: &'static str,
+}
+
+/// What a scrape shows.
+#[derive(Debug, Clone, Default)]
+pub struct ExportState {
+    pub hostname: String,
+    /// The newest snapshot (none before the first sample: not ready).
+    pub snapshot: Option<Snapshot>,
+    pub alerts: Vec<AlertRow>,
+    /// Last XID per GPU index (dcgm-exporter's `DCGM_FI_DEV_XID_ERRORS` is the last XID).
+    pub last_xid: std::collections::BTreeMap<u32, u64>,
+    /// Bumped at every update: scrapes of one generation share one rendering.
+    pub generation: u64,
+}
+
+/// `[exporter]` in the config file.
+#[derive(Debug, Clone, Default, serde::Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExporterSection {
+    /// `host:port` to serve `/metrics` on; off when unset. Loopback unless you say otherwise
+    /// (`"0.0.0.0:9400"` for a Prometheus on another machine).
+    pub listen: Option<String>,
+}
+
+impl ExporterSection {
+    /// The listen address, checked.
+    pub fn addr(&self) -> Option<Result<std::net::SocketAddr, String>> {
+        self.listen.as_ref().map(|l| {
+            l.parse()
+                .map_err(|_| format!("`{l}` is not an address:port (try \"127.0.0.1:9400\")"))
+        })
+    }
+
+    /// Checks the values serde cannot.
+    pub fn validate(&self) -> Vec<crate::values::Problem> {
+        match self.addr() {
+            Some(Err(e)) => vec![crate::values::Problem::at("exporter.listen", e)],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The content type for a scrape that accepts `accept`.
+pub fn content_type(openmetrics: bool) -> &'static str {
+    if openmetrics {
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    } else {
+        "text/plain; version=0.0.4; charset=utf-8"
+    }
+}
+
+/// Whether an `Accept` header asks for OpenMetrics.
+pub fn wants_openmetrics(accept: &str) -> bool {
+    accept.contains("application/openmetrics-text")
+}
+
+/// A label value, escaped (`\`, `"`, newline).
+fn label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A sample value: integers without a fraction, the rest in Rust's shortest form.
+fn value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {}", help.replace('\n', " "));
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// The page for `state` (OpenMetrics when `openmetrics`: counters typed `unknown` so that the
+/// dcgm-exporter names stay as they are, and the closing `# EOF`).
+pub fn render(state: &ExportState, openmetrics: bool) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    let host = label(&state.hostname);
+    if let Some(snap) = &state.snapshot {
+        let ids: Vec<String> = snap
+            .gpus
+            .iter()
+            .map(|g| {
+                format!(
+                    "gpu=\"{}\",UUID=\"{}\",device=\"nvidia{}\",modelName=\"{}\",pci_bus_id=\"{}\",Hostname=\"{host}\",hostname=\"{host}\"",
+                    g.id.index,
+                    label(&g.id.uuid),
+                    g.id.minor.unwrap_or(g.id.index),
+                    label(&g.id.name),
+                    label(&g.id.pci_bus_id),
+                )
+            })
+            .collect();
+        // gpuwatch's own families use snake_case labels (promtool's style); the DCGM ones keep
+        // dcgm-exporter's (`UUID`, `modelName`, `Hostname`) for its dashboards.
+        let own: Vec<String> = snap
+            .gpus
+            .iter()
+            .map(|g| {
+                format!(
+                    "gpu=\"{}\",uuid=\"{}\",pci_bus_id=\"{}\",hostname=\"{host}\"",
+                    g.id.index,
+                    label(&g.id.uuid),
+                    label(&g.id.pci_bus_id),
+                )
+            })
+            .collect();
+        for d in METRICS {
+            let Some(name) = d.dcgm else { continue };
+            let present: Vec<(usize, f64)> = snap
+                .gpus
+                .iter()
+                .enumerate()
+                .filter_map(|(i, g)| g.get(d.id).map(|v| (i, v)))
+                .collect();
+            if present.is_empty() {
+                continue;
+            }
+            let kind = match (d.kind, openmetrics) {
+                (MetricKind::Counter, false) => "counter",
+                (MetricKind::Counter, true) => "unknown",
+                _ => "gauge",
+            };
+            let scale = match d.unit {
+                "bytes" => 1.0 / 1_048_576.0,
+                "joules" => 1000.0,
+                _ => 1.0,
+            };
+            let unit = match d.unit {
+                "bytes" => "MiB",
+                "joules" => "mJ",
+                u => u,
+            };
+            family(&mut out, name, kind, &format!("{} ({unit}).", d.help));
+            for (i, v) in present {
+                let _ = writeln!(out, "{name}{{{}}} {}", ids[i], value(v * scale));
+            }
+        }
+        if !state.last_xid.is_empty() {
+            family(
+                &mut out,
+                "DCGM_FI_DEV_XID_ERRORS",
+                "gauge",
+                "Value of the last XID error seen on the GPU.",
+            );
+            for (i, g) in snap.gpus.iter().enumerate() {
+                if let Some(x) = state.last_xid.get(&g.id.index) {
+                    let _ = writeln!(out, "DCGM_FI_DEV_XID_ERRORS{{{}}} {x}", ids[i]);
+                }
+            }
+        }
+        family(
+            &mut out,
+            "gpuwatch_gpu_lost",
+            "gauge",
+            "1 when the GPU is lost or stalled (no values), else 0.",
+        );
+        for (i, g) in snap.gpus.iter().enumerate() {
+            let lost = u8::from(g.state != crate::model::DeviceState::Ok);
+            let _ = writeln!(out, "gpuwatch_gpu_lost{{{}}} {lost}", own[i]);
+        }
+        if let Some(procs) = snap.processes.as_ref().filter(|p| !p.is_empty()) {
+            family(
+                &mut out,
+                "gpuwatch_gpu_process_memory_bytes",
+                "gauge",
+                "GPU memory used by a process.",
+            );
+            for p in procs {
+                let Some(bytes) = p.used_mem_bytes else {
+                    continue;
+                };
+                let _ = writeln!(
+                    out,
+                    "gpuwatch_gpu_process_memory_bytes{{gpu=\"{}\",pid=\"{}\",user=\"{}\",command=\"{}\",hostname=\"{host}\"}} {bytes}",
+                    p.gpu_index,
+                    p.pid,
+                    label(p.user.as_deref().unwrap_or("")),
+                    label(&crate::values::truncate_chars(p.command.as_deref().unwrap_or(""), 200)),
+                );
+            }
+        }
+        family(
+            &mut out,
+            "gpuwatch_last_sample_timestamp_seconds",
+            "gauge",
+            "Time of the newest sample (UTC, seconds since the epoch).",
+        );
+        let _ = writeln!(
+            out,
+            "gpuwatch_last_sample_timestamp_seconds{{hostname=\"{host}\"}} {}",
+            value(snap.time_ms as f64 / 1000.0)
+        );
+    }
+    family(
+        &mut out,
+        "gpuwatch_alerts",
+        "gauge",
+        "Alerts pending or firing now (1 per instance), like Prometheus's ALERTS.",
+    );
+    for a in &state.alerts {
+        let _ = writeln!(
+            out,
+            "gpuwatch_alerts{{alertname=\"{}\",severity=\"{}\",gpu=\"{}\",state=\"{}\",hostname=\"{host}\"}} 1",
+            label(&a.alertname),
+            label(&a.severity),
+            a.gpu.map_or_else(String::new, |g| g.to_string()),
+            a.state
+        );
+    }
+    family(
+        &mut out,
+        "gpuwatch_build_info",
+        "gauge",
+        "gpuwatch's version (value 1).",
+    );
+    let _ = writeln!(
+        out,
+        "gpuwatch_build_info{{version=\"{}\",hostname=\"{host}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    if openmetrics {
+        out.push_str("# EOF\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DeviceId, DeviceState, GpuSample, Metric, MetricValues};
+
+    #[test]
+    fn dcgm_names_units_and_labels() {
+        let mut values = MetricValues::default();
+        values.set(Metric::Util, Some(87.0));
+        values.set(Metric::MemUsed, Some(2.0 * 1_073_741_824.0));
+        values.set(Metric::Energy, Some(12.5));
+        let state = ExportState {
+            hostname: "node\"1".into(),
+            snapshot: Some(Snapshot {
+                time_ms: 1_700_000_000_000,
+                gpus: vec![GpuSample {
+                    time_ms: 1_700_000_000_000,
+                    id: DeviceId {
+                        index: 0,
+                        minor: Some(3),
+                        uuid: "GPU-1".into(),
+                        pci_bus_id: "00000000:07:00.0".into(),
+                        name: "NVIDIA H100".into(),
+                    },
+                    state: DeviceState::Ok,
+                    values,
+                }],
+                ..Snapshot::default()
+            }),
+            alerts: vec![AlertRow {
+                alertname: "gpu_lost".into(),
+                severity: "critical".into(),
+                gpu: Some(0),
+                state: "firing",
+            }],
+            ..ExportState::default()
+        };
+        let text = render(&state, false);
+        assert!(text.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-1\",device=\"nvidia3\",modelName=\"NVIDIA H100\",pci_bus_id=\"00000000:07:00.0\",Hostname=\"node\\\"1\",hostname=\"node\\\"1\"} 87\n"), "{text}");
+        assert!(
+            text.contains("DCGM_FI_DEV_FB_USED{") && text.contains("} 2048\n"),
+            "{text}"
+        );
+        assert!(text.contains("} 12500\n"), "energy in mJ: {text}");
+        assert!(text.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter"));
+        assert!(text.contains("gpuwatch_alerts{alertname=\"gpu_lost\",severity=\"critical\",gpu=\"0\",state=\"firing\""));
+        assert!(!text.contains("# EOF"));
+        let om = render(&state, true);
+        assert!(om.ends_with("# EOF\n"));
+        assert!(om.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION unknown"));
+        // Not ready: only gpuwatch's own families.
+        let empty = render(&ExportState::default(), false);
+        assert!(!empty.contains("DCGM_"), "{empty}");
+    }
+}
