@@ -12,12 +12,12 @@ use super::daemon::daemon;
 use super::notify::servers::{free_port, wait_until};
 
 /// `GET path` with `accept`: (status, content type, body).
-fn get(port: u16, path: &str, accept: &str) -> Option<(u16, String, String)> {
+pub(super) fn get(port: u16, path: &str, accept: &str) -> Option<(u16, String, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: {accept}\r\n\r\n"
     )
     .ok()?;
     let mut raw = Vec::new();

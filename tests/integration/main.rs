@@ -10,6 +10,7 @@ mod doctor;
 mod engine;
 mod exporter;
 mod fidelity;
+mod fleet;
 mod import;
 mod job;
 mod layers;
