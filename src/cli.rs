@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod daemon;
 mod doctor;
+mod export;
 mod import;
 mod inspect;
 mod job;
@@ -77,6 +78,9 @@ pub enum Command {
     /// A run's report from any log: per-GPU numbers, diagnosis, alert timeline, charts
     /// (--out report.html); two logs side by side; baselines.
     Report(report::ReportArgs),
+    /// Any log as OpenMetrics under dcgm-exporter's names, for `promtool tsdb
+    /// create-blocks-from openmetrics` (old logs in Grafana beside live data).
+    Export(export::ExportArgs),
     /// Run the watchdog: sample, evaluate rules, notify.
     Daemon(daemon::DaemonArgs),
     /// Send a test message through each configured channel.
@@ -120,6 +124,7 @@ pub fn main() -> i32 {
         Command::Replay(a) => rules::replay(&cli.global, a),
         Command::Import(a) => import::run(&cli.global, a),
         Command::Report(a) => report::run(&cli.global, a),
+        Command::Export(a) => export::run(&cli.global, a),
         Command::Daemon(a) => daemon::daemon(&cli.global, a),
         Command::NotifyTest(a) => daemon::notify_test(&cli.global, a),
         Command::Run(a) => job::run(&cli.global, a),

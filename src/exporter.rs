@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use crate::model::{MetricKind, Snapshot, METRICS};
+use crate::model::{GpuSample, MetricDesc, MetricKind, Snapshot, METRICS};
 
 /// One alert instance as `gpuwatch_alerts` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,26 +105,84 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
+/// The metric table's rows that have a dcgm-exporter name: (row, name, factor to its unit, unit).
+fn dcgm_rows() -> impl Iterator<Item = (&'static MetricDesc, &'static str, f64, &'static str)> {
+    METRICS.iter().filter_map(|d| {
+        let name = d.dcgm?;
+        let (scale, unit) = match d.unit {
+            "bytes" => (1.0 / 1_048_576.0, "MiB"),
+            "joules" => (1000.0, "mJ"),
+            u => (1.0, u),
+        };
+        Some((d, name, scale, unit))
+    })
+}
+
+/// A family's type: OpenMetrics counters are typed `unknown` so the dcgm-exporter names (no
+/// `_total`) stay as they are.
+fn kind(d: &MetricDesc, openmetrics: bool) -> &'static str {
+    match (d.kind, openmetrics) {
+        (MetricKind::Counter, false) => "counter",
+        (MetricKind::Counter, true) => "unknown",
+        _ => "gauge",
+    }
+}
+
+/// dcgm-exporter's labels of a GPU (`gpu`, `UUID`, `device`, `modelName`, `pci_bus_id`,
+/// `Hostname`, `hostname`); `host` already escaped.
+fn dcgm_labels(g: &GpuSample, host: &str) -> String {
+    format!(
+        "gpu=\"{}\",UUID=\"{}\",device=\"nvidia{}\",modelName=\"{}\",pci_bus_id=\"{}\",Hostname=\"{host}\",hostname=\"{host}\"",
+        g.id.index,
+        label(&g.id.uuid),
+        g.id.minor.unwrap_or(g.id.index),
+        label(&g.id.name),
+        label(&g.id.pci_bus_id),
+    )
+}
+
+/// The OpenMetrics headers of the backfill families, in the order [`backfill`] numbers them.
+pub fn backfill_headers() -> Vec<String> {
+    dcgm_rows()
+        .map(|(d, name, _, unit)| {
+            let mut h = String::new();
+            family(
+                &mut h,
+                name,
+                kind(d, true),
+                &format!("{} ({unit}).", d.help),
+            );
+            h
+        })
+        .collect()
+}
+
+/// A recorded snapshot as timestamped OpenMetrics samples (for `promtool tsdb
+/// create-blocks-from openmetrics`): `emit(family position, GPU index, line)`. Samples of one
+/// family and GPU come in time order when snapshots do.
+pub fn backfill(snap: &Snapshot, hostname: &str, mut emit: impl FnMut(usize, u32, &str)) {
+    let host = label(hostname);
+    let ts = snap.time_ms as f64 / 1000.0;
+    let mut line = String::with_capacity(256);
+    for g in &snap.gpus {
+        let ids = dcgm_labels(g, &host);
+        for (f, (d, name, scale, _)) in dcgm_rows().enumerate() {
+            if let Some(v) = g.get(d.id) {
+                line.clear();
+                let _ = write!(line, "{name}{{{ids}}} {} {ts:.3}", value(v * scale));
+                emit(f, g.id.index, &line);
+            }
+        }
+    }
+}
+
 /// The page for `state` (OpenMetrics when `openmetrics`: counters typed `unknown` so that the
 /// dcgm-exporter names stay as they are, and the closing `# EOF`).
 pub fn render(state: &ExportState, openmetrics: bool) -> String {
     let mut out = String::with_capacity(16 * 1024);
     let host = label(&state.hostname);
     if let Some(snap) = &state.snapshot {
-        let ids: Vec<String> = snap
-            .gpus
-            .iter()
-            .map(|g| {
-                format!(
-                    "gpu=\"{}\",UUID=\"{}\",device=\"nvidia{}\",modelName=\"{}\",pci_bus_id=\"{}\",Hostname=\"{host}\",hostname=\"{host}\"",
-                    g.id.index,
-                    label(&g.id.uuid),
-                    g.id.minor.unwrap_or(g.id.index),
-                    label(&g.id.name),
-                    label(&g.id.pci_bus_id),
-                )
-            })
-            .collect();
+        let ids: Vec<String> = snap.gpus.iter().map(|g| dcgm_labels(g, &host)).collect();
         // gpuwatch's own families use snake_case labels (promtool's style); the DCGM ones keep
         // dcgm-exporter's (`UUID`, `modelName`, `Hostname`) for its dashboards.
         let own: Vec<String> = snap
@@ -139,8 +197,7 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
                 )
             })
             .collect();
-        for d in METRICS {
-            let Some(name) = d.dcgm else { continue };
+        for (d, name, scale, unit) in dcgm_rows() {
             let present: Vec<(usize, f64)> = snap
                 .gpus
                 .iter()
@@ -150,22 +207,12 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
             if present.is_empty() {
                 continue;
             }
-            let kind = match (d.kind, openmetrics) {
-                (MetricKind::Counter, false) => "counter",
-                (MetricKind::Counter, true) => "unknown",
-                _ => "gauge",
-            };
-            let scale = match d.unit {
-                "bytes" => 1.0 / 1_048_576.0,
-                "joules" => 1000.0,
-                _ => 1.0,
-            };
-            let unit = match d.unit {
-                "bytes" => "MiB",
-                "joules" => "mJ",
-                u => u,
-            };
-            family(&mut out, name, kind, &format!("{} ({unit}).", d.help));
+            family(
+                &mut out,
+                name,
+                kind(d, openmetrics),
+                &format!("{} ({unit}).", d.help),
+            );
             for (i, v) in present {
                 let _ = writeln!(out, "{name}{{{}}} {}", ids[i], value(v * scale));
             }

@@ -179,3 +179,72 @@ fn a_taken_exporter_port_does_not_stop_alerting() {
     drop(d);
     drop(taken);
 }
+
+/// `gpuwatch export --openmetrics` turns a log into OpenMetrics that promtool backfills into a
+/// TSDB block: the log's GPUs appear under dcgm-exporter's names with the log's own times.
+#[test]
+fn recordings_backfill_into_prometheus_blocks() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/logs/smi-csv-units.csv");
+    let om = tmp.path().join("rec.om");
+    let run = super::common::gpuwatch(
+        &[
+            "export",
+            "--openmetrics",
+            log.to_str().expect("utf-8"),
+            "--hostname",
+            "old-node",
+            "--out",
+            om.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let text = std::fs::read_to_string(&om).expect("the export");
+    assert!(text.ends_with("# EOF\n"));
+    let util: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{"))
+        .collect();
+    assert_eq!(util.len(), 20, "10 ticks x 2 GPUs");
+    assert!(
+        util[0].ends_with(" 1714557600.123"),
+        "the log's own time: {}",
+        util[0]
+    );
+    // The same family is not split: one TYPE line per family.
+    assert_eq!(text.matches("# TYPE DCGM_FI_DEV_GPU_UTIL ").count(), 1);
+    let Ok(out) = std::process::Command::new("promtool")
+        .args(["tsdb", "create-blocks-from", "openmetrics"])
+        .arg(&om)
+        .arg(tmp.path().join("blocks"))
+        .output()
+    else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "promtool is missing (.ci/run installs prometheus)"
+        );
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `tsdb dump` reads a database directory, which has a WAL; the backfilled blocks do not.
+    std::fs::create_dir_all(tmp.path().join("blocks/wal")).expect("wal dir");
+    let dump = std::process::Command::new("promtool")
+        .args(["tsdb", "dump"])
+        .arg(tmp.path().join("blocks"))
+        .output()
+        .expect("promtool tsdb dump");
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    let series: std::collections::BTreeSet<&str> = dump
+        .lines()
+        .filter(|l| l.contains("__name__=\"DCGM_FI_DEV_GPU_UTIL\""))
+        .filter_map(|l| l.split("gpu=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(series.len(), 2, "both GPUs in the block: {dump:.2000}");
+    assert!(dump.contains("Hostname=\"old-node\""), "{dump:.2000}");
+}

@@ -105,15 +105,34 @@ fn prometheus_scrapes_three_daemons() {
         .collect();
     let prom_port = free_port();
     let prom_cfg = tmp.path().join("prometheus.yml");
+    let contrib = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib");
     std::fs::write(
         &prom_cfg,
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n  - {:?}\n\
              scrape_configs:\n  - job_name: gpuwatch\n    static_configs:\n      - targets: [{}]\n",
+            contrib
+                .join("prometheus/gpuwatch-rules.yml")
+                .display()
+                .to_string(),
             targets.join(", ")
         ),
     )
     .expect("prometheus.yml");
+    // The shipped rules pass promtool's checks.
+    if let Ok(out) = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(contrib.join("prometheus/gpuwatch-rules.yml"))
+        .output()
+    {
+        assert!(
+            out.status.success(),
+            "promtool check rules: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let _prom = Proc(
         Command::new(prom)
             .arg(format!("--config.file={}", prom_cfg.display()))
@@ -163,6 +182,47 @@ fn prometheus_scrapes_three_daemons() {
         firing.iter().all(|r| r["metric"]["hostname"] == "node-c"),
         "{firing:?}"
     );
+    // The shipped recording rules evaluate over the three nodes.
+    let per_node = wait_until(Duration::from_secs(30), "gpuwatch:node_gpus:count", || {
+        query(prom_port, "gpuwatch:node_gpus:count").filter(|r| r.len() == 3)
+    });
+    assert!(
+        per_node
+            .iter()
+            .all(|r| r["value"][1] == "8" || r["value"][1] == "7"),
+        "{per_node:?}"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "gpuwatch:alerts_firing:count",
+        || {
+            query(
+                prom_port,
+                "gpuwatch:alerts_firing:count{alertname=\"gpu_lost\"}",
+            )
+            .filter(|r| !r.is_empty())
+        },
+    );
+    // Every query of the shipped Grafana dashboard runs and has data.
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(contrib.join("grafana/gpuwatch.json")).expect("dashboard"),
+    )
+    .expect("dashboard JSON");
+    let mut exprs = vec!["DCGM_FI_DEV_GPU_UTIL".to_string()];
+    assert_eq!(
+        dash["templating"]["list"][1]["definition"],
+        "label_values(DCGM_FI_DEV_GPU_UTIL, Hostname)"
+    );
+    for p in dash["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().expect("targets") {
+            exprs.push(t["expr"].as_str().expect("expr").replace("$host", ".*"));
+        }
+    }
+    assert!(exprs.len() >= 7, "{exprs:?}");
+    for e in &exprs {
+        let r = query(prom_port, e).unwrap_or_else(|| panic!("dashboard query fails: {e}"));
+        assert!(!r.is_empty(), "dashboard query without data: {e}");
+    }
     drop(daemons);
 }
 
