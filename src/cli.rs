@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+mod control;
 mod daemon;
 mod doctor;
 mod export;
@@ -83,6 +84,12 @@ pub enum Command {
     Export(export::ExportArgs),
     /// Run the watchdog: sample, evaluate rules, notify.
     Daemon(daemon::DaemonArgs),
+    /// What the running daemon has pending and firing now (through its control socket).
+    Alerts(control::AlertsArgs),
+    /// Mute the running daemon's notifications for matching alerts (Alertmanager matchers).
+    Silence(control::SilenceArgs),
+    /// Make the running daemon re-read its configuration and rules (as SIGHUP).
+    Reload(control::Where),
     /// Send a test message through each configured channel.
     NotifyTest(daemon::NotifyTestArgs),
     /// Run a training command under watch and report how it ended.
@@ -127,6 +134,9 @@ pub fn main() -> i32 {
         Command::Export(a) => export::run(&cli.global, a),
         Command::Daemon(a) => daemon::daemon(&cli.global, a),
         Command::NotifyTest(a) => daemon::notify_test(&cli.global, a),
+        Command::Alerts(a) => control::alerts(&cli.global, a),
+        Command::Silence(a) => control::silence(&cli.global, a),
+        Command::Reload(a) => control::reload(&cli.global, a),
         Command::Run(a) => job::run(&cli.global, a),
         Command::Attach(a) => job::attach(&cli.global, a),
     };

@@ -9,6 +9,7 @@
 //! The dispatcher runs on its own thread, so a slow channel never stalls the loop; everything it
 //! has not delivered is in the outbox under `state_dir`, so a stop loses nothing.
 
+mod control;
 mod http;
 
 use std::io::{BufRead as _, IsTerminal as _};
@@ -56,6 +57,8 @@ pub enum Control {
     Context(Vec<DeviceId>, Option<Vec<ProcSample>>),
     /// A snapshot from the sampler thread.
     Snapshot(Box<Snapshot>),
+    /// A request on the control socket and where its answer goes.
+    Ask(serde_json::Value, mpsc::Sender<serde_json::Value>),
 }
 
 /// A context line in `--events` input: `{"devices": [...], "processes": [...]}`.
@@ -138,6 +141,11 @@ pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i
                 dispatcher.send(Input::Context { devices, processes });
             }
             Control::Snapshot(_) => {}
+            // The `--events` driver has no control socket.
+            Control::Ask(_, reply) => {
+                let _ =
+                    reply.send(serde_json::json!({"ok": false, "error": "not in --events mode"}));
+            }
             Control::Reload => match load(config_path) {
                 Ok((_, s)) => {
                     info!("SIGHUP: configuration reloaded");
@@ -265,7 +273,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         }
     };
     // Kill and exec actions of firing rules (`action: "kill"` goes through [actions.kill]).
-    let pipeline = Pipeline::new(engine, config.action_runner(&hostname));
+    let mut pipeline = Pipeline::new(engine, config.action_runner(&hostname));
     let mut sampler = match crate::sampler::Sampler::open(&config.sampler_config(sampler_cfg)) {
         Ok(s) => s,
         Err(e) => {
@@ -303,11 +311,38 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
 
     let (tx, rx) = mpsc::channel::<Control>();
     spawn_signal_thread(tx.clone())?;
+    let control_tx = tx.clone();
     // Snapshots arrive on the control channel, so signals and samples share one loop.
     let sampler = SamplerThread::start_with(sampler, interval, None, move |snap| {
         tx.send(Control::Snapshot(Box::new(snap))).is_ok()
     });
 
+    // Silences (persisted) and the control socket that manages them.
+    let silences = match crate::silence::Silences::load(&dir) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!("{e:#}; starting without silences");
+            crate::silence::Silences::default()
+        }
+    };
+    let silences = std::sync::Arc::new(std::sync::Mutex::new(silences));
+    {
+        // A silenced alert's kill actions are held.
+        let silences = silences.clone();
+        let host = hostname.clone();
+        pipeline.set_hold(Box::new(move |ev: &AlertEvent| {
+            let labels = crate::notify::full_labels(ev, &host);
+            silences
+                .lock()
+                .is_ok_and(|s| s.silencing(&labels, now_ms()).is_some())
+        }));
+    }
+    if let Err(e) = control::start(&dir, control_tx.clone()) {
+        error!(
+            "control socket {}: {e}; `gpuwatch alerts` and `silence` cannot reach this daemon",
+            control::socket_path(&dir).display()
+        );
+    }
     // `/metrics`: a taken port or a bad address is said once; alerting goes on without it.
     let export = config.exporter.addr().and_then(|addr| {
         let shared = http::Shared::default();
@@ -326,6 +361,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         }
     });
     let mut live = Live {
+        silences,
         export,
         hostname: hostname.clone(),
         pipeline,
@@ -348,6 +384,9 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
                 break;
             }
             Ok(Control::Reload) => live.reload(),
+            Ok(Control::Ask(ask, reply)) => {
+                let _ = reply.send(live.answer(&ask));
+            }
             Ok(Control::Events(_) | Control::EndOfInput | Control::Context(..)) => {}
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -368,6 +407,8 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
 
 /// The running daemon between two messages of its loop.
 struct Live<'a> {
+    /// Silences: notifications of matching alerts are not sent (kills are held in the pipeline).
+    silences: std::sync::Arc<std::sync::Mutex<crate::silence::Silences>>,
     /// What `/metrics` serves, when the exporter runs.
     export: Option<http::Shared>,
     hostname: String,
@@ -470,8 +511,15 @@ impl Live<'_> {
         }
     }
 
-    /// Host rules when no snapshot came for an interval, rule-file edits, periodic state saves.
+    /// Host rules when no snapshot came for an interval, rule-file edits, periodic state saves,
+    /// silences whose job ended.
     fn housekeeping(&mut self) {
+        if let Ok(mut s) = self.silences.lock() {
+            let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
+            if let Err(e) = s.housekeeping(now_ms(), alive) {
+                warn!("silences: {e:#}");
+            }
+        }
         if self.last_snapshot.elapsed() >= self.interval {
             let events = self.pipeline.advance(now_ms());
             self.publish_and_save(events);
@@ -497,8 +545,125 @@ impl Live<'_> {
         }
     }
 
+    /// Answers a control-socket request.
+    fn answer(&mut self, ask: &serde_json::Value) -> serde_json::Value {
+        use serde_json::json;
+        let now = now_ms();
+        let fail = |e: String| json!({"ok": false, "error": e});
+        match ask["ask"].as_str().unwrap_or("") {
+            "alerts" => {
+                let alerts: Vec<serde_json::Value> = self
+                    .pipeline
+                    .engine()
+                    .alerts()
+                    .map(|a| {
+                        let silenced = self.silences.lock().ok().and_then(|s| {
+                            let mut labels = a.labels.clone();
+                            labels.entry("hostname".into()).or_insert_with(|| self.hostname.clone());
+                            s.silencing(&labels, now).map(|x| x.id.clone())
+                        });
+                        json!({
+                            "alert": a.labels.get("alertname").cloned().unwrap_or_else(|| a.key.clone()),
+                            "gpu": a.gpu,
+                            "state": match a.phase {
+                                alert::Phase::Pending => "pending",
+                                alert::Phase::Firing => "firing",
+                            },
+                            "severity": a.severity.as_str(),
+                            "since": crate::trace::format_time_ms(a.fired_at_ms.unwrap_or(a.active_since_ms)),
+                            "summary": a.annotations.get("summary").cloned().unwrap_or_default(),
+                            "silenced_by": silenced,
+                        })
+                    })
+                    .collect();
+                json!({"ok": true, "alerts": alerts})
+            }
+            "silence_add" => {
+                let mut matchers = Vec::new();
+                for m in ask["matchers"].as_array().into_iter().flatten() {
+                    let text = m.as_str().unwrap_or("");
+                    match crate::silence::Matcher::parse(text) {
+                        Ok(m) => matchers.push(m),
+                        Err((col, e)) => return fail(format!("matcher column {col}: {e}")),
+                    }
+                }
+                if matchers.is_empty() {
+                    return fail("a silence needs at least one matcher".into());
+                }
+                let for_ms = ask["for_ms"].as_i64().unwrap_or(3_600_000).max(1);
+                let silence = crate::silence::Silence {
+                    id: String::new(),
+                    matchers,
+                    starts_ms: now,
+                    ends_ms: now.saturating_add(for_ms),
+                    comment: ask["comment"].as_str().unwrap_or("").to_string(),
+                    created_by: ask["created_by"].as_str().unwrap_or("").to_string(),
+                    until_pid: ask["until_pid"]
+                        .as_u64()
+                        .and_then(|p| u32::try_from(p).ok()),
+                };
+                let text: Vec<String> = silence.matchers.iter().map(ToString::to_string).collect();
+                match self
+                    .silences
+                    .lock()
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut s| s.add(silence).map_err(|e| format!("{e:#}")))
+                {
+                    Ok(id) => {
+                        info!(silence = %id, matchers = %text.join(","), "silence added");
+                        json!({"ok": true, "id": id})
+                    }
+                    Err(e) => fail(e),
+                }
+            }
+            "silence_list" => match self.silences.lock() {
+                Ok(s) => json!({"ok": true, "silences": s.list(), "now_ms": now}),
+                Err(e) => fail(e.to_string()),
+            },
+            "silence_expire" => {
+                let id = ask["id"].as_str().unwrap_or("");
+                match self
+                    .silences
+                    .lock()
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut s| s.expire(id, now).map_err(|e| format!("{e:#}")))
+                {
+                    Ok(true) => {
+                        info!(silence = %id, "silence expired");
+                        json!({"ok": true})
+                    }
+                    Ok(false) => fail(format!("no active silence with id `{id}`")),
+                    Err(e) => fail(e),
+                }
+            }
+            "reload" => {
+                self.reload();
+                json!({"ok": true})
+            }
+            other => fail(format!("unknown request `{other}`")),
+        }
+    }
+
     /// Publishes `events`; the alert state is saved after every announcement.
     fn publish_and_save(&mut self, events: Vec<AlertEvent>) {
+        // Silenced alerts are evaluated, recorded and exported, but not notified.
+        let now = now_ms();
+        let events: Vec<AlertEvent> = match self.silences.lock() {
+            Ok(s) => events
+                .into_iter()
+                .filter(|ev| {
+                    let labels = crate::notify::full_labels(ev, &self.hostname);
+                    match s.silencing(&labels, now) {
+                        Some(x) => {
+                            info!(alert = %ev.name, gpu = ?ev.gpu, silence = %x.id, "silenced: not notified");
+                            false
+                        }
+                        None => true,
+                    }
+                })
+                .collect(),
+            Err(_) => events,
+        };
         if publish(&self.dispatcher, events) {
             save_engine(&self.dir, self.pipeline.engine());
             self.last_save = Instant::now();

@@ -21,6 +21,7 @@ pub mod record;
 pub mod report;
 pub mod rules;
 pub mod sampler;
+pub mod silence;
 pub mod sys;
 pub mod trace;
 pub mod values;

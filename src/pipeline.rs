@@ -214,7 +214,12 @@ impl Drop for SamplerThread {
 pub struct Pipeline {
     engine: Engine,
     actions: ActionRunner,
+    /// Says which events' actions are held (silenced alerts).
+    hold: Option<Hold>,
 }
+
+/// Says whether an event's actions are held (its alert is silenced).
+pub type Hold = Box<dyn Fn(&AlertEvent) -> bool + Send>;
 
 impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -227,7 +232,16 @@ impl std::fmt::Debug for Pipeline {
 impl Pipeline {
     /// A pipeline over `engine` and `actions`.
     pub fn new(engine: Engine, actions: ActionRunner) -> Pipeline {
-        Pipeline { engine, actions }
+        Pipeline {
+            engine,
+            actions,
+            hold: None,
+        }
+    }
+
+    /// Holds the actions of the events `hold` says (silenced alerts): they are not acted on.
+    pub fn set_hold(&mut self, hold: Hold) {
+        self.hold = Some(hold);
     }
 
     /// Ingests a snapshot: the engine's events at its time, then the actions they ask for.
@@ -257,7 +271,23 @@ impl Pipeline {
         now_ms: i64,
         processes: Option<&[ProcSample]>,
     ) -> Vec<AlertEvent> {
-        let mut audits = self.actions.handle(&events, now_ms);
+        let mut audits = match &self.hold {
+            Some(hold) if events.iter().any(|e| !e.actions.is_empty() && hold(e)) => {
+                let acting: Vec<AlertEvent> = events
+                    .iter()
+                    .filter(|e| {
+                        let held = !e.actions.is_empty() && hold(e);
+                        if held {
+                            tracing::warn!(alert = %e.name, gpu = ?e.gpu, "action held: the alert is silenced");
+                        }
+                        !held
+                    })
+                    .cloned()
+                    .collect();
+                self.actions.handle(&acting, now_ms)
+            }
+            _ => self.actions.handle(&events, now_ms),
+        };
         audits.extend(self.actions.tick(now_ms, processes));
         events.extend(audits.iter().map(AuditRecord::to_alert_event));
         events
@@ -286,5 +316,64 @@ impl Pipeline {
     /// Waits for running exec actions (each bounded by its own timeout).
     pub fn finish(&mut self) {
         self.actions.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Action, AlertStatus, Severity};
+
+    fn kill_event(pid: u32) -> AlertEvent {
+        let mut e = AlertEvent::notice(
+            "fp".into(),
+            "gpu_memory_quota",
+            Severity::Warning,
+            AlertStatus::Firing,
+            std::collections::BTreeMap::new(),
+            std::collections::BTreeMap::new(),
+            0,
+        );
+        e.gpu = Some(0);
+        e.actions = vec![Action::Kill];
+        e.target_pid = Some(pid);
+        e
+    }
+
+    /// A silenced alert's kill is held; the same alert unsilenced starts the ladder.
+    #[test]
+    fn held_events_start_no_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut actions = crate::action::ActionsSection::default();
+        actions.kill.grace = crate::values::DurationSetting::from_ms(0);
+        actions.kill.allow_users = vec!["*".into()];
+        actions.kill.allow_root = true;
+        actions.kill.min_uid = 0;
+        let rules =
+            crate::rules::RuleSet::load(&[], &crate::rules::RulesConfig::default()).unwrap();
+        let engine = Engine::new(rules, crate::engine::EngineOptions::default());
+        let mut p = Pipeline::new(engine, ActionRunner::new(&actions, dir.path(), "h"));
+        let silenced = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = silenced.clone();
+        p.set_hold(Box::new(move |_| {
+            flag.load(std::sync::atomic::Ordering::SeqCst)
+        }));
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let procs = [ProcSample::compute(pid, 0, "GPU-0", Some(1 << 30))];
+        let audits =
+            |events: &[AlertEvent]| events.iter().filter(|e| e.name == "kill_action").count();
+        p.act(vec![kill_event(pid)], 0, None);
+        let out = p.act(Vec::new(), 1, Some(&procs));
+        assert_eq!(audits(&out), 0, "held: {out:?}");
+        silenced.store(false, std::sync::atomic::Ordering::SeqCst);
+        p.act(vec![kill_event(pid)], 2, None);
+        let out = p.act(Vec::new(), 3, Some(&procs));
+        assert_eq!(audits(&out), 1, "not held: {out:?}");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 /// [`PEERS`]; anything in a lower layer is allowed.
 const LAYERS: &[&[&str]] = &[
     &["sys", "values", "model"],
-    &["window", "alert", "trace", "record", "import", "sampler"],
+    &[
+        "window", "alert", "trace", "record", "import", "sampler", "silence",
+    ],
     &["rules"],
     &["engine"],
     &["notify", "action", "report", "exporter"],

@@ -1,0 +1,260 @@
+//! Asking and steering the running daemon through its control socket
+//! (`state_dir/control.sock`): `alerts`, `silence add|list|expire`, `reload`. Every failure is
+//! one line and exit 2: a malformed matcher (with its column), an unknown silence id, no daemon
+//! on the socket (naming the path tried), a socket the user may not open.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::GlobalArgs;
+use crate::config::Config;
+
+/// Where the daemon is: the config it runs with.
+#[derive(Debug, clap::Args)]
+pub struct Where {
+    /// The daemon's configuration file (its `state_dir` has the socket).
+    #[arg(long, value_name = "FILE", env = "GPUWATCH_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// Arguments of `alerts`.
+#[derive(Debug, clap::Args)]
+pub struct AlertsArgs {
+    #[command(flatten)]
+    pub at: Where,
+    /// One JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `silence` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum SilenceCmd {
+    /// Mute notifications (and hold kills) of alerts matching every MATCHER
+    /// (`alertname=low_utilization`, `gpu=~"3|4"`, `severity!=critical`).
+    Add {
+        #[command(flatten)]
+        at: Where,
+        /// Label matchers, Alertmanager's syntax.
+        #[arg(value_name = "MATCHER", required = true)]
+        matchers: Vec<String>,
+        /// How long (default 1h).
+        #[arg(long = "for", value_name = "DURATION", value_parser = crate::values::parse_duration)]
+        duration: Option<Duration>,
+        /// Why (shown in `silence list`).
+        #[arg(long, default_value = "")]
+        comment: String,
+        /// End the silence when this process exits.
+        #[arg(long, value_name = "PID")]
+        until_job: Option<u32>,
+    },
+    /// The silences, active and recently ended.
+    List {
+        #[command(flatten)]
+        at: Where,
+        /// One JSON document.
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a silence now.
+    Expire {
+        #[command(flatten)]
+        at: Where,
+        /// The silence's id (from `silence add` or `silence list`).
+        #[arg(value_name = "ID")]
+        id: String,
+    },
+}
+
+/// Arguments of `silence`.
+#[derive(Debug, clap::Args)]
+pub struct SilenceArgs {
+    #[command(subcommand)]
+    pub cmd: SilenceCmd,
+}
+
+/// Exit code of a control request that could not be done.
+const FAILED: i32 = 2;
+
+fn socket(at: &Where) -> anyhow::Result<PathBuf> {
+    let config = match &at.config {
+        Some(p) => crate::config::load(p)?,
+        None => Config::builtin(),
+    };
+    Ok(config.state_dir().join("control.sock"))
+}
+
+/// Sends `ask`, returns the answer; `Err(line)` is the one line to print.
+fn ask(path: &Path, ask: &Value) -> Result<Value, String> {
+    let mut s = UnixStream::connect(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::PermissionDenied => format!(
+            "cannot open {}: permission denied (the socket is its daemon's user's only)",
+            path.display()
+        ),
+        _ => format!(
+            "no gpuwatch daemon answers on {} ({e}); is it running with this --config?",
+            path.display()
+        ),
+    })?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(15)));
+    writeln!(s, "{ask}").map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut line = String::new();
+    BufReader::new(s)
+        .read_line(&mut line)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: Value =
+        serde_json::from_str(&line).map_err(|_| format!("{}: no answer", path.display()))?;
+    if v["ok"] == true {
+        Ok(v)
+    } else {
+        Err(v["error"].as_str().unwrap_or("failed").to_string())
+    }
+}
+
+fn run_ask(at: &Where, request: &Value, show: impl FnOnce(&Value)) -> anyhow::Result<i32> {
+    let path = socket(at)?;
+    match ask(&path, request) {
+        Ok(v) => {
+            show(&v);
+            Ok(0)
+        }
+        Err(line) => {
+            eprintln!("gpuwatch: {line}");
+            Ok(FAILED)
+        }
+    }
+}
+
+/// Runs `alerts`.
+pub fn alerts(_global: &GlobalArgs, args: &AlertsArgs) -> anyhow::Result<i32> {
+    run_ask(&args.at, &json!({"ask": "alerts"}), |v| {
+        if args.json {
+            println!("{}", v["alerts"]);
+            return;
+        }
+        let list = v["alerts"].as_array().cloned().unwrap_or_default();
+        if list.is_empty() {
+            println!("no alerts pending or firing");
+        }
+        for a in list {
+            let gpu = a["gpu"]
+                .as_u64()
+                .map_or_else(|| "host".into(), |g| format!("gpu {g}"));
+            let silenced = a["silenced_by"]
+                .as_str()
+                .map_or_else(String::new, |id| format!("  [silenced by {id}]"));
+            println!(
+                "{:<8} {:<20} {gpu:<6} {:<8} since {}  {}{silenced}",
+                a["state"].as_str().unwrap_or(""),
+                a["alert"].as_str().unwrap_or(""),
+                a["severity"].as_str().unwrap_or(""),
+                a["since"].as_str().unwrap_or(""),
+                a["summary"].as_str().unwrap_or("")
+            );
+        }
+    })
+}
+
+/// Runs `silence`.
+pub fn silence(_global: &GlobalArgs, args: &SilenceArgs) -> anyhow::Result<i32> {
+    match &args.cmd {
+        SilenceCmd::Add {
+            at,
+            matchers,
+            duration,
+            comment,
+            until_job,
+        } => {
+            // Checked here first, so the error names the argument and column.
+            for (i, m) in matchers.iter().enumerate() {
+                if let Err((col, e)) = crate::silence::Matcher::parse(m) {
+                    eprintln!("gpuwatch: matcher {} column {col}: {e}", i + 1);
+                    return Ok(FAILED);
+                }
+            }
+            if let Some(pid) = until_job {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    eprintln!("gpuwatch: --until-job {pid}: no such process");
+                    return Ok(FAILED);
+                }
+            }
+            let for_ms = duration.map_or(3_600_000, |d| {
+                i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+            });
+            let request = json!({
+                "ask": "silence_add",
+                "matchers": matchers,
+                "for_ms": for_ms,
+                "comment": comment,
+                "created_by": crate::sys::user_name(caller_uid()).unwrap_or_default(),
+                "until_pid": until_job,
+            });
+            run_ask(at, &request, |v| {
+                println!("{}", v["id"].as_str().unwrap_or(""));
+            })
+        }
+        SilenceCmd::List { at, json: as_json } => {
+            run_ask(at, &json!({"ask": "silence_list"}), |v| {
+                if *as_json {
+                    println!("{}", v["silences"]);
+                    return;
+                }
+                let now = v["now_ms"].as_i64().unwrap_or(0);
+                let list = v["silences"].as_array().cloned().unwrap_or_default();
+                if list.is_empty() {
+                    println!("no silences");
+                }
+                for s in list {
+                    let ends = s["ends_ms"].as_i64().unwrap_or(0);
+                    let state = if ends > now { "active" } else { "expired" };
+                    let matchers: Vec<String> = serde_json::from_value::<
+                        Vec<crate::silence::Matcher>,
+                    >(s["matchers"].clone())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                    let job = s["until_pid"]
+                        .as_u64()
+                        .map_or_else(String::new, |p| format!(" until job {p} ends"));
+                    println!(
+                        "{} {state:<7} until {}{job}  {}  {}",
+                        s["id"].as_str().unwrap_or(""),
+                        crate::trace::format_time_ms(ends),
+                        matchers.join(","),
+                        s["comment"].as_str().unwrap_or("")
+                    );
+                }
+            })
+        }
+        SilenceCmd::Expire { at, id } => {
+            run_ask(at, &json!({"ask": "silence_expire", "id": id}), |_| {
+                println!("silence {id} expired");
+            })
+        }
+    }
+}
+
+/// Runs `reload`: the daemon re-reads its configuration and rules (as SIGHUP does).
+pub fn reload(_global: &GlobalArgs, args: &Where) -> anyhow::Result<i32> {
+    run_ask(args, &json!({"ask": "reload"}), |_| {
+        println!("reloaded (a broken edit keeps the running configuration; see the daemon's log)");
+    })
+}
+
+/// The caller's uid, from `/proc/self/status` (no `unsafe` needed).
+fn caller_uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|u| u.parse().ok())
+        })
+        .unwrap_or(u32::MAX)
+}

@@ -1,0 +1,80 @@
+//! The daemon's control socket, `state_dir/control.sock` (mode 0600: the daemon's user only):
+//! one JSON request line, one JSON answer line. The requests go to the daemon's loop (which owns
+//! the engine and the silences) as [`super::Control::Ask`] and are answered there:
+//!
+//! * `{"ask":"alerts"}` → pending and firing alerts;
+//! * `{"ask":"silence_add","matchers":["gpu=3"],"for_ms":7200000,"comment":"…","created_by":"…","until_pid":null}`;
+//! * `{"ask":"silence_list"}`, `{"ask":"silence_expire","id":"…"}`;
+//! * `{"ask":"reload"}` (as SIGHUP).
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::Control;
+
+/// The socket's path in `state_dir`.
+pub fn socket_path(state_dir: &Path) -> std::path::PathBuf {
+    state_dir.join("control.sock")
+}
+
+/// Binds the socket (replacing a stale one), restricts it to the owner, and serves it on its own
+/// thread.
+pub fn start(state_dir: &Path, tx: mpsc::Sender<Control>) -> std::io::Result<()> {
+    std::fs::create_dir_all(state_dir)?;
+    let path = socket_path(state_dir);
+    if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("another daemon answers on {}", path.display()),
+        ));
+    }
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    std::thread::Builder::new()
+        .name("gpuwatch-control".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let tx = tx.clone();
+                // One thread per client: a client that never sends a line holds only itself.
+                let _ = std::thread::Builder::new()
+                    .name("gpuwatch-ctl-client".into())
+                    .spawn(move || serve(stream, &tx));
+            }
+        })?;
+    Ok(())
+}
+
+fn serve(stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut line = String::new();
+    let mut reader = BufReader::new(stream).take(64 * 1024);
+    use std::io::Read as _;
+    let answer = match reader.read_line(&mut line) {
+        Ok(0) | Err(_) => return,
+        Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+            Ok(ask) => {
+                let (reply_tx, reply_rx) = mpsc::channel();
+                if tx.send(Control::Ask(ask, reply_tx)).is_err() {
+                    serde_json::json!({"ok": false, "error": "the daemon is stopping"})
+                } else {
+                    reply_rx
+                        .recv_timeout(Duration::from_secs(10))
+                        .unwrap_or_else(|_| {
+                            serde_json::json!({"ok": false, "error": "the daemon did not answer in 10 s"})
+                        })
+                }
+            }
+            Err(e) => serde_json::json!({"ok": false, "error": format!("not a JSON request: {e}")}),
+        },
+    };
+    let _ = writeln!(writer, "{answer}");
+}

@@ -1,0 +1,184 @@
+//! Issue 14 §3 (part): asking and steering the running daemon through its control socket.
+//! A silence added with the CLI suppresses a firing alert's notifications until it expires and
+//! survives a daemon restart; `alerts` lists what fires (and what is silenced); bad input is one
+//! line and exit 2 (a malformed matcher with its column, an unknown id, no daemon); the socket is
+//! the owner's only; `--until-job` ends with the job.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::time::Duration;
+
+use super::common::gpuwatch;
+use super::daemon::{daemon, webhook_config};
+use super::notify::servers::{wait_until, HttpReceiver};
+
+fn ctl(cfg: &Path, args: &[&str]) -> super::common::Run {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--config", cfg.to_str().expect("utf-8")]);
+    gpuwatch(&all, &[])
+}
+
+/// Alert names the webhook receiver got, firing only.
+fn fired(hook: &HttpReceiver) -> Vec<String> {
+    hook.requests()
+        .iter()
+        .flat_map(|r| {
+            let b = r.json();
+            b["alerts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|a| a["status"] == "firing")
+                .map(|a| a["labels"]["alertname"].as_str().unwrap_or("").to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn silences_from_the_cli_mute_notifications_and_persist() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    // The state directory is relative to the config file.
+    let sock = tmp.path().join("state/control.sock");
+
+    // Bad input before any daemon: one line, exit 2.
+    let r = ctl(&cfg, &["alerts"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("no gpuwatch daemon answers on") && r.stderr.contains("control.sock"),
+        "{}",
+        r.stderr
+    );
+    let r = ctl(&cfg, &["silence", "add", "gpu~3"]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("matcher 1 column 4"), "{}", r.stderr);
+
+    // gpu_lost of the xid-79 scenario (GPU 3, at 30 s) is silenced before it fires.
+    let log = tmp.path().join("log");
+    let mut d = daemon("xid-79", &cfg, &log, &[("NVML_SIM_TIME_SCALE", "10")]);
+    wait_until(Duration::from_secs(20), "the control socket", || {
+        sock.exists().then_some(())
+    });
+    let mode = std::fs::metadata(&sock)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "owner-only socket");
+    let r = ctl(
+        &cfg,
+        &[
+            "silence",
+            "add",
+            "alertname=gpu_lost",
+            "gpu=~\"3|4\"",
+            "--for",
+            "2h",
+            "--comment",
+            "reseating GPU 3",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let id = r.stdout.trim().to_string();
+    assert_eq!(id.len(), 16, "{}", r.stdout);
+    // xid_error fires and is notified; gpu_lost fires and is not.
+    wait_until(Duration::from_secs(30), "xid_error notified", || {
+        fired(&hook)
+            .contains(&"xid_error".to_string())
+            .then_some(())
+    });
+    let listed = wait_until(
+        Duration::from_secs(20),
+        "gpu_lost firing and silenced",
+        || {
+            let r = ctl(&cfg, &["alerts", "--json"]);
+            let v: serde_json::Value = serde_json::from_str(&r.stdout).ok()?;
+            v.as_array()?
+                .iter()
+                .find(|a| a["alert"] == "gpu_lost" && a["state"] == "firing")
+                .cloned()
+        },
+    );
+    assert_eq!(listed["silenced_by"], id.as_str(), "{listed}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !fired(&hook).contains(&"gpu_lost".to_string()),
+        "silenced: {:?}",
+        fired(&hook)
+    );
+    let text = ctl(&cfg, &["alerts"]);
+    assert!(
+        text.stdout.contains("gpu_lost") && text.stdout.contains("silenced by"),
+        "{}",
+        text.stdout
+    );
+    assert!(std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("silenced: not notified"));
+
+    // The silence survives a restart.
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(Duration::from_secs(15)).success());
+    let d2 = daemon("xid-79", &cfg, &log, &[("NVML_SIM_TIME_SCALE", "10")]);
+    wait_until(
+        Duration::from_secs(20),
+        "the silence after a restart",
+        || {
+            let r = ctl(&cfg, &["silence", "list"]);
+            (r.code == 0 && r.stdout.contains(&id) && r.stdout.contains("active")).then_some(())
+        },
+    );
+    // Expiring it lets the next notification through; an unknown id is refused.
+    let r = ctl(&cfg, &["silence", "expire", "0000000000000000"]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("no active silence"), "{}", r.stderr);
+    let r = ctl(&cfg, &["silence", "expire", &id]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(ctl(&cfg, &["silence", "list"]).stdout.contains("expired"));
+    // `reload` answers.
+    let r = ctl(&cfg, &["reload"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    drop(d2);
+}
+
+#[test]
+fn a_job_silence_ends_with_the_job() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    let sock = tmp.path().join("state/control.sock");
+    let _d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(Duration::from_secs(20), "the control socket", || {
+        sock.exists().then_some(())
+    });
+    let mut job = std::process::Command::new("sleep")
+        .arg("2")
+        .spawn()
+        .expect("sleep");
+    let pid = job.id().to_string();
+    let r = ctl(&cfg, &["silence", "add", "gpu=0", "--until-job", &pid]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let listed = ctl(&cfg, &["silence", "list"]);
+    assert!(
+        listed.stdout.contains(&format!("until job {pid} ends"))
+            && listed.stdout.contains("active"),
+        "{}",
+        listed.stdout
+    );
+    let _ = job.wait();
+    wait_until(
+        Duration::from_secs(10),
+        "the silence to end with the job",
+        || {
+            ctl(&cfg, &["silence", "list"])
+                .stdout
+                .contains("expired")
+                .then_some(())
+        },
+    );
+    let r = ctl(&cfg, &["silence", "add", "gpu=0", "--until-job", "4000000"]);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+}
