@@ -72,7 +72,10 @@ fn daemon_serves_dcgm_compatible_metrics() {
             .filter(|r| r.2.contains("gpuwatch_alerts{alertname=\"gpu_lost\""))
     });
     assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
-    // The names dashboard 12239's panels query.
+    // The names the public "NVIDIA DCGM Exporter Dashboard" (Grafana 12239) queries —
+    // temperature, power, SM clock, utilization, framebuffer used — and the other GPU panels'
+    // usual ones. Its tensor-core panel (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE) is a DCGM profiling
+    // field NVML does not offer, so it stays empty with gpuwatch.
     for name in [
         "DCGM_FI_DEV_GPU_UTIL",
         "DCGM_FI_DEV_MEM_COPY_UTIL",
