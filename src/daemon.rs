@@ -378,7 +378,10 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     };
     loop {
         match rx.recv_timeout(interval) {
-            Ok(Control::Snapshot(snap)) => live.snapshot(&snap),
+            Ok(Control::Snapshot(snap)) => {
+                live.snapshot(&snap);
+                live.export_ticks(sampler.last_tick());
+            }
             Ok(Control::Stop(why)) => {
                 info!("{why}: stopping");
                 break;
@@ -441,6 +444,24 @@ impl Live<'_> {
         self.dispatcher.send(Input::Healthy(snap.time_ms));
         self.publish_and_save(events);
         self.export(snap);
+    }
+
+    /// Hands the exporter the sampler's counters (after [`Live::snapshot`]).
+    fn export_ticks(&mut self, (taken, missed, micros): (u64, u64, Option<u32>)) {
+        let Some(shared) = &self.export else { return };
+        let evaluations = self.pipeline.engine().reuse_stats();
+        let silences = self
+            .silences
+            .lock()
+            .map(|s| s.list().iter().filter(|x| x.active(now_ms())).count())
+            .unwrap_or(0);
+        if let Ok(mut s) = shared.lock() {
+            s.ticks = (taken, missed);
+            s.sample_seconds = micros.map(|m| f64::from(m) / 1e6);
+            s.evaluations = (evaluations.1, evaluations.0);
+            s.silences_active = silences;
+            s.generation += 1;
+        }
     }
 
     /// Hands the exporter the new snapshot and the alerts pending or firing now.

@@ -32,6 +32,15 @@ pub struct ExportState {
     pub last_xid: std::collections::BTreeMap<u32, u64>,
     /// Bumped at every update: scrapes of one generation share one rendering.
     pub generation: u64,
+    /// Wall time of the newest sample (all GPUs), seconds.
+    pub sample_seconds: Option<f64>,
+    /// Sampling ticks taken and skipped (late) since the start.
+    pub ticks: (u64, u64),
+    /// GPU-scope rule evaluations that ran their script, and those answered from the previous
+    /// result (inputs unchanged).
+    pub evaluations: (u64, u64),
+    /// Silences in force.
+    pub silences_active: usize,
 }
 
 /// `[exporter]` in the config file.
@@ -176,6 +185,30 @@ pub fn backfill(snap: &Snapshot, hostname: &str, mut emit: impl FnMut(usize, u32
     }
 }
 
+/// One of gpuwatch's own counter families with a `result` label: `NAME_total` samples under
+/// family `NAME` (OpenMetrics) or `NAME_total` (text 0.0.4).
+fn counter(
+    out: &mut String,
+    openmetrics: bool,
+    name: &str,
+    help: &str,
+    results: &[(&str, u64)],
+    host: &str,
+) {
+    let fam = if openmetrics {
+        name.to_string()
+    } else {
+        format!("{name}_total")
+    };
+    family(out, &fam, "counter", help);
+    for (result, n) in results {
+        let _ = writeln!(
+            out,
+            "{name}_total{{result=\"{result}\",hostname=\"{host}\"}} {n}"
+        );
+    }
+}
+
 /// The page for `state` (OpenMetrics when `openmetrics`: counters typed `unknown` so that the
 /// dcgm-exporter names stay as they are, and the closing `# EOF`).
 pub fn render(state: &ExportState, openmetrics: bool) -> String {
@@ -289,6 +322,46 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
             a.state
         );
     }
+    if let Some(sec) = state.sample_seconds {
+        family(
+            &mut out,
+            "gpuwatch_sample_duration_seconds",
+            "gauge",
+            "Wall time of the newest sample of all GPUs.",
+        );
+        let _ = writeln!(
+            out,
+            "gpuwatch_sample_duration_seconds{{hostname=\"{host}\"}} {}",
+            value(sec)
+        );
+    }
+    counter(
+        &mut out,
+        openmetrics,
+        "gpuwatch_ticks",
+        "Sampling ticks since the start, taken or skipped because the previous one ran late.",
+        &[("taken", state.ticks.0), ("skipped", state.ticks.1)],
+        &host,
+    );
+    counter(
+        &mut out,
+        openmetrics,
+        "gpuwatch_rule_evaluations",
+        "GPU-scope rule evaluations since the start: ran their script, or reused the previous result (inputs unchanged).",
+        &[("ran", state.evaluations.0), ("reused", state.evaluations.1)],
+        &host,
+    );
+    family(
+        &mut out,
+        "gpuwatch_silences_active",
+        "gauge",
+        "Silences in force (gpuwatch silence).",
+    );
+    let _ = writeln!(
+        out,
+        "gpuwatch_silences_active{{hostname=\"{host}\"}} {}",
+        state.silences_active
+    );
     family(
         &mut out,
         "gpuwatch_build_info",

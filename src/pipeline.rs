@@ -169,6 +169,15 @@ impl SamplerThread {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// Ticks taken and skipped so far, and the newest sample's wall time (µs): cheap enough
+    /// for every tick (no copy of the history).
+    pub fn last_tick(&self) -> (u64, u64, Option<u32>) {
+        self.stats
+            .lock()
+            .map(|s| (s.taken, s.missed, s.micros.last().copied()))
+            .unwrap_or_default()
+    }
+
     /// The GPUs found at start.
     pub fn devices(&self) -> &[DeviceId] {
         &self.devices

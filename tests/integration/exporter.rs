@@ -102,7 +102,15 @@ fn daemon_serves_dcgm_compatible_metrics() {
         page.contains("Hostname=\"simhost\"") && page.contains("modelName=\""),
         "{page}"
     );
-    assert!(page.contains("gpuwatch_build_info{"), "{page}");
+    for own in [
+        "gpuwatch_build_info{",
+        "gpuwatch_sample_duration_seconds{",
+        "gpuwatch_ticks_total{result=\"taken\"",
+        "gpuwatch_rule_evaluations_total{result=\"ran\"",
+        "gpuwatch_silences_active{",
+    ] {
+        assert!(page.contains(own), "{own} missing:\n{page}");
+    }
     // OpenMetrics when asked.
     let (_, ctype, om) = get(
         port,
