@@ -450,6 +450,8 @@ impl Live<'_> {
     fn export_ticks(&mut self, (taken, missed, micros): (u64, u64, Option<u32>)) {
         let Some(shared) = &self.export else { return };
         let evaluations = self.pipeline.engine().reuse_stats();
+        let eval_seconds = self.pipeline.engine().eval_time().as_secs_f64();
+        let delivery = self.dispatcher.delivery();
         let silences = self
             .silences
             .lock()
@@ -460,6 +462,9 @@ impl Live<'_> {
             s.sample_seconds = micros.map(|m| f64::from(m) / 1e6);
             s.evaluations = (evaluations.1, evaluations.0);
             s.silences_active = silences;
+            s.eval_seconds = eval_seconds;
+            let d = delivery;
+            s.delivery = Some((d.queued, d.channels));
             s.generation += 1;
         }
     }

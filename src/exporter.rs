@@ -41,7 +41,14 @@ pub struct ExportState {
     pub evaluations: (u64, u64),
     /// Silences in force.
     pub silences_active: usize,
+    /// Seconds spent evaluating rules since the start.
+    pub eval_seconds: f64,
+    /// Notifications waiting in the outbox, and per channel (sent, failed) since the start.
+    pub delivery: Option<(usize, ChannelCounts)>,
 }
+
+/// Per channel: (sends that succeeded, sends that failed).
+pub type ChannelCounts = std::collections::BTreeMap<String, (u64, u64)>;
 
 /// `[exporter]` in the config file.
 #[derive(Debug, Clone, Default, serde::Deserialize, PartialEq)]
@@ -351,6 +358,56 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
         &[("ran", state.evaluations.0), ("reused", state.evaluations.1)],
         &host,
     );
+    let eval = if openmetrics {
+        "gpuwatch_rule_evaluation_seconds"
+    } else {
+        "gpuwatch_rule_evaluation_seconds_total"
+    };
+    family(
+        &mut out,
+        eval,
+        "counter",
+        "Wall time spent evaluating rules since the start.",
+    );
+    let _ = writeln!(
+        out,
+        "gpuwatch_rule_evaluation_seconds_total{{hostname=\"{host}\"}} {}",
+        value(state.eval_seconds)
+    );
+    if let Some((queued, channels)) = &state.delivery {
+        family(
+            &mut out,
+            "gpuwatch_notifications_queued",
+            "gauge",
+            "Notifications waiting in the outbox to be sent or retried.",
+        );
+        let _ = writeln!(
+            out,
+            "gpuwatch_notifications_queued{{hostname=\"{host}\"}} {queued}"
+        );
+        if !channels.is_empty() {
+            let fam = if openmetrics {
+                "gpuwatch_notifications"
+            } else {
+                "gpuwatch_notifications_total"
+            };
+            family(
+                &mut out,
+                fam,
+                "counter",
+                "Notification sends since the start, by channel and result.",
+            );
+            for (channel, (sent, failed)) in channels {
+                for (result, n) in [("sent", sent), ("failed", failed)] {
+                    let _ = writeln!(
+                        out,
+                        "gpuwatch_notifications_total{{channel=\"{}\",result=\"{result}\",hostname=\"{host}\"}} {n}",
+                        label(channel)
+                    );
+                }
+            }
+        }
+    }
     family(
         &mut out,
         "gpuwatch_silences_active",

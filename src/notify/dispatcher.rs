@@ -52,6 +52,15 @@ pub enum Input {
 pub struct Dispatcher {
     tx: mpsc::UnboundedSender<Input>,
     thread: Option<std::thread::JoinHandle<()>>,
+    delivery: Arc<std::sync::Mutex<Delivery>>,
+}
+
+/// How delivery goes, for `/metrics`: messages waiting in the outbox, and per channel the sends
+/// that succeeded and failed since the start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Delivery {
+    pub queued: usize,
+    pub channels: BTreeMap<String, (u64, u64)>,
 }
 
 impl Dispatcher {
@@ -71,6 +80,8 @@ impl Dispatcher {
         };
         let transport = Transport::new()?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let delivery = Arc::new(std::sync::Mutex::new(Delivery::default()));
+        let shared = delivery.clone();
         let thread = std::thread::Builder::new()
             .name("gpuwatch-notify".into())
             .spawn(move || {
@@ -84,13 +95,20 @@ impl Dispatcher {
                         return;
                     }
                 };
-                let worker = Worker::new(settings, outbox, state_path, state, transport);
+                let mut worker = Worker::new(settings, outbox, state_path, state, transport);
+                worker.delivery = shared;
                 rt.block_on(worker.run(rx));
             })?;
         Ok(Dispatcher {
             tx,
             thread: Some(thread),
+            delivery,
         })
+    }
+
+    /// Delivery counts so far.
+    pub fn delivery(&self) -> Delivery {
+        self.delivery.lock().map(|d| d.clone()).unwrap_or_default()
     }
 
     /// Queues an input (never blocks).
@@ -167,9 +185,26 @@ struct Worker {
     last_ping_ms: i64,
     ping_in_flight: bool,
     drain_deadline_ms: Option<i64>,
+    /// Shared with the [`Dispatcher`] handle (for `/metrics`).
+    delivery: Arc<std::sync::Mutex<Delivery>>,
 }
 
 impl Worker {
+    /// Publishes the queue length and a send's outcome (`ok`), if one.
+    fn count(&self, channel: Option<(&str, bool)>) {
+        if let Ok(mut d) = self.delivery.lock() {
+            d.queued = self.pending.len();
+            if let Some((c, ok)) = channel {
+                let e = d.channels.entry(c.to_string()).or_default();
+                if ok {
+                    e.0 += 1;
+                } else {
+                    e.1 += 1;
+                }
+            }
+        }
+    }
+
     fn new(
         settings: NotifySettings,
         outbox: Outbox,
@@ -195,6 +230,7 @@ impl Worker {
             last_ping_ms: 0,
             ping_in_flight: false,
             drain_deadline_ms: None,
+            delivery: Arc::default(),
         }
     }
 
@@ -382,6 +418,7 @@ impl Worker {
             super::render::title(&entry.notification)
         );
         self.pending.insert(entry.notification.id.clone(), entry);
+        self.count(None);
     }
 
     fn start_due(&mut self, now: i64) {
@@ -483,6 +520,14 @@ impl Worker {
             } => (id, channel, result),
         };
         self.in_flight.remove(&channel);
+        let ok = result.is_ok();
+        self.finish_send(id, &channel, result, now);
+        self.count(Some((&channel, ok)));
+    }
+
+    /// The outcome of one send: out of the outbox, or retried later, or given up.
+    fn finish_send(&mut self, id: String, channel: &str, result: Result<(), SendError>, now: i64) {
+        let channel = channel.to_string();
         match result {
             Ok(()) => {
                 if let Some(e) = self.pending.remove(&id) {

@@ -108,6 +108,8 @@ fn daemon_serves_dcgm_compatible_metrics() {
         "gpuwatch_ticks_total{result=\"taken\"",
         "gpuwatch_rule_evaluations_total{result=\"ran\"",
         "gpuwatch_silences_active{",
+        "gpuwatch_rule_evaluation_seconds_total{",
+        "gpuwatch_notifications_queued{",
     ] {
         assert!(page.contains(own), "{own} missing:\n{page}");
     }

@@ -365,6 +365,19 @@ fn alertmanager_groups_three_nodes_and_honours_silences() {
             .any(|n| n.0 == "resolved" && n.1 == "xid_error")
             .then_some(())
     });
+    // Each daemon's /metrics counts its pushes to Alertmanager.
+    let (_, port) = &daemons[1];
+    let page = wait_until(Duration::from_secs(20), "sends counted in /metrics", || {
+        super::exporter::get(*port, "/metrics", "text/plain")
+            .map(|r| r.2)
+            .filter(|p| {
+                p.lines().any(|l| {
+                    l.starts_with("gpuwatch_notifications_total{channel=\"am\",result=\"sent\"")
+                        && !l.ends_with(" 0")
+                })
+            })
+    });
+    assert!(page.contains("gpuwatch_notifications_queued{"), "{page}");
     let sent = notifications(&hook);
     // One message for the alert however many nodes have it.
     let firing: Vec<_> = sent
