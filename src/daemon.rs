@@ -378,10 +378,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     };
     loop {
         match rx.recv_timeout(interval) {
-            Ok(Control::Snapshot(snap)) => {
-                live.snapshot(&snap);
-                live.export_ticks(sampler.last_tick());
-            }
+            Ok(Control::Snapshot(snap)) => live.snapshot(&snap, sampler.last_tick()),
             Ok(Control::Stop(why)) => {
                 info!("{why}: stopping");
                 break;
@@ -429,8 +426,9 @@ struct Live<'a> {
 }
 
 impl Live<'_> {
-    /// A snapshot: message context for the dispatcher, then the pipeline's events.
-    fn snapshot(&mut self, snap: &Snapshot) {
+    /// A snapshot (with the sampler's tick counters): message context for the dispatcher, the
+    /// pipeline's events, then the exporter's state.
+    fn snapshot(&mut self, snap: &Snapshot, ticks: (u64, u64, Option<u32>)) {
         self.last_snapshot = Instant::now();
         let devices: Vec<DeviceId> = snap.gpus.iter().map(|g| g.id.clone()).collect();
         if devices != self.last_devices || snap.processes.is_some() {
@@ -443,35 +441,23 @@ impl Live<'_> {
         let events = self.pipeline.observe(snap);
         self.dispatcher.send(Input::Healthy(snap.time_ms));
         self.publish_and_save(events);
-        self.export(snap);
+        self.export(snap, ticks);
     }
 
-    /// Hands the exporter the sampler's counters (after [`Live::snapshot`]).
-    fn export_ticks(&mut self, (taken, missed, micros): (u64, u64, Option<u32>)) {
+    /// Hands the exporter the new snapshot, the alerts pending or firing now, and the counters
+    /// (sampler ticks, rule evaluations, delivery, silences): one update per tick.
+    fn export(&mut self, snap: &Snapshot, (taken, missed, micros): (u64, u64, Option<u32>)) {
         let Some(shared) = &self.export else { return };
-        let evaluations = self.pipeline.engine().reuse_stats();
-        let eval_seconds = self.pipeline.engine().eval_time().as_secs_f64();
+        let engine = self.pipeline.engine();
+        let (reused, ran) = engine.reuse_stats();
+        let eval_seconds = engine.eval_time().as_secs_f64();
         let delivery = self.dispatcher.delivery();
+        let now = now_ms();
         let silences = self
             .silences
             .lock()
-            .map(|s| s.list().iter().filter(|x| x.active(now_ms())).count())
+            .map(|s| s.list().iter().filter(|x| x.active(now)).count())
             .unwrap_or(0);
-        if let Ok(mut s) = shared.lock() {
-            s.ticks = (taken, missed);
-            s.sample_seconds = micros.map(|m| f64::from(m) / 1e6);
-            s.evaluations = (evaluations.1, evaluations.0);
-            s.silences_active = silences;
-            s.eval_seconds = eval_seconds;
-            let d = delivery;
-            s.delivery = Some((d.queued, d.channels));
-            s.generation += 1;
-        }
-    }
-
-    /// Hands the exporter the new snapshot and the alerts pending or firing now.
-    fn export(&mut self, snap: &Snapshot) {
-        let Some(shared) = &self.export else { return };
         let alerts = self
             .pipeline
             .engine()
@@ -504,6 +490,12 @@ impl Live<'_> {
             copy.processes = processes;
             s.snapshot = Some(copy);
             s.alerts = alerts;
+            s.ticks = (taken, missed);
+            s.sample_seconds = micros.map(|m| f64::from(m) / 1e6);
+            s.evaluations = (ran, reused);
+            s.silences_active = silences;
+            s.eval_seconds = eval_seconds;
+            s.delivery = Some((delivery.queued, delivery.channels));
             s.generation += 1;
         }
     }
@@ -583,13 +575,22 @@ impl Live<'_> {
                     .engine()
                     .alerts()
                     .map(|a| {
-                        let silenced = self.silences.lock().ok().and_then(|s| {
-                            let mut labels = a.labels.clone();
-                            labels.entry("hostname".into()).or_insert_with(|| self.hostname.clone());
-                            s.silencing(&labels, now).map(|x| x.id.clone())
-                        });
+                        let name = a.labels.get("alertname").unwrap_or(&a.key);
+                        // The labels a published event of this instance would carry.
+                        let labels = crate::notify::complete_labels(
+                            &a.labels,
+                            name,
+                            a.severity,
+                            a.gpu,
+                            &self.hostname,
+                        );
+                        let silenced = self
+                            .silences
+                            .lock()
+                            .ok()
+                            .and_then(|s| s.silencing(&labels, now).map(|x| x.id.clone()));
                         json!({
-                            "alert": a.labels.get("alertname").cloned().unwrap_or_else(|| a.key.clone()),
+                            "alert": name,
                             "gpu": a.gpu,
                             "state": match a.phase {
                                 alert::Phase::Pending => "pending",

@@ -251,8 +251,9 @@ pub(crate) struct Ctx {
 impl Ctx {
     /// Resolves a timestamp cell.
     pub fn time(&self, cell: &str) -> Result<i64, LineError> {
-        let stamp = stamp::parse(cell)
-            .ok_or_else(|| LineError::Skip(format!("bad timestamp {}", quoted(cell))))?;
+        let stamp = stamp::parse(cell).ok_or_else(|| {
+            LineError::Skip(format!("bad timestamp {}", crate::trace::quoted(cell)))
+        })?;
         stamp
             .resolve(self.t0_ms)
             .map_err(|e| LineError::Fatal(e.to_string()))
@@ -277,11 +278,6 @@ pub(crate) trait Parse: Send {
     fn has_progress(&self) -> bool {
         false
     }
-}
-
-/// `v` for an error message: quoted with control characters escaped, at most 80 characters.
-pub fn quoted(v: &str) -> String {
-    crate::trace::quoted(v)
 }
 
 /// One tick read from a log.

@@ -185,19 +185,31 @@ fn common<'a>(
 /// The labels an alert is sent with: its own, completed with `alertname`, `severity`,
 /// `hostname` and `gpu` when the engine left them out.
 pub fn full_labels(a: &AlertEvent, hostname: &str) -> BTreeMap<String, String> {
-    let mut labels = a.labels.clone();
+    complete_labels(&a.labels, &a.name, a.severity, a.gpu, hostname)
+}
+
+/// `labels` with `alertname`, `severity`, `hostname` and `gpu` added where missing: the labels
+/// an alert carries outside gpuwatch (and what silences match), for an event or an instance.
+pub fn complete_labels(
+    labels: &BTreeMap<String, String>,
+    name: &str,
+    severity: Severity,
+    gpu: Option<u32>,
+    hostname: &str,
+) -> BTreeMap<String, String> {
+    let mut labels = labels.clone();
     labels
         .entry("alertname".into())
-        .or_insert_with(|| a.name.clone());
+        .or_insert_with(|| name.to_string());
     labels
         .entry("severity".into())
-        .or_insert_with(|| a.severity.as_str().into());
+        .or_insert_with(|| severity.as_str().into());
     if !hostname.is_empty() {
         labels
             .entry("hostname".into())
             .or_insert_with(|| hostname.into());
     }
-    if let Some(gpu) = a.gpu {
+    if let Some(gpu) = gpu {
         labels
             .entry("gpu".into())
             .or_insert_with(|| gpu.to_string());

@@ -258,16 +258,17 @@ pub fn build(
     let mut findings = Vec::new();
     for p in PATTERNS {
         for g in &gpus {
-            let seconds: f64 = spans
+            // A pattern is a finding when its rule fired at all on this GPU (an alert that
+            // fired and resolved within one tick counts, with 0 s).
+            let fired: Vec<&AlertSpan> = spans
                 .iter()
                 .filter(|s| s.alert == p.alert && s.gpu == Some(g.index))
-                .map(|s| (s.end_ms - s.start_ms) as f64 / 1000.0)
-                .sum();
-            if seconds > 0.0
-                || spans
+                .collect();
+            if !fired.is_empty() {
+                let seconds: f64 = fired
                     .iter()
-                    .any(|s| s.alert == p.alert && s.gpu == Some(g.index))
-            {
+                    .map(|s| (s.end_ms - s.start_ms) as f64 / 1000.0)
+                    .sum();
                 let span = ((g.last_ms - g.first_ms) as f64 / 1000.0).max(1.0);
                 findings.push(Finding {
                     alert: p.alert.to_string(),

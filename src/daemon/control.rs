@@ -7,7 +7,7 @@
 //! * `{"ask":"silence_list"}`, `{"ask":"silence_expire","id":"…"}`;
 //! * `{"ask":"reload"}` (as SIGHUP).
 
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
@@ -57,7 +57,6 @@ fn serve(stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>) {
     };
     let mut line = String::new();
     let mut reader = BufReader::new(stream).take(64 * 1024);
-    use std::io::Read as _;
     let answer = match reader.read_line(&mut line) {
         Ok(0) | Err(_) => return,
         Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {

@@ -98,7 +98,7 @@ impl super::Parse for DmonParser {
                 Col::Gpu => {
                     r.sample.id.index = v
                         .parse()
-                        .map_err(|_| format!("bad GPU index {}", super::quoted(v)))?;
+                        .map_err(|_| format!("bad GPU index {}", crate::trace::quoted(v)))?;
                     has_gpu = true;
                 }
                 Col::Metric(m, scale) => {

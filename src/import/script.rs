@@ -60,7 +60,7 @@ fn fill(r: &mut Reading, cells: &[&str], metrics: &[(Metric, SmiUnit)], ctx: &Ct
 fn index(cell: &str) -> Result<u32, LineError> {
     cell.trim()
         .parse()
-        .map_err(|_| LineError::Skip(format!("bad GPU index {}", super::quoted(cell))))
+        .map_err(|_| LineError::Skip(format!("bad GPU index {}", crate::trace::quoted(cell))))
 }
 
 const ROWS: [(Metric, SmiUnit); 3] = [
@@ -115,7 +115,9 @@ impl super::Parse for BarsParser {
             let (gpu, values) = part
                 .strip_prefix("GPU")
                 .and_then(|p| p.split_once(':'))
-                .ok_or_else(|| format!("not `GPUn: util,mem,total`: {}", super::quoted(part)))?;
+                .ok_or_else(|| {
+                    format!("not `GPUn: util,mem,total`: {}", crate::trace::quoted(part))
+                })?;
             let cells: Vec<&str> = values.split(',').collect();
             if cells.len() != 3 {
                 return Err(LineError::Skip(format!(

@@ -242,7 +242,7 @@ impl super::Parse for TableParser {
             }
             None => Err(LineError::Skip(format!(
                 "not part of an nvidia-smi table: {}",
-                super::quoted(l)
+                crate::trace::quoted(l)
             ))),
         }
     }

@@ -181,3 +181,24 @@ pub fn test_home() -> &'static Path {
         dir
     })
 }
+
+/// The first of `names` on the PATH. Missing, the caller skips its check, except under CI
+/// (`CI` set), where `.ci/run` installs them and a missing one fails the test.
+pub fn installed(names: &[&str]) -> Option<PathBuf> {
+    let found = names.iter().find_map(|name| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {name}")])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+    });
+    assert!(
+        found.is_some() || std::env::var_os("CI").is_none(),
+        "{} is missing (.ci/run installs it)",
+        names.join(" / ")
+    );
+    found
+}

@@ -6,7 +6,7 @@
 //! same alert from three nodes is one notification at Alertmanager's webhook receiver, a silence
 //! made through Alertmanager's API keeps one node's alert out, and resolved notices arrive.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -84,7 +84,7 @@ fn daemon(dir: &Path, scenario: &str, host: &str, scale: &str, extra: &str) -> (
 
 #[test]
 fn prometheus_scrapes_three_daemons() {
-    let Some(prom) = installed("prometheus") else {
+    let Some(prom) = common::installed(&["prometheus"]) else {
         return;
     };
     common::sim_lib();
@@ -226,22 +226,6 @@ fn prometheus_scrapes_three_daemons() {
     drop(daemons);
 }
 
-fn installed(cmd: &str) -> Option<PathBuf> {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {cmd}")])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{cmd} is missing (.ci/run installs it)"
-        );
-    }
-    found
-}
-
 /// `POST path` with a JSON body; the status.
 fn post_json(port: u16, path: &str, body: &serde_json::Value) -> Option<u16> {
     use std::io::{Read as _, Write as _};
@@ -289,8 +273,7 @@ fn notifications(
 
 #[test]
 fn alertmanager_groups_three_nodes_and_honours_silences() {
-    let Some(am) = installed("prometheus-alertmanager").or_else(|| installed("alertmanager"))
-    else {
+    let Some(am) = common::installed(&["prometheus-alertmanager", "alertmanager"]) else {
         return;
     };
     common::sim_lib();

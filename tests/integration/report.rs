@@ -10,25 +10,6 @@ use std::process::Command;
 use super::acceptance::{file_name, record_all, rescale, Rec};
 use super::common::gpuwatch;
 
-fn chromium() -> Option<PathBuf> {
-    for name in ["chromium", "chromium-browser", "google-chrome"] {
-        if let Ok(out) = Command::new("sh")
-            .args(["-c", &format!("command -v {name}")])
-            .output()
-        {
-            let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if out.status.success() && !p.is_empty() {
-                return Some(PathBuf::from(p));
-            }
-        }
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "chromium is missing (.ci/run installs it)"
-    );
-    None
-}
-
 /// Records the scenarios and returns the rescaled recordings' paths.
 fn recordings(dir: &Path) -> Vec<PathBuf> {
     let recs = [
@@ -200,7 +181,9 @@ fn report_renders_in_chromium_compares_runs_and_keeps_baselines() {
     );
 
     // Headless Chromium: the DOM has one chart group per GPU and the screenshot is not blank.
-    if let Some(chrome) = chromium() {
+    if let Some(chrome) =
+        super::common::installed(&["chromium", "chromium-browser", "google-chrome"])
+    {
         let url = format!("file://{}", html.display());
         let base = [
             "--headless",
