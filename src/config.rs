@@ -209,6 +209,9 @@ pub struct DaemonSection {
     /// How many GPUs this machine should have (`gpu_missing` when fewer answer); `None` = the
     /// GPUs on the PCI bus and those seen before.
     pub expected_gpus: Option<u32>,
+    /// A group whose members may also use the control socket (`gpuwatch alerts`, `silence`,
+    /// `reload`); unset = the daemon's user only.
+    pub control_group: Option<String>,
 }
 
 impl DaemonSection {
@@ -225,6 +228,14 @@ impl DaemonSection {
         if self.expected_gpus.is_some_and(|n| !(1..=64).contains(&n)) {
             out.push(Problem::at("daemon.expected_gpus", "must be 1 to 64"));
         }
+        if let Some(g) = &self.control_group {
+            if crate::sys::group_id(g).is_none() {
+                out.push(Problem::at(
+                    "daemon.control_group",
+                    format!("no group {g:?} on this machine"),
+                ));
+            }
+        }
         out
     }
 }
@@ -238,6 +249,7 @@ impl Default for DaemonSection {
             hostname: String::new(),
             nvml_timeout: DurationSetting::from_ms(1000),
             expected_gpus: None,
+            control_group: None,
         }
     }
 }

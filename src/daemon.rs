@@ -10,7 +10,7 @@
 //! has not delivered is in the outbox under `state_dir`, so a stop loses nothing.
 
 mod control;
-mod http;
+pub mod http;
 
 use std::io::{BufRead as _, IsTerminal as _};
 use std::path::{Path, PathBuf};
@@ -337,29 +337,19 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
                 .is_ok_and(|s| s.silencing(&labels, now_ms()).is_some())
         }));
     }
-    if let Err(e) = control::start(&dir, control_tx.clone()) {
+    let control_group = config
+        .daemon
+        .control_group
+        .as_deref()
+        .and_then(crate::sys::group_id);
+    if let Err(e) = control::start(&dir, control_group, control_tx.clone()) {
         error!(
             "control socket {}: {e}; `gpuwatch alerts` and `silence` cannot reach this daemon",
             control::socket_path(&dir).display()
         );
     }
     // `/metrics`: a taken port or a bad address is said once; alerting goes on without it.
-    let export = config.exporter.addr().and_then(|addr| {
-        let shared = http::Shared::default();
-        let started = addr
-            .map_err(|e| e.to_string())
-            .and_then(|a| http::start(a, shared.clone()).map_err(|e| format!("{a}: {e}")));
-        match started {
-            Ok(bound) => {
-                info!(listen = %bound, "exporter serving /metrics");
-                Some(shared)
-            }
-            Err(e) => {
-                error!("exporter: cannot listen on {e}; alerting goes on without /metrics");
-                None
-            }
-        }
-    });
+    let export = http::start_configured(&config.exporter);
     let mut live = Live {
         silences,
         export,
@@ -458,37 +448,10 @@ impl Live<'_> {
             .lock()
             .map(|s| s.list().iter().filter(|x| x.active(now)).count())
             .unwrap_or(0);
-        let alerts = self
-            .pipeline
-            .engine()
-            .alerts()
-            .map(|a| crate::exporter::AlertRow {
-                alertname: a
-                    .labels
-                    .get("alertname")
-                    .cloned()
-                    .unwrap_or_else(|| a.key.clone()),
-                severity: a.severity.as_str().to_string(),
-                gpu: a.gpu,
-                state: match a.phase {
-                    crate::alert::Phase::Pending => "pending",
-                    crate::alert::Phase::Firing => "firing",
-                },
-            })
-            .collect();
+        let alerts = crate::exporter::alert_rows(self.pipeline.engine());
         if let Ok(mut s) = shared.lock() {
             s.hostname.clone_from(&self.hostname);
-            for x in &snap.xids {
-                s.last_xid.insert(x.gpu_index, x.xid);
-            }
-            let processes = match (&snap.processes, s.snapshot.take()) {
-                (Some(p), _) => Some(p.clone()),
-                (None, Some(old)) => old.processes,
-                (None, None) => None,
-            };
-            let mut copy = snap.clone();
-            copy.processes = processes;
-            s.snapshot = Some(copy);
+            s.take_snapshot(snap);
             s.alerts = alerts;
             s.ticks = (taken, missed);
             s.sample_seconds = micros.map(|m| f64::from(m) / 1e6);

@@ -45,6 +45,61 @@ pub struct ExportState {
     pub eval_seconds: f64,
     /// Notifications waiting in the outbox, and per channel (sent, failed) since the start.
     pub delivery: Option<(usize, ChannelCounts)>,
+    /// Per NVML function: (failed calls, timed-out calls) since the start.
+    pub nvml_failures: Vec<(crate::model::NvmlFunction, u64, u64)>,
+    /// The jobs watched (`gpuwatch run`).
+    pub jobs: Vec<JobRow>,
+}
+
+/// A watched job's progress as `/metrics` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRow {
+    pub name: String,
+    pub pid: u32,
+    /// The last step the job reported, if any.
+    pub step: Option<f64>,
+    /// Seconds since its last progress report (or its start).
+    pub progress_age_s: f64,
+}
+
+impl ExportState {
+    /// Takes a new snapshot: the last XID per GPU is kept, and the last process list when this
+    /// snapshot has none (processes are read on a slower cadence than the tick). Also refreshes
+    /// the NVML call failure counts.
+    pub fn take_snapshot(&mut self, snap: &Snapshot) {
+        for x in &snap.xids {
+            self.last_xid.insert(x.gpu_index, x.xid);
+        }
+        let processes = match (&snap.processes, self.snapshot.take()) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(old)) => old.processes,
+            (None, None) => None,
+        };
+        let mut copy = snap.clone();
+        copy.processes = processes;
+        self.snapshot = Some(copy);
+        self.nvml_failures = crate::sampler::call_failures().counts();
+    }
+}
+
+/// The alerts pending or firing in `engine` now, as `gpuwatch_alerts` rows.
+pub fn alert_rows(engine: &crate::engine::Engine) -> Vec<AlertRow> {
+    engine
+        .alerts()
+        .map(|a| AlertRow {
+            alertname: a
+                .labels
+                .get("alertname")
+                .cloned()
+                .unwrap_or_else(|| a.key.clone()),
+            severity: a.severity.as_str().to_string(),
+            gpu: a.gpu,
+            state: match a.phase {
+                crate::alert::Phase::Pending => "pending",
+                crate::alert::Phase::Firing => "firing",
+            },
+        })
+        .collect()
 }
 
 /// Per channel: (sends that succeeded, sends that failed).
@@ -199,7 +254,7 @@ fn counter(
     openmetrics: bool,
     name: &str,
     help: &str,
-    results: &[(&str, u64)],
+    (key, results): (&str, &[(&str, u64)]),
     host: &str,
 ) {
     let fam = if openmetrics {
@@ -211,7 +266,7 @@ fn counter(
     for (result, n) in results {
         let _ = writeln!(
             out,
-            "{name}_total{{result=\"{result}\",hostname=\"{host}\"}} {n}"
+            "{name}_total{{{key}=\"{result}\",hostname=\"{host}\"}} {n}"
         );
     }
 }
@@ -347,7 +402,10 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
         openmetrics,
         "gpuwatch_ticks",
         "Sampling ticks since the start, taken or skipped because the previous one ran late.",
-        &[("taken", state.ticks.0), ("skipped", state.ticks.1)],
+        (
+            "result",
+            &[("taken", state.ticks.0), ("skipped", state.ticks.1)],
+        ),
         &host,
     );
     counter(
@@ -355,7 +413,7 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
         openmetrics,
         "gpuwatch_rule_evaluations",
         "GPU-scope rule evaluations since the start: ran their script, or reused the previous result (inputs unchanged).",
-        &[("ran", state.evaluations.0), ("reused", state.evaluations.1)],
+        ("result", &[("ran", state.evaluations.0), ("reused", state.evaluations.1)]),
         &host,
     );
     let eval = if openmetrics {
@@ -406,6 +464,68 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
                     );
                 }
             }
+        }
+    }
+    if !state.nvml_failures.is_empty() {
+        let errors: Vec<(&str, u64)> = state
+            .nvml_failures
+            .iter()
+            .map(|(f, e, _)| (f.symbol(), *e))
+            .collect();
+        let timeouts: Vec<(&str, u64)> = state
+            .nvml_failures
+            .iter()
+            .map(|(f, _, t)| (f.symbol(), *t))
+            .collect();
+        counter(
+            &mut out,
+            openmetrics,
+            "gpuwatch_nvml_call_errors",
+            "NVML calls that returned an error (not counting \"not supported\") since the start, by function.",
+            ("function", &errors),
+            &host,
+        );
+        counter(
+            &mut out,
+            openmetrics,
+            "gpuwatch_nvml_call_timeouts",
+            "NVML calls that had not returned within the call timeout (GPU reported stalled) since the start, by function.",
+            ("function", &timeouts),
+            &host,
+        );
+    }
+    if !state.jobs.is_empty() {
+        family(
+            &mut out,
+            "gpuwatch_job_step",
+            "gauge",
+            "The watched job's last reported step (gpuwatch run).",
+        );
+        for j in &state.jobs {
+            if let Some(step) = j.step {
+                let _ = writeln!(
+                    out,
+                    "gpuwatch_job_step{{job=\"{}\",pid=\"{}\",hostname=\"{host}\"}} {}",
+                    label(&j.name),
+                    j.pid,
+                    value(step)
+                );
+            }
+        }
+        family(
+            &mut out,
+            "gpuwatch_job_progress_age_seconds",
+            "gauge",
+            "Seconds since the watched job last reported progress (since it started, before any).",
+        );
+        for j in &state.jobs {
+            let _ = writeln!(
+                out,
+                "gpuwatch_job_progress_age_seconds{{job=\"{}\",pid=\"{}\",hostname=\"{host}\"}} {}",
+                label(&j.name),
+                j.pid,
+                value(j.progress_age_s)
+            );
         }
     }
     family(

@@ -64,6 +64,7 @@ use crate::model::{
 };
 use slot::{Slot, SlowAnswer, SlowSlot};
 use worker::Pool;
+pub use worker::{call_failures, CallFailures};
 
 /// The NVML library loaded when nothing else is said.
 pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
@@ -655,7 +656,9 @@ impl Dev {
         let was = self.reported.stalled_in();
         self.reported = state;
         match (was, state.stalled_in()) {
-            (None, Some(f)) => tracing::error!(
+            (None, Some(f)) => {
+                worker::call_failures().timeout(f);
+                tracing::error!(
                 "GPU {}{}: {} has not returned for {} ms (driver wedged or GPU in reset); the other GPUs keep being sampled",
                 self.id.index,
                 if self.id.uuid.is_empty() {
@@ -665,7 +668,8 @@ impl Dev {
                 },
                 f.symbol(),
                 timeout.as_millis()
-            ),
+            )
+            }
             (Some(f), None) => tracing::warn!(
                 "GPU {}: {} returned; the GPU answers again",
                 self.id.index,

@@ -74,6 +74,27 @@ pub fn user_name(uid: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
+/// The id of group `name` from the system's group database (NSS).
+pub fn group_id(name: &str) -> Option<u32> {
+    let cname = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: a zeroed group is a valid out-parameter for getgrnam_r.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: all pointers are valid for the call; getgrnam_r writes at most `buf.len()` bytes
+    // into `buf`; only the gid (a plain integer) is read afterwards.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            cname.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    (rc == 0 && !result.is_null()).then_some(grp.gr_gid)
+}
+
 /// The fields of `/proc/PID/stat` gpuwatch uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcStat {

@@ -143,6 +143,12 @@ fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<
         }
     };
     let mut watch = Watch::new(pipeline, snapshots);
+    if let Some(state) = crate::daemon::http::start_configured(&config.exporter) {
+        if let Ok(mut s) = state.lock() {
+            s.hostname.clone_from(&hostname);
+        }
+        watch.export_to(state);
+    }
     if !flags.quiet {
         watch.add_sink(Box::new(StderrSink));
     }

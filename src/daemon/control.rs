@@ -21,9 +21,13 @@ pub fn socket_path(state_dir: &Path) -> std::path::PathBuf {
     state_dir.join("control.sock")
 }
 
-/// Binds the socket (replacing a stale one), restricts it to the owner, and serves it on its own
-/// thread.
-pub fn start(state_dir: &Path, tx: mpsc::Sender<Control>) -> std::io::Result<()> {
+/// Binds the socket (replacing a stale one), restricts it to the owner (and to group `group`
+/// when given: `[daemon] control_group`), and serves it on its own thread.
+pub fn start(
+    state_dir: &Path,
+    group: Option<u32>,
+    tx: mpsc::Sender<Control>,
+) -> std::io::Result<()> {
     std::fs::create_dir_all(state_dir)?;
     let path = socket_path(state_dir);
     if std::os::unix::net::UnixStream::connect(&path).is_ok() {
@@ -34,7 +38,17 @@ pub fn start(state_dir: &Path, tx: mpsc::Sender<Control>) -> std::io::Result<()>
     }
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    match group {
+        None => std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?,
+        Some(gid) => {
+            // The group may pass through the state directory (not list or read it: its files
+            // are 0600 and its directories 0700) and use the socket.
+            std::os::unix::fs::chown(state_dir, None, Some(gid))?;
+            std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o710))?;
+            std::os::unix::fs::chown(&path, None, Some(gid))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660))?;
+        }
+    }
     std::thread::Builder::new()
         .name("gpuwatch-control".into())
         .spawn(move || {

@@ -19,6 +19,26 @@ pub type Shared = Arc<Mutex<ExportState>>;
 /// The last rendering: (generation, OpenMetrics, page).
 type Cache = Arc<Mutex<Option<(u64, bool, Arc<String>)>>>;
 
+/// Serves `/metrics` as `[exporter]` says, if it says to: the state to keep current, or `None`
+/// (off, or the address is bad or taken: said once in the log; alerting goes on without it).
+pub fn start_configured(section: &crate::exporter::ExporterSection) -> Option<Shared> {
+    let addr = section.addr()?;
+    let shared = Shared::default();
+    let started = addr
+        .map_err(|e| e.to_string())
+        .and_then(|a| start(a, shared.clone()).map_err(|e| format!("{a}: {e}")));
+    match started {
+        Ok(bound) => {
+            tracing::info!(listen = %bound, "exporter serving /metrics");
+            Some(shared)
+        }
+        Err(e) => {
+            tracing::error!("exporter: cannot listen on {e}; alerting goes on without /metrics");
+            None
+        }
+    }
+}
+
 /// Binds `addr` now (so a taken port is reported at start) and serves on a new thread.
 pub fn start(addr: SocketAddr, state: Shared) -> std::io::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)?;

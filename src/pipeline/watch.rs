@@ -188,6 +188,11 @@ pub struct Watch {
     recording: Option<(std::path::PathBuf, crate::record::RotatingFile)>,
     rows: crate::record::CsvRows,
     row_buf: String,
+    /// What `/metrics` serves, when `[exporter] listen` is set: the last snapshot, the alerts,
+    /// the job's progress.
+    export: Option<std::sync::Arc<std::sync::Mutex<crate::exporter::ExportState>>>,
+    /// The newest snapshot not yet handed to the exporter.
+    last_snapshot: Option<crate::model::Snapshot>,
 }
 
 impl std::fmt::Debug for Watch {
@@ -212,6 +217,8 @@ impl Watch {
             recording: None,
             rows: crate::record::CsvRows::new(),
             row_buf: String::new(),
+            export: None,
+            last_snapshot: None,
         }
     }
 
@@ -235,6 +242,52 @@ impl Watch {
     /// The run's recording, if one was kept.
     pub fn recording(&self) -> Option<&std::path::Path> {
         self.recording.as_ref().map(|(p, _)| p.as_path())
+    }
+
+    /// Keeps `state` (served as `/metrics` by the caller) current at every job tick.
+    pub fn export_to(
+        &mut self,
+        state: std::sync::Arc<std::sync::Mutex<crate::exporter::ExportState>>,
+    ) {
+        self.export = Some(state);
+    }
+
+    /// Hands the exporter the newest snapshot, the alerts and the job's progress.
+    fn export(&mut self, sample: &JobSample) {
+        let Some(shared) = &self.export else { return };
+        let alerts = crate::exporter::alert_rows(self.pipeline.engine());
+        let (ran, reused) = {
+            let (reused, ran) = self.pipeline.engine().reuse_stats();
+            (ran, reused)
+        };
+        let eval_seconds = self.pipeline.engine().eval_time().as_secs_f64();
+        let ticks = self.snapshots.as_ref().map(SamplerThread::last_tick);
+        let Ok(mut s) = shared.lock() else { return };
+        if let Some(snap) = self.last_snapshot.take() {
+            s.take_snapshot(&snap);
+        }
+        s.alerts = alerts;
+        s.evaluations = (ran, reused);
+        s.eval_seconds = eval_seconds;
+        if let Some((taken, missed, micros)) = ticks {
+            s.ticks = (taken, missed);
+            s.sample_seconds = micros.map(|m| f64::from(m) / 1e6);
+        }
+        #[expect(clippy::cast_precision_loss, reason = "a step count")]
+        let step = sample.progress.step.map(|x| x as f64);
+        let since = sample
+            .progress
+            .last_progress_ms
+            .unwrap_or(sample.started_at_ms);
+        #[expect(clippy::cast_precision_loss, reason = "milliseconds of a job's life")]
+        let age = (sample.time_ms - since).max(0) as f64 / 1000.0;
+        s.jobs = vec![crate::exporter::JobRow {
+            name: crate::values::truncate_chars(&sample.command, 200),
+            pid: sample.pid,
+            step,
+            progress_age_s: age,
+        }];
+        s.generation += 1;
     }
 
     /// Adds a sink for alert events.
@@ -273,6 +326,9 @@ impl Watch {
                 }
                 self.usage.observe(&snap, pids);
                 events.extend(self.pipeline.observe(&snap));
+                if self.export.is_some() {
+                    self.last_snapshot = Some(snap);
+                }
             }
         }
         // Without a sampler there is nothing to be stale: host rules such as collector_stale
@@ -301,6 +357,7 @@ impl Watch {
             }
         }
         events.extend(self.pipeline.evaluate_job(sample));
+        self.export(sample);
         if end {
             return events;
         }

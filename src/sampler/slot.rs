@@ -196,7 +196,7 @@ impl Slot {
     pub(super) fn attach(&mut self, nvml: &'static Nvml) -> bool {
         let index = self.id.index;
         let busy = self.busy.clone();
-        match busy.around(NvmlFunction::HandleByIndex, || nvml.device_by_index(index)) {
+        match busy.call(NvmlFunction::HandleByIndex, || nvml.device_by_index(index)) {
             Ok(dev) => self.handle = Some(dev),
             Err(e) => {
                 tracing::debug!("GPU {index}: no handle: {e}");
@@ -217,12 +217,12 @@ impl Slot {
             }
         };
         let id = &mut self.id;
-        note(busy.around(NvmlFunction::Uuid, || dev.uuid().map(|u| id.uuid = u)));
-        note(busy.around(NvmlFunction::Name, || dev.name().map(|n| id.name = n)));
-        note(busy.around(NvmlFunction::PciInfo, || {
+        note(busy.call(NvmlFunction::Uuid, || dev.uuid().map(|u| id.uuid = u)));
+        note(busy.call(NvmlFunction::Name, || dev.name().map(|n| id.name = n)));
+        note(busy.call(NvmlFunction::PciInfo, || {
             dev.pci_info().map(|p| id.pci_bus_id = p.bus_id)
         }));
-        note(busy.around(NvmlFunction::MinorNumber, || {
+        note(busy.call(NvmlFunction::MinorNumber, || {
             dev.minor_number().map(|m| id.minor = Some(m))
         }));
         !lost
@@ -241,7 +241,7 @@ impl Slot {
             let busy = self.busy.clone();
             let answers = match self.handle.as_ref() {
                 Some(d) => busy
-                    .around(NvmlFunction::Temperature, || {
+                    .call(NvmlFunction::Temperature, || {
                         d.temperature(TemperatureSensor::Gpu)
                     })
                     .is_ok(),
@@ -291,7 +291,7 @@ impl Slot {
         let Some(dev) = self.handle.as_ref() else {
             return Err(Lost);
         };
-        match self.busy.around(q.function(), || f(dev)) {
+        match self.busy.call(q.function(), || f(dev)) {
             Ok(v) => Ok(Some(v)),
             Err(e) => {
                 tick.failed |= q.bit();
@@ -495,7 +495,7 @@ impl Slot {
         let fields = &self.fields;
         let answer = self
             .busy
-            .around(NvmlFunction::FieldValues, || dev.field_values_for(fields));
+            .call(NvmlFunction::FieldValues, || dev.field_values_for(fields));
         let now_us = crate::sys::now_ms() * 1000;
         let samples = match answer {
             Ok(s) => s,
@@ -602,7 +602,7 @@ impl SlowSlot {
             self.slot.handle = self
                 .slot
                 .busy
-                .around(NvmlFunction::HandleByIndex, || nvml.device_by_index(index))
+                .call(NvmlFunction::HandleByIndex, || nvml.device_by_index(index))
                 .ok();
         }
     }

@@ -10,9 +10,11 @@
 //! stalled once the call timeout has passed, and the other GPUs keep being sampled; when the call
 //! returns, the thread's late answers are discarded and it takes requests for its GPU again.
 
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use nvml_wrapper::error::NvmlError;
 
 use crate::model::NvmlFunction;
 
@@ -64,6 +66,19 @@ impl Busy {
         out
     }
 
+    /// Runs an NVML `call` like [`Busy::around`], counting its failure (see [`CallFailures`]).
+    pub(crate) fn call<T>(
+        &self,
+        f: NvmlFunction,
+        call: impl FnOnce() -> Result<T, NvmlError>,
+    ) -> Result<T, NvmlError> {
+        let out = self.around(f, call);
+        if let Err(e) = &out {
+            call_failures().error(f, e);
+        }
+        out
+    }
+
     /// Marks the GPU (position) the following calls are about.
     pub(crate) fn set_gpu(&self, pos: usize) {
         self.gpu.store(pos, Ordering::Release);
@@ -87,6 +102,70 @@ impl Busy {
             .copied()
             .unwrap_or(NvmlFunction::Unknown);
         Some((f, Duration::from_micros(u64::try_from(for_us).unwrap_or(0))))
+    }
+}
+
+const FUNCTIONS: usize = NvmlFunction::ALL.len() + 1;
+
+/// NVML calls that failed, and calls that did not return within the call timeout, per function,
+/// since the start. One table per process, as NVML is loaded once per process.
+#[derive(Debug)]
+pub struct CallFailures {
+    errors: [AtomicU64; FUNCTIONS],
+    timeouts: [AtomicU64; FUNCTIONS],
+}
+
+/// The process's [`CallFailures`].
+pub fn call_failures() -> &'static CallFailures {
+    static TABLE: CallFailures = CallFailures {
+        errors: [const { AtomicU64::new(0) }; FUNCTIONS],
+        timeouts: [const { AtomicU64::new(0) }; FUNCTIONS],
+    };
+    &TABLE
+}
+
+fn function_pos(f: NvmlFunction) -> usize {
+    NvmlFunction::ALL
+        .iter()
+        .position(|g| *g == f)
+        .unwrap_or(FUNCTIONS - 1)
+}
+
+impl CallFailures {
+    /// Counts a failed call. "Not supported" and "nothing there" are answers about the GPU,
+    /// not failures, and are not counted.
+    pub(crate) fn error(&self, f: NvmlFunction, e: &NvmlError) {
+        if !matches!(
+            e,
+            NvmlError::NotSupported
+                | NvmlError::FunctionNotFound
+                | NvmlError::FailedToLoadSymbol(_)
+                | NvmlError::NotFound
+                | NvmlError::NoData
+        ) {
+            self.errors[function_pos(f)].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a call that passed the call timeout without returning.
+    pub(crate) fn timeout(&self, f: NvmlFunction) {
+        self.timeouts[function_pos(f)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Per function: (failed calls, timed-out calls) since the start, every function listed.
+    pub fn counts(&self) -> Vec<(NvmlFunction, u64, u64)> {
+        NvmlFunction::ALL
+            .iter()
+            .chain([&NvmlFunction::Unknown])
+            .enumerate()
+            .map(|(i, f)| {
+                (
+                    *f,
+                    self.errors[i].load(Ordering::Relaxed),
+                    self.timeouts[i].load(Ordering::Relaxed),
+                )
+            })
+            .collect()
     }
 }
 

@@ -182,3 +182,89 @@ fn a_job_silence_ends_with_the_job() {
     let r = ctl(&cfg, &["silence", "add", "gpu=0", "--until-job", "4000000"]);
     assert_eq!(r.code, 2, "{}", r.stdout);
 }
+
+/// `gpuwatch alerts` run as another user (uid/gid `ids`), from a copy of the binary that user
+/// may execute.
+fn as_user(tmp: &Path, cfg: &Path, ids: (u32, u32)) -> super::common::Run {
+    use std::os::unix::process::CommandExt as _;
+    let bin = tmp.join("bin/gpuwatch");
+    if !bin.exists() {
+        std::fs::create_dir_all(tmp.join("bin")).expect("bin");
+        std::fs::copy(super::common::gpuwatch_exe(), &bin).expect("copy gpuwatch");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let out = std::process::Command::new(&bin)
+        .args(["alerts", "--config", cfg.to_str().expect("utf-8")])
+        .env("HOME", tmp)
+        .uid(ids.0)
+        .gid(ids.1)
+        .output()
+        .expect("running gpuwatch as another user");
+    super::common::Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The socket is the daemon's user's only: another user is refused with one line and exit 2;
+/// with `[daemon] control_group`, that group's members get in (and the state directory only
+/// lets them through). Needs root to act as other users; skipped elsewhere outside CI.
+#[test]
+fn another_user_is_refused_unless_in_the_control_group() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs the tests as root so that this one can act as another user"
+        );
+        eprintln!("skipped: not root");
+        return;
+    }
+    const NOBODY: (u32, u32) = (65534, 65534);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // The config is readable by everyone; the state directory is not.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let sock = tmp.path().join("state/control.sock");
+    let mut d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(Duration::from_secs(20), "the control socket", || {
+        sock.exists().then_some(())
+    });
+    assert_eq!(ctl(&cfg, &["alerts"]).code, 0, "the owner gets in");
+    let r = as_user(tmp.path(), &cfg, NOBODY);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stderr.contains("permission denied") && r.stderr.contains("control.sock"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(Duration::from_secs(15)).success());
+
+    // With nobody's group as the control group, nobody gets in; the state directory lets the
+    // group pass but not list it.
+    let text = std::fs::read_to_string(&cfg).expect("config");
+    std::fs::write(
+        &cfg,
+        text.replace("[daemon]\n", "[daemon]\ncontrol_group = \"nogroup\"\n"),
+    )
+    .expect("config");
+    let _d = daemon("healthy", &cfg, &tmp.path().join("log2"), &[]);
+    wait_until(Duration::from_secs(20), "the control socket", || {
+        let m = std::fs::metadata(&sock).ok()?.permissions().mode() & 0o777;
+        (m == 0o660).then_some(())
+    });
+    let state_mode = std::fs::metadata(tmp.path().join("state"))
+        .expect("state")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(state_mode, 0o710);
+    let r = as_user(tmp.path(), &cfg, NOBODY);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("no alerts pending or firing"), "{r:?}");
+}

@@ -113,6 +113,17 @@ fn daemon_serves_dcgm_compatible_metrics() {
     ] {
         assert!(page.contains(own), "{own} missing:\n{page}");
     }
+    // GPU 3 answers "GPU is lost": the failed calls are counted per function.
+    let errors: f64 = page
+        .lines()
+        .filter(|l| l.starts_with("gpuwatch_nvml_call_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(errors >= 1.0, "NVML errors counted:\n{page}");
+    assert!(
+        page.contains("gpuwatch_nvml_call_timeouts_total{function=\"nvmlDeviceGetFieldValues\""),
+        "{page}"
+    );
     // OpenMetrics when asked.
     let (_, ctype, om) = get(
         port,
@@ -253,4 +264,59 @@ fn recordings_backfill_into_prometheus_blocks() {
         .collect();
     assert_eq!(series.len(), 2, "both GPUs in the block: {dump:.2000}");
     assert!(dump.contains("Hostname=\"old-node\""), "{dump:.2000}");
+}
+
+/// `gpuwatch run` serves `/metrics` too while the job runs: the job's step and the age of its
+/// progress, and an NVML call that hangs on one GPU is counted as a timeout of its function.
+#[test]
+fn run_serves_job_progress_and_nvml_timeouts() {
+    super::common::sim_lib();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let cfg = config(tmp.path(), &format!("127.0.0.1:{port}"));
+    let mut child = super::common::command(
+        &[
+            "--sim",
+            "healthy",
+            "run",
+            "--no-report",
+            "--quiet",
+            "--config",
+            cfg.to_str().expect("utf-8"),
+            "--",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 200 ]; do i=$((i+1)); echo \"step $i/200\"; sleep 0.1; done",
+        ],
+        &[("NVML_SIM_HANG", "gpu=2,at_s=1,function=*")],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .expect("gpuwatch run");
+    let page = wait_until(Duration::from_secs(20), "job step and a timeout", || {
+        let (_, _, page) = get(port, "/metrics", "text/plain")?;
+        let step = page
+            .lines()
+            .find(|l| l.starts_with("gpuwatch_job_step{"))?
+            .rsplit(' ')
+            .next()?
+            .parse::<f64>()
+            .ok()?;
+        let timeouts: f64 = page
+            .lines()
+            .filter(|l| l.starts_with("gpuwatch_nvml_call_timeouts_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        (step >= 5.0 && timeouts >= 1.0).then_some(page)
+    });
+    let age: f64 = page
+        .lines()
+        .find(|l| l.starts_with("gpuwatch_job_progress_age_seconds{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .expect("progress age");
+    assert!(age < 5.0, "progress moves every 0.1 s: {age}\n{page}");
+    assert!(page.contains("job=\"sh -c "), "{page}");
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -221,7 +221,12 @@ fn prometheus_scrapes_three_daemons() {
     assert!(exprs.len() >= 7, "{exprs:?}");
     for e in &exprs {
         let r = query(prom_port, e).unwrap_or_else(|| panic!("dashboard query fails: {e}"));
-        assert!(!r.is_empty(), "dashboard query without data: {e}");
+        // The job panels have data only while a `gpuwatch run` is scraped (its series are
+        // checked in `exporter::run_serves_job_progress_and_nvml_timeouts`); these are daemons.
+        assert!(
+            !r.is_empty() || e.starts_with("gpuwatch_job_"),
+            "dashboard query without data: {e}"
+        );
     }
     drop(daemons);
 }

@@ -1066,21 +1066,34 @@ fn a_protected_member_of_the_targets_group_is_not_signalled() {
     std::io::BufReader::new(leader.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let sibling = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            cmd == b"sleep\x001001\x00"
-                && stat
-                    .rsplit(')')
-                    .next()
-                    .and_then(|r| r.split_whitespace().nth(2))
-                    == Some(&leader.id().to_string())
-        })
-        .expect("the sibling in the leader's group");
+    // The background `sleep` may not have exec'd yet when "ready" arrives: look until it has.
+    let find_sibling = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                cmd == b"sleep\x001001\x00"
+                    && stat
+                        .rsplit(')')
+                        .next()
+                        .and_then(|r| r.split_whitespace().nth(2))
+                        == Some(&leader.id().to_string())
+            })
+    };
+    let start = Instant::now();
+    let sibling = loop {
+        if let Some(pid) = find_sibling() {
+            break pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the sibling in the leader's group"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let control = dir.path().join("control.toml");
     place_on_gpu(&control, &[leader.id()]);
     let cfg = kill_config(
