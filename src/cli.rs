@@ -41,6 +41,21 @@ pub struct GlobalArgs {
     /// Path of the NVML library to load (default: libnvidia-ml.so.1 from the loader path).
     #[arg(long, global = true, value_name = "PATH", env = "GPUWATCH_NVML_LIB")]
     pub nvml_lib: Option<PathBuf>,
+    /// With --sim: play the scenario N times faster (1–3600). The whole daemon follows the
+    /// faster clock — sampling, rule windows and holds, notification timing — so a simulated
+    /// night is told in minutes; its state is kept apart from the real one.
+    #[arg(long, global = true, value_name = "N", requires = "sim")]
+    pub speed: Option<f64>,
+    /// How logs and alerts are printed: `auto` (human lines on a terminal, text records under
+    /// journald, in files and pipes), `human`, `text` or `json`.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FORMAT",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub log_format: crate::daemon::console::LogFormat,
 }
 
 impl GlobalArgs {
@@ -50,6 +65,7 @@ impl GlobalArgs {
         crate::sampler::SamplerConfig {
             nvml_lib: self.nvml_lib.clone(),
             sim_scenario: self.sim.clone(),
+            sim_time_scale: self.speed,
             ..crate::sampler::SamplerConfig::default()
         }
     }
@@ -116,11 +132,22 @@ fn load_rules(
 pub fn main() -> i32 {
     let cli = Cli::parse();
     // `tracing` to stderr, filtered by `GPUWATCH_LOG`: `info` for the daemon, `warn` otherwise.
-    crate::daemon::init_logging(if matches!(cli.command, Command::Daemon(_)) {
-        "info"
-    } else {
-        "warn"
-    });
+    if let Some(speed) = cli.global.speed {
+        if !(1.0..=3600.0).contains(&speed) {
+            eprintln!("gpuwatch: --speed {speed}: must be between 1 and 3600");
+            return 2;
+        }
+        // Before any thread reads the clock.
+        crate::sys::set_clock_speed(speed);
+    }
+    crate::daemon::console::init(
+        if matches!(cli.command, Command::Daemon(_)) {
+            "info"
+        } else {
+            "warn"
+        },
+        cli.global.log_format,
+    );
     let result = match &cli.command {
         Command::Status(a) => inspect::status(&cli.global, a),
         Command::Devices(a) => inspect::devices(&cli.global, a),

@@ -9,10 +9,11 @@
 //! The dispatcher runs on its own thread, so a slow channel never stalls the loop; everything it
 //! has not delivered is in the outbox under `state_dir`, so a stop loses nothing.
 
+pub mod console;
 mod control;
 pub mod http;
 
-use std::io::{BufRead as _, IsTerminal as _};
+use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -28,19 +29,6 @@ use crate::notify::settings::NotifySettings;
 use crate::pipeline::{Pipeline, SamplerThread, EXIT_NO_NVML};
 use crate::sampler::SamplerConfig;
 use crate::sys::now_ms;
-
-/// Sets up `tracing` to stderr: filter from `GPUWATCH_LOG` (else `default_filter`), ANSI colour
-/// only when stderr is a terminal (journald gets plain text). Safe to call more than once.
-pub fn init_logging(default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUWATCH_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
-}
 
 /// What the main loop reacts to.
 #[derive(Debug)]
@@ -115,7 +103,7 @@ pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i
     let (config, settings) = load(config_path)?;
     let dir = config.state_dir();
     info!(
-        config = %describe(config_path),
+    config = %describe(config_path),
         state_dir = %dir.display(),
         channels = settings.channels.len(),
         "gpuwatch daemon starting (events mode)"
@@ -225,12 +213,16 @@ impl Rules {
 }
 
 fn log_events(events: &[AlertEvent]) {
+    if console::is_human() {
+        console::print_alerts(events);
+        return;
+    }
     for e in events {
         info!(
             alert = %e.name,
-            severity = e.severity.as_str(),
-            gpu = ?e.gpu,
-            status = ?e.status,
+            severity = %e.severity.as_str(),
+            gpu = %e.gpu.map_or_else(String::new, |g| g.to_string()),
+            status = %e.status.as_str(),
             repeat = e.repeat,
             "{}",
             crate::values::escape_control(
@@ -240,11 +232,75 @@ fn log_events(events: &[AlertEvent]) {
     }
 }
 
+/// Says at start what the daemon watches and where its messages go. On a terminal: two lines
+/// for a person; otherwise one structured record.
+fn announce(
+    sampler_cfg: &SamplerConfig,
+    config: &crate::config::Config,
+    notify: &NotifySettings,
+    gpus: usize,
+    rules: usize,
+) {
+    let channels: Vec<String> = notify
+        .channels
+        .iter()
+        .map(|c| format!("{} ({})", c.name, c.kind.as_str()))
+        .collect();
+    let speed = crate::sys::clock_speed();
+    let what = match &sampler_cfg.sim_scenario {
+        Some(s) if speed > 1.0 => format!(
+            "simulated GPUs of scenario {s}, played {speed}× faster (a minute here is {} of the scenario)",
+            plain_duration((60_000.0 * speed) as i64)
+        ),
+        Some(s) => format!("simulated GPUs of scenario {s}"),
+        None => "GPUs".to_string(),
+    };
+    let every = plain_duration(config.daemon.interval.ms);
+    if console::is_human() {
+        console::say(&format!(
+            "gpuwatch watching {gpus} {what} with {rules} rules, a sample every {every}; state in {}",
+            config.state_dir().display()
+        ));
+        console::say(&if channels.is_empty() {
+            "alerts go to this terminal only: no notification channels are configured (add [[channel]] \
+             and [[route]] to a config file, see config.example.toml; `gpuwatch notify-test` tries them)"
+                .to_string()
+        } else {
+            format!("alerts go to this terminal and to {}", channels.join(", "))
+        });
+    } else {
+        info!(
+            watching = %what,
+            channels = %if channels.is_empty() { "none (alerts are only logged)".to_string() } else { channels.join(", ") },
+            "alert destinations"
+        );
+    }
+}
+
+/// `1 h`, `90 min`, `1 s`, `250 ms`: a whole number in the largest unit that fits.
+fn plain_duration(ms: i64) -> String {
+    match ms {
+        m if m >= 3_600_000 && m % 3_600_000 == 0 => format!("{} h", m / 3_600_000),
+        m if m >= 60_000 && m % 60_000 == 0 => format!("{} min", m / 60_000),
+        m if m >= 1000 && m % 1000 == 0 => format!("{} s", m / 1000),
+        m => format!("{m} ms"),
+    }
+}
+
+/// Paths for a log line: `a, b, c`.
+fn display_paths(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `gpuwatch daemon`: the [`SamplerThread`] → [`Pipeline`] (engine, actions) → dispatcher.
 /// Configuration problems (the same as `gpuwatch check` reports) are printed one per line and
 /// exit 1; no NVML exits [`EXIT_NO_NVML`].
 pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::Result<i32> {
-    let setup = match Setup::load(config_path, &[]) {
+    let mut setup = match Setup::load(config_path, &[]) {
         Ok(s) => s,
         Err(errors) => {
             for e in &errors.0 {
@@ -253,11 +309,27 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
             return Ok(1);
         }
     };
+    // A scenario played faster (`--sim … --speed N`) starts at its beginning: its alert state,
+    // outbox and silences live apart from the real ones, in a directory removed at the end.
+    let speed = crate::sys::clock_speed();
+    let sim_dir = (speed > 1.0)
+        .then(|| std::env::temp_dir().join(format!("gpuwatch-sim-{}", std::process::id())));
+    if let Some(d) = &sim_dir {
+        setup.config.daemon.state_dir.clone_from(d);
+    }
     let config = &setup.config;
     if setup.rules.is_empty() {
-        warn!(paths = ?setup.rule_paths, "no rules loaded: gpuwatch only samples; nothing will alert");
+        warn!(
+            paths = %display_paths(&setup.rule_paths),
+            "no rules loaded: gpuwatch only samples; nothing will alert"
+        );
     }
-    let interval = config.interval();
+    // Sampling follows the (possibly faster) clock: at --speed 60 a 1 s interval is 1 s of
+    // the scenario, 1/60 s of wall time.
+    let interval = config
+        .interval()
+        .div_f64(speed)
+        .max(Duration::from_millis(10));
     let dir = config.state_dir();
     let hostname = config.hostname();
     let opts = config.engine_options(&hostname);
@@ -284,15 +356,25 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     // GPUs on the bus or seen before that NVML does not list: `gpu_missing` (host rule).
     sampler.check_expected(&config.expected_options(true));
     let devices = sampler.devices();
-    info!(
-        config = %describe(config_path),
-        state_dir = %dir.display(),
-        host = %hostname,
-        gpus = devices.len(),
-        rules = pipeline.engine().rule_count(),
-        channels = setup.notify.channels.len(),
-        interval_ms = config.daemon.interval.ms,
-        "gpuwatch daemon started"
+    let devices_count = devices.len();
+    if !console::is_human() {
+        info!(
+            config = %describe(config_path),
+            state_dir = %dir.display(),
+            host = %hostname,
+            gpus = devices.len(),
+            rules = pipeline.engine().rule_count(),
+            channels = setup.notify.channels.len(),
+            interval_ms = config.daemon.interval.ms,
+            "gpuwatch daemon started"
+        );
+    }
+    announce(
+        sampler_cfg,
+        config,
+        &setup.notify,
+        devices.len(),
+        pipeline.engine().rule_count(),
     );
     let dispatcher = Dispatcher::start(setup.notify, &dir)?;
     dispatcher.send(Input::Context {
@@ -365,6 +447,13 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         last_save: Instant::now(),
         last_rule_check: Instant::now(),
         last_snapshot: Instant::now(),
+        last_status: Instant::now(),
+        status_every: if console::is_human() {
+            Duration::from_secs(120)
+        } else {
+            Duration::from_secs(600)
+        },
+        gpus: (devices_count, 0),
     };
     loop {
         match rx.recv_timeout(interval) {
@@ -391,6 +480,9 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     save_engine(&live.dir, live.pipeline.engine());
     live.pipeline.finish();
     live.dispatcher.stop();
+    if let Some(d) = &sim_dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
     info!("gpuwatch daemon stopped");
     Ok(0)
 }
@@ -413,6 +505,11 @@ struct Live<'a> {
     last_save: Instant,
     last_rule_check: Instant,
     last_snapshot: Instant,
+    /// When the last status line was printed, and how often one is.
+    last_status: Instant,
+    status_every: Duration,
+    /// GPUs in the last snapshot, and how many of them are lost or stalled.
+    gpus: (usize, usize),
 }
 
 impl Live<'_> {
@@ -428,6 +525,13 @@ impl Live<'_> {
             });
             self.last_devices = devices;
         }
+        self.gpus = (
+            snap.gpus.len(),
+            snap.gpus
+                .iter()
+                .filter(|g| g.state != crate::model::DeviceState::Ok)
+                .count(),
+        );
         let events = self.pipeline.observe(snap);
         self.dispatcher.send(Input::Healthy(snap.time_ms));
         self.publish_and_save(events);
@@ -472,7 +576,7 @@ impl Live<'_> {
                 let version = self.pipeline.reload_actions(&new.config.actions_resolved());
                 info!(policy_version = version, "[actions] reloaded");
                 if new.rules.is_empty() {
-                    warn!(paths = ?new.rule_paths, "the reloaded configuration has no rules: nothing will alert");
+                    warn!(paths = %display_paths(&new.rule_paths), "the reloaded configuration has no rules: nothing will alert");
                 }
                 let events = self.pipeline.engine_mut().reload(new.rules);
                 info!(
@@ -520,10 +624,48 @@ impl Live<'_> {
                 );
             }
         }
+        if self.last_status.elapsed() >= self.status_every {
+            self.last_status = Instant::now();
+            console::say(&self.status_line());
+        }
         if self.last_save.elapsed() >= Duration::from_secs(30) {
             save_engine(&self.dir, self.pipeline.engine());
             self.last_save = Instant::now();
         }
+    }
+
+    /// `status: 8 GPUs (1 lost or stalled), 4 alerts firing (2 critical), 1 pending; 9
+    /// notifications sent, 0 failed, 0 queued`.
+    fn status_line(&self) -> String {
+        let (mut firing, mut critical, mut pending) = (0, 0, 0);
+        for a in self.pipeline.engine().alerts() {
+            match a.phase {
+                crate::alert::Phase::Firing => {
+                    firing += 1;
+                    if a.severity == crate::model::Severity::Critical {
+                        critical += 1;
+                    }
+                }
+                crate::alert::Phase::Pending => pending += 1,
+            }
+        }
+        let d = self.dispatcher.delivery();
+        let (sent, failed) = d
+            .channels
+            .values()
+            .fold((0, 0), |(s, f), (a, b)| (s + a, f + b));
+        let lost = if self.gpus.1 > 0 {
+            format!(" ({} lost or stalled)", self.gpus.1)
+        } else {
+            String::new()
+        };
+        format!(
+            "status: {} GPUs{lost}, {firing} alert{} firing ({critical} critical), {pending} pending; {sent} notification{} sent, {failed} failed, {} queued",
+            self.gpus.0,
+            if firing == 1 { "" } else { "s" },
+            if sent == 1 { "" } else { "s" },
+            d.queued
+        )
     }
 
     /// Answers a control-socket request.
@@ -645,7 +787,7 @@ impl Live<'_> {
                     let labels = crate::notify::full_labels(ev, &self.hostname);
                     match s.silencing(&labels, now) {
                         Some(x) => {
-                            info!(alert = %ev.name, gpu = ?ev.gpu, silence = %x.id, "silenced: not notified");
+                            info!(alert = %ev.name, gpu = %ev.gpu.map_or_else(String::new, |g| g.to_string()), silence = %x.id, "silenced: not notified");
                             false
                         }
                         None => true,

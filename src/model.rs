@@ -1130,6 +1130,16 @@ pub enum AlertStatus {
     Resolved,
 }
 
+impl AlertStatus {
+    /// `firing` or `resolved`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertStatus::Firing => "firing",
+            AlertStatus::Resolved => "resolved",
+        }
+    }
+}
+
 /// A notification-worthy alert transition produced by the (pure) alert engine and consumed by
 /// the dispatcher: a new firing alert, a repeat while firing, or a resolution.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -68,6 +68,19 @@ pub enum Reason {
     Test,
 }
 
+impl Reason {
+    /// The reason's name as JSON and the logs spell it (`update`, `repeat`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Update => "update",
+            Reason::Repeat => "repeat",
+            Reason::Digest => "digest",
+            Reason::NotifierFailing => "notifier_failing",
+            Reason::Test => "test",
+        }
+    }
+}
+
 /// One message for one channel: a group of alerts and the context to explain them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Notification {

@@ -287,7 +287,7 @@ impl Pipeline {
                     .filter(|e| {
                         let held = !e.actions.is_empty() && hold(e);
                         if held {
-                            tracing::warn!(alert = %e.name, gpu = ?e.gpu, "action held: the alert is silenced");
+                            tracing::warn!(alert = %e.name, gpu = %e.gpu.map_or_else(String::new, |g| g.to_string()), "action held: the alert is silenced");
                         }
                         !held
                     })

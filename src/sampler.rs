@@ -93,6 +93,8 @@ pub struct SamplerConfig {
     pub kernel_log: Option<PathBuf>,
     /// How long an NVML call may block before its GPU is reported stalled.
     pub call_timeout: Duration,
+    /// With a scenario: play it this many times faster (`NVML_SIM_TIME_SCALE`).
+    pub sim_time_scale: Option<f64>,
 }
 
 impl Default for SamplerConfig {
@@ -104,6 +106,7 @@ impl Default for SamplerConfig {
             xid_events: true,
             kernel_log: None,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            sim_time_scale: None,
         }
     }
 }
@@ -301,6 +304,9 @@ impl Sampler {
         if let Some(s) = &cfg.sim_scenario {
             // Set before init, while no other thread of ours reads the environment.
             std::env::set_var("NVML_SIM_SCENARIO", s);
+            if let Some(scale) = cfg.sim_time_scale {
+                std::env::set_var("NVML_SIM_TIME_SCALE", scale.to_string());
+            }
         }
         let os_path: OsString = path.into_os_string();
         let nvml = match Nvml::builder().lib_path(&os_path).init() {

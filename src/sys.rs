@@ -8,11 +8,42 @@
 use std::io::Write;
 use std::path::Path;
 
-/// Wall-clock time in UTC milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
+fn wall_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A faster clock for playing a simulated scenario (`--sim … --speed N`): from `start_ms`, time
+/// runs `speed` times faster than the wall clock.
+static SPEED: std::sync::OnceLock<(i64, f64)> = std::sync::OnceLock::new();
+
+/// Makes [`now_ms`] run `speed` times faster than the wall clock from now on, for the whole
+/// process (a simulated night told in minutes: sampling, rules, holds and notification timing
+/// all follow it). Only the first call counts; call it at start, before any thread reads the
+/// clock.
+pub fn set_clock_speed(speed: f64) {
+    let _ = SPEED.set((wall_ms(), speed));
+}
+
+/// How much faster than the wall clock [`now_ms`] runs (1 unless [`set_clock_speed`]).
+pub fn clock_speed() -> f64 {
+    SPEED.get().map_or(1.0, |(_, s)| *s)
+}
+
+/// The time in UTC milliseconds since the Unix epoch: the wall clock, or the faster clock of a
+/// simulated scenario played with `--speed`.
+pub fn now_ms() -> i64 {
+    let wall = wall_ms();
+    match SPEED.get() {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_precision_loss,
+            reason = "milliseconds since the start, well within f64's exact range"
+        )]
+        Some((start, speed)) => start + ((wall - start) as f64 * speed) as i64,
+        None => wall,
+    }
 }
 
 /// CPU time the calling thread has used, ns (`CLOCK_THREAD_CPUTIME_ID`); 0 if unavailable.

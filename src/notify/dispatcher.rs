@@ -413,7 +413,7 @@ impl Worker {
             channel = %entry.notification.channel,
             id = %entry.notification.id,
             alerts = entry.notification.alerts.len(),
-            reason = ?entry.notification.reason,
+            reason = %entry.notification.reason.as_str(),
             "queued: {}",
             super::render::title(&entry.notification)
         );

@@ -319,7 +319,11 @@ impl Slot {
             _ => {
                 if self.warned & q.bit() == 0 {
                     self.warned |= q.bit();
-                    tracing::warn!("GPU {}: reading {q:?} failed: {e}", self.id.index);
+                    tracing::warn!(
+                        "GPU {}: {} failed: {e}",
+                        self.id.index,
+                        q.function().symbol()
+                    );
                 }
                 Ok(())
             }

@@ -5,6 +5,7 @@ mod acceptance;
 #[allow(dead_code)]
 mod common;
 mod config;
+mod console;
 mod control;
 mod daemon;
 mod doctor;
