@@ -59,6 +59,9 @@ pub struct JobSection {
     pub tick: crate::values::DurationSetting,
     /// How long `run` / `attach` wait at the end for notifications to be delivered (`"30s"`).
     pub notify_timeout: crate::values::DurationSetting,
+    /// When jobs should be done: a local time `"08:00"` (the next one after the job starts) or
+    /// `"2026-12-04 08:00"`; `job_eta` says when the pace will miss it. `run --deadline` wins.
+    pub deadline: Option<String>,
 }
 
 impl Default for JobSection {
@@ -71,6 +74,7 @@ impl Default for JobSection {
             progress_log: None,
             tick: crate::values::DurationSetting::from_ms(1000),
             notify_timeout: crate::values::DurationSetting::from_ms(30_000),
+            deadline: None,
         }
     }
 }
@@ -91,6 +95,11 @@ impl JobSection {
                 "job.notify_timeout",
                 "notify_timeout must not be negative",
             ));
+        }
+        if let Some(d) = &self.deadline {
+            if let Err(e) = parse_deadline(d, now_ms()) {
+                problems.push(crate::values::Problem::at("job.deadline", e));
+            }
         }
         problems
     }
@@ -119,6 +128,8 @@ pub struct JobOptions {
     pub progress_log: Option<PathBuf>,
     /// Observer tick.
     pub tick_ms: u64,
+    /// When the job should be done, UTC ms (`job_eta`).
+    pub deadline_ms: Option<i64>,
 }
 
 impl Default for JobOptions {
@@ -130,6 +141,7 @@ impl Default for JobOptions {
             tee: None,
             progress_log: None,
             tick_ms: 1000,
+            deadline_ms: None,
         }
     }
 }
@@ -163,6 +175,8 @@ impl JobObserver for NoObserver {}
 struct Shared {
     scanner: Mutex<OutputScanner>,
     tee: Option<Mutex<std::fs::File>>,
+    /// When the job should be done, UTC ms.
+    deadline_ms: Option<i64>,
 }
 
 impl Shared {
@@ -235,6 +249,7 @@ pub fn run_job(
     let shared = Arc::new(Shared {
         scanner: Mutex::new(OutputScanner::new(parser, opts.tail_lines)),
         tee: tee.map(Mutex::new),
+        deadline_ms: opts.deadline_ms,
     });
 
     // Catch the signals before spawning so none is lost between spawn and registration.
@@ -431,7 +446,59 @@ fn sample(shared: &Shared, pid: u32, command: &str, started_at_ms: i64, alive: b
         } else {
             Vec::new()
         },
+        deadline_ms: shared.deadline_ms,
+        utc_offset_s: local_offset_s(),
     }
+}
+
+/// The local time zone's offset from UTC now, seconds.
+fn local_offset_s() -> i32 {
+    use chrono::Offset as _;
+    chrono::Local::now().offset().fix().local_minus_utc()
+}
+
+/// The next time `text` names, as UTC ms after `now_ms`: `HH:MM` or `HH:MM:SS` (local time,
+/// today or else tomorrow), or a date and time `YYYY-MM-DD HH:MM[:SS]` / RFC 3339.
+pub fn parse_deadline(text: &str, now_ms: i64) -> Result<i64, String> {
+    use chrono::TimeZone as _;
+    let t = text.trim();
+    let bad =
+        || format!("deadline {t:?}: expected a local time HH:MM (e.g. 08:00), or YYYY-MM-DD HH:MM");
+    if let Ok(d) = chrono::DateTime::parse_from_rfc3339(t) {
+        return Ok(d.timestamp_millis());
+    }
+    for fmt in [
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%d %H:%M",
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%dT%H:%M",
+    ] {
+        if let Ok(n) = chrono::NaiveDateTime::parse_from_str(t, fmt) {
+            return chrono::Local
+                .from_local_datetime(&n)
+                .earliest()
+                .map(|d| d.timestamp_millis())
+                .ok_or_else(bad);
+        }
+    }
+    let time = chrono::NaiveTime::parse_from_str(t, "%H:%M:%S")
+        .or_else(|_| chrono::NaiveTime::parse_from_str(t, "%H:%M"))
+        .map_err(|_| bad())?;
+    let now = chrono::Local
+        .timestamp_millis_opt(now_ms)
+        .earliest()
+        .ok_or_else(bad)?;
+    let today = now.date_naive().and_time(time);
+    let at = chrono::Local
+        .from_local_datetime(&today)
+        .earliest()
+        .ok_or_else(bad)?;
+    let at = if at.timestamp_millis() <= now_ms {
+        at + chrono::Duration::days(1)
+    } else {
+        at
+    };
+    Ok(at.timestamp_millis())
 }
 
 struct FinishInfo {
@@ -585,6 +652,7 @@ pub fn attach_job(
     let shared = Shared {
         scanner: Mutex::new(OutputScanner::new(parser, opts.tail_lines)),
         tee: None,
+        deadline_ms: opts.deadline_ms,
     };
     // Without --progress-log, follow the process's stdout/stderr when they are regular files.
     let mut followers: Vec<LogFollower> = match &opts.progress_log {

@@ -39,6 +39,10 @@ pub struct JobFlags {
     /// Do not evaluate rules or sample GPUs: only pass output through and report the end.
     #[arg(long)]
     pub no_rules: bool,
+    /// When the job should be done: a local time `08:00` (the next one) or `2026-12-04 08:00`.
+    /// The `job_eta` alert says when, at the job's recent pace, it will not be.
+    #[arg(long, value_name = "TIME")]
+    pub deadline: Option<String>,
     /// No end-of-run report (by default the run's GPU samples are recorded to
     /// `state_dir/runs/` and summarized at the end, with an HTML report beside them).
     #[arg(long)]
@@ -184,6 +188,13 @@ fn options(config: &Config, flags: &JobFlags, tee: Option<&PathBuf>) -> anyhow::
             .clone()
             .or_else(|| job.progress_log.as_ref().map(resolve)),
         tick_ms: u64::try_from(tick_ms).unwrap_or(1000),
+        deadline_ms: flags
+            .deadline
+            .as_deref()
+            .or(job.deadline.as_deref())
+            .map(|d| crate::job::parse_deadline(d, crate::sys::now_ms()))
+            .transpose()
+            .map_err(|e| anyhow::anyhow!(e))?,
     })
 }
 

@@ -91,6 +91,8 @@ fn job(t: i64, progress: &ProgressState) -> JobSample {
         exit: None,
         crash_class: None,
         pids: vec![4242],
+        deadline_ms: None,
+        utc_offset_s: 0,
     }
 }
 
@@ -310,4 +312,48 @@ fn rule_scope_and_action_are_validated() {
         "{}",
         err[0]
     );
+}
+
+/// `job_eta`: a job counting to 1000 steps at 10 steps/s is on time for a deadline 200 s away;
+/// when it slows to 1 step/s its projected end passes the deadline and the alert fires (after
+/// its 1 min hold) with the projected clock time; without a deadline it never fires.
+#[test]
+fn job_eta_fires_when_the_pace_misses_the_deadline() {
+    for deadline in [Some(T0 + 200_000), None] {
+        let mut e = engine(&[("job_eta", "slack", "0s".into())]);
+        let mut progress = ProgressState::default();
+        let mut fired = Vec::new();
+        let mut n = 0;
+        for s in 0..240 {
+            let t = T0 + s * 1000;
+            e.observe(&snapshot(t, 95.0, 600.0, None));
+            n += if s < 30 { 10 } else { 1 };
+            let u = ProgressUpdate {
+                step: Some(n),
+                total_steps: Some(1000),
+                ..ProgressUpdate::default()
+            };
+            progress.apply(&u, "step", t);
+            let mut sample = job(t, &progress);
+            sample.deadline_ms = deadline;
+            for ev in e.evaluate_job(&sample, t) {
+                if ev.name == "job_eta" {
+                    fired.push((s, ev));
+                }
+            }
+        }
+        if deadline.is_none() {
+            assert!(fired.is_empty(), "no deadline, no alert");
+            continue;
+        }
+        let (at, ev) = fired.first().expect("job_eta fired");
+        // On time at first (300 steps in 30 s); the slowdown drags the 5-minute pace down.
+        assert!((60..200).contains(at), "fired at {at}");
+        let summary = &ev.annotations["summary"];
+        assert!(
+            summary.starts_with("at the current pace step 1000/1000 ends at ")
+                && summary.contains(", after your 15:03 deadline"),
+            "{summary}"
+        );
+    }
 }

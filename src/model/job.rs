@@ -25,6 +25,13 @@ pub struct JobSample {
     pub crash_class: Option<CrashClass>,
     /// PIDs of the job's process tree (our namespace).
     pub pids: Vec<u32>,
+    /// When the job should be done (`run --deadline`, `[job] deadline`), UTC ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<i64>,
+    /// The local time zone's offset from UTC at sample time, seconds: lets rules show clock
+    /// times (`09:40`) without asking the system.
+    #[serde(default)]
+    pub utc_offset_s: i32,
 }
 
 impl JobSample {
@@ -32,7 +39,28 @@ impl JobSample {
     pub fn progress_age_s(&self) -> Option<f64> {
         self.progress.progress_age_s(self.time_ms)
     }
+
+    /// Seconds from now until the job ends at its recent pace (see [`ProgressState::eta_s`]).
+    pub fn eta_s(&self) -> Option<f64> {
+        self.progress.eta_s(self.time_ms)
+    }
+
+    /// Seconds from now until the deadline (negative once passed).
+    pub fn deadline_in_s(&self) -> Option<f64> {
+        self.deadline_ms.map(|d| (d - self.time_ms) as f64 / 1000.0)
+    }
+
+    /// `HH:MM` in the job's local time for UTC ms `ms`.
+    pub fn clock(&self, ms: i64) -> String {
+        let local_s = (ms / 1000 + i64::from(self.utc_offset_s)).rem_euclid(86_400);
+        format!("{:02}:{:02}", local_s / 3600, (local_s / 60) % 60)
+    }
 }
+
+/// How much recent progress [`ProgressState::eta_s`] looks at.
+pub const PACE_WINDOW_MS: i64 = 5 * 60_000;
+/// At most this many recent progress points are kept.
+const PACE_POINTS: usize = 256;
 
 /// The job's progress so far.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -53,6 +81,9 @@ pub struct ProgressState {
     pub last_line: Option<String>,
     #[serde(skip)]
     last_heartbeat: Option<String>,
+    /// Recent (time, fraction done) points, oldest first, for the pace.
+    #[serde(skip)]
+    pace: std::collections::VecDeque<(i64, f64)>,
 }
 
 impl ProgressState {
@@ -86,8 +117,55 @@ impl ProgressState {
             self.last_progress_ms = Some(now_ms);
             self.updates += 1;
             self.last_line = Some(cut(line.trim(), 300).to_string());
+            if let Some(f) = self.fraction() {
+                // A restart from a checkpoint (the fraction goes back) starts a new pace.
+                if self.pace.back().is_some_and(|&(_, last)| f < last) {
+                    self.pace.clear();
+                }
+                self.pace.push_back((now_ms, f));
+                while self.pace.len() > PACE_POINTS
+                    || self
+                        .pace
+                        .front()
+                        .is_some_and(|&(t, _)| now_ms - t > PACE_WINDOW_MS)
+                        && self.pace.len() > 2
+                {
+                    self.pace.pop_front();
+                }
+            }
         }
         moved
+    }
+
+    /// How much of the job is done, 0–1: step / total steps, else epoch / total epochs.
+    pub fn fraction(&self) -> Option<f64> {
+        match (self.step, self.total_steps, self.epoch, self.total_epochs) {
+            (Some(s), Some(t), _, _) if t > 0 => Some((s as f64 / t as f64).clamp(0.0, 1.0)),
+            (_, _, Some(e), Some(t)) if t > 0 => Some((e / t as f64).clamp(0.0, 1.0)),
+            _ => None,
+        }
+    }
+
+    /// What the job counts to: `epoch 10/10` or `step 5000/5000`.
+    pub fn target(&self) -> Option<String> {
+        match (self.total_steps, self.total_epochs) {
+            (_, Some(e)) if self.epoch.is_some() => Some(format!("epoch {e}/{e}")),
+            (Some(t), _) => Some(format!("step {t}/{t}")),
+            _ => None,
+        }
+    }
+
+    /// Seconds from `now_ms` until the job is done at the pace of its last
+    /// [`PACE_WINDOW_MS`] of progress; `None` until progress has been seen over at least 30 s,
+    /// or when it does not move forward. Time since the last progress counts as no progress.
+    pub fn eta_s(&self, now_ms: i64) -> Option<f64> {
+        let (&(t0, f0), &(t1, f1)) = (self.pace.front()?, self.pace.back()?);
+        let span_ms = now_ms.max(t1) - t0;
+        if t1 - t0 < 30_000 || f1 <= f0 {
+            return None;
+        }
+        let per_ms = (f1 - f0) / span_ms as f64;
+        Some((1.0 - f1) / per_ms / 1000.0)
     }
 
     /// Seconds since progress last moved, `None` when it never did.

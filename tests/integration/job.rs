@@ -1180,3 +1180,51 @@ fn run_ends_with_a_report_of_the_gpus() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("gpuwatch: report:"), "{stderr}");
 }
+
+/// Issue 15 §5: `run --deadline` with a job that slows down: `job_eta` fires, naming the
+/// projected end and the deadline. Played 30× faster (`--speed`) so the pace and the rule's hold
+/// take seconds.
+#[test]
+fn job_eta_fires_on_a_slowed_down_job_with_a_deadline() {
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    // Five minutes of the job's (faster) clock from now, as a local time of day.
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 300;
+    let deadline = Command::new("date")
+        .args(["-d", &format!("@{at}"), "+%H:%M:%S"])
+        .output()
+        .unwrap();
+    let deadline = String::from_utf8(deadline.stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    let out = gpuwatch()
+        .args(["--sim", "healthy", "--speed", "30", "run", "--no-report"])
+        .args(["--config", cfg.to_str().unwrap(), "--deadline", &deadline])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo \"step $i/1000\"; \
+             if [ $i -gt 20 ]; then sleep 0.1; fi; done",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("[firing] job_eta (info)"))
+        .unwrap_or_else(|| panic!("job_eta fired:\n{stderr}"));
+    let hhmm = &deadline[..5];
+    assert!(
+        line.contains("at the current pace step 1000/1000 ends at ")
+            && line.contains(&format!("after your {hhmm} deadline")),
+        "{line}"
+    );
+}

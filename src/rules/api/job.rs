@@ -1,5 +1,6 @@
 //! The `job` object job rules see: `job.step`, `job.epoch`, `job.progress_age()`, `job.pid`,
-//! `job.command`, `job.gpus` (the engine's `gpu` objects of the GPUs the job is on), and how
+//! `job.command`, `job.gpus` (the engine's `gpu` objects of the GPUs the job is on), the pace
+//! (`job.fraction`, `job.target`, `job.eta()`, `job.deadline_in()`, `job.clock_in(s)`), and how
 //! the job ended.
 //!
 //! Values that are not known (no progress line seen yet, the job still running) are `()`, the
@@ -63,6 +64,23 @@ pub fn register(engine: &mut Engine) {
     });
     engine.register_fn("progress_age", |j: &mut JobHandle| {
         opt_float(j.sample.progress_age_s())
+    });
+    engine.register_fn("eta", |j: &mut JobHandle| opt_float(j.sample.eta_s()));
+    engine.register_fn("deadline_in", |j: &mut JobHandle| {
+        opt_float(j.sample.deadline_in_s())
+    });
+    engine.register_get("fraction", |j: &mut JobHandle| {
+        opt_float(j.sample.progress.fraction())
+    });
+    engine.register_get("target", |j: &mut JobHandle| {
+        j.sample
+            .progress
+            .target()
+            .map_or(Dynamic::UNIT, Dynamic::from)
+    });
+    // `job.clock_in(s)`: the local time `HH:MM` s seconds from the sample.
+    engine.register_fn("clock_in", |j: &mut JobHandle, s: f64| {
+        j.sample.clock(j.sample.time_ms + (s * 1000.0) as i64)
     });
     engine.register_get("alive", |j: &mut JobHandle| j.sample.alive);
     engine.register_get("ended", |j: &mut JobHandle| j.sample.exit.is_some());
@@ -143,6 +161,8 @@ mod tests {
             exit: None,
             crash_class: None,
             pids: vec![42],
+            deadline_ms: None,
+            utc_offset_s: 0,
         }
     }
 
