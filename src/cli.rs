@@ -15,6 +15,7 @@ mod job;
 mod record;
 mod report;
 mod rules;
+mod top;
 
 /// Exit status for "the NVML library could not be used" (no driver, bad scenario).
 pub use crate::pipeline::EXIT_NO_NVML;
@@ -112,6 +113,9 @@ pub enum Command {
     Run(job::RunArgs),
     /// Watch an already running process and report how it ends.
     Attach(job::AttachArgs),
+    /// Live terminal view: every GPU with the last minutes as sparklines, processes, jobs, and
+    /// what is pending and firing (q quits, ? helps).
+    Top(top::TopArgs),
 }
 
 /// Loads rules for a command that reads logs (`replay`, `report`): every problem in one error.
@@ -141,10 +145,10 @@ pub fn main() -> i32 {
         crate::sys::set_clock_speed(speed);
     }
     crate::daemon::console::init(
-        if matches!(cli.command, Command::Daemon(_)) {
-            "info"
-        } else {
-            "warn"
+        match cli.command {
+            Command::Daemon(_) => "info",
+            Command::Top(_) => "off",
+            _ => "warn",
         },
         cli.global.log_format,
     );
@@ -166,6 +170,7 @@ pub fn main() -> i32 {
         Command::Reload(a) => control::reload(&cli.global, a),
         Command::Run(a) => job::run(&cli.global, a),
         Command::Attach(a) => job::attach(&cli.global, a),
+        Command::Top(a) => top::top(&cli.global, a),
     };
     match result {
         Ok(code) => code,

@@ -10,7 +10,7 @@
 //! has not delivered is in the outbox under `state_dir`, so a stop loses nothing.
 
 pub mod console;
-mod control;
+pub mod control;
 pub mod http;
 
 use std::io::BufRead as _;

@@ -23,6 +23,7 @@ pub mod rules;
 pub mod sampler;
 pub mod silence;
 pub mod sys;
+pub mod top;
 pub mod trace;
 pub mod values;
 pub mod window;

@@ -3,8 +3,6 @@
 //! one line and exit 2: a malformed matcher (with its column), an unknown silence id, no daemon
 //! on the socket (naming the path tried), a socket the user may not open.
 
-use std::io::{BufRead as _, BufReader, Write as _};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -88,36 +86,9 @@ fn socket(at: &Where) -> anyhow::Result<PathBuf> {
     Ok(config.state_dir().join("control.sock"))
 }
 
-/// Sends `ask`, returns the answer; `Err(line)` is the one line to print.
-fn ask(path: &Path, ask: &Value) -> Result<Value, String> {
-    let mut s = UnixStream::connect(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::PermissionDenied => format!(
-            "cannot open {}: permission denied (the socket is its daemon's user's only)",
-            path.display()
-        ),
-        _ => format!(
-            "no gpuwatch daemon answers on {} ({e}); is it running with this --config?",
-            path.display()
-        ),
-    })?;
-    let _ = s.set_read_timeout(Some(Duration::from_secs(15)));
-    writeln!(s, "{ask}").map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut line = String::new();
-    BufReader::new(s)
-        .read_line(&mut line)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let v: Value =
-        serde_json::from_str(&line).map_err(|_| format!("{}: no answer", path.display()))?;
-    if v["ok"] == true {
-        Ok(v)
-    } else {
-        Err(v["error"].as_str().unwrap_or("failed").to_string())
-    }
-}
-
 fn run_ask(at: &Where, request: &Value, show: impl FnOnce(&Value)) -> anyhow::Result<i32> {
     let path = socket(at)?;
-    match ask(&path, request) {
+    match crate::daemon::control::ask(&path, request) {
         Ok(v) => {
             show(&v);
             Ok(0)

@@ -147,6 +147,7 @@ fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<
         }
     };
     let mut watch = Watch::new(pipeline, snapshots);
+    watch.status_to(config.state_dir().join("jobs"));
     if let Some(state) = crate::daemon::http::start_configured(&config.exporter) {
         if let Ok(mut s) = state.lock() {
             s.hostname.clone_from(&hostname);

@@ -85,9 +85,14 @@ pub fn clock(ms: i64) -> String {
 }
 
 /// Sets up `tracing` to stderr in `format`'s style, filtered by `GPUWATCH_LOG` (else
-/// `default_filter`). Safe to call more than once (the first call wins).
+/// `default_filter`; `"off"`: no records at all). Safe to call more than once (the first call
+/// wins).
 pub fn init(default_filter: &str, format: LogFormat) {
     let console = *CONSOLE.get_or_init(|| resolve(format));
+    if default_filter == "off" {
+        // A full-screen view (`top`) owns the terminal: no records may be written over it.
+        return;
+    }
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_env("GPUWATCH_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter))

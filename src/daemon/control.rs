@@ -91,3 +91,30 @@ fn serve(stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>) {
     };
     let _ = writeln!(writer, "{answer}");
 }
+
+/// Sends `ask`, returns the answer; `Err(line)` is the one line to print.
+pub fn ask(path: &Path, ask: &serde_json::Value) -> Result<serde_json::Value, String> {
+    let mut s = std::os::unix::net::UnixStream::connect(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::PermissionDenied => format!(
+            "cannot open {}: permission denied (the socket is its daemon's user's only)",
+            path.display()
+        ),
+        _ => format!(
+            "no gpuwatch daemon answers on {} ({e}); is it running with this --config?",
+            path.display()
+        ),
+    })?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(15)));
+    writeln!(s, "{ask}").map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut line = String::new();
+    BufReader::new(s)
+        .read_line(&mut line)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&line).map_err(|_| format!("{}: no answer", path.display()))?;
+    if v["ok"] == true {
+        Ok(v)
+    } else {
+        Err(v["error"].as_str().unwrap_or("failed").to_string())
+    }
+}

@@ -193,6 +193,10 @@ pub struct Watch {
     export: Option<std::sync::Arc<std::sync::Mutex<crate::exporter::ExportState>>>,
     /// The newest snapshot not yet handed to the exporter.
     last_snapshot: Option<crate::model::Snapshot>,
+    /// Where the job's status file goes (`state_dir/jobs/PID.json`, for `gpuwatch top`), and
+    /// when it was last written.
+    status_dir: Option<std::path::PathBuf>,
+    status_written: Option<Instant>,
 }
 
 impl std::fmt::Debug for Watch {
@@ -219,6 +223,8 @@ impl Watch {
             row_buf: String::new(),
             export: None,
             last_snapshot: None,
+            status_dir: None,
+            status_written: None,
         }
     }
 
@@ -250,6 +256,41 @@ impl Watch {
         state: std::sync::Arc<std::sync::Mutex<crate::exporter::ExportState>>,
     ) {
         self.export = Some(state);
+    }
+
+    /// Leaves the job's progress in `dir/PID.json` every few seconds while it runs (removed at
+    /// the end), where `gpuwatch top` shows it.
+    pub fn status_to(&mut self, dir: std::path::PathBuf) {
+        self.status_dir = Some(dir);
+    }
+
+    fn write_status(&mut self, sample: &JobSample, end: bool) {
+        let Some(dir) = &self.status_dir else { return };
+        let path = dir.join(format!("{}.json", sample.pid));
+        if end {
+            let _ = std::fs::remove_file(&path);
+            return;
+        }
+        if self
+            .status_written
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(2))
+        {
+            return;
+        }
+        self.status_written = Some(Instant::now());
+        let status = serde_json::json!({
+            "pid": sample.pid,
+            "command": sample.command,
+            "progress": sample.progress.describe(),
+            "progress_age_s": sample.progress_age_s(),
+            "eta_s": sample.eta_s(),
+        });
+        let written = crate::sys::create_private_dir(dir)
+            .and_then(|()| crate::sys::write_atomic(&path, status.to_string().as_bytes()));
+        if let Err(e) = written {
+            tracing::debug!("job status {}: {e}", path.display());
+            self.status_dir = None;
+        }
     }
 
     /// Hands the exporter the newest snapshot, the alerts and the job's progress.
@@ -358,6 +399,7 @@ impl Watch {
         }
         events.extend(self.pipeline.evaluate_job(sample));
         self.export(sample);
+        self.write_status(sample, end);
         if end {
             return events;
         }

@@ -21,6 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["pipeline"],
     &["daemon"],
+    &["top"],
     &["cli"],
 ];
 

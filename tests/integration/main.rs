@@ -25,3 +25,4 @@ mod report;
 mod restart;
 mod service;
 mod sim;
+mod top;
