@@ -7,10 +7,13 @@
 //! * [`audit`]: the append-only JSON-lines audit log of every decision.
 //! * [`pidns`]: mapping NVML's host PIDs into gpuwatch's PID namespace.
 //! * [`exec`]: `[[actions.exec]]`, a command run with the alert in its environment and on stdin.
+//! * [`forensics`]: `[actions.forensics]`, the evidence bundle (py-spy stacks, output, GPUs,
+//!   process tree) collected when a watched job hangs.
 //! * [`settings`]: config value types that validate while parsing (regexes, durations).
 
 pub mod audit;
 pub mod exec;
+pub mod forensics;
 pub mod ladder;
 pub mod pidns;
 pub mod policy;
@@ -34,6 +37,8 @@ pub struct ActionsSection {
     pub kill: KillSection,
     /// `[[actions.exec]]`: commands run for alerts.
     pub exec: Vec<ExecSection>,
+    /// `[actions.forensics]`: hang forensics for watched jobs.
+    pub forensics: forensics::ForensicsSection,
 }
 
 impl ActionsSection {
@@ -70,6 +75,7 @@ impl ActionsSection {
                 "grace must not be negative",
             ));
         }
+        problems.extend(self.forensics.validate());
         problems
     }
 

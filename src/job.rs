@@ -429,7 +429,10 @@ fn poll_follower(follower: Option<&mut LogFollower>, shared: &Shared) {
 }
 
 fn sample(shared: &Shared, pid: u32, command: &str, started_at_ms: i64, alive: bool) -> JobSample {
-    let progress = shared.scanner().progress.clone();
+    let (progress, tail) = {
+        let sc = shared.scanner();
+        (sc.progress.clone(), sc.tail())
+    };
     JobSample {
         time_ms: now_ms(),
         pid,
@@ -448,6 +451,7 @@ fn sample(shared: &Shared, pid: u32, command: &str, started_at_ms: i64, alive: b
         },
         deadline_ms: shared.deadline_ms,
         utc_offset_s: local_offset_s(),
+        tail,
     }
 }
 

@@ -35,12 +35,15 @@ pub enum AuditDecision {
     Exited,
     /// Signalling failed (see `reason`).
     Error,
+    /// A hang forensics bundle was collected (`target`: its directory; `reason`: what it holds).
+    Forensics,
 }
 
 impl AuditDecision {
     /// Snake-case name, as written to the log.
     pub fn as_str(self) -> &'static str {
         match self {
+            AuditDecision::Forensics => "forensics",
             AuditDecision::Warn => "warn",
             AuditDecision::Term => "term",
             AuditDecision::Kill => "kill",
@@ -167,6 +170,9 @@ impl AuditRecord {
                     "dry run: would send SIGKILL to {target}, {who} ({})",
                     self.alert
                 )
+            }
+            AuditDecision::Forensics => {
+                format!("hang forensics of {who} in {target} ({})", self.alert)
             }
             AuditDecision::Refused => format!("refused to kill {who}: {}", self.reason),
             AuditDecision::Cancelled => format!("kill of {who} cancelled: {}", self.reason),

@@ -148,6 +148,10 @@ fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<
     };
     let mut watch = Watch::new(pipeline, snapshots);
     watch.status_to(config.state_dir().join("jobs"));
+    watch.forensics_to(
+        config.actions.forensics.clone(),
+        config.state_dir().join("forensics"),
+    );
     if let Some(state) = crate::daemon::http::start_configured(&config.exporter) {
         if let Ok(mut s) = state.lock() {
             s.hostname.clone_from(&hostname);

@@ -93,6 +93,7 @@ fn job(t: i64, progress: &ProgressState) -> JobSample {
         pids: vec![4242],
         deadline_ms: None,
         utc_offset_s: 0,
+        tail: Vec::new(),
     }
 }
 

@@ -32,6 +32,9 @@ pub struct JobSample {
     /// times (`09:40`) without asking the system.
     #[serde(default)]
     pub utc_offset_s: i32,
+    /// The job's last output lines (for hang forensics; not part of the rules' view).
+    #[serde(skip)]
+    pub tail: Vec<String>,
 }
 
 impl JobSample {

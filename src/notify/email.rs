@@ -35,6 +35,31 @@ pub struct EmailContent {
     pub html: String,
     /// Inline images the HTML part references as `cid:ID`: (content id, PNG bytes).
     pub images: Vec<(String, Vec<u8>)>,
+    /// Text attachments: (file name, content): a hang forensics bundle's stacks.
+    pub attachments: Vec<(String, String)>,
+}
+
+/// The stacks of each firing alert's forensics bundle (`annotations.forensics`, a directory
+/// with `stacks.txt`; the `stacks` annotation when the file cannot be read), as attachments.
+fn forensics_attachments(n: &Notification) -> Vec<(String, String)> {
+    n.alerts
+        .iter()
+        .filter(|a| a.status == AlertStatus::Firing)
+        .filter_map(|a| {
+            let dir = a.annotations.get("forensics")?;
+            let name = std::path::Path::new(dir)
+                .file_name()
+                .map_or_else(|| "stacks".to_string(), |f| f.to_string_lossy().into_owned());
+            let text = std::fs::read(std::path::Path::new(dir).join("stacks.txt"))
+                .ok()
+                .map(|b| {
+                    String::from_utf8_lossy(&b[..b.len().min(1024 * 1024)])
+                        .into_owned()
+                })
+                .or_else(|| a.annotations.get("stacks").cloned())?;
+            Some((format!("stacks-{name}.txt"), text))
+        })
+        .collect()
 }
 
 /// Renders the email parts.
@@ -115,6 +140,7 @@ pub fn render(n: &Notification) -> EmailContent {
         text: text(n),
         html,
         images,
+        attachments: forensics_attachments(n),
     }
 }
 
@@ -310,6 +336,17 @@ pub fn message(spec: &Email, n: &Notification) -> Result<Message, String> {
             .singlepart(SinglePart::plain(content.text))
             .multipart(related)
     };
+    let body = if content.attachments.is_empty() {
+        body
+    } else {
+        let text_type = ContentType::parse("text/plain; charset=utf-8").map_err(|e| e.to_string())?;
+        content
+            .attachments
+            .into_iter()
+            .fold(MultiPart::mixed().multipart(body), |m, (name, text)| {
+                m.singlepart(Attachment::new(name).body(text, text_type.clone()))
+            })
+    };
     b.multipart(body)
         .map_err(|e| format!("cannot build email: {e}"))
 }
@@ -438,5 +475,34 @@ mod tests {
             "{raw}"
         );
         assert!(raw.contains("multipart/alternative"), "{raw}");
+    }
+
+    #[test]
+    fn a_forensics_bundle_travels_as_an_attachment() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("4242-20261203T211221Z");
+        std::fs::create_dir_all(&bundle).unwrap();
+        std::fs::write(bundle.join("stacks.txt"), "Thread 4242 (idle)\n    stuck_here (train.py:6)\n").unwrap();
+        let mut a = alert(1, AlertStatus::Firing);
+        a.annotations
+            .insert("forensics".into(), bundle.display().to_string());
+        let n = notification(vec![a]);
+        let spec = Email {
+            host: "h".into(),
+            port: 25,
+            tls: TlsMode::None,
+            from: "gpuwatch@example.org".into(),
+            to: vec!["a@example.org".into()],
+            username: None,
+            password: None,
+            ca_certs: Vec::new(),
+        };
+        let raw = String::from_utf8(message(&spec, &n).unwrap().formatted()).unwrap();
+        assert!(raw.contains("multipart/mixed"), "{raw}");
+        assert!(
+            raw.contains("stacks-4242-20261203T211221Z.txt\"") && raw.contains("Content-Disposition: attachment"),
+            "{raw}"
+        );
+        assert!(raw.contains("stuck_here (train.py:6)"), "{raw}");
     }
 }

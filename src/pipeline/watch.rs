@@ -49,6 +49,14 @@ impl AlertSink for StderrSink {
             ev.name,
             ev.severity.as_str()
         );
+        if let Some(stacks) = ev.annotations.get("stacks") {
+            for l in stacks.lines() {
+                eprintln!("gpuwatch:   stuck: {}", crate::values::escape_control(l));
+            }
+        }
+        if let Some(dir) = ev.annotations.get("forensics") {
+            eprintln!("gpuwatch:   forensics bundle: {dir}");
+        }
     }
 
     fn wants_end_notice(&self) -> bool {
@@ -197,6 +205,24 @@ pub struct Watch {
     /// when it was last written.
     status_dir: Option<std::path::PathBuf>,
     status_written: Option<Instant>,
+    /// Hang forensics: the settings and `state_dir/forensics`, when on.
+    forensics: Option<(
+        crate::action::forensics::ForensicsSection,
+        std::path::PathBuf,
+    )>,
+    /// When the last bundle of the job was started (one per `min_interval`).
+    forensics_last: Option<Instant>,
+    /// Alerts held until their bundle is collected (or its time is up).
+    forensics_pending: Vec<PendingForensics>,
+    /// The newest snapshot (the GPU part of a bundle).
+    newest: Option<crate::model::Snapshot>,
+}
+
+/// A firing alert waiting for its forensics bundle.
+struct PendingForensics {
+    event: AlertEvent,
+    rx: std::sync::mpsc::Receiver<crate::action::forensics::Bundle>,
+    until: Instant,
 }
 
 impl std::fmt::Debug for Watch {
@@ -225,6 +251,10 @@ impl Watch {
             last_snapshot: None,
             status_dir: None,
             status_written: None,
+            forensics: None,
+            forensics_last: None,
+            forensics_pending: Vec::new(),
+            newest: None,
         }
     }
 
@@ -291,6 +321,171 @@ impl Watch {
             tracing::debug!("job status {}: {e}", path.display());
             self.status_dir = None;
         }
+    }
+
+    /// Collects a hang forensics bundle under `root` (`state_dir/forensics`) when one of
+    /// `section`'s alerts fires for the job.
+    pub fn forensics_to(
+        &mut self,
+        section: crate::action::forensics::ForensicsSection,
+        root: std::path::PathBuf,
+    ) {
+        if section.enabled {
+            self.forensics = Some((section, root));
+        }
+    }
+
+    /// The job's GPUs: those whose process list holds one of `pids` (none known: every GPU).
+    fn job_gpus(&self, pids: &HashSet<u32>) -> Option<HashSet<u32>> {
+        let procs = self.newest.as_ref()?.processes.as_ref()?;
+        let gpus: HashSet<u32> = procs
+            .iter()
+            .filter(|p| pids.contains(&p.pid))
+            .map(|p| p.gpu_index)
+            .collect();
+        (!gpus.is_empty()).then_some(gpus)
+    }
+
+    /// The newest snapshot as text for a bundle.
+    fn gpus_text(&self) -> String {
+        use crate::model::Metric;
+        let Some(snap) = &self.newest else {
+            return "no GPU sample\n".to_string();
+        };
+        let mut out = format!(
+            "snapshot at {}\n",
+            crate::trace::format_time_ms(snap.time_ms)
+        );
+        let v = |x: Option<f64>, unit: &str| {
+            x.map_or_else(|| "-".to_string(), |x| format!("{x:.0} {unit}"))
+        };
+        for g in &snap.gpus {
+            let state = match g.state {
+                crate::model::DeviceState::Ok => "ok".to_string(),
+                crate::model::DeviceState::Lost => "LOST".to_string(),
+                crate::model::DeviceState::Stalled(f) => format!("STALLED in {}", f.symbol()),
+            };
+            out.push_str(&format!(
+                "GPU {} ({}): {state}, util {} power {} SM clock {} memory used {}\n",
+                g.id.index,
+                g.id.uuid,
+                v(g.get(Metric::Util), "%"),
+                v(g.get(Metric::Power), "W"),
+                v(g.get(Metric::SmClock), "MHz"),
+                v(g.get(Metric::MemUsed).map(|b| b / 1048576.0), "MiB"),
+            ));
+        }
+        for x in &snap.xids {
+            out.push_str(&format!("XID {} on GPU {}\n", x.xid, x.gpu_index));
+        }
+        out
+    }
+
+    /// Starts a bundle for each firing event that asks for one (and the job is not rate
+    /// limited); those events are held until it is collected. Returns the others.
+    fn start_forensics(&mut self, sample: &JobSample, events: Vec<AlertEvent>) -> Vec<AlertEvent> {
+        let Some((section, root)) = self.forensics.clone() else {
+            return events;
+        };
+        let pids: HashSet<u32> = sample.pids.iter().copied().chain([sample.pid]).collect();
+        let job_gpus = self.job_gpus(&pids);
+        let mut out = Vec::new();
+        for ev in events {
+            let on_job = ev
+                .gpu
+                .is_none_or(|g| job_gpus.as_ref().is_none_or(|s| s.contains(&g)));
+            let due = self
+                .forensics_last
+                .is_none_or(|t| t.elapsed() >= section.min_interval.as_std());
+            if ev.status != AlertStatus::Firing
+                || ev.repeat
+                || !section.wants(&ev.name)
+                || !on_job
+                || !due
+            {
+                out.push(ev);
+                continue;
+            }
+            self.forensics_last = Some(Instant::now());
+            let req = crate::action::forensics::Request {
+                job_pid: sample.pid,
+                pids: sample.pids.clone(),
+                command: sample.command.clone(),
+                alert: ev.name.clone(),
+                tail: sample.tail.clone(),
+                gpus: self.gpus_text(),
+                root: root.clone(),
+                time_ms: sample.time_ms,
+            };
+            let audit = self.pipeline.actions().audit_path().to_path_buf();
+            let fingerprint = ev.fingerprint.clone();
+            let settings = section.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let spawned = std::thread::Builder::new()
+                .name("gpuwatch-forensics".into())
+                .spawn(move || {
+                    let bundle = crate::action::forensics::collect(&settings, &req);
+                    record_forensics(&audit, &req, &fingerprint, &bundle);
+                    let _ = tx.send(bundle);
+                });
+            if spawned.is_err() {
+                out.push(ev);
+                continue;
+            }
+            self.forensics_pending.push(PendingForensics {
+                event: ev,
+                rx,
+                until: Instant::now() + section.timeout.as_std() + Duration::from_secs(2),
+            });
+        }
+        out
+    }
+
+    /// The held events whose bundle is in (or whose time is up), annotated; with `wait`, waits
+    /// for all of them.
+    fn finish_forensics(&mut self, wait: bool) -> Vec<AlertEvent> {
+        let mut out = Vec::new();
+        let mut keep = Vec::new();
+        for p in std::mem::take(&mut self.forensics_pending) {
+            let got = if wait {
+                p.rx.recv_timeout(p.until.saturating_duration_since(Instant::now()))
+                    .ok()
+            } else {
+                p.rx.try_recv().ok()
+            };
+            let mut ev = p.event;
+            match got {
+                Some(bundle) => {
+                    let dir = bundle.dir.display().to_string();
+                    let stacks = bundle.summary();
+                    let a = &mut ev.annotations;
+                    a.insert("forensics".into(), dir.clone());
+                    if !stacks.is_empty() {
+                        a.insert("stacks".into(), stacks.clone());
+                    }
+                    let mut d = String::new();
+                    if !stacks.is_empty() {
+                        d.push_str(&format!(
+                            "Where each process was stuck (py-spy, innermost frame first):\n{stacks}\n"
+                        ));
+                    }
+                    for n in &bundle.notes {
+                        d.push_str(&format!("Note: {n}\n"));
+                    }
+                    d.push_str(&format!("Forensics bundle: {dir}"));
+                    a.insert("description".into(), d);
+                    out.push(ev);
+                }
+                None if Instant::now() >= p.until => out.push(ev),
+                None => keep.push(PendingForensics {
+                    event: ev,
+                    rx: p.rx,
+                    until: p.until,
+                }),
+            }
+        }
+        self.forensics_pending = keep;
+        out
     }
 
     /// Hands the exporter the newest snapshot, the alerts and the job's progress.
@@ -367,6 +562,18 @@ impl Watch {
                 }
                 self.usage.observe(&snap, pids);
                 events.extend(self.pipeline.observe(&snap));
+                if self.forensics.is_some() {
+                    // Processes come on a slower cadence: keep the last list.
+                    let processes = match (&snap.processes, self.newest.take()) {
+                        (Some(_), _) | (None, None) => None,
+                        (None, Some(old)) => old.processes,
+                    };
+                    let mut copy = snap.clone();
+                    if copy.processes.is_none() {
+                        copy.processes = processes;
+                    }
+                    self.newest = Some(copy);
+                }
                 if self.export.is_some() {
                     self.last_snapshot = Some(snap);
                 }
@@ -398,6 +605,8 @@ impl Watch {
             }
         }
         events.extend(self.pipeline.evaluate_job(sample));
+        let mut events = self.start_forensics(sample, events);
+        events.extend(self.finish_forensics(end));
         self.export(sample);
         self.write_status(sample, end);
         if end {
@@ -450,5 +659,47 @@ impl JobObserver for Watch {
 
     fn gpu_stats(&self) -> Option<Vec<GpuJobStats>> {
         self.snapshots.as_ref().map(|_| self.usage.stats())
+    }
+}
+
+/// Records a collected bundle in the audit log (beside the kill decisions).
+fn record_forensics(
+    audit: &std::path::Path,
+    req: &crate::action::forensics::Request,
+    fingerprint: &str,
+    bundle: &crate::action::forensics::Bundle,
+) {
+    let uid = crate::sys::read_uid(req.job_pid);
+    let record = crate::action::AuditRecord {
+        time: chrono::DateTime::from_timestamp_millis(req.time_ms)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+            .unwrap_or_default(),
+        time_ms: req.time_ms,
+        host: crate::sys::hostname(),
+        decision: crate::action::AuditDecision::Forensics,
+        dry_run: false,
+        host_pid: req.job_pid,
+        pid: Some(req.job_pid),
+        target: Some(bundle.dir.display().to_string()),
+        uid,
+        user: uid.and_then(crate::sys::user_name),
+        command: Some(req.command.clone()),
+        gpu: None,
+        alert: req.alert.clone(),
+        fingerprint: fingerprint.to_string(),
+        reason: format!(
+            "stacks of {} process(es){}",
+            bundle.top_frames.len(),
+            if bundle.notes.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", bundle.notes.join("; "))
+            }
+        ),
+        policy_version: 0,
+    };
+    let written = crate::action::AuditLog::open(audit).and_then(|mut log| log.append(&record));
+    if let Err(e) = written {
+        tracing::warn!("audit log {}: {e}", audit.display());
     }
 }

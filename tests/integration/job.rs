@@ -1228,3 +1228,93 @@ fn job_eta_fires_on_a_slowed_down_job_with_a_deadline() {
         "{line}"
     );
 }
+
+/// Issue 15 §3: a Python job stuck on a lock: when `job_stalled` fires, a forensics bundle is
+/// collected with the real py-spy (its stack names the stuck frame), the notification carries
+/// the top frames and the bundle's path, and the audit log records it.
+#[test]
+fn a_hung_python_job_yields_a_forensics_bundle_with_its_stack() {
+    let Some(py_spy) = common::installed(&["py-spy"]).or_else(|| {
+        let p = std::path::PathBuf::from(std::env::var_os("GPUWATCH_PEERS")?).join("bin/py-spy");
+        p.exists().then_some(p)
+    }) else {
+        return;
+    };
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let hook = super::notify::servers::HttpReceiver::start();
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "[rules.params.job_stalled]\nafter = \"2s\"\n\n\
+             [actions.forensics]\npy_spy = {py_spy:?}\n\n\
+             [[channel]]\nname = \"hook\"\ntype = \"webhook\"\nurl = \"{}\"\n\n\
+             [[route]]\nchannels = [\"hook\"]\n",
+            hook.url("/hook")
+        ),
+    );
+    let script = "import threading\nprint('step 1/100', flush=True)\nlock = threading.Lock()\nlock.acquire()\n\
+                  def stuck_here():\n    lock.acquire()\nstuck_here()\n";
+    let mut child = gpuwatch()
+        .args(["--sim", "healthy", "run", "--no-report"])
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--",
+            "python3",
+            "-c",
+            script,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let root = dir.path().join("state/forensics");
+    let start = Instant::now();
+    let bundle = loop {
+        let found = std::fs::read_dir(&root)
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.join("README.txt").exists());
+        if let Some(b) = found {
+            break b;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "no bundle");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let stacks = std::fs::read_to_string(bundle.join("stacks.txt")).unwrap();
+    assert!(stacks.contains("stuck_here"), "{stacks}");
+    let output = std::fs::read_to_string(bundle.join("output.txt")).unwrap();
+    assert!(output.contains("step 1/100"), "{output}");
+    assert!(std::fs::read_to_string(bundle.join("gpus.txt"))
+        .unwrap()
+        .contains("GPU 0"));
+    assert!(std::fs::read_to_string(bundle.join("processes.txt"))
+        .unwrap()
+        .contains("python3"));
+    // The notification names the stuck frame and the bundle.
+    let body = super::notify::servers::wait_until(Duration::from_secs(30), "the notice", || {
+        hook.requests().into_iter().map(|r| r.json()).find(|b| {
+            b["alerts"][0]["labels"]["alertname"] == "job_stalled"
+                && b["alerts"][0]["annotations"]["stacks"].is_string()
+        })
+    });
+    let a = &body["alerts"][0]["annotations"];
+    assert!(a["stacks"].as_str().unwrap().contains("stuck_here"), "{a}");
+    assert_eq!(a["forensics"].as_str().unwrap(), bundle.to_str().unwrap());
+    // The audit log has it.
+    let audit = std::fs::read_to_string(dir.path().join("state/kill-audit.jsonl")).unwrap();
+    assert!(
+        audit.contains("\"decision\":\"forensics\"") && audit.contains("job_stalled"),
+        "{audit}"
+    );
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("stuck: pid ") && stderr.contains("stuck_here"),
+        "{stderr}"
+    );
+}

@@ -163,6 +163,7 @@ mod tests {
             pids: vec![42],
             deadline_ms: None,
             utc_offset_s: 0,
+            tail: Vec::new(),
         }
     }
 
