@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod control;
 mod daemon;
+mod digest;
 mod doctor;
 mod export;
 mod import;
@@ -113,6 +114,9 @@ pub enum Command {
     Run(job::RunArgs),
     /// Watch an already running process and report how it ends.
     Attach(job::AttachArgs),
+    /// Who used the GPUs: GPU-hours, energy, idle-but-allocated hours, jobs and alerts per
+    /// user and container (the daemon's accounting).
+    Digest(digest::DigestArgs),
     /// Live terminal view: every GPU with the last minutes as sparklines, processes, jobs, and
     /// what is pending and firing (q quits, ? helps).
     Top(top::TopArgs),
@@ -171,6 +175,7 @@ pub fn main() -> i32 {
         Command::Run(a) => job::run(&cli.global, a),
         Command::Attach(a) => job::attach(&cli.global, a),
         Command::Top(a) => top::top(&cli.global, a),
+        Command::Digest(a) => digest::digest(&cli.global, a),
     };
     match result {
         Ok(code) => code,

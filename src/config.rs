@@ -49,6 +49,8 @@ pub struct Config {
     pub report: crate::report::ReportSection,
     /// `[exporter]`: the daemon's `/metrics` listener (owned by `exporter`).
     pub exporter: crate::exporter::ExporterSection,
+    /// `[digest]`: who used the GPUs, sent on a schedule (owned by `usage`).
+    pub digest: crate::usage::DigestSection,
     /// Directory the config file lives in; relative paths in it resolve against this.
     pub base_dir: PathBuf,
     /// The config file's path (for messages).
@@ -60,6 +62,7 @@ pub struct Config {
 /// The top-level sections, in the order `config.example.toml` documents them.
 const SECTIONS: &[&str] = &[
     "daemon", "rules", "notify", "channel", "route", "actions", "job", "report", "exporter",
+    "digest",
 ];
 
 impl Config {
@@ -396,6 +399,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
             "job" => section(value, &loc).map(|s| config.job = s),
             "report" => section(value, &loc).map(|s| config.report = s),
             "exporter" => section(value, &loc).map(|s| config.exporter = s),
+            "digest" => section(value, &loc).map(|s| config.digest = s),
             "channel" => {
                 config.channel = entries(value, &loc, &mut errors);
                 Ok(())
@@ -429,7 +433,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
         .chain(config.actions.validate())
         .chain(config.job.validate())
         .chain(config.report.validate())
-        .chain(config.exporter.validate());
+        .chain(config.exporter.validate())
+        .chain(config.digest.validate());
     for p in problems {
         errors.push(loc.at(crate::values::key_offset(&root, &p.key), p.message));
     }

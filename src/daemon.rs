@@ -277,6 +277,21 @@ fn announce(
     }
 }
 
+/// `[digest] schedule`: the schedule, when the next digest is due (after the last one sent, as
+/// `state_dir/usage/digest-sent` says, or now), and how many alerts it lists.
+fn digest_plan(
+    section: &crate::usage::DigestSection,
+    state_dir: &Path,
+) -> Option<(crate::usage::Schedule, i64, usize)> {
+    let schedule = crate::usage::Schedule::parse(section.schedule.as_deref()?).ok()?;
+    let sent: i64 = std::fs::read_to_string(crate::usage::dir(state_dir).join("digest-sent"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0);
+    let next = schedule.next_after(now_ms().max(sent));
+    Some((schedule, next, section.top_alerts.unwrap_or(5)))
+}
+
 /// `1 h`, `90 min`, `1 s`, `250 ms`: a whole number in the largest unit that fits.
 fn plain_duration(ms: i64) -> String {
     match ms {
@@ -432,6 +447,9 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     }
     // `/metrics`: a taken port or a bad address is said once; alerting goes on without it.
     let export = http::start_configured(&config.exporter);
+    let usage =
+        crate::usage::Ledger::load(&crate::usage::dir(&dir), now_ms() - 2 * 86_400_000, false);
+    let digest = digest_plan(&config.digest, &dir);
     let mut live = Live {
         silences,
         export,
@@ -454,6 +472,9 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
             Duration::from_secs(600)
         },
         gpus: (devices_count, 0),
+        usage,
+        last_usage_save: Instant::now(),
+        digest,
     };
     loop {
         match rx.recv_timeout(interval) {
@@ -478,6 +499,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     // A sampler stuck in a slow NVML call must not hold up the stop.
     sampler.stop(Duration::from_secs(2));
     save_engine(&live.dir, live.pipeline.engine());
+    live.save_usage();
     live.pipeline.finish();
     live.dispatcher.stop();
     if let Some(d) = &sim_dir {
@@ -510,7 +532,15 @@ struct Live<'a> {
     status_every: Duration,
     /// GPUs in the last snapshot, and how many of them are lost or stalled.
     gpus: (usize, usize),
+    /// Who used the GPUs (`state_dir/usage/`), saved every few minutes.
+    usage: crate::usage::Ledger,
+    last_usage_save: Instant,
+    /// `[digest] schedule`: when the next digest is due (UTC ms), and how many alerts it lists.
+    digest: Option<(crate::usage::Schedule, i64, usize)>,
 }
+
+/// How often the usage ledger is saved.
+const USAGE_SAVE_EVERY: Duration = Duration::from_secs(300);
 
 impl Live<'_> {
     /// A snapshot (with the sampler's tick counters): message context for the dispatcher, the
@@ -532,6 +562,7 @@ impl Live<'_> {
                 .filter(|g| g.state != crate::model::DeviceState::Ok)
                 .count(),
         );
+        self.usage.observe(snap);
         let events = self.pipeline.observe(snap);
         self.dispatcher.send(Input::Healthy(snap.time_ms));
         self.publish_and_save(events);
@@ -624,6 +655,16 @@ impl Live<'_> {
                 );
             }
         }
+        if self.last_usage_save.elapsed() >= USAGE_SAVE_EVERY {
+            self.save_usage();
+        }
+        if let Some((schedule, due, top)) = self.digest {
+            let now = now_ms();
+            if now >= due {
+                self.send_digest(now, schedule, top);
+                self.digest = Some((schedule, schedule.next_after(now), top));
+            }
+        }
         if self.last_status.elapsed() >= self.status_every {
             self.last_status = Instant::now();
             console::say(&self.status_line());
@@ -632,6 +673,65 @@ impl Live<'_> {
             save_engine(&self.dir, self.pipeline.engine());
             self.last_save = Instant::now();
         }
+    }
+
+    /// Saves the usage ledger, keeping two days of it in memory.
+    fn save_usage(&mut self) {
+        self.last_usage_save = Instant::now();
+        let now = now_ms();
+        if let Err(e) = self.usage.save(&crate::usage::dir(&self.dir), now) {
+            warn!("usage accounting: {e}");
+        }
+        self.usage.forget_before(now - 2 * 86_400_000);
+    }
+
+    /// Sends the usage digest of the period ending `now` (one notice through the routes).
+    fn send_digest(&mut self, now: i64, schedule: crate::usage::Schedule, top: usize) {
+        self.save_usage();
+        let dir = crate::usage::dir(&self.dir);
+        let since = now - schedule.period_ms();
+        let digest = crate::usage::Ledger::load(&dir, since, true).digest(since, now, top);
+        let gpu_h: f64 = digest.rows.iter().map(|(_, u)| u.gpu_s).sum::<f64>() / 3600.0;
+        let idle_h: f64 = digest.rows.iter().map(|(_, u)| u.idle_alloc_s).sum::<f64>() / 3600.0;
+        let users: std::collections::BTreeSet<&str> =
+            digest.rows.iter().map(|(o, _)| o.user.as_str()).collect();
+        let period = if schedule.weekday.is_some() {
+            "week"
+        } else {
+            "day"
+        };
+        let labels: std::collections::BTreeMap<String, String> = [
+            ("alertname", "usage_digest".to_string()),
+            ("severity", "info".to_string()),
+            ("hostname", self.hostname.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let mut annotations = std::collections::BTreeMap::new();
+        annotations.insert(
+            "summary".to_string(),
+            format!(
+                "GPU usage on {} over the last {period}: {gpu_h:.1} GPU-hours by {} user(s), {idle_h:.1} h holding memory on idle GPUs",
+                self.hostname,
+                users.len()
+            ),
+        );
+        annotations.insert(
+            "description".to_string(),
+            digest.render_text(&self.hostname),
+        );
+        let ev = AlertEvent::notice(
+            crate::sys::fnv1a64_hex(format!("usage_digest{now}").bytes()),
+            "usage_digest",
+            crate::model::Severity::Info,
+            crate::model::AlertStatus::Firing,
+            labels,
+            annotations,
+            now,
+        );
+        let _ = crate::sys::write_atomic(&dir.join("digest-sent"), now.to_string().as_bytes());
+        self.publish_and_save(vec![ev]);
     }
 
     /// `status: 8 GPUs (1 lost or stalled), 4 alerts firing (2 critical), 1 pending; 9
@@ -778,6 +878,9 @@ impl Live<'_> {
 
     /// Publishes `events`; the alert state is saved after every announcement.
     fn publish_and_save(&mut self, events: Vec<AlertEvent>) {
+        for ev in &events {
+            self.usage.alert(ev);
+        }
         // Silenced alerts are evaluated, recorded and exported, but not notified.
         let now = now_ms();
         let events: Vec<AlertEvent> = match self.silences.lock() {

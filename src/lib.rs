@@ -25,5 +25,6 @@ pub mod silence;
 pub mod sys;
 pub mod top;
 pub mod trace;
+pub mod usage;
 pub mod values;
 pub mod window;

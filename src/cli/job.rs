@@ -262,6 +262,7 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
         }
     };
     finish(&report, &args.flags)?;
+    record_job_end(path, &report);
     if let Some((recording, config)) = recorded {
         end_report(&recording, &config, args.flags.quiet);
     }
@@ -341,4 +342,30 @@ pub fn attach(global: &GlobalArgs, args: &AttachArgs) -> anyhow::Result<i32> {
     };
     finish(&report, &args.flags)?;
     Ok(report.exit_code)
+}
+
+/// Counts the job's end for the usage digest (`state_dir/usage/jobs.jsonl`): its owner (the
+/// user running it, and the container or Slurm job gpuwatch runs in) and whether it crashed.
+fn record_job_end(path: Option<&Path>, report: &JobReport) {
+    let Ok(config) = load_config(path) else {
+        return;
+    };
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let container = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| crate::sampler::procfs::parse_cgroup_container(&c))
+        .map(|c| crate::usage::container_label(&c));
+    let end = crate::usage::JobEnd {
+        at_ms: crate::sys::now_ms(),
+        owner: crate::usage::Owner {
+            user: crate::sys::user_name(uid).unwrap_or_else(|| format!("uid {uid}")),
+            container,
+        },
+        crashed: report.crash_class.is_failure(),
+        command: report.command.join(" "),
+    };
+    if let Err(e) = crate::usage::record_job_end(&crate::usage::dir(&config.state_dir()), &end) {
+        tracing::debug!("usage accounting: {e}");
+    }
 }

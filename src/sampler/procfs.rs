@@ -36,8 +36,27 @@ pub fn parse_cmdline(raw: &[u8]) -> Option<String> {
 
 /// The container id from the text of `/proc/PID/cgroup`: the first path segment that is (or
 /// wraps, as in `docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>`, `libpod-<id>`)
-/// a 64-digit hex id. `None` for host processes.
+/// a 64-digit hex id; else, for a Slurm job step (`…/job_77/step_0`, cgroup v1 and v2),
+/// `slurm job 77`. `None` for host processes.
 pub fn parse_cgroup_container(cgroup: &str) -> Option<String> {
+    container_id(cgroup).or_else(|| slurm_job(cgroup))
+}
+
+fn slurm_job(cgroup: &str) -> Option<String> {
+    cgroup
+        .lines()
+        .filter_map(|line| line.splitn(3, ':').nth(2))
+        .filter(|path| path.contains("slurm"))
+        .find_map(|path| {
+            path.split('/').find_map(|seg| {
+                let id = seg.strip_prefix("job_")?;
+                (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| format!("slurm job {id}"))
+            })
+        })
+}
+
+fn container_id(cgroup: &str) -> Option<String> {
     for line in cgroup.lines() {
         // hierarchy-id:controllers:path
         let path = line.splitn(3, ':').nth(2).unwrap_or("");
@@ -207,6 +226,15 @@ mod tests {
             None
         );
         assert_eq!(parse_cgroup_container("0::/\n"), None);
+        assert_eq!(
+            parse_cgroup_container("0::/system.slice/slurmstepd.scope/job_77/step_0/user/task_0\n")
+                .as_deref(),
+            Some("slurm job 77")
+        );
+        assert_eq!(
+            parse_cgroup_container("4:memory:/slurm/uid_1000/job_123/step_batch\n").as_deref(),
+            Some("slurm job 123")
+        );
     }
 
     #[test]

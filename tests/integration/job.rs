@@ -1234,10 +1234,11 @@ fn job_eta_fires_on_a_slowed_down_job_with_a_deadline() {
 /// the top frames and the bundle's path, and the audit log records it.
 #[test]
 fn a_hung_python_job_yields_a_forensics_bundle_with_its_stack() {
-    let Some(py_spy) = common::installed(&["py-spy"]).or_else(|| {
-        let p = std::path::PathBuf::from(std::env::var_os("GPUWATCH_PEERS")?).join("bin/py-spy");
-        p.exists().then_some(p)
-    }) else {
+    // .ci/run installs py-spy into its virtualenv (GPUWATCH_PEERS).
+    let peer = std::env::var_os("GPUWATCH_PEERS")
+        .map(|d| std::path::PathBuf::from(d).join("bin/py-spy"))
+        .filter(|p| p.exists());
+    let Some(py_spy) = peer.or_else(|| common::installed(&["py-spy"])) else {
         return;
     };
     common::sim_lib();

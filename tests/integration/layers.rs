@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["rules"],
     &["engine"],
-    &["notify", "action", "report", "exporter"],
+    &["notify", "action", "report", "exporter", "usage"],
     &["job"],
     &["config"],
     &["pipeline"],

@@ -8,6 +8,7 @@ mod config;
 mod console;
 mod control;
 mod daemon;
+mod digest;
 mod doctor;
 mod engine;
 mod exporter;

@@ -1,0 +1,640 @@
+//! Who used the GPUs: accounting from the samples the daemon already takes, and the digest
+//! built from it (`[digest] schedule`, `gpuwatch digest --since 7d`).
+//!
+//! Each tick's time on a GPU is attributed to the (user, container) pairs with a process on it
+//! (split evenly between them): GPU-hours, energy (the GPU's power × time, split the same way),
+//! and "idle but allocated" hours — time the GPU sat at ≤ [`IDLE_UTIL`] % utilization while the
+//! pair held at least [`IDLE_MIN_BYTES`] of its memory. Job ends (`gpuwatch run` writes one line
+//! per job) and firing alerts are counted per hour too. Kept per UTC day in
+//! `state_dir/usage/YYYY-MM-DD.json` (hourly buckets, a few KB a day), at most [`KEEP_DAYS`]
+//! days. Pure aggregation apart from [`Ledger::load`] / [`Ledger::save`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{AlertEvent, AlertStatus, DeviceState, Metric, ProcSample, Snapshot};
+
+/// Utilization at or below this is idle.
+pub const IDLE_UTIL: f64 = 1.0;
+/// Memory held for "idle but allocated" to count.
+pub const IDLE_MIN_BYTES: u64 = 256 * 1024 * 1024;
+/// Days of accounting kept.
+pub const KEEP_DAYS: i64 = 35;
+/// A tick longer than this (a gap) counts as this long.
+const MAX_TICK_S: f64 = 60.0;
+
+/// Who: a user, and the container (or Slurm job) when the process runs in one.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Owner {
+    pub user: String,
+    #[serde(default)]
+    pub container: Option<String>,
+}
+
+impl Owner {
+    fn of(p: &ProcSample) -> Owner {
+        Owner {
+            user: p
+                .user
+                .clone()
+                .or_else(|| p.uid.map(|u| format!("uid {u}")))
+                .unwrap_or_else(|| "?".into()),
+            container: p.container.as_deref().map(container_label),
+        }
+    }
+}
+
+/// How a container shows in the digest: Docker's short id (12 digits) for a container id,
+/// other forms (`slurm job 77`) as they are.
+pub fn container_label(c: &str) -> String {
+    if c.len() == 64 && c.bytes().all(|b| b.is_ascii_hexdigit()) {
+        c[..12].to_string()
+    } else {
+        c.to_string()
+    }
+}
+
+/// What one owner used in one hour.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Use {
+    pub gpu_s: f64,
+    pub energy_j: f64,
+    pub idle_alloc_s: f64,
+    #[serde(default)]
+    pub jobs_finished: u32,
+    #[serde(default)]
+    pub jobs_crashed: u32,
+}
+
+impl Use {
+    fn add(&mut self, o: &Use) {
+        self.gpu_s += o.gpu_s;
+        self.energy_j += o.energy_j;
+        self.idle_alloc_s += o.idle_alloc_s;
+        self.jobs_finished += o.jobs_finished;
+        self.jobs_crashed += o.jobs_crashed;
+    }
+}
+
+/// One hour: use per owner, firing alerts per name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Hour {
+    pub owners: Vec<(Owner, Use)>,
+    pub alerts: BTreeMap<String, u32>,
+}
+
+impl Hour {
+    fn owner(&mut self, o: &Owner) -> &mut Use {
+        let i = match self.owners.iter().position(|(k, _)| k == o) {
+            Some(i) => i,
+            None => {
+                self.owners.push((o.clone(), Use::default()));
+                self.owners.len() - 1
+            }
+        };
+        &mut self.owners[i].1
+    }
+}
+
+/// Hourly buckets (keyed by the hour's start, UTC ms) and what the next tick needs.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    pub hours: BTreeMap<i64, Hour>,
+    last_ms: Option<i64>,
+    processes: Vec<ProcSample>,
+}
+
+fn hour_of(ms: i64) -> i64 {
+    ms.div_euclid(3_600_000) * 3_600_000
+}
+
+fn day_name(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map_or_else(|| "unknown".into(), |t| t.format("%Y-%m-%d").to_string())
+}
+
+impl Ledger {
+    /// Accounts one snapshot (the time since the previous one, at most a minute).
+    pub fn observe(&mut self, snap: &Snapshot) {
+        if let Some(p) = &snap.processes {
+            self.processes.clone_from(p);
+        }
+        let Some(last) = self.last_ms.replace(snap.time_ms) else {
+            return;
+        };
+        #[expect(clippy::cast_precision_loss, reason = "milliseconds of one tick")]
+        let dt = ((snap.time_ms - last) as f64 / 1000.0).clamp(0.0, MAX_TICK_S);
+        if dt == 0.0 {
+            return;
+        }
+        let hour = self.hours.entry(hour_of(snap.time_ms)).or_default();
+        for g in snap.gpus.iter().filter(|g| g.state == DeviceState::Ok) {
+            let on: Vec<&ProcSample> = self
+                .processes
+                .iter()
+                .filter(|p| p.gpu_index == g.id.index)
+                .collect();
+            let mut owners: Vec<(Owner, u64)> = Vec::new();
+            for p in &on {
+                let o = Owner::of(p);
+                let mem = p.used_mem_bytes.unwrap_or(0);
+                match owners.iter_mut().find(|(k, _)| *k == o) {
+                    Some((_, m)) => *m += mem,
+                    None => owners.push((o, mem)),
+                }
+            }
+            if owners.is_empty() {
+                continue;
+            }
+            #[expect(clippy::cast_precision_loss, reason = "a handful of owners")]
+            let share = dt / owners.len() as f64;
+            let power = g.get(Metric::Power).unwrap_or(0.0);
+            let idle = g.get(Metric::Util).is_some_and(|u| u <= IDLE_UTIL);
+            for (o, mem) in owners {
+                let u = hour.owner(&o);
+                u.gpu_s += share;
+                u.energy_j += power * share;
+                if idle && mem >= IDLE_MIN_BYTES {
+                    u.idle_alloc_s += dt;
+                }
+            }
+        }
+    }
+
+    /// Counts a firing alert.
+    pub fn alert(&mut self, ev: &AlertEvent) {
+        if ev.status == AlertStatus::Firing && !ev.repeat {
+            *self
+                .hours
+                .entry(hour_of(ev.at_ms))
+                .or_default()
+                .alerts
+                .entry(ev.name.clone())
+                .or_default() += 1;
+        }
+    }
+
+    /// Counts a job's end.
+    pub fn job_end(&mut self, at_ms: i64, owner: &Owner, crashed: bool) {
+        let u = self.hours.entry(hour_of(at_ms)).or_default().owner(owner);
+        if crashed {
+            u.jobs_crashed += 1;
+        } else {
+            u.jobs_finished += 1;
+        }
+    }
+
+    /// Reads the days in `dir` (`YYYY-MM-DD.json`) from `since_ms` on, and with `jobs` the job
+    /// ends `run` wrote (`jobs.jsonl`; for a digest only: a ledger that is saved again must not
+    /// hold them, or they would count twice).
+    pub fn load(dir: &Path, since_ms: i64, jobs: bool) -> Ledger {
+        let mut l = Ledger::default();
+        let first_day = day_name(since_ms);
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(day) = name.strip_suffix(".json") else {
+                    continue;
+                };
+                if day < first_day.as_str() {
+                    continue;
+                }
+                let hours: BTreeMap<i64, Hour> = std::fs::read(e.path())
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok())
+                    .unwrap_or_default();
+                for (h, v) in hours {
+                    if h + 3_600_000 > since_ms {
+                        l.hours.insert(h, v);
+                    }
+                }
+            }
+        }
+        if !jobs {
+            return l;
+        }
+        if let Ok(text) = std::fs::read_to_string(dir.join("jobs.jsonl")) {
+            for line in text.lines() {
+                let Ok(j) = serde_json::from_str::<JobEnd>(line) else {
+                    continue;
+                };
+                if j.at_ms >= since_ms {
+                    l.job_end(j.at_ms, &j.owner, j.crashed);
+                }
+            }
+        }
+        l
+    }
+
+    /// Writes each day of the ledger to `dir` (atomically) and removes days older than
+    /// [`KEEP_DAYS`] before `now_ms`.
+    pub fn save(&self, dir: &Path, now_ms: i64) -> std::io::Result<()> {
+        crate::sys::create_private_dir(dir)?;
+        let mut days: BTreeMap<String, BTreeMap<i64, &Hour>> = BTreeMap::new();
+        for (h, v) in &self.hours {
+            days.entry(day_name(*h)).or_default().insert(*h, v);
+        }
+        for (day, hours) in days {
+            // Merge with what is on disk for that day (an earlier run of the daemon).
+            let path = dir.join(format!("{day}.json"));
+            let mut merged: BTreeMap<i64, Hour> = std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
+            for (h, v) in hours {
+                merged.insert(h, v.clone());
+            }
+            let bytes = serde_json::to_vec(&merged).map_err(std::io::Error::other)?;
+            crate::sys::write_atomic(&path, &bytes)?;
+        }
+        let oldest = day_name(now_ms - KEEP_DAYS * 86_400_000);
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name
+                    .strip_suffix(".json")
+                    .is_some_and(|d| d < oldest.as_str())
+                {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps only the hours from `since_ms` on (the daemon's memory stays bounded).
+    pub fn forget_before(&mut self, since_ms: i64) {
+        self.hours.retain(|h, _| *h + 3_600_000 > since_ms);
+    }
+
+    /// The digest from `since_ms` to `until_ms`.
+    pub fn digest(&self, since_ms: i64, until_ms: i64, top_alerts: usize) -> Digest {
+        let mut owners: BTreeMap<Owner, Use> = BTreeMap::new();
+        let mut alerts: BTreeMap<String, u32> = BTreeMap::new();
+        for (h, hour) in &self.hours {
+            if *h + 3_600_000 <= since_ms || *h >= until_ms {
+                continue;
+            }
+            for (o, u) in &hour.owners {
+                owners.entry(o.clone()).or_default().add(u);
+            }
+            for (a, n) in &hour.alerts {
+                *alerts.entry(a.clone()).or_default() += n;
+            }
+        }
+        let mut rows: Vec<(Owner, Use)> = owners.into_iter().collect();
+        rows.sort_by(|a, b| b.1.gpu_s.total_cmp(&a.1.gpu_s).then(a.0.cmp(&b.0)));
+        let mut top: Vec<(String, u32)> = alerts.into_iter().collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        top.truncate(top_alerts);
+        Digest {
+            since_ms,
+            until_ms,
+            rows,
+            top_alerts: top,
+        }
+    }
+}
+
+/// A job's end as `gpuwatch run` records it (`state_dir/usage/jobs.jsonl`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobEnd {
+    pub at_ms: i64,
+    pub owner: Owner,
+    pub crashed: bool,
+    pub command: String,
+}
+
+/// Appends a job's end to `dir/jobs.jsonl`.
+pub fn record_job_end(dir: &Path, end: &JobEnd) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    crate::sys::create_private_dir(dir)?;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(dir.join("jobs.jsonl"))?;
+    let mut line = serde_json::to_vec(end).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    f.write_all(&line)
+}
+
+/// The usage directory of a state directory.
+pub fn dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("usage")
+}
+
+/// Who used the GPUs over a period.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Digest {
+    pub since_ms: i64,
+    pub until_ms: i64,
+    /// Per owner, most GPU-hours first.
+    pub rows: Vec<(Owner, Use)>,
+    /// The alerts that fired most, with their counts.
+    pub top_alerts: Vec<(String, u32)>,
+}
+
+impl Digest {
+    /// The digest as a text table.
+    pub fn render_text(&self, host: &str) -> String {
+        let mut out = format!(
+            "GPU usage on {host}, {} to {} (UTC)\n\n",
+            crate::trace::format_time_ms(self.since_ms),
+            crate::trace::format_time_ms(self.until_ms)
+        );
+        out.push_str(&format!(
+            "{:<16} {:<14} {:>9} {:>9} {:>12} {:>5} {:>7}\n",
+            "user", "container", "GPU-h", "kWh", "idle-alloc h", "jobs", "crashed"
+        ));
+        let mut total = Use::default();
+        for (o, u) in &self.rows {
+            total.add(u);
+            out.push_str(&format!(
+                "{:<16} {:<14} {:>9.2} {:>9.2} {:>12.2} {:>5} {:>7}\n",
+                crate::values::truncate_chars(&o.user, 16),
+                crate::values::truncate_chars(o.container.as_deref().unwrap_or("-"), 14),
+                u.gpu_s / 3600.0,
+                u.energy_j / 3.6e6,
+                u.idle_alloc_s / 3600.0,
+                u.jobs_finished + u.jobs_crashed,
+                u.jobs_crashed
+            ));
+        }
+        if self.rows.is_empty() {
+            out.push_str("(no GPU processes in this period)\n");
+        } else {
+            out.push_str(&format!(
+                "{:<31} {:>9.2} {:>9.2} {:>12.2} {:>5} {:>7}\n",
+                "total",
+                total.gpu_s / 3600.0,
+                total.energy_j / 3.6e6,
+                total.idle_alloc_s / 3600.0,
+                total.jobs_finished + total.jobs_crashed,
+                total.jobs_crashed
+            ));
+        }
+        if !self.top_alerts.is_empty() {
+            out.push_str("\nAlerts that fired most:\n");
+            for (a, n) in &self.top_alerts {
+                out.push_str(&format!("  {a:<24} {n}\n"));
+            }
+        }
+        out
+    }
+
+    /// The digest as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "since_ms": self.since_ms,
+            "until_ms": self.until_ms,
+            "owners": self.rows.iter().map(|(o, u)| serde_json::json!({
+                "user": o.user,
+                "container": o.container,
+                "gpu_hours": u.gpu_s / 3600.0,
+                "energy_kwh": u.energy_j / 3.6e6,
+                "idle_allocated_hours": u.idle_alloc_s / 3600.0,
+                "jobs_finished": u.jobs_finished,
+                "jobs_crashed": u.jobs_crashed,
+            })).collect::<Vec<_>>(),
+            "top_alerts": self.top_alerts.iter().map(|(a, n)| serde_json::json!({"alert": a, "count": n})).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// `[digest]` in the config file.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DigestSection {
+    /// `"daily"`, `"daily 18:30"`, `"weekly"` (Monday 09:00), `"weekly fri 17:00"`; unset: no
+    /// digest is sent (`gpuwatch digest` still prints one).
+    pub schedule: Option<String>,
+    /// How many alert names the digest lists.
+    pub top_alerts: Option<usize>,
+}
+
+/// When digests are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    /// `None`: every day; else the weekday (0 = Monday).
+    pub weekday: Option<u32>,
+    pub hour: u32,
+    pub minute: u32,
+}
+
+impl Schedule {
+    /// Parses a schedule (see [`DigestSection::schedule`]).
+    pub fn parse(text: &str) -> Result<Schedule, String> {
+        let bad = || {
+            format!(
+                "{text:?}: expected \"daily\", \"daily 18:30\", \"weekly\" or \"weekly fri 17:00\""
+            )
+        };
+        let mut words = text.split_whitespace();
+        let (weekday, default_time) = match words.next() {
+            Some("daily") => (None, (9, 0)),
+            Some("weekly") => (Some(0), (9, 0)),
+            _ => return Err(bad()),
+        };
+        let mut weekday = weekday;
+        let mut time = default_time;
+        for w in words {
+            const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+            if let Some(d) = DAYS
+                .iter()
+                .position(|d| w.to_ascii_lowercase().starts_with(d))
+            {
+                if weekday.is_none() {
+                    return Err(bad());
+                }
+                weekday = Some(u32::try_from(d).unwrap_or(0));
+            } else if let Some((h, m)) = w.split_once(':') {
+                let h: u32 = h.parse().map_err(|_| bad())?;
+                let m: u32 = m.parse().map_err(|_| bad())?;
+                if h > 23 || m > 59 {
+                    return Err(bad());
+                }
+                time = (h, m);
+            } else {
+                return Err(bad());
+            }
+        }
+        Ok(Schedule {
+            weekday,
+            hour: time.0,
+            minute: time.1,
+        })
+    }
+
+    /// The period a digest covers, ms.
+    pub fn period_ms(self) -> i64 {
+        if self.weekday.is_some() {
+            7 * 86_400_000
+        } else {
+            86_400_000
+        }
+    }
+
+    /// The first time after `after_ms` the schedule names (local time), UTC ms.
+    pub fn next_after(self, after_ms: i64) -> i64 {
+        use chrono::{Datelike as _, TimeZone as _};
+        let Some(now) = chrono::Local.timestamp_millis_opt(after_ms).earliest() else {
+            return after_ms + self.period_ms();
+        };
+        for d in 0..=8 {
+            let date = now.date_naive() + chrono::Duration::days(d);
+            if self
+                .weekday
+                .is_some_and(|w| date.weekday().num_days_from_monday() != w)
+            {
+                continue;
+            }
+            let Some(t) = date.and_hms_opt(self.hour, self.minute, 0) else {
+                continue;
+            };
+            if let Some(at) = chrono::Local.from_local_datetime(&t).earliest() {
+                if at.timestamp_millis() > after_ms {
+                    return at.timestamp_millis();
+                }
+            }
+        }
+        after_ms + self.period_ms()
+    }
+}
+
+impl DigestSection {
+    /// Checks the schedule.
+    pub fn validate(&self) -> Vec<crate::values::Problem> {
+        match self.schedule.as_deref().map(Schedule::parse) {
+            Some(Err(e)) => vec![crate::values::Problem::at("digest.schedule", e)],
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DeviceId, GpuSample, MetricValues, ProcKind};
+
+    fn proc_(pid: u32, gpu: u32, user: &str, container: Option<&str>, gib: u64) -> ProcSample {
+        ProcSample {
+            pid,
+            gpu_index: gpu,
+            gpu_uuid: String::new(),
+            used_mem_bytes: Some(gib << 30),
+            kind: ProcKind::Compute,
+            uid: None,
+            user: Some(user.into()),
+            command: Some("python train.py".into()),
+            container: container.map(str::to_string),
+            runtime_s: None,
+        }
+    }
+
+    fn gpu(index: u32, t: i64, util: f64, power: f64) -> GpuSample {
+        let mut values = MetricValues::default();
+        values.set(Metric::Util, Some(util));
+        values.set(Metric::Power, Some(power));
+        GpuSample {
+            time_ms: t,
+            id: DeviceId {
+                index,
+                ..DeviceId::default()
+            },
+            state: DeviceState::Ok,
+            values,
+        }
+    }
+
+    /// A recorded week, one sample a minute: alice trains on GPU 0 in a Docker container all
+    /// week at 300 W; bob holds 20 GiB on GPU 1 at 0 % for the first two days, then leaves; GPU 2
+    /// is shared by alice (host) and carol half the week.
+    #[test]
+    fn a_week_is_attributed_to_users_and_containers() {
+        const T0: i64 = 1_764_547_200_000; // Monday 2025-12-01 00:00 UTC
+        let alice_c = "a".repeat(64);
+        let mut l = Ledger::default();
+        let minutes = 7 * 24 * 60;
+        for m in 0..=minutes {
+            let t = T0 + m * 60_000;
+            let mut procs = vec![proc_(10, 0, "alice", Some(&alice_c), 40)];
+            if m < 2 * 24 * 60 {
+                procs.push(proc_(20, 1, "bob", None, 20));
+            }
+            if m < minutes / 2 {
+                procs.push(proc_(30, 2, "alice", None, 10));
+                procs.push(proc_(40, 2, "carol", Some("slurm job 77"), 10));
+            }
+            l.observe(&Snapshot {
+                time_ms: t,
+                gpus: vec![
+                    gpu(0, t, 95.0, 300.0),
+                    gpu(1, t, 0.0, 60.0),
+                    gpu(2, t, 80.0, 200.0),
+                ],
+                processes: Some(procs),
+                xids: Vec::new(),
+                missing: Vec::new(),
+            });
+        }
+        l.job_end(
+            T0 + 3_600_000,
+            &Owner {
+                user: "carol".into(),
+                container: Some("slurm job 77".into()),
+            },
+            true,
+        );
+        let d = l.digest(T0, T0 + 7 * 86_400_000, 5);
+        let get = |user: &str, c: Option<&str>| {
+            d.rows
+                .iter()
+                .find(|(o, _)| o.user == user && o.container.as_deref() == c)
+                .map(|(_, u)| u.clone())
+                .unwrap_or_else(|| panic!("{user} {c:?}: {:?}", d.rows))
+        };
+        let alice = get("alice", Some("aaaaaaaaaaaa"));
+        assert!((alice.gpu_s / 3600.0 - 168.0).abs() < 0.1, "{alice:?}");
+        assert!((alice.energy_j / 3.6e6 - 50.4).abs() < 0.1, "{alice:?}");
+        assert!(alice.idle_alloc_s < 1.0);
+        let bob = get("bob", None);
+        assert!((bob.gpu_s / 3600.0 - 48.0).abs() < 0.1, "{bob:?}");
+        assert!((bob.idle_alloc_s / 3600.0 - 48.0).abs() < 0.1, "{bob:?}");
+        // Shared GPU: half each for 84 h.
+        let carol = get("carol", Some("slurm job 77"));
+        assert!((carol.gpu_s / 3600.0 - 42.0).abs() < 0.1, "{carol:?}");
+        assert_eq!(carol.jobs_crashed, 1);
+        assert!((get("alice", None).gpu_s / 3600.0 - 42.0).abs() < 0.1);
+        // Most GPU-hours first; the text names everyone.
+        assert_eq!(d.rows[0].0.user, "alice");
+        let text = d.render_text("node1");
+        assert!(text.contains("bob") && text.contains("47.98"), "{text}");
+        // Saved and loaded back: the same digest.
+        let dir = tempfile::tempdir().unwrap();
+        l.save(dir.path(), T0 + 7 * 86_400_000).unwrap();
+        let back = Ledger::load(dir.path(), T0, true);
+        assert_eq!(back.digest(T0, T0 + 7 * 86_400_000, 5), d);
+    }
+
+    #[test]
+    fn schedules() {
+        assert_eq!(
+            Schedule::parse("weekly fri 17:00").unwrap(),
+            Schedule {
+                weekday: Some(4),
+                hour: 17,
+                minute: 0
+            }
+        );
+        assert_eq!(Schedule::parse("daily").unwrap().weekday, None);
+        assert!(Schedule::parse("hourly").is_err());
+        assert!(Schedule::parse("daily fri").is_err());
+        let s = Schedule::parse("daily 00:00").unwrap();
+        let next = s.next_after(1_764_547_200_000);
+        assert!(next > 1_764_547_200_000 && next <= 1_764_547_200_000 + 86_400_000);
+    }
+}

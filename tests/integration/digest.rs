@@ -1,0 +1,95 @@
+//! Issue 15 §4: the daemon accounts who used the GPUs and `gpuwatch digest` prints it: GPU-hours
+//! and idle-but-allocated hours by user (here the simulated processes are the daemon's own), the
+//! alerts that fired, and jobs `gpuwatch run` saw crash. (Attribution across users and
+//! containers over a recorded week is checked in `usage::tests`.)
+
+use std::time::Duration;
+
+use super::common;
+
+#[test]
+fn the_daemon_accounts_usage_and_digest_prints_it() {
+    common::sim_lib();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = tmp.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\nstate_dir = \"state\"\nrules = [{:?}]\nhostname = \"simhost\"\n\n[digest]\nschedule = \"daily\"\n",
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("rules")
+                .display()
+                .to_string()
+        ),
+    )
+    .expect("config");
+    let cfg_s = cfg.to_str().expect("utf-8");
+    // A job that crashes, under `run`.
+    let r = common::gpuwatch(
+        &[
+            "--sim",
+            "healthy",
+            "run",
+            "--quiet",
+            "--no-report",
+            "--config",
+            cfg_s,
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ],
+        &[],
+    );
+    assert_eq!(r.code, 3, "{r:?}");
+    // The overnight scenario (GPU 6 holds 20 GiB at 0 %) for a few seconds.
+    let mut real = common::command(&["--sim", "overnight", "daemon", "--config", cfg_s], &[])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("daemon");
+    std::thread::sleep(Duration::from_secs(10));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(real.id() as i32, libc::SIGTERM) };
+    assert!(real.wait().expect("daemon").success());
+    let r = common::gpuwatch(
+        &["digest", "--since", "7d", "--json", "--config", cfg_s],
+        &[],
+    );
+    let v = r.json();
+    let me = String::from_utf8(
+        std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .expect("id")
+            .stdout,
+    )
+    .expect("utf-8")
+    .trim()
+    .to_string();
+    let owners = v["owners"].as_array().expect("owners");
+    let mine = owners
+        .iter()
+        .find(|o| o["user"] == me.as_str() && o["gpu_hours"].as_f64().unwrap_or(0.0) > 0.0)
+        .unwrap_or_else(|| panic!("{me}'s GPU time: {v}"));
+    // 7 answering GPUs with a process each for ~8 s.
+    let gpu_h = mine["gpu_hours"].as_f64().expect("gpu_hours");
+    assert!((0.005..0.05).contains(&gpu_h), "{v}");
+    let idle = mine["idle_allocated_hours"].as_f64().expect("idle");
+    assert!(
+        idle > 0.0005 && idle < gpu_h,
+        "GPU 6 holds memory at 0 %: {v}"
+    );
+    let crashed: u64 = owners
+        .iter()
+        .filter_map(|o| o["jobs_crashed"].as_u64())
+        .sum();
+    assert_eq!(crashed, 1, "{v}");
+    let text = common::gpuwatch(&["digest", "--config", cfg_s], &[]);
+    assert_eq!(text.code, 0, "{text:?}");
+    assert!(
+        text.stdout.contains("GPU usage on simhost") && text.stdout.contains("idle-alloc h"),
+        "{}",
+        text.stdout
+    );
+}
