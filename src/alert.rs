@@ -86,6 +86,16 @@ pub enum Phase {
     Firing,
 }
 
+impl Phase {
+    /// `pending` or `firing`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "pending",
+            Phase::Firing => "firing",
+        }
+    }
+}
+
 /// One alert instance, as persisted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AlertInstanceState {
@@ -119,6 +129,13 @@ pub struct AlertInstanceState {
     /// The process the instance is about (process and job scopes only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_pid: Option<u32>,
+}
+
+impl AlertInstanceState {
+    /// The `alertname` label (the instance key when it has none).
+    pub fn alertname(&self) -> &str {
+        self.labels.get("alertname").unwrap_or(&self.key)
+    }
 }
 
 /// The persisted alert state.

@@ -780,7 +780,7 @@ impl Live<'_> {
                     .engine()
                     .alerts()
                     .map(|a| {
-                        let name = a.labels.get("alertname").unwrap_or(&a.key);
+                        let name = a.alertname();
                         // The labels a published event of this instance would carry.
                         let labels = crate::notify::complete_labels(
                             &a.labels,
@@ -797,10 +797,7 @@ impl Live<'_> {
                         json!({
                             "alert": name,
                             "gpu": a.gpu,
-                            "state": match a.phase {
-                                alert::Phase::Pending => "pending",
-                                alert::Phase::Firing => "firing",
-                            },
+                            "state": a.phase.as_str(),
                             "severity": a.severity.as_str(),
                             "since": crate::trace::format_time_ms(a.fired_at_ms.unwrap_or(a.active_since_ms)),
                             "summary": a.annotations.get("summary").cloned().unwrap_or_default(),

@@ -87,17 +87,10 @@ pub fn alert_rows(engine: &crate::engine::Engine) -> Vec<AlertRow> {
     engine
         .alerts()
         .map(|a| AlertRow {
-            alertname: a
-                .labels
-                .get("alertname")
-                .cloned()
-                .unwrap_or_else(|| a.key.clone()),
+            alertname: a.alertname().to_string(),
             severity: a.severity.as_str().to_string(),
             gpu: a.gpu,
-            state: match a.phase {
-                crate::alert::Phase::Pending => "pending",
-                crate::alert::Phase::Firing => "firing",
-            },
+            state: a.phase.as_str(),
         })
         .collect()
 }

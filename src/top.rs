@@ -106,18 +106,10 @@ fn local_alerts(engine: &Engine) -> Vec<AlertView> {
     engine
         .alerts()
         .map(|a| AlertView {
-            name: a
-                .labels
-                .get("alertname")
-                .cloned()
-                .unwrap_or_else(|| a.key.clone()),
+            name: a.alertname().to_string(),
             severity: a.severity.as_str().to_string(),
             gpu: a.gpu,
-            state: match a.phase {
-                crate::alert::Phase::Pending => "pending",
-                crate::alert::Phase::Firing => "firing",
-            }
-            .to_string(),
+            state: a.phase.as_str().to_string(),
             summary: a.annotations.get("summary").cloned().unwrap_or_default(),
             silenced: false,
         })

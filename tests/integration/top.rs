@@ -47,6 +47,15 @@ impl Tmux {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    fn resize(&self, width: u16, height: u16) {
+        let (w, h) = (width.to_string(), height.to_string());
+        assert!(self
+            .cmd(&["resize-window", "-x", &w, "-y", &h])
+            .status()
+            .expect("tmux")
+            .success());
+    }
+
     fn keys(&self, keys: &[&str]) {
         let mut args = vec!["send-keys"];
         args.extend_from_slice(keys);
@@ -90,6 +99,18 @@ fn config(dir: &Path) -> PathBuf {
 }
 
 /// The shell line that runs gpuwatch `args` in the pane, then says how it ended and stays.
+/// The newest process whose command line contains `pattern`.
+fn newest(pattern: &str) -> i32 {
+    let out = Command::new("pgrep")
+        .args(["-f", "--newest", pattern])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a pid")
+}
+
 fn line(env: &str, args: &str) -> String {
     format!(
         "env -u GPUWATCH_CONFIG -u GPUWATCH_LOG -u NVML_SIM_TIME_SCALE HOME={home} {env} {exe} {args}; echo EXITED $?; sleep 600",
@@ -170,19 +191,11 @@ fn top_shows_gpus_alerts_jobs_and_answers_keys() {
         s.contains("GPU util")
     });
     // Too small, then big again: a message, never a crash.
-    assert!(t
-        .cmd(&["resize-window", "-x", "50", "-y", "12"])
-        .status()
-        .expect("tmux")
-        .success());
+    t.resize(50, 12);
     t.wait("too small", Duration::from_secs(10), |s| {
         s.contains("terminal too small")
     });
-    assert!(t
-        .cmd(&["resize-window", "-x", "80", "-y", "24"])
-        .status()
-        .expect("tmux")
-        .success());
+    t.resize(80, 24);
     t.wait("the table after the resize", Duration::from_secs(10), |s| {
         s.contains("GPU util")
     });
@@ -236,14 +249,7 @@ fn top_follows_the_daemon_in_ascii_and_gives_the_terminal_back_on_sigterm() {
             && s.contains("evaluated here: the daemon stopped answering")
     });
     // SIGTERM: the terminal is given back.
-    let pid = Command::new("pgrep")
-        .args(["-f", "--newest", "gpuwatch --sim healthy top"])
-        .output()
-        .expect("pgrep");
-    let pid: i32 = String::from_utf8_lossy(&pid.stdout)
-        .trim()
-        .parse()
-        .expect("top's pid");
+    let pid = newest("gpuwatch --sim healthy top");
     // SAFETY: signalling the view started above.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let s = t.wait("stopped by SIGTERM", Duration::from_secs(10), |s| {
@@ -266,14 +272,7 @@ fn top_follows_the_daemon_in_ascii_and_gives_the_terminal_back_on_sigterm() {
     gone.wait("the view", Duration::from_secs(30), |s| {
         s.contains("GPU util")
     });
-    let pid = Command::new("pgrep")
-        .args(["-f", "--newest", "top --interval 500ms"])
-        .output()
-        .expect("pgrep");
-    let pid: i32 = String::from_utf8_lossy(&pid.stdout)
-        .trim()
-        .parse()
-        .expect("top's pid");
+    let pid = newest("top --interval 500ms");
     drop(gone);
     let start = Instant::now();
     while Path::new(&format!("/proc/{pid}")).exists() {
