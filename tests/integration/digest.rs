@@ -93,3 +93,79 @@ fn the_daemon_accounts_usage_and_digest_prints_it() {
         text.stdout
     );
 }
+
+/// `[digest] schedule`: at the scheduled time the daemon sends one `usage_digest` notice through
+/// the routes, with the table. Played 3600× faster so the schedule comes within seconds.
+#[test]
+fn a_scheduled_digest_is_sent_through_the_channels() {
+    common::sim_lib();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = super::notify::servers::HttpReceiver::start();
+    // Two hours from now, local time: two seconds at --speed 3600.
+    let at = std::process::Command::new("date")
+        .args(["-d", "+2 hours", "+%H:%M"])
+        .output()
+        .expect("date");
+    let at = String::from_utf8(at.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_string();
+    let cfg = tmp.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\nstate_dir = \"state\"\nrules = [{:?}]\nhostname = \"simhost\"\n\n\
+             [digest]\nschedule = \"daily {at}\"\n\n\
+             [[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"{}\"\n\n\
+             [[route]]\nchannels = [\"ops\"]\ngroup_wait = \"0s\"\n",
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("rules")
+                .display()
+                .to_string(),
+            hook.url("/hook")
+        ),
+    )
+    .expect("config");
+    let mut d = common::command(
+        &[
+            "--sim",
+            "overnight",
+            "--speed",
+            "3600",
+            "daemon",
+            "--config",
+            cfg.to_str().expect("utf-8"),
+        ],
+        &[],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .expect("daemon");
+    let body = super::notify::servers::wait_until(Duration::from_secs(60), "the digest", || {
+        hook.requests()
+            .into_iter()
+            .map(|r| r.json())
+            .find(|b| b["alerts"][0]["labels"]["alertname"] == "usage_digest")
+    });
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+    let _ = d.wait();
+    let a = &body["alerts"][0]["annotations"];
+    let summary = a["summary"].as_str().expect("summary");
+    assert!(
+        summary.starts_with("GPU usage on simhost over the last day: "),
+        "{summary}"
+    );
+    let table = a["description"].as_str().expect("description");
+    assert!(
+        table.contains("GPU-h") && table.contains("idle-alloc h"),
+        "{table}"
+    );
+    let digests = hook
+        .requests()
+        .into_iter()
+        .filter(|r| r.json()["alerts"][0]["labels"]["alertname"] == "usage_digest")
+        .count();
+    assert_eq!(digests, 1, "one message per channel");
+}
