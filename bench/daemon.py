@@ -85,7 +85,9 @@ group_wait = "0s"
         env.pop(k, None)
     log = open(os.path.join(tmp, "daemon.log"), "w")
     start = time.time()
-    proc = subprocess.Popen([a.gpuwatch, "--sim", a.scenario, "daemon", "--config", config],
+    # scenario "real": the system's own driver (bench/real-gpu.sh on a GPU machine)
+    sim = [] if a.scenario == "real" else ["--sim", a.scenario]
+    proc = subprocess.Popen([a.gpuwatch, *sim, "daemon", "--config", config],
                             env=env, stderr=log, stdout=subprocess.DEVNULL)
     rss_kib = []
     hwm_kib = 0

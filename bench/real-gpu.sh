@@ -22,12 +22,17 @@
 #        pstate                   equal (P0 … P15)
 #        ecc.errors.*.volatile    equal
 #      With --sim there is no nvidia-smi: the same comparison runs on the repository's paired
-#      fixtures (tests/fixtures/traces/healthy.{gpuwatch,smi}.csv) so the code cannot rot;
+#      fixtures (tests/fixtures/traces/healthy.{gpuwatch,smi}.csv, and strictly on the minute a
+#      real H200 gave both tools, tests/fixtures/real/idle-minute.*) so the code cannot rot;
 #   4. the wall time of every NVML call gpuwatch makes, min/median/max over 50 calls on GPU 0
 #      (examples/nvml_latency.rs) — replace the estimates in ../shared/docs/real-drivers.md;
 #   5. if PyTorch with CUDA is importable: a 2-minute recording of a small training loop with a
-#      deliberately slow DataLoader into tests/fixtures/real/ with a README naming the GPU and
-#      driver (a real `periodic_idle` trace for the rule tests).
+#      deliberately slow DataLoader into tests/fixtures/real/, with the GPU and driver beside it in
+#      dataloader-stall.txt (a README.md is created when there is none);
+#   6. (real driver only) bench/sampler.py without a simulator: `gpuwatch record --stats` beside
+#      gpustat's `new_query()` loop at 100 ms and 1 s, REAL_GPU_BENCH_S seconds each (20; skipped
+#      when gpustat is not importable), and bench/daemon.py: `gpuwatch daemon` with every stock
+#      rule for REAL_GPU_DAEMON_S seconds (60), its CPU and peak RSS.
 #
 # Outputs go to REAL_GPU_OUT (default: a new temporary directory); with --sim nothing is written
 # into the repository. Without a driver and without --sim the script says so in one line and
@@ -40,7 +45,7 @@ SIM=0
 for a in "$@"; do
     case "$a" in
         --sim) SIM=1 ;;
-        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -uo/{/^set -uo/!p}' "$0"; exit 0 ;;
         *) echo "real-gpu.sh: unknown argument $a (use --sim or nothing)" >&2; exit 2 ;;
     esac
 done
@@ -65,7 +70,8 @@ fail() { echo "FAILED: $*"; FAILED=1; }
 # ---- 1. build -------------------------------------------------------------------------------
 if [ -z "${GPUWATCH_BIN:-}" ] || [ -z "${NVML_LATENCY_BIN:-}" ] || { [ "$SIM" = 1 ] && [ -z "${NVML_SIM_LIB:-}" ]; }; then
     step "build (release)"
-    cargo build --release -q -p gpuwatch -p nvml-sim --example nvml_latency || { echo "FAILED: build"; exit 1; }
+    { cargo build --release -q -p gpuwatch -p nvml-sim &&
+        cargo build --release -q -p gpuwatch --example nvml_latency; } || { echo "FAILED: build"; exit 1; }
 fi
 GW="${GPUWATCH_BIN:-$ROOT/target/release/gpuwatch}"
 LAT="${NVML_LATENCY_BIN:-$ROOT/target/release/examples/nvml_latency}"
@@ -179,6 +185,9 @@ if [ "$SIM" = 1 ]; then
     echo "skipped: nvidia-smi comparison: no nvidia-smi under --sim; comparing the paired fixtures instead"
     compare tests/fixtures/traces/healthy.gpuwatch.csv tests/fixtures/traces/healthy.smi.csv 0 >"$OUT/compare.txt" || fail "comparison (fixtures)"
     tail -n 1 "$OUT/compare.txt"
+    # the minute recorded by both tools on a real H200 must stay within tolerance (strict)
+    compare tests/fixtures/real/idle-minute.gpuwatch.csv tests/fixtures/real/idle-minute.smi.csv 1 >"$OUT/compare-real.txt" || fail "comparison (real H200 minute)"
+    tail -n 1 "$OUT/compare-real.txt"
 elif [ -s "$OUT/nvidia-smi.csv" ]; then
     compare "$OUT/record.csv" "$OUT/nvidia-smi.csv" 1 | tee "$OUT/compare.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || fail "fields out of tolerance (see $OUT/compare.txt)"
@@ -222,17 +231,36 @@ for step, (x, y) in enumerate(DataLoader(Slow(), batch_size=32, num_workers=0)):
     if time.time() > end: break
 PY
     wait "$REC"
-    cat >"$DEST/README.md" <<EOF
-# Real-GPU recordings
-
-\`dataloader-stall.gpuwatch.csv\`: \`gpuwatch record --interval 1s\` over a small PyTorch training
-loop on GPU 0 whose DataLoader sleeps 2 s every 256 samples (bench/real-gpu.sh step 5), 130 s.
-
-- GPU: $GPU_NAME
-- Driver: $DRIVER
-- Recorded: $(date -u +%Y-%m-%dT%H:%M:%SZ) by bench/real-gpu.sh
+    # The GPU and driver beside the trace; README.md (what the files are) is written by people
+    # and only created here when missing.
+    cat >"$DEST/dataloader-stall.txt" <<EOF
+dataloader-stall.gpuwatch.csv: gpuwatch record --interval 1s, 130 s, over a small PyTorch training
+loop on GPU 0 whose DataLoader sleeps 2 s every 256 samples (bench/real-gpu.sh step 5).
+GPU: $GPU_NAME
+Driver: $DRIVER
+Recorded: $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF
+    [ -e "$DEST/README.md" ] || cp "$DEST/dataloader-stall.txt" "$DEST/README.md"
     echo "trace: $TRACE"
+fi
+
+# ---- 6. CPU per device-sample beside gpustat, and the daemon, on this driver -------------------------
+step "gpuwatch record beside gpustat's query loop on this driver"
+if [ "$SIM" = 1 ]; then
+    echo "skipped: side-by-side CPU: bench/sampler.sh measures it on nvml-sim"
+elif ! python3 -c 'import gpustat' 2>/dev/null; then
+    echo "skipped: side-by-side CPU: gpustat is not importable"
+else
+    python3 bench/sampler.py --seconds "${REAL_GPU_BENCH_S:-20}" --gpuwatch "$GW" | tee "$OUT/sampler.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || fail "side-by-side CPU"
+fi
+step "gpuwatch daemon on this driver: CPU and peak RSS"
+if [ "$SIM" = 1 ]; then
+    echo "skipped: daemon CPU and RSS: bench/daemon.sh measures them on nvml-sim"
+else
+    python3 bench/daemon.py --seconds "${REAL_GPU_DAEMON_S:-60}" --scenario real --gpuwatch "$GW" \
+        --rules rules | tee "$OUT/daemon.json"
+    [ "${PIPESTATUS[0]}" = 0 ] || fail "daemon"
 fi
 
 echo

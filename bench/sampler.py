@@ -47,10 +47,13 @@ def main():
     ap.add_argument("--intervals", default="0.1,1")
     ap.add_argument("--scenario", default="healthy")
     ap.add_argument("--gpuwatch", required=True)
-    ap.add_argument("--sim-lib", required=True)
+    ap.add_argument("--sim-lib", help="nvml-sim's library; without it both sides use the real driver")
     a = ap.parse_args()
-    lat = os.environ.get("NVML_SIM_LATENCY")
-    print(f"nvml-sim latencies: {'defaults (realistic)' if lat is None else 'NVML_SIM_LATENCY=' + lat}")
+    if a.sim_lib:
+        lat = os.environ.get("NVML_SIM_LATENCY")
+        print(f"nvml-sim latencies: {'defaults (realistic)' if lat is None else 'NVML_SIM_LATENCY=' + lat}")
+    else:
+        print("the real NVIDIA driver (the system's libnvidia-ml.so.1)")
     for interval in a.intervals.split(","):
         a.interval = float(interval)
         run(a)
@@ -58,14 +61,18 @@ def main():
 
 def run(a):
 
-    libdir = tempfile.mkdtemp(prefix="gpuwatch-bench-")
-    os.symlink(os.path.abspath(a.sim_lib), os.path.join(libdir, "libnvidia-ml.so.1"))
-    env = dict(os.environ, NVML_SIM_SCENARIO=a.scenario, LD_LIBRARY_PATH=libdir)
+    env = dict(os.environ)
     for k in ("NVML_SIM_TIME_SCALE", "NVML_SIM_CONTROL", "GPUWATCH_NVML_LIB"):
         env.pop(k, None)
+    libdir, lib_args = None, []
+    if a.sim_lib:
+        libdir = tempfile.mkdtemp(prefix="gpuwatch-bench-")
+        os.symlink(os.path.abspath(a.sim_lib), os.path.join(libdir, "libnvidia-ml.so.1"))
+        env.update(NVML_SIM_SCENARIO=a.scenario, LD_LIBRARY_PATH=libdir)
+        lib_args = ["--nvml-lib", os.path.join(libdir, "libnvidia-ml.so.1")]
 
     interval_ms = int(round(a.interval * 1000))
-    gw_cmd = [os.path.abspath(a.gpuwatch), "--nvml-lib", os.path.join(libdir, "libnvidia-ml.so.1"), "record",
+    gw_cmd = [os.path.abspath(a.gpuwatch), *lib_args, "record",
               "--interval", f"{interval_ms}ms", "--duration", f"{a.seconds}s", "--stats"]
     outdir = tempfile.mkdtemp(prefix="gpuwatch-bench-out-")
     paths = {k: os.path.join(outdir, k) for k in ("gw.err", "gs.out", "gs.err")}
@@ -127,7 +134,8 @@ def run(a):
     gw_per = max(gw_cpu - startup_cpu, 1e-9) / max(gw_ticks - 1, 1)
     gs_per = g["cpu_s"] / g["ticks"]
     gs_due = int(a.seconds / a.interval)
-    print(f"scenario {a.scenario}: {gpus} simulated GPUs, interval {interval_ms} ms, {a.seconds:g} s side by side")
+    where = f"scenario {a.scenario}: {gpus} simulated GPUs" if a.sim_lib else f"real driver: {gpus} GPU(s)"
+    print(f"{where}, interval {interval_ms} ms, {a.seconds:g} s side by side")
     print(f"gpuwatch record : {gw_ticks:5d} ticks ({kept:.1f} % of the schedule kept, {skipped} skipped)"
           f"  sample wall time median {m[4]} ms, p99 {m[5]} ms, max {m[6]} ms")
     print(f"                  CPU {gw_cpu:8.3f} s = {gw_per * 1e6 / gpus:8.1f} us per device-sample after startup"
@@ -138,8 +146,9 @@ def run(a):
     print(f"ratio           : gpustat uses {gs_per / gw_per:.0f}x the CPU per device-sample of gpuwatch"
           f" in steady state ({gs_per / gw_whole:.0f}x counting gpuwatch's startup too)"
           f" (target >= 100x); gpuwatch keeps >= 95 % of its ticks; RSS target < 20 MiB")
-    os.unlink(os.path.join(libdir, "libnvidia-ml.so.1"))
-    os.rmdir(libdir)
+    if libdir:
+        os.unlink(os.path.join(libdir, "libnvidia-ml.so.1"))
+        os.rmdir(libdir)
 
 
 if __name__ == "__main__":

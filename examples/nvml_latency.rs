@@ -5,15 +5,18 @@
 //!     cargo run --release --example nvml_latency -- [--nvml-lib PATH] [--sim SCENARIO]
 //!                                                   [--gpu N] [--calls 50]
 //!
-//! Prints one line per function (`FUNCTION  n  min_us  median_us  max_us`, or `not supported`).
+//! Prints one line per function (`FUNCTION  n  min_us  median_us  max_us  cpu_us`, or `not
+//! supported`): wall time, and the median CPU time the calling thread spent in the call.
 //! An unsupported call is listed, not an error; no NVML at all exits 2.
 
 use std::ffi::OsString;
 use std::time::Instant;
 
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, PcieUtilCounter, RetirementCause, TemperatureSensor,
 };
+use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 
 use gpuwatch::model::{Source, METRICS};
@@ -46,26 +49,54 @@ fn args() -> Result<Args, String> {
     Ok(out)
 }
 
-/// Times `f` `n` times: (min, median, max) in µs, or `None` when the first call fails.
-fn time<T, E>(n: usize, mut f: impl FnMut() -> Result<T, E>) -> Option<(f64, f64, f64)> {
+/// The calling thread's CPU time (user + system) in µs.
+fn thread_cpu_us() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e6 + ts.tv_nsec as f64 / 1e3
+}
+
+/// Wall time min, median and max, and median CPU time of the calling thread, in µs.
+type Timing = (f64, f64, f64, f64);
+
+/// Times `f` `n` times, or `None` when the first call fails.
+fn time<T, E>(n: usize, mut f: impl FnMut() -> Result<T, E>) -> Option<Timing> {
+    time_if(n, move || f().is_ok())
+}
+
+/// Times `f` `n` times while it answers true.
+fn time_if(n: usize, mut f: impl FnMut() -> bool) -> Option<Timing> {
     let mut us = Vec::with_capacity(n);
+    let mut cpu = Vec::with_capacity(n);
     for _ in 0..n.max(1) {
+        let c = thread_cpu_us();
         let t = Instant::now();
-        let ok = f().is_ok();
+        let ok = f();
         let el = t.elapsed().as_secs_f64() * 1e6;
+        cpu.push(thread_cpu_us() - c);
         if !ok {
             return None;
         }
         us.push(el);
     }
     us.sort_by(f64::total_cmp);
-    Some((us[0], us[us.len() / 2], us[us.len() - 1]))
+    cpu.sort_by(f64::total_cmp);
+    Some((
+        us[0],
+        us[us.len() / 2],
+        us[us.len() - 1],
+        cpu[cpu.len() / 2],
+    ))
 }
 
-fn row(name: &str, n: usize, r: Option<(f64, f64, f64)>) {
+fn row(name: &str, n: usize, r: Option<Timing>) {
     match r {
-        Some((min, med, max)) => {
-            println!("{name:<48} {n:>4} {min:>10.1} {med:>10.1} {max:>10.1}");
+        Some((min, med, max, cpu)) => {
+            println!("{name:<48} {n:>4} {min:>10.1} {med:>10.1} {max:>10.1} {cpu:>10.1}");
         }
         None => println!("{name:<48} {n:>4} not supported"),
     }
@@ -73,13 +104,14 @@ fn row(name: &str, n: usize, r: Option<(f64, f64, f64)>) {
 
 /// Every per-device call, with the NVML symbol it makes.
 fn device_calls(nvml: &Nvml, dev: &Device<'_>, gpu: u32, n: usize) {
-    let fields: Vec<nvml_wrapper::structs::device::FieldId> = METRICS
+    let named: Vec<(&str, u32)> = METRICS
         .iter()
         .filter_map(|m| match m.source {
-            Source::Field(f) => Some(nvml_wrapper::structs::device::FieldId(f.field.id)),
+            Source::Field(f) => Some((m.key, f.field.id)),
             _ => None,
         })
         .collect();
+    let fields: Vec<FieldId> = named.iter().map(|(_, id)| FieldId(*id)).collect();
     row(
         "nvmlDeviceGetHandleByIndex_v2",
         n,
@@ -181,6 +213,10 @@ fn device_calls(nvml: &Nvml, dev: &Device<'_>, gpu: u32, n: usize) {
     );
     let label = format!("nvmlDeviceGetFieldValues(x{})", fields.len());
     row(&label, n, time(n, || dev.field_values_for(&fields)));
+    for (key, id) in &named {
+        let label = format!("nvmlDeviceGetFieldValues({key})");
+        row(&label, n, time(n, || dev.field_values_for(&[FieldId(*id)])));
+    }
     row(
         "nvmlDeviceGetPcieThroughput(RX)",
         n,
@@ -218,6 +254,28 @@ fn device_calls(nvml: &Nvml, dev: &Device<'_>, gpu: u32, n: usize) {
         time(n, || dev.applications_clock(Clock::SM)),
     );
     row("nvmlDeviceGetEccMode", n, time(n, || dev.is_ecc_enabled()));
+    row(
+        "nvmlDeviceGetProcessUtilization",
+        n,
+        time(n, || dev.process_utilization_stats(None)),
+    );
+    // the XID drain: a zero-timeout wait on an event set, once per tick
+    match nvml.create_event_set().and_then(|set| {
+        dev.register_events(EventTypes::CRITICAL_XID_ERROR, set)
+            .map_err(|e| e.error)
+    }) {
+        Ok(set) => row(
+            "nvmlEventSetWait_v2(0 ms)",
+            n,
+            time_if(n, || {
+                matches!(
+                    set.wait(0),
+                    Ok(_) | Err(nvml_wrapper::error::NvmlError::Timeout)
+                )
+            }),
+        ),
+        Err(_) => row("nvmlEventSetWait_v2(0 ms)", n, None),
+    }
 }
 
 fn main() {
@@ -232,6 +290,7 @@ fn main() {
         std::env::set_var("NVML_SIM_SCENARIO", s);
     }
     let lib = OsString::from(a.lib.clone().unwrap_or_else(|| "libnvidia-ml.so.1".into()));
+    let c = thread_cpu_us();
     let t = Instant::now();
     let nvml = match Nvml::builder().lib_path(&lib).init() {
         Ok(n) => n,
@@ -244,6 +303,7 @@ fn main() {
         }
     };
     let init_us = t.elapsed().as_secs_f64() * 1e6;
+    let init_cpu = thread_cpu_us() - c;
     let dev = match nvml.device_by_index(a.gpu) {
         Ok(d) => d,
         Err(e) => {
@@ -252,14 +312,19 @@ fn main() {
         }
     };
     println!(
-        "# NVML call latency, GPU {}, {} calls each, wall time in µs",
+        "# NVML call latency, GPU {}, {} calls each: wall time in µs, and the median CPU time \
+         the calling thread spent in a call",
         a.gpu, a.calls
     );
     println!(
-        "{:<48} {:>4} {:>10} {:>10} {:>10}",
-        "FUNCTION", "N", "MIN_US", "MEDIAN_US", "MAX_US"
+        "{:<48} {:>4} {:>10} {:>10} {:>10} {:>10}",
+        "FUNCTION", "N", "MIN_US", "MEDIAN_US", "MAX_US", "CPU_US"
     );
-    row("nvmlInit_v2", 1, Some((init_us, init_us, init_us)));
+    row(
+        "nvmlInit_v2",
+        1,
+        Some((init_us, init_us, init_us, init_cpu)),
+    );
     let n = a.calls;
     row("nvmlDeviceGetCount_v2", n, time(n, || nvml.device_count()));
     row(

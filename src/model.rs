@@ -105,14 +105,18 @@ impl NvmlCall {
     /// Whether the call is made off the tick path, on the slow (process-list) cadence: calls that
     /// block on real drivers (`nvmlDeviceGetPcieThroughput` samples for 20 ms; the retired-page
     /// lists) and settings that rarely change (power limit, slowdown temperature, performance
-    /// state, fan, video engines). Their values are carried into every snapshot while fresh (see the `sampler`
-    /// module), so a tick makes only the calls that change from tick to tick: the field values,
-    /// utilization, memory, temperature, power, clocks and clock-event reasons.
+    /// state, fan, video engines), and the counters a real driver spends CPU on (energy: 3 ms of
+    /// kernel time per call on an H200, driver 580; the PCIe replay counter 0.17 ms; see
+    /// `docs/real-drivers.md`). Their values are carried into every snapshot while fresh (see the
+    /// `sampler` module), so a tick makes only the cheap calls that change from tick to tick: the
+    /// field values, utilization, memory, temperature, power, clocks and clock-event reasons.
     pub fn is_slow(self) -> bool {
         matches!(
             self,
             NvmlCall::PcieRx
                 | NvmlCall::PcieTx
+                | NvmlCall::TotalEnergyConsumption
+                | NvmlCall::PcieReplayCounter
                 | NvmlCall::EnforcedPowerLimit
                 | NvmlCall::TemperatureSlowdown
                 | NvmlCall::PerformanceState
@@ -234,6 +238,11 @@ pub struct FieldSource {
     /// The field is a cumulative counter and the metric is its per-second rate between two
     /// readings (a counter that went backwards, e.g. wrapped, gives no value for that reading).
     pub rate: bool,
+    /// Read off the tick path, on the slow cadence, in a field-values call of its own: fields a
+    /// real driver spends CPU on (measured on an H200, driver 580: total energy 3 ms of kernel
+    /// time per read, each PCIe counter 0.13–0.15 ms, while the other fields cost about a µs).
+    /// Its fallback call must be slow too ([`NvmlCall::is_slow`]).
+    pub slow: bool,
 }
 
 /// A metric gpuwatch computes from other metrics of the same sample (after every NVML read).
@@ -286,7 +295,26 @@ impl Source {
             scale: 1.0,
             fallback: None,
             rate: false,
+            slow: false,
         })
+    }
+
+    /// This field, read off the tick path (see [`FieldSource::slow`]). Only for fields (a compile
+    /// error in the table otherwise).
+    pub const fn slow(self) -> Source {
+        match self {
+            Source::Field(fs) => Source::Field(FieldSource { slow: true, ..fs }),
+            _ => panic!("only a field source is read slow"),
+        }
+    }
+
+    /// Whether the value is read off the tick path, on the slow cadence.
+    pub fn is_slow(&self) -> bool {
+        match self {
+            Source::Nvml(call) => call.is_slow(),
+            Source::Field(fs) => fs.slow,
+            Source::Derived(_) | Source::Host(_) => false,
+        }
     }
 
     /// This counter field's per-second rate. Only for fields (a compile error in the table
@@ -460,9 +488,10 @@ metrics! {
         smi: Some("enforced.power.limit"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_ENFORCED_POWER_LIMIT") },
     Energy => { key: "energy", unit: "joules", kind: Counter,
-        help: "Energy consumed since the driver was loaded",
+        help: "Energy consumed since the driver was loaded (read off the tick path: the driver spends milliseconds of CPU on it)",
         source: Source::field(NvmlField::TOTAL_ENERGY_CONSUMPTION)
             .scaled(0.001)
+            .slow()
             .or_call(NvmlCall::TotalEnergyConsumption),
         smi: None, smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") },
@@ -540,18 +569,19 @@ metrics! {
         smi: None, smi_unit: Same,
         dcgm: None },
     PcieRx => { key: "pcie_rx", unit: "bytes_per_second", kind: Gauge,
-        help: "PCIe receive throughput: the rate of the driver's byte counter between samples, else its 20 ms window (read off the tick path)",
-        source: Source::field(NvmlField::PCIE_COUNT_RX_BYTES).rate().or_call(NvmlCall::PcieRx),
+        help: "PCIe receive throughput: the rate of the driver's byte counter between two slow reads at least 0.5 s apart (absent until then; `status` uses the 20 ms window), else its 20 ms window (read off the tick path)",
+        source: Source::field(NvmlField::PCIE_COUNT_RX_BYTES).rate().slow().or_call(NvmlCall::PcieRx),
         smi: None, smi_unit: Same,
         dcgm: None },
     PcieTx => { key: "pcie_tx", unit: "bytes_per_second", kind: Gauge,
-        help: "PCIe transmit throughput: the rate of the driver's byte counter between samples, else its 20 ms window (read off the tick path)",
-        source: Source::field(NvmlField::PCIE_COUNT_TX_BYTES).rate().or_call(NvmlCall::PcieTx),
+        help: "PCIe transmit throughput: the rate of the driver's byte counter between two slow reads at least 0.5 s apart (absent until then; `status` uses the 20 ms window), else its 20 ms window (read off the tick path)",
+        source: Source::field(NvmlField::PCIE_COUNT_TX_BYTES).rate().slow().or_call(NvmlCall::PcieTx),
         smi: None, smi_unit: Same,
         dcgm: None },
     PcieReplay => { key: "pcie_replay", unit: "replays", kind: Counter,
-        help: "PCIe replay counter (link retransmissions)",
+        help: "PCIe replay counter (link retransmissions; read off the tick path)",
         source: Source::field(NvmlField::PCIE_REPLAY_COUNTER)
+            .slow()
             .or_call(NvmlCall::PcieReplayCounter),
         smi: None, smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_PCIE_REPLAY_COUNTER") },

@@ -310,9 +310,13 @@ impl RotatingFile {
         Ok(())
     }
 
-    /// Flushes file contents to disk (at the end of a recording).
+    /// Flushes file contents to disk (at the end of a recording). A file that cannot be synced
+    /// (`--out /dev/null`, a pipe: `EINVAL`) is not an error.
     pub fn sync(&mut self) -> io::Result<()> {
-        self.file.sync_data()
+        match self.file.sync_data() {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+            other => other,
+        }
     }
 }
 

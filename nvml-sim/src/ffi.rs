@@ -72,12 +72,13 @@ thread_local! {
 pub(crate) fn entry(name: &'static str, body: impl FnOnce() -> Result<(), u32>) -> nvmlReturn_t {
     CALL_GPU.with(|c| c.set(None));
     // The call's latency passes before it answers, so the answer is the state at its return (a
-    // PCIe throughput is the window ending then). The first nvmlInit* sleeps inside `sim::init`,
-    // before the scenario clock starts.
-    if let Some(sim) = sim::loaded() {
-        let latency = sim.latency.of(name);
-        if !latency.is_zero() {
-            crate::latency::spend(latency);
+    // PCIe throughput is the window ending then). nvmlInit* spends its cost inside `sim::init`
+    // (the first before the scenario clock starts; later ones only when NVML was shut down:
+    // initialising an initialised library only counts it up).
+    if let Some(sim) = sim::loaded().filter(|_| !name.starts_with("nvmlInit")) {
+        let cost = sim.latency.of(name);
+        if !cost.is_zero() {
+            crate::latency::spend_cost(cost);
         }
     }
     let result = match catch_unwind(AssertUnwindSafe(body)) {

@@ -8,52 +8,104 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 use std::time::Duration;
 
-/// Default latency of one symbol (see the README's *Real-driver behaviour* for sources).
-pub fn default_latency(name: &str) -> Duration {
+/// What one call of a symbol costs: wall time, and how much of it the driver spends on the CPU
+/// of the calling thread (a real driver's ioctl that polls in the kernel burns CPU for as long as
+/// it takes; one that waits for the GPU sleeps).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cost {
+    pub wall: Duration,
+    /// At most `wall`.
+    pub cpu: Duration,
+}
+
+impl Cost {
+    const fn sleeps(wall: Duration) -> Cost {
+        Cost {
+            wall,
+            cpu: Duration::ZERO,
+        }
+    }
+
+    const fn spins(cpu: Duration) -> Cost {
+        Cost { wall: cpu, cpu }
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.wall.is_zero() && self.cpu.is_zero()
+    }
+}
+
+const fn us(n: u64) -> Duration {
+    Duration::from_micros(n)
+}
+
+/// Default cost of one symbol: measured on an NVIDIA H200 with driver 580.159.04 (persistence
+/// mode on) by `bench/real-gpu.sh`, medians of 30–50 calls, where that GPU answers; public figures
+/// where it does not (see the README's *Real-driver behaviour* for each source).
+pub fn default_cost(name: &str) -> Cost {
     const INIT: &[&str] = &["nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags"];
     const PROCESS_PREFIXES: &[&str] = &[
         "nvmlDeviceGetComputeRunningProcesses",
         "nvmlDeviceGetGraphicsRunningProcesses",
         "nvmlDeviceGetMPSComputeRunningProcesses",
     ];
-    /// Cheap getters: utilization, memory, power, clocks, temperature, reasons, pstate, ECC, energy.
-    const CHEAP_PREFIXES: &[&str] = &[
-        "nvmlDeviceGetUtilizationRates",
-        "nvmlDeviceGetEncoderUtilization",
-        "nvmlDeviceGetDecoderUtilization",
-        "nvmlDeviceGetMemoryInfo",
-        "nvmlDeviceGetBAR1MemoryInfo",
-        "nvmlDeviceGetPowerUsage",
-        "nvmlDeviceGetClockInfo",
-        "nvmlDeviceGetMaxClockInfo",
-        "nvmlDeviceGetClock",
-        "nvmlDeviceGetApplicationsClock",
-        "nvmlDeviceGetDefaultApplicationsClock",
-        "nvmlDeviceGetTemperature",
-        "nvmlDeviceGetCurrentClocksThrottleReasons",
-        "nvmlDeviceGetCurrentClocksEventReasons",
-        "nvmlDeviceGetPerformanceState",
-        "nvmlDeviceGetPowerState",
-        "nvmlDeviceGetTotalEccErrors",
-        "nvmlDeviceGetMemoryErrorCounter",
-        "nvmlDeviceGetTotalEnergyConsumption",
-    ];
     if INIT.contains(&name) {
-        Duration::from_millis(200)
+        // 8.6–10.7 ms, 8.3 ms of it CPU (without persistence mode: hundreds of ms)
+        Cost {
+            wall: Duration::from_millis(10),
+            cpu: Duration::from_millis(8),
+        }
     } else if name == "nvmlDeviceGetPcieThroughput" {
-        Duration::from_millis(20)
+        // a 20 ms sampling window: 20.7 ms, 0.64 ms of it CPU
+        Cost {
+            wall: Duration::from_millis(20),
+            cpu: us(600),
+        }
     } else if name == "nvmlDeviceGetProcessUtilization"
         || PROCESS_PREFIXES.iter().any(|p| name.starts_with(p))
     {
-        Duration::from_millis(3)
+        // "a few ms on busy GPUs" (nvitop#65); the idle H200 answered in 5 µs
+        Cost::sleeps(Duration::from_millis(3))
+    } else if name == "nvmlDeviceGetTotalEnergyConsumption" {
+        Cost::spins(Duration::from_millis(3))
+    } else if name.starts_with("nvmlDeviceGetApplicationsClock")
+        || name.starts_with("nvmlDeviceGetDefaultApplicationsClock")
+    {
+        Cost::spins(us(800))
+    } else if name == "nvmlDeviceGetPcieReplayCounter" {
+        Cost::spins(us(170))
+    } else if name == "nvmlDeviceGetEccMode" {
+        Cost::spins(us(130))
     } else if name == "nvmlDeviceGetFieldValues" {
-        Duration::from_micros(40)
+        // plus each field's own cost (`field_cost`)
+        Cost::sleeps(us(1))
+    } else if name.starts_with("nvmlDeviceGetMemoryInfo") || name == "nvmlDeviceGetPersistenceMode"
+    {
+        Cost::sleeps(us(4))
     } else if name.starts_with("nvmlEventSetWait") || name == "nvmlErrorString" {
-        Duration::ZERO
-    } else if CHEAP_PREFIXES.iter().any(|p| name.starts_with(p)) {
-        Duration::from_micros(20)
+        Cost::default()
     } else {
-        Duration::from_micros(10)
+        // Getters the driver answers from cached values (utilization, power, clocks,
+        // temperature, reasons, pstate, ECC counters, video engines) and identity calls: 0.2–0.8
+        // µs each on the H200.
+        Cost::sleeps(us(1))
+    }
+}
+
+/// Default wall latency of one symbol (see [`default_cost`]).
+pub fn default_latency(name: &str) -> Duration {
+    default_cost(name).wall
+}
+
+/// What reading one field costs inside `nvmlDeviceGetFieldValues`, on the CPU (H200, driver
+/// 580.159.04: the energy counter 3.1 ms — as much as `nvmlDeviceGetTotalEnergyConsumption` —,
+/// each PCIe byte counter 0.13 ms, the replay counter 0.15 ms, every other field about a µs).
+pub fn field_cost(field_id: u32) -> Duration {
+    match field_id {
+        83 => Duration::from_millis(3), // NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+        94 => us(145),                  // NVML_FI_DEV_PCIE_REPLAY_COUNTER
+        197 | 198 => us(130),           // NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES
+        _ => Duration::ZERO,
     }
 }
 
@@ -109,7 +161,7 @@ pub struct Latency {
     pub env: Vec<(String, Duration)>,
     /// The scenario's `[latency]` table.
     pub scenario: Vec<(String, Duration)>,
-    cache: RwLock<HashMap<usize, Duration>>,
+    cache: RwLock<HashMap<usize, Cost>>,
 }
 
 impl Latency {
@@ -130,18 +182,27 @@ impl Latency {
         Ok(l)
     }
 
-    /// Resolves the latency of `name` (uncached).
-    pub fn resolve(&self, name: &str) -> Duration {
+    /// Resolves the cost of `name` (uncached): an override (environment, then scenario) is wall
+    /// time slept; a default may spin part of it ([`default_cost`]).
+    pub fn resolve(&self, name: &str) -> Cost {
         if self.off {
-            return Duration::ZERO;
+            return Cost::default();
         }
         best(&self.env, name)
             .or_else(|| best(&self.scenario, name))
-            .unwrap_or_else(|| default_latency(name))
+            .map(Cost::sleeps)
+            .unwrap_or_else(|| default_cost(name))
     }
 
-    /// The latency of an export, resolved once per symbol (keyed by the name's address).
-    pub fn of(&self, name: &'static str) -> Duration {
+    /// Whether the fields of `nvmlDeviceGetFieldValues` add their own [`field_cost`]: with the
+    /// defaults, not when latency is off or the call's latency is overridden.
+    pub fn field_costs(&self) -> bool {
+        const NAME: &str = "nvmlDeviceGetFieldValues";
+        !self.off && best(&self.env, NAME).is_none() && best(&self.scenario, NAME).is_none()
+    }
+
+    /// The cost of an export, resolved once per symbol (keyed by the name's address).
+    pub fn of(&self, name: &'static str) -> Cost {
         let key = name.as_ptr() as usize;
         if let Some(d) = self
             .cache
@@ -205,6 +266,28 @@ thread_local! {
 /// time spent equals the sum of the latencies (an oversleep is credited to the next calls); a
 /// single cheap call may return at once or take about a millisecond.
 pub fn spend(latency: Duration) {
+    spend_wall(latency)
+}
+
+/// Spends a call's cost: its CPU part busy in this thread (as the driver's polling ioctl would
+/// be), the rest of its wall time as [`spend`] does.
+pub fn spend_cost(cost: Cost) {
+    spin(cost.cpu);
+    spend_wall(cost.wall.saturating_sub(cost.cpu));
+}
+
+/// Keeps the calling thread busy on the CPU for `d`.
+pub fn spin(d: Duration) {
+    if d.is_zero() {
+        return;
+    }
+    let t = std::time::Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+fn spend_wall(latency: Duration) {
     let ns = i64::try_from(latency.as_nanos()).unwrap_or(i64::MAX);
     if latency >= COALESCE {
         sleep_ns(ns);
@@ -235,36 +318,52 @@ mod tests {
 
     #[test]
     fn defaults() {
-        assert_eq!(default_latency("nvmlInit_v2"), Duration::from_millis(200));
-        assert_eq!(
-            default_latency("nvmlInitWithFlags"),
-            Duration::from_millis(200)
-        );
-        assert_eq!(
-            default_latency("nvmlDeviceGetPcieThroughput"),
-            Duration::from_millis(20)
-        );
+        let ms = Duration::from_millis;
+        assert_eq!(default_latency("nvmlInit_v2"), ms(10));
+        assert_eq!(default_cost("nvmlInitWithFlags").cpu, ms(8));
+        assert_eq!(default_latency("nvmlDeviceGetPcieThroughput"), ms(20));
         assert_eq!(
             default_latency("nvmlDeviceGetComputeRunningProcesses_v3"),
-            Duration::from_millis(3)
+            ms(3)
         );
         assert_eq!(
             default_latency("nvmlDeviceGetMPSComputeRunningProcesses_v2"),
-            Duration::from_millis(3)
+            ms(3)
         );
         assert_eq!(
-            default_latency("nvmlDeviceGetFieldValues"),
-            Duration::from_micros(40)
+            default_cost("nvmlDeviceGetTotalEnergyConsumption"),
+            Cost::spins(ms(3))
         );
-        assert_eq!(
-            default_latency("nvmlDeviceGetMemoryInfo_v2"),
-            Duration::from_micros(20)
-        );
-        assert_eq!(
-            default_latency("nvmlDeviceGetName"),
-            Duration::from_micros(10)
-        );
+        assert_eq!(default_latency("nvmlDeviceGetFieldValues"), us(1));
+        assert_eq!(field_cost(83), ms(3));
+        assert_eq!(field_cost(198), us(130));
+        assert_eq!(field_cost(1), Duration::ZERO);
+        assert_eq!(default_latency("nvmlDeviceGetMemoryInfo_v2"), us(4));
+        assert_eq!(default_latency("nvmlDeviceGetName"), us(1));
         assert_eq!(default_latency("nvmlEventSetWait_v2"), Duration::ZERO);
+        for name in [
+            "nvmlInit_v2",
+            "nvmlDeviceGetPcieThroughput",
+            "nvmlDeviceGetEccMode",
+        ] {
+            let c = default_cost(name);
+            assert!(c.cpu <= c.wall, "{name}");
+        }
+    }
+
+    #[test]
+    fn overrides_sleep_and_switch_field_costs_off() {
+        let l = Latency::new(vec![], Some("nvmlDeviceGetTotalEnergyConsumption=2ms")).unwrap();
+        assert_eq!(
+            l.resolve("nvmlDeviceGetTotalEnergyConsumption"),
+            Cost::sleeps(Duration::from_millis(2))
+        );
+        assert!(l.field_costs());
+        let l = Latency::new(vec![], Some("nvmlDeviceGet*=1ms")).unwrap();
+        assert!(!l.field_costs());
+        let l = Latency::new(vec![], Some("0")).unwrap();
+        assert!(!l.field_costs());
+        assert!(l.resolve("nvmlInit_v2").is_zero());
     }
 
     #[test]
@@ -295,32 +394,35 @@ mod tests {
         ];
         let l = Latency::new(scenario.clone(), None).unwrap();
         assert_eq!(
-            l.resolve("nvmlDeviceGetPcieThroughput"),
+            l.resolve("nvmlDeviceGetPcieThroughput").wall,
             Duration::from_millis(4)
         );
         assert_eq!(
-            l.resolve("nvmlDeviceGetPcieReplayCounter"),
+            l.resolve("nvmlDeviceGetPcieReplayCounter").wall,
             Duration::from_millis(3)
         );
-        assert_eq!(l.resolve("nvmlDeviceGetName"), Duration::from_millis(2));
-        assert_eq!(l.resolve("nvmlShutdown"), Duration::from_millis(1));
+        assert_eq!(
+            l.resolve("nvmlDeviceGetName").wall,
+            Duration::from_millis(2)
+        );
+        assert_eq!(l.resolve("nvmlShutdown").wall, Duration::from_millis(1));
         let l = Latency::new(
             scenario.clone(),
             Some("nvmlDeviceGetPcieThroughput=7ms, nvmlShut*=0"),
         )
         .unwrap();
         assert_eq!(
-            l.resolve("nvmlDeviceGetPcieThroughput"),
+            l.resolve("nvmlDeviceGetPcieThroughput").wall,
             Duration::from_millis(7)
         );
-        assert_eq!(l.resolve("nvmlShutdown"), Duration::ZERO);
-        assert_eq!(l.of("nvmlDeviceGetName"), Duration::from_millis(2));
-        assert_eq!(l.of("nvmlDeviceGetName"), Duration::from_millis(2));
+        assert!(l.resolve("nvmlShutdown").is_zero());
+        assert_eq!(l.of("nvmlDeviceGetName").wall, Duration::from_millis(2));
+        assert_eq!(l.of("nvmlDeviceGetName").wall, Duration::from_millis(2));
         let l = Latency::new(scenario, Some("off")).unwrap();
-        assert_eq!(l.resolve("nvmlDeviceGetPcieThroughput"), Duration::ZERO);
-        assert_eq!(l.resolve("nvmlInit_v2"), Duration::ZERO);
+        assert!(l.resolve("nvmlDeviceGetPcieThroughput").is_zero());
+        assert!(l.resolve("nvmlInit_v2").is_zero());
         let none = Latency::new(Vec::new(), None).unwrap();
-        assert_eq!(none.resolve("nvmlInit"), Duration::from_millis(200));
+        assert_eq!(none.resolve("nvmlInit"), default_cost("nvmlInit"));
         let e = Latency::new(Vec::new(), Some("nvmlX=fast")).unwrap_err();
         assert!(e.starts_with("NVML_SIM_LATENCY=nvmlX=fast: "), "{e}");
         assert!(Latency::new(Vec::new(), Some("GetName=1ms")).is_err());

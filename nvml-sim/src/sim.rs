@@ -707,14 +707,20 @@ pub fn current() -> Result<Arc<Sim>, u32> {
 /// `nvmlInit*` (the export `name`): loads the scenario on first use, spends the init latency,
 /// starts scenario time, and counts up.
 pub fn init(name: &'static str) -> Result<(), u32> {
+    // Initialising again after the last shutdown costs what the first init did, as it does with
+    // a real driver (gpustat initialises and shuts NVML down at every query).
+    let again = {
+        let g = GLOBAL.read().unwrap_or_else(|p| p.into_inner());
+        g.sim.clone().filter(|_| g.refcount == 0)
+    };
+    if let Some(sim) = again {
+        crate::latency::spend_cost(sim.latency.of(name));
+    }
     let mut g = GLOBAL.write().unwrap_or_else(|p| p.into_inner());
     if g.sim.is_none() {
         match crate::shipped::load_from_env() {
             Ok(mut sim) => {
-                let latency = sim.latency.of(name);
-                if !latency.is_zero() {
-                    std::thread::sleep(latency);
-                }
+                crate::latency::spend_cost(sim.latency.of(name));
                 sim.start = Instant::now();
                 sim.wall_start_us = wall_now_us();
                 let sim = Arc::new(sim);

@@ -228,6 +228,8 @@ fn missing_lines(out: &mut String, missing: &[MissingGpu]) {
 pub fn status(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<i32> {
     let mut cfg = global.sampler_config();
     cfg.xid_events = false;
+    // one snapshot: PCIe throughput from its 20 ms window, the counters have no second reading
+    cfg.rates_now = true;
     let mut sampler = Sampler::open(&cfg)?;
     // The bus only: `status` keeps no history (the daemon's `gpu_missing` also knows the GPUs
     // seen before and `expected_gpus`).

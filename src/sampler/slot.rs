@@ -94,12 +94,21 @@ pub(super) fn metric_bit(m: Metric) -> u64 {
 
 const _: () = assert!(METRIC_COUNT <= 64, "per-metric masks are u64");
 
-/// The table's field rows, in table order. They are read in one `nvmlDeviceGetFieldValues` call
-/// per GPU and tick, which saves one library call per counter; a field the GPU does not support
-/// is dropped and its row's fallback call (if any) is used instead (see `Slot::read`).
-pub(super) fn table_fields() -> impl Iterator<Item = FieldRow> {
-    METRICS.iter().filter_map(|d| match d.source {
-        Source::Field(f) => Some(FieldRow {
+/// Which of the table's field rows a [`Slot`] reads: the tick path's, or the slow ones
+/// ([`crate::model::FieldSource::slow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Path {
+    Fast,
+    Slow,
+}
+
+/// The table's field rows of `path`, in table order. They are read in one
+/// `nvmlDeviceGetFieldValues` call per GPU and read, which saves one library call per counter; a
+/// field the GPU does not support is dropped and its row's fallback call (if any) is used instead
+/// (see `Slot::read`).
+pub(super) fn table_fields(path: Path) -> impl Iterator<Item = FieldRow> {
+    METRICS.iter().filter_map(move |d| match d.source {
+        Source::Field(f) if f.slow == (path == Path::Slow) => Some(FieldRow {
             id: FieldId(f.field.id),
             metric: d.id,
             scale: f.scale,
@@ -109,6 +118,12 @@ pub(super) fn table_fields() -> impl Iterator<Item = FieldRow> {
         _ => None,
     })
 }
+
+/// The shortest window a counter's rate is taken over, µs. A real driver's PCIe byte counters move
+/// in steps: on an H200 two readings a few ms apart gave 22 MB/s on an idle link that read
+/// 0.05 MB/s over 5 s (`tests/fixtures/real/`). Half a second, so that a process interval of a
+/// second always gives a window.
+pub(super) const RATE_MIN_WINDOW_US: i64 = 500_000;
 
 /// One field of the batched call.
 #[derive(Debug, Clone)]
@@ -126,10 +141,17 @@ pub(super) struct FieldRow {
 impl FieldRow {
     /// The metric's value for a raw reading taken at `at_us`: the reading scaled, or for a rate
     /// the scaled per-second change since the previous reading (none for the first reading, or
-    /// when the counter went backwards: it wrapped or the driver was reloaded).
+    /// when the counter went backwards: it wrapped or the driver was reloaded). A reading less
+    /// than [`RATE_MIN_WINDOW_US`] after the previous one gives no rate and keeps the previous
+    /// one, so the next window is long enough.
     fn value(&mut self, raw: f64, at_us: i64) -> Option<f64> {
         if !self.rate {
             return Some(raw * self.scale);
+        }
+        if let Some((p, pt)) = self.prev {
+            if raw >= p && at_us >= pt && at_us - pt < RATE_MIN_WINDOW_US {
+                return None;
+            }
         }
         let prev = self.prev.replace((raw, at_us));
         let (p, pt) = prev?;
@@ -173,8 +195,8 @@ pub(super) struct Slot {
 pub(super) struct Lost;
 
 impl Slot {
-    /// A slot for device `index`, not attached yet.
-    pub(super) fn new(index: u32, now_ms: i64, busy: Arc<Busy>) -> Slot {
+    /// A slot for device `index` reading the field rows of `path`, not attached yet.
+    pub(super) fn new(index: u32, now_ms: i64, busy: Arc<Busy>, path: Path) -> Slot {
         Slot {
             handle: None,
             id: DeviceId {
@@ -184,9 +206,9 @@ impl Slot {
             state: DeviceState::Ok,
             unsupported: 0,
             warned: 0,
-            fields: table_fields().map(|r| r.id).collect(),
-            field_rows: table_fields().collect(),
-            field_metrics: table_fields().fold(0, |mask, r| mask | metric_bit(r.metric)),
+            fields: table_fields(path).map(|r| r.id).collect(),
+            field_rows: table_fields(path).collect(),
+            field_metrics: table_fields(path).fold(0, |mask, r| mask | metric_bit(r.metric)),
             lost_probe_ms: now_ms,
             busy,
         }
@@ -259,14 +281,16 @@ impl Slot {
         self.state
     }
 
-    /// Metrics whose value comes from a slow call (off the tick path): rows whose call is slow,
-    /// and field rows with a slow fallback once the field is known unsupported.
+    /// Metrics whose value comes from the slow path (off the tick path): rows whose call is
+    /// slow, slow field rows, and field rows with a slow fallback once the field is known
+    /// unsupported.
     pub(super) fn slow_metrics(&self) -> u64 {
         METRICS.iter().fold(0, |mask, d| {
             let slow = match d.source {
                 Source::Nvml(call) => call.is_slow(),
                 Source::Field(f) => {
-                    f.fallback.is_some_and(NvmlCall::is_slow) && !self.field_active(d.id)
+                    f.slow
+                        || (f.fallback.is_some_and(NvmlCall::is_slow) && !self.field_active(d.id))
                 }
                 _ => false,
             };
@@ -341,7 +365,7 @@ impl Slot {
     /// Slow calls are left to the slow path (see [`Slot::slow_metrics`]).
     fn read(&mut self, values: &mut MetricValues) -> Result<(), Lost> {
         let mut tick = TickAnswers::default();
-        self.read_fields(values, &mut tick)?;
+        self.read_fields(values, &mut tick, 0)?;
         for d in METRICS {
             match d.source {
                 Source::Nvml(call) if call.is_slow() => {}
@@ -484,11 +508,13 @@ impl Slot {
         Ok(v)
     }
 
-    /// The one field-values call of the tick: sets every metric whose field is still asked for.
-    fn read_fields(
+    /// The one field-values call of the read: sets every metric whose field is still asked for,
+    /// except those in `skip` (a per-metric mask).
+    pub(super) fn read_fields(
         &mut self,
         values: &mut MetricValues,
         tick: &mut TickAnswers,
+        skip: u64,
     ) -> Result<(), Lost> {
         if self.fields.is_empty() || self.unsupported & Query::Fields.bit() != 0 {
             return Ok(());
@@ -496,7 +522,21 @@ impl Slot {
         let Some(dev) = self.handle.as_ref() else {
             return Err(Lost);
         };
-        let fields = &self.fields;
+        // The rows asked for, by position (all of them, without allocating, on the tick path).
+        let picked: Option<Vec<usize>> = (skip & self.field_metrics != 0).then(|| {
+            (0..self.field_rows.len())
+                .filter(|&i| skip & metric_bit(self.field_rows[i].metric) == 0)
+                .collect()
+        });
+        let subset: Vec<FieldId>;
+        let fields: &[FieldId] = match &picked {
+            None => &self.fields,
+            Some(p) if p.is_empty() => return Ok(()),
+            Some(p) => {
+                subset = p.iter().map(|&i| FieldId(self.fields[i].0)).collect();
+                &subset
+            }
+        };
         let answer = self
             .busy
             .call(NvmlFunction::FieldValues, || dev.field_values_for(fields));
@@ -509,8 +549,9 @@ impl Slot {
             }
         };
         let mut drop_mask: u64 = 0;
-        for (i, sample) in samples.into_iter().enumerate() {
-            let Some(row) = self.field_rows.get_mut(i) else {
+        for (k, sample) in samples.into_iter().enumerate() {
+            let i = picked.as_ref().map_or(Some(k), |p| p.get(k).copied());
+            let Some(row) = i.and_then(|i| self.field_rows.get_mut(i)) else {
                 break;
             };
             let metric = row.metric;
@@ -528,10 +569,10 @@ impl Slot {
                     tracing::debug!(
                         "GPU {}: field {} ({}) not supported; not asked again",
                         self.id.index,
-                        self.fields[i].0,
+                        row.id.0,
                         metric.key()
                     );
-                    drop_mask |= 1 << i;
+                    drop_mask |= 1 << i.unwrap_or(0);
                     None
                 }
                 Err(_) => None,
@@ -577,6 +618,26 @@ impl Slot {
 /// own (its not-supported bookkeeping is separate from the fast path's).
 pub(super) struct SlowSlot {
     pub slot: Slot,
+    /// A rate its counters cannot give yet (no reading a [`RATE_MIN_WINDOW_US`] ago) is read
+    /// through its fallback call (`nvmlDeviceGetPcieThroughput`: a 20 ms window) — for one-shot
+    /// commands, which take a single snapshot.
+    pub rates_now: bool,
+    /// When the [`RARE`] metrics were last read (the time of that ask, UTC ms).
+    rare_at: Option<i64>,
+}
+
+/// Metrics the slow path reads only every [`RARE_INTERVAL_MS`]: counters a real driver spends CPU
+/// on (H200, driver 580; `tests/fixtures/real/`): energy 3 ms per read — at the 5 s process
+/// cadence eight GPUs would spend 0.5 % of a core on it alone — and the PCIe replay counter
+/// 0.15 ms. A counter read once a minute is still exact over any longer span (energy per hour,
+/// per run; replays per hour).
+pub(super) const RARE: &[Metric] = &[Metric::Energy, Metric::PcieReplay];
+/// See [`RARE`].
+pub(super) const RARE_INTERVAL_MS: i64 = 60_000;
+
+/// [`RARE`] as a per-metric mask.
+pub(super) fn rare_mask() -> u64 {
+    RARE.iter().fold(0, |m, r| m | metric_bit(*r))
 }
 
 /// What one slow read found.
@@ -586,6 +647,8 @@ pub(super) struct SlowAnswer {
     pub processes: Option<Vec<(ProcessInfo, ProcKind)>>,
     /// Values of the slow metrics asked for.
     pub values: MetricValues,
+    /// The metrics read this time (a per-metric mask; the [`RARE`] ones only when due).
+    pub read: u64,
     /// When the reads were made, UTC ms.
     pub time_ms: i64,
     /// The device answered GPU_IS_LOST.
@@ -595,7 +658,9 @@ pub(super) struct SlowAnswer {
 impl SlowSlot {
     pub(super) fn new(index: u32, busy: Arc<Busy>) -> SlowSlot {
         SlowSlot {
-            slot: Slot::new(index, crate::sys::now_ms(), busy),
+            slot: Slot::new(index, crate::sys::now_ms(), busy, Path::Slow),
+            rates_now: false,
+            rare_at: None,
         }
     }
 
@@ -611,13 +676,31 @@ impl SlowSlot {
         }
     }
 
-    /// Reads the process lists and the slow metrics in `mask`.
-    pub(super) fn read(&mut self, mask: u64) -> SlowAnswer {
+    /// The metrics to leave out of the read at `time_ms`: the [`RARE`] ones until their interval
+    /// has passed since they were last read (or the clock went back).
+    fn rare_skip(&mut self, time_ms: i64) -> u64 {
+        let due = self
+            .rare_at
+            .is_none_or(|at| time_ms - at >= RARE_INTERVAL_MS || time_ms < at);
+        if due {
+            self.rare_at = Some(time_ms);
+            0
+        } else {
+            rare_mask()
+        }
+    }
+
+    /// Reads the process lists and the slow metrics in `mask` (the [`RARE`] ones when their
+    /// interval has passed since `time_ms` last read them).
+    pub(super) fn read(&mut self, mask: u64, time_ms: i64) -> SlowAnswer {
         let mut answer = SlowAnswer::default();
         if self.slot.handle.is_none() {
             answer.time_ms = crate::sys::now_ms();
             return answer;
         }
+        let skip = self.rare_skip(time_ms);
+        let mask = mask & !skip;
+        answer.read = mask;
         let mut tick = TickAnswers::default();
         let mut lists: Vec<(ProcessInfo, ProcKind)> = Vec::new();
         let mut ok = true;
@@ -647,12 +730,32 @@ impl SlowSlot {
             }
         }
         answer.processes = ok.then_some(lists);
+        if !answer.lost
+            && self
+                .slot
+                .read_fields(&mut answer.values, &mut tick, skip)
+                .is_err()
+        {
+            answer.lost = true;
+        }
+
         for d in METRICS {
             if mask & metric_bit(d.id) == 0 || answer.lost {
                 continue;
             }
             let call = match d.source {
                 Source::Nvml(c) => c,
+                // a rate its counters cannot give yet, for a one-shot command
+                Source::Field(f)
+                    if self.rates_now && f.rate && answer.values.get(d.id).is_none() =>
+                {
+                    match f.fallback {
+                        Some(c) => c,
+                        None => continue,
+                    }
+                }
+                // a slow field read above, or its fallback once the field is unsupported
+                Source::Field(_) if self.slot.field_active(d.id) => continue,
                 Source::Field(f) => match f.fallback {
                     Some(c) => c,
                     None => continue,
@@ -666,5 +769,46 @@ impl SlowSlot {
         }
         answer.time_ms = crate::sys::now_ms();
         answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_needs_a_window_of_half_a_second() {
+        let mut row = table_fields(Path::Slow)
+            .find(|r| r.metric == Metric::PcieRx)
+            .unwrap();
+        let t0 = 1_700_000_000_000_000;
+        assert_eq!(row.value(1_000.0, t0), None, "first reading");
+        assert_eq!(
+            row.value(9_000.0, t0 + 3_000),
+            None,
+            "3 ms later: too short"
+        );
+        assert_eq!(row.value(2_000.0, t0 + 499_999), None, "still too short");
+        assert_eq!(row.value(3_000.0, t0 + 1_000_000), Some(2_000.0));
+        assert_eq!(row.value(2_000.0, t0 + 2_000_000), None, "went backwards");
+        assert_eq!(row.value(4_000.0, t0 + 4_000_000), Some(1_000.0));
+    }
+
+    #[test]
+    fn energy_is_read_once_a_minute_on_the_slow_path() {
+        let mut slow = SlowSlot::new(0, Arc::new(Busy::default()));
+        let t0 = 1_700_000_000_000;
+        let energy = metric_bit(Metric::Energy) | metric_bit(Metric::PcieReplay);
+        assert_eq!(slow.rare_skip(t0), 0, "first read: everything");
+        assert_eq!(slow.rare_skip(t0 + 5_000), energy);
+        assert_eq!(slow.rare_skip(t0 + 59_999), energy);
+        assert_eq!(slow.rare_skip(t0 + 60_000), 0);
+        assert_eq!(slow.rare_skip(t0 + 65_000), energy);
+        assert_eq!(slow.rare_skip(t0), 0, "the clock went back");
+        // the PCIe byte counters (throughput) stay on every slow read
+        assert_eq!(
+            rare_mask() & (metric_bit(Metric::PcieRx) | metric_bit(Metric::PcieTx)),
+            0
+        );
     }
 }

@@ -72,8 +72,16 @@ fn real_gpu_script_runs_against_the_simulator() {
             .lines()
             .find(|l| l.starts_with(f))
             .unwrap_or_else(|| panic!("{f} in {table}"));
-        assert_eq!(row.split_whitespace().count(), 5, "{row}");
+        // min, median, max wall time and the CPU time of a call
+        assert_eq!(row.split_whitespace().count(), 6, "{row}");
     }
+    assert!(table.contains("CPU_US"), "{table}");
+    // the minute a real H200 gave both tools stays within tolerance
+    let real = std::fs::read_to_string(tmp.path().join("compare-real.txt")).unwrap();
+    assert!(
+        real.contains("NVIDIA-SMI") && real.contains(" 0 out of tolerance"),
+        "{real}"
+    );
     let (_, rows) =
         common::csv_rows(&std::fs::read_to_string(tmp.path().join("record.csv")).unwrap());
     assert!(rows.len() >= 8, "{} rows", rows.len());

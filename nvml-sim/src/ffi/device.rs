@@ -992,6 +992,10 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             return Err(code::INVALID_ARGUMENT);
         }
         let ts = wall_now_us() as i64;
+        // Each answered field adds its own cost (the energy counter is milliseconds of driver
+        // CPU, see `latency::field_cost`), unless latency is off or the call is overridden.
+        let field_costs = d.sim.latency.field_costs();
+        let mut cost = std::time::Duration::ZERO;
         for i in 0..count as usize {
             // SAFETY: the caller provides `count` entries.
             let fv = unsafe { &mut *values.add(i) };
@@ -1002,6 +1006,9 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                     fv.valueType = value_type;
                     fv.value = value;
                     fv.nvmlReturn = code::SUCCESS;
+                    if field_costs {
+                        cost += crate::latency::field_cost(fv.fieldId);
+                    }
                 }
                 Err(c) => {
                     fv.value = nvmlValue_t { ullVal: 0 };
@@ -1009,6 +1016,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                 }
             }
         }
+        crate::latency::spin(cost);
         Ok(())
     })
 }
