@@ -3,9 +3,10 @@
 For each interval (100 ms, then 1 s) starts, at the same time, `gpuwatch record --stats` (CSV to
 /dev/null) and a Python process running gpustat's own query loop (`gpustat.new_query()` at the
 same interval), both against the same simulated NVML library playing the `healthy` scenario
-(8 GPUs) with nvml-sim's realistic per-call latencies (its defaults: PCIe throughput 20 ms,
-process lists 3 ms, cheap getters 20 us, field values 40 us; printed below). CPU time (user +
-system) comes from wait4() on each child, so each side is charged exactly its own process; peak
+(8 GPUs) with nvml-sim's default call costs (measured on an H200: getters ~1 us, the energy
+counter 3 ms of CPU, PCIe throughput 20 ms, init 10 ms; process lists 3 ms), or — without
+`--sim-lib` — against the system's real driver (bench/real-gpu.sh does that on a GPU machine).
+CPU time (user + system) comes from wait4() on each child, so each side is charged exactly its own process; peak
 RSS is each child's VmHWM. gpuwatch's ticks kept and sample wall times come from its --stats
 line. gpustat's figure excludes Python and module start-up (the loop measures itself), which
 favours gpustat; gpuwatch's start-up is measured with a one-tick run and subtracted.

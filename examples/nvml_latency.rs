@@ -1,6 +1,7 @@
 //! The wall time of every NVML call gpuwatch's sampler (and `doctor`) makes, per call: min,
-//! median and max over N calls on one GPU. `bench/real-gpu.sh` runs it on a real driver to
-//! replace the estimates in `../shared/docs/real-drivers.md` with measurements.
+//! median and max over N calls on one GPU, and the CPU time the calling thread spent in each.
+//! `bench/real-gpu.sh` runs it on a real driver; nvml-sim's default costs come from its table
+//! (`tests/fixtures/real/nvml-latency.txt`).
 //!
 //!     cargo run --release --example nvml_latency -- [--nvml-lib PATH] [--sim SCENARIO]
 //!                                                   [--gpu N] [--calls 50]

@@ -107,7 +107,7 @@ impl NvmlCall {
     /// lists) and settings that rarely change (power limit, slowdown temperature, performance
     /// state, fan, video engines), and the counters a real driver spends CPU on (energy: 3 ms of
     /// kernel time per call on an H200, driver 580; the PCIe replay counter 0.17 ms; see
-    /// `docs/real-drivers.md`). Their values are carried into every snapshot while fresh (see the
+    /// `tests/fixtures/real/`). Their values are carried into every snapshot while fresh (see the
     /// `sampler` module), so a tick makes only the cheap calls that change from tick to tick: the
     /// field values, utilization, memory, temperature, power, clocks and clock-event reasons.
     pub fn is_slow(self) -> bool {

@@ -7,7 +7,8 @@
 //! settings that rarely change, the calls that block on real drivers
 //! (`nvmlDeviceGetPcieThroughput` samples for 20 ms) and the counters a real driver spends CPU on
 //! (total energy: 3 ms of kernel time per read on an H200; the PCIe counters 0.13 ms each) on the
-//! slower process cadence.
+//! slower process cadence — those counters on cadences of their own, multiples of it
+//! (`slot::COUNTERS`: a minute and 30 s by default).
 //! [`Sampler::sample`] asks the fast path and waits for the answers until the tick's budget,
 //! then produces a plain
 //! [`Snapshot`]: per GPU the values in canonical units, the slow values while they are fresh
@@ -294,11 +295,14 @@ fn slow_pool(
     nvml: &'static Nvml,
     n: usize,
     masks: Arc<Vec<AtomicU64>>,
-    rates_now: bool,
+    cfg: &SamplerConfig,
 ) -> Pool<SlowSlot, SlowAnswer> {
+    let rates_now = cfg.rates_now;
+    let process_interval_ms = duration_ms(cfg.process_interval).max(1);
     let factory: worker::Factory<SlowSlot> = Arc::new(move |pos, busy| {
         let mut slot = SlowSlot::new(u32::try_from(pos).unwrap_or(u32::MAX), busy);
         slot.rates_now = rates_now;
+        slot.process_interval_ms = process_interval_ms;
         slot
     });
     let work: worker::Work<SlowSlot, SlowAnswer> = Arc::new(move |slot, _, time_ms| {
@@ -377,7 +381,7 @@ impl Sampler {
             nvml,
             devices,
             fast: fast_pool(nvml, n),
-            slow: slow_pool(nvml, n, slow_masks.clone(), cfg.rates_now),
+            slow: slow_pool(nvml, n, slow_masks.clone(), cfg),
             slow_masks,
             xids: None,
             merger: xids::XidMerger::new(None),
@@ -551,11 +555,6 @@ impl Sampler {
         self.fast.collect(deadline, stall_at);
         let processes = self.collect_round(first.then_some(deadline));
         let now = Instant::now();
-        // A slow value is shown while younger than twice its cadence (then it is absent).
-        let max_age = 2 * self.process_interval_ms + duration_ms(timeout);
-        let rare_max_age =
-            2 * self.process_interval_ms.max(slot::RARE_INTERVAL_MS) + duration_ms(timeout);
-        let rare = slot::rare_mask();
         let mut gpus = Vec::with_capacity(self.devices.len());
         for pos in 0..self.devices.len() {
             let fresh = self.fast.take(pos).map(|a| self.take(pos, a));
@@ -576,12 +575,9 @@ impl Sampler {
                     if mask & bit == 0 {
                         continue;
                     }
+                    // shown while younger than twice its cadence (then it is absent)
                     let (v, at) = d.slow_values[m.id as usize];
-                    let age = if rare & bit != 0 {
-                        rare_max_age
-                    } else {
-                        max_age
-                    };
+                    let age = slot::max_age_ms(bit, self.process_interval_ms, duration_ms(timeout));
                     if at != i64::MIN && time_ms.saturating_sub(at) <= age {
                         values.set(m.id, v);
                     }

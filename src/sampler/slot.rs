@@ -622,22 +622,39 @@ pub(super) struct SlowSlot {
     /// through its fallback call (`nvmlDeviceGetPcieThroughput`: a 20 ms window) — for one-shot
     /// commands, which take a single snapshot.
     pub rates_now: bool,
-    /// When the [`RARE`] metrics were last read (the time of that ask, UTC ms).
-    rare_at: Option<i64>,
+    /// When each of [`COUNTERS`] was last read (the time of that ask, UTC ms).
+    counters_at: [Option<i64>; COUNTERS.len()],
+    /// The sampler's process interval, ms (the counters' cadences are multiples of it).
+    pub process_interval_ms: i64,
 }
 
-/// Metrics the slow path reads only every [`RARE_INTERVAL_MS`]: counters a real driver spends CPU
-/// on (H200, driver 580; `tests/fixtures/real/`): energy 3 ms per read — at the 5 s process
-/// cadence eight GPUs would spend 0.5 % of a core on it alone — and the PCIe replay counter
-/// 0.15 ms. A counter read once a minute is still exact over any longer span (energy per hour,
-/// per run; replays per hour).
-pub(super) const RARE: &[Metric] = &[Metric::Energy, Metric::PcieReplay];
-/// See [`RARE`].
-pub(super) const RARE_INTERVAL_MS: i64 = 60_000;
+/// Counters the slow path reads on a cadence of their own, slower than the process interval:
+/// a real driver spends CPU on them (H200, driver 580; `tests/fixtures/real/`). Energy costs 3 ms
+/// per read — at the 5 s process cadence eight GPUs would spend 0.5 % of a core on it alone —,
+/// the PCIe replay counter 0.15 ms: both every 12 process intervals (a minute by default). The
+/// PCIe byte counters (0.13 ms each) every 6 (30 s): throughput becomes a 30 s average, and it
+/// feeds no stock rule. A counter is exact over any span longer than its cadence (energy per hour
+/// and per run, replays per hour). `top` and `run` use a 1 s process interval: 6 and 12 s.
+/// (metrics, cadence in process intervals).
+pub(super) const COUNTERS: [(&[Metric], i64); 2] = [
+    (&[Metric::Energy, Metric::PcieReplay], 12),
+    (&[Metric::PcieRx, Metric::PcieTx], 6),
+];
 
-/// [`RARE`] as a per-metric mask.
-pub(super) fn rare_mask() -> u64 {
-    RARE.iter().fold(0, |m, r| m | metric_bit(*r))
+/// A list of metrics as a per-metric mask.
+pub(super) fn mask_of(metrics: &[Metric]) -> u64 {
+    metrics.iter().fold(0, |m, r| m | metric_bit(*r))
+}
+
+/// How long a slow value of `bit` may be shown after it was read, ms: twice its cadence (the
+/// process interval, or its counter class's when slower) plus the call timeout.
+pub(super) fn max_age_ms(bit: u64, process_interval_ms: i64, timeout_ms: i64) -> i64 {
+    let cadence = COUNTERS
+        .iter()
+        .find(|(ms, _)| mask_of(ms) & bit != 0)
+        .map_or(1, |(_, n)| *n)
+        * process_interval_ms;
+    2 * cadence + timeout_ms
 }
 
 /// What one slow read found.
@@ -660,7 +677,8 @@ impl SlowSlot {
         SlowSlot {
             slot: Slot::new(index, crate::sys::now_ms(), busy, Path::Slow),
             rates_now: false,
-            rare_at: None,
+            counters_at: [None; COUNTERS.len()],
+            process_interval_ms: 5_000,
         }
     }
 
@@ -676,29 +694,31 @@ impl SlowSlot {
         }
     }
 
-    /// The metrics to leave out of the read at `time_ms`: the [`RARE`] ones until their interval
-    /// has passed since they were last read (or the clock went back).
-    fn rare_skip(&mut self, time_ms: i64) -> u64 {
-        let due = self
-            .rare_at
-            .is_none_or(|at| time_ms - at >= RARE_INTERVAL_MS || time_ms < at);
-        if due {
-            self.rare_at = Some(time_ms);
-            0
-        } else {
-            rare_mask()
+    /// The metrics to leave out of the read at `time_ms`: each class of [`COUNTERS`] until its
+    /// interval has passed since it was last read (or the clock went back).
+    fn counters_skip(&mut self, time_ms: i64) -> u64 {
+        let mut skip = 0;
+        for (at, (metrics, n)) in self.counters_at.iter_mut().zip(COUNTERS) {
+            // a little early is due: a round can start a few ms short of its interval
+            let every = n * self.process_interval_ms - self.process_interval_ms / 2;
+            if at.is_none_or(|t| time_ms - t >= every || time_ms < t) {
+                *at = Some(time_ms);
+            } else {
+                skip |= mask_of(metrics);
+            }
         }
+        skip
     }
 
-    /// Reads the process lists and the slow metrics in `mask` (the [`RARE`] ones when their
-    /// interval has passed since `time_ms` last read them).
+    /// Reads the process lists and the slow metrics in `mask` (the [`COUNTERS`] when their
+    /// interval has passed since they were last read).
     pub(super) fn read(&mut self, mask: u64, time_ms: i64) -> SlowAnswer {
         let mut answer = SlowAnswer::default();
         if self.slot.handle.is_none() {
             answer.time_ms = crate::sys::now_ms();
             return answer;
         }
-        let skip = self.rare_skip(time_ms);
+        let skip = self.counters_skip(time_ms);
         let mask = mask & !skip;
         answer.read = mask;
         let mut tick = TickAnswers::default();
@@ -795,20 +815,32 @@ mod tests {
     }
 
     #[test]
-    fn energy_is_read_once_a_minute_on_the_slow_path() {
+    fn counters_are_read_on_their_own_cadence() {
         let mut slow = SlowSlot::new(0, Arc::new(Busy::default()));
         let t0 = 1_700_000_000_000;
-        let energy = metric_bit(Metric::Energy) | metric_bit(Metric::PcieReplay);
-        assert_eq!(slow.rare_skip(t0), 0, "first read: everything");
-        assert_eq!(slow.rare_skip(t0 + 5_000), energy);
-        assert_eq!(slow.rare_skip(t0 + 59_999), energy);
-        assert_eq!(slow.rare_skip(t0 + 60_000), 0);
-        assert_eq!(slow.rare_skip(t0 + 65_000), energy);
-        assert_eq!(slow.rare_skip(t0), 0, "the clock went back");
-        // the PCIe byte counters (throughput) stay on every slow read
+        let minute = metric_bit(Metric::Energy) | metric_bit(Metric::PcieReplay);
+        let pcie = metric_bit(Metric::PcieRx) | metric_bit(Metric::PcieTx);
+        // process rounds every 5 s (a few ms late or early): which counters each one reads
+        let (mut minutely, mut pcie_reads) = (vec![], vec![]);
+        for k in 0..=24 {
+            let t = t0 + k * 5_000 + [3, -2, 0][k as usize % 3];
+            let skip = slow.counters_skip(t);
+            if skip & minute == 0 {
+                minutely.push(k * 5);
+            }
+            if skip & pcie == 0 {
+                pcie_reads.push(k * 5);
+            }
+        }
+        assert_eq!(minutely, [0, 60, 120]);
+        assert_eq!(pcie_reads, [0, 30, 60, 90, 120]);
+        assert_eq!(slow.counters_skip(t0), 0, "the clock went back");
+        // shown for twice the cadence (plus the timeout), the others for twice the process interval
         assert_eq!(
-            rare_mask() & (metric_bit(Metric::PcieRx) | metric_bit(Metric::PcieTx)),
-            0
+            max_age_ms(metric_bit(Metric::Energy), 5_000, 1_000),
+            121_000
         );
+        assert_eq!(max_age_ms(metric_bit(Metric::PcieRx), 5_000, 1_000), 61_000);
+        assert_eq!(max_age_ms(metric_bit(Metric::Fan), 5_000, 1_000), 11_000);
     }
 }

@@ -290,3 +290,35 @@ fn time_going_back_far_is_a_new_segment() {
     assert!(stderr.contains("new segment"), "{stderr}");
     assert!(stderr.contains("replayed 240 snapshots"), "{stderr}");
 }
+
+/// The minute a real H200 gave both tools (tests/fixtures/real/): nvidia-smi's own CSV, imported,
+/// agrees with what gpuwatch recorded beside it (medians; the two sample at other instants).
+#[test]
+fn a_real_h200_minute_imports_as_gpuwatch_recorded_it() {
+    let real = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real");
+    let median = |file: &str, m: Metric| -> f64 {
+        let mut v: Vec<f64> = Importer::open(&real.join(file), &ImportOptions::default())
+            .expect("opens")
+            .map(|t| t.expect("reads"))
+            .flat_map(|t| t.snapshot.gpus.into_iter().filter_map(move |g| g.get(m)))
+            .collect();
+        assert!(v.len() >= 50, "{file}: {} samples of {m:?}", v.len());
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for (m, tolerance) in [
+        (Metric::Temp, 2.0),
+        (Metric::Power, 8.0),
+        (Metric::PowerLimit, 1.0),
+        (Metric::MemTotal, 1048576.0),
+        (Metric::SmClock, 1.0),
+        (Metric::MemClock, 1.0),
+    ] {
+        let smi = median("idle-minute.smi.csv", m);
+        let ours = median("idle-minute.gpuwatch.csv", m);
+        assert!(
+            (smi - ours).abs() <= tolerance,
+            "{m:?}: nvidia-smi {smi} vs gpuwatch {ours}"
+        );
+    }
+}

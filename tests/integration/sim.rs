@@ -509,8 +509,8 @@ fn every_nvml_metric_gets_a_value() {
     let s = sim(&path, &["status", "--json"], &[]).json();
     let g = gpus(&s);
     assert_eq!(g.len(), 2);
-    // A rate needs two readings of its counter at least a second apart (the slow path reads
-    // them every process interval): rows from 1.5 s on have it.
+    // A rate needs two readings of its counter at least half a second apart (the slow path
+    // reads the PCIe counters every 6 process intervals: 1.2 s here): rows from 1.5 s on have it.
     let rec = sim(
         &path,
         &[
@@ -520,7 +520,7 @@ fn every_nvml_metric_gets_a_value() {
             "--duration",
             "2s",
             "--process-interval",
-            "1s",
+            "200ms",
         ],
         &[],
     );
