@@ -34,12 +34,37 @@ pub fn parse_cmdline(raw: &[u8]) -> Option<String> {
     crate::sys::parse_cmdline(raw).map(|args| args.join(" "))
 }
 
-/// The container id from the text of `/proc/PID/cgroup`: the first path segment that is (or
-/// wraps, as in `docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>`, `libpod-<id>`)
-/// a 64-digit hex id; else, for a Slurm job step (`…/job_77/step_0`, cgroup v1 and v2),
-/// `slurm job 77`. `None` for host processes.
+/// The container from the text of `/proc/PID/cgroup`: for a Kubernetes pod (`…/kubepods…/pod<uid>/…`
+/// with the cgroupfs driver, `…kubepods-<qos>-pod<uid>.slice/…` with systemd's, where the uid's
+/// dashes are underscores) `k8s pod <uid>` — the pod is the unit people account by, and its name
+/// is not in the path; else the first path segment that is (or wraps, as in `docker-<id>.scope`,
+/// `cri-containerd-<id>.scope`, `crio-<id>`, `libpod-<id>`) a 64-digit hex id; else, for a Slurm
+/// job step (`…/job_77/step_0`, cgroup v1 and v2), `slurm job 77`. `None` for host processes.
 pub fn parse_cgroup_container(cgroup: &str) -> Option<String> {
-    container_id(cgroup).or_else(|| slurm_job(cgroup))
+    kube_pod(cgroup)
+        .or_else(|| container_id(cgroup))
+        .or_else(|| slurm_job(cgroup))
+}
+
+fn kube_pod(cgroup: &str) -> Option<String> {
+    cgroup
+        .lines()
+        .filter_map(|line| line.splitn(3, ':').nth(2))
+        .filter(|path| path.contains("kubepods"))
+        .find_map(|path| {
+            path.split('/').find_map(|seg| {
+                let seg = seg.strip_suffix(".slice").unwrap_or(seg);
+                let uid = match seg.strip_prefix("pod") {
+                    Some(uid) => uid,
+                    None => &seg[seg.rfind("-pod")? + 4..],
+                };
+                let ok = uid.len() >= 4
+                    && uid
+                        .bytes()
+                        .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b'_');
+                ok.then(|| format!("k8s pod {}", uid.replace('_', "-").to_ascii_lowercase()))
+            })
+        })
 }
 
 fn slurm_job(cgroup: &str) -> Option<String> {
@@ -213,14 +238,27 @@ mod tests {
         let cases = [
             format!("0::/system.slice/docker-{id}.scope\n"),
             format!("12:memory:/docker/{id}\n11:cpu:/docker/{id}\n"),
-            format!("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234.slice/cri-containerd-{id}.scope\n"),
-            format!("0::/kubepods/besteffort/pod8d1d6d2f-0b0b-4e1b-9a7e-1f0e6a3b2c1d/{id}\n"),
             format!("0::/machine.slice/libpod-{id}.scope/container\n"),
             format!("0::/crio-{id}\n"),
         ];
         for c in &cases {
             assert_eq!(parse_cgroup_container(c).as_deref(), Some(id), "{c}");
         }
+        // Kubernetes: the pod (both cgroup drivers), whatever container of it
+        let pod = "k8s pod 8d1d6d2f-0b0b-4e1b-9a7e-1f0e6a3b2c1d";
+        for c in [
+            format!("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod8d1d6d2f_0b0b_4e1b_9a7e_1f0e6a3b2c1d.slice/cri-containerd-{id}.scope\n"),
+            format!("0::/kubepods/besteffort/pod8d1d6d2f-0b0b-4e1b-9a7e-1f0e6a3b2c1d/{id}\n"),
+            format!("0::/kubepods.slice/kubepods-pod8d1d6d2f_0b0b_4e1b_9a7e_1f0e6a3b2c1d.slice/crio-{id}.scope\n"),
+            format!("11:memory:/kubepods/burstable/pod8d1d6d2f-0b0b-4e1b-9a7e-1f0e6a3b2c1d/{id}\n"),
+        ] {
+            assert_eq!(parse_cgroup_container(&c).as_deref(), Some(pod), "{c}");
+        }
+        assert_eq!(
+            parse_cgroup_container("0::/kubepods.slice/kubepods-besteffort.slice\n"),
+            None,
+            "a QoS slice alone names no pod"
+        );
         assert_eq!(
             parse_cgroup_container("0::/user.slice/user-1000.slice/session-3.scope\n"),
             None
