@@ -174,6 +174,8 @@ pub struct Sampler {
     /// What cannot be watched (see [`Sampler::degraded`]).
     degraded: Vec<String>,
     process_interval_ms: i64,
+    /// By metric, how long a slow value is shown after it was read ([`slot::max_ages_ms`]).
+    slow_max_age_ms: [i64; METRIC_COUNT],
     /// How long a call may take before its device counts as stalled.
     call_timeout: Duration,
     /// How long a tick waits for the devices' answers.
@@ -388,6 +390,10 @@ impl Sampler {
             degraded: Vec::new(),
             process_interval_ms: i64::try_from(cfg.process_interval.as_millis())
                 .unwrap_or(i64::MAX),
+            slow_max_age_ms: slot::max_ages_ms(
+                duration_ms(cfg.process_interval),
+                duration_ms(cfg.call_timeout),
+            ),
             call_timeout: cfg.call_timeout,
             tick_budget: cfg.call_timeout,
             round: None,
@@ -577,7 +583,7 @@ impl Sampler {
                     }
                     // shown while younger than twice its cadence (then it is absent)
                     let (v, at) = d.slow_values[m.id as usize];
-                    let age = slot::max_age_ms(bit, self.process_interval_ms, duration_ms(timeout));
+                    let age = self.slow_max_age_ms[m.id as usize];
                     if at != i64::MIN && time_ms.saturating_sub(at) <= age {
                         values.set(m.id, v);
                     }

@@ -35,7 +35,7 @@ impl Cost {
     }
 }
 
-const fn us(n: u64) -> Duration {
+pub(crate) const fn us(n: u64) -> Duration {
     Duration::from_micros(n)
 }
 
@@ -77,7 +77,7 @@ pub fn default_cost(name: &str) -> Cost {
     } else if name == "nvmlDeviceGetEccMode" {
         Cost::spins(us(130))
     } else if name == "nvmlDeviceGetFieldValues" {
-        // plus each field's own cost (`field_cost`)
+        // plus each field's own cost (`ffi::device::field_cost`)
         Cost::sleeps(us(1))
     } else if name.starts_with("nvmlDeviceGetMemoryInfo") || name == "nvmlDeviceGetPersistenceMode"
     {
@@ -95,18 +95,6 @@ pub fn default_cost(name: &str) -> Cost {
 /// Default wall latency of one symbol (see [`default_cost`]).
 pub fn default_latency(name: &str) -> Duration {
     default_cost(name).wall
-}
-
-/// What reading one field costs inside `nvmlDeviceGetFieldValues`, on the CPU (H200, driver
-/// 580.159.04: the energy counter 3.1 ms — as much as `nvmlDeviceGetTotalEnergyConsumption` —,
-/// each PCIe byte counter 0.13 ms, the replay counter 0.15 ms, every other field about a µs).
-pub fn field_cost(field_id: u32) -> Duration {
-    match field_id {
-        83 => Duration::from_millis(3), // NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
-        94 => us(145),                  // NVML_FI_DEV_PCIE_REPLAY_COUNTER
-        197 | 198 => us(130),           // NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES
-        _ => Duration::ZERO,
-    }
 }
 
 /// Parses a duration: `"40us"`, `"3ms"`, `"0.2s"`, `"500ns"`, or a bare number of milliseconds.
@@ -194,8 +182,8 @@ impl Latency {
             .unwrap_or_else(|| default_cost(name))
     }
 
-    /// Whether the fields of `nvmlDeviceGetFieldValues` add their own [`field_cost`]: with the
-    /// defaults, not when latency is off or the call's latency is overridden.
+    /// Whether the fields of `nvmlDeviceGetFieldValues` add their own cost (`ffi::device`): with
+    /// the defaults, not when latency is off or the call's latency is overridden.
     pub fn field_costs(&self) -> bool {
         const NAME: &str = "nvmlDeviceGetFieldValues";
         !self.off && best(&self.env, NAME).is_none() && best(&self.scenario, NAME).is_none()
@@ -266,28 +254,6 @@ thread_local! {
 /// time spent equals the sum of the latencies (an oversleep is credited to the next calls); a
 /// single cheap call may return at once or take about a millisecond.
 pub fn spend(latency: Duration) {
-    spend_wall(latency)
-}
-
-/// Spends a call's cost: its CPU part busy in this thread (as the driver's polling ioctl would
-/// be), the rest of its wall time as [`spend`] does.
-pub fn spend_cost(cost: Cost) {
-    spin(cost.cpu);
-    spend_wall(cost.wall.saturating_sub(cost.cpu));
-}
-
-/// Keeps the calling thread busy on the CPU for `d`.
-pub fn spin(d: Duration) {
-    if d.is_zero() {
-        return;
-    }
-    let t = std::time::Instant::now();
-    while t.elapsed() < d {
-        std::hint::spin_loop();
-    }
-}
-
-fn spend_wall(latency: Duration) {
     let ns = i64::try_from(latency.as_nanos()).unwrap_or(i64::MAX);
     if latency >= COALESCE {
         sleep_ns(ns);
@@ -302,6 +268,24 @@ fn spend_wall(latency: Duration) {
     if debt >= threshold {
         let slept = sleep_ns(debt);
         DEBT_NS.with(|d| d.set(d.get().saturating_sub(slept)));
+    }
+}
+
+/// Spends a call's cost: its CPU part busy in this thread (as the driver's polling ioctl would
+/// be), the rest of its wall time as [`spend`] does.
+pub fn spend_cost(cost: Cost) {
+    spin(cost.cpu);
+    spend(cost.wall.saturating_sub(cost.cpu));
+}
+
+/// Keeps the calling thread busy on the CPU for `d`.
+pub fn spin(d: Duration) {
+    if d.is_zero() {
+        return;
+    }
+    let t = std::time::Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
     }
 }
 
@@ -335,9 +319,6 @@ mod tests {
             Cost::spins(ms(3))
         );
         assert_eq!(default_latency("nvmlDeviceGetFieldValues"), us(1));
-        assert_eq!(field_cost(83), ms(3));
-        assert_eq!(field_cost(198), us(130));
-        assert_eq!(field_cost(1), Duration::ZERO);
         assert_eq!(default_latency("nvmlDeviceGetMemoryInfo_v2"), us(4));
         assert_eq!(default_latency("nvmlDeviceGetName"), us(1));
         assert_eq!(default_latency("nvmlEventSetWait_v2"), Duration::ZERO);

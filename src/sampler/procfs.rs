@@ -46,10 +46,13 @@ pub fn parse_cgroup_container(cgroup: &str) -> Option<String> {
         .or_else(|| slurm_job(cgroup))
 }
 
+/// The paths of the text of `/proc/PID/cgroup` (lines `hierarchy-id:controllers:path`).
+fn cgroup_paths(cgroup: &str) -> impl Iterator<Item = &str> {
+    cgroup.lines().filter_map(|line| line.splitn(3, ':').nth(2))
+}
+
 fn kube_pod(cgroup: &str) -> Option<String> {
-    cgroup
-        .lines()
-        .filter_map(|line| line.splitn(3, ':').nth(2))
+    cgroup_paths(cgroup)
         .filter(|path| path.contains("kubepods"))
         .find_map(|path| {
             path.split('/').find_map(|seg| {
@@ -68,9 +71,7 @@ fn kube_pod(cgroup: &str) -> Option<String> {
 }
 
 fn slurm_job(cgroup: &str) -> Option<String> {
-    cgroup
-        .lines()
-        .filter_map(|line| line.splitn(3, ':').nth(2))
+    cgroup_paths(cgroup)
         .filter(|path| path.contains("slurm"))
         .find_map(|path| {
             path.split('/').find_map(|seg| {
@@ -82,9 +83,7 @@ fn slurm_job(cgroup: &str) -> Option<String> {
 }
 
 fn container_id(cgroup: &str) -> Option<String> {
-    for line in cgroup.lines() {
-        // hierarchy-id:controllers:path
-        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+    for path in cgroup_paths(cgroup) {
         for segment in path.rsplit('/') {
             let mut s = segment.strip_suffix(".scope").unwrap_or(segment);
             if let Some(pos) = s.rfind('-') {

@@ -286,14 +286,9 @@ impl Slot {
     /// unsupported.
     pub(super) fn slow_metrics(&self) -> u64 {
         METRICS.iter().fold(0, |mask, d| {
-            let slow = match d.source {
-                Source::Nvml(call) => call.is_slow(),
-                Source::Field(f) => {
-                    f.slow
-                        || (f.fallback.is_some_and(NvmlCall::is_slow) && !self.field_active(d.id))
-                }
-                _ => false,
-            };
+            let slow = d.source.is_slow()
+                || matches!(d.source, Source::Field(f)
+                    if f.fallback.is_some_and(NvmlCall::is_slow) && !self.field_active(d.id));
             if slow {
                 mask | metric_bit(d.id)
             } else {
@@ -550,8 +545,10 @@ impl Slot {
         };
         let mut drop_mask: u64 = 0;
         for (k, sample) in samples.into_iter().enumerate() {
-            let i = picked.as_ref().map_or(Some(k), |p| p.get(k).copied());
-            let Some(row) = i.and_then(|i| self.field_rows.get_mut(i)) else {
+            let Some(i) = picked.as_ref().map_or(Some(k), |p| p.get(k).copied()) else {
+                break;
+            };
+            let Some(row) = self.field_rows.get_mut(i) else {
                 break;
             };
             let metric = row.metric;
@@ -572,7 +569,7 @@ impl Slot {
                         row.id.0,
                         metric.key()
                     );
-                    drop_mask |= 1 << i.unwrap_or(0);
+                    drop_mask |= 1 << i;
                     None
                 }
                 Err(_) => None,
@@ -642,19 +639,25 @@ pub(super) const COUNTERS: [(&[Metric], i64); 2] = [
 ];
 
 /// A list of metrics as a per-metric mask.
-pub(super) fn mask_of(metrics: &[Metric]) -> u64 {
+fn mask_of(metrics: &[Metric]) -> u64 {
     metrics.iter().fold(0, |m, r| m | metric_bit(*r))
 }
 
-/// How long a slow value of `bit` may be shown after it was read, ms: twice its cadence (the
-/// process interval, or its counter class's when slower) plus the call timeout.
-pub(super) fn max_age_ms(bit: u64, process_interval_ms: i64, timeout_ms: i64) -> i64 {
-    let cadence = COUNTERS
-        .iter()
-        .find(|(ms, _)| mask_of(ms) & bit != 0)
-        .map_or(1, |(_, n)| *n)
-        * process_interval_ms;
-    2 * cadence + timeout_ms
+/// How long each metric's slow value may be shown after it was read, ms, by metric: twice its
+/// cadence (the process interval, or its counter class's when slower) plus the call timeout.
+pub(super) fn max_ages_ms(process_interval_ms: i64, timeout_ms: i64) -> [i64; METRIC_COUNT] {
+    let age = |n: i64| {
+        (2 * n)
+            .saturating_mul(process_interval_ms)
+            .saturating_add(timeout_ms)
+    };
+    let mut ages = [age(1); METRIC_COUNT];
+    for (metrics, n) in COUNTERS {
+        for m in metrics {
+            ages[*m as usize] = age(n);
+        }
+    }
+    ages
 }
 
 /// What one slow read found.
@@ -664,7 +667,7 @@ pub(super) struct SlowAnswer {
     pub processes: Option<Vec<(ProcessInfo, ProcKind)>>,
     /// Values of the slow metrics asked for.
     pub values: MetricValues,
-    /// The metrics read this time (a per-metric mask; the [`RARE`] ones only when due).
+    /// The metrics read this time (a per-metric mask; the [`COUNTERS`] only when due).
     pub read: u64,
     /// When the reads were made, UTC ms.
     pub time_ms: i64,
@@ -836,11 +839,9 @@ mod tests {
         assert_eq!(pcie_reads, [0, 30, 60, 90, 120]);
         assert_eq!(slow.counters_skip(t0), 0, "the clock went back");
         // shown for twice the cadence (plus the timeout), the others for twice the process interval
-        assert_eq!(
-            max_age_ms(metric_bit(Metric::Energy), 5_000, 1_000),
-            121_000
-        );
-        assert_eq!(max_age_ms(metric_bit(Metric::PcieRx), 5_000, 1_000), 61_000);
-        assert_eq!(max_age_ms(metric_bit(Metric::Fan), 5_000, 1_000), 11_000);
+        let ages = max_ages_ms(5_000, 1_000);
+        assert_eq!(ages[Metric::Energy as usize], 121_000);
+        assert_eq!(ages[Metric::PcieRx as usize], 61_000);
+        assert_eq!(ages[Metric::Fan as usize], 11_000);
     }
 }

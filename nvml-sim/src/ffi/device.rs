@@ -24,6 +24,19 @@ pub const FI_PCIE_COUNT_RX_BYTES: u32 = 198;
 /// 3 drain P2P, 4 drain and reset).
 pub const FI_GET_GPU_RECOVERY_ACTION: u32 = 230;
 
+/// What reading one field costs inside `nvmlDeviceGetFieldValues`, on the CPU (H200, driver
+/// 580.159.04: the energy counter 3.1 ms — as much as `nvmlDeviceGetTotalEnergyConsumption` —,
+/// each PCIe byte counter 0.13 ms, the replay counter 0.15 ms, every other field about a µs).
+fn field_cost(field_id: u32) -> std::time::Duration {
+    use crate::latency::us;
+    match field_id {
+        NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION => std::time::Duration::from_millis(3),
+        NVML_FI_DEV_PCIE_REPLAY_COUNTER => us(145),
+        FI_PCIE_COUNT_TX_BYTES | FI_PCIE_COUNT_RX_BYTES => us(130),
+        _ => std::time::Duration::ZERO,
+    }
+}
+
 /// A getter writing one value: `getter!(symbol, type, |d| expr -> Result<type, u32>)`.
 macro_rules! getter {
     ($name:ident, $ty:ty, |$d:ident| $val:expr) => {
@@ -993,7 +1006,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         }
         let ts = wall_now_us() as i64;
         // Each answered field adds its own cost (the energy counter is milliseconds of driver
-        // CPU, see `latency::field_cost`), unless latency is off or the call is overridden.
+        // CPU, see `field_cost`), unless latency is off or the call is overridden.
         let field_costs = d.sim.latency.field_costs();
         let mut cost = std::time::Duration::ZERO;
         for i in 0..count as usize {
@@ -1007,7 +1020,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                     fv.value = value;
                     fv.nvmlReturn = code::SUCCESS;
                     if field_costs {
-                        cost += crate::latency::field_cost(fv.fieldId);
+                        cost += field_cost(fv.fieldId);
                     }
                 }
                 Err(c) => {
@@ -1092,4 +1105,19 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
         }
         unsafe { put(count, n as c_uint) }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn field_costs_are_the_h200_measurements() {
+        assert_eq!(field_cost(83), Duration::from_millis(3));
+        assert_eq!(field_cost(94), Duration::from_micros(145));
+        assert_eq!(field_cost(198), Duration::from_micros(130));
+        assert_eq!(field_cost(197), Duration::from_micros(130));
+        assert_eq!(field_cost(1), Duration::ZERO);
+    }
 }
