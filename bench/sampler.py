@@ -6,10 +6,10 @@ same interval), both against the same simulated NVML library playing the `health
 (8 GPUs) with nvml-sim's default call costs (measured on an H200: getters ~1 us, the energy
 counter 3 ms of CPU, PCIe throughput 20 ms, init 10 ms; process lists 3 ms), or — without
 `--sim-lib` — against the system's real driver (bench/real-gpu.sh does that on a GPU machine).
-CPU time (user + system) comes from wait4() on each child, so each side is charged exactly its own process; peak
-RSS is each child's VmHWM. gpuwatch's ticks kept and sample wall times come from its --stats
-line. gpustat's figure excludes Python and module start-up (the loop measures itself), which
-favours gpustat; gpuwatch's start-up is measured with a one-tick run and subtracted.
+CPU time (user + system) comes from wait4() on each child, so each side is charged exactly its
+own process; peak RSS is each child's VmHWM. gpuwatch's ticks kept and sample wall times come
+from its --stats line. gpustat's figure excludes Python and module start-up (the loop measures
+itself), which favours gpustat; gpuwatch's start-up is measured with a one-tick run and subtracted.
 """
 
 import argparse

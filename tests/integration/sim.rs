@@ -527,7 +527,14 @@ fn every_nvml_metric_gets_a_value() {
     assert_eq!(rec.code, 0, "{}", rec.stderr);
     let (h, rows) = csv_rows(&rec.stdout);
     assert!(rows.len() >= 12, "{}", rec.stdout);
-    let stamps: Vec<&str> = rows.iter().map(|r| col(&h, r, "timestamp")).collect();
+    // each row's tick number: rows come tick by tick, 250 ms apart
+    let mut stamps: Vec<&str> = rows.iter().map(|r| col(&h, r, "timestamp")).collect();
+    let row_stamps = stamps.clone();
+    stamps.dedup();
+    let ticks: Vec<usize> = row_stamps
+        .iter()
+        .map(|t| stamps.iter().position(|s| s == t).unwrap())
+        .collect();
     for d in METRICS.iter().filter(|d| d.source.is_nvml()) {
         for (i, gpu) in g.iter().enumerate() {
             let want = repair_family(d.key).is_none_or(|only| only == i);
@@ -540,17 +547,9 @@ fn every_nvml_metric_gets_a_value() {
             );
         }
         let rate = matches!(d.source, gpuwatch::model::Source::Field(f) if f.rate);
-        for r in &rows {
+        for (r, tick) in rows.iter().zip(&ticks) {
             let i: usize = col(&h, r, "index").parse().unwrap();
-            // the tick's number: rows come tick by tick, 250 ms apart
-            let tick = {
-                let mut seen: Vec<&str> = stamps.clone();
-                seen.dedup();
-                seen.iter()
-                    .position(|s| *s == col(&h, r, "timestamp"))
-                    .unwrap()
-            };
-            if rate && tick < 6 {
+            if rate && *tick < 6 {
                 continue;
             }
             let want = repair_family(d.key).is_none_or(|only| only == i);
