@@ -30,8 +30,9 @@
 #      deliberately slow DataLoader into tests/fixtures/real/, with the GPU and driver beside it in
 #      dataloader-stall.txt (a README.md is created when there is none);
 #   6. (real driver only) bench/sampler.py without a simulator: `gpuwatch record --stats` beside
-#      gpustat's `new_query()` loop at 100 ms and 1 s, REAL_GPU_BENCH_S seconds each (20; skipped
-#      when gpustat is not importable), and bench/daemon.py: `gpuwatch daemon` with every stock
+#      gpustat's `new_query()` loop at 100 ms and 1 s, gpuwatch's CPU over a window of
+#      REAL_GPU_BENCH_S seconds each (60: every slow cadence at its own rate; skipped when gpustat
+#      is not importable), and bench/daemon.py: `gpuwatch daemon` with every stock
 #      rule for REAL_GPU_DAEMON_S seconds (60), its CPU and peak RSS.
 #
 # Outputs go to REAL_GPU_OUT (default: a new temporary directory); with --sim nothing is written
@@ -251,7 +252,7 @@ if [ "$SIM" = 1 ]; then
 elif ! python3 -c 'import gpustat' 2>/dev/null; then
     echo "skipped: side-by-side CPU: gpustat is not importable"
 else
-    python3 bench/sampler.py --seconds "${REAL_GPU_BENCH_S:-20}" --gpuwatch "$GW" | tee "$OUT/sampler.txt"
+    python3 bench/sampler.py --seconds "${REAL_GPU_BENCH_S:-60}" --gpuwatch "$GW" | tee "$OUT/sampler.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || fail "side-by-side CPU"
 fi
 step "gpuwatch daemon on this driver: CPU and peak RSS"

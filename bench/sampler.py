@@ -6,10 +6,14 @@ same interval), both against the same simulated NVML library playing the `health
 (8 GPUs) with nvml-sim's default call costs (measured on an H200: getters ~1 us, the energy
 counter 3 ms of CPU, PCIe throughput 20 ms, init 10 ms; process lists 3 ms), or — without
 `--sim-lib` — against the system's real driver (bench/real-gpu.sh does that on a GPU machine).
-CPU time (user + system) comes from wait4() on each child, so each side is charged exactly its
-own process; peak RSS is each child's VmHWM. gpuwatch's ticks kept and sample wall times come
-from its --stats line. gpustat's figure excludes Python and module start-up (the loop measures
-itself), which favours gpustat; gpuwatch's start-up is measured with a one-tick run and subtracted.
+gpuwatch's steady-state CPU is the CPU time of all its threads (the kernel's per-thread
+schedstat, in ns) over a window of SECONDS (default 60) that starts WARM_S (3 s) after it
+started: start-up (dlopen, nvmlInit, the first read of every counter) is outside it, and a 60 s
+window holds each slow cadence at its own rate (the energy counter once, the PCIe counters
+twice, the process lists twelve times). Its whole-run CPU (wait4, start-up included) is printed
+too. gpustat's loop runs for the same time and measures itself after its imports and a warm-up
+query, which favours gpustat. Peak RSS is each child's VmHWM. gpuwatch's ticks kept and sample
+wall times come from its --stats line.
 """
 
 import argparse
@@ -19,6 +23,8 @@ import re
 import sys
 import tempfile
 import time
+
+WARM_S = 3.0
 
 GPUSTAT_LOOP = r"""
 import json, resource, sys, time
@@ -42,9 +48,21 @@ print(json.dumps({"ticks": ticks, "cpu_s": cpu() - c0, "gpus": gpus}))
 """
 
 
+def threads_cpu_ns(pid):
+    """CPU time of every thread of `pid` so far (ns, /proc/PID/task/*/schedstat)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass
+    return total
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--seconds", type=float, default=60, help="the measured window")
     ap.add_argument("--intervals", default="0.1,1")
     ap.add_argument("--scenario", default="healthy")
     ap.add_argument("--gpuwatch", required=True)
@@ -73,8 +91,9 @@ def run(a):
         lib_args = ["--nvml-lib", os.path.join(libdir, "libnvidia-ml.so.1")]
 
     interval_ms = int(round(a.interval * 1000))
+    run_s = WARM_S + a.seconds + 2.0
     gw_cmd = [os.path.abspath(a.gpuwatch), *lib_args, "record",
-              "--interval", f"{interval_ms}ms", "--duration", f"{a.seconds}s", "--stats"]
+              "--interval", f"{interval_ms}ms", "--duration", f"{run_s}s", "--stats"]
     outdir = tempfile.mkdtemp(prefix="gpuwatch-bench-out-")
     paths = {k: os.path.join(outdir, k) for k in ("gw.err", "gs.out", "gs.err")}
 
@@ -83,18 +102,11 @@ def run(a):
                    (os.POSIX_SPAWN_OPEN, 2, stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
         return os.posix_spawn(argv[0], argv, env, file_actions=actions)
 
-    # gpuwatch's process startup (dlopen, nvmlInit, device discovery) is measured on its own with
-    # a one-tick run and subtracted, so both sides count steady-state CPU per sample (the gpustat
-    # loop below measures inside an already-started Python process, after its imports).
-    one_tick = spawn(gw_cmd[:-2] + [f"{interval_ms}ms"], os.devnull, paths["gw.err"])
-    _, status, ru = os.wait4(one_tick, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"gpuwatch one-tick run failed: {open(paths['gw.err']).read()}")
-    startup_cpu = ru.ru_utime + ru.ru_stime
-
     gw = spawn(gw_cmd, os.devnull, paths["gw.err"])
-    gs = spawn([sys.executable, "-c", GPUSTAT_LOOP, str(a.seconds), str(a.interval)],
+    gs = spawn([sys.executable, "-c", GPUSTAT_LOOP, str(run_s), str(a.interval)],
                paths["gs.out"], paths["gs.err"])
+    started = time.monotonic()
+    window = []  # (monotonic time, gpuwatch's CPU ns) at the window's start and end
     # Peak RSS: VmHWM of each child's own address space (ru_maxrss would also count the
     # spawning Python process's pages from before exec), polled until the child exits.
     hwm = {gw: 0, gs: 0}
@@ -110,11 +122,14 @@ def run(a):
                             hwm[pid] = max(hwm[pid], int(line.split()[1]))
             except OSError:
                 pass
+        since = time.monotonic() - started
+        if len(window) < 2 and since >= WARM_S + len(window) * a.seconds:
+            window.append((time.monotonic(), threads_cpu_ns(gw)))
         pid, status, ru = os.wait4(-1, os.WNOHANG)
         if pid:
             results[pid] = (os.waitstatus_to_exitcode(status), ru)
         else:
-            time.sleep(0.05)
+            time.sleep(0.01 if len(window) < 2 else 0.05)
     (gw_rc, gw_ru), (gs_rc, gs_ru) = results[gw], results[gs]
     read = lambda k: open(paths[k]).read()
     if gw_rc != 0 or gs_rc != 0:
@@ -130,17 +145,20 @@ def run(a):
         sys.exit(f"no --stats line from gpuwatch: {stats}")
     gw_ticks, skipped, kept = int(m[1]), int(m[2]), float(m[3])
     gpus = g["gpus"]
+    if len(window) < 2:
+        sys.exit("gpuwatch ended before the measured window did")
     gw_cpu = gw_ru.ru_utime + gw_ru.ru_stime
     gw_whole = gw_cpu / gw_ticks
-    gw_per = max(gw_cpu - startup_cpu, 1e-9) / max(gw_ticks - 1, 1)
+    (w0, c0), (w1, c1) = window
+    gw_per = max(c1 - c0, 1) / 1e9 / ((w1 - w0) / a.interval)
     gs_per = g["cpu_s"] / g["ticks"]
-    gs_due = int(a.seconds / a.interval)
+    gs_due = int(run_s / a.interval)
     where = f"scenario {a.scenario}: {gpus} simulated GPUs" if a.sim_lib else f"real driver: {gpus} GPU(s)"
-    print(f"{where}, interval {interval_ms} ms, {a.seconds:g} s side by side")
+    print(f"{where}, interval {interval_ms} ms, {run_s:g} s side by side, CPU measured over {a.seconds:g} s")
     print(f"gpuwatch record : {gw_ticks:5d} ticks ({kept:.1f} % of the schedule kept, {skipped} skipped)"
           f"  sample wall time median {m[4]} ms, p99 {m[5]} ms, max {m[6]} ms")
-    print(f"                  CPU {gw_cpu:8.3f} s = {gw_per * 1e6 / gpus:8.1f} us per device-sample after startup"
-          f" ({gw_whole * 1e6 / gpus:.1f} whole process; startup {startup_cpu * 1e3:.1f} ms)"
+    print(f"                  CPU {(c1 - c0) / 1e9:8.3f} s in the {w1 - w0:.1f} s window = {gw_per * 1e6 / gpus:8.1f} us per device-sample"
+          f" ({gw_whole * 1e6 / gpus:.1f} over the whole run, start-up included: {gw_cpu:.3f} s)"
           f"  peak RSS {hwm[gw] / 1024:6.1f} MiB")
     print(f"gpustat loop    : {g['ticks']:5d} ticks ({100.0 * g['ticks'] / max(gs_due, 1):.1f} % of {gs_due})"
           f"  CPU {g['cpu_s']:8.3f} s = {gs_per * 1e6 / gpus:8.1f} us per device-sample  peak RSS {hwm[gs] / 1024:6.1f} MiB")

@@ -3,11 +3,11 @@
 # 100 ms and at 1 s, both running side by side against the same simulated libnvidia-ml.so.1 with
 # nvml-sim's realistic call latencies (release builds; NVML_SIM_LATENCY=0 to compare without).
 #
-#   bash bench/sampler.sh [SECONDS]        (default 30 per interval; needs .venv-ci from
+#   bash bench/sampler.sh [SECONDS]        (default 60: the measured window; needs .venv-ci from
 #                                           .ci/run, or GPUWATCH_PEERS=<venv with gpustat>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECONDS_TO_RUN="${1:-30}"
+SECONDS_TO_RUN="${1:-60}"
 PEERS="${GPUWATCH_PEERS:-$PWD/.venv-ci}"
 if [ ! -x "$PEERS/bin/python" ]; then
     python3 -m venv "$PEERS"

@@ -363,6 +363,8 @@ impl Engine {
             self.missing.clone_from(&snap.missing);
         }
         let cutoff = now - self.rules.retention_ms();
+        let rules = &self.rules;
+        let metric_cutoff = |m: Metric| now - rules.metric_retention_ms(m);
         for sample in &snap.gpus {
             let index = sample.id.index;
             let entry = self
@@ -384,7 +386,7 @@ impl Engine {
                 }
             }
             h.push(sample);
-            h.evict_before(cutoff);
+            h.evict_before(cutoff, metric_cutoff);
             self.present.push(index);
         }
         if let Some(procs) = &snap.processes {

@@ -27,10 +27,50 @@ pub const EXIT_NO_NVML: i32 = 2;
 /// only this thread: the receiver keeps its own timers.
 pub struct SamplerThread {
     rx: mpsc::Receiver<Snapshot>,
-    stop: Arc<AtomicBool>,
+    stop: StopSignal,
     handle: Option<std::thread::JoinHandle<()>>,
     devices: Vec<DeviceId>,
     stats: Arc<std::sync::Mutex<TickStats>>,
+}
+
+/// Stops a sampling thread from any thread: sets the flag and wakes the thread from its wait
+/// for the next tick (it sleeps once per tick, not in polling steps).
+#[derive(Debug, Clone, Default)]
+pub struct StopSignal {
+    flag: Arc<AtomicBool>,
+    thread: Arc<std::sync::OnceLock<std::thread::Thread>>,
+}
+
+impl StopSignal {
+    /// Asks the thread to stop after the tick in progress.
+    pub fn stop(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// Whether a stop was asked.
+    pub fn is_set(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps the calling (sampling) thread until `due` or a stop, whichever comes first;
+    /// returns false on a stop.
+    fn sleep_until(&self, due: Instant) -> bool {
+        let _ = self.thread.set(std::thread::current());
+        loop {
+            if self.is_set() {
+                return false;
+            }
+            let left = due.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            // An unpark (or a spurious wake) ends the park early: the loop looks again.
+            std::thread::park_timeout(left);
+        }
+    }
 }
 
 /// How the sampling thread kept its schedule: ticks taken and skipped, and the wall time each
@@ -105,29 +145,22 @@ impl SamplerThread {
         // Ticks wait at most half an interval for slow devices (a late one is a gap).
         sampler.set_tick_budget(interval / 2);
         let (_, rx) = mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let stop = StopSignal::default();
+        let signal = stop.clone();
         let stats = Arc::new(std::sync::Mutex::new(TickStats::default()));
         let book = stats.clone();
         let spawned = std::thread::Builder::new()
             .name("gpuwatch-sampler".into())
             .spawn(move || {
                 let mut ticker = Ticker::new(Instant::now(), interval);
-                'ticks: loop {
+                loop {
                     let due = ticker.next(Instant::now());
                     if until.is_some_and(|u| due >= u) {
                         break;
                     }
-                    // Sleep in short steps so a stop request is seen promptly.
-                    loop {
-                        if flag.load(Ordering::SeqCst) {
-                            break 'ticks;
-                        }
-                        let left = due.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            break;
-                        }
-                        std::thread::sleep(left.min(Duration::from_millis(100)));
+                    // One sleep per tick; a stop wakes it at once.
+                    if !signal.sleep_until(due) {
+                        break;
                     }
                     let t0 = Instant::now();
                     let snap = sampler.sample();
@@ -188,15 +221,22 @@ impl SamplerThread {
         &self.rx
     }
 
-    /// A flag that stops the thread when set (e.g. from a signal handler thread).
-    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+    /// What stops the thread from elsewhere (e.g. a signal handler thread).
+    pub fn stop_signal(&self) -> StopSignal {
         self.stop.clone()
+    }
+
+    /// Waits for the thread to end by itself (at `until`, on a stop, or when `deliver` says so).
+    pub fn join(&mut self) {
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
     }
 
     /// Stops the thread, waiting at most `grace` for it: a sampler stuck in an NVML call that
     /// never returns must not hold up the caller, so it is then left behind.
     pub fn stop(mut self, grace: Duration) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.stop();
         let Some(handle) = self.handle.take() else {
             return;
         };
@@ -214,7 +254,7 @@ impl SamplerThread {
 
 impl Drop for SamplerThread {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.stop();
     }
 }
 

@@ -205,7 +205,7 @@ pub enum Sink {
     /// A rotating file.
     File(RotatingFile),
     /// A plain stream: header once, then rows, flushed each tick.
-    Stream(Box<dyn Write>),
+    Stream(Box<dyn Write + Send>),
 }
 
 impl Sink {

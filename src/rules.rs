@@ -23,7 +23,7 @@ use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, Map, NativeCallContext, Positi
 use serde::Deserialize;
 
 use crate::alert::AlertSpec;
-use crate::model::{Action, Severity};
+use crate::model::{Action, Metric, Severity, METRIC_COUNT};
 use crate::values::parse_duration_ms;
 use crate::values::{escape_control, DurationSetting, Problem};
 use crate::window::GpuHistory;
@@ -73,8 +73,12 @@ pub const BUILTIN_LABELS: &[&str] = &[
 /// Longest accepted `every` of a rule.
 pub const MAX_EVERY_MS: i64 = 24 * 3600 * 1000;
 
-/// Retention floor: windows keep at least this much history.
+/// Retention floor: windows of the metrics rules read keep at least this much history.
 pub const MIN_RETENTION_MS: i64 = 15 * 60 * 1000;
+
+/// History kept of a metric no loaded rule names (its newest value, for the counters the
+/// engine carries over a restart, and a little more).
+pub const UNREAD_RETENTION_MS: i64 = 60 * 1000;
 
 /// `[rules]` section of the config.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -257,6 +261,8 @@ pub struct RuleSet {
     rules: Vec<Rule>,
     files: Vec<PathBuf>,
     retention_ms: i64,
+    /// Per metric: how much history its window keeps (see [`RuleSet::metric_retention_ms`]).
+    metric_retention_ms: [i64; METRIC_COUNT],
     budget_ms: i64,
     param_keys: BTreeMap<String, BTreeSet<String>>,
 }
@@ -553,6 +559,21 @@ fn longest_duration_literal(source: &str) -> i64 {
     best
 }
 
+/// The metrics a script names: each metric whose key occurs as a whole word (`gpu.util`, not
+/// `gpu.mem_util`), and the clock-event reasons when it calls `throttled`. Rule scripts reach a
+/// metric only through its key (a property of `gpu`), so a metric not named is never read.
+fn metrics_named(source: &str) -> Vec<Metric> {
+    let word = |w: &str| {
+        let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        source.match_indices(w).any(|(i, _)| {
+            !source[..i].ends_with(is_ident) && !source[i + w.len()..].starts_with(is_ident)
+        })
+    };
+    Metric::all()
+        .filter(|m| word(m.key()) || (*m == Metric::ClockEventReasons && word("throttled")))
+        .collect()
+}
+
 /// Names of the `param("key", ..)` calls in a script.
 fn param_keys(source: &str) -> BTreeSet<String> {
     let mut keys = BTreeSet::new();
@@ -791,6 +812,8 @@ impl RuleSet {
         let mut errors = Vec::new();
         let mut rules: Vec<Rule> = Vec::new();
         let mut retention_ms = MIN_RETENTION_MS;
+        // Per metric, the longest duration literal of the files that name it (None: unnamed).
+        let mut named: [Option<i64>; METRIC_COUNT] = [None; METRIC_COUNT];
         let mut param_keys_by_rule: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for path in &files {
             let file = path.display().to_string();
@@ -815,7 +838,12 @@ impl RuleSet {
             };
             ast.set_source(file.as_str());
             let ast = Arc::new(ast);
-            retention_ms = retention_ms.max(longest_duration_literal(&source));
+            let longest = longest_duration_literal(&source);
+            retention_ms = retention_ms.max(longest);
+            for m in metrics_named(&source) {
+                let r = &mut named[m as usize];
+                *r = Some(r.unwrap_or(0).max(longest));
+            }
             let stem = path
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
@@ -882,18 +910,25 @@ impl RuleSet {
                 }
             }
         }
+        // Durations from the config reach every metric a rule names.
+        let mut configured = MIN_RETENTION_MS;
         for table in config.params.values() {
             for v in table.values() {
                 if let toml::Value::String(s) = v {
                     if let Ok(ms) = parse_duration_ms(s) {
-                        retention_ms = retention_ms.max(ms);
+                        configured = configured.max(ms);
                     }
                 }
             }
         }
         if let Some(r) = config.retention {
-            retention_ms = retention_ms.max(r.ms);
+            configured = configured.max(r.ms);
         }
+        retention_ms = retention_ms.max(configured);
+        let metric_retention_ms = named.map(|n| match n {
+            Some(ms) => ms.max(configured) + 60_000,
+            None => UNREAD_RETENTION_MS,
+        });
         let budget_ms = config.budget_ms();
         if !errors.is_empty() {
             return Err(errors);
@@ -903,6 +938,7 @@ impl RuleSet {
             rules,
             files,
             retention_ms: retention_ms + 60_000,
+            metric_retention_ms,
             budget_ms,
             param_keys: param_keys_by_rule,
         })
@@ -952,9 +988,19 @@ impl RuleSet {
         &self.files
     }
 
-    /// How much history windows must keep, ms.
+    /// How much history windows must keep, ms: the longest duration any rule or the config
+    /// names (at least [`MIN_RETENTION_MS`]), plus a minute. XID events are kept this long.
     pub fn retention_ms(&self) -> i64 {
         self.retention_ms
+    }
+
+    /// How much history the window of `metric` keeps, ms: for a metric some rule file names
+    /// (its key as a word, or `throttled` for the clock-event reasons), the longest duration
+    /// literal of those files and of the config, at least [`MIN_RETENTION_MS`], plus a minute;
+    /// for a metric no rule names, [`UNREAD_RETENTION_MS`]. On 8 GPUs sampled every second
+    /// that is the difference between ~4 MB and ~14 MB of windows after an hour.
+    pub fn metric_retention_ms(&self, metric: Metric) -> i64 {
+        self.metric_retention_ms[metric as usize]
     }
 
     /// Evaluates rule `idx` for one GPU at `now_ms`.

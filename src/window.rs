@@ -567,9 +567,11 @@ impl GpuHistory {
     }
 
     /// Drops everything older than `cutoff_ms`.
-    pub fn evict_before(&mut self, cutoff_ms: i64) {
-        for w in &mut self.series {
-            w.evict_before(cutoff_ms);
+    /// Drops XID events older than `cutoff_ms`, and each metric's points older than
+    /// `metric_cutoff(metric)` (every window keeps its newest point).
+    pub fn evict_before(&mut self, cutoff_ms: i64, metric_cutoff: impl Fn(Metric) -> i64) {
+        for (w, m) in self.series.iter_mut().zip(Metric::all()) {
+            w.evict_before(metric_cutoff(m));
         }
         while self.xids.front().is_some_and(|e| e.time_ms < cutoff_ms) {
             self.xids.pop_front();

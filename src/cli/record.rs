@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -92,7 +92,38 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
     };
     sink.start()?;
     let start = Instant::now();
-    let thread = SamplerThread::start(sampler, args.interval, args.duration.map(|d| start + d));
+    // Each snapshot is rendered and written on the sampling thread: no hand-off per tick, and
+    // a writer that cannot keep up (a full pipe, a stalled disk) makes ticks late (skipped and
+    // counted) instead of queueing snapshots without bound.
+    let sink = Arc::new(Mutex::new(sink));
+    let failed: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+    let mut thread = {
+        let (sink, failed) = (sink.clone(), failed.clone());
+        let mut rows = CsvRows::new();
+        let mut buf = String::with_capacity(4096);
+        SamplerThread::start_with(
+            sampler,
+            args.interval,
+            args.duration.map(|d| start + d),
+            move |snap| {
+                buf.clear();
+                rows.render(&snap, &mut buf);
+                let written = match sink.lock() {
+                    Ok(mut s) => s.write_tick(&buf).context("writing the recording"),
+                    Err(_) => Err(anyhow::anyhow!("the recording's writer failed")),
+                };
+                match written {
+                    Ok(()) => true,
+                    Err(e) => {
+                        if let Ok(mut f) = failed.lock() {
+                            *f = Some(e);
+                        }
+                        false
+                    }
+                }
+            },
+        )
+    };
 
     // A signal stops the sampler thread; the recording ends after the tick in progress.
     let stopped_by = Arc::new(AtomicI32::new(0));
@@ -103,27 +134,24 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
     .context("installing signal handlers")?;
     let handle = signals.handle();
     {
-        let stop = thread.stop_flag();
+        let stop = thread.stop_signal();
         let stopped_by = stopped_by.clone();
         std::thread::Builder::new()
             .name("gpuwatch-signals".into())
             .spawn(move || {
                 if let Some(sig) = signals.forever().next() {
                     stopped_by.store(sig, Ordering::SeqCst);
-                    stop.store(true, Ordering::SeqCst);
+                    stop.stop();
                 }
             })
             .context("starting the signal thread")?;
     }
 
-    let mut rows = CsvRows::new();
-    let mut buf = String::with_capacity(4096);
-    while let Ok(snap) = thread.receiver().recv() {
-        buf.clear();
-        rows.render(&snap, &mut buf);
-        sink.write_tick(&buf).context("writing the recording")?;
-    }
+    thread.join();
     handle.close();
+    if let Some(e) = failed.lock().ok().and_then(|mut f| f.take()) {
+        return Err(e);
+    }
     if args.stats {
         let s = thread.stats();
         let due = s.taken + s.missed;
@@ -148,7 +176,10 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
         );
     }
     thread.stop(Duration::from_secs(2));
-    if let Sink::File(f) = &mut sink {
+    let mut sink = sink
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the recording's writer failed"))?;
+    if let Sink::File(f) = &mut *sink {
         f.sync().context("syncing the recording")?;
     }
     match stopped_by.load(Ordering::SeqCst) {

@@ -251,6 +251,40 @@ fn duplicate_names_and_retention() {
 }
 
 #[test]
+fn each_metric_keeps_the_history_of_the_files_that_name_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = write(
+        dir.path(),
+        "long.rhai",
+        "rule(#{ name: \"long\", check: |g| g.util.mean(\"2h\") < 1 });",
+    );
+    let short = write(
+        dir.path(),
+        "short.rhai",
+        "// mem_util is not util\nrule(#{ name: \"short\", check: |g| g.temp.max(\"5m\") > 80 && g.throttled(\"thermal\") && g.mem_util.last() > 1 });",
+    );
+    let set = RuleSet::load(&[long.clone(), short.clone()], &RulesConfig::default()).unwrap();
+    let r = |m| set.metric_retention_ms(m);
+    assert_eq!(r(Metric::Util), 2 * 3_600_000 + 60_000);
+    // named only by a file whose longest window is 5 min: the 15-min floor
+    assert_eq!(r(Metric::Temp), MIN_RETENTION_MS + 60_000);
+    assert_eq!(r(Metric::MemUtil), MIN_RETENTION_MS + 60_000);
+    // `throttled` reads the clock-event reasons
+    assert_eq!(r(Metric::ClockEventReasons), MIN_RETENTION_MS + 60_000);
+    // no rule names them
+    assert_eq!(r(Metric::Energy), UNREAD_RETENTION_MS);
+    assert_eq!(r(Metric::PcieRx), UNREAD_RETENTION_MS);
+    // a duration in the config reaches every named metric
+    let cfg: RulesConfig = toml::from_str("retention = \"3h\"").unwrap();
+    let set = RuleSet::load(&[long, short], &cfg).unwrap();
+    assert_eq!(
+        set.metric_retention_ms(Metric::Temp),
+        3 * 3_600_000 + 60_000
+    );
+    assert_eq!(set.metric_retention_ms(Metric::Energy), UNREAD_RETENTION_MS);
+}
+
+#[test]
 fn rule_cannot_be_registered_from_a_check() {
     let set = load(
         "rule(#{ name: \"r\", check: |gpu| { rule(#{ name: \"x\", check: |g| 1 }); true } });",
