@@ -704,6 +704,55 @@ fn cuda_visible_devices_mapping() {
     assert_eq!(unset["cuda_visible_devices"], Value::Null);
 }
 
+/// The sampling thread sleeps once per tick (no polling steps): a signal must still end a
+/// recording at once, with an interval of an hour, keeping the tick already written.
+#[test]
+fn record_with_a_long_interval_stops_at_once_on_a_signal() {
+    use std::io::Read;
+    common::sim_lib();
+    let mut child = common::command(&["--sim", "healthy", "record", "--interval", "1h"], &[])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    // The header and the first tick (8 GPUs) come at once.
+    let mut text = String::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while text.lines().count() < 9 && Instant::now() < deadline {
+        let n = out.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(text.lines().count() >= 9, "{text}");
+    // The thread is now asleep until the next tick, an hour away.
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if asked.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("record did not stop within 10 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(status.code(), Some(0));
+    out.read_to_string(&mut text).unwrap();
+    let (_, rows) = csv_rows(&text);
+    assert_eq!(rows.len(), 8, "one tick of 8 GPUs: {text}");
+}
+
 /// `--out /dev/null` (a device that cannot be fsynced) is a normal end, as benchmarks use it.
 #[test]
 fn record_to_dev_null_ends_cleanly() {
