@@ -13,8 +13,9 @@ window holds each slow cadence at its own rate (the energy counter once, the PCI
 twice, the process lists twelve times). Its whole-run CPU (wait4, start-up included) is printed
 too. gpustat's loop runs for the same time and measures itself after its imports and a warm-up
 query, which favours gpustat; it keeps fewer ticks than asked on several GPUs because
-`new_query()` sleeps 0.1 s per GPU that has processes (its CPU per query is what is compared). Peak RSS is each child's VmHWM. gpuwatch's ticks kept and sample
-wall times come from its --stats line.
+`new_query()` sleeps 0.1 s per GPU that has processes (its CPU per query is what is compared).
+Peak RSS is each child's VmHWM. gpuwatch's ticks kept and sample wall times come from its
+--stats line; its CPU per tick counts the ticks due in the window less the share it skipped.
 """
 
 import argparse
@@ -50,15 +51,17 @@ print(json.dumps({"ticks": ticks, "cpu_s": cpu() - c0, "gpus": gpus}))
 
 
 def threads_cpu_ns(pid):
-    """CPU time of every thread of `pid` so far (ns, /proc/PID/task/*/schedstat)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
+    """CPU time of every thread of `pid` so far (ns, /proc/PID/task/*/schedstat), and the thread
+    ids (a thread that ends takes its time with it: the window's threads must stay the same)."""
+    total, tids = 0, set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 total += int(f.read().split()[0])
-        except OSError:
-            pass
-    return total
+            tids.add(tid)
+    except OSError:
+        return None
+    return total, tids
 
 
 def main():
@@ -69,6 +72,8 @@ def main():
     ap.add_argument("--gpuwatch", required=True)
     ap.add_argument("--sim-lib", help="nvml-sim's library; without it both sides use the real driver")
     a = ap.parse_args()
+    if a.seconds <= 0:
+        sys.exit("--seconds must be positive")
     if a.sim_lib:
         lat = os.environ.get("NVML_SIM_LATENCY")
         print(f"nvml-sim latencies: {'defaults (realistic)' if lat is None else 'NVML_SIM_LATENCY=' + lat}")
@@ -124,8 +129,10 @@ def run(a):
             except OSError:
                 pass
         since = time.monotonic() - started
-        if len(window) < 2 and since >= WARM_S + len(window) * a.seconds:
-            window.append((time.monotonic(), threads_cpu_ns(gw)))
+        if len(window) < 2 and since >= WARM_S + len(window) * a.seconds and gw not in results:
+            cpu = threads_cpu_ns(gw)
+            if cpu is not None:
+                window.append((time.monotonic(), *cpu))
         pid, status, ru = os.wait4(-1, os.WNOHANG)
         if pid:
             results[pid] = (os.waitstatus_to_exitcode(status), ru)
@@ -150,8 +157,12 @@ def run(a):
         sys.exit("gpuwatch ended before the measured window did")
     gw_cpu = gw_ru.ru_utime + gw_ru.ru_stime
     gw_whole = gw_cpu / gw_ticks
-    (w0, c0), (w1, c1) = window
-    gw_per = max(c1 - c0, 1) / 1e9 / ((w1 - w0) / a.interval)
+    (w0, c0, t0), (w1, c1, t1) = window
+    if t0 != t1:
+        print(f"warning: gpuwatch's threads changed in the window ({sorted(t0 ^ t1)}): the CPU of a "
+              "thread that ended is not counted", file=sys.stderr)
+    # ticks in the window: those due, less the share the run skipped
+    gw_per = max(c1 - c0, 1) / 1e9 / ((w1 - w0) / a.interval * max(kept, 1.0) / 100.0)
     gs_per = g["cpu_s"] / g["ticks"]
     gs_due = int(run_s / a.interval)
     where = f"scenario {a.scenario}: {gpus} simulated GPUs" if a.sim_lib else f"real driver: {gpus} GPU(s)"

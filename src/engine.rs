@@ -364,7 +364,7 @@ impl Engine {
         }
         let cutoff = now - self.rules.retention_ms();
         let rules = &self.rules;
-        let metric_cutoff = |m: Metric| now - rules.metric_retention_ms(m);
+        let retention = |m: Metric| rules.metric_retention_ms(m);
         for sample in &snap.gpus {
             let index = sample.id.index;
             let entry = self
@@ -386,7 +386,7 @@ impl Engine {
                 }
             }
             h.push(sample);
-            h.evict_before(cutoff, metric_cutoff);
+            h.evict_before(cutoff, now, retention);
             self.present.push(index);
         }
         if let Some(procs) = &snap.processes {

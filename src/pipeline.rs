@@ -38,15 +38,27 @@ pub struct SamplerThread {
 #[derive(Debug, Clone, Default)]
 pub struct StopSignal {
     flag: Arc<AtomicBool>,
-    thread: Arc<std::sync::OnceLock<std::thread::Thread>>,
+    /// The sampling thread, once started (a mutex, so a stop and the start cannot miss each
+    /// other: whichever locks second sees the other's doing).
+    thread: Arc<std::sync::Mutex<Option<std::thread::Thread>>>,
 }
 
 impl StopSignal {
     /// Asks the thread to stop after the tick in progress.
     pub fn stop(&self) {
         self.flag.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.get() {
+        if let Some(t) = self.thread.lock().ok().and_then(|t| t.clone()) {
             t.unpark();
+        }
+    }
+
+    /// Names the thread a stop wakes; wakes it at once if a stop came before.
+    fn attach(&self, thread: std::thread::Thread) {
+        if let Ok(mut t) = self.thread.lock() {
+            *t = Some(thread.clone());
+        }
+        if self.is_set() {
+            thread.unpark();
         }
     }
 
@@ -58,7 +70,6 @@ impl StopSignal {
     /// Sleeps the calling (sampling) thread until `due` or a stop, whichever comes first;
     /// returns false on a stop.
     fn sleep_until(&self, due: Instant) -> bool {
-        let _ = self.thread.set(std::thread::current());
         loop {
             if self.is_set() {
                 return false;
@@ -182,7 +193,10 @@ impl SamplerThread {
                 }
             });
         let handle = match spawned {
-            Ok(h) => Some(h),
+            Ok(h) => {
+                stop.attach(h.thread().clone());
+                Some(h)
+            }
             Err(e) => {
                 tracing::error!("cannot start the sampler thread: {e}");
                 None
@@ -227,9 +241,11 @@ impl SamplerThread {
     }
 
     /// Waits for the thread to end by itself (at `until`, on a stop, or when `deliver` says so).
-    pub fn join(&mut self) {
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
+    /// Fails when the thread panicked.
+    pub fn join(&mut self) -> anyhow::Result<()> {
+        match self.handle.take().map(std::thread::JoinHandle::join) {
+            Some(Err(_)) => Err(anyhow::anyhow!("the sampling thread failed (see the log)")),
+            _ => Ok(()),
         }
     }
 

@@ -19,6 +19,7 @@
 //! after a start (a 10-minute window needs 5 minutes of samples first).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 
 use crate::model::{DeviceId, DeviceState, GpuSample, Metric, ProcSample, XidNote, METRIC_COUNT};
@@ -500,6 +501,9 @@ pub struct GpuHistory {
     /// Estimated sampling interval, ms (0 = unknown).
     pub interval_ms: i64,
     cache: Mutex<AggCache>,
+    /// Per metric, the longest duration a rule asked of its window (ms): the window keeps at
+    /// least that (see [`GpuHistory::evict_before`]), however the rule wrote it.
+    asked_ms: Vec<AtomicI64>,
 }
 
 impl Clone for GpuHistory {
@@ -514,6 +518,11 @@ impl Clone for GpuHistory {
             recent_times: self.recent_times.clone(),
             interval_ms: self.interval_ms,
             cache: Mutex::new((i64::MIN, Vec::new())),
+            asked_ms: self
+                .asked_ms
+                .iter()
+                .map(|a| AtomicI64::new(a.load(Ordering::Relaxed)))
+                .collect(),
         }
     }
 }
@@ -525,6 +534,7 @@ impl GpuHistory {
             id,
             series: vec![Window::default(); METRIC_COUNT],
             cache: Mutex::new((i64::MIN, Vec::new())),
+            asked_ms: (0..METRIC_COUNT).map(|_| AtomicI64::new(0)).collect(),
             ..GpuHistory::default()
         }
     }
@@ -568,13 +578,32 @@ impl GpuHistory {
 
     /// Drops everything older than `cutoff_ms`.
     /// Drops XID events older than `cutoff_ms`, and each metric's points older than
-    /// `metric_cutoff(metric)` (every window keeps its newest point).
-    pub fn evict_before(&mut self, cutoff_ms: i64, metric_cutoff: impl Fn(Metric) -> i64) {
-        for (w, m) in self.series.iter_mut().zip(Metric::all()) {
-            w.evict_before(metric_cutoff(m));
+    /// `retention_ms(metric)` before `now_ms` — or than the longest duration a rule asked of that
+    /// window plus a minute, if longer (a duration the rule files do not spell out, such as a
+    /// number of seconds, is kept from its first use on). Every window keeps its newest point.
+    pub fn evict_before(
+        &mut self,
+        cutoff_ms: i64,
+        now_ms: i64,
+        retention_ms: impl Fn(Metric) -> i64,
+    ) {
+        for (i, (w, m)) in self.series.iter_mut().zip(Metric::all()).enumerate() {
+            let asked = self
+                .asked_ms
+                .get(i)
+                .map_or(0, |a| a.load(Ordering::Relaxed));
+            let keep = retention_ms(m).max(asked.saturating_add(60_000));
+            w.evict_before(now_ms.saturating_sub(keep));
         }
         while self.xids.front().is_some_and(|e| e.time_ms < cutoff_ms) {
             self.xids.pop_front();
+        }
+    }
+
+    /// Notes that a rule asked `metric`'s window for `duration_ms` (see `evict_before`).
+    pub fn note_asked(&self, metric: Metric, duration_ms: i64) {
+        if let Some(a) = self.asked_ms.get(metric as usize) {
+            a.fetch_max(duration_ms, Ordering::Relaxed);
         }
     }
 
@@ -864,6 +893,38 @@ mod tests {
                 assert_eq!(w.range(start, end), (lo, hi), "({start}, {end}]");
             }
         }
+    }
+
+    #[test]
+    fn a_window_keeps_the_longest_duration_a_rule_asked_of_it() {
+        use crate::model::MetricValues;
+        let push = |h: &mut GpuHistory, s: i64| {
+            let mut values = MetricValues::default();
+            values.set(Metric::Temp, Some(50.0));
+            values.set(Metric::Util, Some(10.0));
+            h.push(&GpuSample {
+                time_ms: s * 1000,
+                id: DeviceId::default(),
+                state: DeviceState::Ok,
+                values,
+            });
+            h.evict_before(0, s * 1000, |_| 60_000);
+        };
+        let mut h = GpuHistory::new(DeviceId::default());
+        for s in 0..600 {
+            push(&mut h, s);
+        }
+        // the retention given (60 s) and the point just before it
+        assert_eq!(h.window(Metric::Temp).len(), 62);
+        // a rule asks for 5 min (say as a number of seconds): from then on the window keeps 6
+        // (a clone, as `Arc::make_mut` makes, keeps what was asked)
+        h.note_asked(Metric::Temp, 300_000);
+        let mut h = h.clone();
+        for s in 600..1200 {
+            push(&mut h, s);
+        }
+        assert_eq!(h.window(Metric::Temp).len(), 362);
+        assert_eq!(h.window(Metric::Util).len(), 62, "only the window asked");
     }
 
     #[test]

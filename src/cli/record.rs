@@ -91,6 +91,13 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
         None => Sink::Stream(Box::new(std::io::BufWriter::new(std::io::stdout()))),
     };
     sink.start()?;
+    // Handlers first: the sampling thread writes the first tick at once, and a signal sent as
+    // soon as output appears must end the recording cleanly (signals wait in the iterator).
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("installing signal handlers")?;
     let start = Instant::now();
     // Each snapshot is rendered and written on the sampling thread: no hand-off per tick, and
     // a writer that cannot keep up (a full pipe, a stalled disk) makes ticks late (skipped and
@@ -127,11 +134,6 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
 
     // A signal stops the sampler thread; the recording ends after the tick in progress.
     let stopped_by = Arc::new(AtomicI32::new(0));
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("installing signal handlers")?;
     let handle = signals.handle();
     {
         let stop = thread.stop_signal();
@@ -147,8 +149,9 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
             .context("starting the signal thread")?;
     }
 
-    thread.join();
+    let joined = thread.join();
     handle.close();
+    joined?;
     if let Some(e) = failed.lock().ok().and_then(|mut f| f.take()) {
         return Err(e);
     }
@@ -175,7 +178,6 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
             thread.devices().len()
         );
     }
-    thread.stop(Duration::from_secs(2));
     let mut sink = sink
         .lock()
         .map_err(|_| anyhow::anyhow!("the recording's writer failed"))?;

@@ -261,7 +261,14 @@ fn each_metric_keeps_the_history_of_the_files_that_name_it() {
     let short = write(
         dir.path(),
         "short.rhai",
-        "// mem_util is not util\nrule(#{ name: \"short\", check: |g| g.temp.max(\"5m\") > 80 && g.throttled(\"thermal\") && g.mem_util.last() > 1 });",
+        "rule(#{ name: \"short\", check: |g| g.temp.max(\"5m\") > 80 && g.throttled(\"thermal\") && g.mem_util.last() > 1 });",
+    );
+    // `mem_util` does not name `util`
+    let alone = RuleSet::load(std::slice::from_ref(&short), &RulesConfig::default()).unwrap();
+    assert_eq!(alone.metric_retention_ms(Metric::Util), UNREAD_RETENTION_MS);
+    assert_eq!(
+        alone.metric_retention_ms(Metric::MemUtil),
+        MIN_RETENTION_MS + 60_000
     );
     let set = RuleSet::load(&[long.clone(), short.clone()], &RulesConfig::default()).unwrap();
     let r = |m| set.metric_retention_ms(m);

@@ -134,6 +134,9 @@ impl PartialEq for Value {
 impl Input {
     /// Reads this input from `hist` at `now_ms`.
     pub fn eval(self, hist: &GpuHistory, now_ms: i64) -> Value {
+        if let Input::Agg(m, _, dur, _) | Input::Runs(m, dur, _) | Input::Maxima(m, dur, _) = self {
+            hist.note_asked(m, dur);
+        }
         match self {
             Input::Agg(metric, agg, dur, arg) => {
                 Value::Num(hist.aggregate(metric, agg, now_ms, dur, f64::from_bits(arg)))
