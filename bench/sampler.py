@@ -112,7 +112,7 @@ def run(a):
     gs = spawn([sys.executable, "-c", GPUSTAT_LOOP, str(run_s), str(a.interval)],
                paths["gs.out"], paths["gs.err"])
     started = time.monotonic()
-    window = []  # (monotonic time, gpuwatch's CPU ns) at the window's start and end
+    window = []  # (monotonic time, gpuwatch's CPU ns, its thread ids) at the window's start and end
     # Peak RSS: VmHWM of each child's own address space (ru_maxrss would also count the
     # spawning Python process's pages from before exec), polled until the child exits.
     hwm = {gw: 0, gs: 0}

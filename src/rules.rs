@@ -26,7 +26,7 @@ use crate::alert::AlertSpec;
 use crate::model::{Action, Metric, Severity, METRIC_COUNT};
 use crate::values::parse_duration_ms;
 use crate::values::{escape_control, DurationSetting, Problem};
-use crate::window::GpuHistory;
+use crate::window::{GpuHistory, RETENTION_MARGIN_MS};
 pub use api::gpu::Trace;
 pub use api::{GpuHandle, HostHandle};
 
@@ -926,7 +926,7 @@ impl RuleSet {
         }
         retention_ms = retention_ms.max(configured);
         let metric_retention_ms = named.map(|n| match n {
-            Some(ms) => ms.max(configured) + 60_000,
+            Some(ms) => ms.max(configured) + RETENTION_MARGIN_MS,
             None => UNREAD_RETENTION_MS,
         });
         let budget_ms = config.budget_ms();
@@ -937,7 +937,7 @@ impl RuleSet {
             engine,
             rules,
             files,
-            retention_ms: retention_ms + 60_000,
+            retention_ms: retention_ms + RETENTION_MARGIN_MS,
             metric_retention_ms,
             budget_ms,
             param_keys: param_keys_by_rule,

@@ -3,8 +3,9 @@
 //!
 //! Every GPU has one [`GpuHistory`] holding a [`Window`] per metric of the metric table, the XID
 //! events it reported and its latest process list. A window is a `VecDeque<(time_ms, value)>`
-//! trimmed to the longest duration any loaded rule uses (the *retention*); a missed tick or an
-//! absent value simply leaves no point, so gaps stay visible.
+//! trimmed to its metric's *retention* (the longest duration the rules that name the metric use,
+//! or any longer one a rule asked of the window, plus [`RETENTION_MARGIN_MS`]); a missed tick or
+//! an absent value simply leaves no point, so gaps stay visible.
 //!
 //! Aggregates look at the half-open range `(now - duration, now]`, found with `partition_point`
 //! (two binary searches), and scan only that range. Results are cached per evaluation tick in
@@ -23,6 +24,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 
 use crate::model::{DeviceId, DeviceState, GpuSample, Metric, ProcSample, XidNote, METRIC_COUNT};
+
+/// History kept beyond the longest duration a window must answer for.
+pub const RETENTION_MARGIN_MS: i64 = 60_000;
 
 /// Points per summary block.
 const BLOCK: u64 = 64;
@@ -576,10 +580,9 @@ impl GpuHistory {
         self.xids.insert(pos, note);
     }
 
-    /// Drops everything older than `cutoff_ms`.
     /// Drops XID events older than `cutoff_ms`, and each metric's points older than
     /// `retention_ms(metric)` before `now_ms` — or than the longest duration a rule asked of that
-    /// window plus a minute, if longer (a duration the rule files do not spell out, such as a
+    /// window plus [`RETENTION_MARGIN_MS`], if longer (a duration the rule files do not spell out, such as a
     /// number of seconds, is kept from its first use on). Every window keeps its newest point.
     pub fn evict_before(
         &mut self,
@@ -592,7 +595,7 @@ impl GpuHistory {
                 .asked_ms
                 .get(i)
                 .map_or(0, |a| a.load(Ordering::Relaxed));
-            let keep = retention_ms(m).max(asked.saturating_add(60_000));
+            let keep = retention_ms(m).max(asked.saturating_add(RETENTION_MARGIN_MS));
             w.evict_before(now_ms.saturating_sub(keep));
         }
         while self.xids.front().is_some_and(|e| e.time_ms < cutoff_ms) {
