@@ -609,7 +609,8 @@ impl Live<'_> {
                 if new.rules.is_empty() {
                     warn!(paths = %display_paths(&new.rule_paths), "the reloaded configuration has no rules: nothing will alert");
                 }
-                let events = self.pipeline.engine_mut().reload(new.rules);
+                let mut events = self.pipeline.engine_mut().reload(new.rules);
+                events.extend(self.pipeline.cancel_undeclared_kills(now_ms()));
                 info!(
                     rules = self.pipeline.engine().rule_count(),
                     "rules reloaded"
@@ -653,6 +654,8 @@ impl Live<'_> {
                     &self.rules_config,
                     &self.dispatcher,
                 );
+                let stopped = self.pipeline.cancel_undeclared_kills(now_ms());
+                publish(&self.dispatcher, stopped);
             }
         }
         if self.last_usage_save.elapsed() >= USAGE_SAVE_EVERY {

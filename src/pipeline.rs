@@ -286,6 +286,11 @@ pub struct Pipeline {
 /// Says whether an event's actions are held (its alert is silenced).
 pub type Hold = Box<dyn Fn(&AlertEvent) -> bool + Send>;
 
+/// Whether `e` is a firing event with actions that `hold` holds.
+fn held(hold: &Hold, e: &AlertEvent) -> bool {
+    e.status == crate::model::AlertStatus::Firing && !e.actions.is_empty() && hold(e)
+}
+
 impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pipeline")
@@ -336,16 +341,18 @@ impl Pipeline {
         now_ms: i64,
         processes: Option<&[ProcSample]>,
     ) -> Vec<AlertEvent> {
+        // A silence holds what a firing alert asks for; a resolution always reaches the runner
+        // (it only stops things).
         let mut audits = match &self.hold {
-            Some(hold) if events.iter().any(|e| !e.actions.is_empty() && hold(e)) => {
+            Some(hold) if events.iter().any(|e| held(hold, e)) => {
                 let acting: Vec<AlertEvent> = events
                     .iter()
                     .filter(|e| {
-                        let held = !e.actions.is_empty() && hold(e);
-                        if held {
+                        let on_hold = held(hold, e);
+                        if on_hold {
                             tracing::warn!(alert = %e.name, gpu = %e.gpu.map_or_else(String::new, |g| g.to_string()), "action held: the alert is silenced");
                         }
-                        !held
+                        !on_hold
                     })
                     .cloned()
                     .collect();
@@ -353,9 +360,36 @@ impl Pipeline {
             }
             _ => self.actions.handle(&events, now_ms),
         };
+        // A silence added while a kill ladder runs stops it before its next step.
+        if let Some(hold) = &self.hold {
+            audits.extend(
+                self.actions
+                    .cancel_where(|e| hold(e), now_ms, "the alert is silenced"),
+            );
+        }
         audits.extend(self.actions.tick(now_ms, processes));
         events.extend(audits.iter().map(AuditRecord::to_alert_event));
         events
+    }
+
+    /// Stops the kill ladders whose rule no longer declares `action: kill` (after a rules
+    /// reload); their audit records as `kill_action` events.
+    pub fn cancel_undeclared_kills(&mut self, now_ms: i64) -> Vec<AlertEvent> {
+        let rules = self.engine.rules().rules();
+        let declared = |ev: &AlertEvent| {
+            rules.iter().any(|r| {
+                r.spec.name == ev.name && r.spec.actions.contains(&crate::model::Action::Kill)
+            })
+        };
+        self.actions
+            .cancel_where(
+                |ev| !declared(ev),
+                now_ms,
+                "its rule no longer declares action: kill",
+            )
+            .iter()
+            .map(AuditRecord::to_alert_event)
+            .collect()
     }
 
     /// The engine.
@@ -438,6 +472,59 @@ mod tests {
         p.act(vec![kill_event(pid)], 2, None);
         let out = p.act(Vec::new(), 3, Some(&procs));
         assert_eq!(audits(&out), 1, "not held: {out:?}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// A silence added while a kill ladder runs stops it (audited), and a resolution reaches
+    /// the runner even while its alert is silenced.
+    #[test]
+    fn a_silence_stops_a_running_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut actions = crate::action::ActionsSection::default();
+        actions.kill.grace = crate::values::DurationSetting::from_ms(60_000);
+        actions.kill.allow_users = vec!["*".into()];
+        actions.kill.allow_root = true;
+        actions.kill.min_uid = 0;
+        let rules =
+            crate::rules::RuleSet::load(&[], &crate::rules::RulesConfig::default()).unwrap();
+        let engine = Engine::new(rules, crate::engine::EngineOptions::default());
+        let mut p = Pipeline::new(engine, ActionRunner::new(&actions, dir.path(), "h"));
+        let silenced = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = silenced.clone();
+        p.set_hold(Box::new(move |_| {
+            flag.load(std::sync::atomic::Ordering::SeqCst)
+        }));
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let procs = [ProcSample::compute(pid, 0, "GPU-0", Some(1 << 30))];
+        let decisions = |events: &[AlertEvent]| -> Vec<String> {
+            events
+                .iter()
+                .filter(|e| e.name == "kill_action")
+                .filter_map(|e| e.labels.get("decision").cloned())
+                .collect()
+        };
+        let out = p.act(vec![kill_event(pid)], 0, Some(&procs));
+        assert_eq!(decisions(&out), ["would_warn"], "{out:?}");
+        assert_eq!(p.actions().active_kills(), 1);
+        silenced.store(true, std::sync::atomic::Ordering::SeqCst);
+        let out = p.act(Vec::new(), 2, Some(&procs));
+        assert_eq!(decisions(&out), ["cancelled"], "{out:?}");
+        assert_eq!(p.actions().active_kills(), 0);
+        // A new ladder, then its alert resolves while silenced: the resolution cancels it.
+        silenced.store(false, std::sync::atomic::Ordering::SeqCst);
+        p.act(vec![kill_event(pid)], 3, Some(&procs));
+        assert_eq!(p.actions().active_kills(), 1);
+        silenced.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut resolved = kill_event(pid);
+        resolved.status = AlertStatus::Resolved;
+        resolved.actions.clear();
+        let out = p.act(vec![resolved], 5, Some(&procs));
+        assert_eq!(p.actions().active_kills(), 0, "{out:?}");
         child.kill().unwrap();
         child.wait().unwrap();
     }

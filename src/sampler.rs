@@ -575,7 +575,8 @@ impl Sampler {
                 (None, None) => continue,
             };
             let mask = self.slow_masks[pos].load(Ordering::Relaxed);
-            if mask != 0 && state != DeviceState::Lost {
+            // Not for a lost or stalled GPU: what the slow path read before is not current.
+            if mask != 0 && state == DeviceState::Ok {
                 for m in METRICS {
                     let bit = slot::metric_bit(m.id);
                     if mask & bit == 0 {

@@ -62,9 +62,22 @@ pub struct KillManager {
 
 impl KillManager {
     /// Replaces the policy's settings (a reload); recent kills still count against the rate.
+    /// A change between dry run and live restarts every ladder from its warning: a step taken in
+    /// one mode never counts as a step of the other (a dry run's `would_term` must not be
+    /// followed by a real SIGKILL with no SIGTERM before it).
     pub fn set_section(&mut self, section: super::policy::KillSection, version: u64) {
+        if section.dry_run != self.policy.section.dry_run {
+            for l in self.ladders.values_mut() {
+                l.phase = Phase::New;
+            }
+        }
         self.policy.section = section;
         self.policy.version = version;
+    }
+
+    /// Whether a ladder runs for alert `fingerprint`.
+    pub fn has(&self, fingerprint: &str) -> bool {
+        self.ladders.keys().any(|(f, _)| f == fingerprint)
     }
 
     /// A manager writing to `audit`.
@@ -396,6 +409,33 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         seen
+    }
+
+    /// A dry run switched to live mid-ladder starts again from the warning: its `would_term`
+    /// is not followed by a real SIGKILL with no SIGTERM before it.
+    #[test]
+    fn a_switch_from_dry_run_to_live_restarts_the_ladder() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        let gpu_of = HashMap::from([(pid, 0)]);
+        let mut s = section(true);
+        s.grace = DurationSetting::from_ms(0);
+        s.term_timeout = DurationSetting::from_ms(60_000);
+        let mut m = manager(s.clone(), dir.path());
+        m.request(request(pid));
+        let steps = |m: &mut KillManager, t: i64| -> Vec<AuditDecision> {
+            m.tick(t, &gpu_of).iter().map(|r| r.decision).collect()
+        };
+        assert_eq!(steps(&mut m, 1_000), [AuditDecision::WouldWarn]);
+        assert_eq!(steps(&mut m, 2_000), [AuditDecision::WouldTerm]);
+        s.dry_run = false;
+        m.set_section(s, 2);
+        // Past the term timeout: without the restart this step would be a real SIGKILL.
+        assert_eq!(steps(&mut m, 70_000), [AuditDecision::Warn]);
+        assert!(child.try_wait().unwrap().is_none(), "no signal yet");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

@@ -359,10 +359,20 @@ impl KillPolicy {
         } else if uid < s.min_uid {
             return Some(Refusal::SystemAccount(uid));
         }
-        let user = user.map_or_else(|| uid.to_string(), str::to_string);
-        if s.protect_users.contains(&user) {
-            return Some(Refusal::ProtectedUser(user));
+        let uid_text = uid.to_string();
+        if let Some(p) = s
+            .protect_users
+            .iter()
+            .find(|p| Some(p.as_str()) == user || **p == uid_text)
+        {
+            return Some(Refusal::ProtectedUser(p.clone()));
         }
+        // A name that cannot be looked up (a container without the host's users, a directory
+        // service outage) cannot be told apart from a protected one.
+        if user.is_none() && !s.protect_users.is_empty() {
+            return Some(Refusal::UnknownOwner);
+        }
+        let user = user.map_or(uid_text, str::to_string);
         if let Some(p) = s.protect_commands.iter().find(|p| p.0.is_match(command)) {
             return Some(Refusal::ProtectedCommand(p.as_str().to_string()));
         }
@@ -468,6 +478,33 @@ mod tests {
 
     fn decide(p: &mut KillPolicy, t: &TargetFacts) -> Result<SignalTarget, Refusal> {
         p.decide(t, &me(), Some(7), true, 0)
+    }
+
+    /// A protected user is protected by name or uid, and an owner whose name cannot be looked
+    /// up is not killed while any user is protected.
+    #[test]
+    fn protected_users_hold_without_a_name() {
+        let policy = KillPolicy::new(KillSection {
+            allow_users: vec!["*".into()],
+            protect_users: vec!["bob".into(), "4242".into()],
+            ..KillSection::default()
+        });
+        let refusal = |uid, user| policy.owner_refusal(Some(uid), user, "python train.py");
+        assert_eq!(refusal(2000, Some("alice")), None);
+        assert!(matches!(
+            refusal(2001, Some("bob")),
+            Some(Refusal::ProtectedUser(_))
+        ));
+        assert!(matches!(
+            refusal(4242, None),
+            Some(Refusal::ProtectedUser(_))
+        ));
+        assert_eq!(refusal(2002, None), Some(Refusal::UnknownOwner));
+        let open = KillPolicy::new(KillSection {
+            allow_users: vec!["*".into()],
+            ..KillSection::default()
+        });
+        assert_eq!(open.owner_refusal(Some(2002), None, "python"), None);
     }
 
     #[test]

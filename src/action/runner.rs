@@ -1,8 +1,10 @@
 //! Routing alert events to actions: the one place the daemon and `gpuwatch run` hand their
 //! [`AlertEvent`]s to, besides the notification dispatcher.
 //!
-//! * A firing event whose `action` annotation contains `kill` starts a kill ladder for the
-//!   process in its `pid` label; the resolved event cancels it.
+//! * A firing event whose rule declares `action: kill` starts a kill ladder for the process the
+//!   alert is about; its resolution cancels it (whatever the rule declares by then), and so do a
+//!   silence that matches it ([`ActionRunner::cancel_where`]) and a reload after which its rule
+//!   no longer declares the kill.
 //! * Events matching an `[[actions.exec]]` entry run its command on a worker thread.
 //!
 //! [`ActionRunner::tick`] advances the ladders with the latest GPU process list. Everything it
@@ -33,6 +35,9 @@ pub struct ActionRunner {
     hostname: String,
     running: Vec<JoinHandle<ExecOutcome>>,
     gpu_of: HashMap<u32, u32>,
+    /// The firing event behind each kill ladder, by alert fingerprint (what a silence or a
+    /// reload is checked against).
+    kill_events: HashMap<String, AlertEvent>,
 }
 
 impl ActionRunner {
@@ -51,6 +56,7 @@ impl ActionRunner {
             hostname: hostname.to_string(),
             running: Vec::new(),
             gpu_of: HashMap::new(),
+            kill_events: HashMap::new(),
         }
     }
 
@@ -117,7 +123,10 @@ impl ActionRunner {
         for ev in events {
             // Only a rule's declared `action:` can ask for a kill, and only a process or job
             // rule's own target can be killed (typed, never read from labels or annotations).
-            if ev.actions.contains(&crate::model::Action::Kill) {
+            if ev.status == AlertStatus::Resolved {
+                // Whatever the rule declares by now (a reload may have removed the action).
+                out.extend(self.cancel_kills(&ev.fingerprint, now_ms, "the alert resolved"));
+            } else if ev.actions.contains(&crate::model::Action::Kill) {
                 out.extend(self.route_kill(ev, now_ms));
             }
             for section in &self.exec {
@@ -150,22 +159,52 @@ impl ActionRunner {
                 return vec![refusal(ev, host_pid, &host, &reason, now_ms)];
             }
         };
-        match ev.status {
-            AlertStatus::Firing => {
-                manager.request(KillRequest {
-                    host_pid,
-                    alert: ev.name.clone(),
-                    fingerprint: ev.fingerprint.clone(),
-                    reason: ev
-                        .annotations
-                        .get("summary")
-                        .cloned()
-                        .unwrap_or_else(|| ev.name.clone()),
-                });
-                Vec::new()
-            }
-            AlertStatus::Resolved => manager.cancel(&ev.fingerprint, now_ms, "the alert resolved"),
+        manager.request(KillRequest {
+            host_pid,
+            alert: ev.name.clone(),
+            fingerprint: ev.fingerprint.clone(),
+            reason: ev
+                .annotations
+                .get("summary")
+                .cloned()
+                .unwrap_or_else(|| ev.name.clone()),
+        });
+        self.kill_events.insert(ev.fingerprint.clone(), ev.clone());
+        Vec::new()
+    }
+
+    /// Stops the kill ladders of alert `fingerprint` (audited when a step was taken).
+    fn cancel_kills(&mut self, fingerprint: &str, now_ms: i64, why: &str) -> Vec<AuditRecord> {
+        self.kill_events.remove(fingerprint);
+        match &mut self.kill {
+            Some(k) => k.cancel(fingerprint, now_ms, why),
+            None => Vec::new(),
         }
+    }
+
+    /// Stops the kill ladders whose alert `stop` says (a silence that matches it, a reloaded
+    /// rule that no longer declares the kill), each with an audit record saying `why`.
+    pub fn cancel_where(
+        &mut self,
+        stop: impl Fn(&AlertEvent) -> bool,
+        now_ms: i64,
+        why: &str,
+    ) -> Vec<AuditRecord> {
+        if let Some(k) = &self.kill {
+            // Ladders that ended on their own need no event any more.
+            self.kill_events.retain(|fp, _| k.has(fp));
+        }
+        let stopped: Vec<String> = self
+            .kill_events
+            .iter()
+            .filter(|(_, ev)| stop(ev))
+            .map(|(fp, _)| fp.clone())
+            .collect();
+        let mut out = Vec::new();
+        for fp in stopped {
+            out.extend(self.cancel_kills(&fp, now_ms, why));
+        }
+        out
     }
 
     /// Advances the kill ladders. `processes` is the latest GPU process list when it was

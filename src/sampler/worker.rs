@@ -39,6 +39,10 @@ pub(crate) struct Busy {
     since_us: AtomicI64,
     /// The GPU (position) the thread is reading.
     gpu: AtomicUsize,
+    /// 1 + the one GPU (position) the thread keeps after a split; 0 = not split (it reads all
+    /// it is asked for). Set while the thread may still be inside the request that listed the
+    /// others, so it does not read GPUs that moved to another thread once its call returns.
+    only: AtomicUsize,
 }
 
 impl Busy {
@@ -87,6 +91,17 @@ impl Busy {
     /// The GPU the thread is reading.
     pub(crate) fn gpu(&self) -> usize {
         self.gpu.load(Ordering::Acquire)
+    }
+
+    /// Restricts the thread to GPU `pos` (a split).
+    fn keep_only(&self, pos: usize) {
+        self.only.store(pos + 1, Ordering::Release);
+    }
+
+    /// Whether the thread still reads GPU `pos`.
+    fn reads(&self, pos: usize) -> bool {
+        let only = self.only.load(Ordering::Acquire);
+        only == 0 || only == pos + 1
     }
 
     /// The function the worker is inside at `now` and for how long, if any.
@@ -278,6 +293,9 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
                 let mut states: Vec<Option<S>> = (0..n).map(|_| None).collect();
                 while let Ok(req) = rx.recv() {
                     for pos in req.positions {
+                        if !marker.reads(pos) {
+                            continue;
+                        }
                         marker.set_gpu(pos);
                         let Some(slot) = states.get_mut(pos) else {
                             continue;
@@ -469,6 +487,7 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
                 .filter(|p| *p != stuck)
                 .collect();
             self.groups[g].members = vec![stuck];
+            self.groups[g].busy.keep_only(stuck);
             tracing::debug!(
                 "{}: GPU position {stuck} blocks; {} others move to a new thread",
                 self.name,
@@ -592,5 +611,41 @@ mod tests {
         assert_eq!(pool.take(2), Some((2, 3)));
         assert!(pool.stalled(2, Instant::now(), Duration::ZERO).is_none());
         assert!(!pool.waiting());
+    }
+
+    /// After a split, the blocked thread does not read the GPUs that moved to another thread
+    /// once its call returns (it was still inside the request that listed them).
+    #[test]
+    fn a_split_thread_does_not_read_the_gpus_it_gave_away() {
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Arc::new(std::sync::Mutex::new(release_rx));
+        let reads: Arc<Vec<AtomicU64>> = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
+        let counted = reads.clone();
+        let factory: Factory<(usize, u32)> = Arc::new(|pos, _| (pos, 0));
+        let work: Work<(usize, u32), usize> = Arc::new(move |st, busy, _t| {
+            st.1 += 1;
+            counted[st.0].fetch_add(1, Ordering::SeqCst);
+            if st.0 == 1 && st.1 == 2 {
+                busy.around(NvmlFunction::PowerUsage, || {
+                    let _ = release_rx.lock().map(|r| r.recv());
+                });
+            }
+            st.0
+        });
+        let mut pool = Pool::new("test", 4, Duration::from_millis(20), factory, work);
+        pool.ask(1, |_| true);
+        pool.collect(Instant::now() + Duration::from_secs(5), None);
+        pool.ask(2, |_| true);
+        pool.collect(Instant::now() + Duration::from_millis(300), None);
+        assert_eq!(pool.threads(), 2);
+        release_tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        for (pos, n) in reads.iter().enumerate() {
+            assert_eq!(
+                n.load(Ordering::SeqCst),
+                2,
+                "GPU position {pos} read twice, once a tick"
+            );
+        }
     }
 }
