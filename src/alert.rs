@@ -418,6 +418,7 @@ fn event(inst: &AlertInstanceState, status: AlertStatus, now_ms: i64, repeat: bo
         actions: inst.actions.clone(),
         target_pid: inst.target_pid,
         chart: None,
+        once: false,
     }
 }
 

@@ -452,6 +452,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     let digest = digest_plan(&config.digest, &dir);
     let mut live = Live {
         silences,
+        silences_sent: None,
         export,
         hostname: hostname.clone(),
         pipeline,
@@ -476,6 +477,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         last_usage_save: Instant::now(),
         digest,
     };
+    live.sync_silences();
     loop {
         match rx.recv_timeout(interval) {
             Ok(Control::Snapshot(snap)) => live.snapshot(&snap, sampler.last_tick()),
@@ -511,8 +513,11 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
 
 /// The running daemon between two messages of its loop.
 struct Live<'a> {
-    /// Silences: notifications of matching alerts are not sent (kills are held in the pipeline).
+    /// Silences: notifications of matching alerts are not sent (the dispatcher's grouper mutes
+    /// them) and their kills are held (the pipeline).
     silences: std::sync::Arc<std::sync::Mutex<crate::silence::Silences>>,
+    /// The silences last sent to the dispatcher.
+    silences_sent: Option<Vec<crate::silence::Silence>>,
     /// What `/metrics` serves, when the exporter runs.
     export: Option<http::Shared>,
     hostname: String,
@@ -637,6 +642,7 @@ impl Live<'_> {
                 warn!("silences: {e:#}");
             }
         }
+        self.sync_silences();
         if self.last_snapshot.elapsed() >= self.interval {
             let events = self.pipeline.advance(now_ms());
             self.publish_and_save(events);
@@ -732,7 +738,8 @@ impl Live<'_> {
             labels,
             annotations,
             now,
-        );
+        )
+        .once();
         let _ = crate::sys::write_atomic(&dir.join("digest-sent"), now.to_string().as_bytes());
         self.publish_and_save(vec![ev]);
     }
@@ -876,29 +883,38 @@ impl Live<'_> {
         }
     }
 
+    /// Sends the dispatcher the silences when they changed since it last got them.
+    fn sync_silences(&mut self) {
+        let list = match self.silences.lock() {
+            Ok(s) => s.list().to_vec(),
+            Err(_) => return,
+        };
+        if self.silences_sent.as_ref() != Some(&list) {
+            self.dispatcher.send(Input::Silences(list.clone()));
+            self.silences_sent = Some(list);
+        }
+    }
+
     /// Publishes `events`; the alert state is saved after every announcement.
     fn publish_and_save(&mut self, events: Vec<AlertEvent>) {
         for ev in &events {
             self.usage.alert(ev);
         }
-        // Silenced alerts are evaluated, recorded and exported, but not notified.
+        // Silenced alerts are evaluated, recorded and exported, but not notified: the
+        // dispatcher's grouper leaves them out of messages while a silence matches (their
+        // resolutions, and their announcement when a silence ends first, still go out).
         let now = now_ms();
-        let events: Vec<AlertEvent> = match self.silences.lock() {
-            Ok(s) => events
-                .into_iter()
-                .filter(|ev| {
-                    let labels = crate::notify::full_labels(ev, &self.hostname);
-                    match s.silencing(&labels, now) {
-                        Some(x) => {
-                            info!(alert = %ev.name, gpu = %ev.gpu.map_or_else(String::new, |g| g.to_string()), silence = %x.id, "silenced: not notified");
-                            false
-                        }
-                        None => true,
-                    }
-                })
-                .collect(),
-            Err(_) => events,
-        };
+        if let Ok(s) = self.silences.lock() {
+            for ev in events
+                .iter()
+                .filter(|e| e.status == crate::model::AlertStatus::Firing)
+            {
+                let labels = crate::notify::full_labels(ev, &self.hostname);
+                if let Some(x) = s.silencing(&labels, now) {
+                    info!(alert = %ev.name, gpu = %ev.gpu.map_or_else(String::new, |g| g.to_string()), silence = %x.id, "silenced: not notified");
+                }
+            }
+        }
         if publish(&self.dispatcher, events) {
             save_engine(&self.dir, self.pipeline.engine());
             self.last_save = Instant::now();
@@ -941,6 +957,7 @@ fn degraded_event(hostname: &str, missing: &[String], now: i64) -> AlertEvent {
         annotations,
         now,
     )
+    .once()
 }
 
 /// Logs `events` and hands them to the dispatcher; true when there were any.

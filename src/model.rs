@@ -1208,6 +1208,10 @@ pub struct AlertEvent {
     /// notification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chart: Option<AlertChart>,
+    /// A one-shot notice (`kill_action`, `usage_digest`, `collector_degraded`): announced once,
+    /// never repeated, never resolved, and no inhibition source.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub once: bool,
 }
 
 /// A metric's recent history attached to a firing alert: what its chart draws.
@@ -1274,7 +1278,14 @@ impl AlertEvent {
             actions: Vec::new(),
             target_pid: None,
             chart: None,
+            once: false,
         }
+    }
+
+    /// The same event as a one-shot notice (see [`AlertEvent::once`]).
+    #[must_use]
+    pub fn once(self) -> AlertEvent {
+        AlertEvent { once: true, ..self }
     }
 }
 

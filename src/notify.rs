@@ -281,6 +281,7 @@ pub(crate) mod testdata {
             actions: Vec::new(),
             target_pid: None,
             chart: None,
+            once: false,
         }
     }
 

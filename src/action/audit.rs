@@ -141,6 +141,7 @@ impl AuditRecord {
                 annotations,
                 self.time_ms,
             )
+            .once()
         }
     }
 

@@ -328,6 +328,7 @@ mod tests {
             actions: vec![crate::model::Action::Exec("checkpoint".into())],
             target_pid: None,
             chart: None,
+            once: false,
         }
     }
 

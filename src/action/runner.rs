@@ -293,6 +293,7 @@ mod tests {
             actions,
             target_pid: Some(pid),
             chart: None,
+            once: false,
         }
     }
 

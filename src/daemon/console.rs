@@ -197,6 +197,7 @@ mod tests {
             actions: Vec::new(),
             target_pid: None,
             chart: None,
+            once: false,
         }
     }
 

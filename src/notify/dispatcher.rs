@@ -39,6 +39,8 @@ pub enum Input {
     },
     /// The sampling loop completed a tick at this time (drives the dead-man heartbeat).
     Healthy(i64),
+    /// The daemon's silences, whenever they change (see [`Grouper::set_silences`]).
+    Silences(Vec<crate::silence::Silence>),
     /// New settings (SIGHUP reload).
     Reload(Box<NotifySettings>),
     /// Finish in-flight sends (up to the grace period), save state, exit.
@@ -182,6 +184,8 @@ struct Worker {
     tasks: JoinSet<Done>,
     health: HashMap<String, Health>,
     last_healthy_ms: Option<i64>,
+    /// Time between the last two completed ticks, ms.
+    healthy_gap_ms: i64,
     last_ping_ms: i64,
     ping_in_flight: bool,
     drain_deadline_ms: Option<i64>,
@@ -227,6 +231,7 @@ impl Worker {
             tasks: JoinSet::new(),
             health: HashMap::new(),
             last_healthy_ms: None,
+            healthy_gap_ms: 0,
             last_ping_ms: 0,
             ping_in_flight: false,
             drain_deadline_ms: None,
@@ -373,7 +378,13 @@ impl Worker {
                 self.save_state();
             }
             Input::Context { devices, processes } => self.grouper.set_context(devices, processes),
-            Input::Healthy(t) => self.last_healthy_ms = Some(t),
+            Input::Silences(list) => self.grouper.set_silences(list),
+            Input::Healthy(t) => {
+                if let Some(last) = self.last_healthy_ms {
+                    self.healthy_gap_ms = (t - last).max(0);
+                }
+                self.last_healthy_ms = Some(t);
+            }
             Input::Reload(s) => {
                 let s = Arc::new(*s);
                 self.grouper.set_settings(s.clone());
@@ -466,19 +477,29 @@ impl Worker {
         }
     }
 
+    /// Whether the sampling loop counts as alive at `now`: it completed a tick within the
+    /// heartbeat interval (at least 30 s), or within two of its own tick spacings when it samples
+    /// less often than that.
+    fn healthy(&self, now: i64, interval_ms: i64) -> bool {
+        let window = interval_ms.max(30_000).max(2 * self.healthy_gap_ms);
+        self.last_healthy_ms.is_some_and(|t| now - t <= window)
+    }
+
     fn heartbeat(&mut self, now: i64) {
-        let Some(hb) = &self.settings.heartbeat else {
+        let Some((interval, url)) = self
+            .settings
+            .heartbeat
+            .as_ref()
+            .map(|hb| (hb.interval_ms, hb.url.clone()))
+        else {
             return;
         };
-        let healthy = self
-            .last_healthy_ms
-            .is_some_and(|t| now - t <= hb.interval_ms.max(30_000));
-        if !healthy || self.ping_in_flight || now - self.last_ping_ms < hb.interval_ms {
+        if !self.healthy(now, interval) || self.ping_in_flight || now - self.last_ping_ms < interval
+        {
             return;
         }
         self.ping_in_flight = true;
         self.last_ping_ms = now;
-        let url = hb.url.clone();
         let transport = self.transport.clone();
         self.tasks
             .spawn(async move { Done::Ping(transport.ping(&url, Duration::from_secs(10)).await) });
@@ -495,7 +516,9 @@ impl Worker {
             }
         }
         if let Some(hb) = &self.settings.heartbeat {
-            if !self.ping_in_flight && self.last_healthy_ms.is_some() {
+            // Not while unhealthy (the ping would be skipped: waking for it would spin); the next
+            // completed tick wakes the loop anyway.
+            if !self.ping_in_flight && self.healthy(now, hb.interval_ms) {
                 wake = wake.min(self.last_ping_ms + hb.interval_ms);
             }
         }
@@ -705,4 +728,45 @@ pub fn notifier_failing_event(
         annotations,
         now,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// While the sampling loop is not healthy the heartbeat is not due, so the loop does not
+    /// wake for it (it would spin: the ping is skipped, its time stays in the past); a loop that
+    /// samples less often than the heartbeat interval stays healthy between its ticks.
+    #[test]
+    fn an_unhealthy_loop_does_not_wake_for_the_heartbeat() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::config::parse(
+            "[notify]\nheartbeat_url = \"http://127.0.0.1:9/ping\"\nheartbeat_interval = \"1m\"\n",
+            Path::new("/etc/gpuwatch/config.toml"),
+        )
+        .unwrap();
+        let settings = config.notify_settings().unwrap();
+        let mut w = Worker::new(
+            settings,
+            Outbox::open(dir.path()).unwrap(),
+            dir.path().join("notify-state.json"),
+            GrouperState::default(),
+            Transport::new().unwrap(),
+        );
+        let t0 = 1_800_000_000_000;
+        w.handle(Input::Healthy(t0));
+        w.last_ping_ms = t0;
+        assert_eq!(
+            w.next_wakeup(t0 + 1_000),
+            t0 + 60_000,
+            "healthy: the next ping"
+        );
+        // No tick for 5 minutes (a stalled sampler): no wake-up before an hour.
+        assert!(w.next_wakeup(t0 + 300_000) > t0 + 300_000 + 60_000);
+        // Ticks every 2 minutes (interval = "2m"): healthy between them.
+        w.handle(Input::Healthy(t0 + 120_000));
+        w.handle(Input::Healthy(t0 + 240_000));
+        assert!(w.healthy(t0 + 330_000, 60_000));
+        assert_eq!(w.next_wakeup(t0 + 330_000), t0 + 330_000, "the ping is due");
+    }
 }

@@ -65,6 +65,8 @@ pub struct Grouper {
     state: GrouperState,
     devices: Vec<DeviceId>,
     processes: Vec<ProcSample>,
+    /// The daemon's silences (the daemon sends them whenever they change).
+    silences: Vec<crate::silence::Silence>,
 }
 
 impl Grouper {
@@ -75,7 +77,15 @@ impl Grouper {
             state,
             devices: Vec::new(),
             processes: Vec::new(),
+            silences: Vec::new(),
         }
+    }
+
+    /// Replaces the silences. A silenced firing alert stays in its group but is left out of
+    /// messages (no announcement, no repeats) while a silence matches it, like an inhibited one;
+    /// it is announced if it still fires when the silence ends. Resolutions are not silenced.
+    pub fn set_silences(&mut self, silences: Vec<crate::silence::Silence>) {
+        self.silences = silences;
     }
 
     /// Replaces the settings (reload); groups of routes that no longer exist are dropped at
@@ -104,6 +114,8 @@ impl Grouper {
         for ev in events {
             let full = super::full_labels(ev, &self.settings.hostname);
             match ev.status {
+                // A one-shot notice is no inhibition source (it never resolves).
+                AlertStatus::Firing if ev.once => {}
                 AlertStatus::Firing => {
                     self.state
                         .active
@@ -210,18 +222,28 @@ impl Grouper {
             let Some(route) = self.settings.routes.get(group.route).cloned() else {
                 continue;
             };
-            // Inhibited firing alerts are left out (and not marked notified, so they are
-            // announced if the inhibition ends while they still fire).
+            // Inhibited and silenced firing alerts are left out. One already announced keeps its
+            // mark while inhibited (its resolution is announced); a silenced one loses it at the
+            // next message, so it is announced again if it still fires when the silence ends.
+            let inhibited: Vec<&String> = group
+                .alerts
+                .iter()
+                .filter(|(_, a)| self.inhibited(a, now_ms))
+                .map(|(fp, _)| fp)
+                .collect();
             let visible: BTreeMap<String, AlertEvent> = group
                 .alerts
                 .iter()
-                .filter(|(_, a)| !self.inhibited(a))
+                .filter(|(fp, a)| !inhibited.contains(fp) && !self.silenced(a, now_ms))
                 .map(|(fp, a)| (fp.clone(), a.clone()))
                 .collect();
             let changed = visible
                 .iter()
                 .any(|(fp, a)| group.notified.get(fp) != Some(&a.status));
-            let any_firing = visible.values().any(|a| a.status == AlertStatus::Firing);
+            // One-shot notices are announced once, never repeated.
+            let any_firing = visible
+                .values()
+                .any(|a| a.status == AlertStatus::Firing && !a.once);
             let repeat_due = any_firing
                 && (group.repeat_requested
                     || group
@@ -246,15 +268,22 @@ impl Grouper {
                         out.push(n);
                     }
                 }
+                let still_inhibited: Vec<(String, AlertStatus)> = inhibited
+                    .iter()
+                    .filter_map(|fp| group.notified.get(*fp).map(|st| ((*fp).clone(), *st)))
+                    .collect();
                 group.notified = visible
                     .iter()
-                    .filter(|(_, a)| a.status == AlertStatus::Firing)
+                    .filter(|(_, a)| a.status == AlertStatus::Firing && !a.once)
                     .map(|(fp, a)| (fp.clone(), a.status))
+                    .chain(still_inhibited)
                     .collect();
                 group.alerts.retain(|_, a| a.status == AlertStatus::Firing);
                 group.last_sent_ms = Some(now_ms);
                 group.repeat_requested = false;
             }
+            // A one-shot notice leaves its group once looked at (sent, or inhibited).
+            group.alerts.retain(|_, a| !a.once);
             group.next_flush_ms = now_ms + route.group_interval_ms;
             if !group.alerts.is_empty() {
                 self.state.groups.insert(key, group);
@@ -263,15 +292,30 @@ impl Grouper {
         self.gate(now_ms, out)
     }
 
-    fn inhibited(&self, a: &AlertEvent) -> bool {
-        if a.status != AlertStatus::Firing {
+    /// Whether a silence mutes firing alert `a` at `now_ms`.
+    fn silenced(&self, a: &AlertEvent, now_ms: i64) -> bool {
+        if a.status != AlertStatus::Firing || self.silences.is_empty() {
             return false;
         }
         let labels = super::full_labels(a, &self.settings.hostname);
-        self.settings
-            .inhibit
-            .iter()
-            .any(|rule| rule.mutes(&a.fingerprint, &labels, self.state.active.iter()))
+        self.silences.iter().any(|s| s.silences(&labels, now_ms))
+    }
+
+    /// Whether an inhibition mutes firing alert `a` at `now_ms`. A silenced alert inhibits
+    /// nothing (silencing `gpu_lost` on a GPU being reseated lets its other alerts through).
+    fn inhibited(&self, a: &AlertEvent, now_ms: i64) -> bool {
+        if a.status != AlertStatus::Firing || self.settings.inhibit.is_empty() {
+            return false;
+        }
+        let labels = super::full_labels(a, &self.settings.hostname);
+        self.settings.inhibit.iter().any(|rule| {
+            let sources = self
+                .state
+                .active
+                .iter()
+                .filter(|(_, l)| !self.silences.iter().any(|s| s.silences(l, now_ms)));
+            rule.mutes(&a.fingerprint, &labels, sources)
+        })
     }
 
     #[expect(clippy::too_many_arguments, reason = "internal helper")]
@@ -559,6 +603,7 @@ mod tests {
             actions: Vec::new(),
             target_pid: None,
             chart: None,
+            once: false,
         }
     }
 
@@ -615,6 +660,100 @@ mod tests {
         let out = g.tick(t0 + 30_000 + 4 * 60 * MIN);
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].reason, Reason::Repeat);
+    }
+
+    /// A one-shot notice (a kill's audit record, the usage digest) is sent once: never repeated,
+    /// never kept in its group, never an inhibition source.
+    #[test]
+    fn a_one_shot_notice_is_sent_once() {
+        let mut g = grouper("[notify]\ngroup_wait = \"0s\"\ngroup_interval = \"1m\"\n");
+        let n = ev("kill_action", 0, Severity::Critical, AlertStatus::Firing, 0).once();
+        g.ingest(0, &[n]);
+        assert_eq!(
+            summary(&g.tick(0)),
+            vec!["ops:Update:kill_action-0", "mail:Update:kill_action-0"]
+        );
+        assert!(g.tick(4 * 60 * MIN).is_empty(), "no repeat");
+        assert!(g.state().is_idle(), "{:?}", g.state());
+    }
+
+    /// A silence mutes a firing alert's repeats; its resolution still goes out; an alert still
+    /// firing when its silence ends is announced again.
+    #[test]
+    fn silences_mute_firing_alerts_not_resolutions() {
+        let mut g = grouper("[notify]\ngroup_wait = \"0s\"\ngroup_interval = \"1m\"\n");
+        let silence = |gpu: &str, ends_ms| crate::silence::Silence {
+            id: "s1".into(),
+            matchers: vec![crate::silence::Matcher::parse(&format!("gpu={gpu}")).unwrap()],
+            starts_ms: 0,
+            ends_ms,
+            comment: String::new(),
+            created_by: String::new(),
+            until_pid: None,
+        };
+        let fire = |gpu| ev("gpu_lost", gpu, Severity::Critical, AlertStatus::Firing, 0);
+        g.ingest(0, &[fire(3), fire(4)]);
+        assert_eq!(g.tick(0).len(), 2);
+        g.set_silences(vec![
+            silence("3", 10 * 60 * MIN),
+            silence("4", 5 * 60 * MIN),
+        ]);
+        assert!(g.tick(4 * 60 * MIN).is_empty(), "repeats muted");
+        // GPU 3 resolves while silenced: its resolution is announced.
+        g.ingest(
+            4 * 60 * MIN + 1,
+            &[ev(
+                "gpu_lost",
+                3,
+                Severity::Critical,
+                AlertStatus::Resolved,
+                1,
+            )],
+        );
+        assert_eq!(
+            summary(&g.tick(4 * 60 * MIN + MIN)),
+            vec!["ops:Update:gpu_lost-3(r)", "mail:Update:gpu_lost-3(r)"]
+        );
+        // GPU 4's silence ends while it still fires: announced again.
+        assert_eq!(
+            summary(&g.tick(5 * 60 * MIN + MIN)),
+            vec!["ops:Update:gpu_lost-4", "mail:Update:gpu_lost-4"]
+        );
+    }
+
+    /// An announced alert that an inhibition then hides keeps its mark: its resolution is
+    /// announced even when another member's change was sent meanwhile.
+    #[test]
+    fn an_inhibited_alert_still_gets_its_resolved_notice() {
+        let mut g = grouper("[notify]\ngroup_wait = \"0s\"\ngroup_interval = \"1m\"\n");
+        let xid = |gpu, status| ev("xid_error", gpu, Severity::Critical, status, 0);
+        g.ingest(
+            0,
+            &[xid(3, AlertStatus::Firing), xid(4, AlertStatus::Firing)],
+        );
+        assert_eq!(g.tick(0).len(), 2);
+        g.ingest(
+            1,
+            &[ev(
+                "gpu_lost",
+                3,
+                Severity::Critical,
+                AlertStatus::Firing,
+                1,
+            )],
+        );
+        g.ingest(2, &[xid(4, AlertStatus::Resolved)]);
+        let out = summary(&g.tick(MIN));
+        assert!(
+            out.contains(&"ops:Update:xid_error-4(r)".to_string()),
+            "{out:?}"
+        );
+        g.ingest(MIN + 1, &[xid(3, AlertStatus::Resolved)]);
+        let out = summary(&g.tick(2 * MIN));
+        assert!(
+            out.contains(&"ops:Update:xid_error-3(r)".to_string()),
+            "{out:?}"
+        );
     }
 
     #[test]
