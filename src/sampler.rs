@@ -200,6 +200,10 @@ struct Dev {
     slow_values: [(Option<f64>, i64); METRIC_COUNT],
     /// The state last put in a snapshot (to log changes once).
     reported: DeviceState,
+    /// Its processes as last read, and when (UTC ms): carried into a round it did not answer
+    /// while younger than two process intervals plus the call timeout (like the slow values), so
+    /// a late answer is not a GPU without processes.
+    procs: Option<(i64, Vec<ProcSample>)>,
 }
 
 /// A fast-path thread's state for one device.
@@ -376,6 +380,7 @@ impl Sampler {
                 state: DeviceState::Ok,
                 slow_values: [(None, i64::MIN); METRIC_COUNT],
                 reported: DeviceState::Ok,
+                procs: None,
             })
             .collect();
         let slow_masks: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
@@ -644,18 +649,34 @@ impl Sampler {
             return None;
         }
         self.round = None;
+        let round_ms = self.last_round_ms.unwrap_or(i64::MIN);
+        let max_age = (2 * self.process_interval_ms).saturating_add(duration_ms(self.call_timeout));
         let mut out = Vec::new();
         for pos in 0..self.devices.len() {
-            let Some(a) = self.slow.take(pos) else {
+            let answer = self.slow.take(pos);
+            let d = &mut self.devices[pos];
+            let list = match answer {
+                Some(a) => {
+                    for m in METRICS {
+                        if a.read & slot::metric_bit(m.id) != 0 {
+                            d.slow_values[m.id as usize] = (a.values.get(m.id), a.time_ms);
+                        }
+                    }
+                    a.processes.map(|list| (a.time_ms, list))
+                }
+                None => None,
+            };
+            let Some((read_ms, list)) = list else {
+                // No list this round: the last one while fresh (not for a lost GPU: its
+                // processes are gone with it).
+                if let Some((at, carried)) = &d.procs {
+                    if d.state != DeviceState::Lost && round_ms.saturating_sub(*at) <= max_age {
+                        out.extend(carried.iter().cloned());
+                    }
+                }
                 continue;
             };
-            let d = &mut self.devices[pos];
-            for m in METRICS {
-                if a.read & slot::metric_bit(m.id) != 0 {
-                    d.slow_values[m.id as usize] = (a.values.get(m.id), a.time_ms);
-                }
-            }
-            let Some(list) = a.processes else { continue };
+            let first = out.len();
             for (p, kind) in list {
                 // One process often holds every GPU: read /proc once per refresh.
                 let det = match out.iter().find(|q: &&ProcSample| q.pid == p.pid) {
@@ -684,6 +705,7 @@ impl Sampler {
                     runtime_s: det.runtime_s,
                 });
             }
+            d.procs = Some((read_ms, out[first..].to_vec()));
         }
         let alive: Vec<u32> = out.iter().map(|p| p.pid).collect();
         self.proc_cache.retain(&alive);

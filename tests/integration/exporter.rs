@@ -320,3 +320,63 @@ fn run_serves_job_progress_and_nvml_timeouts() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// GPUs of a process round whose process-list call hangs on one GPU: the other GPUs' processes
+/// are served at every scrape, and the hung GPU's last list is carried while fresh (two process
+/// intervals and the call timeout: 11 s by default), then absent — never an empty list at once,
+/// which would resolve its process alerts.
+#[test]
+fn a_hung_process_list_is_carried_while_fresh() {
+    super::common::sim_lib();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let cfg = config(tmp.path(), &format!("127.0.0.1:{port}"));
+    let d = daemon(
+        "healthy",
+        &cfg,
+        &tmp.path().join("log"),
+        &[(
+            "NVML_SIM_HANG",
+            "gpu=2,at_s=2,function=nvmlDeviceGetComputeRunningProcesses_v3",
+        )],
+    );
+    let gpus_with_processes = || -> Option<std::collections::BTreeSet<String>> {
+        let (_, _, page) = get(port, "/metrics", "text/plain")?;
+        Some(
+            page.lines()
+                .filter(|l| l.starts_with("gpuwatch_gpu_process_memory_bytes{"))
+                .filter_map(|l| l.split("gpu=\"").nth(1)?.split('"').next())
+                .map(str::to_string)
+                .collect(),
+        )
+    };
+    let all: std::collections::BTreeSet<String> = (0..8).map(|g| g.to_string()).collect();
+    wait_until(Duration::from_secs(20), "processes on every GPU", || {
+        (gpus_with_processes()? == all).then_some(())
+    });
+    let start = std::time::Instant::now();
+    let mut gone_at = None;
+    while start.elapsed() < Duration::from_secs(25) && gone_at.is_none() {
+        if let Some(seen) = gpus_with_processes() {
+            let others: Vec<&String> = all.iter().filter(|g| *g != "2").collect();
+            assert!(
+                others.iter().all(|g| seen.contains(*g)),
+                "{seen:?} at {:?}\n{}",
+                start.elapsed(),
+                d.log_text()
+            );
+            if !seen.contains("2") {
+                gone_at = Some(start.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Rounds at 0, 5, 10, 15 s of the daemon's time; the hang from the 5 s round on: GPU 2's
+    // list of the 0 s round is carried through the 5 and 10 s rounds, dropped at the 15 s one.
+    let gone_at = gone_at.expect("GPU 2's processes end once stale");
+    assert!(
+        gone_at >= Duration::from_secs(7),
+        "GPU 2's processes dropped after {gone_at:?}: not carried\n{}",
+        d.log_text()
+    );
+}
