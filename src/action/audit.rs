@@ -207,6 +207,15 @@ impl AuditLog {
         })
     }
 
+    /// A log writing to an open `file` (tests: a file whose writes fail).
+    #[cfg(test)]
+    pub(crate) fn from_file(path: &Path, file: std::fs::File) -> AuditLog {
+        AuditLog {
+            path: path.to_path_buf(),
+            file,
+        }
+    }
+
     /// The log's path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -232,27 +232,38 @@ impl KillManager {
                     crate::values::format_duration_ms(term_timeout)
                 );
             }
-            AuditDecision::Term | AuditDecision::WouldTerm => {
-                if !dry {
-                    if let Err(e) = send(target, libc::SIGTERM) {
-                        out.push(self.record(l, &facts, AuditDecision::Error, &e, now_ms));
-                        return false;
-                    }
-                    self.policy.note_kill(now_ms);
-                    self.note_signalled(target, &facts, &l.request);
-                }
-                l.phase = Phase::Termed(now_ms);
+            AuditDecision::WouldTerm => l.phase = Phase::Termed(now_ms),
+            AuditDecision::WouldKill => {
+                out.push(self.record(l, &facts, decision, &reason, now_ms));
+                return false;
             }
-            AuditDecision::Kill | AuditDecision::WouldKill => {
-                if dry {
-                    out.push(self.record(l, &facts, decision, &reason, now_ms));
+            AuditDecision::Term | AuditDecision::Kill => {
+                // The record is written before the signal is sent: no signal goes out unaudited.
+                let rec = self.unwritten(l, &facts, decision, &reason, now_ms);
+                if let Err(e) = self.audit.append(&rec) {
+                    let why = format!(
+                        "cannot write the kill audit log {}: {e}; no signal sent",
+                        self.audit.path().display()
+                    );
+                    tracing::error!("{why}");
+                    out.push(self.unwritten(l, &facts, AuditDecision::Error, &why, now_ms));
                     return false;
                 }
-                if let Err(e) = send(target, libc::SIGKILL) {
+                let term = decision == AuditDecision::Term;
+                let signal = if term { libc::SIGTERM } else { libc::SIGKILL };
+                if let Err(e) = send(target, signal) {
                     out.push(self.record(l, &facts, AuditDecision::Error, &e, now_ms));
                     return false;
                 }
-                l.phase = Phase::Killed(now_ms);
+                if term {
+                    self.policy.note_kill(now_ms);
+                    self.note_signalled(target, &facts, &l.request);
+                    l.phase = Phase::Termed(now_ms);
+                } else {
+                    l.phase = Phase::Killed(now_ms);
+                }
+                out.push(rec);
+                return true;
             }
             _ => {}
         }
@@ -270,6 +281,7 @@ impl KillManager {
         }
     }
 
+    /// The audit record of a decision, appended to the log (a failure to write is logged).
     fn record(
         &mut self,
         l: &Ladder,
@@ -278,7 +290,23 @@ impl KillManager {
         reason: &str,
         now_ms: i64,
     ) -> AuditRecord {
-        let rec = AuditRecord {
+        let rec = self.unwritten(l, facts, decision, reason, now_ms);
+        if let Err(e) = self.audit.append(&rec) {
+            tracing::error!(path = %self.audit.path().display(), "cannot write the kill audit log: {e}");
+        }
+        rec
+    }
+
+    /// The audit record of a decision, not yet written.
+    fn unwritten(
+        &self,
+        l: &Ladder,
+        facts: &TargetFacts,
+        decision: AuditDecision,
+        reason: &str,
+        now_ms: i64,
+    ) -> AuditRecord {
+        AuditRecord {
             time: chrono::DateTime::from_timestamp_millis(now_ms)
                 .unwrap_or_default()
                 .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
@@ -297,11 +325,7 @@ impl KillManager {
             fingerprint: l.request.fingerprint.clone(),
             reason: reason.to_string(),
             policy_version: self.policy.version,
-        };
-        if let Err(e) = self.audit.append(&rec) {
-            tracing::error!(path = %self.audit.path().display(), "cannot write the kill audit log: {e}");
         }
-        rec
     }
 }
 
@@ -409,6 +433,32 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         seen
+    }
+
+    /// No signal is sent when its audit record cannot be written.
+    #[test]
+    fn no_signal_without_its_audit_record() {
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        let gpu_of = HashMap::from([(pid, 0)]);
+        let mut s = section(false);
+        s.grace = DurationSetting::from_ms(0);
+        let full = std::path::Path::new("/dev/full");
+        let file = std::fs::OpenOptions::new().append(true).open(full).unwrap();
+        let audit = AuditLog::from_file(full, file);
+        let mut m = KillManager::new(KillPolicy::new(s), audit, PidMapper::Identity);
+        m.request(request(pid));
+        let warn = m.tick(1_000, &gpu_of);
+        assert_eq!(warn[0].decision, AuditDecision::Warn);
+        let term = m.tick(2_000, &gpu_of);
+        assert_eq!(term.len(), 1);
+        assert_eq!(term[0].decision, AuditDecision::Error, "{term:?}");
+        assert!(term[0].reason.contains("no signal sent"), "{term:?}");
+        assert_eq!(m.active(), 0);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(child.try_wait().unwrap().is_none(), "not signalled");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     /// A dry run switched to live mid-ladder starts again from the warning: its `would_term`
