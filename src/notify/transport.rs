@@ -106,7 +106,10 @@ impl Transport {
                         }
                     }
                     Request::Http(http) => {
-                        let response = self.http(http, timeout).await?;
+                        let mut response = self.http(http, timeout).await?;
+                        // Redacted before any part of it is quoted: a token the receiver
+                        // echoes must not be cut in two by the truncation of an error message.
+                        response.body = spec.redact(&response.body);
                         spec.channel.judge(&response)?;
                     }
                 }
