@@ -590,7 +590,8 @@ impl Sampler {
                     // shown while younger than twice its cadence (then it is absent)
                     let (v, at) = d.slow_values[m.id as usize];
                     let age = self.slow_max_age_ms[m.id as usize];
-                    if at != i64::MIN && time_ms.saturating_sub(at) <= age {
+                    // (read "after" this tick: the wall clock stepped back — not current)
+                    if at != i64::MIN && at <= time_ms && time_ms - at <= age {
                         values.set(m.id, v);
                     }
                 }
@@ -628,7 +629,8 @@ impl Sampler {
     fn start_round(&mut self, time_ms: i64) {
         let due = self
             .last_round_ms
-            .is_none_or(|last| time_ms - last >= self.process_interval_ms);
+            // (a wall clock stepped back makes it due at once, not after the step)
+            .is_none_or(|last| time_ms < last || time_ms - last >= self.process_interval_ms);
         if !due || self.round.is_some() {
             return;
         }
@@ -670,7 +672,8 @@ impl Sampler {
                 // No list this round: the last one while fresh (not for a lost GPU: its
                 // processes are gone with it).
                 if let Some((at, carried)) = &d.procs {
-                    if d.state != DeviceState::Lost && round_ms.saturating_sub(*at) <= max_age {
+                    let fresh = *at <= round_ms && round_ms - *at <= max_age;
+                    if d.state != DeviceState::Lost && fresh {
                         out.extend(carried.iter().cloned());
                     }
                 }

@@ -258,7 +258,9 @@ impl Slot {
         time_ms: i64,
         values: &mut MetricValues,
     ) -> DeviceState {
-        if self.state == DeviceState::Lost && time_ms - self.lost_probe_ms >= super::LOST_PROBE_MS {
+        let since = time_ms - self.lost_probe_ms;
+        // (a wall clock stepped back probes at once rather than after the step)
+        if self.state == DeviceState::Lost && (since < 0 || since >= super::LOST_PROBE_MS) {
             self.lost_probe_ms = time_ms;
             let busy = self.busy.clone();
             let answers = match self.handle.as_ref() {

@@ -45,7 +45,9 @@ impl XidMerger {
         devices: impl Iterator<Item = &'d DeviceId> + Clone,
         until: Instant,
     ) -> Vec<XidEvent> {
-        self.recent.retain(|r| time_ms - r.0 <= SAME_MS);
+        // (an entry "after" this tick is from before a step back of the wall clock)
+        self.recent
+            .retain(|r| r.0 <= time_ms && time_ms - r.0 <= SAME_MS);
         let mut kernel: Vec<XidEvent> = match &self.kmsg {
             Some(k) => k
                 .drain()
