@@ -432,15 +432,34 @@ impl Worker {
         self.count(None);
     }
 
+    /// The pending messages that may be sent next: per channel and group, the oldest (a later
+    /// message of a group never overtakes an earlier one in backoff — a resolution must not
+    /// arrive before the firing message it ends), oldest first.
+    fn heads(&self) -> Vec<&OutboxEntry> {
+        let mut all: Vec<&OutboxEntry> = self.pending.values().collect();
+        all.sort_by(|a, b| {
+            (a.notification.created_ms, &a.notification.id)
+                .cmp(&(b.notification.created_ms, &b.notification.id))
+        });
+        let mut seen = HashSet::new();
+        all.into_iter()
+            .filter(|e| {
+                seen.insert((
+                    e.notification.channel.as_str(),
+                    e.notification.group_key.as_str(),
+                ))
+            })
+            .collect()
+    }
+
     fn start_due(&mut self, now: i64) {
-        let mut due: Vec<&OutboxEntry> = self
-            .pending
-            .values()
+        let due: Vec<&OutboxEntry> = self
+            .heads()
+            .into_iter()
             .filter(|e| {
                 e.next_attempt_ms <= now && !self.in_flight.contains(&e.notification.channel)
             })
             .collect();
-        due.sort_by_key(|e| e.notification.created_ms);
         let mut start: Vec<(String, String)> = Vec::new();
         let mut seen = HashSet::new();
         for e in due {
@@ -510,7 +529,7 @@ impl Worker {
         if let Some(t) = self.grouper.next_wakeup(now) {
             wake = wake.min(t);
         }
-        for e in self.pending.values() {
+        for e in self.heads() {
             if !self.in_flight.contains(&e.notification.channel) {
                 wake = wake.min(e.next_attempt_ms);
             }
@@ -768,5 +787,53 @@ mod tests {
         w.handle(Input::Healthy(t0 + 240_000));
         assert!(w.healthy(t0 + 330_000, 60_000));
         assert_eq!(w.next_wakeup(t0 + 330_000), t0 + 330_000, "the ping is due");
+    }
+
+    /// A later message of a group waits behind an earlier one in backoff (on the same channel);
+    /// another group's message does not.
+    #[test]
+    fn a_later_message_of_a_group_does_not_overtake_one_in_backoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::config::parse("", Path::new("/etc/gpuwatch/config.toml")).unwrap();
+        let mut w = Worker::new(
+            config.notify_settings().unwrap(),
+            Outbox::open(dir.path()).unwrap(),
+            dir.path().join("notify-state.json"),
+            GrouperState::default(),
+            Transport::new().unwrap(),
+        );
+        let message = |created_ms: i64, group: &str, status| {
+            let mut n = super::super::testdata::notification(vec![super::super::testdata::alert(
+                0, status,
+            )]);
+            n.created_ms = created_ms;
+            n.group_key = group.into();
+            n.compute_id();
+            n
+        };
+        let t = 1_800_000_000_000;
+        let firing = message(t, "g1", AlertStatus::Firing);
+        let first = firing.id.clone();
+        w.enqueue(firing, t);
+        w.pending.get_mut(&first).unwrap().next_attempt_ms = t + 60_000;
+        w.enqueue(message(t + 1_000, "g1", AlertStatus::Resolved), t + 1_000);
+        let other = message(t + 2_000, "g2", AlertStatus::Firing);
+        let other_id = other.id.clone();
+        w.enqueue(other, t + 2_000);
+        let heads: Vec<String> = w
+            .heads()
+            .iter()
+            .map(|e| e.notification.id.clone())
+            .collect();
+        assert_eq!(heads, [first.clone(), other_id.clone()]);
+        w.in_flight.insert("ops".into());
+        assert_eq!(
+            w.next_wakeup(t + 3_000),
+            t + 3_000 + 3_600_000,
+            "the channel is busy"
+        );
+        w.in_flight.clear();
+        w.pending.remove(&other_id);
+        assert_eq!(w.next_wakeup(t + 3_000), t + 60_000, "behind the backoff");
     }
 }
