@@ -88,10 +88,41 @@ impl Grouper {
         self.silences = silences;
     }
 
-    /// Replaces the settings (reload); groups of routes that no longer exist are dropped at
-    /// their next tick.
+    /// Replaces the settings (reload). A group follows its route to wherever the route is now
+    /// (a route is the same when it matches the same alerts: severities, rules and label
+    /// matchers; its channels, grouping and timings may change and apply from now on); a group
+    /// whose route is gone is dropped.
     pub fn set_settings(&mut self, settings: Arc<NotifySettings>) {
-        self.settings = settings;
+        let old = std::mem::replace(&mut self.settings, settings);
+        let identity = |r: &super::settings::RouteSpec| {
+            let re: Vec<(&String, &str)> =
+                r.labels_re.iter().map(|(k, re)| (k, re.as_str())).collect();
+            format!("{:?}|{:?}|{:?}|{re:?}", r.severity, r.rules, r.labels)
+        };
+        let now: Vec<String> = self.settings.routes.iter().map(identity).collect();
+        for (key, group) in std::mem::take(&mut self.state.groups) {
+            let moved = old
+                .routes
+                .get(group.route)
+                .and_then(|r| now.iter().position(|i| *i == identity(r)));
+            let Some(j) = moved else {
+                tracing::warn!(group = %key, "notification route removed: its group is dropped");
+                continue;
+            };
+            let rest = key.split_once(':').map_or(key.as_str(), |(_, r)| r);
+            let mut group = group;
+            group.route = j;
+            match self.state.groups.entry(format!("{j}:{rest}")) {
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(group);
+                }
+                std::collections::btree_map::Entry::Occupied(mut o) => {
+                    let g = o.get_mut();
+                    g.alerts.extend(group.alerts);
+                    g.notified.extend(group.notified);
+                }
+            }
+        }
     }
 
     /// The state to persist.
@@ -157,24 +188,33 @@ impl Grouper {
                         }
                         group.alerts.insert(ev.fingerprint.clone(), ev.clone());
                     }
-                    AlertStatus::Resolved => {
-                        if let Some(group) = self.state.groups.get_mut(&key) {
-                            if group.notified.contains_key(&ev.fingerprint) {
-                                group.alerts.insert(ev.fingerprint.clone(), ev.clone());
-                            } else {
-                                group.alerts.remove(&ev.fingerprint);
-                                if group.alerts.is_empty() && group.notified.is_empty() {
-                                    self.state.groups.remove(&key);
-                                }
-                            }
-                        }
-                    }
+                    // Resolutions below, by fingerprint: the group that holds the alert may
+                    // no longer be the one this route and grouping name (a reload).
+                    AlertStatus::Resolved => {}
                 }
                 if !route.continue_matching {
                     break;
                 }
             }
+            if ev.status == AlertStatus::Resolved {
+                self.resolve(ev);
+            }
         }
+    }
+
+    /// Books a resolution in every group that holds the alert: announced ones keep it (the
+    /// resolved notice), the others forget it (an alert that resolves before it was announced is
+    /// dropped silently).
+    fn resolve(&mut self, ev: &AlertEvent) {
+        let fp = &ev.fingerprint;
+        self.state.groups.retain(|_, group| {
+            if group.notified.contains_key(fp) {
+                group.alerts.insert(fp.clone(), ev.clone());
+            } else if group.alerts.remove(fp).is_some() {
+                return !(group.alerts.is_empty() && group.notified.is_empty());
+            }
+            true
+        });
     }
 
     /// Makes every group due now, ignoring `group_wait` / `group_interval` (used before a
@@ -754,6 +794,47 @@ mod tests {
             out.contains(&"ops:Update:xid_error-3(r)".to_string()),
             "{out:?}"
         );
+    }
+
+    /// A reload that puts a route before the one an announced alert's group came from: the
+    /// group follows its route, and the alert's resolution is announced through it (before, the
+    /// resolution looked for a group under the new index, found none, and the old group repeated
+    /// the alert for ever).
+    #[test]
+    fn a_group_follows_its_route_across_a_reload() {
+        let routes = |first: &str| {
+            format!(
+                "[notify]\ngroup_wait = \"0s\"\ngroup_interval = \"1m\"\n{first}\n[[route]]\nseverity = [\"critical\"]\nchannels = [\"ops\"]\n"
+            )
+        };
+        let mut g = grouper(&routes(""));
+        g.ingest(
+            0,
+            &[ev(
+                "gpu_lost",
+                3,
+                Severity::Critical,
+                AlertStatus::Firing,
+                0,
+            )],
+        );
+        assert_eq!(summary(&g.tick(0)), vec!["ops:Update:gpu_lost-3"]);
+        let reloaded = grouper(&routes(
+            "[[route]]\nrules = [\"usage_digest\"]\nchannels = [\"mail\"]\n",
+        ));
+        g.set_settings(reloaded.settings.clone());
+        g.ingest(
+            MIN,
+            &[ev(
+                "gpu_lost",
+                3,
+                Severity::Critical,
+                AlertStatus::Resolved,
+                MIN,
+            )],
+        );
+        assert_eq!(summary(&g.tick(2 * MIN)), vec!["ops:Update:gpu_lost-3(r)"]);
+        assert!(g.state().is_idle(), "{:?}", g.state());
     }
 
     #[test]
