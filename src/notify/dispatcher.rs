@@ -25,6 +25,9 @@ use crate::model::{AlertEvent, AlertStatus, DeviceId, ProcSample, Severity};
 /// Name of the grouper state file in the state directory.
 pub const STATE_FILE: &str = "notify-state.json";
 
+/// How often the outbox is looked at for messages another process put there, ms.
+const ADOPT_EVERY_MS: i64 = 10_000;
+
 /// What the daemon tells the dispatcher.
 #[derive(Debug)]
 pub enum Input {
@@ -189,6 +192,8 @@ struct Worker {
     last_ping_ms: i64,
     ping_in_flight: bool,
     drain_deadline_ms: Option<i64>,
+    /// When the outbox was last looked at for messages another process put there.
+    last_adopt_ms: i64,
     /// Shared with the [`Dispatcher`] handle (for `/metrics`).
     delivery: Arc<std::sync::Mutex<Delivery>>,
 }
@@ -235,6 +240,7 @@ impl Worker {
             last_ping_ms: 0,
             ping_in_flight: false,
             drain_deadline_ms: None,
+            last_adopt_ms: i64::MIN,
             delivery: Arc::default(),
         }
     }
@@ -259,8 +265,12 @@ impl Worker {
             }
             Err(e) => error!("cannot read the outbox: {e}"),
         }
+        self.last_adopt_ms = now_ms();
         loop {
             let now = now_ms();
+            if now - self.last_adopt_ms >= ADOPT_EVERY_MS {
+                self.adopt(now);
+            }
             let made = self.grouper.tick(now);
             for n in made {
                 self.enqueue(n, now);
@@ -399,6 +409,26 @@ impl Worker {
         }
     }
 
+    /// Takes the messages another process put in the outbox (a `gpuwatch run` that could not
+    /// deliver before it exited hands them over), each at its own next attempt.
+    fn adopt(&mut self, now: i64) {
+        self.last_adopt_ms = now;
+        let pending = &self.pending;
+        match self.outbox.load_new(|id| pending.contains_key(id)) {
+            Ok((entries, problems)) => {
+                for p in problems {
+                    error!("corrupt outbox entry set aside: {p}");
+                }
+                for e in entries {
+                    info!(channel = %e.notification.channel, id = %e.notification.id, "queued by another gpuwatch: {}", super::render::title(&e.notification));
+                    self.pending.insert(e.notification.id.clone(), e);
+                }
+                self.count(None);
+            }
+            Err(e) => warn!("cannot read the outbox: {e}"),
+        }
+    }
+
     fn save_state(&mut self) {
         let Ok(json) = serde_json::to_string(self.grouper.state()) else {
             return;
@@ -525,7 +555,7 @@ impl Worker {
     }
 
     fn next_wakeup(&self, now: i64) -> i64 {
-        let mut wake = now + 3_600_000;
+        let mut wake = (now + 3_600_000).min(self.last_adopt_ms.saturating_add(ADOPT_EVERY_MS));
         if let Some(t) = self.grouper.next_wakeup(now) {
             wake = wake.min(t);
         }
@@ -773,6 +803,7 @@ mod tests {
             Transport::new().unwrap(),
         );
         let t0 = 1_800_000_000_000;
+        w.last_adopt_ms = i64::MAX / 2;
         w.handle(Input::Healthy(t0));
         w.last_ping_ms = t0;
         assert_eq!(
@@ -812,6 +843,7 @@ mod tests {
             n
         };
         let t = 1_800_000_000_000;
+        w.last_adopt_ms = i64::MAX / 2;
         let firing = message(t, "g1", AlertStatus::Firing);
         let first = firing.id.clone();
         w.enqueue(firing, t);

@@ -49,6 +49,14 @@ pub struct GrouperState {
 }
 
 impl GrouperState {
+    /// Takes the messages held by quiet hours and by the rate limit (a short-lived dispatcher
+    /// hands them over when it ends).
+    pub fn take_held(&mut self) -> (Vec<Notification>, Vec<Notification>) {
+        let quiet = std::mem::take(&mut self.quiet_held).into_values().flatten();
+        let rate = std::mem::take(&mut self.rate_held).into_values().flatten();
+        (quiet.collect(), rate.collect())
+    }
+
     /// True when nothing is pending (no groups, nothing held).
     pub fn is_idle(&self) -> bool {
         self.groups.is_empty()

@@ -84,11 +84,25 @@ impl Outbox {
 
     /// Every pending entry, oldest first. Unreadable files are renamed `*.corrupt` and reported.
     pub fn load(&self) -> std::io::Result<(Vec<OutboxEntry>, Vec<String>)> {
+        self.load_new(|_| false)
+    }
+
+    /// Like [`Outbox::load`], leaving out the entries `known` names by id (those already
+    /// pending): what another process put there (a job's undelivered messages).
+    pub fn load_new(
+        &self,
+        known: impl Fn(&str) -> bool,
+    ) -> std::io::Result<(Vec<OutboxEntry>, Vec<String>)> {
         let mut entries = Vec::new();
         let mut problems = Vec::new();
         for e in fs::read_dir(&self.dir)? {
             let path = e?.path();
-            if path.extension().is_none_or(|x| x != "json") {
+            if path.extension().is_none_or(|x| x != "json")
+                || path
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .is_some_and(&known)
+            {
                 continue;
             }
             let parsed = fs::read(&path)

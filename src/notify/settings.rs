@@ -336,6 +336,19 @@ pub struct QuietHours {
 }
 
 impl QuietHours {
+    /// When the window that holds `now_ms` ends (UTC ms, a minute boundary); `now_ms` when it
+    /// holds no window.
+    pub fn end_after(&self, now_ms: i64) -> i64 {
+        let mut t = now_ms;
+        for _ in 0..=1440 {
+            if !self.contains(t) {
+                return t;
+            }
+            t = (t.div_euclid(60_000) + 1) * 60_000;
+        }
+        t
+    }
+
     /// Whether `now_ms` (UTC) falls inside the window.
     pub fn contains(&self, now_ms: i64) -> bool {
         let offset_min = self
@@ -1036,6 +1049,8 @@ repeat_interval = "4h"
         assert!(q.contains(at(4, 59))); // 06:59 local
         assert!(!q.contains(at(5, 0))); // 07:00 local
         assert!(!q.contains(at(12, 0)));
+        assert_eq!(q.end_after(at(20, 0) + 1234), at(29, 0)); // 07:00 local, the next day
+        assert_eq!(q.end_after(at(12, 0) + 5), at(12, 0) + 5, "outside: now");
     }
 
     #[test]

@@ -70,14 +70,16 @@ impl AlertSink for StderrSink {
 /// `group_interval` are set to zero, the dispatcher keeps its outbox in its own directory
 /// (`state_dir/jobs/PID`, so a daemon on the same host is not disturbed), and
 /// [`AlertSink::finish`] waits until the outbox is empty (at most `flush_timeout`). What could
-/// not be delivered by then is moved into the daemon's outbox (`state_dir/outbox`), where the
-/// next `gpuwatch daemon` start sends it.
+/// not be delivered by then, and what quiet hours or the rate limit held, is moved into the
+/// daemon's outbox (`state_dir/outbox`, a held message due when the quiet hours end), which a
+/// running daemon looks at every 10 s and a starting one reads.
 pub struct DispatchSink {
     dispatcher: Option<crate::notify::dispatcher::Dispatcher>,
     dir: std::path::PathBuf,
     state_dir: std::path::PathBuf,
     flush_timeout: Duration,
     last_send: Option<Instant>,
+    quiet_hours: Option<crate::notify::settings::QuietHours>,
 }
 
 impl std::fmt::Debug for DispatchSink {
@@ -104,6 +106,7 @@ impl DispatchSink {
             r.group_interval_ms = 1;
         }
         let dir = state_dir.join("jobs").join(std::process::id().to_string());
+        let quiet_hours = settings.quiet_hours;
         let dispatcher = crate::notify::dispatcher::Dispatcher::start(settings, &dir)?;
         Ok(Some(DispatchSink {
             dispatcher: Some(dispatcher),
@@ -111,7 +114,42 @@ impl DispatchSink {
             state_dir: state_dir.to_path_buf(),
             flush_timeout,
             last_send: None,
+            quiet_hours,
         }))
+    }
+
+    /// Puts the messages quiet hours and the rate limit held into the outbox (they would be lost
+    /// with the job's directory): a quiet-hours one due when the quiet hours end.
+    fn queue_held(&self) {
+        use crate::notify::dispatcher::STATE_FILE;
+        let path = self.dir.join(STATE_FILE);
+        let Some(mut state) = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<crate::notify::grouping::GrouperState>(&b).ok())
+        else {
+            return;
+        };
+        let (quiet, rate) = state.take_held();
+        if quiet.is_empty() && rate.is_empty() {
+            return;
+        }
+        let now = crate::sys::now_ms();
+        let quiet_end = self.quiet_hours.map_or(now, |q| q.end_after(now));
+        let Ok(outbox) = crate::notify::outbox::Outbox::open(&self.dir) else {
+            return;
+        };
+        let held = quiet.into_iter().map(|n| (n, quiet_end));
+        for (notification, at) in held.chain(rate.into_iter().map(|n| (n, now))) {
+            let entry = crate::notify::outbox::OutboxEntry {
+                notification,
+                attempts: 0,
+                next_attempt_ms: at,
+                last_error: None,
+            };
+            if let Err(e) = outbox.put(&entry) {
+                tracing::error!("cannot keep a held notification: {e}");
+            }
+        }
     }
 
     /// Notifications in the outbox not yet delivered.
@@ -156,6 +194,7 @@ impl AlertSink for DispatchSink {
             std::thread::sleep(Duration::from_millis(50));
         }
         dispatcher.stop();
+        self.queue_held();
         let left = self.pending();
         if left.is_empty() {
             let _ = std::fs::remove_dir_all(&self.dir);

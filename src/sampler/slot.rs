@@ -260,7 +260,7 @@ impl Slot {
     ) -> DeviceState {
         let since = time_ms - self.lost_probe_ms;
         // (a wall clock stepped back probes at once rather than after the step)
-        if self.state == DeviceState::Lost && (since < 0 || since >= super::LOST_PROBE_MS) {
+        if self.state == DeviceState::Lost && !(0..super::LOST_PROBE_MS).contains(&since) {
             self.lost_probe_ms = time_ms;
             let busy = self.busy.clone();
             let answers = match self.handle.as_ref() {

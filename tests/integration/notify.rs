@@ -965,3 +965,101 @@ fn a_stop_does_not_claim_an_unwritable_outbox_kept_anything() {
         "{log}"
     );
 }
+
+/// A job's notices that it could not deliver before it exited are handed to the daemon's outbox,
+/// which a running daemon takes within seconds (it used to read its outbox only at start); a
+/// notice quiet hours held is handed over too, due when the quiet hours end (it used to be
+/// deleted with the job's directory).
+#[test]
+fn a_job_hands_undelivered_and_held_notices_to_the_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let dead = format!("http://127.0.0.1:{}/hook", free_port());
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let write = |name: &str, url: &str, extra: &str| {
+        let p = tmp.path().join(name);
+        std::fs::write(
+            &p,
+            format!(
+                "[daemon]\ninterval = \"1s\"\nstate_dir = \"state\"\nrules = [{rules:?}]\nhostname = \"simhost\"\n\
+                 [job]\nnotify_timeout = \"1s\"\n{extra}\n\
+                 [[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"{url}\"\n",
+                rules = rules.display().to_string()
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let daemon_cfg = write("daemon.toml", &hook.url("/hook"), "");
+    let job_cfg = write("job.toml", &dead, "");
+    let d = crate::daemon::daemon("healthy", &daemon_cfg, &tmp.path().join("log"), &[]);
+    let run = |cfg: &Path| {
+        crate::common::sim(
+            "healthy",
+            &[
+                "run",
+                "--quiet",
+                "--no-report",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--",
+                "true",
+            ],
+            &[],
+        )
+    };
+    let r = run(&job_cfg);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("queued in"), "{}", r.stderr);
+    let got = wait_until(
+        Duration::from_secs(30),
+        "the daemon sends the job's notice",
+        || {
+            hook.accepted()
+                .into_iter()
+                .map(|r| r.json())
+                .find(|b| b["alerts"][0]["labels"]["alertname"] == "job_finished")
+        },
+    );
+    assert_eq!(got["status"], "firing", "{got}");
+    drop(d);
+
+    // Quiet hours around now (UTC): the info notice is held, then handed over for their end.
+    let now_min = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 60)
+        % 1440;
+    let hhmm = |m: u64| format!("{:02}:{:02}", (m % 1440) / 60, m % 60);
+    let quiet = format!(
+        "[notify.quiet_hours]\nstart = \"{}\"\nend = \"{}\"\ntimezone = \"UTC\"\n",
+        hhmm(now_min + 1440 - 60),
+        hhmm(now_min + 60)
+    );
+    let quiet_cfg = write("quiet.toml", &hook.url("/hook"), &quiet);
+    let before = hook.accepted().len();
+    let r = run(&quiet_cfg);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(hook.accepted().len(), before, "held during quiet hours");
+    let outbox = tmp.path().join("state/outbox");
+    let held: Vec<Value> = std::fs::read_dir(&outbox)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .map(|e| serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap())
+        .collect();
+    assert_eq!(held.len(), 1, "{held:?}");
+    let due = held[0]["next_attempt_ms"].as_i64().unwrap();
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    assert!(
+        due > now_ms + 30 * 60_000,
+        "due at the end of quiet hours: {due} vs {now_ms}"
+    );
+}
