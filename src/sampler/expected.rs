@@ -98,9 +98,12 @@ fn normalised(bus_id: &str) -> String {
     PciAddr::normalise(bus_id).unwrap_or_else(|| bus_id.trim().to_ascii_uppercase())
 }
 
-/// Whether every enumerated device's identity is known (UUID read at start).
+/// Whether every enumerated device's identity is known (UUID and bus id read at start): a
+/// device whose bus id could not be read would leave its own slot looking empty.
 fn identified(devices: &[DeviceId]) -> bool {
-    devices.iter().all(|d| !d.uuid.is_empty())
+    devices
+        .iter()
+        .all(|d| !d.uuid.is_empty() && !d.pci_bus_id.trim().is_empty())
 }
 
 /// The expected GPUs NVML does not enumerate: bus GPUs first (named from the history when it

@@ -77,9 +77,41 @@ pub fn is_gpu_class(class: u32) -> bool {
     matches!(class >> 8, 0x0300 | 0x0302)
 }
 
-/// Every NVIDIA GPU under `root/bus/pci/devices`, sorted by bus id. A missing or unreadable
-/// tree gives an empty list.
+/// Whether the NVIDIA driver is meant to serve the GPU at sysfs `path` (bus id `addr`): not when
+/// it is bound to another driver (`vfio-pci` for passthrough, `nouveau`), nor when it is bound to
+/// `nvidia` but the driver's GPU list in procfs (`proc_gpus`, when it exists) leaves it out — a
+/// container runtime shows a container only the GPUs it was given there, while sysfs shows the
+/// host's. An unbound GPU (the driver's probe failed) is one.
+fn served_by_nvidia(path: &Path, addr: &PciAddr, proc_gpus: &Path) -> bool {
+    let driver = std::fs::read_link(path.join("driver"))
+        .ok()
+        .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()));
+    match driver.as_deref() {
+        None => true,
+        Some("nvidia") => {
+            let Ok(listed) = std::fs::read_dir(proc_gpus) else {
+                return true;
+            };
+            let want = addr.nvml_bus_id();
+            listed.flatten().any(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(PciAddr::parse)
+                    .is_some_and(|a| a.nvml_bus_id() == want)
+            })
+        }
+        Some(_) => false,
+    }
+}
+
+/// Every NVIDIA GPU under `root/bus/pci/devices` that the NVIDIA driver is meant to serve (see
+/// `served_by_nvidia`; the driver's GPU list is `root/../proc/driver/nvidia/gpus`), sorted by bus
+/// id. A missing or unreadable tree gives an empty list.
 pub fn nvidia_gpus(root: &Path) -> Vec<BusGpu> {
+    let proc_gpus = root
+        .parent()
+        .unwrap_or(root)
+        .join("proc/driver/nvidia/gpus");
     let dir = root.join("bus/pci/devices");
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
@@ -94,7 +126,7 @@ pub fn nvidia_gpus(root: &Path) -> Vec<BusGpu> {
                 return None;
             }
             let class = read_hex(&path.join("class"))?;
-            if !is_gpu_class(class) {
+            if !is_gpu_class(class) || !served_by_nvidia(&path, &addr, &proc_gpus) {
                 return None;
             }
             Some(BusGpu {
@@ -157,6 +189,37 @@ mod tests {
         assert_eq!(h100.max_link_width, Some(16));
         assert_eq!(h100.current_link_width, Some(8));
         assert_eq!(gpus[0].max_link_speed, None);
+    }
+
+    /// A GPU bound to another driver is not the NVIDIA driver's; one bound to it that the
+    /// driver's procfs list leaves out was not given to this container; an unbound one is
+    /// expected (the driver's probe failed).
+    #[test]
+    fn gpus_the_driver_does_not_serve_are_left_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("sys");
+        let bind = |name: &str, driver: &str| {
+            device(&root, name, "0x10de", "0x030200");
+            let link = root.join("bus/pci/devices").join(name).join("driver");
+            std::os::unix::fs::symlink(format!("../../../bus/pci/drivers/{driver}"), link).unwrap();
+        };
+        bind("0000:3a:00.0", "nvidia"); // given to the container
+        bind("0000:3b:00.0", "nvidia"); // the host's, not given
+        bind("0000:3c:00.0", "vfio-pci"); // passed through to a VM
+        device(&root, "0000:3d:00.0", "0x10de", "0x030200"); // unbound
+        let ids = |root: &Path| -> Vec<String> {
+            nvidia_gpus(root)
+                .into_iter()
+                .map(|g| g.pci_bus_id)
+                .collect()
+        };
+        // No procfs list (not readable here): every GPU bound to nvidia counts.
+        assert_eq!(
+            ids(&root),
+            ["00000000:3A:00.0", "00000000:3B:00.0", "00000000:3D:00.0"]
+        );
+        std::fs::create_dir_all(tmp.path().join("proc/driver/nvidia/gpus/0000:3a:00.0")).unwrap();
+        assert_eq!(ids(&root), ["00000000:3A:00.0", "00000000:3D:00.0"]);
     }
 
     #[test]
