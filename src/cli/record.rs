@@ -132,24 +132,41 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
         )
     };
 
-    // A signal stops the sampler thread; the recording ends after the tick in progress.
+    // A signal stops the sampler thread; the recording ends after the tick in progress. A
+    // sampling thread stuck in an NVML call that never returns (a wedged driver) cannot end its
+    // tick: after STUCK_GRACE the command exits without it (every tick before is written).
+    const STUCK_GRACE: Duration = Duration::from_secs(5);
     let stopped_by = Arc::new(AtomicI32::new(0));
+    let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let handle = signals.handle();
     {
         let stop = thread.stop_signal();
         let stopped_by = stopped_by.clone();
+        let ended = ended.clone();
         std::thread::Builder::new()
             .name("gpuwatch-signals".into())
             .spawn(move || {
                 if let Some(sig) = signals.forever().next() {
                     stopped_by.store(sig, Ordering::SeqCst);
                     stop.stop();
+                    let deadline = std::time::Instant::now() + STUCK_GRACE;
+                    while std::time::Instant::now() < deadline {
+                        if ended.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    eprintln!(
+                        "gpuwatch record: the sampler is stuck in an NVML call (a wedged driver); exiting without it, every tick before is written"
+                    );
+                    std::process::exit(128 + sig);
                 }
             })
             .context("starting the signal thread")?;
     }
 
     let joined = thread.join();
+    ended.store(true, Ordering::SeqCst);
     handle.close();
     joined?;
     if let Some(e) = failed.lock().ok().and_then(|mut f| f.take()) {
