@@ -266,10 +266,31 @@ pub fn run_exec(section: &ExecSection, event: &AlertEvent, hostname: &str) -> Ex
         // SAFETY: as above.
         unsafe { libc::kill(-pgid, libc::SIGKILL) };
     }
-    let _ = writer.join();
+    // Something the command left running in its group may still hold its pipes: its output is
+    // waited for a moment, then the group is taken down, and a pipe still held after that is
+    // left behind (its thread ends when the holder does) — the action stays bounded.
     let [out, err] = readers;
-    outcome.stdout = out.and_then(|h| h.join().ok()).unwrap_or_default();
-    outcome.stderr = err.and_then(|h| h.join().ok()).unwrap_or_default();
+    let pipes = [
+        Some(Pipe::from(writer)),
+        out.map(Pipe::from),
+        err.map(Pipe::from),
+    ];
+    let finished = |p: &[Option<Pipe>; 3]| p.iter().flatten().all(Pipe::is_finished);
+    let wait = |p: &[Option<Pipe>; 3], d: Duration| {
+        let until = Instant::now() + d;
+        while !finished(p) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait(&pipes, Duration::from_secs(2));
+    if !finished(&pipes) {
+        // SAFETY: kill(2) on the command's own process group.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        wait(&pipes, Duration::from_secs(1));
+    }
+    let [_, out, err] = pipes;
+    outcome.stdout = out.and_then(Pipe::output).unwrap_or_default();
+    outcome.stderr = err.and_then(Pipe::output).unwrap_or_default();
     if let Some(status) = status {
         outcome.exit_code = status.code();
         outcome.signal = status.signal();
@@ -277,6 +298,41 @@ pub fn run_exec(section: &ExecSection, event: &AlertEvent, hostname: &str) -> Ex
     outcome.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
     log_outcome(&outcome);
     outcome
+}
+
+/// A thread feeding or draining one of the command's pipes.
+enum Pipe {
+    Feed(std::thread::JoinHandle<()>),
+    Drain(std::thread::JoinHandle<String>),
+}
+
+impl From<std::thread::JoinHandle<()>> for Pipe {
+    fn from(h: std::thread::JoinHandle<()>) -> Pipe {
+        Pipe::Feed(h)
+    }
+}
+
+impl From<std::thread::JoinHandle<String>> for Pipe {
+    fn from(h: std::thread::JoinHandle<String>) -> Pipe {
+        Pipe::Drain(h)
+    }
+}
+
+impl Pipe {
+    fn is_finished(&self) -> bool {
+        match self {
+            Pipe::Feed(h) => h.is_finished(),
+            Pipe::Drain(h) => h.is_finished(),
+        }
+    }
+
+    /// What a drained pipe gave, when its thread has ended (a pipe still held is left behind).
+    fn output(self) -> Option<String> {
+        match self {
+            Pipe::Drain(h) if h.is_finished() => h.join().ok(),
+            _ => None,
+        }
+    }
 }
 
 fn capture(mut from: impl Read) -> String {
@@ -381,6 +437,22 @@ mod tests {
         );
         let o = run_exec(&section("sleep 30", 200), &event(), "h");
         assert_eq!(o.signal, Some(libc::SIGTERM));
+    }
+
+    /// A command that leaves something running that holds its output does not keep the action
+    /// (and the daemon's stop, which waits for actions) waiting for it.
+    #[test]
+    fn a_process_left_holding_the_output_does_not_hold_the_action() {
+        let s = section("sleep 60 & echo started", 30_000);
+        let start = Instant::now();
+        let o = run_exec(&s, &event(), "h");
+        assert!(o.success(), "{o:?}");
+        assert_eq!(o.stdout.trim(), "started");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]
