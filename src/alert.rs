@@ -340,6 +340,15 @@ impl AlertBook {
                 inst.last_active_ms = now_ms;
                 inst.nodata_since_ms = None;
                 inst.annotations = annotations;
+                // A check that returns a higher severity than the instance has (a later XID 95
+                // after an XID 43): the instance takes it and its labels (severity, recovery
+                // action), keeping its identity; a firing one is announced again at once, so
+                // routes that page on the new severity hear of it.
+                let escalated = spec.severity > inst.severity;
+                if escalated {
+                    inst.severity = spec.severity;
+                    inst.labels = (id.labels)();
+                }
                 match inst.phase {
                     Phase::Pending => {
                         if now_ms - inst.active_since_ms >= spec.hold_ms {
@@ -349,6 +358,10 @@ impl AlertBook {
                             return Some(event(inst, AlertStatus::Firing, now_ms, false));
                         }
                         None
+                    }
+                    Phase::Firing if escalated => {
+                        inst.last_notified_ms = Some(now_ms);
+                        Some(event(inst, AlertStatus::Firing, now_ms, true))
                     }
                     Phase::Firing => repeat_due(inst, spec, now_ms),
                 }
@@ -518,6 +531,34 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A firing alert whose check returns a higher severity (a later, worse XID) is announced
+    /// again at once with it, keeping its identity; a lower one later does not lower it.
+    #[test]
+    fn a_higher_severity_is_announced_at_once() {
+        let mut b = AlertBook::new();
+        let id = InstanceId {
+            key: "gpu_hot",
+            gpu: Some(0),
+            labels: &labels,
+            target_pid: None,
+        };
+        let warning = spec(0, 0, 3600);
+        let first = b.step(1_000, &warning, &id, active()).unwrap();
+        assert_eq!(first.severity, Severity::Warning);
+        let critical = AlertSpec {
+            severity: Severity::Critical,
+            ..warning.clone()
+        };
+        let raised = b.step(2_000, &critical, &id, active()).unwrap();
+        assert_eq!(raised.status, AlertStatus::Firing);
+        assert_eq!(raised.severity, Severity::Critical);
+        assert_eq!(raised.fingerprint, first.fingerprint);
+        assert!(b.step(3_000, &critical, &id, active()).is_none());
+        assert!(b.step(4_000, &warning, &id, active()).is_none());
+        let resolved = b.step(5_000, &warning, &id, Outcome::Inactive).unwrap();
+        assert_eq!(resolved.severity, Severity::Critical);
     }
 
     #[test]

@@ -478,6 +478,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         digest,
     };
     live.sync_silences();
+    let mut code = 0;
     loop {
         match rx.recv_timeout(interval) {
             Ok(Control::Snapshot(snap)) => live.snapshot(&snap, sampler.last_tick()),
@@ -485,7 +486,9 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
                 info!("{why}: stopping");
                 break;
             }
-            Ok(Control::Reload) => live.reload(),
+            Ok(Control::Reload) => {
+                let _ = live.reload();
+            }
             Ok(Control::Ask(ask, reply)) => {
                 let _ = reply.send(live.answer(&ask));
             }
@@ -497,6 +500,15 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
             }
         }
         live.housekeeping();
+        if sampler.has_ended() {
+            // It never ends by itself: it failed (a panic, logged). Exit non-zero so that the
+            // service manager starts gpuwatch again rather than leave it running blind.
+            error!(
+                "the sampling thread ended; stopping so that the service manager restarts gpuwatch"
+            );
+            code = 1;
+            break;
+        }
     }
     // A sampler stuck in a slow NVML call must not hold up the stop.
     sampler.stop(Duration::from_secs(2));
@@ -508,7 +520,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         let _ = std::fs::remove_dir_all(d);
     }
     info!("gpuwatch daemon stopped");
-    Ok(0)
+    Ok(code)
 }
 
 /// The running daemon between two messages of its loop.
@@ -574,6 +586,21 @@ impl Live<'_> {
         self.export(snap, ticks);
     }
 
+    /// While no snapshot comes: the exporter gets the alerts (`collector_stale` is among them
+    /// then) and, after three intervals without one, leaves the GPUs' values out.
+    fn export_without_snapshot(&mut self) {
+        let Some(shared) = &self.export else { return };
+        let alerts = crate::exporter::alert_rows(self.pipeline.engine());
+        let stale = self.last_snapshot.elapsed() >= 3 * self.interval;
+        if let Ok(mut s) = shared.lock() {
+            if s.alerts != alerts || s.stale != stale {
+                s.alerts = alerts;
+                s.stale = stale;
+                s.generation += 1;
+            }
+        }
+    }
+
     /// Hands the exporter the new snapshot, the alerts pending or firing now, and the counters
     /// (sampler ticks, rule evaluations, delivery, silences): one update per tick.
     fn export(&mut self, snap: &Snapshot, (taken, missed, micros): (u64, u64, Option<u32>)) {
@@ -592,6 +619,7 @@ impl Live<'_> {
         if let Ok(mut s) = shared.lock() {
             s.hostname.clone_from(&self.hostname);
             s.take_snapshot(snap);
+            s.stale = false;
             s.alerts = alerts;
             s.ticks = (taken, missed);
             s.sample_seconds = micros.map(|m| f64::from(m) / 1e6);
@@ -604,7 +632,9 @@ impl Live<'_> {
     }
 
     /// SIGHUP: the whole setup is loaded and checked again; on any problem the running one stays.
-    fn reload(&mut self) {
+    /// Loads and applies the whole setup again; the problems when it could not (the running one
+    /// stays).
+    fn reload(&mut self) -> Result<(), Vec<String>> {
         info!("SIGHUP: reloading configuration and rules");
         match Setup::load(self.config_path, &[]) {
             Ok(new) => {
@@ -623,12 +653,14 @@ impl Live<'_> {
                 publish(&self.dispatcher, events);
                 self.rules = Rules::new(new.rule_paths, new.rules_signature);
                 self.rules_config = new.config.rules;
+                Ok(())
             }
             Err(errors) => {
                 for e in &errors.0 {
                     error!("{e}");
                 }
                 error!("reload failed, keeping the running configuration");
+                Err(errors.0.iter().map(ToString::to_string).collect())
             }
         }
     }
@@ -646,6 +678,7 @@ impl Live<'_> {
         if self.last_snapshot.elapsed() >= self.interval {
             let events = self.pipeline.advance(now_ms());
             self.publish_and_save(events);
+            self.export_without_snapshot();
         }
         if self.last_rule_check.elapsed() >= Duration::from_secs(2) {
             self.last_rule_check = Instant::now();
@@ -875,10 +908,13 @@ impl Live<'_> {
                     Err(e) => fail(e),
                 }
             }
-            "reload" => {
-                self.reload();
-                json!({"ok": true})
-            }
+            "reload" => match self.reload() {
+                Ok(()) => json!({"ok": true}),
+                Err(errors) => fail(format!(
+                    "reload failed, the running configuration stays:\n{}",
+                    errors.join("\n")
+                )),
+            },
             other => fail(format!("unknown request `{other}`")),
         }
     }

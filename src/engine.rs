@@ -710,6 +710,8 @@ impl Engine {
                 if let Some(e) = self.step_result(idx, now, result, subject, events) {
                     let stop = e.over_budget;
                     error.get_or_insert(e);
+                    // A failed evaluation says nothing about the process: its alert stays.
+                    seen.insert(key);
                     if stop {
                         // Keep the instances not evaluated this tick as they are.
                         seen.extend(
@@ -725,6 +727,18 @@ impl Engine {
                 seen.insert(key);
             }
         }
+        // A GPU missing from this snapshot (late: a gap) keeps its process alerts as they are.
+        let absent: Vec<String> = self
+            .book
+            .instances()
+            .filter_map(|i| {
+                let rest = i.key.strip_prefix(&prefix)?;
+                let (index, _) = rest.split_once('/')?;
+                let index: u32 = index.parse().ok()?;
+                (!present.contains(&index)).then(|| i.key.clone())
+            })
+            .collect();
+        seen.extend(absent);
         events.extend(
             self.book
                 .retain_keys(now, |k| !k.starts_with(&prefix) || seen.contains(k)),
@@ -870,7 +884,8 @@ impl<'a> Subject<'a> {
 }
 
 /// The one "severity → labels → instance → step" sequence: steps the instance `subject` of the
-/// rule `spec` with `outcome` (a severity returned by the check applies to a new instance).
+/// rule `spec` with `outcome` (a severity returned by the check applies to a new instance, and
+/// raises a live one's).
 fn step(
     book: &mut AlertBook,
     hostname: &str,
@@ -969,9 +984,14 @@ pub struct ReplayStats {
     pub last_ms: Option<i64>,
 }
 
+/// How much of a gap in a replayed log the engine's clock runs through step by step (longer
+/// than the stock rules' longest window and the no-data resolution).
+const MAX_GAP_ADVANCE_MS: i64 = 2 * 3_600_000;
+
 /// Feeds snapshots through `engine` in virtual time. Inside a gap longer than twice the
 /// observed sampling interval it calls `advance` every evaluation interval (at least every
-/// sampling interval), as the daemon's timer would, so `collector_stale` behaves as live.
+/// sampling interval), as the daemon's timer would, so `collector_stale` behaves as live — for
+/// the first [`MAX_GAP_ADVANCE_MS`] of the gap.
 pub fn replay<E>(
     engine: &mut Engine,
     snapshots: impl Iterator<Item = Result<Snapshot, E>>,
@@ -985,7 +1005,11 @@ pub fn replay<E>(
             if snap.time_ms - last > 2 * interval {
                 let step = engine.opts.eval_interval_ms.max(interval);
                 let mut t = last + step;
-                while t < snap.time_ms {
+                // The clock runs through at most the first MAX_GAP_ADVANCE_MS of a gap (what
+                // the host rules and the no-data resolutions need); then it jumps: a log whose
+                // clock jumps by years (unset at boot) would otherwise take billions of steps.
+                let until = snap.time_ms.min(last.saturating_add(MAX_GAP_ADVANCE_MS));
+                while t < until {
                     stats.advances += 1;
                     for ev in engine.advance(t) {
                         on_event(&ev);

@@ -49,6 +49,10 @@ pub struct ExportState {
     pub nvml_failures: Vec<(crate::model::NvmlFunction, u64, u64)>,
     /// The jobs watched (`gpuwatch run`).
     pub jobs: Vec<JobRow>,
+    /// No snapshot came for several intervals (the sampling loop is stuck): the per-GPU and
+    /// process families are left out — absent, never the last values shown as current — and
+    /// `/-/ready` answers 503; `gpuwatch_last_sample_timestamp_seconds` says since when.
+    pub stale: bool,
 }
 
 /// A watched job's progress as `/metrics` shows it.
@@ -269,7 +273,7 @@ fn counter(
 pub fn render(state: &ExportState, openmetrics: bool) -> String {
     let mut out = String::with_capacity(16 * 1024);
     let host = label(&state.hostname);
-    if let Some(snap) = &state.snapshot {
+    if let Some(snap) = state.snapshot.as_ref().filter(|_| !state.stale) {
         let ids: Vec<String> = snap.gpus.iter().map(|g| dcgm_labels(g, &host)).collect();
         // gpuwatch's own families use snake_case labels (promtool's style); the DCGM ones keep
         // dcgm-exporter's (`UUID`, `modelName`, `Hostname`) for its dashboards.
@@ -349,6 +353,8 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
                 );
             }
         }
+    }
+    if let Some(snap) = &state.snapshot {
         family(
             &mut out,
             "gpuwatch_last_sample_timestamp_seconds",
@@ -474,7 +480,7 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
             &mut out,
             openmetrics,
             "gpuwatch_nvml_call_errors",
-            "NVML calls that returned an error (not counting \"not supported\") since the start, by function.",
+            "NVML calls that returned an error (not counting answers of not supported) since the start, by function.",
             ("function", &errors),
             &host,
         );

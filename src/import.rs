@@ -608,6 +608,8 @@ impl Core {
             }
             Err(LineError::Skip(why)) => {
                 self.items.truncate(before);
+                // The skipped line's cell notes go with it (not to the next line's number).
+                self.ctx.cell_notes.borrow_mut().clear();
                 self.skip(line_no, why);
             }
             Err(LineError::Fatal(why)) => {

@@ -225,6 +225,13 @@ impl SamplerThread {
             .unwrap_or_default()
     }
 
+    /// Whether the sampling thread has ended (a daemon's never ends by itself).
+    pub fn has_ended(&self) -> bool {
+        self.handle
+            .as_ref()
+            .is_none_or(std::thread::JoinHandle::is_finished)
+    }
+
     /// The GPUs found at start.
     pub fn devices(&self) -> &[DeviceId] {
         &self.devices

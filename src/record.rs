@@ -262,7 +262,8 @@ impl RotatingFile {
                 BufReader::new(f).read_line(&mut first).is_ok() && first == header
             });
         if existing.is_some_and(|n| n > 0) && !same_header {
-            shift(path, keep)?;
+            // Kept as `path.1` even with `--keep 0`: it is not one of our recordings.
+            shift(path, keep.max(1))?;
         }
         let mut file = OpenOptions::new().create(true).append(true).open(path)?;
         let mut size = file.metadata()?.len();

@@ -606,7 +606,7 @@ fn get_duration(def: &Map, key: &str) -> Result<i64, String> {
     match def.get(key) {
         None => Ok(0),
         Some(v) if v.is_unit() => Ok(0),
-        Some(v) => api::duration_ms(v).map_err(|e| format!("`{key}`: {e}")),
+        Some(v) => api::any_duration_ms(v).map_err(|e| format!("`{key}`: {e}")),
     }
 }
 
@@ -772,7 +772,7 @@ fn rule_every(def: &Map, scope: RuleScope) -> Result<Option<i64>, String> {
     if scope == RuleScope::Job {
         return Err("`every` is not allowed on job rules (they run at every job sample)".into());
     }
-    let ms = api::duration_ms(v).map_err(|e| format!("`every`: {e}"))?;
+    let ms = api::any_duration_ms(v).map_err(|e| format!("`every`: {e}"))?;
     if ms > MAX_EVERY_MS {
         return Err(format!(
             "`every` = {} s is longer than the 24 h maximum",
@@ -838,7 +838,8 @@ impl RuleSet {
             };
             ast.set_source(file.as_str());
             let ast = Arc::new(ast);
-            let longest = longest_duration_literal(&source);
+            // (a literal such as a `repeat` of days is no window)
+            let longest = longest_duration_literal(&source).min(api::MAX_WINDOW_MS);
             retention_ms = retention_ms.max(longest);
             for m in metrics_named(&source) {
                 let r = &mut named[m as usize];

@@ -559,6 +559,7 @@ impl Sampler {
         // Blocked calls that reach the timeout within the budget are waited for, so a stall is
         // reported at this tick rather than the next.
         let timeout = self.call_timeout;
+        let timeout_ms = duration_ms(timeout);
         let stall_at = (0..self.devices.len())
             .filter_map(|p| self.fast.stall_instant(p, timeout))
             .filter(|t| *t <= deadline)
@@ -590,8 +591,7 @@ impl Sampler {
                     // shown while younger than twice its cadence (then it is absent)
                     let (v, at) = d.slow_values[m.id as usize];
                     let age = self.slow_max_age_ms[m.id as usize];
-                    // (read "after" this tick: the wall clock stepped back — not current)
-                    if at != i64::MIN && at <= time_ms && time_ms - at <= age {
+                    if at != i64::MIN && is_current(time_ms, at, age, timeout_ms) {
                         values.set(m.id, v);
                     }
                 }
@@ -672,8 +672,10 @@ impl Sampler {
                 // No list this round: the last one while fresh (not for a lost GPU: its
                 // processes are gone with it).
                 if let Some((at, carried)) = &d.procs {
-                    let fresh = *at <= round_ms && round_ms - *at <= max_age;
-                    if d.state != DeviceState::Lost && fresh {
+                    let timeout_ms = duration_ms(self.call_timeout);
+                    if d.state != DeviceState::Lost
+                        && is_current(round_ms, *at, max_age, timeout_ms)
+                    {
                         out.extend(carried.iter().cloned());
                     }
                 }
@@ -746,6 +748,14 @@ impl Dev {
     }
 }
 
+/// Whether a value read at `at` (UTC ms) is current at `now`: read at most `max_age` before it,
+/// or within `slack` after it (slow reads end after the tick they were asked at); one read
+/// later than that is from before the wall clock was stepped back.
+fn is_current(now: i64, at: i64, max_age: i64, slack: i64) -> bool {
+    let age = now.saturating_sub(at);
+    age <= max_age && age >= -slack
+}
+
 fn duration_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -799,6 +809,23 @@ impl Ticker {
 mod tests {
     use super::*;
     use crate::model::{Metric, NvmlCall, Source};
+
+    /// A slow value is current from a little after the tick (a slow read ends after the tick it
+    /// was asked at) back to its maximum age; one read long "after" the tick predates a step
+    /// back of the wall clock.
+    #[test]
+    fn slow_values_are_current_within_their_age() {
+        assert!(
+            is_current(10_000, 10_003, 5_000, 1_000),
+            "read just after the tick"
+        );
+        assert!(is_current(10_000, 5_000, 5_000, 1_000));
+        assert!(!is_current(10_000, 4_999, 5_000, 1_000), "too old");
+        assert!(
+            !is_current(10_000, 3_610_000, 5_000, 1_000),
+            "the clock stepped back"
+        );
+    }
 
     #[test]
     fn ticker_keeps_absolute_schedule_and_skips_late_ticks() {

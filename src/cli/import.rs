@@ -118,7 +118,6 @@ pub fn run(_global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<i32> {
         header.push_str(",progress");
     }
     writeln!(out, "{header}")?;
-    let mut rows = crate::record::CsvRows::new();
     let mut buf = String::with_capacity(8192);
     let mut ticks = 0u64;
     let mut segments = 0u32;
@@ -128,6 +127,8 @@ pub fn run(_global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<i32> {
         let stats = importer.stats();
         let name = importer.path().to_string();
         let format = importer.format();
+        // Each file starts with no process list of its own (not the previous file's last one).
+        let mut rows = crate::record::CsvRows::new();
         let mut last_segment = None;
         for tick in crate::import::read_ahead(importer) {
             let tick = tick?;

@@ -50,6 +50,7 @@ pub fn start(addr: SocketAddr, state: Shared) -> std::io::Result<SocketAddr> {
         .spawn(move || {
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_io()
+                .enable_time()
                 .build()
             {
                 Ok(rt) => rt,
@@ -71,23 +72,47 @@ async fn serve(listener: std::net::TcpListener, state: Shared, cache: Cache) {
             return;
         }
     };
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Out of file descriptors (or a like fault): try again a little later instead
+                // of spinning on the same error.
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
         };
-        let (state, cache) = (state.clone(), cache.clone());
+        // Clients that open connections and send nothing must not take the daemon's file
+        // descriptors (its state, outbox and sockets need them): a bounded number of
+        // connections, each for a bounded time.
+        if open.load(std::sync::atomic::Ordering::SeqCst) >= MAX_CONNECTIONS {
+            drop(stream);
+            continue;
+        }
+        open.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let (state, cache, open) = (state.clone(), cache.clone(), open.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let response = respond(&req, &state, &cache);
                 async move { Ok::<_, Infallible>(response) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await;
+            let connection =
+                hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+            let _ = tokio::time::timeout(CONNECTION_LIMIT, connection).await;
+            open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         });
     }
 }
+
+/// Connections served at once; more are closed at once.
+const MAX_CONNECTIONS: usize = 64;
+/// How long one connection may last (a scrape takes milliseconds; a kept-alive one is simply
+/// opened again by the next scrape).
+const CONNECTION_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Pause after a failed accept.
+const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
@@ -120,11 +145,16 @@ fn respond(req: &Request<Incoming>, state: &Shared, cache: &Cache) -> Response<F
         }
         "/-/healthy" => text(StatusCode::OK, "gpuwatch is healthy\n"),
         "/-/ready" => {
-            let ready = state.lock().is_ok_and(|s| s.snapshot.is_some());
-            if ready {
-                text(StatusCode::OK, "gpuwatch is ready\n")
-            } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "no sample yet\n")
+            let (has, stale) = state
+                .lock()
+                .map_or((false, false), |s| (s.snapshot.is_some(), s.stale));
+            match (has, stale) {
+                (true, false) => text(StatusCode::OK, "gpuwatch is ready\n"),
+                (false, _) => text(StatusCode::SERVICE_UNAVAILABLE, "no sample yet\n"),
+                (true, true) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no sample for several intervals (the sampler is stuck)\n",
+                ),
             }
         }
         _ => text(

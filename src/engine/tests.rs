@@ -500,6 +500,34 @@ fn reload_keeps_process_alerts() {
     assert!(e.observe(&with_proc(1)).is_empty(), "and fired it again");
 }
 
+/// A GPU left out of one snapshot (late: a gap) keeps its process alerts: they do not resolve
+/// and fire again (which restarted a kill ladder each time).
+#[test]
+fn a_late_gpu_keeps_its_process_alerts() {
+    let dir = tempfile::tempdir().unwrap();
+    const BIG: &str = r#"rule(#{ name: "big", scope: "process", check: |p| p.mem > 1000.0 });"#;
+    let set = rules(dir.path(), &[("big.rhai", BIG)]);
+    let mut e = Engine::new(set, EngineOptions::default());
+    let procs = || {
+        Some(vec![crate::model::ProcSample::compute(
+            42,
+            1,
+            "GPU-1",
+            Some(1 << 30),
+        )])
+    };
+    let mut s = snap(0, &[50.0, 50.0]);
+    s.processes = procs();
+    assert_eq!(e.observe(&s).len(), 1);
+    // GPU 1 is late at the next tick: only GPU 0 is in it.
+    let mut late = snap(1, &[50.0]);
+    late.processes = procs();
+    assert!(e.observe(&late).is_empty(), "resolved on a gap");
+    let mut back = snap(2, &[50.0, 50.0]);
+    back.processes = procs();
+    assert!(e.observe(&back).is_empty(), "fired again");
+}
+
 impl Engine {
     /// Loads rules from `paths` and swaps them in, as the daemon's reload does.
     fn reload_with(

@@ -5,8 +5,9 @@
 //!   round, one script instant. A keyed row (GPU index, UUID or bus id) joins the newest tick
 //!   that lacks its GPU and started less than half an interval before it; a row for a GPU the
 //!   tick already has starts a new tick. A positional row (a log with no GPU column) is GPU
-//!   *n* of its burst: bursts are split by a pause of more than [`BURST_GAP_MS`] or every
-//!   `--gpus N` rows.
+//!   *n* of its burst: bursts are split by a pause of more than [`BURST_GAP_MS`], every
+//!   `--gpus N` rows, and at the latest after [`BURST_MAX_MS`] or [`BURST_MAX_ROWS`] rows (a
+//!   log sampled every few milliseconds has no pauses at all).
 //! * Several writers appending to one file put rows out of time order. Ticks stay open for
 //!   [`REORDER_MS`] of log time (at most [`MAX_OPEN`] of them): a late row joins or starts the
 //!   tick where it belongs. A row older than everything still open starts a new *segment* (its
@@ -21,6 +22,10 @@ use crate::model::{ProcSample, Snapshot, XidEvent};
 
 /// Rows of a positional burst are at most this far apart.
 pub const BURST_GAP_MS: i64 = 50;
+/// A positional burst lasts at most this long from its first row...
+pub const BURST_MAX_MS: i64 = 1_000;
+/// ... and holds at most this many rows (GPUs).
+pub const BURST_MAX_ROWS: usize = 1024;
 /// How long (log time) a tick stays open for late rows.
 pub const REORDER_MS: i64 = 60_000;
 /// At most this many ticks stay open (bounds memory on fast logs).
@@ -111,11 +116,13 @@ impl Assembler {
     fn push_positional(&mut self, mut r: Reading) {
         let gpus = self.gpus;
         let full = move |t: &Tick| {
-            gpus.is_some_and(|n| t.rows.len() >= usize::try_from(n).unwrap_or(usize::MAX))
+            t.rows.len() >= BURST_MAX_ROWS
+                || gpus.is_some_and(|n| t.rows.len() >= usize::try_from(n).unwrap_or(usize::MAX))
         };
         if let Some(t) = self.open.back_mut() {
             let gap = r.time_ms - t.last_row_ms;
-            if !t.closed && !full(t) && (0..=BURST_GAP_MS).contains(&gap) {
+            let span = r.time_ms - t.time_ms;
+            if !t.closed && !full(t) && (0..=BURST_GAP_MS).contains(&gap) && span <= BURST_MAX_MS {
                 r.sample.id.index = u32::try_from(t.rows.len()).unwrap_or(u32::MAX);
                 t.last_row_ms = r.time_ms;
                 t.rows.push(r);

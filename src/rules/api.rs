@@ -37,8 +37,29 @@ pub(crate) fn nodata() -> Dynamic {
     Dynamic::UNIT
 }
 
-/// A duration argument: `"90s"`, `"5m"`, `"1h"` or a number of seconds.
+/// The longest string `join` makes (the sandbox's string limit).
+const MAX_JOINED_BYTES: usize = 64 * 1024;
+
+/// The longest window a rule may ask for: a window keeps its samples for as long as a rule asks
+/// (a year of 1 s samples would be gigabytes, copied whole by a percentile).
+pub(crate) const MAX_WINDOW_MS: i64 = 24 * 3_600_000;
+
+/// A duration argument: `"90s"`, `"5m"`, `"1h"` or a number of seconds; at most
+/// [`MAX_WINDOW_MS`].
 pub(crate) fn duration_ms(d: &Dynamic) -> Result<i64, Box<EvalAltResult>> {
+    let ms = any_duration_ms(d)?;
+    if ms > MAX_WINDOW_MS {
+        return Err(format!(
+            "a window of {} is longer than the longest a rule may ask for (24h)",
+            crate::values::format_duration_ms(ms)
+        )
+        .into());
+    }
+    Ok(ms)
+}
+
+/// A duration argument with no upper bound (a rule's `for`, `repeat`, `every`).
+pub(crate) fn any_duration_ms(d: &Dynamic) -> Result<i64, Box<EvalAltResult>> {
     if let Some(s) = d.read_lock::<ImmutableString>() {
         return crate::values::parse_duration_ms(&s).map_err(Into::into);
     }
@@ -144,12 +165,23 @@ pub(crate) fn register(engine: &mut Engine) {
         format!("{x:.*}", usize::try_from(digits.clamp(0, 12)).unwrap_or(0))
     });
     engine.register_fn("param", |key: &str, default: Dynamic| param(key, default));
-    engine.register_fn("join", |a: Array, sep: &str| -> String {
-        a.iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(sep)
-    });
+    engine.register_fn(
+        "join",
+        |a: Array, sep: &str| -> Result<String, Box<EvalAltResult>> {
+            // Checked while it is built: rhai checks a string's size only once it is made.
+            let mut out = String::new();
+            for (i, item) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                out.push_str(&item.to_string());
+                if out.len() > MAX_JOINED_BYTES {
+                    return Err("join: the result is over 64 KiB".into());
+                }
+            }
+            Ok(out)
+        },
+    );
     engine.register_fn("is_nodata", |x: Dynamic| x.is_unit());
 
     // `()` means "no data": arithmetic with it stays `()`; comparisons with it are false

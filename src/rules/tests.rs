@@ -135,6 +135,10 @@ fn runaway_rule_is_stopped_with_its_location() {
         "fn f(x) { f(x + 1) } rule(#{ name: \"r\", check: |gpu| f(1) });",
         "rule(#{ name: \"s\", check: |gpu| { let s = \"x\"; loop { s += s; } } });",
         "rule(#{ name: \"a\", check: |gpu| { let a = []; loop { a.push(1); } } });",
+        // `join` checks its size as it builds; a window is at most a day.
+        "rule(#{ name: \"j\", check: |gpu| { let a = []; let s = \"\"; for i in 0..64 { s += \"xxxxxxxxxxxxxxxx\"; } for i in 0..200 { a.push(s); } join(a, s).len() > 0 } });",
+        "rule(#{ name: \"w\", check: |gpu| gpu.temp.mean(\"2d\") > 1 });",
+        "rule(#{ name: \"n\", check: |gpu| gpu.temp.mean(86400 * 365) > 1 });",
     ] {
         let set = load(body).unwrap();
         assert!(
