@@ -608,5 +608,24 @@ mod tests {
         // Not ready: only gpuwatch's own families.
         let empty = render(&ExportState::default(), false);
         assert!(!empty.contains("DCGM_"), "{empty}");
+        // Stale (no snapshot for several intervals): no GPU values, the last sample's time and
+        // the alerts stay.
+        let stale = render(
+            &ExportState {
+                stale: true,
+                ..state
+            },
+            false,
+        );
+        assert!(!stale.contains("DCGM_FI_DEV_GPU_UTIL"), "{stale}");
+        assert!(!stale.contains("gpuwatch_gpu_lost{"), "{stale}");
+        assert!(
+            stale.contains("gpuwatch_last_sample_timestamp_seconds{"),
+            "{stale}"
+        );
+        assert!(
+            stale.contains("gpuwatch_alerts{alertname=\"gpu_lost\""),
+            "{stale}"
+        );
     }
 }

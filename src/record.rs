@@ -511,5 +511,10 @@ mod tests {
         let _f = RotatingFile::open(&other, None, 3).unwrap();
         assert_eq!(read(&rotated(&other, 1)), "something else\n");
         assert_eq!(read(&other), header);
+        // Also with --keep 0 (which deletes our own old rotations, never a foreign file).
+        let notes = dir.path().join("notes.csv");
+        std::fs::write(&notes, "my notes\n").unwrap();
+        let _n = RotatingFile::open(&notes, None, 0).unwrap();
+        assert_eq!(read(&rotated(&notes, 1)), "my notes\n");
     }
 }

@@ -500,6 +500,31 @@ fn reload_keeps_process_alerts() {
     assert!(e.observe(&with_proc(1)).is_empty(), "and fired it again");
 }
 
+/// A log whose clock jumps by years (unset at boot) replays in bounded time: the engine's clock
+/// runs through the first hours of the gap step by step, then jumps.
+#[test]
+fn replay_across_a_clock_jump_of_years_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = rules(dir.path(), &[]);
+    let mut e = Engine::new(set, EngineOptions::default());
+    let year_s = 365 * 86_400;
+    let snaps = [
+        snap(0, &[50.0]),
+        snap(1, &[50.0]),
+        snap(30 * year_s, &[50.0]),
+    ];
+    let start = std::time::Instant::now();
+    let stats = super::replay(
+        &mut e,
+        snaps.into_iter().map(Ok::<_, std::convert::Infallible>),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(stats.snapshots, 3);
+    assert!(stats.advances <= 2 * 3600, "{}", stats.advances);
+    assert!(start.elapsed() < std::time::Duration::from_secs(60));
+}
+
 /// A GPU left out of one snapshot (late: a gap) keeps its process alerts: they do not resolve
 /// and fire again (which restarted a kill ladder each time).
 #[test]

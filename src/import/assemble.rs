@@ -334,6 +334,19 @@ mod tests {
         assert_eq!(a.stats.reordered, 1);
     }
 
+    /// A log without a GPU column sampled every 20 ms has no pauses: its bursts still end (at
+    /// most a second from their first row), so it is not one endless tick held in memory.
+    #[test]
+    fn positional_bursts_are_bounded() {
+        let mut a = Assembler::new(None);
+        let rows: Vec<Reading> = (0..500)
+            .map(|i| row(i * 20, Key::Position, 0, 1.0))
+            .collect();
+        let ticks = run(&mut a, rows);
+        assert!(ticks.len() >= 9, "{}", ticks.len());
+        assert!(ticks.iter().all(|t| t.2.len() <= 51), "{ticks:?}");
+    }
+
     #[test]
     fn positional_bursts_and_segments() {
         let mut a = Assembler::new(None);

@@ -380,3 +380,33 @@ fn a_hung_process_list_is_carried_while_fresh() {
         d.log_text()
     );
 }
+
+/// Clients that open connections to `/metrics` and send nothing cannot take the daemon's file
+/// descriptors (its state, outbox and sockets need them): at most 64 are kept open, and the page
+/// is served again once they are gone.
+#[test]
+fn idle_connections_are_bounded() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let cfg = config(tmp.path(), &format!("127.0.0.1:{port}"));
+    let d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(Duration::from_secs(20), "/-/ready", || {
+        get(port, "/-/ready", "*/*").filter(|r| r.0 == 200)
+    });
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", d.pid())).map_or(0, |r| r.count());
+    let before = fds();
+    let idle: Vec<TcpStream> = (0..200)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    assert!(idle.len() > 100, "{}", idle.len());
+    std::thread::sleep(Duration::from_secs(1));
+    let during = fds();
+    assert!(
+        during <= before + 70,
+        "{during} file descriptors with 200 idle clients ({before} before)"
+    );
+    drop(idle);
+    wait_until(Duration::from_secs(10), "/metrics again", || {
+        get(port, "/metrics", "text/plain").filter(|r| r.0 == 200)
+    });
+}
