@@ -198,6 +198,11 @@ pub fn fingerprint(labels: &BTreeMap<String, String>) -> String {
 pub struct AlertBook {
     /// By key, then GPU: a lookup by `&str` needs no allocation (most steps find nothing).
     instances: BTreeMap<String, BTreeMap<Option<u32>, AlertInstanceState>>,
+    /// Instances restored from a saved state that have seen no data since (see
+    /// [`AlertBook::resume`]).
+    restored: std::collections::BTreeSet<(String, Option<u32>)>,
+    /// Until when no data does not resolve a restored instance, UTC ms.
+    warm_until_ms: i64,
 }
 
 /// Identity of the instance being stepped. `labels` is only called when a new instance starts.
@@ -227,8 +232,23 @@ impl AlertBook {
                 .entry(i.key.clone())
                 .or_default()
                 .insert(i.gpu, i.clone());
+            book.restored.insert((i.key.clone(), i.gpu));
         }
         book
+    }
+
+    /// Resumes after a restart that lasted `downtime_ms`: pending instances' timers skip the
+    /// downtime (it does not count toward `for`), and until `warm_until_ms` a restored instance
+    /// with no data is not resolved (its rule's windows are filling again: a window answers once
+    /// half of it is sampled).
+    pub fn resume(&mut self, downtime_ms: i64, warm_until_ms: i64) {
+        for inst in self.instances.values_mut().flat_map(BTreeMap::values_mut) {
+            if inst.phase == Phase::Pending {
+                inst.active_since_ms = inst.active_since_ms.saturating_add(downtime_ms);
+            }
+            inst.nodata_since_ms = None;
+        }
+        self.warm_until_ms = warm_until_ms;
     }
 
     fn get_mut(&mut self, key: &str, gpu: Option<u32>) -> Option<&mut AlertInstanceState> {
@@ -297,6 +317,10 @@ impl AlertBook {
         id: &InstanceId<'_>,
         outcome: Outcome,
     ) -> Option<AlertEvent> {
+        if !self.restored.is_empty() && !matches!(outcome, Outcome::NoData) {
+            // The instance has data again: the warm-up no longer applies to it.
+            self.restored.remove(&(id.key.to_string(), id.gpu));
+        }
         match outcome {
             Outcome::Active {
                 summary,
@@ -386,7 +410,15 @@ impl AlertBook {
                 }
             }
             Outcome::NoData => {
+                let warming = now_ms < self.warm_until_ms
+                    && self.restored.contains(&(id.key.to_string(), id.gpu));
                 let inst = self.get_mut(id.key, id.gpu)?;
+                if warming {
+                    return match inst.phase {
+                        Phase::Firing => repeat_due(inst, spec, now_ms),
+                        Phase::Pending => None,
+                    };
+                }
                 let since = *inst.nodata_since_ms.get_or_insert(now_ms);
                 if now_ms - since < NODATA_RESOLVE_MS {
                     return match inst.phase {

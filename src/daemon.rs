@@ -327,8 +327,11 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     // A scenario played faster (`--sim … --speed N`) starts at its beginning: its alert state,
     // outbox and silences live apart from the real ones, in a directory removed at the end.
     let speed = crate::sys::clock_speed();
-    let sim_dir = (speed > 1.0)
-        .then(|| std::env::temp_dir().join(format!("gpuwatch-sim-{}", std::process::id())));
+    let sim_dir = if speed > 1.0 {
+        Some(fresh_private_dir("gpuwatch-sim")?)
+    } else {
+        None
+    };
     if let Some(d) = &sim_dir {
         setup.config.daemon.state_dir.clone_from(d);
     }
@@ -521,6 +524,25 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     }
     info!("gpuwatch daemon stopped");
     Ok(code)
+}
+
+/// A new directory of ours (mode 0700) under the temporary directory: created, never one that
+/// was there before (another user could have planted links in it).
+fn fresh_private_dir(prefix: &str) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let base = std::env::temp_dir();
+    let mut last = None;
+    for n in 0..100u32 {
+        let salt = crate::sys::fnv1a64_hex(
+            format!("{}{n}{:?}", std::process::id(), Instant::now()).bytes(),
+        );
+        let dir = base.join(format!("{prefix}-{}-{salt}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no temporary directory")))
 }
 
 /// The running daemon between two messages of its loop.

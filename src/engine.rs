@@ -70,6 +70,8 @@ pub const RULE_ERROR: &str = "rule_error";
 /// Windows, rules and alert lifecycle.
 #[derive(Debug)]
 pub struct Engine {
+    /// When the state it resumed from was saved (until the first sample after the restart).
+    resumed_from_ms: Option<i64>,
     rules: RuleSet,
     opts: EngineOptions,
     gpus: BTreeMap<u32, Arc<GpuHistory>>,
@@ -130,15 +132,19 @@ impl Engine {
             recent_snapshots: VecDeque::new(),
             carry: BTreeMap::new(),
             ledger: ledger::XidLedger::default(),
+            resumed_from_ms: None,
         }
     }
 
-    /// An engine resuming from persisted alert state: firing alerts are not announced again and
-    /// pending timers keep their start; saved XIDs and counter values return with each GPU's
-    /// first sample (see the module docs).
+    /// An engine resuming from persisted alert state: firing alerts are not announced again;
+    /// pending timers resume where they were (the downtime does not count toward a rule's
+    /// `for`, as in Prometheus); while the windows fill again (half the longest window a rule
+    /// reads), no data does not resolve a resumed alert; saved XIDs and counter values return
+    /// with each GPU's first sample (see the module docs).
     pub fn with_state(rules: RuleSet, opts: EngineOptions, state: &AlertStateFile) -> Self {
         let mut e = Engine::new(rules, opts);
         e.book = AlertBook::from_state(state);
+        e.resumed_from_ms = Some(state.saved_at_ms);
         e.last_now_ms = state.saved_at_ms;
         e.carry = state
             .gpus
@@ -266,6 +272,7 @@ impl Engine {
     /// Ingests a snapshot and evaluates, at its time, the rules whose evaluation is due.
     pub fn observe(&mut self, snap: &Snapshot) -> Vec<AlertEvent> {
         let now = snap.time_ms;
+        self.resume(now);
         self.ingest(snap);
         // The same monotonic clock the rules' time budget reads; it changes no result.
         let started = std::time::Instant::now();
@@ -315,7 +322,19 @@ impl Engine {
         if now_ms < self.last_now_ms {
             return Vec::new();
         }
+        self.resume(now_ms);
         self.evaluate(now_ms, false)
+    }
+
+    /// At the first evaluation after a restart: the downtime is taken out of pending timers,
+    /// and resumed alerts wait for their windows before no data can resolve them.
+    fn resume(&mut self, now: i64) {
+        let Some(saved) = self.resumed_from_ms.take() else {
+            return;
+        };
+        let warm_up = self.rules.retention_ms() / 2;
+        self.book
+            .resume((now - saved).max(0), now.saturating_add(warm_up));
     }
 
     /// The cadence of rule `idx`, ms: its `every`, else the global interval (0 = every time).

@@ -254,9 +254,13 @@ impl Ctx {
         let stamp = stamp::parse(cell).ok_or_else(|| {
             LineError::Skip(format!("bad timestamp {}", crate::trace::quoted(cell)))
         })?;
-        stamp
-            .resolve(self.t0_ms)
-            .map_err(|e| LineError::Fatal(e.to_string()))
+        stamp.resolve(self.t0_ms).map_err(|e| {
+            if e == stamp::TOO_LATE {
+                LineError::Skip(format!("{e}: {}", crate::trace::quoted(cell)))
+            } else {
+                LineError::Fatal(e.to_string())
+            }
+        })
     }
 
     /// Counts a cell that could not be read (the row is kept, the value absent).

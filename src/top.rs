@@ -83,7 +83,13 @@ pub fn terminal_is_utf8() -> bool {
 
 /// The alerts of the daemon at `socket`, or why not.
 fn daemon_alerts(socket: &std::path::Path) -> Result<Vec<AlertView>, String> {
-    let v = crate::daemon::control::ask(socket, &serde_json::json!({"ask": "alerts"}))?;
+    // At most a second: the view stays live (and falls back to its own rules) when the daemon
+    // is stopped or stuck.
+    let v = crate::daemon::control::ask_within(
+        socket,
+        &serde_json::json!({"ask": "alerts"}),
+        Duration::from_secs(1),
+    )?;
     Ok(v["alerts"]
         .as_array()
         .map(|list| {

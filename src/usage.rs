@@ -261,6 +261,7 @@ impl Ledger {
                 }
             }
         }
+        prune_job_ends(dir, now_ms - KEEP_DAYS * 86_400_000);
         Ok(())
     }
 
@@ -320,6 +321,28 @@ pub fn record_job_end(dir: &Path, end: &JobEnd) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(end).map_err(std::io::Error::other)?;
     line.push(b'\n');
     f.write_all(&line)
+}
+
+/// Drops the job ends before `cutoff_ms` from `dir/jobs.jsonl` once its oldest is a day past it
+/// (so the file is rewritten about once a day, not at every save).
+fn prune_job_ends(dir: &Path, cutoff_ms: i64) {
+    let path = dir.join("jobs.jsonl");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    let at = |line: &str| serde_json::from_str::<JobEnd>(line).ok().map(|j| j.at_ms);
+    let oldest = text.lines().find_map(at);
+    if oldest.is_none_or(|t| t >= cutoff_ms - 86_400_000) {
+        return;
+    }
+    let kept: String = text
+        .lines()
+        .filter(|l| at(l).is_some_and(|t| t >= cutoff_ms))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if let Err(e) = crate::sys::write_atomic(&path, kept.as_bytes()) {
+        tracing::warn!("cannot prune {}: {e}", path.display());
+    }
 }
 
 /// The usage directory of a state directory.
@@ -618,6 +641,29 @@ mod tests {
         l.save(dir.path(), T0 + 7 * 86_400_000).unwrap();
         let back = Ledger::load(dir.path(), T0, true);
         assert_eq!(back.digest(T0, T0 + 7 * 86_400_000, 5), d);
+    }
+
+    /// Job ends older than the kept days leave `jobs.jsonl` (it grew for ever).
+    #[test]
+    fn old_job_ends_are_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let day = 86_400_000;
+        let now = 100 * day;
+        for at in [now - 60 * day, now - 50 * day, now - day] {
+            let end = JobEnd {
+                at_ms: at,
+                owner: Owner {
+                    user: "alice".into(),
+                    container: None,
+                },
+                crashed: false,
+                command: "python train.py".into(),
+            };
+            record_job_end(dir.path(), &end).unwrap();
+        }
+        Ledger::default().save(dir.path(), now).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("jobs.jsonl")).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
     }
 
     #[test]

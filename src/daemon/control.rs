@@ -28,7 +28,7 @@ pub fn start(
     group: Option<u32>,
     tx: mpsc::Sender<Control>,
 ) -> std::io::Result<()> {
-    std::fs::create_dir_all(state_dir)?;
+    crate::sys::create_private_dir(state_dir)?;
     let path = socket_path(state_dir);
     if std::os::unix::net::UnixStream::connect(&path).is_ok() {
         return Err(std::io::Error::new(
@@ -64,8 +64,31 @@ pub fn start(
     Ok(())
 }
 
+/// The uid of the process at the other end of `stream`, as the kernel says (`SO_PEERCRED`).
+fn peer_uid(stream: &std::os::unix::net::UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd as _;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).ok()?;
+    // SAFETY: getsockopt(2) on our own socket's fd, with a buffer of the size it is told.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::addr_of_mut!(cred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
+}
+
 fn serve(stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let peer = peer_uid(&stream);
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };
@@ -74,7 +97,13 @@ fn serve(stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>) {
     let answer = match reader.read_line(&mut line) {
         Ok(0) | Err(_) => return,
         Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
-            Ok(ask) => {
+            Ok(mut ask) => {
+                // Who asks is what the kernel says, not what the request says (a member of the
+                // control group cannot sign a silence with someone else's name).
+                if let (Some(obj), Some(uid)) = (ask.as_object_mut(), peer) {
+                    let who = crate::sys::user_name(uid).unwrap_or_else(|| format!("uid {uid}"));
+                    obj.insert("created_by".into(), serde_json::Value::String(who));
+                }
                 let (reply_tx, reply_rx) = mpsc::channel();
                 if tx.send(Control::Ask(ask, reply_tx)).is_err() {
                     serde_json::json!({"ok": false, "error": "the daemon is stopping"})
@@ -94,6 +123,16 @@ fn serve(stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>) {
 
 /// Sends `ask`, returns the answer; `Err(line)` is the one line to print.
 pub fn ask(path: &Path, ask: &serde_json::Value) -> Result<serde_json::Value, String> {
+    ask_within(path, ask, Duration::from_secs(15))
+}
+
+/// [`ask`], waiting at most `timeout` for the answer (a live view must not freeze on a daemon
+/// that is stopped or stuck in a slow disk).
+pub fn ask_within(
+    path: &Path,
+    ask: &serde_json::Value,
+    timeout: Duration,
+) -> Result<serde_json::Value, String> {
     let mut s = std::os::unix::net::UnixStream::connect(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::PermissionDenied => format!(
             "cannot open {}: permission denied (the socket is its daemon's user's only)",
@@ -104,7 +143,8 @@ pub fn ask(path: &Path, ask: &serde_json::Value) -> Result<serde_json::Value, St
             path.display()
         ),
     })?;
-    let _ = s.set_read_timeout(Some(Duration::from_secs(15)));
+    let _ = s.set_read_timeout(Some(timeout));
+    let _ = s.set_write_timeout(Some(timeout));
     writeln!(s, "{ask}").map_err(|e| format!("{}: {e}", path.display()))?;
     let mut line = String::new();
     BufReader::new(s)

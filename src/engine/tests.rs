@@ -227,6 +227,55 @@ fn restart_mid_firing_does_not_reannounce() {
     );
 }
 
+/// The downtime does not count toward a pending alert's `hold`: a `hold: 10s` alert pending for
+/// 5 s before a 60 s restart fires 5 s after the restart, not at once.
+#[test]
+fn downtime_does_not_count_toward_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = dir.path().join("state");
+    let set = rules(dir.path(), &[("hot.rhai", HOT)]);
+    let mut e = Engine::new(set.clone(), EngineOptions::default());
+    assert!(run(&mut e, 0, 6, 90.0).is_empty(), "pending");
+    save_state(&state_dir, &e.state()).unwrap();
+    drop(e);
+    let state = load_state(&state_dir).unwrap().unwrap();
+    let mut e = Engine::with_state(set, EngineOptions::default(), &state);
+    assert_eq!(
+        run(&mut e, 65, 75, 90.0),
+        vec![(70, "hot".to_string(), AlertStatus::Firing)]
+    );
+}
+
+/// A resumed firing alert is not resolved by "no data" while its windows fill again after the
+/// restart (they answer once half sampled).
+#[test]
+fn a_resumed_alert_waits_for_its_windows() {
+    const SLOW: &str = r#"rule(#{ name: "warm", check: |gpu| {
+    let t = gpu.temp.mean("30m");
+    if t == () { return (); }
+    if t > 80 { `warm ${t}` }
+} });"#;
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = dir.path().join("state");
+    let set = rules(dir.path(), &[("warm.rhai", SLOW)]);
+    let mut e = Engine::new(set.clone(), EngineOptions::default());
+    let fired = (0..1000)
+        .step_by(10)
+        .flat_map(|t| e.observe(&snap(t, &[90.0])))
+        .count();
+    assert_eq!(fired, 1);
+    save_state(&state_dir, &e.state()).unwrap();
+    drop(e);
+    let state = load_state(&state_dir).unwrap().unwrap();
+    let mut e = Engine::with_state(set, EngineOptions::default(), &state);
+    // 12 minutes of samples after the restart: the 30 min window has no answer yet.
+    let events: Vec<AlertEvent> = (1000..1720)
+        .step_by(10)
+        .flat_map(|t| e.observe(&snap(t, &[90.0])))
+        .collect();
+    assert!(events.is_empty(), "{events:?}");
+}
+
 #[test]
 fn reload_keeps_state_and_broken_edit_keeps_old_rules() {
     let dir = tempfile::tempdir().unwrap();

@@ -17,15 +17,32 @@ pub enum Stamp {
 const EPOCH_SECONDS_FROM: f64 = 1e8;
 /// Bare numbers at or above this are epoch milliseconds.
 const EPOCH_MILLIS_FROM: f64 = 1e11;
+/// ... microseconds (`date +%s%6N`; 1e14 µs is 1973) ...
+const EPOCH_MICROS_FROM: f64 = 1e14;
+/// ... and nanoseconds (`date +%s%N`).
+const EPOCH_NANOS_FROM: f64 = 1e17;
+/// What [`Stamp::resolve`] says of a number past [`LATEST_MS`] (a bad cell: the line is skipped).
+pub const TOO_LATE: &str = "a timestamp after the year 9999";
+/// Later than this (year 9999) is no time: a corrupt cell, not a date.
+const LATEST_MS: f64 = 253_402_300_799_999.0;
 
 impl Stamp {
     /// UTC ms: calendar times as they are, bare numbers as epoch seconds or milliseconds when
     /// large enough, else as seconds after `t0_ms`. `Err` when a bare elapsed time has no `t0`.
     pub fn resolve(self, t0_ms: Option<i64>) -> Result<i64, &'static str> {
+        let epoch_ms = |ms: f64| {
+            if ms > LATEST_MS {
+                Err(TOO_LATE)
+            } else {
+                Ok(ms.round() as i64)
+            }
+        };
         match self {
             Stamp::At(ms) => Ok(ms),
-            Stamp::Number(n) if n >= EPOCH_MILLIS_FROM => Ok(n.round() as i64),
-            Stamp::Number(n) if n >= EPOCH_SECONDS_FROM => Ok((n * 1000.0).round() as i64),
+            Stamp::Number(n) if n >= EPOCH_NANOS_FROM => epoch_ms(n / 1e6),
+            Stamp::Number(n) if n >= EPOCH_MICROS_FROM => epoch_ms(n / 1e3),
+            Stamp::Number(n) if n >= EPOCH_MILLIS_FROM => epoch_ms(n),
+            Stamp::Number(n) if n >= EPOCH_SECONDS_FROM => epoch_ms(n * 1000.0),
             Stamp::Number(n) => match t0_ms {
                 Some(t0) => Ok(t0 + (n * 1000.0).round() as i64),
                 None => Err("the timestamps are seconds since the start: pass --t0 TIME"),
@@ -214,6 +231,16 @@ mod tests {
             Ok(base + 12_500)
         );
         assert!(parse("12.5").unwrap().resolve(None).is_err());
+        // `date +%s%6N` and `date +%s%N`; a number past the year 9999 is no time.
+        assert_eq!(
+            parse("1714557600123456").unwrap().resolve(None),
+            Ok(base + 123)
+        );
+        assert_eq!(
+            parse("1714557600123456789").unwrap().resolve(None),
+            Ok(base + 123)
+        );
+        assert_eq!(parse("1e30").unwrap().resolve(None), Err(TOO_LATE));
         for bad in [
             "2024/13/01 10:00:00",
             "2024/02/30 10:00:00",

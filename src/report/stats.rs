@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 use super::series::Series;
 use crate::model::{GpuSample, Metric, MetricValues};
 
-/// A sample stands for the time until the next one, at most this long (a longer pause is a gap,
-/// not a minute at the last value).
+/// A sample stands for the time until the next one: at most twice the log's usual spacing, and
+/// at most this long before that spacing is known (a longer pause is a gap, not time at the last
+/// value).
 pub const MAX_SAMPLE_MS: i64 = 60_000;
 /// Temperature taken as the slowdown threshold where the log does not carry the GPU's own.
 pub const FALLBACK_SLOWDOWN_C: f64 = 85.0;
@@ -107,6 +108,8 @@ pub struct GpuAcc {
     xids: Vec<(i64, u64)>,
     procs: BTreeSet<String>,
     prev: Option<(i64, MetricValues)>,
+    /// The most frequent spacing so far (a bucket of `dts`).
+    mode_dt: Option<i64>,
     pub charts: GpuCharts,
 }
 
@@ -118,6 +121,11 @@ impl GpuAcc {
             util_hist: vec![0; 101],
             ..GpuAcc::default()
         }
+    }
+
+    /// The usual spacing of the samples so far, ms (none before the second sample).
+    fn typical_dt(&self) -> Option<i64> {
+        self.mode_dt
     }
 
     /// Adds a sample taken at `t` (the snapshot's time).
@@ -134,11 +142,24 @@ impl GpuAcc {
         // The previous sample stands for the time until this one.
         if let Some((pt, prev)) = self.prev.take() {
             let dt = t - pt;
-            *self.dts.entry(dt / 10 * 10).or_default() += 1;
-            if dt > 1500 {
+            // The usual spacing so far (the most frequent one): a sample stands for at most
+            // twice it (a longer pause is a gap, not time at the last value), and only pauses
+            // well past it are kept as possible gaps (memory stays bounded on slow logs).
+            let typical = self.typical_dt();
+            let bucket = dt / 10 * 10;
+            let count = {
+                let c = self.dts.entry(bucket).or_default();
+                *c += 1;
+                *c
+            };
+            if typical.is_none_or(|t| count > self.dts.get(&t).copied().unwrap_or(0)) {
+                self.mode_dt = Some(bucket);
+            }
+            if dt > 1500 && typical.is_none_or(|t| dt > t + t / 2) {
                 self.long_dts.push(dt);
             }
-            self.account(&prev, dt.clamp(0, MAX_SAMPLE_MS));
+            let credit = typical.map_or(MAX_SAMPLE_MS, |t| 2 * t.max(10));
+            self.account(&prev, dt.clamp(0, credit));
         }
         let v = |m| g.get(m);
         if let Some(u) = v(Metric::Util) {

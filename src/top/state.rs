@@ -239,6 +239,20 @@ impl TopState {
                 }
             }
         }
+        // A GPU this snapshot lacks (late at this tick: a gap) shows no values rather than its
+        // last ones as current, and its charts get a gap.
+        for view in &mut self.gpus {
+            if snap.gpus.iter().any(|g| g.id.index == view.id.index) {
+                continue;
+            }
+            view.values = MetricValues::default();
+            for h in &mut view.history {
+                h.push_back(None);
+                while h.len() > HISTORY {
+                    h.pop_front();
+                }
+            }
+        }
         if let Some(p) = &snap.processes {
             self.processes.clone_from(p);
         }
@@ -412,6 +426,15 @@ mod tests {
             });
         }
         st.observe(&snap);
+        // GPU 1 late at the next tick: no values shown for it, a gap in its charts.
+        let mut late = snap.clone();
+        late.gpus.remove(1);
+        let mut lagging = TopState::new("h".into(), 1000, AlertSource::Local(None));
+        lagging.observe(&snap);
+        lagging.observe(&late);
+        assert_eq!(lagging.gpus[1].values.get(Metric::Util), None);
+        assert_eq!(lagging.gpus[1].history[0].back(), Some(&None));
+        assert_eq!(lagging.gpus[0].values.get(Metric::Util), Some(10.0));
         assert_eq!(st.order(), vec![0, 1, 2]);
         assert!(st.key(Key::Char('s')));
         assert_eq!(st.sort, Sort::Util);
