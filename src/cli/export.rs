@@ -46,10 +46,12 @@ pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
     for f in &args.files {
         let importer = crate::import::Importer::open(f, &args.log.options())?;
         let stats = importer.stats();
+        let mut behind = 0u64;
         for tick in crate::import::read_ahead(importer) {
             let tick = tick?;
             // One time line: a backfill cannot take a series going back in time.
             if tick.snapshot.time_ms <= last_ms {
+                behind += 1;
                 continue;
             }
             last_ms = tick.snapshot.time_ms;
@@ -80,6 +82,12 @@ pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
         }
         for w in stats.warnings(&f.display().to_string()) {
             eprintln!("warning: {w}");
+        }
+        if behind > 0 {
+            eprintln!(
+                "warning: {}: {behind} tick(s) not later than what was exported before them were left out (a backfill is one time line: give rotated logs oldest first, e.g. gpu.csv.2 gpu.csv.1 gpu.csv)",
+                f.display()
+            );
         }
     }
     let mut out: Box<dyn std::io::Write> = match &args.out {

@@ -185,6 +185,8 @@ struct Worker {
     unsaved: std::collections::BTreeSet<String>,
     in_flight: HashSet<String>,
     tasks: JoinSet<Done>,
+    /// What each running task holds: a channel's send (`Some`), or the heartbeat ping.
+    task_channels: HashMap<tokio::task::Id, Option<String>>,
     health: HashMap<String, Health>,
     last_healthy_ms: Option<i64>,
     /// Time between the last two completed ticks, ms.
@@ -234,6 +236,7 @@ impl Worker {
             unsaved: std::collections::BTreeSet::new(),
             in_flight: HashSet::new(),
             tasks: JoinSet::new(),
+            task_channels: HashMap::new(),
             health: HashMap::new(),
             last_healthy_ms: None,
             healthy_gap_ms: 0,
@@ -294,10 +297,8 @@ impl Worker {
                     None | Some(Input::Stop) => break,
                     Some(input) => self.handle(input),
                 },
-                Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
-                    if let Ok(done) = done {
-                        self.finish(done);
-                    }
+                Some(done) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
+                    self.joined(done);
                 }
                 () = tokio::time::sleep(sleep) => {}
             }
@@ -327,10 +328,8 @@ impl Worker {
                 + 1000,
         );
         let _ = tokio::time::timeout(grace, async {
-            while let Some(done) = self.tasks.join_next().await {
-                if let Ok(done) = done {
-                    self.finish(done);
-                }
+            while let Some(done) = self.tasks.join_next_with_id().await {
+                self.joined(done);
             }
         })
         .await;
@@ -515,7 +514,7 @@ impl Worker {
             let n = entry.notification.clone();
             let transport = self.transport.clone();
             self.in_flight.insert(channel.clone());
-            self.tasks.spawn(async move {
+            let task = self.tasks.spawn(async move {
                 let result = transport.send(&spec, &n).await;
                 Done::Send {
                     id: n.id,
@@ -523,6 +522,28 @@ impl Worker {
                     result,
                 }
             });
+            self.task_channels.insert(task.id(), Some(channel));
+        }
+    }
+
+    /// Books a finished task; one that failed (a panic) frees what it held — its channel, or
+    /// the heartbeat — so that neither stops for good.
+    fn joined(&mut self, done: Result<(tokio::task::Id, Done), tokio::task::JoinError>) {
+        match done {
+            Ok((task, done)) => {
+                self.task_channels.remove(&task);
+                self.finish(done);
+            }
+            Err(e) => match self.task_channels.remove(&e.id()) {
+                Some(Some(channel)) => {
+                    error!(channel, "a send failed unexpectedly ({e}); it is retried");
+                    self.in_flight.remove(&channel);
+                }
+                _ => {
+                    error!("the heartbeat ping failed unexpectedly ({e})");
+                    self.ping_in_flight = false;
+                }
+            },
         }
     }
 
@@ -550,8 +571,10 @@ impl Worker {
         self.ping_in_flight = true;
         self.last_ping_ms = now;
         let transport = self.transport.clone();
-        self.tasks
+        let task = self
+            .tasks
             .spawn(async move { Done::Ping(transport.ping(&url, Duration::from_secs(10)).await) });
+        self.task_channels.insert(task.id(), None);
     }
 
     fn next_wakeup(&self, now: i64) -> i64 {

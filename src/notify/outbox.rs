@@ -27,13 +27,17 @@ pub struct OutboxEntry {
 }
 
 /// The on-disk queue.
+/// How long a given-up message stays in `outbox/dead/`.
+pub const DEAD_KEPT_DAYS: u64 = 30;
+
 #[derive(Debug, Clone)]
 pub struct Outbox {
     dir: PathBuf,
 }
 
 impl Outbox {
-    /// Opens (creating) `state_dir/outbox` and removes leftover temp files.
+    /// Opens (creating) `state_dir/outbox`, removes leftover temp files and the given-up messages
+    /// in `dead/` older than [`DEAD_KEPT_DAYS`] (the directory would grow for ever).
     pub fn open(state_dir: &Path) -> std::io::Result<Outbox> {
         let dir = state_dir.join("outbox");
         crate::sys::create_private_dir(&dir.join("dead"))?;
@@ -41,6 +45,20 @@ impl Outbox {
             let path = entry?.path();
             if path.extension().is_some_and(|e| e == "tmp") {
                 let _ = fs::remove_file(&path);
+            }
+        }
+        let kept = std::time::Duration::from_secs(DEAD_KEPT_DAYS * 86_400);
+        if let Ok(entries) = fs::read_dir(dir.join("dead")) {
+            for e in entries.flatten() {
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > kept);
+                if old {
+                    let _ = fs::remove_file(e.path());
+                }
             }
         }
         Ok(Outbox { dir })

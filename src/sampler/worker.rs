@@ -301,7 +301,18 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
                             continue;
                         };
                         let state = slot.get_or_insert_with(|| factory(pos, marker.clone()));
-                        let out = work(state, &marker, req.time_ms);
+                        // A panic in a read (a bug meeting odd driver data) costs this GPU's
+                        // answer at this tick and its state, not the thread: the GPU is read
+                        // afresh at the next tick, the others go on.
+                        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            work(state, &marker, req.time_ms)
+                        }));
+                        let Ok(out) = read else {
+                            marker.leave();
+                            *slot = None;
+                            tracing::error!("reading GPU position {pos} failed (a panic, logged above); it is read afresh at the next tick");
+                            continue;
+                        };
                         let part = Reply {
                             group: id,
                             seq: req.seq,
@@ -416,6 +427,15 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
                         0
                     };
                     g.outstanding = (left > 0).then_some((seq, left));
+                }
+            }
+            // The end of a request of the current ask: what its GPUs did not answer (a read
+            // that panicked) will not come; nothing more is waited for.
+            if r.part.is_none() && r.seq == self.seq {
+                for p in &g.members {
+                    if let Some(x) = self.pending.get_mut(*p) {
+                        *x = false;
+                    }
                 }
             }
         }
@@ -647,5 +667,34 @@ mod tests {
                 "GPU position {pos} read twice, once a tick"
             );
         }
+    }
+
+    /// A read that panics loses its GPU's answer at that tick and its state, not the thread:
+    /// the other GPUs answer, and the GPU is read afresh at the next tick.
+    #[test]
+    fn a_panicking_read_costs_one_answer() {
+        let factory: Factory<(usize, u32)> = Arc::new(|pos, _| (pos, 0));
+        let work: Work<(usize, u32), (usize, u32)> = Arc::new(|st, _, _| {
+            st.1 += 1;
+            assert!(!(st.0 == 1 && st.1 == 2), "odd driver data");
+            *st
+        });
+        let mut pool = Pool::new("test", 3, Duration::from_millis(20), factory, work);
+        let soon = || Instant::now() + Duration::from_secs(5);
+        for tick in 1..=3 {
+            pool.ask(tick, |_| true);
+            pool.collect(soon(), None);
+            let got: Vec<Option<(usize, u32)>> = (0..3).map(|p| pool.take(p)).collect();
+            match tick {
+                2 => assert_eq!(got, [Some((0, 2)), None, Some((2, 2))]),
+                3 => assert_eq!(
+                    got,
+                    [Some((0, 3)), Some((1, 1)), Some((2, 3))],
+                    "fresh state"
+                ),
+                _ => assert!(got.iter().all(Option::is_some)),
+            }
+        }
+        assert_eq!(pool.threads(), 1);
     }
 }
