@@ -282,6 +282,52 @@ impl AlertBook {
 
     /// Keeps only instances for which `keep(key)` holds; returns the removed firing ones as
     /// resolved events at `now_ms`.
+    /// Ends restored per-GPU instances that are not about the GPU now at their index: one whose
+    /// `uuid` label names another board than `uuid_at(index)` (the GPUs were renumbered after a
+    /// reboot), and, once the warm-up is over, one whose index no snapshot has had since the
+    /// restart (fewer GPUs now). Such an instance is never stepped again and would stay firing
+    /// for ever. Firing ones get a resolution; `gpu_missing` tells of a GPU that is gone.
+    pub fn end_misplaced<'u>(
+        &mut self,
+        now_ms: i64,
+        uuid_at: impl Fn(u32) -> Option<&'u str>,
+        seen: &std::collections::BTreeSet<u32>,
+    ) -> Vec<AlertEvent> {
+        if self.restored.is_empty() {
+            return Vec::new();
+        }
+        let warm = now_ms < self.warm_until_ms;
+        let misplaced: Vec<(String, Option<u32>)> = self
+            .restored
+            .iter()
+            .filter(|(key, gpu)| {
+                let Some(index) = *gpu else { return false };
+                let Some(inst) = self.instances.get(key).and_then(|m| m.get(gpu)) else {
+                    return false;
+                };
+                let label = inst.labels.get("uuid").map_or("", String::as_str);
+                match uuid_at(index) {
+                    Some(now) => !now.is_empty() && !label.is_empty() && now != label,
+                    None => !warm && !seen.contains(&index),
+                }
+            })
+            .cloned()
+            .collect();
+        let mut events = Vec::new();
+        for (key, gpu) in misplaced {
+            self.restored.remove(&(key.clone(), gpu));
+            if let Some(inst) = self.remove(&key, gpu) {
+                if inst.phase == Phase::Firing {
+                    events.push(event(&inst, AlertStatus::Resolved, now_ms, false));
+                }
+            }
+        }
+        if !warm {
+            self.restored.clear();
+        }
+        events
+    }
+
     pub fn retain_keys(
         &mut self,
         now_ms: i64,

@@ -72,6 +72,8 @@ pub const RULE_ERROR: &str = "rule_error";
 pub struct Engine {
     /// When the state it resumed from was saved (until the first sample after the restart).
     resumed_from_ms: Option<i64>,
+    /// GPU indexes seen in snapshots since the restart (see `AlertBook::end_misplaced`).
+    seen_since_resume: std::collections::BTreeSet<u32>,
     rules: RuleSet,
     opts: EngineOptions,
     gpus: BTreeMap<u32, Arc<GpuHistory>>,
@@ -133,6 +135,7 @@ impl Engine {
             carry: BTreeMap::new(),
             ledger: ledger::XidLedger::default(),
             resumed_from_ms: None,
+            seen_since_resume: std::collections::BTreeSet::new(),
         }
     }
 
@@ -274,9 +277,21 @@ impl Engine {
         let now = snap.time_ms;
         self.resume(now);
         self.ingest(snap);
+        // Alerts restored from before a restart about a GPU no longer at their index.
+        self.seen_since_resume
+            .extend(snap.gpus.iter().map(|g| g.id.index));
+        let uuid_at = |i: u32| {
+            snap.gpus
+                .iter()
+                .find(|g| g.id.index == i)
+                .map(|g| g.id.uuid.as_str())
+        };
+        let mut events = self
+            .book
+            .end_misplaced(now, uuid_at, &self.seen_since_resume);
         // The same monotonic clock the rules' time budget reads; it changes no result.
         let started = std::time::Instant::now();
-        let mut events = self.evaluate(now, true);
+        events.extend(self.evaluate(now, true));
         self.eval_time += started.elapsed();
         self.attach_charts(&mut events, now);
         events

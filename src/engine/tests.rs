@@ -276,6 +276,47 @@ fn a_resumed_alert_waits_for_its_windows() {
     assert!(events.is_empty(), "{events:?}");
 }
 
+/// After a reboot the GPUs may be numbered otherwise: an alert restored for index 1 whose board
+/// is now elsewhere is resolved at once (not checked against another board), and one whose
+/// index no longer exists is resolved once the warm-up is over (it was never stepped again).
+#[test]
+fn restored_alerts_follow_their_board_not_their_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = dir.path().join("state");
+    let set = rules(dir.path(), &[("hot.rhai", HOT)]);
+    let mut e = Engine::new(set.clone(), EngineOptions::default());
+    let fired: Vec<_> = (0..20)
+        .flat_map(|t| e.observe(&snap(t, &[90.0, 90.0, 90.0])))
+        .collect();
+    assert_eq!(fired.len(), 3);
+    save_state(&state_dir, &e.state()).unwrap();
+    drop(e);
+    let state = load_state(&state_dir).unwrap().unwrap();
+    let mut e = Engine::with_state(set, EngineOptions::default(), &state);
+    // Board GPU-1 is gone: GPU-2 is now index 1, and there is no index 2.
+    let mut s = snap(30, &[90.0, 90.0]);
+    s.gpus[1].id.uuid = "GPU-2".into();
+    let ev = e.observe(&s);
+    let resolved: Vec<_> = ev
+        .iter()
+        .filter(|e| e.status == AlertStatus::Resolved)
+        .map(|e| (e.gpu, e.labels["uuid"].clone()))
+        .collect();
+    assert_eq!(resolved, [(Some(1), "GPU-1".to_string())], "{ev:?}");
+    // Index 2 never comes back: resolved after the warm-up (half the longest window).
+    let later: Vec<_> = (31..3000)
+        .step_by(10)
+        .flat_map(|t| {
+            let mut s = snap(t, &[90.0, 90.0]);
+            s.gpus[1].id.uuid = "GPU-2".into();
+            e.observe(&s)
+        })
+        .filter(|e| e.status == AlertStatus::Resolved)
+        .map(|e| e.gpu)
+        .collect();
+    assert_eq!(later, [Some(2)]);
+}
+
 #[test]
 fn reload_keeps_state_and_broken_edit_keeps_old_rules() {
     let dir = tempfile::tempdir().unwrap();
