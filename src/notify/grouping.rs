@@ -571,21 +571,35 @@ impl Grouper {
                     devices.push(d);
                 }
             }
+            // The latest sighting of each process (per GPU and pid): the held messages repeat
+            // the same processes with newer memory and run times.
             for p in n.processes {
-                if !processes.contains(&p) {
-                    processes.push(p);
+                match processes
+                    .iter_mut()
+                    .find(|q| q.pid == p.pid && q.gpu_index == p.gpu_index)
+                {
+                    Some(q) => *q = p,
+                    None => processes.push(p),
                 }
             }
         }
         let mut alerts: Vec<AlertEvent> = latest.into_values().collect();
         sort_alerts(&mut alerts);
+        // The channel's `max_alerts` applies to a digest too (a night of held messages).
+        let mut truncated = 0;
+        if let Some(spec) = self.settings.channel(channel) {
+            if spec.max_alerts > 0 && alerts.len() > spec.max_alerts {
+                truncated = alerts.len() - spec.max_alerts;
+                alerts.truncate(spec.max_alerts);
+            }
+        }
         let mut n = self.notification(
             channel,
             "digest".into(),
             BTreeMap::new(),
             Reason::Digest,
             alerts,
-            0,
+            truncated,
             now_ms,
             repeat_interval_ms,
             Some(note),

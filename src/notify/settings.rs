@@ -494,6 +494,13 @@ impl NotifySettings {
             },
             None => None,
         };
+        let heartbeat_key = if n.heartbeat_url_env.is_some() {
+            "notify.heartbeat_url_env"
+        } else if n.heartbeat_url_file.is_some() {
+            "notify.heartbeat_url_file"
+        } else {
+            "notify.heartbeat_url"
+        };
         let heartbeat = match secret::resolve(
             "heartbeat_url",
             n.heartbeat_url.as_deref(),
@@ -501,12 +508,23 @@ impl NotifySettings {
             n.heartbeat_url_file.as_deref(),
             config.base_dir,
         ) {
-            Ok(url) => url.map(|url| HeartbeatSpec {
-                url,
-                interval_ms: heartbeat_interval_ms,
-            }),
+            Ok(Some(url)) => match super::channel::check_url(url.expose()) {
+                Ok(()) => Some(HeartbeatSpec {
+                    url,
+                    interval_ms: heartbeat_interval_ms,
+                }),
+                Err(e) => {
+                    errors.push(format!(
+                        "{}: [notify] heartbeat_url: {}",
+                        ctx.key(heartbeat_key),
+                        e.message.replace("`url` ", "")
+                    ));
+                    None
+                }
+            },
+            Ok(None) => None,
             Err(e) => {
-                errors.push(format!("{}: [notify] {e}", ctx.file()));
+                errors.push(format!("{}: [notify] {e}", ctx.key(heartbeat_key)));
                 None
             }
         };
@@ -637,6 +655,20 @@ impl Ctx<'_> {
                 }
             }
             let rdur = |v: Option<DurationSetting>, default: i64| v.map_or(default, |d| d.ms);
+            // A zero interval would send (or repeat) at every wake-up: a storm.
+            for (key, v) in [
+                ("group_interval", r.group_interval),
+                ("repeat_interval", r.repeat_interval),
+            ] {
+                if v.is_some_and(|d| d.ms <= 0) {
+                    let at = r
+                        .channels
+                        .first()
+                        .map_or_else(|| self.file(), |c| self.at(c.span().start));
+                    errors.push(format!("{at}: route {key} must be longer than 0"));
+                    ok = false;
+                }
+            }
             let spec = RouteSpec {
                 severity: r.severity.clone(),
                 rules: r.rules.clone(),
@@ -1034,6 +1066,33 @@ repeat_interval = "4h"
             ["ntfy", "pushover", "gotify", "matrix", "sms", "sms"]
         );
         assert_eq!(render(&s.channels[4]).len(), 2, "one SMS per recipient");
+    }
+
+    /// A route's zero interval is an error (it would send at every wake-up), named where the
+    /// route is.
+    #[test]
+    fn a_zero_route_interval_is_an_error() {
+        let e = settings(
+            "[[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\n\n[[route]]\nchannels = [\"ops\"]\nrepeat_interval = \"0s\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("config.toml:7:") && e.contains("repeat_interval"),
+            "{e}"
+        );
+    }
+
+    /// A heartbeat URL that is no http(s) URL is an error at its key (every ping would fail).
+    #[test]
+    fn a_bad_heartbeat_url_is_an_error() {
+        let e = settings("[notify]\nheartbeat_url = \"hc-ping.com/uuid\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("config.toml:2:") && e.contains("heartbeat_url"),
+            "{e}"
+        );
     }
 
     #[test]

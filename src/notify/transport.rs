@@ -67,9 +67,25 @@ impl Transport {
     /// Builds the HTTP client.
     pub fn new() -> anyhow::Result<Transport> {
         install_crypto_provider();
+        // Redirects are followed only within the same host and port: a channel's secret headers
+        // (`X-Gotify-Key`, bearer tokens) must never reach another host a server sends us to
+        // (reqwest drops only `Authorization` and cookies on such a hop).
+        let same_host = reqwest::redirect::Policy::custom(|attempt| {
+            let first = attempt.previous().first();
+            let same = first.is_some_and(|p| {
+                p.host_str() == attempt.url().host_str()
+                    && p.port_or_known_default() == attempt.url().port_or_known_default()
+            });
+            if same && attempt.previous().len() < 5 {
+                attempt.follow()
+            } else {
+                attempt.stop()
+            }
+        });
         let http = reqwest::Client::builder()
             .user_agent(concat!("gpuwatch/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(10))
+            .redirect(same_host)
             .build()
             .map_err(|e| {
                 anyhow::anyhow!("cannot build the HTTP client: {}", describe_reqwest(e))
