@@ -234,6 +234,17 @@ fn pump(mut from: impl Read, stream: Stream, shared: &Shared) {
 /// Signals `run` forwards to the job's process group.
 const FORWARDED: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
+/// Whether `signal`'s disposition is "ignore" (inherited from the parent: `nohup`, a shell's
+/// background job).
+fn ignored_at_start(signal: i32) -> bool {
+    // SAFETY: sigaction(2) with a null new action only reads the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
 /// Runs `command` under watch; returns the report (its `exit_code` is what `run` exits with).
 pub fn run_job(
     command: &[String],
@@ -252,9 +263,17 @@ pub fn run_job(
         deadline_ms: opts.deadline_ms,
     });
 
-    // Catch the signals before spawning so none is lost between spawn and registration.
-    let mut signals =
-        signal_hook::iterator::Signals::new(FORWARDED).context("cannot install signal handlers")?;
+    // Catch the signals before spawning so none is lost between spawn and registration. A
+    // signal ignored when gpuwatch started (`nohup` ignores SIGHUP; `cmd &` in a script ignores
+    // SIGINT and SIGQUIT) stays ignored: it is not caught and forwarded, and the job inherits
+    // the ignore, as it would without gpuwatch.
+    let forwarded_signals: Vec<i32> = FORWARDED
+        .iter()
+        .copied()
+        .filter(|s| !ignored_at_start(*s))
+        .collect();
+    let mut signals = signal_hook::iterator::Signals::new(&forwarded_signals)
+        .context("cannot install signal handlers")?;
     let signal_handle = signals.handle();
 
     let terminal = tty::Terminal::foreground();
@@ -269,9 +288,16 @@ pub fn run_job(
         cmd.env("PYTHONUNBUFFERED", "1");
     }
     let started_at_ms = now_ms();
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start {program:?}"))?;
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            // The child may have been given the terminal before its exec failed.
+            if let Some(t) = terminal {
+                t.take_back_from(-1);
+            }
+            return Err(e).with_context(|| format!("cannot start {program:?}"));
+        }
+    };
     let pid = child.id();
     let oom_watch = oom::OomWatch::start(pid);
 

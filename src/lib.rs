@@ -5,6 +5,16 @@
 //! The engine is a pure function of timestamped samples, which makes `replay` and `test` exact.
 //! [`pipeline`] wires the live commands; `docs/architecture.md` is the map of the layers.
 
+/// `eprintln!` that ignores a failed write: a terminal that went away (a closed ssh session, a
+/// `| head` that ended) must not take down `run`, which would take the job's pipes with it.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod action;
 pub mod alert;
 pub mod cli;

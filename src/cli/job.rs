@@ -87,17 +87,17 @@ fn preflight(
     let findings = match super::doctor::examine(global, &expected) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("gpuwatch: preflight: {e}");
+            crate::say!("gpuwatch: preflight: {e}");
             return Ok((mode == Preflight::Fail).then_some(crate::pipeline::EXIT_NO_NVML));
         }
     };
     for line in super::doctor::render_text(&findings).lines() {
-        eprintln!("gpuwatch: preflight: {line}");
+        crate::say!("gpuwatch: preflight: {line}");
     }
     if findings.is_empty() || mode == Preflight::Warn {
         return Ok(None);
     }
-    eprintln!(
+    crate::say!(
         "gpuwatch: preflight: not starting the job (use --preflight=warn to start it anyway)"
     );
     Ok(Some(1))
@@ -141,7 +141,7 @@ fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<
         Err(e) if global.sim.is_some() || global.nvml_lib.is_some() => return Err(e.into()),
         Err(e) => {
             if !flags.quiet {
-                eprintln!("gpuwatch: no GPU data: {e}");
+                crate::say!("gpuwatch: no GPU data: {e}");
             }
             None
         }
@@ -203,19 +203,26 @@ fn options(config: &Config, flags: &JobFlags, tee: Option<&PathBuf>) -> anyhow::
     })
 }
 
-fn finish(report: &JobReport, flags: &JobFlags) -> anyhow::Result<()> {
-    if let Some(path) = &flags.report_json {
-        let json = serde_json::to_vec_pretty(report)?;
-        std::fs::write(path, json)
-            .with_context(|| format!("cannot write the report to {}", path.display()))?;
-    }
+/// Prints the report and writes `--report-json`; a report that cannot be written is said, and
+/// the command still exits with the job's status (the job is what it reports on).
+fn finish(report: &JobReport, flags: &JobFlags) {
     if !flags.quiet {
         let text = report.render_text();
         for line in text.lines() {
-            eprintln!("gpuwatch: {line}");
+            crate::say!("gpuwatch: {line}");
         }
     }
-    Ok(())
+    if let Some(path) = &flags.report_json {
+        let written = serde_json::to_vec_pretty(report)
+            .map_err(std::io::Error::other)
+            .and_then(|json| std::fs::write(path, json));
+        if let Err(e) = written {
+            crate::say!(
+                "gpuwatch: cannot write the report to {}: {e}",
+                path.display()
+            );
+        }
+    }
 }
 
 /// Runs `run`: the job's exit code (128 + signal when a signal ended it).
@@ -257,11 +264,11 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
                 Some(std::io::ErrorKind::PermissionDenied) if spawn_failed => 126,
                 _ => return Err(e),
             };
-            eprintln!("gpuwatch: error: {e:#}");
+            crate::say!("gpuwatch: error: {e:#}");
             return Ok(code);
         }
     };
-    finish(&report, &args.flags)?;
+    finish(&report, &args.flags);
     record_job_end(path, &report);
     if let Some((recording, config)) = recorded {
         end_report(&recording, &config, args.flags.quiet);
@@ -318,12 +325,12 @@ fn end_report(recording: &Path, config: &Config, quiet: bool) {
     match made {
         Ok((r, html)) if !quiet => {
             for line in crate::report::text(&r.summary).lines() {
-                eprintln!("gpuwatch: {line}");
+                crate::say!("gpuwatch: {line}");
             }
-            eprintln!("gpuwatch: report: {}", html.display());
+            crate::say!("gpuwatch: report: {}", html.display());
         }
         Ok(_) => {}
-        Err(e) => eprintln!("gpuwatch: no end-of-run report: {e:#}"),
+        Err(e) => crate::say!("gpuwatch: no end-of-run report: {e:#}"),
     }
 }
 
@@ -340,7 +347,7 @@ pub fn attach(global: &GlobalArgs, args: &AttachArgs) -> anyhow::Result<i32> {
         let mut w = watch(global, setup, &args.flags)?;
         crate::job::attach_job(args.pid, &opts, &mut w)?
     };
-    finish(&report, &args.flags)?;
+    finish(&report, &args.flags);
     Ok(report.exit_code)
 }
 

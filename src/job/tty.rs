@@ -35,6 +35,24 @@ impl Terminal {
     pub fn take_back(self) {
         set_foreground(self.our_pgrp);
     }
+
+    /// Takes the terminal back when the job's group `job_pgrp` has it, or when the group that
+    /// has it is gone (the job exited, or failed to exec after it was given the terminal) — not
+    /// when the shell gave it to something else meanwhile (gpuwatch was put in the background
+    /// and an editor is in the foreground).
+    pub fn take_back_from(self, job_pgrp: libc::pid_t) {
+        // SAFETY: plain queries on fd 0 and a signal-0 probe of a process group.
+        let (fg, gone) = unsafe {
+            let fg = libc::tcgetpgrp(0);
+            let gone = fg > 0
+                && libc::kill(-fg, 0) != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            (fg, gone)
+        };
+        if fg == job_pgrp || gone {
+            self.take_back();
+        }
+    }
 }
 
 /// `tcsetpgrp(0, pgrp)` with SIGTTOU blocked (a background caller would otherwise be stopped).
@@ -105,7 +123,7 @@ pub fn wait_child(pid: u32, terminal: Option<Terminal>) -> std::io::Result<ExitS
             continue;
         }
         if let Some(t) = terminal {
-            t.take_back();
+            t.take_back_from(pid);
         }
         return Ok(ExitStatus::from_raw(status));
     }

@@ -44,18 +44,18 @@ impl AlertSink for StderrSink {
         };
         let summary =
             crate::values::escape_control(ev.annotations.get("summary").map_or("", String::as_str));
-        eprintln!(
+        crate::say!(
             "gpuwatch: [{status}] {} ({}): {summary}",
             ev.name,
             ev.severity.as_str()
         );
         if let Some(stacks) = ev.annotations.get("stacks") {
             for l in stacks.lines() {
-                eprintln!("gpuwatch:   stuck: {}", crate::values::escape_control(l));
+                crate::say!("gpuwatch:   stuck: {}", crate::values::escape_control(l));
             }
         }
         if let Some(dir) = ev.annotations.get("forensics") {
-            eprintln!("gpuwatch:   forensics bundle: {dir}");
+            crate::say!("gpuwatch:   forensics bundle: {dir}");
         }
     }
 
@@ -212,7 +212,7 @@ impl AlertSink for DispatchSink {
                 }
             }
         }
-        eprintln!(
+        crate::say!(
             "gpuwatch: {} notification(s) not delivered yet; {moved} queued in {} for the daemon",
             left.len(),
             target.display()

@@ -1319,3 +1319,48 @@ fn a_hung_python_job_yields_a_forensics_bundle_with_its_stack() {
         "{stderr}"
     );
 }
+
+/// `nohup gpuwatch run -- …`: a signal ignored when gpuwatch starts stays ignored — it is not
+/// caught and forwarded to the job (which inherits the ignore), so closing the terminal does not
+/// kill the training it would not have killed without gpuwatch.
+#[test]
+fn a_signal_ignored_at_start_is_not_forwarded() {
+    common::sim_lib();
+    let mut cmd = common::command(
+        &[
+            "--sim",
+            "healthy",
+            "run",
+            "--quiet",
+            "--no-report",
+            "--",
+            "sh",
+            "-c",
+            "sleep 3; echo alive",
+        ],
+        &[],
+    );
+    // SAFETY: only signal(2) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("alive"),
+        "{:?} {stdout} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
