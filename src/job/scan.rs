@@ -146,6 +146,8 @@ impl OutputScanner {
     }
 
     fn check_markers(&mut self, line: &str, now_ms: i64) {
+        // Launchers prefix each worker's lines (`[rank0]: `, torchrun's `[default0]:`).
+        let line = strip_rank_prefix(line);
         let marker = || Marker {
             line: short(line.trim()),
             at_ms: now_ms,
@@ -162,6 +164,19 @@ impl OutputScanner {
         } else if self.markers.traceback.is_some() && is_exception_line(line) {
             self.markers.exception = Some(marker());
         }
+    }
+}
+
+/// `line` without a launcher's per-worker prefix: `[rank0]: `, `[default3]:`, `[1,0]<stderr>:`.
+fn strip_rank_prefix(line: &str) -> &str {
+    if !line.starts_with('[') {
+        return line;
+    }
+    match line.find("]:").or_else(|| line.find(">:")) {
+        Some(end) if end <= 40 => line[end + 2..]
+            .strip_prefix(' ')
+            .unwrap_or(&line[end + 2..]),
+        _ => line,
     }
 }
 
@@ -208,7 +223,6 @@ pub fn is_nccl_error(line: &str) -> bool {
         "DistBackendError",
         "Watchdog caught collective operation timeout",
         "NCCL communicator was aborted",
-        "NCCL WARN",
     ];
     NEEDLES.iter().any(|n| line.contains(n))
 }
@@ -298,6 +312,24 @@ mod tests {
             6,
         );
         assert!(s.markers.nccl.is_some());
+    }
+
+    /// torchrun prefixes each rank's lines; a benign `NCCL WARN` (NCCL_DEBUG=WARN) is no NCCL
+    /// error.
+    #[test]
+    fn prefixed_tracebacks_and_nccl_warnings() {
+        let mut s = scanner(3);
+        let out = "[rank0]: NCCL WARN some transport note\n\
+                   [rank0]: Traceback (most recent call last):\n\
+                   [rank0]:   File \"train.py\", line 3, in <module>\n\
+                   [rank0]: ValueError: bad shape\n";
+        s.feed(Stream::Stderr, out.as_bytes(), 5);
+        assert!(s.markers.nccl.is_none());
+        assert!(s.markers.traceback.is_some());
+        assert_eq!(
+            s.markers.exception.as_ref().map(|m| m.line.as_str()),
+            Some("ValueError: bad shape")
+        );
     }
 
     #[test]
