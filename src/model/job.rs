@@ -87,12 +87,33 @@ pub struct ProgressState {
     /// Recent (time, fraction done) points, oldest first, for the pace.
     #[serde(skip)]
     pace: std::collections::VecDeque<(i64, f64)>,
+    /// The step counter starts over at each epoch (Keras' and most per-epoch bars): seen when a
+    /// new epoch brought a step lower than the one before it.
+    #[serde(skip)]
+    per_epoch_steps: bool,
+    /// The step when the epoch last went up.
+    #[serde(skip)]
+    step_before_epoch: Option<i64>,
+    /// The first epoch seen (0 or 1: how the job counts).
+    #[serde(skip)]
+    first_epoch: Option<f64>,
 }
 
 impl ProgressState {
     /// Applies an update seen at `now_ms`; returns true when progress moved.
     pub fn apply(&mut self, update: &ProgressUpdate, line: &str, now_ms: i64) -> bool {
         let mut moved = false;
+        if let Some(epoch) = update.epoch {
+            if self.epoch.is_some_and(|e| epoch > e) {
+                self.step_before_epoch = self.step;
+            }
+            self.first_epoch.get_or_insert(epoch);
+        }
+        if let (Some(step), Some(before)) = (update.step, self.step_before_epoch) {
+            if step < before {
+                self.per_epoch_steps = true;
+            }
+        }
         if let Some(step) = update.step {
             if self.step != Some(step) {
                 moved = true;
@@ -140,9 +161,19 @@ impl ProgressState {
         moved
     }
 
-    /// How much of the job is done, 0–1: step / total steps, else epoch / total epochs.
+    /// How much of the job is done, 0–1: step / total steps, else epoch / total epochs; when the
+    /// steps count within each epoch, the epochs done plus this epoch's share.
     pub fn fraction(&self) -> Option<f64> {
         match (self.step, self.total_steps, self.epoch, self.total_epochs) {
+            (Some(s), Some(t), Some(e), Some(te)) if self.per_epoch_steps && t > 0 && te > 0 => {
+                let done = if self.first_epoch == Some(0.0) {
+                    e
+                } else {
+                    e - 1.0
+                };
+                let f = (done.max(0.0) + s as f64 / t as f64) / te as f64;
+                Some(f.clamp(0.0, 1.0))
+            }
             (Some(s), Some(t), _, _) if t > 0 => Some((s as f64 / t as f64).clamp(0.0, 1.0)),
             (_, _, Some(e), Some(t)) if t > 0 => Some((e / t as f64).clamp(0.0, 1.0)),
             _ => None,
@@ -371,4 +402,38 @@ pub fn cut(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(epoch: Option<f64>, step: Option<i64>) -> ProgressUpdate {
+        ProgressUpdate {
+            step,
+            total_steps: step.map(|_| 100),
+            epoch,
+            total_epochs: epoch.map(|_| 10),
+            heartbeat: None,
+        }
+    }
+
+    /// Keras-style output: `Epoch 3/10` then a 1..100 step bar per epoch. Once the steps are seen
+    /// to start over, the fraction is the epochs done plus this epoch's share (not the share of
+    /// the current epoch alone, which made the ETA the end of the epoch).
+    #[test]
+    fn steps_within_epochs_count_toward_the_whole_run() {
+        let mut p = ProgressState::default();
+        p.apply(&update(Some(1.0), None), "Epoch 1/10", 0);
+        p.apply(&update(None, Some(100)), "100/100", 1);
+        p.apply(&update(Some(2.0), None), "Epoch 2/10", 2);
+        p.apply(&update(None, Some(50)), "50/100", 3);
+        let f = p.fraction().unwrap();
+        assert!((f - 0.15).abs() < 1e-9, "{f}");
+        // Global steps (they never start over) keep step / total.
+        let mut g = ProgressState::default();
+        g.apply(&update(Some(1.0), Some(10)), "epoch 1 step 10/100", 0);
+        g.apply(&update(Some(2.0), Some(60)), "epoch 2 step 60/100", 1);
+        assert!((g.fraction().unwrap() - 0.6).abs() < 1e-9);
+    }
 }
