@@ -446,12 +446,21 @@ mod tests {
         e
     }
 
-    /// A silenced alert's kill is held; the same alert unsilenced starts the ladder.
-    #[test]
-    fn held_events_start_no_kill() {
+    /// A pipeline whose kill policy lets anyone's process be killed after `grace_ms`, with a
+    /// hold that says "silenced" while its flag is set, and a `sleep` process on GPU 0 to be the
+    /// target (kill it at the end).
+    struct Held {
+        _dir: tempfile::TempDir,
+        p: Pipeline,
+        silenced: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        child: std::process::Child,
+        procs: [ProcSample; 1],
+    }
+
+    fn held(grace_ms: i64, silenced: bool) -> Held {
         let dir = tempfile::tempdir().unwrap();
         let mut actions = crate::action::ActionsSection::default();
-        actions.kill.grace = crate::values::DurationSetting::from_ms(0);
+        actions.kill.grace = crate::values::DurationSetting::from_ms(grace_ms);
         actions.kill.allow_users = vec!["*".into()];
         actions.kill.allow_root = true;
         actions.kill.min_uid = 0;
@@ -459,17 +468,36 @@ mod tests {
             crate::rules::RuleSet::load(&[], &crate::rules::RulesConfig::default()).unwrap();
         let engine = Engine::new(rules, crate::engine::EngineOptions::default());
         let mut p = Pipeline::new(engine, ActionRunner::new(&actions, dir.path(), "h"));
-        let silenced = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let flag = silenced.clone();
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(silenced));
+        let hold = flag.clone();
         p.set_hold(Box::new(move |_| {
-            flag.load(std::sync::atomic::Ordering::SeqCst)
+            hold.load(std::sync::atomic::Ordering::SeqCst)
         }));
-        let mut child = std::process::Command::new("sleep")
+        let child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
             .unwrap();
+        let procs = [ProcSample::compute(child.id(), 0, "GPU-0", Some(1 << 30))];
+        Held {
+            _dir: dir,
+            p,
+            silenced: flag,
+            child,
+            procs,
+        }
+    }
+
+    /// A silenced alert's kill is held; the same alert unsilenced starts the ladder.
+    #[test]
+    fn held_events_start_no_kill() {
+        let Held {
+            _dir,
+            mut p,
+            silenced,
+            mut child,
+            procs,
+        } = held(0, true);
         let pid = child.id();
-        let procs = [ProcSample::compute(pid, 0, "GPU-0", Some(1 << 30))];
         let audits =
             |events: &[AlertEvent]| events.iter().filter(|e| e.name == "kill_action").count();
         p.act(vec![kill_event(pid)], 0, None);
@@ -487,27 +515,14 @@ mod tests {
     /// the runner even while its alert is silenced.
     #[test]
     fn a_silence_stops_a_running_kill() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut actions = crate::action::ActionsSection::default();
-        actions.kill.grace = crate::values::DurationSetting::from_ms(60_000);
-        actions.kill.allow_users = vec!["*".into()];
-        actions.kill.allow_root = true;
-        actions.kill.min_uid = 0;
-        let rules =
-            crate::rules::RuleSet::load(&[], &crate::rules::RulesConfig::default()).unwrap();
-        let engine = Engine::new(rules, crate::engine::EngineOptions::default());
-        let mut p = Pipeline::new(engine, ActionRunner::new(&actions, dir.path(), "h"));
-        let silenced = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = silenced.clone();
-        p.set_hold(Box::new(move |_| {
-            flag.load(std::sync::atomic::Ordering::SeqCst)
-        }));
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
+        let Held {
+            _dir,
+            mut p,
+            silenced,
+            mut child,
+            procs,
+        } = held(60_000, false);
         let pid = child.id();
-        let procs = [ProcSample::compute(pid, 0, "GPU-0", Some(1 << 30))];
         let decisions = |events: &[AlertEvent]| -> Vec<String> {
             events
                 .iter()
