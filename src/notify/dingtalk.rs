@@ -12,7 +12,10 @@ use super::channel::{
     body_error, json_code, judge_status, Channel, ChannelType, HttpRequest, RenderEnv, Request,
     Response, Section, SectionError, SignedUrlSection,
 };
-use super::render::text;
+use super::render::{text, truncate_bytes};
+
+/// The longest text sent (the service refuses bodies over about 20 KB).
+const MAX_TEXT_BYTES: usize = 18_000;
 use super::secret::Secret;
 use super::transport::SendError;
 use super::Notification;
@@ -22,7 +25,8 @@ use crate::model::{AlertStatus, Severity};
 pub fn render(n: &Notification) -> Value {
     json!({
         "msgtype": "text",
-        "text": {"content": text(n)},
+        // DingTalk refuses messages over about 20 KB (a night's digest can be longer).
+        "text": {"content": truncate_bytes(&text(n), MAX_TEXT_BYTES)},
         "at": {"atMobiles": [], "isAtAll": n.status == AlertStatus::Firing && n.severity() == Severity::Critical},
     })
 }

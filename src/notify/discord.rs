@@ -1,6 +1,6 @@
 //! Discord webhook: `content` (the title) plus one embed per alert (at most 10, Discord's limit),
 //! coloured by severity. Limits: content ≤ 2000, title ≤ 256, description ≤ 4096 characters,
-//! ≤ 25 fields per embed. Discord answers 204; 429 carries JSON `retry_after`.
+//! ≤ 25 fields per embed, 6000 characters in all the embeds (fields stop there). Discord answers 204; 429 carries JSON `retry_after`.
 
 use serde_json::{json, Value};
 
@@ -19,30 +19,41 @@ fn colour(status: AlertStatus, severity: Severity) -> u32 {
     }
 }
 
+/// Discord refuses a message whose embeds hold more than 6000 characters in all (titles, field
+/// names and values); this leaves room for the rest.
+const EMBEDS_TOTAL: usize = 5_800;
+
 /// The request body.
 pub fn render(n: &Notification) -> Value {
-    let embeds: Vec<Value> = n
-        .alerts
-        .iter()
-        .take(10)
-        .map(|a| {
-            let fields: Vec<Value> = alert_fields(n, a)
-                .into_iter()
-                .take(25)
-                .map(|(k, v)| {
-                    json!({"name": k, "value": truncate_chars(&v, 1024), "inline": k.len() < 8 && v.len() < 40})
-                })
-                .collect();
-            json!({
-                "title": truncate_chars(&summary(a), 256),
-                "color": colour(a.status, a.severity),
-                "fields": fields,
-                "timestamp": rfc3339_ms(a.ends_at_ms.unwrap_or(a.starts_at_ms)),
-            })
-        })
-        .collect();
+    let mut used = 0;
+    let mut embeds: Vec<Value> = Vec::new();
+    for a in n.alerts.iter().take(10) {
+        let title = truncate_chars(&summary(a), 256);
+        let title_len = title.chars().count();
+        if used + title_len > EMBEDS_TOTAL {
+            break;
+        }
+        used += title_len;
+        let mut fields = Vec::new();
+        // An empty value is refused by Discord; fields stop where the total would pass.
+        for (k, v) in alert_fields(n, a).into_iter().take(25) {
+            let value = truncate_chars(&v, 1024);
+            let len = k.chars().count() + value.chars().count();
+            if value.trim().is_empty() || used + len > EMBEDS_TOTAL {
+                continue;
+            }
+            used += len;
+            fields.push(json!({"name": k, "value": value, "inline": k.len() < 8 && v.len() < 40}));
+        }
+        embeds.push(json!({
+            "title": title,
+            "color": colour(a.status, a.severity),
+            "fields": fields,
+            "timestamp": rfc3339_ms(a.ends_at_ms.unwrap_or(a.starts_at_ms)),
+        }));
+    }
     let mut content = title(n);
-    let hidden = n.alerts.len().saturating_sub(10) + n.truncated_alerts;
+    let hidden = n.alerts.len().saturating_sub(embeds.len()) + n.truncated_alerts;
     if hidden > 0 {
         content.push_str(&format!(" (+{hidden} more)"));
     }
@@ -99,5 +110,30 @@ mod tests {
         let got = render(&n);
         assert_eq!(got["embeds"].as_array().unwrap().len(), 10);
         assert!(got["content"].as_str().unwrap().ends_with("(+2 more)"));
+    }
+
+    /// Ten alerts with long annotations stay under Discord's 6000-character total for embeds,
+    /// and no field is empty.
+    #[test]
+    fn embeds_stay_under_the_total() {
+        let alerts: Vec<_> = (0..10)
+            .map(|g| {
+                let mut a = alert(g, AlertStatus::Firing);
+                a.annotations.insert("description".into(), "x".repeat(900));
+                a.annotations.insert("values".into(), String::new());
+                a
+            })
+            .collect();
+        let got = render(&notification(alerts));
+        let mut total = 0;
+        for e in got["embeds"].as_array().unwrap() {
+            total += e["title"].as_str().unwrap().chars().count();
+            for f in e["fields"].as_array().unwrap() {
+                let v = f["value"].as_str().unwrap();
+                assert!(!v.trim().is_empty(), "{f}");
+                total += f["name"].as_str().unwrap().chars().count() + v.chars().count();
+            }
+        }
+        assert!(total <= 6000, "{total}");
     }
 }

@@ -11,14 +11,18 @@ use super::channel::{
     body_error, json_code, judge_status, Channel, ChannelType, HttpRequest, RenderEnv, Request,
     Response, Section, SectionError, SignedUrlSection,
 };
-use super::render::text;
+use super::render::{text, truncate_bytes};
+
+/// The longest text sent (the service refuses bodies over about 20 KB).
+const MAX_TEXT_BYTES: usize = 18_000;
 use super::secret::Secret;
 use super::transport::SendError;
 use super::Notification;
 
 /// The unsigned request body.
 pub fn render(n: &Notification) -> Value {
-    json!({"msg_type": "text", "content": {"text": text(n)}})
+    // Feishu refuses request bodies over 20 KB (a night's digest can be longer).
+    json!({"msg_type": "text", "content": {"text": truncate_bytes(&text(n), MAX_TEXT_BYTES)}})
 }
 
 /// The signature for `timestamp_s` (unix seconds).
@@ -132,5 +136,19 @@ mod tests {
         assert!(!e.retryable && e.message.contains("19021"));
         assert!(c.judge(&response(200, r#"{"code":0}"#)).is_ok());
         assert!(c.judge(&response(200, r#"{"code":11232}"#)).unwrap_err().retryable);
+    }
+
+    /// A long digest is cut to what Feishu takes (bodies over 20 KB are refused).
+    #[test]
+    fn long_messages_are_cut() {
+        let alerts: Vec<_> = (0..100)
+            .map(|g| {
+                let mut a = alert(g, AlertStatus::Firing);
+                a.annotations.insert("description".into(), "x".repeat(900));
+                a
+            })
+            .collect();
+        let body = serde_json::to_string(&render(&notification(alerts))).unwrap();
+        assert!(body.len() < 20_000, "{}", body.len());
     }
 }

@@ -89,7 +89,8 @@ impl Matrix {
 
 /// The event content.
 pub fn render(n: &Notification) -> Value {
-    let body = text(n);
+    // Homeservers refuse events over 64 KiB: the text and its HTML copy share that.
+    let body = super::render::truncate_bytes(&text(n), 24_000);
     let rest = body.split_once('\n').map_or("", |(_, r)| r).trim_start();
     let html = format!(
         "<b>{}</b><br>{}",

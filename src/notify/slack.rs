@@ -15,7 +15,8 @@ fn escape(s: &str) -> String {
 
 /// The request body.
 pub fn render(n: &Notification) -> Value {
-    let body = text::text(n);
+    // Slack cuts a message's text at 40 000 characters.
+    let body = text::truncate_bytes(&text::text(n), 39_000);
     let rest = body.split_once('\n').map_or("", |(_, r)| r);
     json!({
         "text": format!("*{}*\n{}", escape(&text::title(n)), escape(rest.trim_start_matches('\n'))),
