@@ -695,6 +695,9 @@ pub fn attach_job(
     let oom_watch = oom::OomWatch::start(pid);
     let started_at_ms = now_ms();
     let command_text = report::shell_join(&command);
+    // The kernel shows a process's exit code only to who may inspect it (else a 0): without
+    // that right (another user's job), the end is reported without a code, not as a clean exit.
+    let may_inspect = std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok();
     let waiter = ProcessWaiter::new(pid, stat.start_ticks);
     let mut ticker = Ticker::new(opts.tick_ms);
     let last_stat = loop {
@@ -715,6 +718,7 @@ pub fn attach_job(
     }
     let exit = last_stat
         .and_then(|st| st.exit_code)
+        .filter(|_| may_inspect)
         .map_or(JobExit::Ended, JobExit::from_wait_status);
     let evidence = ExitEvidence {
         killed_by_gpuwatch: observer.killed_by_gpuwatch(),
