@@ -73,6 +73,25 @@ impl Default for ForensicsSection {
     }
 }
 
+/// Whether process `pid` has a handler for `signal` (`SigCgt` in `/proc/PID/status`).
+fn catches(pid: u32, signal: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    caught_mask(&status).is_some_and(|mask| {
+        u32::try_from(signal - 1)
+            .ok()
+            .and_then(|bit| 1u64.checked_shl(bit))
+            .is_some_and(|b| mask & b != 0)
+    })
+}
+
+/// The `SigCgt` mask of a `/proc/PID/status` text.
+fn caught_mask(status: &str) -> Option<u64> {
+    let hex = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
 /// The signal number of a name such as `SIGUSR1` or `USR1`.
 pub fn signal_number(name: &str) -> Option<i32> {
     let n = name.trim().to_ascii_uppercase();
@@ -304,13 +323,17 @@ pub fn collect(section: &ForensicsSection, req: &Request) -> Bundle {
         pids.push(pid);
     }
     if let Some(sig) = section.signal.as_deref().and_then(signal_number) {
-        for &pid in &pids {
-            // SAFETY: kill(2) on a process of the job, owned as checked above.
+        // Only to the processes that handle the signal: its default action ends a process
+        // (SIGUSR1 would kill a shell wrapper or a DataLoader worker, and with it the job).
+        let catching: Vec<u32> = pids.iter().copied().filter(|p| catches(*p, sig)).collect();
+        for &pid in &catching {
+            // SAFETY: kill(2) on a process of the job, owned as checked above, that handles it.
             unsafe { libc::kill(pid as libc::pid_t, sig) };
         }
         bundle.notes.push(format!(
-            "sent {} to {} process(es), then waited {}",
+            "sent {} to the {} of {} process(es) that handle it, then waited {}",
             section.signal.as_deref().unwrap_or(""),
+            catching.len(),
             pids.len(),
             crate::values::format_duration_ms(section.signal_wait.ms)
         ));
@@ -418,5 +441,33 @@ mod tests {
         assert_eq!(bad.validate().len(), 1);
         assert!(ForensicsSection::default().wants("job_stalled"));
         assert!(!ForensicsSection::default().wants("gpu_lost"));
+    }
+
+    /// The signal goes only to processes that handle it: a shell (which dies of SIGUSR1) does
+    /// not; one that trapped it does.
+    #[test]
+    fn only_processes_that_handle_the_signal() {
+        assert_eq!(
+            caught_mask("Name:\tx\nSigCgt:\t0000000000000200\n"),
+            Some(0x200)
+        );
+        let plain = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let trapping = std::process::Command::new("sh")
+            .args(["-c", "trap 'echo got' USR1; while true; do sleep 1; done"])
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while !catches(trapping.id(), libc::SIGUSR1) && t0.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(catches(trapping.id(), libc::SIGUSR1));
+        assert!(!catches(plain.id(), libc::SIGUSR1));
+        for mut c in [plain, trapping] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
