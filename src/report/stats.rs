@@ -337,3 +337,38 @@ impl GpuAcc {
         (summary, self.charts)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DeviceId, DeviceState};
+
+    fn sample(util: f64) -> GpuSample {
+        let mut values = MetricValues::default();
+        values.set(Metric::Util, Some(util));
+        GpuSample {
+            time_ms: 0,
+            id: DeviceId::default(),
+            state: DeviceState::Ok,
+            values,
+        }
+    }
+
+    /// A sample stands for at most twice the log's usual spacing: a 45 s pause in a 1 s log is
+    /// a gap (and counted as one), not 45 s at the last value.
+    #[test]
+    fn a_pause_is_not_time_at_the_last_value() {
+        let mut acc = GpuAcc::new(0);
+        for t in 0..10 {
+            acc.push(t * 1000, &sample(10.0));
+        }
+        acc.push(54_000, &sample(10.0));
+        let (s, _) = acc.finish();
+        // 9 spacings of 1 s, then the pause credited 2 s.
+        assert!(
+            (s.util_below_50_s - 11.0).abs() < 0.01,
+            "{}",
+            s.util_below_50_s
+        );
+    }
+}

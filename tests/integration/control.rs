@@ -138,9 +138,15 @@ fn silences_from_the_cli_mute_notifications_and_persist() {
     let r = ctl(&cfg, &["silence", "expire", &id]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(ctl(&cfg, &["silence", "list"]).stdout.contains("expired"));
-    // `reload` answers.
+    // `reload` answers; a reload of a broken configuration fails (and the daemon keeps its own).
     let r = ctl(&cfg, &["reload"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
+    let good = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{good}\n[nonsense_section]\nx = 1\n")).unwrap();
+    let broken =
+        gpuwatch::daemon::control::ask(&sock, &serde_json::json!({"ask": "reload"})).unwrap_err();
+    assert!(broken.contains("reload failed"), "{broken}");
+    std::fs::write(&cfg, good).unwrap();
     drop(d2);
 }
 
