@@ -280,8 +280,12 @@ impl AlertBook {
         self.instances.values().flat_map(BTreeMap::values)
     }
 
-    /// Keeps only instances for which `keep(key)` holds; returns the removed firing ones as
-    /// resolved events at `now_ms`.
+    /// Whether instances restored from a saved state are still being checked (see
+    /// [`AlertBook::end_misplaced`]).
+    pub fn restoring(&self) -> bool {
+        !self.restored.is_empty()
+    }
+
     /// Ends restored per-GPU instances that are not about the GPU now at their index: one whose
     /// `uuid` label names another board than `uuid_at(index)` (the GPUs were renumbered after a
     /// reboot), and, once the warm-up is over, one whose index no snapshot has had since the
@@ -328,6 +332,8 @@ impl AlertBook {
         events
     }
 
+    /// Keeps only instances for which `keep(key)` holds; returns the removed firing ones as
+    /// resolved events at `now_ms`.
     pub fn retain_keys(
         &mut self,
         now_ms: i64,

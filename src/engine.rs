@@ -277,18 +277,22 @@ impl Engine {
         let now = snap.time_ms;
         self.resume(now);
         self.ingest(snap);
-        // Alerts restored from before a restart about a GPU no longer at their index.
-        self.seen_since_resume
-            .extend(snap.gpus.iter().map(|g| g.id.index));
-        let uuid_at = |i: u32| {
-            snap.gpus
-                .iter()
-                .find(|g| g.id.index == i)
-                .map(|g| g.id.uuid.as_str())
-        };
-        let mut events = self
-            .book
-            .end_misplaced(now, uuid_at, &self.seen_since_resume);
+        // Alerts restored from before a restart about a GPU no longer at their index (only
+        // until they are all checked: nothing per tick after that).
+        let mut events = Vec::new();
+        if self.book.restoring() {
+            self.seen_since_resume
+                .extend(snap.gpus.iter().map(|g| g.id.index));
+            let uuid_at = |i: u32| {
+                snap.gpus
+                    .iter()
+                    .find(|g| g.id.index == i)
+                    .map(|g| g.id.uuid.as_str())
+            };
+            events = self
+                .book
+                .end_misplaced(now, uuid_at, &self.seen_since_resume);
+        }
         // The same monotonic clock the rules' time budget reads; it changes no result.
         let started = std::time::Instant::now();
         events.extend(self.evaluate(now, true));

@@ -652,7 +652,8 @@ impl Sampler {
         }
         self.round = None;
         let round_ms = self.last_round_ms.unwrap_or(i64::MIN);
-        let max_age = (2 * self.process_interval_ms).saturating_add(duration_ms(self.call_timeout));
+        let timeout_ms = duration_ms(self.call_timeout);
+        let max_age = (2 * self.process_interval_ms).saturating_add(timeout_ms);
         let mut out = Vec::new();
         for pos in 0..self.devices.len() {
             let answer = self.slow.take(pos);
@@ -672,7 +673,6 @@ impl Sampler {
                 // No list this round: the last one while fresh (not for a lost GPU: its
                 // processes are gone with it).
                 if let Some((at, carried)) = &d.procs {
-                    let timeout_ms = duration_ms(self.call_timeout);
                     if d.state != DeviceState::Lost
                         && is_current(round_ms, *at, max_age, timeout_ms)
                     {

@@ -806,27 +806,31 @@ pub fn notifier_failing_event(
 mod tests {
     use super::*;
 
-    /// While the sampling loop is not healthy the heartbeat is not due, so the loop does not
-    /// wake for it (it would spin: the ping is skipped, its time stays in the past); a loop that
-    /// samples less often than the heartbeat interval stays healthy between its ticks.
-    #[test]
-    fn an_unhealthy_loop_does_not_wake_for_the_heartbeat() {
+    /// A worker for the configuration `text`, with its outbox in a temporary directory (kept
+    /// while the directory handle lives) and no outbox look-up due during the test.
+    fn worker(text: &str) -> (tempfile::TempDir, Worker) {
         let dir = tempfile::tempdir().unwrap();
-        let config = crate::config::parse(
-            "[notify]\nheartbeat_url = \"http://127.0.0.1:9/ping\"\nheartbeat_interval = \"1m\"\n",
-            Path::new("/etc/gpuwatch/config.toml"),
-        )
-        .unwrap();
-        let settings = config.notify_settings().unwrap();
+        let config = crate::config::parse(text, Path::new("/etc/gpuwatch/config.toml")).unwrap();
         let mut w = Worker::new(
-            settings,
+            config.notify_settings().unwrap(),
             Outbox::open(dir.path()).unwrap(),
             dir.path().join("notify-state.json"),
             GrouperState::default(),
             Transport::new().unwrap(),
         );
-        let t0 = 1_800_000_000_000;
         w.last_adopt_ms = i64::MAX / 2;
+        (dir, w)
+    }
+
+    /// While the sampling loop is not healthy the heartbeat is not due, so the loop does not
+    /// wake for it (it would spin: the ping is skipped, its time stays in the past); a loop that
+    /// samples less often than the heartbeat interval stays healthy between its ticks.
+    #[test]
+    fn an_unhealthy_loop_does_not_wake_for_the_heartbeat() {
+        let (_dir, mut w) = worker(
+            "[notify]\nheartbeat_url = \"http://127.0.0.1:9/ping\"\nheartbeat_interval = \"1m\"\n",
+        );
+        let t0 = 1_800_000_000_000;
         w.handle(Input::Healthy(t0));
         w.last_ping_ms = t0;
         assert_eq!(
@@ -847,15 +851,7 @@ mod tests {
     /// another group's message does not.
     #[test]
     fn a_later_message_of_a_group_does_not_overtake_one_in_backoff() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = crate::config::parse("", Path::new("/etc/gpuwatch/config.toml")).unwrap();
-        let mut w = Worker::new(
-            config.notify_settings().unwrap(),
-            Outbox::open(dir.path()).unwrap(),
-            dir.path().join("notify-state.json"),
-            GrouperState::default(),
-            Transport::new().unwrap(),
-        );
+        let (_dir, mut w) = worker("");
         let message = |created_ms: i64, group: &str, status| {
             let mut n = super::super::testdata::notification(vec![super::super::testdata::alert(
                 0, status,
@@ -866,7 +862,6 @@ mod tests {
             n
         };
         let t = 1_800_000_000_000;
-        w.last_adopt_ms = i64::MAX / 2;
         let firing = message(t, "g1", AlertStatus::Firing);
         let first = firing.id.clone();
         w.enqueue(firing, t);

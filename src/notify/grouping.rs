@@ -345,8 +345,12 @@ impl Grouper {
         if a.status != AlertStatus::Firing || self.silences.is_empty() {
             return false;
         }
-        let labels = super::full_labels(a, &self.settings.hostname);
-        self.silences.iter().any(|s| s.silences(&labels, now_ms))
+        self.silenced_labels(&super::full_labels(a, &self.settings.hostname), now_ms)
+    }
+
+    /// Whether a silence matches an alert with these (full) labels at `now_ms`.
+    fn silenced_labels(&self, labels: &BTreeMap<String, String>, now_ms: i64) -> bool {
+        self.silences.iter().any(|s| s.silences(labels, now_ms))
     }
 
     /// Whether an inhibition mutes firing alert `a` at `now_ms`. A silenced alert inhibits
@@ -361,7 +365,7 @@ impl Grouper {
                 .state
                 .active
                 .iter()
-                .filter(|(_, l)| !self.silences.iter().any(|s| s.silences(l, now_ms)));
+                .filter(|(_, l)| !self.silenced_labels(l, now_ms));
             rule.mutes(&a.fingerprint, &labels, sources)
         })
     }
@@ -387,11 +391,7 @@ impl Grouper {
             return None;
         }
         sort_alerts(&mut alerts);
-        let mut truncated = 0;
-        if spec.max_alerts > 0 && alerts.len() > spec.max_alerts {
-            truncated = alerts.len() - spec.max_alerts;
-            alerts.truncate(spec.max_alerts);
-        }
+        let truncated = spec.cap_alerts(&mut alerts);
         Some(self.notification(
             channel,
             key.to_string(),
@@ -586,13 +586,10 @@ impl Grouper {
         let mut alerts: Vec<AlertEvent> = latest.into_values().collect();
         sort_alerts(&mut alerts);
         // The channel's `max_alerts` applies to a digest too (a night of held messages).
-        let mut truncated = 0;
-        if let Some(spec) = self.settings.channel(channel) {
-            if spec.max_alerts > 0 && alerts.len() > spec.max_alerts {
-                truncated = alerts.len() - spec.max_alerts;
-                alerts.truncate(spec.max_alerts);
-            }
-        }
+        let truncated = self
+            .settings
+            .channel(channel)
+            .map_or(0, |spec| spec.cap_alerts(&mut alerts));
         let mut n = self.notification(
             channel,
             "digest".into(),

@@ -276,6 +276,16 @@ impl ChannelSpec {
             .iter()
             .fold(text.to_string(), |acc, s| s.redact(&acc))
     }
+
+    /// Cuts `alerts` to the channel's `max_alerts`; returns how many were left out.
+    pub fn cap_alerts<T>(&self, alerts: &mut Vec<T>) -> usize {
+        if self.max_alerts == 0 || alerts.len() <= self.max_alerts {
+            return 0;
+        }
+        let cut = alerts.len() - self.max_alerts;
+        alerts.truncate(self.max_alerts);
+        cut
+    }
 }
 
 /// A validated route.

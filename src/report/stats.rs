@@ -108,7 +108,8 @@ pub struct GpuAcc {
     xids: Vec<(i64, u64)>,
     procs: BTreeSet<String>,
     prev: Option<(i64, MetricValues)>,
-    /// The most frequent spacing so far (a bucket of `dts`).
+    /// The usual spacing of the samples so far: the most frequent bucket of `dts`, ms (none
+    /// before the second sample).
     mode_dt: Option<i64>,
     pub charts: GpuCharts,
 }
@@ -121,11 +122,6 @@ impl GpuAcc {
             util_hist: vec![0; 101],
             ..GpuAcc::default()
         }
-    }
-
-    /// The usual spacing of the samples so far, ms (none before the second sample).
-    fn typical_dt(&self) -> Option<i64> {
-        self.mode_dt
     }
 
     /// Adds a sample taken at `t` (the snapshot's time).
@@ -145,7 +141,7 @@ impl GpuAcc {
             // The usual spacing so far (the most frequent one): a sample stands for at most
             // twice it (a longer pause is a gap, not time at the last value), and only pauses
             // well past it are kept as possible gaps (memory stays bounded on slow logs).
-            let typical = self.typical_dt();
+            let typical = self.mode_dt;
             let bucket = dt / 10 * 10;
             let count = {
                 let c = self.dts.entry(bucket).or_default();

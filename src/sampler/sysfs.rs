@@ -82,36 +82,39 @@ pub fn is_gpu_class(class: u32) -> bool {
 /// `nvidia` but the driver's GPU list in procfs (`proc_gpus`, when it exists) leaves it out — a
 /// container runtime shows a container only the GPUs it was given there, while sysfs shows the
 /// host's. An unbound GPU (the driver's probe failed) is one.
-fn served_by_nvidia(path: &Path, addr: &PciAddr, proc_gpus: &Path) -> bool {
+fn served_by_nvidia(path: &Path, addr: &PciAddr, proc_gpus: Option<&[String]>) -> bool {
     let driver = std::fs::read_link(path.join("driver"))
         .ok()
         .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()));
     match driver.as_deref() {
         None => true,
-        Some("nvidia") => {
-            let Ok(listed) = std::fs::read_dir(proc_gpus) else {
-                return true;
-            };
-            let want = addr.nvml_bus_id();
-            listed.flatten().any(|e| {
-                e.file_name()
-                    .to_str()
-                    .and_then(PciAddr::parse)
-                    .is_some_and(|a| a.nvml_bus_id() == want)
-            })
-        }
+        Some("nvidia") => proc_gpus.is_none_or(|listed| listed.contains(&addr.nvml_bus_id())),
         Some(_) => false,
     }
+}
+
+/// The bus ids (NVML's spelling) the driver lists under `dir` (`/proc/driver/nvidia/gpus`), when
+/// that directory can be read.
+fn driver_gpus(dir: &Path) -> Option<Vec<String>> {
+    let listed = std::fs::read_dir(dir).ok()?;
+    Some(
+        listed
+            .flatten()
+            .filter_map(|e| PciAddr::parse(e.file_name().to_str()?).map(|a| a.nvml_bus_id()))
+            .collect(),
+    )
 }
 
 /// Every NVIDIA GPU under `root/bus/pci/devices` that the NVIDIA driver is meant to serve (see
 /// `served_by_nvidia`; the driver's GPU list is `root/../proc/driver/nvidia/gpus`), sorted by bus
 /// id. A missing or unreadable tree gives an empty list.
 pub fn nvidia_gpus(root: &Path) -> Vec<BusGpu> {
-    let proc_gpus = root
-        .parent()
-        .unwrap_or(root)
-        .join("proc/driver/nvidia/gpus");
+    let proc_gpus = driver_gpus(
+        &root
+            .parent()
+            .unwrap_or(root)
+            .join("proc/driver/nvidia/gpus"),
+    );
     let dir = root.join("bus/pci/devices");
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
@@ -126,7 +129,7 @@ pub fn nvidia_gpus(root: &Path) -> Vec<BusGpu> {
                 return None;
             }
             let class = read_hex(&path.join("class"))?;
-            if !is_gpu_class(class) || !served_by_nvidia(&path, &addr, &proc_gpus) {
+            if !is_gpu_class(class) || !served_by_nvidia(&path, &addr, proc_gpus.as_deref()) {
                 return None;
             }
             Some(BusGpu {
