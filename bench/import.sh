@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Import throughput and memory: a generated 1 GB nvidia-smi `--query-gpu` CSV (8 GPUs, 11
-# fields, one burst a second) streamed through `gpuwatch import`, three runs to /dev/null and
-# one to a file; prints MB/s (input bytes / wall time) and peak RSS of each run.
+# fields, one burst a second) streamed through `gpuwatch import`: three runs with standard output
+# on /dev/null, two with `--out /dev/null` (the device written in place — it was once renamed
+# over, so that figure measured writes to a regular file in /dev) and one to a file; prints
+# MB/s (input bytes / wall time) and peak RSS of each run, and checks /dev/null is still the
+# null device.
 #
 #   bash bench/import.sh [MEGABYTES]     (default 1000; the log is written to $TMPDIR and removed)
 set -euo pipefail
@@ -26,6 +29,10 @@ PY
 for i in 1 2 3; do
     run "import > /dev/null (#$i)" sh -c "target/release/gpuwatch import '$dir/log.csv' > /dev/null"
 done
+for i in 1 2; do
+    run "import --out /dev/null (#$i)" target/release/gpuwatch import "$dir/log.csv" --out /dev/null
+done
+[ -c /dev/null ] || { echo "/dev/null is no longer a character device" >&2; exit 1; }
 run "import --out FILE" target/release/gpuwatch import "$dir/log.csv" --out "$dir/out.csv"
 tail -1 "$dir/err"
 echo "output $(stat -c %s "$dir/out.csv") bytes; for scale, the disk:"

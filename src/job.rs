@@ -187,11 +187,14 @@ impl Shared {
     }
 }
 
+/// What `-` means for `run`'s and `attach`'s files: standard output is the job's own.
+pub const JOB_DASH: crate::sys::output::Dash =
+    crate::sys::output::Dash::Refused("standard output carries the job's own output");
+
+/// The tee file, opened for appending (a device or FIFO in place; a link followed).
 fn open_tee(path: &Path) -> anyhow::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
+    crate::sys::output::target(path, JOB_DASH)
+        .and_then(|t| t.open_append())
         .with_context(|| format!("cannot open tee file {}", path.display()))
 }
 

@@ -253,8 +253,43 @@ fn rotated(path: &Path, n: usize) -> PathBuf {
 impl RotatingFile {
     /// Opens `path`. An existing file with the same header is appended to (a gap marks the
     /// restart); any other existing file is rotated away first, so nothing is overwritten.
+    /// A symbolic link is followed (the file it names is the recording, rotated beside it). A
+    /// character device (`/dev/null`), FIFO or socket is written in place and never rotated:
+    /// `max_bytes` is refused for it.
     pub fn open(path: &Path, max_bytes: Option<u64>, keep: usize) -> io::Result<RotatingFile> {
         let header = format!("{}\n", header_line());
+        let target = crate::sys::output::target(path, crate::sys::output::Dash::Stdout)?;
+        let path = match &target {
+            crate::sys::output::Target::File { path, .. } => path.as_path(),
+            crate::sys::output::Target::Stdout => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "standard output is not a file",
+                ))
+            }
+            special => {
+                if max_bytes.is_some() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "{} is not a regular file: --max-size rotates files by renaming them, which would replace it",
+                            path.display()
+                        ),
+                    ));
+                }
+                let mut file = special.open_append()?;
+                file.write_all(header.as_bytes())?;
+                file.flush()?;
+                return Ok(RotatingFile {
+                    path: path.to_path_buf(),
+                    max_bytes: None,
+                    keep,
+                    file,
+                    size: header.len() as u64,
+                    header,
+                });
+            }
+        };
         let existing = std::fs::metadata(path).ok().map(|m| m.len());
         let same_header = existing.is_some_and(|n| n > 0)
             && File::open(path).ok().is_some_and(|f| {

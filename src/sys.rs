@@ -8,6 +8,8 @@
 use std::io::Write;
 use std::path::Path;
 
+pub mod output;
+
 fn wall_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

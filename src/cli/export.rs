@@ -38,6 +38,10 @@ pub struct ExportArgs {
 /// Runs `export`.
 pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
     let host = args.hostname.clone().unwrap_or_else(crate::sys::hostname);
+    // Where the output goes is settled before the logs are read (a directory is an error now,
+    // not after minutes of parsing).
+    let out_path = args.out.clone().unwrap_or_else(|| PathBuf::from("-"));
+    let target = crate::sys::output::target(&out_path, crate::sys::output::Dash::Stdout)?;
     let spool = Spool::new()?;
     let mut parts: BTreeMap<(usize, u32), BufWriter<std::fs::File>> = BTreeMap::new();
     let mut failed: Option<std::io::Error> = None;
@@ -90,12 +94,7 @@ pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
             );
         }
     }
-    let mut out: Box<dyn std::io::Write> = match &args.out {
-        Some(p) => Box::new(BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
-        )),
-        None => Box::new(BufWriter::new(std::io::stdout().lock())),
-    };
+    let mut out = crate::sys::output::Output::to(&target)?;
     let headers = crate::exporter::backfill_headers();
     let mut current = None;
     for ((family, gpu), w) in parts {
@@ -112,7 +111,7 @@ pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
         std::io::copy(&mut part, &mut out)?;
     }
     out.write_all(b"# EOF\n")?;
-    out.flush()?;
+    out.finish()?;
     eprintln!("exported {ticks} ticks as OpenMetrics");
     Ok(0)
 }

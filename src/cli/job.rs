@@ -180,6 +180,11 @@ fn setup(path: Option<&Path>) -> anyhow::Result<Setup> {
 fn options(config: &Config, flags: &JobFlags, tee: Option<&PathBuf>) -> anyhow::Result<JobOptions> {
     let job = &config.job;
     let resolve = |p: &PathBuf| config.resolve(p);
+    // A report that could not be written would only be found at the job's end: a directory
+    // or `-` is refused before the job starts.
+    if let Some(p) = &flags.report_json {
+        crate::sys::output::target(p, crate::job::JOB_DASH)?;
+    }
     let mut progress = flags.progress.clone();
     progress.extend(job.progress_patterns());
     let tick_ms = job.tick.ms;
@@ -215,7 +220,7 @@ fn finish(report: &JobReport, flags: &JobFlags) {
     if let Some(path) = &flags.report_json {
         let written = serde_json::to_vec_pretty(report)
             .map_err(std::io::Error::other)
-            .and_then(|json| std::fs::write(path, json));
+            .and_then(|json| crate::sys::output::write_output(path, crate::job::JOB_DASH, &json));
         if let Err(e) = written {
             crate::say!(
                 "gpuwatch: cannot write the report to {}: {e}",

@@ -23,7 +23,8 @@ pub struct RecordArgs {
     /// Stop after this long (default: until Ctrl-C / SIGTERM).
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// Write to this file instead of stdout.
+    /// Write to this file instead of stdout (`-`: stdout). A symbolic link is followed; a
+    /// device or FIFO is written in place, never rotated.
     #[arg(long, short, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Start a new file (FILE → FILE.1 → FILE.2 …) before FILE would grow past this size
@@ -83,7 +84,10 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
     cfg.process_interval = args.process_interval;
     let sampler = Sampler::open(&cfg)?;
 
-    let mut sink = match &args.out {
+    if args.max_size.is_some() && args.out.as_ref().is_some_and(|p| p.as_os_str() == "-") {
+        anyhow::bail!("--max-size rotates files: it needs --out FILE, not standard output");
+    }
+    let mut sink = match args.out.as_ref().filter(|p| p.as_os_str() != "-") {
         Some(path) => Sink::File(
             RotatingFile::open(path, args.max_size, args.keep)
                 .with_context(|| format!("opening {}", path.display()))?,

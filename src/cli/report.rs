@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use std::io::Write as _;
+
 use anyhow::{bail, Context as _};
 
 use super::import::LogArgs;
@@ -10,6 +12,7 @@ use super::GlobalArgs;
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions};
 use crate::report::{compare, Report};
+use crate::sys::output::Dash;
 
 /// Arguments of `report`.
 #[derive(Debug, clap::Args)]
@@ -84,6 +87,15 @@ pub fn run(_global: &GlobalArgs, args: &ReportArgs) -> anyhow::Result<i32> {
         Some(p) => crate::config::load(p)?,
         None => Config::builtin(),
     };
+    // Where the page goes is settled before the logs are read (a directory is an error now).
+    let page_target = match &args.out {
+        Some(p) => Some(crate::sys::output::target(p, Dash::Stdout)?),
+        None => None,
+    };
+    let page_to_stdout = page_target == Some(crate::sys::output::Target::Stdout);
+    if page_to_stdout && args.json {
+        bail!("--out - and --json both want standard output: write the page to a file");
+    }
     let mut reports = Vec::new();
     for f in &args.files {
         reports.push(build(f, &args.rules, &args.log.options(), &config)?);
@@ -106,10 +118,12 @@ pub fn run(_global: &GlobalArgs, args: &ReportArgs) -> anyhow::Result<i32> {
         .as_ref()
         .map(|b| compare::compare(b, &after.summary))
         .unwrap_or_default();
-    if let Some(out) = &args.out {
+    if let Some(target) = &page_target {
         let page =
             crate::report::html::render(&after, against.as_deref().map(|a| (a, rows.as_slice())));
-        std::fs::write(out, page).with_context(|| format!("cannot write {}", out.display()))?;
+        let mut out = crate::sys::output::Output::to(target)?;
+        out.write_all(page.as_bytes())?;
+        out.finish()?;
     }
     if args.json {
         let value = match &before {
@@ -125,24 +139,28 @@ pub fn run(_global: &GlobalArgs, args: &ReportArgs) -> anyhow::Result<i32> {
         };
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
+        let mut text = String::new();
         if let Some(b) = &before {
-            print!("{}", crate::report::text(b));
-            println!();
+            text.push_str(&crate::report::text(b));
+            text.push('\n');
         }
-        print!("{}", crate::report::text(&after.summary));
+        text.push_str(&crate::report::text(&after.summary));
         if let Some(a) = &against {
-            println!();
-            print!(
-                "{}",
-                compare::text(
-                    &rows,
-                    a,
-                    &args.files[args.files.len() - 1].display().to_string()
-                )
-            );
+            text.push('\n');
+            text.push_str(&compare::text(
+                &rows,
+                a,
+                &args.files[args.files.len() - 1].display().to_string(),
+            ));
+        }
+        // With the page on standard output, the summary goes to standard error.
+        if page_to_stdout {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
         }
     }
-    if let Some(out) = &args.out {
+    if let Some(out) = args.out.as_ref().filter(|_| !page_to_stdout) {
         eprintln!("report: {}", out.display());
     }
     if let Some(name) = &args.save_baseline {
