@@ -600,7 +600,7 @@ impl Engine {
                 RuleScope::Host => {
                     let host = self.host_handle(now);
                     let result = self.rules.eval_host(idx, host);
-                    self.step_result(idx, now, result, Subject::plain(), &mut events)
+                    self.step_host(idx, now, result, &present, &mut events)
                 }
                 RuleScope::Job => continue,
             };
@@ -608,6 +608,50 @@ impl Engine {
             self.step_rule_error(idx, now, error, &mut events);
         }
         events
+    }
+
+    /// Steps host-scope rule `idx` with one evaluation's `result`: a per-GPU result steps one
+    /// instance per present GPU (those not listed are quiet) and ends the host-wide instance; a
+    /// single result steps the host-wide instance, and a quiet one also ends the rule's per-GPU
+    /// instances (restored ones included). A GPU that is not present keeps its instance as it is
+    /// (a late GPU is no evidence either way).
+    fn step_host(
+        &mut self,
+        idx: usize,
+        now: i64,
+        result: EvalResult,
+        present: &[u32],
+        events: &mut Vec<AlertEvent>,
+    ) -> Option<RuleError> {
+        let name = self.rules.rules()[idx].spec.name.clone();
+        let per_gpu_live = |book: &crate::alert::AlertBook| {
+            book.instances().any(|i| i.key == name && i.gpu.is_some())
+        };
+        let (items, host_result) = match result {
+            EvalResult::PerGpu(items) => (Some(items), EvalResult::Quiet),
+            EvalResult::Error(e) => return Some(e),
+            other @ (EvalResult::Quiet | EvalResult::NoData) if per_gpu_live(&self.book) => {
+                (Some(Vec::new()), other)
+            }
+            other => (None, other),
+        };
+        if let Some(items) = items {
+            let quiet = match host_result {
+                EvalResult::NoData => EvalResult::NoData,
+                _ => EvalResult::Quiet,
+            };
+            for index in present {
+                let Some(hist) = self.gpus.get(index).cloned() else {
+                    continue;
+                };
+                let r = items
+                    .iter()
+                    .find(|(g, _)| g == index)
+                    .map_or_else(|| quiet.clone(), |(_, r)| r.clone());
+                self.step_result(idx, now, r, Subject::gpu(&hist), events);
+            }
+        }
+        self.step_result(idx, now, host_result, Subject::plain(), events)
     }
 
     /// Steps the instance `subject` of rule `idx` with one evaluation's `result`; returns the
@@ -641,6 +685,8 @@ impl Engine {
             }
             EvalResult::Quiet => (Outcome::Inactive, None),
             EvalResult::NoData => (Outcome::NoData, None),
+            // Only host rules return per-GPU results, and `step_host` splits them.
+            EvalResult::PerGpu(_) => (Outcome::Inactive, None),
         };
         let spec = &self.rules.rules()[idx].spec;
         let hostname = &self.opts.hostname;

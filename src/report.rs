@@ -4,11 +4,13 @@
 //! (`report::series`), rendered as text, JSON or one self-contained HTML page
 //! (`report::html`); two runs or a run and a saved baseline side by side (`report::compare`).
 //!
-//! The diagnosis is the stock rules' own: `low_utilization`, `periodic_idle`, `memory_leak`,
-//! `small_batch` and `oom_risk` decide when a pattern holds, in the report exactly as in the
-//! daemon; the report adds how long, and what to do.
+//! The diagnosis ([`diagnose`]) judges the run on its own data — over the whole log and its
+//! phases (idle head and tail, each job, each GPU's steady phase), with shares of observed time
+//! — so it does not depend on a stock rule's hold having elapsed; the alert timeline from
+//! replaying the rules is its own section.
 
 pub mod compare;
+pub mod diagnose;
 pub mod html;
 pub mod series;
 pub mod stats;
@@ -53,53 +55,6 @@ impl ReportSection {
     }
 }
 
-/// A problem pattern: the stock rule that detects it, in a practitioner's words.
-#[derive(Debug, Clone, Copy)]
-pub struct Pattern {
-    /// The stock rule.
-    pub alert: &'static str,
-    /// What a person sees.
-    pub title: &'static str,
-    /// The likely cause.
-    pub cause: &'static str,
-    /// The fix.
-    pub fix: &'static str,
-}
-
-/// The patterns the diagnosis reports, in order.
-pub const PATTERNS: [Pattern; 5] = [
-    Pattern {
-        alert: "low_utilization",
-        title: "Utilization long under 50 %",
-        cause: "the GPU waits for input: DataLoader workers, storage or network reads, or CPU-side augmentation cannot keep up",
-        fix: "raise num_workers, set pin_memory=True and prefetch_factor, cache or pre-process the dataset, check disk and network throughput",
-    },
-    Pattern {
-        alert: "periodic_idle",
-        title: "Utilization periodically dropping to zero",
-        cause: "regular CPU-side stalls: preprocessing between batches, DataLoader workers restarted every epoch, synchronous evaluation or checkpointing",
-        fix: "persistent_workers=True, move augmentation to the GPU, checkpoint and evaluate asynchronously or less often",
-    },
-    Pattern {
-        alert: "memory_leak",
-        title: "Memory growing steadily",
-        cause: "tensors kept alive across steps (total_loss += loss without .item(), stored outputs or graphs, growing caches)",
-        fix: "accumulate Python numbers (.item()), detach what you keep, clear lists; torch.cuda.memory_summary() shows what grows",
-    },
-    Pattern {
-        alert: "small_batch",
-        title: "Memory far below total",
-        cause: "the batch is too small for this GPU: most of its memory and throughput goes unused",
-        fix: "raise the batch size (scale the learning rate) or share the GPU with another job",
-    },
-    Pattern {
-        alert: "oom_risk",
-        title: "Memory suddenly full",
-        cause: "a larger batch, longer sequence or fragmentation pushed memory to the limit",
-        fix: "lower the batch size or sequence length, use gradient checkpointing, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-    },
-];
-
 /// An alert from replaying the rules: when it fired and resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AlertSpan {
@@ -113,18 +68,7 @@ pub struct AlertSpan {
     pub summary: String,
 }
 
-/// Time one GPU spent in one problem pattern.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Finding {
-    pub alert: String,
-    pub title: String,
-    pub gpu: u32,
-    pub seconds: f64,
-    /// Share of the GPU's span.
-    pub share: f64,
-    pub cause: String,
-    pub fix: String,
-}
+pub use diagnose::{Finding, Phase, Verdict, Window};
 
 /// Training progress over the run (when the log carried it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -148,7 +92,17 @@ pub struct RunSummary {
     pub cost: Option<f64>,
     pub currency: String,
     pub co2_kg: Option<f64>,
+    /// The diagnosis: problem patterns per GPU, ranked within each GPU.
     pub findings: Vec<Finding>,
+    /// Patterns that held too briefly to be problems.
+    #[serde(default)]
+    pub brief: Vec<Finding>,
+    /// Idle head and tail, jobs, idle pauses.
+    #[serde(default)]
+    pub phases: Vec<Phase>,
+    /// One line per GPU.
+    #[serde(default)]
+    pub verdicts: Vec<Verdict>,
     pub alerts: Vec<AlertSpan>,
     pub progress: Option<ProgressSummary>,
     pub warnings: Vec<String>,
@@ -179,6 +133,8 @@ pub fn build(
     section: &ReportSection,
 ) -> anyhow::Result<Report> {
     let mut accs: BTreeMap<u32, stats::GpuAcc> = BTreeMap::new();
+    let mut traces: BTreeMap<u32, diagnose::Trace> = BTreeMap::new();
+    let mut procs_on: BTreeMap<u32, usize> = BTreeMap::new();
     let mut open: BTreeMap<(String, Option<u32>), AlertSpan> = BTreeMap::new();
     let mut spans = Vec::new();
     let mut progress: (
@@ -193,10 +149,25 @@ pub fn build(
         n_ticks += 1;
         first_ms.get_or_insert(s.time_ms);
         last_ms = last_ms.max(s.time_ms);
+        procs_on.clear();
+        for p in s.processes.iter().flatten() {
+            *procs_on.entry(p.gpu_index).or_default() += 1;
+            if let Some(t) = traces.get_mut(&p.gpu_index) {
+                t.pid(p.pid);
+            }
+        }
         for g in &s.gpus {
             accs.entry(g.id.index)
                 .or_insert_with(|| stats::GpuAcc::new(g.id.index))
                 .push(s.time_ms, g);
+            traces
+                .entry(g.id.index)
+                .or_insert_with(|| diagnose::Trace::new(g.id.index))
+                .push(
+                    s.time_ms,
+                    g,
+                    procs_on.get(&g.id.index).copied().unwrap_or(0),
+                );
         }
         for x in &s.xids {
             if let Some(a) = accs.get_mut(&x.gpu_index) {
@@ -255,33 +226,6 @@ pub fn build(
         gpus.push(summary);
         charts.insert(i, chart);
     }
-    let mut findings = Vec::new();
-    for p in PATTERNS {
-        for g in &gpus {
-            // A pattern is a finding when its rule fired at all on this GPU (an alert that
-            // fired and resolved within one tick counts, with 0 s).
-            let fired: Vec<&AlertSpan> = spans
-                .iter()
-                .filter(|s| s.alert == p.alert && s.gpu == Some(g.index))
-                .collect();
-            if !fired.is_empty() {
-                let seconds: f64 = fired
-                    .iter()
-                    .map(|s| (s.end_ms - s.start_ms) as f64 / 1000.0)
-                    .sum();
-                let span = ((g.last_ms - g.first_ms) as f64 / 1000.0).max(1.0);
-                findings.push(Finding {
-                    alert: p.alert.to_string(),
-                    title: p.title.to_string(),
-                    gpu: g.index,
-                    seconds,
-                    share: (seconds / span).min(1.0),
-                    cause: p.cause.to_string(),
-                    fix: p.fix.to_string(),
-                });
-            }
-        }
-    }
     let energy: Option<f64> = gpus
         .iter()
         .filter_map(|g| g.energy_kwh)
@@ -303,6 +247,12 @@ pub fn build(
         }
         _ => None,
     };
+    let traces: Vec<diagnose::Trace> = traces.into_values().collect();
+    let diagnosis = diagnose::diagnose(&traces, progress.as_ref().and_then(|p| p.steps));
+    for g in &mut gpus {
+        // The trend after warm-up (a ramp that then stays flat is no trend).
+        g.mem_trend_mib_per_h = diagnosis.mem_trend.get(&g.index).copied();
+    }
     Ok(Report {
         summary: RunSummary {
             sources,
@@ -316,7 +266,10 @@ pub fn build(
             co2_kg: energy
                 .zip(section.grams_co2_per_kwh)
                 .map(|(e, g)| e * g / 1000.0),
-            findings,
+            findings: diagnosis.findings,
+            brief: diagnosis.brief,
+            phases: diagnosis.phases,
+            verdicts: diagnosis.verdicts,
             alerts: spans,
             progress,
             warnings: Vec::new(),
@@ -393,30 +346,138 @@ pub fn text(r: &RunSummary) -> String {
             .map_or_else(String::new, |c| format!(", {c:.2} kg CO₂"));
         let _ = writeln!(out, "  energy {e:.2} kWh{cost}{co2}");
     }
-    if r.findings.is_empty() {
+    out.push_str(&diagnosis_text(r));
+    if !r.alerts.is_empty() {
+        let _ = writeln!(
+            out,
+            "alerts from replaying the rules: {} (see the alert timeline)",
+            r.alerts.len()
+        );
+    }
+    out
+}
+
+/// GPU indices as people write them: `1–3, 5`.
+pub fn gpu_list(idx: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < idx.len() {
+        let mut j = i;
+        while j + 1 < idx.len() && idx[j + 1] == idx[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j > i + 1 {
+            format!("{}–{}", idx[i], idx[j])
+        } else if j == i + 1 {
+            format!("{}, {}", idx[i], idx[j])
+        } else {
+            idx[i].to_string()
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
+/// `10:00:05–10:02:05` (dates where the windows cross days), at most three windows.
+fn windows_text(w: &[Window]) -> String {
+    let t = |ms: i64| crate::trace::format_time_ms(ms);
+    let mut out: Vec<String> = w
+        .iter()
+        .take(3)
+        .map(|w| format!("{} – {}", t(w.start_ms), t(w.end_ms)))
+        .collect();
+    if w.len() > 3 {
+        out.push(format!("and {} more", w.len() - 3));
+    }
+    out.join(", ")
+}
+
+/// The diagnosis as text: findings per GPU (ranked), unused GPUs in one line, brief episodes,
+/// phases, and a verdict per GPU.
+pub fn diagnosis_text(r: &RunSummary) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let unused: Vec<u32> = r
+        .findings
+        .iter()
+        .filter(|f| f.pattern == "unused_gpu")
+        .map(|f| f.gpu)
+        .collect();
+    let problems: Vec<&Finding> = r
+        .findings
+        .iter()
+        .filter(|f| f.pattern != "unused_gpu")
+        .collect();
+    if problems.is_empty() && unused.is_empty() {
         let _ = writeln!(out, "diagnosis: no problem pattern found");
     } else {
         let _ = writeln!(out, "diagnosis:");
-        for f in &r.findings {
+        for f in &problems {
             let _ = writeln!(
                 out,
-                "  GPU {}: {} for {} ({:.0} % of the run): {}. Fix: {}",
+                "  GPU {} #{} {} ({}, {} = {:.0} % of observed time): {}; when: {}",
                 f.gpu,
+                f.rank,
                 f.title.to_lowercase(),
+                f.severity,
                 human_duration(f.seconds),
-                f.share * 100.0,
-                f.cause,
-                f.fix
+                f.share_of_observed * 100.0,
+                f.evidence,
+                windows_text(&f.windows)
+            );
+            let _ = writeln!(out, "      likely cause: {}", f.cause);
+            let _ = writeln!(out, "      fix: {}", f.fix);
+        }
+        if !unused.is_empty() {
+            let (what, verb) = if unused.len() == 1 {
+                ("GPU", "was")
+            } else {
+                ("GPUs", "were")
+            };
+            let _ = writeln!(
+                out,
+                "  {what} {} {verb} not used by this run (info): no work and no memory held while other GPUs worked — {}",
+                gpu_list(&unused),
+                words_unused()
             );
         }
     }
-    let others = r
-        .alerts
-        .iter()
-        .filter(|a| !PATTERNS.iter().any(|p| p.alert == a.alert))
-        .count();
-    if others > 0 {
-        let _ = writeln!(out, "other alerts: {others} (see the alert timeline)");
+    if !r.brief.is_empty() {
+        let _ = writeln!(
+            out,
+            "brief episodes (not problems: under {:.0} % of the observed time and under {} min):",
+            diagnose::MIN_SHARE * 100.0,
+            diagnose::MIN_LONG_MS / 60_000
+        );
+        for f in &r.brief {
+            let _ = writeln!(
+                out,
+                "  GPU {}: {} for {} ({:.1} %): {}",
+                f.gpu,
+                f.title.to_lowercase(),
+                human_duration(f.seconds),
+                f.share_of_observed * 100.0,
+                f.evidence
+            );
+        }
+    }
+    if !r.phases.is_empty() {
+        let p: Vec<String> = r
+            .phases
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {}",
+                    p.kind,
+                    human_duration((p.end_ms - p.start_ms) as f64 / 1000.0)
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "phases: {}", p.join(", "));
     }
     out
+}
+
+fn words_unused() -> &'static str {
+    "give the job only the GPUs it uses, or launch one rank per GPU"
 }

@@ -252,6 +252,11 @@ pub enum EvalResult {
     NoData,
     /// The script failed.
     Error(RuleError),
+    /// A host-scope check returned an array of maps, each naming the GPU it is about
+    /// (`[#{ gpu: 0, summary: .. }, ..]`): one alert instance per GPU, carrying its `gpu`
+    /// label, so silences, inhibition, bands and `/metrics` point at the right board. GPUs not
+    /// listed are quiet; an empty array is [`EvalResult::Quiet`].
+    PerGpu(Vec<(u32, EvalResult)>),
 }
 
 /// Every loaded rule, with the sandboxed engine that runs them.
@@ -1101,6 +1106,9 @@ fn interpret(
     if value.is_unit() {
         return quiet;
     }
+    if value.is_array() {
+        return per_gpu(rule, value, nodata, &default());
+    }
     if let Ok(b) = value.as_bool() {
         return if b {
             EvalResult::Fire {
@@ -1206,6 +1214,58 @@ fn interpret(
             value.type_name()
         ),
     ))
+}
+
+/// A host-scope check's array of per-GPU results (see [`EvalResult::PerGpu`]): each element a
+/// map with an integer `gpu` (the GPU index) and what a single result's map may hold.
+fn per_gpu(rule: &Rule, value: Dynamic, nodata: bool, fallback: &str) -> EvalResult {
+    let rule_pos = Position::new(rule.line.try_into().unwrap_or(1), 1);
+    let bad = |msg: String| EvalResult::Error(RuleError::at(&rule.file, rule_pos, msg));
+    if rule.scope != RuleScope::Host {
+        return bad(
+            "check returned an array: only a host-scope rule returns one result per GPU \
+             (`[#{ gpu: 0, summary: .. }]`)"
+                .to_string(),
+        );
+    }
+    let items: rhai::Array = value.cast();
+    if items.is_empty() {
+        return if nodata {
+            EvalResult::NoData
+        } else {
+            EvalResult::Quiet
+        };
+    }
+    let mut out: Vec<(u32, EvalResult)> = Vec::with_capacity(items.len());
+    for item in items {
+        let Some(mut map) = item.read_lock::<Map>().map(|m| m.clone()) else {
+            return bad(format!(
+                "check returned an array holding {}; expected maps with a `gpu` index",
+                item.type_name()
+            ));
+        };
+        let gpu = map
+            .remove("gpu")
+            .and_then(|g| g.as_int().ok())
+            .and_then(|g| u32::try_from(g).ok());
+        let Some(gpu) = gpu else {
+            return bad(
+                "check returned an array element without an integer `gpu` (the GPU index)"
+                    .to_string(),
+            );
+        };
+        let name = format!("{fallback} (GPU {gpu})");
+        let r = interpret(rule, Dynamic::from_map(map), false, move || name);
+        if let EvalResult::Error(_) = r {
+            return r;
+        }
+        if let Some(slot) = out.iter_mut().find(|(g, _)| *g == gpu) {
+            slot.1 = r;
+        } else {
+            out.push((gpu, r));
+        }
+    }
+    EvalResult::PerGpu(out)
 }
 
 /// The rule files under some paths with their modification times, to notice edits.

@@ -53,8 +53,8 @@ pub fn render(report: &Report, compare: Option<(&str, &[Row])>) -> String {
         r.gpus.len(),
         r.ticks
     );
-    summary_table(&mut h, r);
     diagnosis(&mut h, r);
+    summary_table(&mut h, r);
     if let Some((against, rows)) = compare {
         let _ = write!(
             h,
@@ -227,24 +227,90 @@ fn summary_table(h: &mut String, r: &RunSummary) {
 
 fn diagnosis(h: &mut String, r: &RunSummary) {
     h.push_str("<section class=\"diagnosis\"><h2>Diagnosis</h2>");
-    if r.findings.is_empty() {
-        h.push_str("<p class=\"none\">No problem pattern found (input stalls, periodic idling, memory growth, small batches, memory near full).</p></section>");
-        return;
+    if !r.verdicts.is_empty() {
+        h.push_str("<ul class=\"verdicts\">");
+        for v in &r.verdicts {
+            let _ = write!(
+                h,
+                "<li data-gpu=\"{0}\"><b>GPU {0}</b>: {1}</li>",
+                v.gpu,
+                esc(&v.verdict)
+            );
+        }
+        h.push_str("</ul>");
     }
-    h.push_str("<table><tr><th>pattern</th><th>GPU</th><th>time</th><th>share</th><th>likely cause</th><th>fix</th></tr>");
-    for f in &r.findings {
+    if r.findings.is_empty() {
+        h.push_str("<p class=\"none\">No problem pattern found (utilization long under 50 %, periodic drops to zero, memory growth, memory far below or near total, stragglers, unused or stopped GPUs).</p>");
+    } else {
+        h.push_str("<table><tr><th>GPU</th><th>#</th><th>pattern</th><th>severity</th><th>time</th><th>share of observed</th><th>evidence</th><th>when</th><th>likely cause</th><th>fix</th></tr>");
+        for f in &r.findings {
+            let when: Vec<String> = f
+                .windows
+                .iter()
+                .take(3)
+                .map(|w| {
+                    format!(
+                        "{} – {}",
+                        format_time_ms(w.start_ms),
+                        format_time_ms(w.end_ms)
+                    )
+                })
+                .collect();
+            let _ = write!(
+                h,
+                "<tr class=\"finding\" data-gpu=\"{}\" data-pattern=\"{}\"><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{:.0} %</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                f.gpu,
+                esc(&f.pattern),
+                f.gpu,
+                f.rank,
+                esc(&f.title),
+                esc(&f.severity),
+                human_duration(f.seconds),
+                f.share_of_observed * 100.0,
+                esc(&f.evidence),
+                esc(&when.join(", ")),
+                esc(&f.cause),
+                esc(&f.fix)
+            );
+        }
+        h.push_str("</table>");
+    }
+    if !r.brief.is_empty() {
         let _ = write!(
             h,
-            "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{:.0} %</td><td>{}</td><td>{}</td></tr>",
-            esc(&f.title),
-            f.gpu,
-            human_duration(f.seconds),
-            f.share * 100.0,
-            esc(&f.cause),
-            esc(&f.fix)
+            "<h3>Brief episodes</h3><p class=\"meta\">Patterns that held for under {:.0} % of the observed time and under {} minutes: not problems.</p><ul>",
+            super::diagnose::MIN_SHARE * 100.0,
+            super::diagnose::MIN_LONG_MS / 60_000
         );
+        for f in &r.brief {
+            let _ = write!(
+                h,
+                "<li>GPU {}: {} for {} ({:.1} %): {}</li>",
+                f.gpu,
+                esc(&f.title.to_lowercase()),
+                human_duration(f.seconds),
+                f.share_of_observed * 100.0,
+                esc(&f.evidence)
+            );
+        }
+        h.push_str("</ul>");
     }
-    h.push_str("</table></section>");
+    if !r.phases.is_empty() {
+        let p: Vec<String> = r
+            .phases
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {} ({})",
+                    p.kind,
+                    human_duration((p.end_ms - p.start_ms) as f64 / 1000.0),
+                    format_time_ms(p.start_ms)
+                )
+            })
+            .collect();
+        let _ = write!(h, "<p class=\"meta\">Phases: {}</p>", esc(&p.join(", ")));
+    }
+    h.push_str("</section>");
 }
 
 fn alert_timeline(h: &mut String, r: &RunSummary) {

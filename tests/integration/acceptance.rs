@@ -61,15 +61,15 @@ fn recordings() -> Vec<Rec> {
             vec![("power_anomaly", 2), ("power_anomaly", 5)],
         ),
         // GPU 0 at ~7 % from 60 s while its peers run at ~79 %: 480 s at 2 s resolution (the
-        // 5-min means cross at ~4 min, then a 2-min hold). A host alert has no GPU (u32::MAX).
-        r("straggler", 20, 24, vec![("gpu_straggler", u32::MAX)]),
+        // 5-min means cross at ~4 min, then a 2-min hold). The alert names its GPU.
+        r("straggler", 20, 24, vec![("gpu_straggler", 0)]),
         // GPU 3's process exits at 60 s, the other seven hang: 250 s at 1 s resolution.
         r("rank-dead", 10, 25, {
             let mut e: Vec<_> = all_gpus("nccl_hang")
                 .into_iter()
                 .filter(|a| a.1 != 3)
                 .collect();
-            e.push(("rank_dead", u32::MAX));
+            e.push(("rank_dead", 3));
             e
         }),
         // 3 s period: 4 s resolution still sees every phase; 1000 s.
@@ -282,6 +282,51 @@ fn show(set: &BTreeSet<(String, u32)>) -> String {
         .join(" ")
 }
 
+/// What the report's diagnosis must name on each scenario's recording — `(pattern, gpu)`, and
+/// nothing else: what a practitioner sees in these runs.
+fn diagnosis_expect(scenario: &str) -> Vec<(&'static str, u32)> {
+    match scenario {
+        "memory-leak" => all_gpus("memory_leak"),
+        "oom" => vec![("oom_risk", 0)],
+        "small-batch" => {
+            let mut e = all_gpus("small_batch");
+            e.extend(all_gpus("low_utilization"));
+            e
+        }
+        // GPU 0 at ~7 % beside seven at ~79 %: behind its peers, and waiting.
+        "straggler" => vec![("gpu_straggler", 0), ("low_utilization", 0)],
+        "rank-dead" => vec![("rank_dead", 3)],
+        "dataloader-stall" => {
+            let mut e = all_gpus("low_utilization");
+            e.extend(all_gpus("periodic_idle"));
+            e
+        }
+        _ => vec![],
+    }
+}
+
+/// `(pattern, gpu)` of every finding of `report --json`.
+fn diagnosis(trace: &Path, extra: &[&str]) -> BTreeSet<(String, u32)> {
+    let mut args = vec!["report", "--json", trace.to_str().expect("utf-8 path")];
+    args.extend_from_slice(extra);
+    let run = common::gpuwatch(&args, &[]);
+    let json = run.json();
+    json["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .map(|f| {
+            (
+                f["pattern"].as_str().expect("pattern").to_string(),
+                f["gpu"]
+                    .as_u64()
+                    .and_then(|g| u32::try_from(g).ok())
+                    .expect("gpu"),
+            )
+        })
+        .collect()
+}
+
 /// The lost GPU stays in every later tick as `lost` with empty metric cells; the other seven
 /// keep being sampled.
 fn check_xid_recording(path: &Path) {
@@ -338,6 +383,11 @@ fn unseen_recordings_fire_the_expected_alerts_and_nothing_else() {
             format!("{} (gpuwatch CSV)", r.scenario),
             replay(&scaled, &[]),
             &r.expect,
+        );
+        check(
+            format!("{} (report diagnosis)", r.scenario),
+            diagnosis(&scaled, &[]),
+            &diagnosis_expect(r.scenario),
         );
         // nvidia-smi logs: no XIDs, no process list; a lost GPU shows as "[GPU is lost]".
         let smi_expect: Vec<(&str, u32)> = r

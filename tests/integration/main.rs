@@ -19,6 +19,7 @@ mod job;
 mod layers;
 mod metrics_doc;
 mod notify;
+mod outputs;
 mod parsers;
 mod real_driver;
 mod real_gpu;

@@ -243,7 +243,10 @@ fn report_renders_in_chromium_compares_runs_and_keeps_baselines() {
     let json = run.json();
     let findings = json["findings"].as_array().expect("findings");
     assert!(
-        findings.iter().any(|f| f["alert"] == "low_utilization" && f["seconds"].as_f64().unwrap_or(0.0) > 60.0),
+        findings
+            .iter()
+            .any(|f| f["pattern"] == "low_utilization"
+                && f["seconds"].as_f64().unwrap_or(0.0) > 60.0),
         "{findings:?}"
     );
     assert!(findings
@@ -309,4 +312,107 @@ fn every_log_shape_reports() {
             file.display()
         );
     }
+}
+
+/// Real logs recorded by others (`tests/fixtures/real/others-*`): each is reported, every
+/// finding an expert sees is named on the right GPU, and healthy GPUs have none
+/// (`tests/fixtures/real/expected.toml`).
+#[test]
+fn real_logs_are_diagnosed_as_an_expert_would() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real");
+    let spec: toml::Table = std::fs::read_to_string(dir.join("expected.toml"))
+        .expect("expected.toml")
+        .parse()
+        .expect("expected.toml is TOML");
+    let pairs = |v: Option<&toml::Value>| -> Vec<(u32, String)> {
+        v.and_then(toml::Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .map(|f| {
+                        (
+                            u32::try_from(f["gpu"].as_integer().expect("gpu")).expect("gpu"),
+                            f["pattern"].as_str().expect("pattern").to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut failures = Vec::new();
+    let logs = spec["log"].as_array().expect("[[log]]");
+    assert!(logs.len() >= 6, "at least six real logs");
+    for log in logs {
+        let file = log["file"].as_str().expect("file");
+        let path = dir.join(file);
+        let mut args = vec![
+            "report".to_string(),
+            "--json".into(),
+            path.display().to_string(),
+        ];
+        if let Some(a) = log.get("args").and_then(toml::Value::as_array) {
+            args.extend(a.iter().map(|x| x.as_str().expect("arg").to_string()));
+        }
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = gpuwatch(&argv, &[]);
+        if run.code != 0 {
+            failures.push(format!("{file}: exit {}: {}", run.code, run.stderr));
+            continue;
+        }
+        let json = run.json();
+        let got: Vec<(u32, String)> = json["findings"]
+            .as_array()
+            .expect("findings")
+            .iter()
+            .map(|f| {
+                (
+                    u32::try_from(f["gpu"].as_u64().expect("gpu")).expect("gpu"),
+                    f["pattern"].as_str().expect("pattern").to_string(),
+                )
+            })
+            .collect();
+        let want = pairs(log.get("finding"));
+        let allowed = pairs(log.get("allowed"));
+        for w in &want {
+            if !got.contains(w) {
+                failures.push(format!(
+                    "{file}: missing {} on GPU {}; got {got:?}",
+                    w.1, w.0
+                ));
+            }
+        }
+        for q in log
+            .get("quiet")
+            .and_then(toml::Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let q = u32::try_from(q.as_integer().expect("gpu")).expect("gpu");
+            let on: Vec<&(u32, String)> = got.iter().filter(|g| g.0 == q).collect();
+            if !on.is_empty() {
+                failures.push(format!("{file}: GPU {q} must stay quiet; got {on:?}"));
+            }
+        }
+        if log.get("exact").and_then(toml::Value::as_bool) == Some(true) {
+            for g in &got {
+                if !want.contains(g) && !allowed.contains(g) {
+                    failures.push(format!("{file}: unexpected {} on GPU {}", g.1, g.0));
+                }
+            }
+        }
+        if let Some(max) = log
+            .get("max_abs_trend_mib_per_h")
+            .and_then(toml::Value::as_integer)
+        {
+            for g in json["gpus"].as_array().expect("gpus") {
+                let t = g["mem_trend_mib_per_h"].as_f64().unwrap_or(0.0);
+                if t.abs() > max as f64 {
+                    failures.push(format!(
+                        "{file}: GPU {} memory trend {t:.0} MiB/h",
+                        g["index"]
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
