@@ -6,10 +6,17 @@
 //! Layers, one way: [`input`] (bytes → lines: gzip, UTF-16, CRLF), a format's line parser (one
 //! file per format, registered in [`Format`]), [`assemble`] (rows → ticks in time order:
 //! bursts, late rows, duplicates, segments). A line that does not parse is skipped and counted
-//! ([`ImportStats`]); only an unreadable file, or a log whose times cannot be known (elapsed
-//! seconds without `--t0`), ends an import with an error.
+//! ([`ImportStats`]); only an unreadable file, a header whose columns are ambiguous, or a log
+//! whose times cannot be known (elapsed seconds without `--t0`), ends an import with an error.
+//!
+//! One odd line never decides how a file is read: the format is the one most of the first 200
+//! non-blank lines are typical of, a parser settles its layout from them ([`Parse::survey`]: the
+//! CSV delimiter), and whether a bare small number is the log's kind of time (seconds since the
+//! start) or a garbled cell is what most of those lines' times are. CSV column names are one
+//! table, [`columns`]; times and zones are [`stamp`]'s.
 
 mod assemble;
+pub mod columns;
 mod csv;
 mod dmon;
 pub mod input;
@@ -93,7 +100,10 @@ impl Format {
     fn parser(self, opts: &ImportOptions) -> Box<dyn Parse> {
         match self {
             Format::Gpuwatch => Box::new(csv::CsvParser::gpuwatch()),
-            Format::SmiCsv => Box::new(csv::CsvParser::smi(opts.smi_header.as_deref())),
+            Format::SmiCsv => Box::new(csv::CsvParser::smi(
+                opts.smi_header.as_deref(),
+                opts.columns.as_ref(),
+            )),
             Format::SmiTable => Box::new(smi_table::TableParser::default()),
             Format::Dmon => Box::new(dmon::DmonParser::default()),
             Format::ScriptRows => Box::new(script::RowsParser::default()),
@@ -123,6 +133,11 @@ pub struct ImportOptions {
     pub gpus: Option<u32>,
     /// Time between samples of a log without timestamps (dmon without `-o DT`), ms; 1 s when 0.
     pub every_ms: i64,
+    /// What a CSV log's columns hold (`--columns`).
+    pub columns: Option<columns::ColumnSpec>,
+    /// The zone of times written without one, seconds east of UTC (`--tz`); UTC when `None`,
+    /// with one warning.
+    pub tz: Option<i32>,
 }
 
 /// Training progress a log carried next to the GPU readings.
@@ -240,6 +255,19 @@ impl From<String> for LineError {
 pub(crate) struct Ctx {
     pub t0_ms: Option<i64>,
     pub every_ms: i64,
+    /// `--gpus`.
+    pub gpus: Option<u32>,
+    /// `--tz`, seconds east of UTC.
+    pub tz: Option<i32>,
+    /// Whether a bare number below epoch range is the log's kind of time (most of its first
+    /// lines' times are): then without `--t0` it ends the import; else the line is malformed.
+    pub elapsed_times: bool,
+    /// While the first lines are surveyed: times seen as (calendar or epoch, elapsed).
+    survey: Option<std::cell::Cell<(u32, u32)>>,
+    /// A naive time was read as UTC (no `--tz`): one warning at the end.
+    naive: Arc<std::sync::atomic::AtomicBool>,
+    /// Warnings a parser gives once (unknown columns), shown with the end-of-import warnings.
+    notes: Arc<Mutex<Vec<String>>>,
     /// Malformed cells (read as absent) of accepted lines so far.
     pub malformed_cells: Arc<AtomicU64>,
     /// Malformed cells of the line being read (counted only if the line is kept).
@@ -249,18 +277,84 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// A context for `opts`, counting into `stats`.
+    fn new(opts: &ImportOptions, stats: &ImportStats) -> Ctx {
+        Ctx {
+            t0_ms: opts.t0_ms,
+            every_ms: if opts.every_ms > 0 {
+                opts.every_ms
+            } else {
+                1000
+            },
+            gpus: opts.gpus,
+            tz: opts.tz,
+            elapsed_times: true,
+            survey: None,
+            naive: stats.naive.clone(),
+            notes: stats.notes.clone(),
+            malformed_cells: stats.malformed_cells.clone(),
+            line_cells: std::cell::Cell::new(0),
+            cell_notes: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
     /// Resolves a timestamp cell.
     pub fn time(&self, cell: &str) -> Result<i64, LineError> {
-        let stamp = stamp::parse(cell).ok_or_else(|| {
+        let (stamp, zone) = stamp::parse_local(cell).ok_or_else(|| {
             LineError::Skip(format!("bad timestamp {}", crate::trace::quoted(cell)))
         })?;
+        self.resolve(stamp, zone, cell)
+    }
+
+    /// A parsed timestamp in UTC ms: a naive time in `--tz`; a bare number as epoch time, or
+    /// as seconds after `--t0` (without it, the end of the import in a log of elapsed times,
+    /// a malformed line in a log of calendar times).
+    pub fn resolve(
+        &self,
+        stamp: stamp::Stamp,
+        zone: stamp::Zone,
+        cell: &str,
+    ) -> Result<i64, LineError> {
+        if matches!(stamp, stamp::Stamp::At(_)) && zone == stamp::Zone::Naive && self.tz.is_none() {
+            self.naive.store(true, Ordering::Relaxed);
+        }
+        let stamp = stamp::utc(stamp, zone, self.tz);
+        let elapsed = matches!(stamp, stamp::Stamp::Number(n) if n < stamp::EPOCH_SECONDS_FROM);
+        if let Some(counts) = &self.survey {
+            let (calendar, bare) = counts.get();
+            counts.set(if elapsed {
+                (calendar, bare + 1)
+            } else {
+                (calendar + 1, bare)
+            });
+            if elapsed && self.t0_ms.is_none() {
+                return Ok(0);
+            }
+        }
         stamp.resolve(self.t0_ms).map_err(|e| {
             if e == stamp::TOO_LATE {
                 LineError::Skip(format!("{e}: {}", crate::trace::quoted(cell)))
-            } else {
+            } else if self.elapsed_times {
                 LineError::Fatal(e.to_string())
+            } else {
+                LineError::Skip(format!(
+                    "a count of seconds {} among calendar times (pass --t0 if the log is elapsed seconds)",
+                    crate::trace::quoted(cell)
+                ))
             }
         })
+    }
+
+    /// A warning given once, shown with the end-of-import warnings.
+    pub fn note(&self, text: String) {
+        if self.survey.is_some() {
+            return;
+        }
+        if let Ok(mut notes) = self.notes.lock() {
+            if !notes.contains(&text) {
+                notes.push(text);
+            }
+        }
     }
 
     /// Counts a cell that could not be read (the row is kept, the value absent).
@@ -274,6 +368,9 @@ impl Ctx {
 
 /// One format's line reader.
 pub(crate) trait Parse: Send {
+    /// Looks at the first lines (up to 200, not blank) before any is read: a format whose
+    /// layout the majority of lines decides (the CSV delimiter) settles it here.
+    fn survey(&mut self, _lines: &[&str]) {}
     /// Reads one line (not blank), pushing what it found.
     fn line(&mut self, line: &str, ctx: &Ctx, out: &mut Vec<Item>) -> Result<(), LineError>;
     /// The end of the file: pushes what is still held.
@@ -311,6 +408,10 @@ pub struct ImportStats {
     pub malformed_cells: Arc<AtomicU64>,
     first_skipped: Mutex<Vec<(usize, String)>>,
     assembled: Mutex<AssembleStats>,
+    /// A time without a zone was read as UTC (no `--tz`).
+    naive: Arc<std::sync::atomic::AtomicBool>,
+    /// Warnings the parser gave once.
+    notes: Arc<Mutex<Vec<String>>>,
 }
 
 impl ImportStats {
@@ -329,7 +430,16 @@ impl ImportStats {
 
     /// The end-of-import warnings (empty when nothing was skipped or dropped).
     pub fn warnings(&self, path: &str) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out: Vec<String> = self
+            .notes
+            .lock()
+            .map(|n| n.iter().map(|w| format!("{path}: {w}")).collect())
+            .unwrap_or_default();
+        if self.naive.load(Ordering::Relaxed) {
+            out.push(format!(
+                "{path}: times without a zone read as UTC; pass --tz (e.g. --tz +08:00, --tz EDT) if the log is in local time"
+            ));
+        }
         let skipped = self.skipped.load(Ordering::Relaxed);
         if skipped > 0 {
             let first = self.first_skipped();
@@ -410,11 +520,6 @@ impl Importer {
         opts: &ImportOptions,
     ) -> anyhow::Result<Importer> {
         let mut prefix = VecDeque::new();
-        let mut format = opts.format;
-        if opts.smi_header.is_some() && format.is_none() {
-            format = Some(Format::SmiCsv);
-        }
-        let mut first_text = None;
         while prefix.len() < DETECT_LINES {
             let Some((no, line)) = lines
                 .next_line()
@@ -426,52 +531,37 @@ impl Importer {
                 input::Line::Text(t) => Some(t.to_string()),
                 input::Line::TooLong => None,
             };
-            if let (None, Some(t)) = (format, &text) {
-                if !t.trim().is_empty() {
-                    first_text.get_or_insert_with(|| (no, t.clone()));
-                    format = Format::ALL.into_iter().find(|f| f.recognises(t));
-                }
-            }
             prefix.push_back((no, text));
-            if format.is_some() {
-                break;
-            }
         }
-        let format = match format {
+        let texts: Vec<(usize, &str)> = prefix
+            .iter()
+            .filter_map(|(no, t)| t.as_deref().map(|t| (*no, t)))
+            .filter(|(_, t)| !t.trim().is_empty())
+            .collect();
+        let mut format = opts.format;
+        if (opts.smi_header.is_some()
+            || matches!(opts.columns, Some(columns::ColumnSpec::InOrder(_))))
+            && format.is_none()
+        {
+            format = Some(Format::SmiCsv);
+        }
+        let format = match format.or_else(|| detect(&texts)) {
             Some(f) => f,
-            None => {
-                let (no, text) = first_text.ok_or_else(|| anyhow!("{name}:1:1: empty file"))?;
-                if csv::looks_like_headerless_smi(&text) {
-                    anyhow::bail!(
-                        "{name}:{no}:1: an nvidia-smi CSV log without a header (`--format=csv,noheader`): \
-                         pass its header with --smi-header, e.g. --smi-header \"timestamp, index, utilization.gpu [%], memory.used [MiB]\""
-                    );
-                }
-                anyhow::bail!(
-                    "{name}:{no}:1: not a GPU log gpuwatch knows (gpuwatch CSV, nvidia-smi CSV, table or dmon, \
-                     or a monitoring-script log); name the format with --format ({})",
-                    Format::ALL.map(Format::name).join(", ")
-                );
-            }
+            None => return Err(unknown_format(name, &texts)),
         };
         let stats = Arc::new(ImportStats::default());
+        let lines_only: Vec<&str> = texts.iter().map(|(_, t)| *t).collect();
+        let mut parser = format.parser(opts);
+        parser.survey(&lines_only);
+        let mut ctx = Ctx::new(opts, &stats);
+        ctx.elapsed_times = survey_elapsed(format, opts, &lines_only);
         Ok(Importer {
             lines,
             prefix,
             asm: assemble::Assembler::new(opts.gpus),
             core: Core {
-                parser: format.parser(opts),
-                ctx: Ctx {
-                    t0_ms: opts.t0_ms,
-                    every_ms: if opts.every_ms > 0 {
-                        opts.every_ms
-                    } else {
-                        1000
-                    },
-                    malformed_cells: stats.malformed_cells.clone(),
-                    line_cells: std::cell::Cell::new(0),
-                    cell_notes: std::cell::RefCell::new(Vec::new()),
-                },
+                parser,
+                ctx,
                 items: Vec::new(),
                 path: name.to_string(),
                 stats,
@@ -543,6 +633,69 @@ impl Importer {
             }
         }
     }
+}
+
+/// The format most of the first lines are typical of (a tie goes to the one seen first): one
+/// odd line never decides it.
+fn detect(texts: &[(usize, &str)]) -> Option<Format> {
+    // (format, lines recognised, first line recognised)
+    let mut votes: Vec<(Format, usize, usize)> = Vec::new();
+    for (i, (_, t)) in texts.iter().enumerate() {
+        if let Some(f) = Format::ALL.into_iter().find(|f| f.recognises(t)) {
+            match votes.iter_mut().find(|(g, _, _)| *g == f) {
+                Some(v) => v.1 += 1,
+                None => votes.push((f, 1, i)),
+            }
+        }
+    }
+    votes
+        .into_iter()
+        .max_by_key(|(_, n, first)| (*n, std::cmp::Reverse(*first)))
+        .map(|(f, _, _)| f)
+}
+
+/// The error for a log no format recognises: a header-less nvidia-smi CSV (most of the first
+/// lines are rows starting with a time) is told to pass its header.
+fn unknown_format(name: &str, texts: &[(usize, &str)]) -> anyhow::Error {
+    let Some((no, _)) = texts.first() else {
+        return anyhow!("{name}:1:1: empty file");
+    };
+    let rows = texts
+        .iter()
+        .filter(|(_, t)| csv::looks_like_headerless_smi(t))
+        .count();
+    if rows * 2 > texts.len() {
+        return anyhow!(
+            "{name}:{no}:1: a CSV log without a header (nvidia-smi's `--format=csv,noheader`): \
+             say what its columns hold with --columns, e.g. --columns timestamp,index,util,mem_used, \
+             or pass nvidia-smi's header with --smi-header, e.g. --smi-header \"timestamp, index, utilization.gpu [%], memory.used [MiB]\""
+        );
+    }
+    anyhow!(
+        "{name}:{no}:1: not a GPU log gpuwatch knows (gpuwatch CSV, nvidia-smi or home-made CSV with a header, \
+         nvidia-smi table or dmon, or a monitoring-script log); name the format with --format ({})",
+        Format::ALL.map(Format::name).join(", ")
+    )
+}
+
+/// Whether the log's times are counts of seconds since its start: most of the times its first
+/// lines hold are (read by a parser of its own over them; with no time read, yes).
+fn survey_elapsed(format: Format, opts: &ImportOptions, lines: &[&str]) -> bool {
+    let scratch = ImportStats::default();
+    let mut ctx = Ctx::new(opts, &scratch);
+    ctx.survey = Some(std::cell::Cell::new((0, 0)));
+    let mut parser = format.parser(opts);
+    parser.survey(lines);
+    let mut sink = Vec::new();
+    for l in lines {
+        // A malformed line counts for nothing; the survey reads on.
+        let _ = parser.line(l, &ctx, &mut sink);
+        sink.clear();
+        ctx.line_cells.set(0);
+        ctx.cell_notes.borrow_mut().clear();
+    }
+    let (calendar, elapsed) = ctx.survey.as_ref().map_or((0, 0), std::cell::Cell::get);
+    calendar == 0 || elapsed > calendar
 }
 
 /// Hands parsed items to the assembler.

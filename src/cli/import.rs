@@ -4,7 +4,7 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 
-use anyhow::Context as _;
+use crate::sys::output::{Dash, Output};
 
 use super::GlobalArgs;
 use crate::import::{Format, ImportOptions, Importer};
@@ -31,6 +31,24 @@ pub struct LogArgs {
     /// Time between samples of a log without timestamps (dmon's -d), default 1s.
     #[arg(long, value_name = "DURATION", value_parser = crate::values::parse_duration)]
     pub every: Option<std::time::Duration>,
+    /// What a CSV log's columns hold: names in column order for a log without a header
+    /// (`timestamp,gpu,util,mem_used,power`; `-` skips one), or `NAME=metric` pairs for header
+    /// columns (`mem=mem_used,vram=mem_total`). Names as in docs/metrics.md; a unit suffix
+    /// says the unit (`mem_used_GB`).
+    #[arg(long, value_name = "SPEC", value_parser = crate::import::columns::ColumnSpec::parse)]
+    pub columns: Option<crate::import::columns::ColumnSpec>,
+    /// Time zone of a log's times written without one: a fixed offset (`+08:00`, `-0500`) or a
+    /// zone name (UTC, GMT, EST, EDT, CST, CDT, MST, MDT, PST, PDT, CET, CEST, BST, IST, JST,
+    /// KST, …); also the reading of an ambiguous name in the log (CST is US Central unless
+    /// --tz says otherwise). Default UTC.
+    #[arg(long, value_name = "ZONE", value_parser = parse_tz)]
+    pub tz: Option<i32>,
+}
+
+fn parse_tz(s: &str) -> Result<i32, String> {
+    crate::import::stamp::parse_tz(s).ok_or_else(|| {
+        format!("`{s}` is not a time zone gpuwatch knows (try +08:00, -05:00, UTC, EDT, CET, JST)")
+    })
 }
 
 fn parse_format(s: &str) -> Result<Format, String> {
@@ -67,6 +85,8 @@ impl LogArgs {
             every_ms: self
                 .every
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            columns: self.columns.clone(),
+            tz: self.tz,
         }
     }
 }
@@ -93,26 +113,10 @@ pub fn run(_global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<i32> {
         importers.push(Importer::open(f, &opts)?);
     }
     let progress = importers.iter().any(Importer::has_progress);
-    let (mut out, tmp): (Box<dyn std::io::Write>, Option<PathBuf>) = match &args.out {
-        Some(path) => {
-            // Written beside the target and renamed at the end: an interrupted import leaves
-            // no half file under the name asked for.
-            let tmp = path.with_extension("csv.part");
-            let f = std::fs::File::create(&tmp)
-                .with_context(|| format!("cannot create {}", tmp.display()))?;
-            (
-                Box::new(std::io::BufWriter::with_capacity(1 << 20, f)),
-                Some(tmp),
-            )
-        }
-        None => (
-            Box::new(std::io::BufWriter::with_capacity(
-                1 << 20,
-                std::io::stdout().lock(),
-            )),
-            None,
-        ),
-    };
+    // A regular file is written beside the target and renamed at the end (an interrupted import
+    // leaves no half file under the name asked for); a device, FIFO or socket is written in place.
+    let out_path = args.out.clone().unwrap_or_else(|| PathBuf::from("-"));
+    let mut out = Output::create(&out_path, Dash::Stdout)?;
     let mut header = crate::record::header_line();
     if progress {
         header.push_str(",progress");
@@ -157,12 +161,7 @@ pub fn run(_global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<i32> {
         );
         warnings.extend(stats.warnings(&name));
     }
-    out.flush()?;
-    drop(out);
-    if let (Some(tmp), Some(path)) = (tmp, &args.out) {
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
-    }
+    out.finish()?;
     for w in &warnings {
         eprintln!("warning: {w}");
     }

@@ -1,22 +1,31 @@
-//! CSV logs: gpuwatch's own recording and nvidia-smi `--query-gpu=… --format=csv`.
+//! CSV logs: gpuwatch's own recording, nvidia-smi `--query-gpu=… --format=csv`, and the CSVs
+//! people's scripts write.
 //!
 //! * gpuwatch CSV (COMMON.md, interface 1): header `timestamp,index,uuid,name,pci_bus_id,minor,
 //!   state,<METRICS keys…>,xids,processes[,progress]`; one row per GPU per tick, rows of a tick
 //!   share the RFC 3339 timestamp; empty cell = absent. Columns are matched by name.
-//! * nvidia-smi CSV: header names as nvidia-smi writes them (`utilization.gpu [%]`,
-//!   `memory.used [MiB]`), with or without `nounits`, in any order and any subset; a `noheader`
-//!   log needs its header given (`--smi-header`). Columns map to metrics through the metric
-//!   table's `smi` names and `smi_unit` conversions (MiB → bytes, `P0` → 0, hex bitmask);
-//!   `[N/A]`, `[Not Supported]`, `N/A` and empty cells are absent; a `[GPU is lost]` cell marks
-//!   the GPU lost. Timestamps in any form [`super::stamp`] reads. A header line met again (a
-//!   second writer appending to the file) is taken as the header from there on. Without an
-//!   index, UUID or bus-id column, GPUs are numbered by position in each sampling burst.
+//! * nvidia-smi and home-made CSV: any header whose names [`super::columns`] knows
+//!   (`utilization.gpu [%]`, `gpu_index`, `power_W`, `memory.used (MB)`, …), with or without
+//!   units, in any order and any subset; unknown columns are named in one warning and ignored,
+//!   an ambiguous one is an error naming `--columns`. A `noheader` log needs its header given
+//!   (`--smi-header`, or `--columns` in column order). Values through the metric table's
+//!   `smi_unit` conversions and the header's or cell's unit (MiB → bytes, `P0` → 0, hex
+//!   bitmask, `mW`); `[N/A]`, `[Not Supported]`, `N/A` and empty cells are absent; a
+//!   `[GPU is lost]` cell marks the GPU lost. Timestamps in any form [`super::stamp`] reads. A
+//!   header line met again (a second writer appending to the file) is taken as the header from
+//!   there on. Without an index, UUID or bus-id column, GPUs are numbered by position in each
+//!   sampling burst. The delimiter (`,`, `;` or tab) is the one most of the first lines agree on.
+//! * Without a timestamp column, a row's time is the last time line before it (`==== $(date)
+//!   ====`, a bare `date` line: [`super::stamp::separator`]); in a log without those, round *k*
+//!   is at `--t0` + *k* × `--every` (a round ends at a repeated header, a repeated GPU index,
+//!   or after `--gpus` rows; one row per round without any of them).
 //!
 //! A row with more or fewer cells than the header, a bad timestamp or a bad GPU index is a
 //! malformed line (skipped); a metric cell that is not a reading is absent and counted.
 
+use super::columns::{self, ColumnSpec, Conv, Found, Target};
 use super::{Ctx, Item, Key, LineError, Progress, Reading};
-use crate::model::{DeviceState, Metric, ProcSample, SmiUnit, METRICS};
+use crate::model::{DeviceState, Metric, ProcSample, SmiUnit};
 use crate::trace::{quoted, split_csv};
 
 /// Whether `line` is gpuwatch's CSV header.
@@ -25,78 +34,86 @@ pub fn is_gpuwatch_header(line: &str) -> bool {
     l.starts_with("timestamp,index,uuid,") && l.contains("processes")
 }
 
-/// Whether `line` is an nvidia-smi CSV header (names a column nvidia-smi writes).
+/// Delimiters a CSV log may use.
+const DELIMITERS: [char; 3] = [',', ';', '\t'];
+
+/// The delimiter that splits `line` into the most cells.
+fn line_delimiter(line: &str) -> char {
+    DELIMITERS
+        .into_iter()
+        .max_by_key(|d| (line.matches(*d).count(), *d == ','))
+        .unwrap_or(',')
+}
+
+/// The delimiter most of `lines` agree on: for each candidate, the lines that split into the
+/// commonest cell count (at least 2); a tie goes to the comma.
+pub fn majority_delimiter(lines: &[&str]) -> char {
+    let score = |d: char| -> usize {
+        let mut counts: Vec<(usize, usize)> = Vec::new();
+        for l in lines {
+            let n = l.matches(d).count() + 1;
+            if n < 2 {
+                continue;
+            }
+            match counts.iter_mut().find(|(c, _)| *c == n) {
+                Some(e) => e.1 += 1,
+                None => counts.push((n, 1)),
+            }
+        }
+        counts.iter().map(|(_, k)| *k).max().unwrap_or(0)
+    };
+    DELIMITERS
+        .into_iter()
+        .max_by_key(|d| (score(*d), *d == ','))
+        .unwrap_or(',')
+}
+
+/// The cells of `line` split at `delim` (quotes honoured for the comma).
+fn split_fields(line: &str, delim: char) -> Vec<String> {
+    if delim == ',' {
+        split_csv(line)
+    } else {
+        line.split(delim)
+            .map(|f| f.trim().trim_matches('"').to_string())
+            .collect()
+    }
+}
+
+/// Whether `line` is a CSV header gpuwatch can read (nvidia-smi's or a home-made one): no cell
+/// is a number, the first is no time, at least one names a metric and at least half are known.
+/// A header of one cell must be an nvidia-smi query name (`utilization.gpu [%]`).
 pub fn is_smi_header(line: &str) -> bool {
     let l = line.trim_start_matches('\u{feff}');
     // Cheap refusal first: this runs on every row of a large log, and rows start with a time
     // or an index.
-    if l.trim_start().starts_with(|c: char| c.is_ascii_digit()) {
+    if l.trim_start().starts_with(|c: char| c.is_ascii_digit()) || is_gpuwatch_header(l) {
         return false;
     }
-    !is_gpuwatch_header(l)
-        && split_csv(l)
-            .iter()
-            .any(|f| matches!(smi_column(&smi_name(f)), Some(SmiColumn::Metric(_))))
-        && split_csv(l)
+    let fields = split_fields(l, line_delimiter(l));
+    if fields.iter().any(|f| f.trim().parse::<f64>().is_ok())
+        || fields
             .first()
-            .is_none_or(|f| super::stamp::parse(f).is_none())
+            .is_some_and(|f| super::stamp::parse(f).is_some())
+    {
+        return false;
+    }
+    let found: Vec<Found> = fields.iter().map(|f| columns::find(f)).collect();
+    let metric = |f: &Found| matches!(f, Found::Column(Target::Metric(_), _) | Found::Ambiguous(_));
+    let known = found.iter().filter(|f| **f != Found::Unknown).count();
+    match (fields.first(), found.first()) {
+        (Some(only), Some(f)) if fields.len() == 1 => metric(f) && only.contains('.'),
+        _ => found.iter().any(metric) && known * 2 >= fields.len(),
+    }
 }
 
 /// Whether `line` looks like a data row of a header-less nvidia-smi CSV.
 pub fn looks_like_headerless_smi(line: &str) -> bool {
-    let cells = split_csv(line);
+    let cells = split_fields(line, line_delimiter(line));
     cells.len() >= 2
         && matches!(
             super::stamp::parse(&cells[0]),
             Some(super::stamp::Stamp::At(_))
         )
-}
-
-/// `utilization.gpu [%]` → `utilization.gpu`.
-fn smi_name(field: &str) -> String {
-    let f = field.trim();
-    f.split(" [")
-        .next()
-        .unwrap_or(f)
-        .trim()
-        .to_ascii_lowercase()
-}
-
-/// What an nvidia-smi column holds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum SmiColumn {
-    Timestamp,
-    Index,
-    Uuid,
-    Name,
-    PciBusId,
-    Metric(Metric),
-}
-
-fn smi_column(name: &str) -> Option<SmiColumn> {
-    let aliases: &[(&str, &str)] = &[
-        ("power.draw.average", "power.draw"),
-        ("power.draw.instant", "power.draw"),
-        (
-            "clocks_throttle_reasons.active",
-            "clocks_event_reasons.active",
-        ),
-        ("clocks.current.sm", "clocks.sm"),
-        ("clocks.current.memory", "clocks.mem"),
-        ("power.limit", "enforced.power.limit"),
-    ];
-    let name = aliases
-        .iter()
-        .find(|(a, _)| *a == name)
-        .map_or(name, |(_, b)| *b);
-    Some(match name {
-        "timestamp" => SmiColumn::Timestamp,
-        "index" => SmiColumn::Index,
-        "uuid" | "gpu_uuid" => SmiColumn::Uuid,
-        "name" | "gpu_name" => SmiColumn::Name,
-        "pci.bus_id" | "gpu_bus_id" => SmiColumn::PciBusId,
-        other => SmiColumn::Metric(METRICS.iter().find(|d| d.smi == Some(other))?.id),
-    })
 }
 
 /// Parses an nvidia-smi value in the metric's canonical unit; `None` for N/A and friends.
@@ -195,7 +212,7 @@ enum Col {
     Pci,
     Minor,
     State,
-    Metric(Metric, SmiUnit),
+    Metric(Metric, Conv),
     Xids,
     Processes,
     Progress,
@@ -206,47 +223,163 @@ enum Col {
 pub struct CsvParser {
     own: bool,
     columns: Option<Vec<Col>>,
+    /// The layout given on the command line (`--smi-header`, `--columns` in order), read at the
+    /// first line; header lines in the file are then recognised but do not replace it.
+    given: Option<String>,
+    /// `--columns NAME=metric`.
+    spec: Option<ColumnSpec>,
+    delim: char,
     /// The timestamp cell last parsed and its time (rows of a tick repeat it).
     last_time: (String, i64),
+    /// The last time line's time (logs without a timestamp column).
+    line_time: Option<i64>,
+    /// Whether the first lines hold time lines.
+    has_time_lines: bool,
+    /// Round of a log without any time (see the module docs) and its rows' GPUs so far.
+    round: i64,
+    round_rows: Vec<Option<u32>>,
+    /// A header came after rows: the next row starts a round.
+    header_ends_round: bool,
+    /// Headers came again between rows (they, not single rows, delimit rounds).
+    repeats: bool,
 }
 
 impl CsvParser {
-    /// gpuwatch's own CSV.
-    pub fn gpuwatch() -> CsvParser {
+    fn new(own: bool) -> CsvParser {
         CsvParser {
-            own: true,
+            own,
             columns: None,
+            given: None,
+            spec: None,
+            delim: ',',
             last_time: (String::new(), 0),
+            line_time: None,
+            has_time_lines: false,
+            round: 0,
+            round_rows: Vec::new(),
+            header_ends_round: false,
+            repeats: false,
         }
     }
 
-    /// nvidia-smi CSV; `header` for a log written without one.
-    pub fn smi(header: Option<&str>) -> CsvParser {
-        let mut p = CsvParser {
-            own: false,
-            columns: None,
-            last_time: (String::new(), 0),
-        };
-        if let Some(h) = header {
-            p.columns = Some(smi_columns(h));
-        }
+    /// gpuwatch's own CSV.
+    pub fn gpuwatch() -> CsvParser {
+        CsvParser::new(true)
+    }
+
+    /// nvidia-smi or home-made CSV; `header` for a log written without one (`--smi-header`),
+    /// `spec` from `--columns`.
+    pub fn smi(header: Option<&str>, spec: Option<&ColumnSpec>) -> CsvParser {
+        let mut p = CsvParser::new(false);
+        p.spec = spec.cloned();
+        p.given = spec
+            .and_then(ColumnSpec::header)
+            .or_else(|| header.map(str::to_string));
         p
+    }
+
+    /// Takes `header` as the layout from here on.
+    fn take_header(&mut self, header: &str, ctx: &Ctx) -> Result<(), LineError> {
+        let cols = self.smi_columns(header, ctx)?;
+        check_duplicates(header, self.delim, &cols)?;
+        self.columns = Some(cols);
+        if !self.round_rows.is_empty() {
+            self.header_ends_round = true;
+            self.repeats = true;
+        }
+        Ok(())
+    }
+
+    /// The columns of an nvidia-smi or home-made header.
+    fn smi_columns(&self, header: &str, ctx: &Ctx) -> Result<Vec<Col>, LineError> {
+        let mut unknown = Vec::new();
+        let mut cols = Vec::new();
+        for field in split_fields(header.trim_start_matches('\u{feff}'), self.delim) {
+            let name = self
+                .spec
+                .as_ref()
+                .and_then(|s| s.rename(&field))
+                .unwrap_or(&field);
+            cols.push(match columns::find(name) {
+                Found::Column(t, conv) => match t {
+                    Target::Time => Col::Time,
+                    Target::Index => Col::Index,
+                    Target::Uuid => Col::Uuid,
+                    Target::Name => Col::Name,
+                    Target::PciBusId => Col::Pci,
+                    Target::Metric(m) => Col::Metric(m, conv),
+                },
+                Found::Ambiguous(why) => {
+                    let bare = field.trim();
+                    return Err(LineError::Fatal(format!(
+                        "header column {} is ambiguous ({why}): say what it holds with --columns, \
+                         e.g. --columns '{bare}=mem_used' (or list every column in order: \
+                         --columns timestamp,index,util,mem_used)",
+                        quoted(bare)
+                    )));
+                }
+                Found::Unknown => {
+                    let name = field.trim();
+                    if !name.is_empty() && !matches!(name, "-" | "_") {
+                        unknown.push(format!("`{name}`"));
+                    }
+                    Col::Ignore
+                }
+            });
+        }
+        if !unknown.is_empty() {
+            ctx.note(format!(
+                "column{} {} ignored (not a name gpuwatch knows, see docs/metrics.md; read one with --columns NAME=metric)",
+                if unknown.len() == 1 { "" } else { "s" },
+                unknown.join(", ")
+            ));
+        }
+        Ok(cols)
+    }
+
+    /// A row's time in a log without a timestamp column: the last time line, else its round.
+    fn row_time(&mut self, index: Option<u32>, ctx: &Ctx) -> Result<i64, LineError> {
+        if let Some(t) = self.line_time {
+            return Ok(t);
+        }
+        if self.has_time_lines {
+            return Err(LineError::Skip("a row before the first time line".into()));
+        }
+        let t0 = ctx.t0_ms.ok_or_else(|| {
+            LineError::Fatal(
+                "the log has no timestamps (no timestamp column, no time lines): pass --t0 TIME \
+                 (and --every, the time between samples; 1s by default)"
+                    .into(),
+            )
+        })?;
+        let full = ctx
+            .gpus
+            .is_some_and(|n| self.round_rows.len() >= n as usize);
+        let repeated = index.is_some() && self.round_rows.contains(&index);
+        let alone =
+            index.is_none() && ctx.gpus.is_none() && !self.repeats && !self.round_rows.is_empty();
+        if self.header_ends_round || full || repeated || alone {
+            self.round += 1;
+            self.round_rows.clear();
+            self.header_ends_round = false;
+        }
+        self.round_rows.push(index);
+        Ok(t0 + self.round * ctx.every_ms)
     }
 }
 
-fn smi_columns(header: &str) -> Vec<Col> {
-    split_csv(header.trim_start_matches('\u{feff}'))
-        .iter()
-        .map(|h| match smi_column(&smi_name(h)) {
-            Some(SmiColumn::Timestamp) => Col::Time,
-            Some(SmiColumn::Index) => Col::Index,
-            Some(SmiColumn::Uuid) => Col::Uuid,
-            Some(SmiColumn::Name) => Col::Name,
-            Some(SmiColumn::PciBusId) => Col::Pci,
-            Some(SmiColumn::Metric(m)) => Col::Metric(m, m.desc().smi_unit),
-            None => Col::Ignore,
-        })
-        .collect()
+/// A GPU index as people write it: `0`, `GPU0`, `gpu 1`, `cuda:2`.
+fn gpu_index(v: &str) -> Option<u32> {
+    v.parse().ok().or_else(|| {
+        let digits = v.trim_start_matches(|c: char| !c.is_ascii_digit());
+        let prefix = &v[..v.len() - digits.len()];
+        (!prefix.is_empty()
+            && prefix
+                .chars()
+                .all(|c| c.is_ascii_alphabetic() || matches!(c, ':' | ' ' | '#' | '_')))
+        .then(|| digits.parse().ok())
+        .flatten()
+    })
 }
 
 fn own_columns(header: &str) -> Vec<Col> {
@@ -263,15 +396,24 @@ fn own_columns(header: &str) -> Vec<Col> {
             "xids" => Col::Xids,
             "processes" => Col::Processes,
             "progress" => Col::Progress,
-            k => Metric::from_key(k).map_or(Col::Ignore, |m| Col::Metric(m, SmiUnit::Same)),
+            k => Metric::from_key(k).map_or(Col::Ignore, |m| {
+                Col::Metric(
+                    m,
+                    Conv {
+                        unit: SmiUnit::Same,
+                        scale: 1.0,
+                        memory: false,
+                    },
+                )
+            }),
         })
         .collect()
 }
 
-/// A header that names one column twice (two `index` columns, or `temperature.gpu` twice) is an
-/// error naming both.
-fn check_duplicates(header: &str, columns: &[Col]) -> Result<(), LineError> {
-    let names = split_csv(header);
+/// A header that names one column twice (two `index` columns, or `temperature.gpu` and `temp`)
+/// is an error naming both and `--columns`.
+fn check_duplicates(header: &str, delim: char, columns: &[Col]) -> Result<(), LineError> {
+    let names = split_fields(header, delim);
     let what = |c: &Col| match c {
         Col::Metric(m, _) => Some(m.key().to_string()),
         Col::Ignore => None,
@@ -283,23 +425,30 @@ fn check_duplicates(header: &str, columns: &[Col]) -> Result<(), LineError> {
         let Some(key) = what(c) else { continue };
         if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
             return Err(LineError::Fatal(format!(
-                "header column {} repeats column {}: both are {}",
+                "header column {} repeats column {}: both are {}; say which to read with \
+                 --columns, e.g. --columns '{}=-' to ignore the second",
                 quoted(name),
                 quoted(first),
-                key.to_lowercase()
+                key.to_lowercase(),
+                name
             )));
         }
         seen.push((key, name.to_string()));
-    }
-    if !columns.contains(&Col::Time) {
-        return Err(LineError::Fatal(
-            "the header has no `timestamp` column".into(),
-        ));
     }
     Ok(())
 }
 
 impl super::Parse for CsvParser {
+    fn survey(&mut self, lines: &[&str]) {
+        if self.own {
+            return;
+        }
+        self.delim = majority_delimiter(lines);
+        self.has_time_lines = lines
+            .iter()
+            .any(|l| !l.contains(self.delim) && super::stamp::separator(l).is_some());
+    }
+
     fn line(&mut self, line: &str, ctx: &Ctx, out: &mut Vec<Item>) -> Result<(), LineError> {
         // A header, first or again.
         if is_gpuwatch_header(line) {
@@ -309,44 +458,70 @@ impl super::Parse for CsvParser {
                 ));
             }
             let cols = own_columns(line);
-            check_duplicates(line, &cols)?;
+            check_duplicates(line, ',', &cols)?;
             self.columns = Some(cols);
             return Ok(());
         }
+        if let Some(given) = self.given.take() {
+            self.take_header(&given, ctx)?;
+        }
         if !self.own && is_smi_header(line) {
-            let cols = smi_columns(line);
-            check_duplicates(line, &cols)?;
-            self.columns = Some(cols);
+            if self.columns.is_none() || self.spec.as_ref().and_then(ColumnSpec::header).is_none() {
+                self.take_header(line, ctx)?;
+            } else if !self.round_rows.is_empty() {
+                self.header_ends_round = true;
+                self.repeats = true;
+            }
             return Ok(());
+        }
+        // A time line between samples (`==== $(date) ====`).
+        if !self.own
+            && (!line.contains(self.delim)
+                || !line.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        {
+            if let Some((stamp, zone)) = super::stamp::separator(line) {
+                self.line_time = Some(ctx.resolve(stamp, zone, line.trim())?);
+                return Ok(());
+            }
         }
         let Some(columns) = &self.columns else {
             return Err(LineError::Skip("a row before the header".into()));
         };
-        let quotes = line.contains('"');
-        let owned;
-        let mut fields: smallvec_like::Fields<'_> = if quotes {
-            owned = split_csv(line);
-            smallvec_like::Fields::Owned(
-                owned
-                    .iter()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>()
-                    .into_iter(),
-            )
+        // The cells, split once (on the stack for up to 64 cells): their count first — a
+        // glued or cut line is malformed whatever its first cell says.
+        const MAX_CELLS: usize = 64;
+        let owned: Vec<String>;
+        let owned_refs: Vec<&str>;
+        let mut stack: [&str; MAX_CELLS] = [""; MAX_CELLS];
+        let (cells, count): (&[&str], usize) = if line.contains('"') {
+            owned = split_fields(line, self.delim);
+            owned_refs = owned.iter().map(String::as_str).collect();
+            (&owned_refs, owned_refs.len())
         } else {
-            smallvec_like::Fields::Borrowed(line.split(','))
+            let mut n = 0;
+            for f in line.split(self.delim) {
+                if let Some(slot) = stack.get_mut(n) {
+                    *slot = f;
+                }
+                n += 1;
+            }
+            (&stack[..n.min(MAX_CELLS)], n)
         };
+        if count != columns.len() {
+            return Err(LineError::Skip(format!(
+                "{count} cells where the header has {}",
+                columns.len()
+            )));
+        }
+        let mut fields = cells.iter().copied();
         let mut r = Reading::new(0, Key::Position, 0);
         let mut time = None;
         let mut has_index = false;
         let mut named = None;
         let mut offset = 1;
-        for (n, kind) in columns.iter().enumerate() {
+        for kind in columns {
             let Some(raw) = fields.next() else {
-                return Err(LineError::Skip(format!(
-                    "{n} cells where the header has {}",
-                    columns.len()
-                )));
+                break;
             };
             let col = offset + (raw.len() - raw.trim_ascii_start().len());
             offset += raw.len() + 1;
@@ -362,9 +537,8 @@ impl super::Parse for CsvParser {
                     time = Some(self.last_time.1);
                 }
                 Col::Index => {
-                    r.sample.id.index = v
-                        .parse()
-                        .map_err(|_| format!("bad GPU index {}", quoted(v)))?;
+                    r.sample.id.index =
+                        gpu_index(v).ok_or_else(|| format!("bad GPU index {}", quoted(v)))?;
                     has_index = true;
                 }
                 Col::Uuid => {
@@ -394,7 +568,7 @@ impl super::Parse for CsvParser {
                         if v.eq_ignore_ascii_case("[GPU is lost]") {
                             r.sample.state = DeviceState::Lost;
                         }
-                        smi_value(v, *unit)
+                        columns::value(v, *unit)
                     };
                     r.sample.values.set(*m, checked(*m, value, v, col, ctx));
                 }
@@ -432,13 +606,10 @@ impl super::Parse for CsvParser {
                 Col::Ignore => {}
             }
         }
-        if fields.next().is_some() {
-            return Err(LineError::Skip(format!(
-                "more cells than the header's {}",
-                columns.len()
-            )));
-        }
-        let time = time.ok_or_else(|| LineError::Skip("row without a timestamp".into()))?;
+        let time = match time {
+            Some(t) => t,
+            None => self.row_time(has_index.then_some(r.sample.id.index), ctx)?,
+        };
         r.time_ms = time;
         r.sample.time_ms = time;
         r.key = if has_index {
@@ -459,25 +630,6 @@ impl super::Parse for CsvParser {
         self.columns
             .as_ref()
             .is_some_and(|c| c.contains(&Col::Progress))
-    }
-}
-
-/// The cells of a row: borrowed from the line when it has no quotes.
-mod smallvec_like {
-    pub enum Fields<'a> {
-        Borrowed(std::str::Split<'a, char>),
-        Owned(std::vec::IntoIter<&'a str>),
-    }
-
-    impl<'a> Iterator for Fields<'a> {
-        type Item = &'a str;
-
-        fn next(&mut self) -> Option<&'a str> {
-            match self {
-                Fields::Borrowed(s) => s.next(),
-                Fields::Owned(v) => v.next(),
-            }
-        }
     }
 }
 

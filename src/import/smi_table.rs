@@ -18,7 +18,9 @@
 //! ```
 //!
 //! One table is one tick. Its time is the line before it: the table's own timestamp line, or a
-//! `date` line (the first of the two when both are there, a few seconds apart at most). Per
+//! `date` line, decorated or not (`==== Sun May  4 04:27:32 AM EDT 2025 ====`; its zone is
+//! honoured), the first of the two when both are there (their wall clocks a few seconds apart
+//! at most). Per
 //! GPU: index, name, bus id, fan, temperature, performance state, power draw and cap, memory
 //! used and total, utilization; the process table (pid, type, name, memory) when present, an
 //! empty list for `No running processes found`. The layouts of drivers from the 400s to the
@@ -38,6 +40,9 @@ pub fn recognises(line: &str) -> bool {
 #[derive(Default)]
 pub struct TableParser {
     time_ms: Option<i64>,
+    /// The wall clock the time line showed (as if UTC), to tell the table's own line from a
+    /// new time.
+    wall_ms: Option<i64>,
     gpus: Vec<Reading>,
     procs: Option<Vec<ProcSample>>,
     in_processes: bool,
@@ -226,17 +231,21 @@ impl super::Parse for TableParser {
             // Headings, MIG and other rows that carry nothing read here.
             return Ok(());
         }
-        let time = super::stamp::ctime(l).or_else(|| match super::stamp::parse(l) {
-            Some(super::stamp::Stamp::At(ms)) => Some(ms),
-            _ => None,
-        });
-        match time {
-            Some(t) => {
+        match super::stamp::separator(l) {
+            Some((stamp, zone)) => {
                 self.emit(out);
-                match self.time_ms {
-                    // `date` then the table's own line: the first one.
-                    Some(prev) if (t - prev).abs() <= 5_000 => {}
-                    _ => self.time_ms = Some(t),
+                let wall = match stamp {
+                    super::stamp::Stamp::At(ms) => ms,
+                    super::stamp::Stamp::Number(_) => ctx.resolve(stamp, zone, l)?,
+                };
+                match self.wall_ms {
+                    // `date` (perhaps with its zone) then the table's own line (the same wall
+                    // clock, no zone): the first one.
+                    Some(prev) if self.time_ms.is_some() && (wall - prev).abs() <= 5_000 => {}
+                    _ => {
+                        self.time_ms = Some(ctx.resolve(stamp, zone, l)?);
+                        self.wall_ms = Some(wall);
+                    }
                 }
                 Ok(())
             }

@@ -1,8 +1,13 @@
 //! Timestamps as logs write them: nvidia-smi's `2024/05/01 10:00:00.123`, ISO 8601 / RFC 3339
 //! (`T` or space, optional fraction and offset), `date`'s and nvidia-smi's table header
 //! (`Wed May  1 10:00:00 [UTC] 2024`), dmon's `-o DT` pair (`20240501 10:00:00`), epoch seconds
-//! or milliseconds, and seconds elapsed since a start given with `--t0`. Times without an offset
-//! are read as UTC (a log does not say its time zone; pass ISO times with offsets to be exact).
+//! or milliseconds, and seconds elapsed since a start given with `--t0`; `date`'s other forms
+//! (`Sun May  4 04:27:32 AM EDT 2025`, `Sun 04 May 2025 04:27:32 AM EDT`, `date -R`), 12-hour
+//! clocks (`AM`/`PM`) and `%Y-%m-%d %H:%M:%S %Z`. A zone in the text is honoured: `Z`, a numeric
+//! offset (`+0800`, `+08:00`, `-04`) or a name of [`ZONES`]. A time without one is *naive*:
+//! [`parse_local`] says so, and the importer reads it in `--tz` (UTC when not given, with one
+//! warning). `CST` is US Central (as `date` writes it in Chicago); with `--tz` an ambiguous
+//! name (`CST`, `IST`) is read as the `--tz` offset instead (`--tz +08:00` for China).
 
 /// A timestamp cell, before the number case is resolved.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -14,7 +19,7 @@ pub enum Stamp {
 }
 
 /// Bare numbers at or above this are epoch seconds (1973-03-03); below, seconds since `--t0`.
-const EPOCH_SECONDS_FROM: f64 = 1e8;
+pub const EPOCH_SECONDS_FROM: f64 = 1e8;
 /// Bare numbers at or above this are epoch milliseconds.
 const EPOCH_MILLIS_FROM: f64 = 1e11;
 /// ... microseconds (`date +%s%6N`; 1e14 µs is 1973) ...
@@ -51,18 +56,164 @@ impl Stamp {
     }
 }
 
-/// Parses one timestamp cell.
-pub fn parse(s: &str) -> Option<Stamp> {
+/// What a timestamp's text said of its time zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Zone {
+    /// Nothing: wall-clock time of an unknown zone (read in `--tz`, else UTC).
+    Naive,
+    /// A numeric offset, `Z` or an unambiguous name: seconds east of UTC.
+    Offset(i32),
+    /// A name that means several zones (`CST`, `IST`): seconds east of UTC of the reading
+    /// documented in [`ZONES`], unless `--tz` says otherwise.
+    Ambiguous(i32),
+}
+
+impl Zone {
+    /// The offset to read a wall-clock time with, seconds east of UTC: `tz` (`--tz`) for naive
+    /// times and ambiguous names, else the zone's own.
+    pub fn offset(self, tz: Option<i32>) -> i32 {
+        match self {
+            Zone::Naive => tz.unwrap_or(0),
+            Zone::Offset(o) => o,
+            Zone::Ambiguous(o) => tz.unwrap_or(o),
+        }
+    }
+}
+
+/// Zone names read in timestamps and by `--tz`, with their offset east of UTC in minutes and
+/// whether the name is ambiguous (then `--tz` wins over the reading given here).
+pub const ZONES: &[(&str, i32, bool)] = &[
+    ("UTC", 0, false),
+    ("GMT", 0, false),
+    ("Z", 0, false),
+    ("WET", 0, false),
+    ("WEST", 60, false),
+    ("BST", 60, false),
+    ("CET", 60, false),
+    ("CEST", 120, false),
+    ("MET", 60, false),
+    ("MEST", 120, false),
+    ("EET", 120, false),
+    ("EEST", 180, false),
+    ("MSK", 180, false),
+    ("IST", 330, true),
+    ("SGT", 480, false),
+    ("HKT", 480, false),
+    ("AWST", 480, false),
+    ("JST", 540, false),
+    ("KST", 540, false),
+    ("AEST", 600, false),
+    ("AEDT", 660, false),
+    ("NZST", 720, false),
+    ("NZDT", 780, false),
+    ("HST", -600, false),
+    ("AKST", -540, false),
+    ("AKDT", -480, false),
+    ("PST", -480, false),
+    ("PDT", -420, false),
+    ("MST", -420, false),
+    ("MDT", -360, false),
+    ("CST", -360, true),
+    ("CDT", -300, false),
+    ("EST", -300, false),
+    ("EDT", -240, false),
+];
+
+/// A zone name of [`ZONES`] (any case).
+pub fn zone_name(word: &str) -> Option<Zone> {
+    ZONES
+        .iter()
+        .find(|(n, _, _)| n.eq_ignore_ascii_case(word))
+        .map(|&(_, minutes, ambiguous)| {
+            if ambiguous {
+                Zone::Ambiguous(minutes * 60)
+            } else {
+                Zone::Offset(minutes * 60)
+            }
+        })
+}
+
+/// `+0800`, `+08:00`, `+08`, `-0430` (also after `UTC`/`GMT`): seconds east of UTC.
+pub fn numeric_offset(word: &str) -> Option<i32> {
+    let w = word
+        .strip_prefix("UTC")
+        .or_else(|| word.strip_prefix("GMT"))
+        .unwrap_or(word);
+    let (sign, rest) = match w.as_bytes().first()? {
+        b'+' => (1, &w[1..]),
+        b'-' => (-1, &w[1..]),
+        _ => return None,
+    };
+    let two = |t: &str| -> Option<i32> {
+        if t.len() == 2 && t.bytes().all(|b| b.is_ascii_digit()) {
+            t.parse().ok()
+        } else {
+            None
+        }
+    };
+    let (h, m) = match rest.len() {
+        2 => (two(rest)?, 0),
+        4 => (two(rest.get(..2)?)?, two(rest.get(2..)?)?),
+        5 if rest.as_bytes()[2] == b':' => (two(rest.get(..2)?)?, two(rest.get(3..)?)?),
+        _ => return None,
+    };
+    (h <= 14 && m < 60).then_some(sign * (h * 3600 + m * 60))
+}
+
+/// A zone as `--tz` takes it: a fixed offset (`+08:00`, `-0500`, `UTC+8` is not one) or a name
+/// of [`ZONES`]; seconds east of UTC.
+pub fn parse_tz(s: &str) -> Option<i32> {
     let s = s.trim();
-    if let Some(ms) = numeric_date(s.as_bytes()) {
-        return Some(Stamp::At(ms));
+    numeric_offset(s).or_else(|| zone_name(s).map(|z| z.offset(None)))
+}
+
+/// Parses one timestamp cell (a naive time read as UTC).
+pub fn parse(s: &str) -> Option<Stamp> {
+    parse_local(s).map(|(stamp, zone)| utc(stamp, zone, None))
+}
+
+/// A parsed stamp in UTC, naive times and ambiguous names read in `tz` (seconds east of UTC).
+pub fn utc(stamp: Stamp, zone: Zone, tz: Option<i32>) -> Stamp {
+    match stamp {
+        Stamp::At(ms) => Stamp::At(ms - i64::from(zone.offset(tz)) * 1000),
+        n => n,
+    }
+}
+
+/// Parses one timestamp cell: a calendar time as the wall clock it shows (ms as if UTC) and
+/// its zone, or a bare number (zone [`Zone::Offset`] 0: epoch numbers are UTC).
+pub fn parse_local(s: &str) -> Option<(Stamp, Zone)> {
+    let s = s.trim();
+    if let Some((ms, zone)) = numeric_date(s.as_bytes()) {
+        return Some((Stamp::At(ms), zone));
     }
     if s.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
         if let Ok(n) = s.parse::<f64>() {
-            return n.is_finite().then_some(Stamp::Number(n));
+            return n.is_finite().then_some((Stamp::Number(n), Zone::Offset(0)));
         }
     }
-    ctime(s).map(Stamp::At)
+    words_time(s).map(|(ms, zone)| (Stamp::At(ms), zone))
+}
+
+/// Characters that decorate a time line written between samples (`==== date ====`,
+/// `--- date ---`, `[date]`, `# date`).
+const DECORATION: &[char] = &[
+    '=', '-', '#', '*', '[', ']', '<', '>', '|', '~', '+', ' ', '\t',
+];
+
+/// A line that is a time and nothing else, decorations around it aside (the `echo "==== $(date)
+/// ===="` of a sampling loop, a `date` line): the wall-clock time and zone. A bare number is
+/// one only when it is an epoch time (`date +%s`), never an elapsed count.
+pub fn separator(line: &str) -> Option<(Stamp, Zone)> {
+    let t = line.trim().trim_matches(DECORATION).trim();
+    if t.is_empty() {
+        return None;
+    }
+    match parse_local(t)? {
+        (Stamp::Number(n), z) if n >= EPOCH_SECONDS_FROM => Some((Stamp::Number(n), z)),
+        (Stamp::Number(_), _) => None,
+        at => Some(at),
+    }
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date.
@@ -84,9 +235,11 @@ fn days_in_month(y: i64, m: i64) -> i64 {
     }
 }
 
-/// `YYYY?MM?DD[ T]HH:MM:SS[.f+][Z|±HH[:]MM]` and `YYYYMMDD HH:MM:SS` (dmon), by hand: these are
-/// the timestamps of every row of a large log, and chrono's format parser is several times slower.
-fn numeric_date(b: &[u8]) -> Option<i64> {
+/// `YYYY?MM?DD[ T]HH:MM:SS[.f+][Z|±HH[:]MM]` and `YYYYMMDD HH:MM:SS` (dmon), optionally followed
+/// by ` AM`/` PM` and a zone (` EDT`, ` +0800`), by hand: these are the timestamps of every row
+/// of a large log, and chrono's format parser is several times slower. The wall-clock ms (as if
+/// UTC) and the zone.
+fn numeric_date(b: &[u8]) -> Option<(i64, Zone)> {
     let num = |r: std::ops::Range<usize>| -> Option<i64> {
         let mut v = 0i64;
         for &c in b.get(r)? {
@@ -138,64 +291,152 @@ fn numeric_date(b: &[u8]) -> Option<i64> {
             return None;
         }
     }
-    let offset_s = match b.get(i) {
-        None => 0,
-        Some(b'Z' | b'z') if i + 1 == b.len() => 0,
-        Some(&sign @ (b'+' | b'-')) => {
-            let zone = &b[i + 1..];
-            let two = |z: &[u8]| -> Option<i64> {
-                (z.len() == 2 && z.iter().all(u8::is_ascii_digit))
-                    .then(|| i64::from(z[0] - b'0') * 10 + i64::from(z[1] - b'0'))
-            };
-            let (oh, om) = match zone.len() {
-                2 => (two(zone)?, 0),
-                4 => (two(&zone[..2])?, two(&zone[2..])?),
-                5 if zone[2] == b':' => (two(&zone[..2])?, two(&zone[3..])?),
-                _ => return None,
-            };
-            let o = oh * 3600 + om * 60;
-            if sign == b'+' {
-                o
-            } else {
-                -o
-            }
+    let (h, zone) = match b.get(i) {
+        None => (h, Zone::Naive),
+        Some(b'Z' | b'z') if i + 1 == b.len() => (h, Zone::Offset(0)),
+        Some(b'+' | b'-') => (
+            h,
+            Zone::Offset(numeric_offset(std::str::from_utf8(&b[i..]).ok()?)?),
+        ),
+        Some(b' ') => {
+            let (h12, zone) = clock_tail(std::str::from_utf8(&b[i..]).ok()?, h)?;
+            (h12, zone)
         }
         _ => return None,
     };
-    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
-    Some(secs * 1000 + ms)
+    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec;
+    Some((secs * 1000 + ms, zone))
 }
 
-/// `Wed May  1 10:00:00 2024` (ctime, nvidia-smi's table header) and `Wed May  1 10:00:00 UTC
-/// 2024` (`date`; the zone word is ignored: times are read as UTC). The weekday is optional.
+/// What may follow a clock: ` AM`/` PM`, then a zone name or numeric offset (each optional,
+/// nothing else): the hour on the 24-hour clock and the zone.
+fn clock_tail(tail: &str, h: i64) -> Option<(i64, Zone)> {
+    let mut h = h;
+    let mut zone = Zone::Naive;
+    let mut words = tail.split_whitespace().peekable();
+    if let Some(pm) = words.peek().and_then(|w| meridiem(w)) {
+        h = twelve_hour(h, pm)?;
+        words.next();
+    }
+    if let Some(w) = words.next() {
+        zone = zone_word(w)?;
+    }
+    words.next().is_none().then_some((h, zone))
+}
+
+/// `AM` → false, `PM` → true.
+fn meridiem(w: &str) -> Option<bool> {
+    if w.eq_ignore_ascii_case("am") || w.eq_ignore_ascii_case("a.m.") {
+        Some(false)
+    } else if w.eq_ignore_ascii_case("pm") || w.eq_ignore_ascii_case("p.m.") {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// 12 AM is 0, 12 PM is 12; an hour past 12 is no 12-hour clock.
+fn twelve_hour(h: i64, pm: bool) -> Option<i64> {
+    match (h, pm) {
+        (1..=11, false) => Some(h),
+        (12, false) => Some(0),
+        (1..=11, true) => Some(h + 12),
+        (12, true) => Some(12),
+        _ => None,
+    }
+}
+
+/// A zone word: a name of [`ZONES`] or a numeric offset (`+0800`, `UTC+08:00`).
+fn zone_word(w: &str) -> Option<Zone> {
+    zone_name(w).or_else(|| numeric_offset(w).map(Zone::Offset))
+}
+
+/// `Wed May  1 10:00:00 2024` (ctime, nvidia-smi's table header) as UTC: [`words_time`] with a
+/// naive time read as UTC.
 pub fn ctime(s: &str) -> Option<i64> {
+    words_time(s).map(|(ms, zone)| ms - i64::from(zone.offset(None)) * 1000)
+}
+
+/// `date`'s and ctime's forms, word by word: an optional weekday, the month's name and the day
+/// in either order, the year before or after the clock, `HH:MM:SS[.f]`, optional `AM`/`PM`, an
+/// optional zone (`Wed May  1 10:00:00 2024`, `Sun May  4 04:27:32 AM EDT 2025`,
+/// `Sun 04 May 2025 04:27:32 AM EDT`, `Sun, 04 May 2025 04:27:32 -0400`). Any other word makes
+/// it no time. The wall-clock ms (as if UTC) and the zone.
+pub fn words_time(s: &str) -> Option<(i64, Zone)> {
     const MONTHS: [&str; 12] = [
         "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
     ];
-    let words: Vec<&str> = s.split_whitespace().collect();
-    let month = |w: &str| {
+    const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+    let named = |w: &str, names: &[&str]| -> Option<usize> {
         let key = w.get(..3)?.to_ascii_lowercase();
-        MONTHS.iter().position(|m| *m == key)
+        let full_alpha = w.len() <= 9 && w.bytes().all(|b| b.is_ascii_alphabetic() || b == b'.');
+        names.iter().position(|m| *m == key).filter(|_| full_alpha)
     };
-    let month_at = words.iter().position(|w| month(w).is_some())?;
-    if month_at > 1 {
-        return None;
+    let (mut month, mut day, mut year, mut clock, mut pm, mut zone) =
+        (None, None, None, None, None, Zone::Naive);
+    let mut seen_weekday = false;
+    for w in s.split_whitespace() {
+        let w = w.trim_end_matches(',');
+        if w.is_empty() {
+            continue;
+        }
+        if let Some(m) = named(w, &MONTHS).filter(|_| month.is_none()) {
+            month = Some(m);
+        } else if named(w, &DAYS).is_some() && !seen_weekday && month.is_none() && day.is_none() {
+            seen_weekday = true;
+        } else if w.contains(':') && clock.is_none() && w.as_bytes()[0].is_ascii_digit() {
+            clock = Some(hms(w)?);
+        } else if let Some(p) = meridiem(w).filter(|_| clock.is_some() && pm.is_none()) {
+            pm = Some(p);
+        } else if w.bytes().all(|b| b.is_ascii_digit()) {
+            let n: i64 = w.parse().ok()?;
+            if w.len() == 4 && year.is_none() {
+                year = Some(n);
+            } else if w.len() <= 2 && day.is_none() {
+                day = Some(n);
+            } else {
+                return None;
+            }
+        } else if let (Some(z), Zone::Naive) = (zone_word(w), zone) {
+            zone = z;
+        } else {
+            return None;
+        }
     }
-    let mo = month(words[month_at])?;
-    let d: i64 = words.get(month_at + 1)?.parse().ok()?;
-    let clock = words.get(month_at + 2)?;
-    let year: i64 = words.last()?.parse().ok()?;
-    let extra = words.len() - (month_at + 3);
-    if !(1..=2).contains(&extra) || !(1970..=9999).contains(&year) {
-        return None;
-    }
-    let mut hms = clock.split(':').map(|p| p.parse::<i64>().ok());
-    let (h, mi, sec) = (hms.next()??, hms.next()??, hms.next()??);
+    let (mo, d, year, (h, mi, sec, ms)) = (month?, day?, year?, clock?);
+    let h = match pm {
+        Some(p) => twelve_hour(h, p)?,
+        None => h,
+    };
     let mo = i64::try_from(mo).ok()? + 1;
-    if d < 1 || d > days_in_month(year, mo) || h > 23 || mi > 59 || sec > 60 {
+    if !(1970..=9999).contains(&year)
+        || d < 1
+        || d > days_in_month(year, mo)
+        || h > 23
+        || mi > 59
+        || sec > 60
+    {
         return None;
     }
-    Some((days_from_civil(year, mo, d) * 86_400 + h * 3600 + mi * 60 + sec) * 1000)
+    let secs = days_from_civil(year, mo, d) * 86_400 + h * 3600 + mi * 60 + sec;
+    Some((secs * 1000 + ms, zone))
+}
+
+/// `HH:MM:SS[.fff]` → (h, m, s, ms).
+fn hms(w: &str) -> Option<(i64, i64, i64, i64)> {
+    let (clock, frac) = w.split_once(['.', ',']).unwrap_or((w, ""));
+    let mut p = clock.split(':').map(|p| p.parse::<i64>().ok());
+    let (h, mi, sec) = (p.next()??, p.next()??, p.next()??);
+    if p.next().is_some() || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let ms = frac
+        .bytes()
+        .take(3)
+        .zip([100, 10, 1])
+        .map(|(b, scale)| i64::from(b - b'0') * scale)
+        .sum();
+    Some((h, mi, sec, ms))
 }
 
 #[cfg(test)]
@@ -220,7 +461,7 @@ mod tests {
         assert_eq!(at("20240501   10:00:00"), base);
         assert_eq!(at("Wed May  1 10:00:00 2024"), base);
         assert_eq!(at("Wed May  1 10:00:00 UTC 2024"), base);
-        assert_eq!(at("May 1 10:00:00 CEST 2024"), base);
+        assert_eq!(at("May 1 12:00:00 CEST 2024"), base);
         assert_eq!(parse("1714557600.5").unwrap().resolve(None), Ok(base + 500));
         assert_eq!(
             parse("1714557600123").unwrap().resolve(None),
@@ -258,8 +499,67 @@ mod tests {
         }
         assert_eq!(
             numeric_date(b"2000-02-29 00:00:00"),
-            Some(951_782_400_000),
+            Some((951_782_400_000, Zone::Naive)),
             "leap day"
         );
+    }
+
+    /// `date`'s default forms, 12-hour clocks and zones (names and offsets) are honoured.
+    #[test]
+    fn date_forms_and_zones() {
+        let base = 1_746_347_252_000; // 2025-05-04T08:27:32Z
+        assert_eq!(at("Sun May  4 04:27:32 AM EDT 2025"), base);
+        assert_eq!(at("Sun May  4 04:27:32 EDT 2025"), base);
+        assert_eq!(at("Sun 04 May 2025 04:27:32 AM EDT"), base);
+        assert_eq!(at("Sun, 04 May 2025 04:27:32 -0400"), base);
+        assert_eq!(at("Sun May  4 16:27:32 CST 2025"), base + 14 * 3_600_000);
+        assert_eq!(at("Sun May  4 04:27:32 PM +08:00 2025"), base);
+        assert_eq!(at("2025-05-04 04:27:32 EDT"), base);
+        assert_eq!(at("2025-05-04 04:27:32 AM EDT"), base);
+        assert_eq!(at("2025-05-04 12:27:32 PM UTC+04:00"), base);
+        assert_eq!(at("2025-05-04 17:27:32 JST"), base);
+        assert_eq!(at("2025-05-04 12:27:32 AM"), base - 8 * 3_600_000);
+        // Naive and ambiguous times say so; `--tz` reads them.
+        let (stamp, zone) = parse_local("Sun May  4 04:27:32 AM 2025").unwrap();
+        assert_eq!(zone, Zone::Naive);
+        assert_eq!(utc(stamp, zone, Some(-4 * 3600)), Stamp::At(base));
+        let (stamp, zone) = parse_local("Sun May  4 16:27:32 CST 2025").unwrap();
+        assert_eq!(utc(stamp, zone, Some(8 * 3600)), Stamp::At(base));
+        let (stamp, zone) = parse_local("Sun May  4 04:27:32 EDT 2025").unwrap();
+        assert_eq!(
+            utc(stamp, zone, Some(8 * 3600)),
+            Stamp::At(base),
+            "a zone name wins"
+        );
+        for bad in [
+            "Sun May  4 13:27:32 PM EDT 2025",
+            "Sun May  4 04:27:32 XYZ 2025",
+            "Sun May  4 04:27:32 EDT EDT 2025",
+            "May the 4th 04:27:32 2025",
+            "2025-05-04 04:27:32 PM PM",
+        ] {
+            assert_eq!(parse(bad), None, "{bad}");
+        }
+        assert_eq!(parse_tz("+08:00"), Some(8 * 3600));
+        assert_eq!(parse_tz("-0530"), Some(-(5 * 3600 + 30 * 60)));
+        assert_eq!(parse_tz("cst"), Some(-6 * 3600));
+        assert_eq!(parse_tz("Mars/Olympus"), None);
+    }
+
+    /// Time lines between samples, decorated or not; elapsed counts are never one.
+    #[test]
+    fn separators() {
+        let base = 1_746_347_252_000;
+        let sep = |l: &str| separator(l).map(|(s, z)| utc(s, z, None));
+        assert_eq!(
+            sep("==== Sun May  4 04:27:32 AM EDT 2025 ===="),
+            Some(Stamp::At(base))
+        );
+        assert_eq!(sep("--- 2025-05-04T08:27:32Z ---"), Some(Stamp::At(base)));
+        assert_eq!(sep("[2025-05-04 08:27:32]"), Some(Stamp::At(base)));
+        assert_eq!(sep("1746347252"), Some(Stamp::Number(1_746_347_252.0)));
+        assert_eq!(sep("3.477"), None);
+        assert_eq!(sep("===="), None);
+        assert_eq!(sep("2025-05-04 08:27:32, 0, 45"), None);
     }
 }

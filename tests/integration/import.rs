@@ -322,3 +322,172 @@ fn a_real_h200_minute_imports_as_gpuwatch_recorded_it() {
         );
     }
 }
+
+/// Writes `text` as `name` in a fresh directory and imports it with `args`: (exit code, stderr,
+/// the gpuwatch CSV written).
+fn import_text(name: &str, text: &str, args: &[&str]) -> (i32, String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).expect("write");
+    let out = dir.path().join("out.csv");
+    let mut argv = vec![
+        "import",
+        path.to_str().expect("utf-8"),
+        "--out",
+        out.to_str().expect("utf-8"),
+    ];
+    argv.extend_from_slice(args);
+    let run = gpuwatch(&argv, &[]);
+    let written = std::fs::read_to_string(&out).unwrap_or_default();
+    (run.code, run.stderr, written)
+}
+
+/// A garbled line whose first cell is a small number (`3.477`, several writers appending to one
+/// file) among calendar times is a skipped line, not "seconds since the start: pass --t0"; in a
+/// log of elapsed seconds the same number still asks for --t0.
+#[test]
+fn one_odd_timestamp_never_decides_the_time_style() {
+    let mut text =
+        String::from("timestamp,gpu_index,temperature_C,utilization_gpu_percent,power_W\n");
+    for s in 0..30 {
+        if s == 12 {
+            text.push_str("3.477,0, 40, 50, 100.5\n");
+        }
+        text.push_str(&format!(
+            "2025-05-04T00:00:{s:02}.000Z,0, 40, 50, 100.5\n2025-05-04T00:00:{s:02}.000Z,1, 41, 51, 101.5\n"
+        ));
+    }
+    let (code, stderr, out) = import_text("appended.csv", &text, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("skipped 1 malformed line (first: 26)"),
+        "{stderr}"
+    );
+    assert_eq!(out.lines().count(), 1 + 60, "{out}");
+
+    let mut elapsed = String::from("timestamp, index, utilization.gpu [%]\n");
+    for s in 0..10 {
+        elapsed.push_str(&format!("{s}.0, 0, 50 %\n"));
+    }
+    let (code, stderr, _) = import_text("elapsed.csv", &elapsed, &[]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--t0"), "{stderr}");
+}
+
+/// One odd line first (another tool's line) does not decide the format: most lines do.
+#[test]
+fn one_odd_first_line_never_decides_the_format() {
+    let mut text = String::from("[2025-05-04 00:00:00] GPU0: 1,2,3 | \n");
+    text.push_str("timestamp, index, utilization.gpu [%]\n");
+    for s in 0..10 {
+        text.push_str(&format!(
+            "2025/05/04 00:00:{s:02}.000, 0, 50 %\n2025/05/04 00:00:{s:02}.000, 1, 60 %\n"
+        ));
+    }
+    text.push_str("timestamp, index, utilization.gpu [%]\n");
+    let (code, stderr, out) = import_text("odd-first.csv", &text, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains(": smi-csv,"), "{stderr}");
+    assert!(
+        stderr.contains("skipped 1 malformed line (first: 1)"),
+        "{stderr}"
+    );
+    assert_eq!(out.lines().count(), 1 + 20);
+}
+
+/// An ambiguous header is an error that names the column and --columns; a repeated one too.
+/// Unknown columns are one warning naming them.
+#[test]
+fn ambiguous_and_unknown_columns_are_named() {
+    let rows = "2025-05-04T00:00:00Z,0,50,1024,3\n";
+    let (code, stderr, _) = import_text("amb.csv", &format!("time,gpu,util,mem,step\n{rows}"), &[]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("amb.csv:1:1:"), "{stderr}");
+    assert!(stderr.contains("\"mem\" is ambiguous"), "{stderr}");
+    assert!(stderr.contains("--columns"), "{stderr}");
+
+    let (code, stderr, _) = import_text(
+        "twice.csv",
+        &format!("time,gpu,util,gpu_util,step\n{rows}"),
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("\"gpu_util\" repeats column \"util\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--columns"), "{stderr}");
+
+    let (code, stderr, out) = import_text(
+        "unknown.csv",
+        &format!("time,gpu,util,mem_used_GB,step\n{rows}"),
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stderr.matches("ignored").count(), 1, "{stderr}");
+    assert!(stderr.contains("column `step` ignored"), "{stderr}");
+    // 1024 GB in bytes.
+    assert!(out.contains(",1099511627776,"), "{out}");
+
+    // `--columns` in column order reads a log without a header, with its units.
+    let (code, stderr, out) = import_text(
+        "noheader.csv",
+        "2025-05-04T00:00:00Z, 0, 50, 2\n2025-05-04T00:00:01Z, 0, 60, 3\n",
+        &["--columns", "timestamp,gpu,util,mem_used_GB"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(out.contains(",2147483648,"), "{out}");
+    assert!(
+        !stderr.contains("--tz"),
+        "zoned times need no --tz: {stderr}"
+    );
+}
+
+/// Times without a zone: one warning naming --tz (not one per line); --tz reads them.
+#[test]
+fn naive_times_warn_once_and_tz_reads_them() {
+    let mut text = String::from("timestamp, index, utilization.gpu [%]\n");
+    for s in 0..5 {
+        text.push_str(&format!("2025/05/04 08:00:{s:02}.000, 0, 50 %\n"));
+    }
+    let (code, stderr, out) = import_text("naive.csv", &text, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains("--tz")).count(),
+        1,
+        "{stderr}"
+    );
+    assert!(out.contains("2025-05-04T08:00:00.000Z"), "{out}");
+    let (code, stderr, out) = import_text("naive.csv", &text, &["--tz", "EDT"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("--tz"), "{stderr}");
+    assert!(out.contains("2025-05-04T12:00:00.000Z"), "{out}");
+    let (code, stderr, _) = import_text("naive.csv", &text, &["--tz", "Mars/Olympus"]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("Mars/Olympus"), "{stderr}");
+}
+
+/// A log without any time (`nvidia-smi --query-gpu=utilization.gpu --format=csv` in a loop: a
+/// header before every value) asks for --t0, then reads one tick per header.
+#[test]
+fn a_log_without_times_takes_t0_and_every() {
+    let text = "utilization.gpu [%]\n85 %\nutilization.gpu [%]\n100 %\nutilization.gpu [%]\n95 %\n";
+    let (code, stderr, _) = import_text("no-times.csv", text, &[]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--t0"), "{stderr}");
+    let (code, stderr, out) = import_text(
+        "no-times.csv",
+        text,
+        &["--t0", "2025-05-04T00:00:00Z", "--every", "2s"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let times: Vec<&str> = out.lines().skip(1).map(|l| &l[..24]).collect();
+    assert_eq!(
+        times,
+        [
+            "2025-05-04T00:00:00.000Z",
+            "2025-05-04T00:00:02.000Z",
+            "2025-05-04T00:00:04.000Z"
+        ]
+    );
+}

@@ -48,7 +48,75 @@ fn render() -> String {
          sw_power_cap 0x4, hw_slowdown 0x8, sync_boost 0x10, sw_thermal 0x20, hw_thermal 0x40,\n\
          hw_power_brake 0x80, display_clocks 0x100.\n",
     );
+    render_columns(&mut s);
     s
+}
+
+/// The column names `import` reads in CSV logs (`gpuwatch::import::columns::COLUMNS`).
+fn render_columns(s: &mut String) {
+    use gpuwatch::import::columns::{Means, Target, COLUMNS};
+    s.push_str(
+        "\n## Column names in imported CSV logs\n\n\
+         `gpuwatch import` (and `replay`, `report`, `export`) reads a CSV log's header by name: every\n\
+         nvidia-smi query name of the table above (`utilization.gpu`, `memory.used [MiB]`), every key\n\
+         (`util`, `mem_used`), and the names below, compared in lower case with `.`, ` `, `-` and `/` read\n\
+         as `_`. The unit comes from a bracket (`[%]`, `(MiB)`, `(MB)`, `[W]`) or a suffix (`_percent`,\n\
+         `_pct`, `_W`, `_mW`, `_C`, `_MiB`, `_MB`, `_GB`, `_KB`, `_bytes`, `_MHz`), and a unit in a cell\n\
+         (`81.25 W`, `2 GB`, `75000 mW`) wins over the header's. Memory without a unit is MiB\n\
+         (nvidia-smi's `MB` are MiB). A column whose name is not known is ignored, named in one warning;\n\
+         an ambiguous one is an error that names it: `--columns NAME=metric` (e.g. `--columns mem=mem_used`)\n\
+         settles it, and `--columns timestamp,index,util,mem_used` names every column of a log without a\n\
+         header, in order (`-` skips one).\n\n\
+         | names | column |\n\
+         |---|---|\n",
+    );
+    for (names, means) in COLUMNS {
+        let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+        let what = match means {
+            Means::Is(t) => format!("`{}`", t.name()),
+            Means::ByUnit {
+                percent,
+                memory,
+                bare,
+            } => {
+                let say = |t: &Option<Target>| {
+                    t.map_or("ambiguous".to_string(), |t| format!("`{}`", t.name()))
+                };
+                format!(
+                    "with `%`: {}; with a memory unit: {}; without a unit: {}",
+                    say(percent),
+                    say(memory),
+                    say(bare)
+                )
+            }
+        };
+        let _ = writeln!(s, "| {} | {what} |", names.join(", "));
+    }
+    let zones: Vec<String> = gpuwatch::import::stamp::ZONES
+        .iter()
+        .filter(|(name, _, _)| *name != "Z")
+        .map(|(name, minutes, ambiguous)| {
+            let sign = if *minutes < 0 { '-' } else { '+' };
+            let m = minutes.abs();
+            format!(
+                "`{name}` {sign}{:02}:{:02}{}",
+                m / 60,
+                m % 60,
+                if *ambiguous { " (ambiguous)" } else { "" }
+            )
+        })
+        .collect();
+    let _ = write!(
+        s,
+        "\nTimes are read as `import` documents them (nvidia-smi's, ISO 8601, `date`'s forms with\n\
+         `AM`/`PM`, epoch seconds or milliseconds, seconds since `--t0`). A zone in the time is honoured:\n\
+         `Z`, a numeric offset (`+0800`, `+08:00`) or a name: {}.\n\
+         Times without a zone are read in `--tz` (an offset or one of those names), UTC when it is not\n\
+         given, with one warning. An ambiguous name (`CST`: US Central as `date` writes it in Chicago, or\n\
+         China; `IST`: India, Ireland or Israel) is read as above unless `--tz` is given: then as its\n\
+         offset (`--tz +08:00` reads `CST` as China Standard Time).\n",
+        zones.join(", ")
+    );
 }
 
 #[test]

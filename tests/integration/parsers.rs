@@ -238,6 +238,10 @@ fn trace_readers_never_panic_and_errors_have_positions() {
     let logs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/logs");
     for f in [
         "smi-table.log",
+        "date-separator-table.log",
+        "date-separator-csv.log",
+        "home-made-iso.csv",
+        "home-made-semicolon.csv",
         "dmon-dt.log",
         "script-rows.log",
         "script-bars.log",
