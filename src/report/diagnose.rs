@@ -418,6 +418,9 @@ struct Acc {
     cause: Option<String>,
     /// Decided significant by the pattern's own test.
     decided: Option<bool>,
+    /// Utilization × time and time over the jobs (for one summary of several jobs).
+    util_sum: f64,
+    util_ms: i64,
 }
 
 impl Acc {
@@ -654,6 +657,8 @@ fn per_gpu(g: &Gpu<'_>, r: std::ops::Range<usize>, accs: &mut Accs) -> Option<(i
     acc.held_ms += low_ms;
     acc.observed_ms += observed;
     if let Some(m) = mean {
+        acc.util_sum += m * observed as f64;
+        acc.util_ms += observed;
         acc.evidence.push(format!(
             "mean {m:.0} % (p50 {median:.0}, p95 {p95:.0}) over {} of work; under 50 % for {:.0} % of it",
             hm(observed),
@@ -702,10 +707,9 @@ fn per_gpu(g: &Gpu<'_>, r: std::ops::Range<usize>, accs: &mut Accs) -> Option<(i
     acc.observed_ms += observed;
     if let Some(m) = pct(&mut held, 0.5) {
         acc.evidence.push(format!(
-            "under {ACTIVE_UTIL:.0} % utilization while holding {} (median) for {} ({:.0} % of the time)",
+            "under {ACTIVE_UTIL:.0} % utilization while holding {} (median), {} in stretches of a minute or more",
             gib(m),
-            hm(idle_hold),
-            100.0 * idle_hold as f64 / observed as f64
+            hm(idle_hold)
         ));
     }
 
@@ -1221,6 +1225,22 @@ fn finish(accs: Accs) -> (Vec<Finding>, Vec<Finding>) {
             windows.truncate(7);
             windows.push(last);
         }
+        let evidence = match a.evidence.len() {
+            0 | 1 => a.evidence.join(""),
+            n if a.util_ms > 0 => format!(
+                "mean {:.0} % over {} of work in {n} jobs; under 50 % for {:.0} % of it",
+                a.util_sum / a.util_ms as f64,
+                hm(a.util_ms),
+                100.0 * share
+            ),
+            n if n > 2 => format!(
+                "{}; {}; and in {} more jobs",
+                a.evidence[0],
+                a.evidence[1],
+                n - 2
+            ),
+            _ => a.evidence.join("; "),
+        };
         let f = Finding {
             gpu,
             pattern: pattern.to_string(),
@@ -1229,7 +1249,7 @@ fn finish(accs: Accs) -> (Vec<Finding>, Vec<Finding>) {
             share_of_observed: share,
             seconds: a.held_ms as f64 / 1000.0,
             windows,
-            evidence: a.evidence.join("; "),
+            evidence,
             cause: a.cause.clone().unwrap_or_else(|| w.cause.to_string()),
             fix: w.fix.to_string(),
             rank: 0,
