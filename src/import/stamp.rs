@@ -26,24 +26,29 @@ const EPOCH_MILLIS_FROM: f64 = 1e11;
 const EPOCH_MICROS_FROM: f64 = 1e14;
 /// ... and nanoseconds (`date +%s%N`).
 const EPOCH_NANOS_FROM: f64 = 1e17;
-/// What [`Stamp::resolve`] says of a number past [`LATEST_MS`] (a bad cell: the line is skipped).
-pub const TOO_LATE: &str = "a timestamp after the year 9999";
-/// Later than this (year 9999) is no time: a corrupt cell, not a date.
-const LATEST_MS: f64 = 253_402_300_799_999.0;
+/// What [`Stamp::resolve`] says of a time outside [`EARLIEST_MS`]..=[`LATEST_MS`] (a bad cell:
+/// the line is skipped and counted).
+pub const TOO_LATE: &str = "a timestamp outside the years 1970–2199";
+/// Before the epoch is no time a GPU log was written at: a corrupt cell (year 0000).
+const EARLIEST_MS: f64 = 0.0;
+/// After 2199 neither: a corrupt cell, not a date (`9999/12/31 23:59:60` rolls into the year
+/// 10000; a 20-digit number read as nanoseconds lands in the year 5138).
+const LATEST_MS: f64 = 7_258_118_399_999.0;
 
 impl Stamp {
     /// UTC ms: calendar times as they are, bare numbers as epoch seconds or milliseconds when
     /// large enough, else as seconds after `t0_ms`. `Err` when a bare elapsed time has no `t0`.
     pub fn resolve(self, t0_ms: Option<i64>) -> Result<i64, &'static str> {
         let epoch_ms = |ms: f64| {
-            if ms > LATEST_MS {
-                Err(TOO_LATE)
-            } else {
+            if (EARLIEST_MS..=LATEST_MS).contains(&ms) {
                 Ok(ms.round() as i64)
+            } else {
+                Err(TOO_LATE)
             }
         };
         match self {
-            Stamp::At(ms) => Ok(ms),
+            #[expect(clippy::cast_precision_loss, reason = "a range check")]
+            Stamp::At(ms) => epoch_ms(ms as f64),
             Stamp::Number(n) if n >= EPOCH_NANOS_FROM => epoch_ms(n / 1e6),
             Stamp::Number(n) if n >= EPOCH_MICROS_FROM => epoch_ms(n / 1e3),
             Stamp::Number(n) if n >= EPOCH_MILLIS_FROM => epoch_ms(n),
@@ -482,6 +487,20 @@ mod tests {
             Ok(base + 123)
         );
         assert_eq!(parse("1e30").unwrap().resolve(None), Err(TOO_LATE));
+        // Out of range: a leap second rolling into the year 10000, a 20-digit number (year 5138
+        // as nanoseconds), the year 0000.
+        for bad in [
+            "9999/12/31 23:59:60",
+            "99999999999999999999",
+            "0000/01/01 00:00:00",
+            "2250-01-01T00:00:00Z",
+        ] {
+            assert!(
+                parse(bad).is_none_or(|s| s.resolve(None) == Err(TOO_LATE)),
+                "{bad}"
+            );
+        }
+        assert!(parse("2199/12/31 23:59:59").unwrap().resolve(None).is_ok());
         for bad in [
             "2024/13/01 10:00:00",
             "2024/02/30 10:00:00",

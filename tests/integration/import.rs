@@ -491,3 +491,31 @@ fn a_log_without_times_takes_t0_and_every() {
         ]
     );
 }
+
+/// Times outside 1970–2199 are malformed lines, skipped and counted: a leap second rolling into
+/// the year 10000, a 20-digit number, the year 0000.
+#[test]
+fn out_of_range_times_are_malformed_lines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("range.csv");
+    std::fs::write(
+        &log,
+        "timestamp, index, utilization.gpu [%]\n\
+         2024/05/01 10:00:00.000, 0, 50 %\n\
+         9999/12/31 23:59:60.000, 0, 51 %\n\
+         2024/05/01 10:00:01.000, 0, 52 %\n\
+         0000/01/01 00:00:00.000, 0, 53 %\n\
+         2024/05/01 10:00:02.000, 0, 54 %\n",
+    )
+    .expect("write");
+    let run = gpuwatch(&["import", log.to_str().expect("utf-8")], &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("skipped 2 malformed lines"),
+        "{}",
+        run.stderr
+    );
+    let rows = run.stdout.lines().count();
+    assert_eq!(rows, 4, "header and three ticks: {}", run.stdout);
+    assert!(!run.stdout.contains("10000-"), "{}", run.stdout);
+}
