@@ -150,6 +150,7 @@ fn main() -> anyhow::Result<()> {
         hostname: "bench".into(),
         eval_interval_ms: cfg.eval_interval_ms(),
         sample_interval_ms: None,
+        clock_speed: 1.0,
     };
     let mut engine = Engine::new(rules.clone(), opts.clone());
     let t = Instant::now();
@@ -210,6 +211,7 @@ fn main() -> anyhow::Result<()> {
         hostname: "bench".into(),
         eval_interval_ms: 0,
         sample_interval_ms: Some(1000),
+        clock_speed: 1.0,
     };
     let mut engine = Engine::new(rules, opts);
     let mut rng = 7u64;

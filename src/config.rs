@@ -130,6 +130,7 @@ impl Config {
             hostname: hostname.to_string(),
             eval_interval_ms: self.rules.eval_interval_ms(),
             sample_interval_ms: Some(self.daemon.interval.ms),
+            clock_speed: crate::sys::clock_speed(),
         }
     }
 

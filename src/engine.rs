@@ -52,6 +52,9 @@ pub struct EngineOptions {
     pub eval_interval_ms: i64,
     /// The configured sampling interval (`host.interval`), when known; otherwise observed.
     pub sample_interval_ms: Option<i64>,
+    /// How much faster than the wall clock the snapshots' clock runs (`--speed`; `host.clock_speed`):
+    /// a rule about the collector's own timing keeps a floor in wall time with it.
+    pub clock_speed: f64,
 }
 
 impl Default for EngineOptions {
@@ -60,6 +63,7 @@ impl Default for EngineOptions {
             hostname: "localhost".into(),
             eval_interval_ms: 0,
             sample_interval_ms: None,
+            clock_speed: 1.0,
         }
     }
 }
@@ -478,6 +482,7 @@ impl Engine {
             hostname: self.opts.hostname.clone(),
             now_ms,
             sample_age_s: reference.map(|t| secs(now_ms - t)),
+            clock_speed: self.opts.clock_speed,
             interval_s: self.interval_ms().map(secs),
             missing: self.missing.clone(),
         }

@@ -61,6 +61,7 @@ pub(super) fn build(
         hostname: crate::sys::hostname(),
         eval_interval_ms: rules_config.eval_interval_ms(),
         sample_interval_ms: None,
+        clock_speed: 1.0,
     };
     let fresh = || -> anyhow::Result<Engine> {
         Ok(Engine::new(

@@ -176,6 +176,7 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
         hostname: crate::sys::hostname(),
         eval_interval_ms,
         sample_interval_ms: None,
+        clock_speed: 1.0,
     };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut transitions = 0u64;

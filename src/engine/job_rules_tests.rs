@@ -31,6 +31,7 @@ fn engine(params: &[(&str, &str, toml::Value)]) -> Engine {
             hostname: "node1".into(),
             eval_interval_ms: 0,
             sample_interval_ms: Some(1000),
+            clock_speed: 1.0,
         },
     )
 }

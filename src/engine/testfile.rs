@@ -481,6 +481,7 @@ fn run_case(
         hostname: "test".into(),
         eval_interval_ms: eval_interval,
         sample_interval_ms: Some(interval),
+        clock_speed: 1.0,
     };
     let missing = missing_inputs(case, file)?;
     let mut engine = Engine::new(rules.clone(), opts);

@@ -169,3 +169,26 @@ fn speed_needs_a_simulation() {
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.stderr.contains("--sim"), "{}", r.stderr);
 }
+
+/// `--speed 3600`: the daemon's start-up (tens of milliseconds, hours of simulated time) is no
+/// stuck collector — `collector_stale` keeps a floor of 5 s of wall time.
+#[test]
+fn a_fast_clock_does_not_call_the_start_up_a_stale_collector() {
+    let lines = lines_until(
+        &[
+            "--sim".into(),
+            "healthy".into(),
+            "--speed".into(),
+            "3600".into(),
+            "daemon".into(),
+        ],
+        Duration::from_secs(4),
+        |_| false,
+    );
+    assert!(!lines.is_empty(), "the daemon said nothing");
+    assert!(
+        !lines.iter().any(|l| l.contains("collector_stale")),
+        "{}",
+        lines.join("\n")
+    );
+}

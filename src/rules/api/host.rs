@@ -20,6 +20,8 @@ pub struct HostHandle {
     pub sample_age_s: Option<f64>,
     /// Sampling interval in seconds, configured or observed.
     pub interval_s: Option<f64>,
+    /// How much faster than the wall clock time runs (`--speed`; 1 otherwise).
+    pub clock_speed: f64,
     /// Expected GPUs NVML does not enumerate (from the latest snapshot).
     pub missing: Vec<MissingGpu>,
 }
@@ -50,6 +52,7 @@ pub(super) fn register(engine: &mut Engine) {
     engine.register_get("missing_gpus", |h: &mut HostHandle| -> Array {
         h.missing.iter().map(missing_map).collect()
     });
+    engine.register_get("clock_speed", |h: &mut HostHandle| h.clock_speed);
     engine.register_get("sample_age", |h: &mut HostHandle| {
         h.sample_age_s.map_or(Dynamic::UNIT, Dynamic::from_float)
     });
