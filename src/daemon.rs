@@ -873,28 +873,18 @@ impl Live<'_> {
                 json!({"ok": true, "alerts": alerts})
             }
             "silence_add" => {
-                let mut matchers = Vec::new();
-                for m in ask["matchers"].as_array().into_iter().flatten() {
-                    let text = m.as_str().unwrap_or("");
-                    match crate::silence::Matcher::parse(text) {
-                        Ok(m) => matchers.push(m),
-                        Err((col, e)) => return fail(format!("matcher column {col}: {e}")),
-                    }
-                }
-                if matchers.is_empty() {
-                    return fail("a silence needs at least one matcher".into());
-                }
-                let for_ms = ask["for_ms"].as_i64().unwrap_or(3_600_000).max(1);
+                let req = match crate::silence::AddRequest::from_json(ask) {
+                    Ok(r) => r,
+                    Err(e) => return fail(e),
+                };
                 let silence = crate::silence::Silence {
                     id: String::new(),
-                    matchers,
+                    matchers: req.matchers,
                     starts_ms: now,
-                    ends_ms: now.saturating_add(for_ms),
-                    comment: ask["comment"].as_str().unwrap_or("").to_string(),
+                    ends_ms: now.saturating_add(req.for_ms),
+                    comment: req.comment,
                     created_by: ask["created_by"].as_str().unwrap_or("").to_string(),
-                    until_pid: ask["until_pid"]
-                        .as_u64()
-                        .and_then(|p| u32::try_from(p).ok()),
+                    until_pid: req.until_pid,
                 };
                 let text: Vec<String> = silence.matchers.iter().map(ToString::to_string).collect();
                 match self

@@ -106,6 +106,87 @@ impl std::fmt::Display for Matcher {
     }
 }
 
+/// The longest silence: a year and a day. Longer is a typo (`--for 10000000d`), not a plan.
+pub const MAX_SILENCE_MS: i64 = 366 * 86_400_000;
+/// The longest comment, in characters.
+pub const MAX_COMMENT_CHARS: usize = 1024;
+/// The most matchers one silence takes.
+pub const MAX_MATCHERS: usize = 32;
+/// The largest process id Linux hands out (`PID_MAX_LIMIT`, 2²²).
+pub const MAX_PID: u64 = 4_194_304;
+
+/// A `silence_add` request, checked: every field within its bounds, an error naming the field
+/// otherwise (a duration of `u64::MAX` or `1e300` is no silence of an hour, a pid of `-1` or `"1"`
+/// is no pid to drop silently).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AddRequest {
+    pub matchers: Vec<Matcher>,
+    pub for_ms: i64,
+    pub comment: String,
+    pub until_pid: Option<u32>,
+}
+
+impl AddRequest {
+    /// Checks the JSON fields of a control-socket request (`matchers`, `for_ms`, `comment`,
+    /// `until_pid`; `for_ms` defaults to one hour, the others to none).
+    pub fn from_json(ask: &serde_json::Value) -> Result<AddRequest, String> {
+        let list = match &ask["matchers"] {
+            serde_json::Value::Array(a) => a,
+            _ => return Err("matchers: must be an array of matcher strings".into()),
+        };
+        if list.is_empty() {
+            return Err("matchers: a silence needs at least one matcher".into());
+        }
+        if list.len() > MAX_MATCHERS {
+            return Err(format!("matchers: at most {MAX_MATCHERS}"));
+        }
+        let mut matchers = Vec::with_capacity(list.len());
+        for (i, m) in list.iter().enumerate() {
+            let text = m
+                .as_str()
+                .ok_or_else(|| format!("matchers[{i}]: must be a string"))?;
+            matchers.push(
+                Matcher::parse(text)
+                    .map_err(|(col, e)| format!("matchers[{i}] column {col}: {e}"))?,
+            );
+        }
+        let for_ms = match &ask["for_ms"] {
+            serde_json::Value::Null => 3_600_000,
+            v => v
+                .as_i64()
+                .filter(|ms| (1..=MAX_SILENCE_MS).contains(ms))
+                .ok_or_else(|| {
+                    format!("for_ms: must be a whole number of milliseconds from 1 to {MAX_SILENCE_MS} (366 days); got {v}")
+                })?,
+        };
+        let comment = match &ask["comment"] {
+            serde_json::Value::Null => String::new(),
+            serde_json::Value::String(c) if c.chars().count() <= MAX_COMMENT_CHARS => c.clone(),
+            serde_json::Value::String(_) => {
+                return Err(format!("comment: at most {MAX_COMMENT_CHARS} characters"))
+            }
+            _ => return Err("comment: must be a string".into()),
+        };
+        let until_pid = match &ask["until_pid"] {
+            serde_json::Value::Null => None,
+            v => Some(
+                v.as_u64()
+                    .filter(|p| (1..=MAX_PID).contains(p))
+                    .and_then(|p| u32::try_from(p).ok())
+                    .ok_or_else(|| {
+                        format!("until_pid: must be a process id from 1 to {MAX_PID}; got {v}")
+                    })?,
+            ),
+        };
+        Ok(AddRequest {
+            matchers,
+            for_ms,
+            comment,
+            until_pid,
+        })
+    }
+}
+
 /// One silence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Silence {
@@ -230,6 +311,50 @@ impl Silences {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn add_requests_are_checked_field_by_field() {
+        let ok = AddRequest::from_json(&serde_json::json!({
+            "matchers": ["gpu=0"], "for_ms": 60_000, "comment": "maintenance", "until_pid": 42
+        }))
+        .unwrap();
+        assert_eq!((ok.for_ms, ok.until_pid), (60_000, Some(42)));
+        let default = AddRequest::from_json(&serde_json::json!({"matchers": ["gpu=0"]})).unwrap();
+        assert_eq!((default.for_ms, default.until_pid), (3_600_000, None));
+        for (ask, field) in [
+            (
+                serde_json::json!({"matchers": ["gpu=0"], "for_ms": u64::MAX}),
+                "for_ms",
+            ),
+            (
+                serde_json::json!({"matchers": ["gpu=0"], "for_ms": 1e300}),
+                "for_ms",
+            ),
+            (
+                serde_json::json!({"matchers": ["gpu=0"], "for_ms": i64::MAX}),
+                "for_ms",
+            ),
+            (
+                serde_json::json!({"matchers": ["gpu=0"], "until_pid": -1}),
+                "until_pid",
+            ),
+            (
+                serde_json::json!({"matchers": ["gpu=0"], "until_pid": "1"}),
+                "until_pid",
+            ),
+            (serde_json::json!({"matchers": []}), "matchers"),
+            (serde_json::json!({"matchers": "gpu=0"}), "matchers"),
+            (serde_json::json!({"matchers": ["gpu=~\"("]}), "matchers[0]"),
+            (
+                serde_json::json!({"matchers": ["gpu=0"], "comment": "x".repeat(2000)}),
+                "comment",
+            ),
+        ] {
+            let e = AddRequest::from_json(&ask).unwrap_err();
+            assert!(e.starts_with(field), "{ask}: {e}");
+        }
+    }
+
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

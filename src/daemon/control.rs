@@ -92,11 +92,17 @@ fn serve(stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>) {
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };
-    let mut line = String::new();
+    let mut bytes = Vec::new();
     let mut reader = BufReader::new(stream).take(64 * 1024);
-    let answer = match reader.read_line(&mut line) {
+    let answer = match reader.read_until(b'\n', &mut bytes) {
         Ok(0) | Err(_) => return,
-        Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+        // Invalid UTF-8 is answered, not dropped without a word.
+        Ok(_) => match std::str::from_utf8(&bytes)
+            .map_err(|e| format!("the request is not UTF-8 ({e})"))
+            .and_then(|line| {
+                serde_json::from_str::<serde_json::Value>(line)
+                    .map_err(|e| format!("not a JSON request: {e}"))
+            }) {
             Ok(mut ask) => {
                 // Who asks is what the kernel says, not what the request says (a member of the
                 // control group cannot sign a silence with someone else's name).
@@ -115,7 +121,7 @@ fn serve(stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>) {
                         })
                 }
             }
-            Err(e) => serde_json::json!({"ok": false, "error": format!("not a JSON request: {e}")}),
+            Err(e) => serde_json::json!({"ok": false, "error": e}),
         },
     };
     let _ = writeln!(writer, "{answer}");

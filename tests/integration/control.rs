@@ -189,6 +189,41 @@ fn a_job_silence_ends_with_the_job() {
     assert_eq!(r.code, 2, "{}", r.stdout);
 }
 
+/// Issue 25 §3: a silence's comment is anyone's text: `silence list` shows its control
+/// characters (an OSC 52 clipboard write, a screen clear, C1) escaped, never raw.
+#[test]
+fn silence_list_escapes_control_characters_in_comments() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    let sock = tmp.path().join("state/control.sock");
+    let _d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(Duration::from_secs(20), "the control socket", || {
+        sock.exists().then_some(())
+    });
+    let comment = "maintenance\u{1b}]52;c;cm0gLXJmIH4=\u{7}\u{1b}[2J\u{9b}31m\u{7f}done";
+    let r = ctl(&cfg, &["silence", "add", "gpu=0", "--comment", comment]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let listed = ctl(&cfg, &["silence", "list"]);
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    assert!(
+        !listed.stdout.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters: {:?}",
+        listed.stdout
+    );
+    assert!(
+        listed
+            .stdout
+            .contains("maintenance\\u{1b}]52;c;cm0gLXJmIH4=\\u{7}\\u{1b}[2J\\u{9b}31m\\u{7f}done"),
+        "{}",
+        listed.stdout
+    );
+    // `--json` is for programs: the comment as it was given, JSON-escaped.
+    let json = ctl(&cfg, &["silence", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(json.stdout.trim()).expect("JSON");
+    assert_eq!(v[0]["comment"], comment, "{}", json.stdout);
+}
+
 /// `gpuwatch alerts` run as another user (uid/gid `ids`), from a copy of the binary that user
 /// may execute.
 fn as_user(tmp: &Path, cfg: &Path, ids: (u32, u32)) -> super::common::Run {
@@ -273,4 +308,80 @@ fn another_user_is_refused_unless_in_the_control_group() {
     let r = as_user(tmp.path(), &cfg, NOBODY);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.contains("no alerts pending or firing"), "{r:?}");
+}
+
+/// Sends one raw line to the control socket and returns the answer.
+fn raw(sock: &Path, line: &[u8]) -> String {
+    use std::io::{BufRead as _, Write as _};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    s.write_all(line).expect("write");
+    s.write_all(b"\n").expect("write");
+    let mut answer = String::new();
+    std::io::BufReader::new(s)
+        .read_line(&mut answer)
+        .expect("an answer");
+    answer
+}
+
+/// Control-socket input is checked field by field: an out-of-range duration or pid is an error
+/// naming the field (not an hour's silence, not a silence without its job), invalid UTF-8 gets
+/// an answer, and the CLI refuses `--for 10000000d`.
+#[test]
+fn control_requests_out_of_bounds_are_refused_naming_the_field() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    let sock = tmp.path().join("state/control.sock");
+    let _d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(Duration::from_secs(20), "the control socket", || {
+        sock.exists().then_some(())
+    });
+    for (request, field) in [
+        (
+            r#"{"ask":"silence_add","matchers":["gpu=0"],"for_ms":18446744073709551615}"#,
+            "for_ms",
+        ),
+        (
+            r#"{"ask":"silence_add","matchers":["gpu=0"],"for_ms":1e300}"#,
+            "for_ms",
+        ),
+        (
+            r#"{"ask":"silence_add","matchers":["gpu=0"],"for_ms":0}"#,
+            "for_ms",
+        ),
+        (
+            r#"{"ask":"silence_add","matchers":["gpu=0"],"until_pid":-1}"#,
+            "until_pid",
+        ),
+        (
+            r#"{"ask":"silence_add","matchers":["gpu=0"],"until_pid":"1"}"#,
+            "until_pid",
+        ),
+        (r#"{"ask":"silence_add","matchers":[7]}"#, "matchers[0]"),
+        (
+            r#"{"ask":"silence_add","matchers":["gpu=0"],"comment":5}"#,
+            "comment",
+        ),
+    ] {
+        let answer = raw(&sock, request.as_bytes());
+        let v: serde_json::Value = serde_json::from_str(&answer).expect("JSON answer");
+        assert_eq!(v["ok"], false, "{request}: {answer}");
+        assert!(
+            v["error"].as_str().unwrap_or("").starts_with(field),
+            "{request}: {answer}"
+        );
+    }
+    let answer = raw(&sock, b"{\"ask\":\"silence_list\xff\"}");
+    assert!(answer.contains("not UTF-8"), "{answer}");
+    let listed = ctl(&cfg, &["silence", "list"]);
+    assert!(
+        !listed.stdout.contains("gpu=0"),
+        "nothing was added: {}",
+        listed.stdout
+    );
+    let r = ctl(&cfg, &["silence", "add", "gpu=0", "--for", "10000000d"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("--for"), "{}", r.stderr);
 }
