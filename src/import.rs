@@ -547,7 +547,27 @@ impl Importer {
         }
         let format = match format.or_else(|| detect(&texts)) {
             Some(f) => f,
-            None => return Err(unknown_format(name, &texts)),
+            None => {
+                // Lines cut at the length limit are not text the formats can read: say so,
+                // rather than call a file of one 500 MB line "empty".
+                if let Some((no, _)) = prefix.iter().find(|(_, t)| t.is_none()) {
+                    if texts.is_empty() {
+                        let one_line = prefix.iter().all(|(n, _)| n == no);
+                        let what = if one_line {
+                            format!(
+                                "no line break in its first {} MiB",
+                                prefix.len() * (input::MAX_LINE >> 20)
+                            )
+                        } else {
+                            format!("only lines longer than {} MiB", input::MAX_LINE >> 20)
+                        };
+                        return Err(anyhow!(
+                            "{name}:{no}:1: {what}: not a line-by-line GPU log (a binary file, or data without line breaks)"
+                        ));
+                    }
+                }
+                return Err(unknown_format(name, &texts));
+            }
         };
         let stats = Arc::new(ImportStats::default());
         let lines_only: Vec<&str> = texts.iter().map(|(_, t)| *t).collect();

@@ -53,8 +53,9 @@ pub fn render(report: &Report, compare: Option<(&str, &[Row])>) -> String {
         r.gpus.len(),
         r.ticks
     );
-    diagnosis(&mut h, r);
-    summary_table(&mut h, r);
+    let shown = shown_gpus(r);
+    diagnosis(&mut h, r, &shown);
+    summary_table(&mut h, r, &shown);
     if let Some((against, rows)) = compare {
         let _ = write!(
             h,
@@ -77,7 +78,7 @@ pub fn render(report: &Report, compare: Option<(&str, &[Row])>) -> String {
         h.push_str("</table></section>");
     }
     h.push_str("<h2>GPUs</h2>");
-    for g in &r.gpus {
+    for g in r.gpus.iter().filter(|g| shown.contains(&g.index)) {
         let Some(c) = report.charts.get(&g.index) else {
             continue;
         };
@@ -155,10 +156,36 @@ pub fn render(report: &Report, compare: Option<(&str, &[Row])>) -> String {
     h
 }
 
-fn summary_table(h: &mut String, r: &RunSummary) {
+/// GPUs the page shows one by one (summary rows, verdicts, charts); a larger log is summarised.
+pub const MAX_GPUS_SHOWN: usize = 64;
+/// Findings the page lists one by one.
+const MAX_FINDINGS_SHOWN: usize = 200;
+
+/// The GPUs the page shows: all of them up to [`MAX_GPUS_SHOWN`]; beyond, those with findings
+/// or alerts first, then the lowest indices.
+fn shown_gpus(r: &RunSummary) -> std::collections::BTreeSet<u32> {
+    if r.gpus.len() <= MAX_GPUS_SHOWN {
+        return r.gpus.iter().map(|g| g.index).collect();
+    }
+    let mut shown: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
+    let flagged = r
+        .findings
+        .iter()
+        .map(|f| f.gpu)
+        .chain(r.alerts.iter().filter_map(|a| a.gpu));
+    for g in flagged.chain(r.gpus.iter().map(|g| g.index)) {
+        if shown.len() >= MAX_GPUS_SHOWN {
+            break;
+        }
+        shown.insert(g);
+    }
+    shown
+}
+
+fn summary_table(h: &mut String, r: &RunSummary, shown: &std::collections::BTreeSet<u32>) {
     h.push_str("<section class=\"summary\"><h2>Summary</h2><table><tr><th>GPU</th><th>samples</th><th>gaps</th><th>utilization mean / p50 / p95</th><th>under 50 %</th><th>memory peak / total</th><th>trend</th><th>max temp</th><th>above slowdown</th><th>power mean / max</th><th>energy</th><th>throttled</th><th>ECC / XID</th><th>processes</th></tr>");
     let dash = || "-".to_string();
-    for g in &r.gpus {
+    for g in r.gpus.iter().filter(|g| shown.contains(&g.index)) {
         let util = g.util.map_or_else(dash, |u| {
             format!("{:.0} / {:.0} / {:.0} %", u.mean, u.p50, u.p95)
         });
@@ -199,6 +226,14 @@ fn summary_table(h: &mut String, r: &RunSummary) {
         );
     }
     h.push_str("</table>");
+    if shown.len() < r.gpus.len() {
+        let _ = write!(
+            h,
+            "<p class=\"meta\">This log has {} GPUs: the page shows {} of them one by one (those with findings or alerts first, then by index); every GPU is in the text summary and in <code>gpuwatch report --json</code>.</p>",
+            r.gpus.len(),
+            shown.len()
+        );
+    }
     if let Some(e) = r.energy_kwh {
         let _ = write!(h, "<p>Energy {e:.2} kWh");
         if let Some(c) = r.cost {
@@ -225,16 +260,24 @@ fn summary_table(h: &mut String, r: &RunSummary) {
     h.push_str("</section>");
 }
 
-fn diagnosis(h: &mut String, r: &RunSummary) {
+fn diagnosis(h: &mut String, r: &RunSummary, shown: &std::collections::BTreeSet<u32>) {
     h.push_str("<section class=\"diagnosis\"><h2>Diagnosis</h2>");
     if !r.verdicts.is_empty() {
         h.push_str("<ul class=\"verdicts\">");
-        for v in &r.verdicts {
+        for v in r.verdicts.iter().filter(|v| shown.contains(&v.gpu)) {
             let _ = write!(
                 h,
                 "<li data-gpu=\"{0}\"><b>GPU {0}</b>: {1}</li>",
                 v.gpu,
                 esc(&v.verdict)
+            );
+        }
+        let hidden =
+            r.verdicts.len() - r.verdicts.iter().filter(|v| shown.contains(&v.gpu)).count();
+        if hidden > 0 {
+            let _ = write!(
+                h,
+                "<li>… and {hidden} more GPUs (see the text summary or <code>--json</code>)</li>"
             );
         }
         h.push_str("</ul>");
@@ -243,7 +286,7 @@ fn diagnosis(h: &mut String, r: &RunSummary) {
         h.push_str("<p class=\"none\">No problem pattern found (utilization long under 50 %, periodic drops to zero, memory growth, memory far below or near total, stragglers, unused or stopped GPUs).</p>");
     } else {
         h.push_str("<table><tr><th>GPU</th><th>#</th><th>pattern</th><th>severity</th><th>time</th><th>share of observed</th><th>evidence</th><th>when</th><th>likely cause</th><th>fix</th></tr>");
-        for f in &r.findings {
+        for f in r.findings.iter().take(MAX_FINDINGS_SHOWN) {
             let when: Vec<String> = f
                 .windows
                 .iter()
@@ -273,6 +316,13 @@ fn diagnosis(h: &mut String, r: &RunSummary) {
                 esc(&f.fix)
             );
         }
+        if r.findings.len() > MAX_FINDINGS_SHOWN {
+            let _ = write!(
+                h,
+                "<tr><td colspan=\"10\">… {} more findings (see the text summary or <code>--json</code>)</td></tr>",
+                r.findings.len() - MAX_FINDINGS_SHOWN
+            );
+        }
         h.push_str("</table>");
     }
     if !r.brief.is_empty() {
@@ -282,7 +332,7 @@ fn diagnosis(h: &mut String, r: &RunSummary) {
             super::diagnose::MIN_SHARE * 100.0,
             super::diagnose::MIN_LONG_MS / 60_000
         );
-        for f in &r.brief {
+        for f in r.brief.iter().take(MAX_FINDINGS_SHOWN) {
             let _ = write!(
                 h,
                 "<li>GPU {}: {} for {} ({:.1} %): {}</li>",

@@ -416,3 +416,49 @@ fn real_logs_are_diagnosed_as_an_expert_would() {
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
+
+/// A log of 10,000 GPUs (three ticks) makes a page under 2 MB that says it shows a part of them;
+/// a file of one long line says what it is instead of "empty file".
+#[test]
+fn huge_logs_are_summarised_and_a_line_without_end_is_named() {
+    let report = |args: &[&str]| {
+        let mut all = vec!["report"];
+        all.extend_from_slice(args);
+        gpuwatch(&all, &[])
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("many.csv");
+    let mut text = String::from(
+        "timestamp, index, utilization.gpu [%], memory.used [MiB], memory.total [MiB]\n",
+    );
+    for t in 0..3 {
+        for g in 0..10_000 {
+            text.push_str(&format!(
+                "2024/05/01 10:00:0{t}.000, {g}, {}, 40000, 81920\n",
+                if g == 7 { 3 } else { 95 }
+            ));
+        }
+    }
+    std::fs::write(&log, text).expect("write");
+    let page = dir.path().join("many.html");
+    let run = report(&[
+        log.to_str().expect("utf-8"),
+        "--out",
+        page.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let html = std::fs::read_to_string(&page).expect("page");
+    assert!(html.len() < 2_000_000, "{} bytes", html.len());
+    assert!(
+        html.contains("This log has 10000 GPUs"),
+        "the page says it is a part"
+    );
+    assert!(html.contains("data-gpu=\"7\""), "the odd GPU is shown");
+
+    let long = dir.path().join("one-line.log");
+    std::fs::write(&long, "x".repeat(5 << 20)).expect("write");
+    let run = report(&[long.to_str().expect("utf-8")]);
+    assert_ne!(run.code, 0);
+    assert!(run.stderr.contains("no line break"), "{}", run.stderr);
+    assert!(!run.stderr.contains("empty file"), "{}", run.stderr);
+}
