@@ -285,6 +285,22 @@ pub(crate) mod testdata {
         }
     }
 
+    /// A job's output with escape sequences (a colourised log, an OSC 52 clipboard write)
+    /// in its end notice: every body shows them escaped; the Details keep their lines.
+    pub fn hostile_alert() -> AlertEvent {
+        let mut a = alert(1, AlertStatus::Firing);
+        a.annotations.insert(
+            "summary".into(),
+            "job failed: \u{1b}[31mboom\u{1b}[0m [click](https://evil.example/)".into(),
+        );
+        a.annotations.insert(
+            "description".into(),
+            "last 2 lines:\n    | \u{1b}]52;c;cm0gLXJmIH4=\u{7}\n    | \u{1b}[2J\u{9b}0m[here](https://evil.example/)"
+                .into(),
+        );
+        a
+    }
+
     pub fn notification(alerts: Vec<AlertEvent>) -> Notification {
         let status = if alerts.iter().any(|a| a.status == AlertStatus::Firing) {
             AlertStatus::Firing

@@ -242,6 +242,8 @@ pub struct RotatingFile {
     file: File,
     size: u64,
     header: String,
+    /// Mode of the files it creates (before the umask).
+    mode: u32,
 }
 
 fn rotated(path: &Path, n: usize) -> PathBuf {
@@ -257,6 +259,26 @@ impl RotatingFile {
     /// character device (`/dev/null`), FIFO or socket is written in place and never rotated:
     /// `max_bytes` is refused for it.
     pub fn open(path: &Path, max_bytes: Option<u64>, keep: usize) -> io::Result<RotatingFile> {
+        Self::open_mode(path, max_bytes, keep, 0o666)
+    }
+
+    /// [`RotatingFile::open`] for a recording in gpuwatch's state directory (`run`'s
+    /// `state_dir/runs/`): the files it creates are mode 0600, like everything else there.
+    pub fn open_private(
+        path: &Path,
+        max_bytes: Option<u64>,
+        keep: usize,
+    ) -> io::Result<RotatingFile> {
+        Self::open_mode(path, max_bytes, keep, 0o600)
+    }
+
+    fn open_mode(
+        path: &Path,
+        max_bytes: Option<u64>,
+        keep: usize,
+        mode: u32,
+    ) -> io::Result<RotatingFile> {
+        use std::os::unix::fs::OpenOptionsExt;
         let header = format!("{}\n", header_line());
         let target = crate::sys::output::target(path, crate::sys::output::Dash::Stdout)?;
         let path = match &target {
@@ -287,6 +309,7 @@ impl RotatingFile {
                     file,
                     size: header.len() as u64,
                     header,
+                    mode,
                 });
             }
         };
@@ -300,7 +323,11 @@ impl RotatingFile {
             // Kept as `path.1` even with `--keep 0`: it is not one of our recordings.
             shift(path, keep.max(1))?;
         }
-        let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(mode)
+            .open(path)?;
         let mut size = file.metadata()?.len();
         if size == 0 {
             file.write_all(header.as_bytes())?;
@@ -314,6 +341,7 @@ impl RotatingFile {
             file,
             size,
             header,
+            mode,
         })
     }
 
@@ -332,12 +360,14 @@ impl RotatingFile {
     }
 
     fn rotate(&mut self) -> io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
         self.file.sync_data()?;
         shift(&self.path, self.keep)?;
         let mut file = OpenOptions::new()
             .create(true)
             .write(true)
             .truncate(true)
+            .mode(self.mode)
             .open(&self.path)?;
         file.write_all(self.header.as_bytes())?;
         file.flush()?;
@@ -516,6 +546,24 @@ mod tests {
             out2.ends_with(&format!("lost{},,12:\n", empty_metrics(0))),
             "{out2}"
         );
+    }
+
+    /// Issue 25 §4: a private recording (`run`'s, in the state directory) and its rotated
+    /// parts are 0600 whatever the umask lets through.
+    #[test]
+    fn a_private_recording_is_the_owners_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.csv");
+        let header = format!("{}\n", header_line());
+        let tick = "row-a\n";
+        let mut f = RotatingFile::open_private(&path, Some(header.len() as u64 + 8), 1).unwrap();
+        for _ in 0..3 {
+            f.write_tick(tick).unwrap();
+        }
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&rotated(&path, 1)), 0o600);
     }
 
     #[test]

@@ -191,6 +191,22 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
+/// [`create_private_dir`] for a directory of gpuwatch's own inside its state directory (`runs/`,
+/// `baselines/`): one that exists with a wider mode (made by an older gpuwatch, which left them
+/// 0755, or by hand) is narrowed to 0700 when this user owns it. What is inside is then out of
+/// other users' reach whatever its own modes.
+pub fn create_private_subdir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    create_private_dir(dir)?;
+    let meta = std::fs::metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.mode() & 0o077 != 0 && meta.uid() == me {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 /// The real uid from the text of `/proc/PID/status` (`Uid:\treal\teffective\t…`).
 pub fn parse_status_uid(status: &str) -> Option<u32> {
     status
@@ -366,6 +382,20 @@ mod tests {
     fn fnv_is_stable() {
         assert_eq!(fnv1a64_hex(*b""), "cbf29ce484222325");
         assert_eq!(fnv1a64_hex(*b"a"), "af63dc4c8601ec8c");
+    }
+
+    /// Issue 25 §4: a state subdirectory left 0755 is narrowed to 0700 when used again.
+    #[test]
+    fn a_wide_state_subdirectory_is_narrowed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("state/runs");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        create_private_subdir(&runs).unwrap();
+        assert_eq!(mode(&runs), 0o700);
+        std::fs::set_permissions(&runs, std::fs::Permissions::from_mode(0o755)).unwrap();
+        create_private_subdir(&runs).unwrap();
+        assert_eq!(mode(&runs), 0o700);
     }
 
     #[test]

@@ -158,6 +158,23 @@ pub fn escape_control(s: &str) -> String {
         .collect()
 }
 
+/// [`escape_control`] for text whose line layout matters (a report, a message body): newlines
+/// and tabs stay, every other control character (escape sequences, C1, DEL) is escaped.
+pub fn escape_control_lines(s: &str) -> String {
+    if !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return s.to_string();
+    }
+    s.split('\n')
+        .map(|line| {
+            line.split('\t')
+                .map(escape_control)
+                .collect::<Vec<_>>()
+                .join("\t")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A problem a section's own checks found, at a dotted key path (`actions.exec.0.command`);
 /// the config loader turns the path into `file:line:column`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -312,6 +329,22 @@ impl<'de> Deserialize<'de> for DurationSetting {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        let hostile = "a\u{1b}]52;c;eA==\u{7}b\u{1b}[2J\u{9b}c\u{7f}";
+        assert_eq!(
+            escape_control(hostile),
+            "a\\u{1b}]52;c;eA==\\u{7}b\\u{1b}[2J\\u{9b}c\\u{7f}"
+        );
+        assert_eq!(escape_control("x\ny"), "x\\ny");
+        // The line layout stays; everything else is escaped as above.
+        assert_eq!(
+            escape_control_lines(&format!("{hostile}\n\tz\r")),
+            format!("{}\n\tz\\r", escape_control(hostile))
+        );
+        assert_eq!(escape_control_lines("plain\ttext\n"), "plain\ttext\n");
+    }
 
     #[test]
     fn durations() {

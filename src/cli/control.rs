@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::GlobalArgs;
 use crate::config::Config;
+use crate::values::escape_control;
 
 /// Where the daemon is: the config it runs with.
 #[derive(Debug, clap::Args)]
@@ -119,12 +120,13 @@ pub fn alerts(_global: &GlobalArgs, args: &AlertsArgs) -> anyhow::Result<i32> {
                 .as_str()
                 .map_or_else(String::new, |id| format!("  [silenced by {id}]"));
             println!(
-                "{:<8} {:<20} {gpu:<6} {:<8} since {}  {}{silenced}",
+                "{:<8} {:<20} {gpu:<6} {:<8} since {}  {}{}",
                 a["state"].as_str().unwrap_or(""),
-                a["alert"].as_str().unwrap_or(""),
+                escape_control(a["alert"].as_str().unwrap_or("")),
                 a["severity"].as_str().unwrap_or(""),
                 a["since"].as_str().unwrap_or(""),
-                a["summary"].as_str().unwrap_or("")
+                escape_control(a["summary"].as_str().unwrap_or("")),
+                escape_control(&silenced)
             );
         }
     })
@@ -156,6 +158,14 @@ pub fn silence(_global: &GlobalArgs, args: &SilenceArgs) -> anyhow::Result<i32> 
             let for_ms = duration.map_or(3_600_000, |d| {
                 i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
             });
+            if for_ms > crate::silence::MAX_SILENCE_MS {
+                eprintln!("gpuwatch: --for: at most 366d (a silence longer than a year is a typo; expire and renew it instead)");
+                return Ok(FAILED);
+            }
+            if for_ms < 1 {
+                eprintln!("gpuwatch: --for: must be longer than 0");
+                return Ok(FAILED);
+            }
             let request = json!({
                 "ask": "silence_add",
                 "matchers": matchers,
@@ -192,12 +202,13 @@ pub fn silence(_global: &GlobalArgs, args: &SilenceArgs) -> anyhow::Result<i32> 
                     let job = s["until_pid"]
                         .as_u64()
                         .map_or_else(String::new, |p| format!(" until job {p} ends"));
+                    // Comments and matcher values are anyone's text: no terminal escapes.
                     println!(
                         "{} {state:<7} until {}{job}  {}  {}",
-                        s["id"].as_str().unwrap_or(""),
+                        escape_control(s["id"].as_str().unwrap_or("")),
                         crate::trace::format_time_ms(ends),
-                        matchers.join(","),
-                        s["comment"].as_str().unwrap_or("")
+                        escape_control(&matchers.join(",")),
+                        escape_control(s["comment"].as_str().unwrap_or(""))
                     );
                 }
             })

@@ -323,14 +323,16 @@ fn run_recording(config: &Config) -> PathBuf {
 fn end_report(recording: &Path, config: &Config, quiet: bool) {
     let made = super::report::build(recording, &[], &Default::default(), config).and_then(|r| {
         let html = recording.with_extension("html");
-        std::fs::write(&html, crate::report::html::render(&r, None))
+        // Beside the recording in the state directory: 0600 like it.
+        crate::sys::write_atomic(&html, crate::report::html::render(&r, None).as_bytes())
             .with_context(|| format!("cannot write {}", html.display()))?;
         Ok((r, html))
     });
     match made {
         Ok((r, html)) if !quiet => {
+            // Process names and the like come from outside: no terminal escapes.
             for line in crate::report::text(&r.summary).lines() {
-                crate::say!("gpuwatch: {line}");
+                crate::say!("gpuwatch: {}", crate::values::escape_control(line));
             }
             crate::say!("gpuwatch: report: {}", html.display());
         }

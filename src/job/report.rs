@@ -238,13 +238,17 @@ impl JobReport {
         )
     }
 
-    /// The multi-line report printed at the end and used as notification text.
+    /// The multi-line report printed at the end and used as notification text. The job's
+    /// output (its last lines, the crash evidence) and its command line are shown with control
+    /// characters escaped ([`crate::values::escape_control`]): a colourised log or a hostile
+    /// line cannot drive the terminal, an e-mail or a chat message it ends up in.
     pub fn render_text(&self) -> String {
+        use crate::values::escape_control;
         let mut out = String::new();
-        out.push_str(&self.summary());
+        out.push_str(&escape_control(&self.summary()));
         out.push('\n');
         let mut field = |k: &str, v: String| {
-            out.push_str(&format!("  {k:<10} {v}\n"));
+            out.push_str(&format!("  {k:<10} {}\n", escape_control(&v)));
         };
         field("command", shell_join(&self.command));
         field("pid", self.pid.to_string());
@@ -279,7 +283,7 @@ impl JobReport {
             out.push_str(&format!("  last {} lines:\n", self.last_lines.len()));
             for l in &self.last_lines {
                 out.push_str("    | ");
-                out.push_str(l);
+                out.push_str(&escape_control(l));
                 out.push('\n');
             }
         }
@@ -443,6 +447,50 @@ mod tests {
         assert_eq!(s[0].peak_mem_used_bytes, Some(150 << 20));
         assert_eq!(s[0].mean_util_percent, Some(60.0));
         assert_eq!(s[0].samples, 2);
+    }
+
+    /// Issue 25 §3: the job's output reaches the terminal, e-mails and chats through the
+    /// report: no raw escape sequence (an OSC 52 clipboard write, a screen clear, colours) and
+    /// no C1 control in it; the report's own line layout stays.
+    #[test]
+    fn report_text_escapes_control_characters_from_the_job() {
+        let report = JobReport {
+            command: vec!["python".into(), "train\u{1b}[2J.py".into()],
+            pid: 4242,
+            mode: "run".into(),
+            hostname: "node7".into(),
+            started_at_ms: 0,
+            ended_at_ms: 1_000,
+            exit: JobExit::Exited { code: 1 },
+            exit_code: 1,
+            crash_class: CrashClass::PythonTraceback,
+            crash_detail: "\u{1b}[31mRuntimeError\u{1b}[0m: boom".into(),
+            progress: ProgressState::default(),
+            gpus: None,
+            last_lines: vec![
+                "\u{1b}]52;c;cm0gLXJmIH4=\u{7}copied".into(),
+                "\u{1b}[2Jcleared\u{9b}31m\u{7f}".into(),
+                "plain line".into(),
+            ],
+            alerts: Vec::new(),
+        };
+        let text = report.render_text();
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(
+            text.contains("    | \\u{1b}]52;c;cm0gLXJmIH4=\\u{7}copied\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    | \\u{1b}[2Jcleared\\u{9b}31m\\u{7f}\n"),
+            "{text}"
+        );
+        assert!(text.contains("    | plain line\n"), "{text}");
+        assert!(text.contains("\\u{1b}[31mRuntimeError"), "{text}");
+        assert!(text.starts_with("job failed: "), "{text}");
+        assert_eq!(text.lines().count(), 13, "{text}");
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Discord webhook: `content` (the title) plus one embed per alert (at most 10, Discord's limit),
 //! coloured by severity. Limits: content ≤ 2000, title ≤ 256, description ≤ 4096 characters,
 //! ≤ 25 fields per embed, 6000 characters in all the embeds (fields stop there). Discord answers 204; 429 carries JSON `retry_after`.
+//! Embed titles and field values are markdown-escaped ([`markdown_escape`]); no mention pings.
 
 use serde_json::{json, Value};
 
-use super::render::{alert_fields, summary, title, truncate_chars};
+use super::render::{alert_fields, markdown_escape, summary, title, truncate_chars};
 use super::{rfc3339_ms, Notification};
 use super::channel::{HookBody, JsonHook};
 use crate::model::{AlertStatus, Severity};
@@ -28,7 +29,9 @@ pub fn render(n: &Notification) -> Value {
     let mut used = 0;
     let mut embeds: Vec<Value> = Vec::new();
     for a in n.alerts.iter().take(10) {
-        let title = truncate_chars(&summary(a), 256);
+        // Summaries and field values carry text from outside (a job's output): Discord renders
+        // markdown in them, `[text](url)` included.
+        let title = truncate_chars(&markdown_escape(&summary(a)), 256);
         let title_len = title.chars().count();
         if used + title_len > EMBEDS_TOTAL {
             break;
@@ -37,7 +40,7 @@ pub fn render(n: &Notification) -> Value {
         let mut fields = Vec::new();
         // An empty value is refused by Discord; fields stop where the total would pass.
         for (k, v) in alert_fields(n, a).into_iter().take(25) {
-            let value = truncate_chars(&v, 1024);
+            let value = truncate_chars(&markdown_escape(&v), 1024);
             let len = k.chars().count() + value.chars().count();
             if value.trim().is_empty() || used + len > EMBEDS_TOTAL {
                 continue;
@@ -65,6 +68,8 @@ pub fn render(n: &Notification) -> Value {
         "username": "gpuwatch",
         "content": truncate_chars(&content, 2000),
         "embeds": embeds,
+        // No `@everyone`, role or user ping from text in the message.
+        "allowed_mentions": {"parse": []},
     })
 }
 
@@ -102,6 +107,27 @@ mod tests {
             "GPU 1 (NVIDIA H100 80GB HBM3, GPU-00000001-aaaa-bbbb-cccc-dddddddddddd)"
         );
         assert_eq!(e["timestamp"], "2026-12-02T15:20:00.000Z");
+    }
+
+    /// Issue 25 §3: `[text](url)` from a job's output is no link in the embed; no pings.
+    #[test]
+    fn untrusted_text_makes_no_link() {
+        let got = render(&notification(vec![hostile_alert()]));
+        let e = &got["embeds"][0];
+        let title = e["title"].as_str().unwrap();
+        assert!(title.ends_with("\\[click\\](https://evil.example/)"), "{title}");
+        let details = e["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "Details")
+            .unwrap()["value"]
+            .as_str()
+            .unwrap();
+        assert!(details.contains("\\[here\\](https://evil.example/)"), "{details}");
+        assert!(!got.to_string().contains("[here]("), "{got}");
+        assert!(!got.to_string().contains("\\u001b"), "raw ESC: {got}");
+        assert_eq!(got["allowed_mentions"]["parse"], serde_json::json!([]));
     }
 
     #[test]

@@ -400,6 +400,24 @@ mod tests {
     /// Issue 11: `ca_file` that cannot be read, is not PEM, holds no certificate or a broken
     /// one, or comes with `tls = "none"`, is a config error at the value's position, naming the
     /// file resolved against the config's directory.
+    /// Issue 25 §3: a job's output with escape sequences reaches neither part raw (a mail
+    /// client in a terminal would run them); the text keeps its lines.
+    #[test]
+    fn control_characters_from_a_job_are_escaped() {
+        let mut n = notification(vec![hostile_alert()]);
+        n.processes[0].command = Some("python \u{1b}[2Jtrain.py".into());
+        let e = render(&n);
+        for part in [&e.subject, &e.text, &e.html] {
+            assert!(
+                !part.chars().any(|c| c.is_control() && c != '\n'),
+                "{part:?}"
+            );
+        }
+        assert!(e.text.contains("\n    | \\u{1b}]52;c;cm0gLXJmIH4=\\u{7}\n"), "{}", e.text);
+        assert!(e.html.contains("\\u{1b}[2J\\u{9b}0m"), "{}", e.html);
+        assert!(e.html.contains("python \\u{1b}[2Jtrain.py"), "{}", e.html);
+    }
+
     #[test]
     fn ca_file_problems_are_config_errors_at_their_position() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,11 +1,18 @@
 //! Human-readable text shared by the channel renderers: the title line, one block per alert (GPU
 //! identity, summary, values, start time), the processes on the affected GPUs and what to do next.
 //! Pure functions of a [`Notification`]; chat renderers wrap this text in their JSON.
+//!
+//! Alert text carries text from outside (a job's output, command lines, user names): every
+//! function here escapes control characters in it ([`crate::values::escape_control`]; newlines
+//! and tabs stay where the layout has lines), so no message body carries terminal escapes;
+//! chat renderers whose markup can make links escape that markup on top
+//! ([`markdown_escape`], Slack's and the HTML channels' own escapes).
 
 use std::fmt::Write as _;
 
 use super::{rfc3339_ms, Notification, Reason};
 use crate::model::{AlertEvent, AlertStatus, Severity};
+use crate::values::{escape_control, escape_control_lines};
 
 /// `[CRITICAL] XidCritical on node7: GPU 1` style title.
 pub fn title(n: &Notification) -> String {
@@ -50,7 +57,10 @@ pub fn title(n: &Notification) -> String {
     } else {
         ""
     };
-    format!("[{tag}] {digest}{names} on {}{where_}{count}", n.hostname)
+    escape_control(&format!(
+        "[{tag}] {digest}{names} on {}{where_}{count}",
+        n.hostname
+    ))
 }
 
 /// One-line GPU description: `GPU 1 (NVIDIA H100 80GB HBM3, GPU-…)`.
@@ -81,10 +91,7 @@ pub fn gpu_line(n: &Notification, a: &AlertEvent) -> Option<String> {
 
 /// The summary of an alert (annotation `summary`, else its name).
 pub fn summary(a: &AlertEvent) -> String {
-    a.annotations
-        .get("summary")
-        .cloned()
-        .unwrap_or_else(|| a.name.clone())
+    escape_control_lines(a.annotations.get("summary").unwrap_or(&a.name))
 }
 
 /// What to do next: the rule's `next_steps` annotation or a default by severity.
@@ -150,7 +157,9 @@ pub fn alert_fields(n: &Notification, a: &AlertEvent) -> Vec<(&'static str, Stri
         ));
     }
     f.push(("Next", next_steps(a)));
-    f
+    f.into_iter()
+        .map(|(k, v)| (k, escape_control_lines(&v)))
+        .collect()
 }
 
 fn status_word(s: AlertStatus) -> &'static str {
@@ -173,7 +182,7 @@ pub fn process_lines(n: &Notification) -> Vec<String> {
             let runtime = p
                 .runtime_s
                 .map_or_else(String::new, |s| format!(", up {}", human_secs(s)));
-            format!(
+            escape_control(&format!(
                 "GPU {} pid {} user {} mem {}{}: {}",
                 p.gpu_index,
                 p.pid,
@@ -181,7 +190,7 @@ pub fn process_lines(n: &Notification) -> Vec<String> {
                 mem,
                 runtime,
                 p.command.as_deref().unwrap_or("?")
-            )
+            ))
         })
         .collect()
 }
@@ -225,6 +234,24 @@ pub fn text(n: &Notification) -> String {
 }
 
 pub use crate::values::html_escape;
+
+/// Escapes, with a backslash, the characters chat markdown (Discord; Teams' Adaptive Cards)
+/// gives a meaning — `[text](url)` links, emphasis, code, spoilers, `<…>` mentions and links,
+/// headings, quotes — so that text from outside shows as written and cannot make a link that
+/// says one thing and goes elsewhere.
+pub fn markdown_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(
+            c,
+            '\\' | '[' | ']' | '*' | '_' | '~' | '`' | '|' | '<' | '>' | '#'
+        ) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
 
 pub use crate::values::truncate_chars;
 
@@ -277,6 +304,29 @@ mod tests {
         );
         let n = notification(vec![alert(3, AlertStatus::Resolved)]);
         assert_eq!(title(&n), "[RESOLVED] XidCritical on node7: GPU 3");
+    }
+
+    #[test]
+    fn control_characters_from_outside_are_escaped() {
+        let mut n = notification(vec![hostile_alert()]);
+        n.processes[0].command = Some("python \u{1b}[2Jtrain.py".into());
+        let t = text(&n);
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert!(t.contains("job failed: \\u{1b}[31mboom"), "{t}");
+        assert!(
+            t.contains("  Details: last 2 lines:\n    | \\u{1b}]52;c;cm0gLXJmIH4=\\u{7}\n    | \\u{1b}[2J\\u{9b}0m"),
+            "{t}"
+        );
+        assert!(t.contains(": python \\u{1b}[2Jtrain.py"), "{t}");
+    }
+
+    #[test]
+    fn markdown_is_escaped() {
+        assert_eq!(
+            markdown_escape("[x](https://e.example/) *a* _b_ `c` ||d|| <@1> # e \\"),
+            "\\[x\\](https://e.example/) \\*a\\* \\_b\\_ \\`c\\` \\|\\|d\\|\\| \\<@1\\> \\# e \\\\"
+        );
+        assert_eq!(markdown_escape("GPU 1 (H100)"), "GPU 1 (H100)");
     }
 
     #[test]

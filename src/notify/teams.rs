@@ -1,10 +1,11 @@
 //! Microsoft Teams (Workflows "When a Teams webhook request is received"): a message with one
 //! Adaptive Card 1.2 attachment — title, one fact set per alert, processes. Legacy MessageCards
-//! are not accepted by workflows. Teams answers 202.
+//! are not accepted by workflows. Teams answers 202. Text from alerts (summaries, fact values,
+//! processes) is markdown-escaped ([`markdown_escape`]): cards render markdown, links included.
 
 use serde_json::{json, Value};
 
-use super::render::{alert_fields, process_lines, summary, title};
+use super::render::{alert_fields, markdown_escape, process_lines, summary, title};
 use super::Notification;
 use super::channel::{HookBody, JsonHook};
 use crate::model::{AlertStatus, Severity};
@@ -26,16 +27,16 @@ pub fn render(n: &Notification) -> Value {
     }
     for a in &n.alerts {
         body.push(
-            json!({"type": "TextBlock", "text": summary(a), "weight": "bolder", "wrap": true,
-            "separator": true}),
+            json!({"type": "TextBlock", "text": markdown_escape(&summary(a)), "weight": "bolder",
+            "wrap": true, "separator": true}),
         );
         let facts: Vec<Value> = alert_fields(n, a)
             .into_iter()
-            .map(|(k, v)| json!({"title": k, "value": v}))
+            .map(|(k, v)| json!({"title": k, "value": markdown_escape(&v)}))
             .collect();
         body.push(json!({"type": "FactSet", "facts": facts}));
     }
-    let procs = process_lines(n);
+    let procs: Vec<String> = process_lines(n).iter().map(|p| markdown_escape(p)).collect();
     if !procs.is_empty() {
         body.push(
             json!({"type": "TextBlock", "text": format!("Processes:\n\n- {}", procs.join("\n- ")),
@@ -76,6 +77,27 @@ impl HookBody for TeamsBody {
 mod tests {
     use super::super::testdata::*;
     use super::*;
+
+    /// Issue 25 §3: `[text](url)` from a job's output is no link in the card.
+    #[test]
+    fn untrusted_text_makes_no_link() {
+        let mut n = notification(vec![hostile_alert()]);
+        n.processes[0].command = Some("python [x](https://evil.example/)".into());
+        let got = render(&n);
+        let body = &got["attachments"][0]["content"]["body"];
+        let summary = body[1]["text"].as_str().unwrap();
+        assert!(summary.ends_with("\\[click\\](https://evil.example/)"), "{summary}");
+        let facts = body[2]["facts"].as_array().unwrap();
+        let details = facts.iter().find(|f| f["title"] == "Details").unwrap()["value"]
+            .as_str()
+            .unwrap();
+        assert!(details.contains("\\[here\\](https://evil.example/)"), "{details}");
+        let procs = body[3]["text"].as_str().unwrap();
+        assert!(procs.contains("python \\[x\\](https://evil.example/)"), "{procs}");
+        let all = got.to_string();
+        assert!(!all.contains("[here](") && !all.contains("[x]("), "{all}");
+        assert!(!all.contains("\\u001b"), "raw ESC: {all}");
+    }
 
     #[test]
     fn golden() {

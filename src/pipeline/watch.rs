@@ -298,16 +298,18 @@ impl Watch {
     }
 
     /// Records every snapshot to `path` (gpuwatch CSV) for the end-of-run report, starting over
-    /// (the previous part kept as `PATH.1`) past `max_bytes`. A recording that cannot be
-    /// written is dropped with a warning; it never stops the watch.
+    /// (the previous part kept as `PATH.1`) past `max_bytes`; its directory is made (or narrowed
+    /// to) 0700 and its files 0600, as it lives in the state directory. A recording that cannot
+    /// be written is dropped with a warning; it never stops the watch.
     pub fn record_to(&mut self, path: &std::path::Path, max_bytes: u64) {
         if self.snapshots.is_none() {
             return;
         }
+        // The run's recording lives in the state directory: 0700 directory, 0600 files.
         let opened = path
             .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| crate::record::RotatingFile::open(path, Some(max_bytes), 1));
+            .map_or(Ok(()), crate::sys::create_private_subdir)
+            .and_then(|()| crate::record::RotatingFile::open_private(path, Some(max_bytes), 1));
         match opened {
             Ok(f) => self.recording = Some((path.to_path_buf(), f)),
             Err(e) => tracing::warn!("cannot record the run to {}: {e}", path.display()),
@@ -676,7 +678,12 @@ impl JobObserver for Watch {
                         .and_then(|v| v.as_str().map(str::to_string))
                         .unwrap_or_default(),
                 );
-                a.insert("crash_detail".into(), report.crash_detail.clone());
+                // The job's own output: escaped like every annotation (`alert`), and
+                // `render_text` above escapes it too.
+                a.insert(
+                    "crash_detail".into(),
+                    crate::values::escape_control(&report.crash_detail),
+                );
                 a.insert(
                     "duration".into(),
                     crate::values::format_duration_ms(report.duration_ms()),

@@ -193,7 +193,8 @@ fn checked_name(name: &str) -> anyhow::Result<&str> {
 pub fn save(state_dir: &Path, name: &str, summary: &RunSummary) -> anyhow::Result<PathBuf> {
     let name = checked_name(name)?;
     let d = dir(state_dir);
-    std::fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;
+    crate::sys::create_private_subdir(&d)
+        .with_context(|| format!("cannot create {}", d.display()))?;
     let path = d.join(format!("{name}.json"));
     let json = serde_json::to_vec_pretty(summary)?;
     crate::sys::write_atomic(&path, &json)

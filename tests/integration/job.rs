@@ -431,6 +431,124 @@ fn job_crashed_is_the_end_notice_of_a_failed_job() {
         .contains("failed: cuda_oom (exit code 1)"));
 }
 
+/// Issue 25 §3: escape sequences in a job's output (an OSC 52 clipboard write, a screen clear,
+/// colours) pass through on the job's own stdout, but gpuwatch's report on stderr and the end
+/// notice sent to people carry them escaped.
+#[test]
+fn the_report_and_the_end_notice_escape_the_jobs_control_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let report = dir.path().join("report.json");
+    let script = r"printf 'step 1\n\033]52;c;cm0gLXJmIH4=\007\n\033[2Jcleared\302\233m\n\033[31mRuntimeError: CUDA error: out of memory\033[0m\n'; exit 1";
+    let out = gpuwatch()
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .args(["--report-json", report.to_str().unwrap(), "--"])
+        .args(["sh", "-c", script])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    // The job's own output is the job's: byte-exact.
+    assert!(
+        out.stdout.windows(5).any(|w| w == b"]52;"),
+        "{:?}",
+        out.stdout
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters on stderr: {stderr:?}"
+    );
+    assert!(
+        stderr.contains("    | \\u{1b}]52;c;cm0gLXJmIH4=\\u{7}\n"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("    | \\u{1b}[2Jcleared\\u{9b}m\n"),
+        "{stderr}"
+    );
+    let report = read_report(&report);
+    let crashed = report["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "job_crashed")
+        .unwrap_or_else(|| panic!("{:?}", alerts(&report)));
+    for (k, v) in crashed["annotations"].as_object().unwrap() {
+        let v = v.as_str().unwrap_or("");
+        assert!(
+            !v.chars().any(|c| c.is_control() && c != '\n'),
+            "annotation {k}: {v:?}"
+        );
+    }
+    assert!(
+        crashed["annotations"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("\\u{1b}]52;c;"),
+        "{crashed}"
+    );
+}
+
+/// Issue 25 §4: `run`'s recording directory and files, and saved baselines, are the owner's
+/// only (0700 / 0600) like the rest of the state directory; directories an older gpuwatch left
+/// 0755 are narrowed.
+#[test]
+fn run_recordings_and_baselines_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let state = dir.path().join("state");
+    let (runs, baselines) = (state.join("runs"), state.join("baselines"));
+    for d in [&runs, &baselines] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = gpuwatch()
+        .args(["--sim", "healthy", "run", "--config", cfg.to_str().unwrap()])
+        .args(["--", "sh", "-c", "sleep 1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&runs), 0o700, "runs/");
+    let files: Vec<PathBuf> = std::fs::read_dir(&runs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(
+        files
+            .iter()
+            .any(|p| p.extension().is_some_and(|x| x == "csv"))
+            && files
+                .iter()
+                .any(|p| p.extension().is_some_and(|x| x == "html")),
+        "{files:?}"
+    );
+    for f in &files {
+        assert_eq!(mode(f), 0o600, "{}", f.display());
+    }
+    let csv = files
+        .iter()
+        .find(|p| p.extension().is_some_and(|x| x == "csv"))
+        .unwrap();
+    let out = gpuwatch()
+        .arg("report")
+        .arg(csv)
+        .args(["--config", cfg.to_str().unwrap(), "--save-baseline", "b1"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(mode(&baselines), 0o700, "baselines/");
+    assert_eq!(mode(&baselines.join("b1.json")), 0o600);
+}
+
 /// Runs a job that prints steps for ~1 s and then hangs, on `scenario` at 60× time (the
 /// nccl-hang scenario hangs its GPUs at scenario time 30 s, i.e. after 0.5 s).
 fn hang_run(scenario: &str) -> serde_json::Value {
