@@ -691,7 +691,7 @@ impl Live<'_> {
     /// silences whose job ended.
     fn housekeeping(&mut self) {
         if let Ok(mut s) = self.silences.lock() {
-            let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
+            let alive = |pid: u32, start: Option<u64>| job_alive(pid, start);
             if let Err(e) = s.housekeeping(now_ms(), alive) {
                 warn!("silences: {e:#}");
             }
@@ -877,6 +877,22 @@ impl Live<'_> {
                     Ok(r) => r,
                     Err(e) => return fail(e),
                 };
+                // The job is the process of that pid that started when the asker saw it: a pid
+                // that already belongs to another process is no job to wait for.
+                let until_start = match req.until_pid {
+                    Some(pid) => match crate::sys::read_stat(pid) {
+                        Some(st) if !matches!(st.state, 'Z' | 'X') => {
+                            if req.until_start.is_some_and(|s| s != st.start_ticks) {
+                                return fail(format!(
+                                    "until_pid: process {pid} is not the job asked for (it ended and the pid was reused)"
+                                ));
+                            }
+                            Some(st.start_ticks)
+                        }
+                        _ => return fail(format!("until_pid: no process {pid}")),
+                    },
+                    None => None,
+                };
                 let silence = crate::silence::Silence {
                     id: String::new(),
                     matchers: req.matchers,
@@ -885,6 +901,7 @@ impl Live<'_> {
                     comment: req.comment,
                     created_by: ask["created_by"].as_str().unwrap_or("").to_string(),
                     until_pid: req.until_pid,
+                    until_start,
                 };
                 let text: Vec<String> = silence.matchers.iter().map(ToString::to_string).collect();
                 match self
@@ -1059,4 +1076,13 @@ fn reload_rules(
             );
         }
     }
+}
+
+/// Whether the job a silence waits for still runs: process `pid` exists, is not a zombie, and
+/// (when known) started at `start` (clock ticks since boot) — a process that reused the pid is
+/// not the job.
+fn job_alive(pid: u32, start: Option<u64>) -> bool {
+    crate::sys::read_stat(pid).is_some_and(|st| {
+        !matches!(st.state, 'Z' | 'X') && start.is_none_or(|s| s == st.start_ticks)
+    })
 }

@@ -124,6 +124,9 @@ pub struct AddRequest {
     pub for_ms: i64,
     pub comment: String,
     pub until_pid: Option<u32>,
+    /// The job's start time (clock ticks since boot, `/proc/PID/stat` field 22) as the asker
+    /// saw it: with the pid, the job's identity across PID reuse.
+    pub until_start: Option<u64>,
 }
 
 impl AddRequest {
@@ -178,11 +181,21 @@ impl AddRequest {
                     })?,
             ),
         };
+        let until_start = match &ask["until_start"] {
+            serde_json::Value::Null => None,
+            v => Some(v.as_u64().ok_or_else(|| {
+                format!("until_start: must be a process start time in clock ticks; got {v}")
+            })?),
+        };
+        if until_start.is_some() && until_pid.is_none() {
+            return Err("until_start: needs until_pid".into());
+        }
         Ok(AddRequest {
             matchers,
             for_ms,
             comment,
             until_pid,
+            until_start,
         })
     }
 }
@@ -199,6 +212,10 @@ pub struct Silence {
     /// Ends when this process does.
     #[serde(default)]
     pub until_pid: Option<u32>,
+    /// ... the process of `until_pid` that started at this time (clock ticks since boot): a
+    /// later process that reuses the pid is not the job.
+    #[serde(default)]
+    pub until_start: Option<u64>,
 }
 
 impl Silence {
@@ -280,12 +297,16 @@ impl Silences {
         Ok(true)
     }
 
-    /// Ends the silences whose job has exited (`alive(pid)` false); drops those ended more than a
-    /// day ago.
-    pub fn housekeeping(&mut self, now_ms: i64, alive: impl Fn(u32) -> bool) -> anyhow::Result<()> {
+    /// Ends the silences whose job has exited (`alive(pid, start)` false: no such process, or
+    /// another one that reused the pid); drops those ended more than a day ago.
+    pub fn housekeeping(
+        &mut self,
+        now_ms: i64,
+        alive: impl Fn(u32, Option<u64>) -> bool,
+    ) -> anyhow::Result<()> {
         let mut changed = false;
         for s in &mut self.list {
-            if s.active(now_ms) && s.until_pid.is_some_and(|p| !alive(p)) {
+            if s.active(now_ms) && s.until_pid.is_some_and(|p| !alive(p, s.until_start)) {
                 s.ends_ms = now_ms;
                 changed = true;
             }
@@ -397,6 +418,7 @@ mod tests {
                 comment: "reseating GPU 3".into(),
                 created_by: "alice".into(),
                 until_pid: Some(42),
+                until_start: Some(1000),
             })
             .unwrap();
         let s2 = Silences::load(dir.path()).unwrap();
@@ -404,7 +426,14 @@ mod tests {
         assert!(s2.silencing(&labels(&[("gpu", "3")]), 500).is_some());
         assert!(s2.silencing(&labels(&[("gpu", "4")]), 500).is_none());
         let mut s3 = s2;
-        s3.housekeeping(600, |_| false).unwrap();
+        // The job's pid now belongs to another process (another start time): the job ended.
+        s3.housekeeping(550, |pid, start| pid == 42 && start == Some(999))
+            .unwrap();
+        assert!(
+            s3.silencing(&labels(&[("gpu", "3")]), 560).is_none(),
+            "a reused pid is not the job"
+        );
+        s3.housekeeping(600, |_, _| false).unwrap();
         assert!(
             s3.silencing(&labels(&[("gpu", "3")]), 700).is_none(),
             "the job ended"

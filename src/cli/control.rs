@@ -173,6 +173,7 @@ pub fn silence(_global: &GlobalArgs, args: &SilenceArgs) -> anyhow::Result<i32> 
                 "comment": comment,
                 "created_by": crate::sys::user_name(caller_uid()).unwrap_or_default(),
                 "until_pid": until_job,
+                "until_start": until_job.and_then(crate::sys::read_stat).map(|s| s.start_ticks),
             });
             run_ask(at, &request, |v| {
                 println!("{}", v["id"].as_str().unwrap_or(""));

@@ -749,6 +749,7 @@ mod tests {
             comment: String::new(),
             created_by: String::new(),
             until_pid: None,
+            until_start: None,
         };
         let fire = |gpu| ev("gpu_lost", gpu, Severity::Critical, AlertStatus::Firing, 0);
         g.ingest(0, &[fire(3), fire(4)]);

@@ -385,3 +385,71 @@ fn control_requests_out_of_bounds_are_refused_naming_the_field() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("--for"), "{}", r.stderr);
 }
+
+/// A silence bound to a job ends when the job ends even when its pid is reused at once: the
+/// job is its (pid, start time). The pid is handed to a new process by writing
+/// `/proc/sys/kernel/ns_last_pid` (root), retried until the kernel gives it.
+#[test]
+fn a_job_silence_ends_with_the_job_even_when_its_pid_is_reused() {
+    let last_pid = Path::new("/proc/sys/kernel/ns_last_pid");
+    if std::fs::OpenOptions::new()
+        .write(true)
+        .open(last_pid)
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root and must be able to force a pid's reuse"
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    let sock = tmp.path().join("state/control.sock");
+    let _d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(Duration::from_secs(20), "the control socket", || {
+        sock.exists().then_some(())
+    });
+    let mut job = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .expect("sleep");
+    let pid = job.id();
+    let r = ctl(
+        &cfg,
+        &["silence", "add", "gpu=0", "--until-job", &pid.to_string()],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let _ = job.kill();
+    let _ = job.wait();
+    // The same pid for a new process.
+    let mut heir = None;
+    for _ in 0..200 {
+        let _ = std::fs::write(last_pid, (pid - 1).to_string());
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("sleep");
+        if child.id() == pid {
+            heir = Some(child);
+            break;
+        }
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut heir = heir.expect("the kernel gave the pid to a new process");
+    wait_until(
+        Duration::from_secs(10),
+        "the silence to end with the job despite the reused pid",
+        || {
+            ctl(&cfg, &["silence", "list"])
+                .stdout
+                .contains("expired")
+                .then_some(())
+        },
+    );
+    let _ = heir.kill();
+    let _ = heir.wait();
+}
