@@ -104,6 +104,8 @@ pub struct Ledger {
     pub hours: BTreeMap<i64, Hour>,
     last_ms: Option<i64>,
     processes: Vec<ProcSample>,
+    /// Files [`Ledger::load`] could not read, with why (a digest says so, not "no processes").
+    pub skipped: Vec<String>,
 }
 
 fn hour_of(ms: i64) -> i64 {
@@ -201,10 +203,19 @@ impl Ledger {
                 if day < first_day.as_str() {
                     continue;
                 }
-                let hours: BTreeMap<i64, Hour> = std::fs::read(e.path())
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok())
-                    .unwrap_or_default();
+                let hours: BTreeMap<i64, Hour> = match std::fs::read(e.path())
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+                {
+                    Ok(h) => h,
+                    Err(why) => {
+                        l.skipped.push(format!(
+                            "{}: not readable usage data ({why}); its hours are left out",
+                            e.path().display()
+                        ));
+                        continue;
+                    }
+                };
                 for (h, v) in hours {
                     if h + 3_600_000 > since_ms {
                         l.hours.insert(h, v);
@@ -239,10 +250,18 @@ impl Ledger {
         for (day, hours) in days {
             // Merge with what is on disk for that day (an earlier run of the daemon).
             let path = dir.join(format!("{day}.json"));
-            let mut merged: BTreeMap<i64, Hour> = std::fs::read(&path)
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-                .unwrap_or_default();
+            let mut merged: BTreeMap<i64, Hour> = match std::fs::read(&path) {
+                Ok(b) => match serde_json::from_slice(&b) {
+                    Ok(m) => m,
+                    Err(_) => {
+                        // A damaged day is kept aside, not written over: what it held may
+                        // still be recovered by hand.
+                        let _ = std::fs::rename(&path, path.with_extension("json.damaged"));
+                        BTreeMap::new()
+                    }
+                },
+                Err(_) => BTreeMap::new(),
+            };
             for (h, v) in hours {
                 merged.insert(h, v.clone());
             }
@@ -293,6 +312,7 @@ impl Ledger {
         Digest {
             since_ms,
             until_ms,
+            skipped: self.skipped.clone(),
             rows,
             top_alerts: top,
         }
@@ -355,6 +375,8 @@ pub fn dir(state_dir: &Path) -> PathBuf {
 pub struct Digest {
     pub since_ms: i64,
     pub until_ms: i64,
+    /// Files left out because they could not be read.
+    pub skipped: Vec<String>,
     /// Per owner, most GPU-hours first.
     pub rows: Vec<(Owner, Use)>,
     /// The alerts that fired most, with their counts.
@@ -387,7 +409,12 @@ impl Digest {
                 u.jobs_crashed
             ));
         }
-        if self.rows.is_empty() {
+        for s in &self.skipped {
+            out.push_str(&format!("skipped: {}\n", crate::values::escape_control(s)));
+        }
+        if self.rows.is_empty() && !self.skipped.is_empty() {
+            out.push_str("(no GPU processes in the files that could be read)\n");
+        } else if self.rows.is_empty() {
             out.push_str("(no GPU processes in this period)\n");
         } else {
             out.push_str(&format!(
@@ -424,6 +451,7 @@ impl Digest {
                 "jobs_crashed": u.jobs_crashed,
             })).collect::<Vec<_>>(),
             "top_alerts": self.top_alerts.iter().map(|(a, n)| serde_json::json!({"alert": a, "count": n})).collect::<Vec<_>>(),
+            "skipped": self.skipped,
         })
     }
 }
@@ -644,6 +672,34 @@ mod tests {
     }
 
     /// Job ends older than the kept days leave `jobs.jsonl` (it grew for ever).
+    /// A damaged day file is named in the digest (not "no GPU processes"), and a save keeps it
+    /// aside instead of writing over it.
+    #[test]
+    fn a_damaged_day_is_named_and_kept() {
+        const T0: i64 = 1_764_547_200_000; // Monday 2025-12-01 00:00 UTC
+        let dir = tempfile::tempdir().unwrap();
+        let day = dir.path().join(format!("{}.json", day_name(T0)));
+        std::fs::write(&day, "{ not json").unwrap();
+        let l = Ledger::load(dir.path(), T0 - 86_400_000, true);
+        assert_eq!(l.skipped.len(), 1, "{:?}", l.skipped);
+        assert!(l.skipped[0].contains(&day.display().to_string()));
+        let d = l.digest(T0 - 86_400_000, T0 + 3_600_000, 5);
+        let text = d.render_text("h");
+        assert!(text.contains("skipped: "), "{text}");
+        assert!(
+            !text.contains("(no GPU processes in this period)"),
+            "{text}"
+        );
+        assert_eq!(d.to_json()["skipped"].as_array().unwrap().len(), 1);
+        let mut fresh = Ledger::default();
+        fresh.hours.insert(hour_of(T0), Hour::default());
+        fresh.save(dir.path(), T0).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(day.with_extension("json.damaged")).unwrap(),
+            "{ not json"
+        );
+    }
+
     #[test]
     fn old_job_ends_are_pruned() {
         let dir = tempfile::tempdir().unwrap();

@@ -45,6 +45,9 @@ pub fn digest(_global: &GlobalArgs, args: &DigestArgs) -> anyhow::Result<i32> {
         now + 3_600_000,
         config.digest.top_alerts.unwrap_or(5),
     );
+    for s in &digest.skipped {
+        eprintln!("warning: {s}");
+    }
     if args.json {
         println!("{}", digest.to_json());
     } else {
