@@ -6,6 +6,10 @@
 //! * `{"ask":"silence_add","matchers":["gpu=3"],"for_ms":7200000,"comment":"…","created_by":"…","until_pid":null}`;
 //! * `{"ask":"silence_list"}`, `{"ask":"silence_expire","id":"…"}`;
 //! * `{"ask":"reload"}` (as SIGHUP).
+//!
+//! At most [`MAX_CLIENTS`] requests are served at once (more are answered "busy" at once), each
+//! must arrive whole within [`REQUEST_DEADLINE`] and is at most 64 KiB: clients that connect and
+//! trickle bytes cannot pile up threads or memory.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
@@ -52,16 +56,92 @@ pub fn start(
     std::thread::Builder::new()
         .name("gpuwatch-control".into())
         .spawn(move || {
+            let busy = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
             for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
+                let Ok(stream) = stream else {
+                    // EMFILE and friends: do not spin.
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                };
+                // One thread per client, at most MAX_CLIENTS of them, each for at most
+                // REQUEST_DEADLINE: clients that trickle bytes cannot pile up threads.
+                let n = busy.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                if n >= MAX_CLIENTS {
+                    busy.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                    refuse_busy(stream);
+                    continue;
+                }
                 let tx = tx.clone();
-                // One thread per client: a client that never sends a line holds only itself.
-                let _ = std::thread::Builder::new()
+                let slot = Slot(busy.clone());
+                let spawned = std::thread::Builder::new()
                     .name("gpuwatch-ctl-client".into())
-                    .spawn(move || serve(stream, &tx));
+                    .spawn(move || {
+                        let _slot = slot;
+                        serve(stream, &tx);
+                    });
+                if spawned.is_err() {
+                    // The closure (and its slot) was dropped: the count is back.
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
         })?;
     Ok(())
+}
+
+/// Requests served at once; more are answered "busy" at once.
+pub const MAX_CLIENTS: usize = 16;
+/// A request must arrive whole within this (a client that trickles bytes is cut off).
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A client's place among the [`MAX_CLIENTS`], given back when its thread ends.
+struct Slot(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Answers a client over the limit without reading its request (a short write timeout: a
+/// client that does not read cannot hold the accepting thread).
+fn refuse_busy(mut stream: std::os::unix::net::UnixStream) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
+    let _ = writeln!(
+        stream,
+        "{}",
+        serde_json::json!({"ok": false, "error": format!("busy: {MAX_CLIENTS} requests in progress; try again")})
+    );
+}
+
+/// Reads one request line (at most 64 KiB) within [`REQUEST_DEADLINE`] in all; `None` when the
+/// client sent nothing whole in time or went away.
+fn read_request(stream: &mut std::os::unix::net::UnixStream) -> Option<Vec<u8>> {
+    let deadline = std::time::Instant::now() + REQUEST_DEADLINE;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        stream.set_read_timeout(Some(left)).ok()?;
+        match stream.read(&mut chunk) {
+            Ok(0) => return (!buf.is_empty()).then_some(buf),
+            Ok(n) => {
+                let chunk = chunk.get(..n)?;
+                if let Some(end) = chunk.iter().position(|b| *b == b'\n') {
+                    buf.extend_from_slice(chunk.get(..end)?);
+                    return Some(buf);
+                }
+                buf.extend_from_slice(chunk);
+                if buf.len() > 64 * 1024 {
+                    return Some(buf);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
 }
 
 /// The uid of the process at the other end of `stream`, as the kernel says (`SO_PEERCRED`).
@@ -86,43 +166,39 @@ fn peer_uid(stream: &std::os::unix::net::UnixStream) -> Option<u32> {
     (rc == 0).then_some(cred.uid)
 }
 
-fn serve(stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>) {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+fn serve(mut stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>) {
     let peer = peer_uid(&stream);
-    let Ok(mut writer) = stream.try_clone() else {
+    let Some(bytes) = read_request(&mut stream) else {
         return;
     };
-    let mut bytes = Vec::new();
-    let mut reader = BufReader::new(stream).take(64 * 1024);
-    let answer = match reader.read_until(b'\n', &mut bytes) {
-        Ok(0) | Err(_) => return,
-        // Invalid UTF-8 is answered, not dropped without a word.
-        Ok(_) => match std::str::from_utf8(&bytes)
-            .map_err(|e| format!("the request is not UTF-8 ({e})"))
-            .and_then(|line| {
-                serde_json::from_str::<serde_json::Value>(line)
-                    .map_err(|e| format!("not a JSON request: {e}"))
-            }) {
-            Ok(mut ask) => {
-                // Who asks is what the kernel says, not what the request says (a member of the
-                // control group cannot sign a silence with someone else's name).
-                if let (Some(obj), Some(uid)) = (ask.as_object_mut(), peer) {
-                    let who = crate::sys::user_name(uid).unwrap_or_else(|| format!("uid {uid}"));
-                    obj.insert("created_by".into(), serde_json::Value::String(who));
-                }
-                let (reply_tx, reply_rx) = mpsc::channel();
-                if tx.send(Control::Ask(ask, reply_tx)).is_err() {
-                    serde_json::json!({"ok": false, "error": "the daemon is stopping"})
-                } else {
-                    reply_rx
+    let mut writer = stream;
+    let _ = writer.set_write_timeout(Some(Duration::from_secs(10)));
+    // Invalid UTF-8 is answered, not dropped without a word.
+    let answer = match std::str::from_utf8(&bytes)
+        .map_err(|e| format!("the request is not UTF-8 ({e})"))
+        .and_then(|line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .map_err(|e| format!("not a JSON request: {e}"))
+        }) {
+        Ok(mut ask) => {
+            // Who asks is what the kernel says, not what the request says (a member of the
+            // control group cannot sign a silence with someone else's name).
+            if let (Some(obj), Some(uid)) = (ask.as_object_mut(), peer) {
+                let who = crate::sys::user_name(uid).unwrap_or_else(|| format!("uid {uid}"));
+                obj.insert("created_by".into(), serde_json::Value::String(who));
+            }
+            let (reply_tx, reply_rx) = mpsc::channel();
+            if tx.send(Control::Ask(ask, reply_tx)).is_err() {
+                serde_json::json!({"ok": false, "error": "the daemon is stopping"})
+            } else {
+                reply_rx
                         .recv_timeout(Duration::from_secs(10))
                         .unwrap_or_else(|_| {
                             serde_json::json!({"ok": false, "error": "the daemon did not answer in 10 s"})
                         })
-                }
             }
-            Err(e) => serde_json::json!({"ok": false, "error": e}),
-        },
+        }
+        Err(e) => serde_json::json!({"ok": false, "error": e}),
     };
     let _ = writeln!(writer, "{answer}");
 }

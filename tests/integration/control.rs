@@ -453,3 +453,44 @@ fn a_job_silence_ends_with_the_job_even_when_its_pid_is_reused() {
     let _ = heir.kill();
     let _ = heir.wait();
 }
+
+/// Threads of process `pid`.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// 200 clients that connect and trickle bytes hold at most 16 threads of the daemon, each for at
+/// most 10 s; afterwards a request is answered.
+#[test]
+fn trickling_clients_cannot_pile_up_threads() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    let sock = tmp.path().join("state/control.sock");
+    let d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(Duration::from_secs(20), "the control socket", || {
+        sock.exists().then_some(())
+    });
+    let before = threads(d.pid());
+    let mut clients: Vec<std::os::unix::net::UnixStream> = (0..200)
+        .filter_map(|_| std::os::unix::net::UnixStream::connect(&sock).ok())
+        .collect();
+    let start = std::time::Instant::now();
+    let mut most = 0;
+    while start.elapsed() < Duration::from_secs(3) {
+        for c in &mut clients {
+            let _ = c.write_all(b" ");
+        }
+        most = most.max(threads(d.pid()));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        most <= before + 16 + 2,
+        "{most} threads with 200 trickling clients ({before} before)"
+    );
+    drop(clients);
+    wait_until(Duration::from_secs(15), "an answer after the flood", || {
+        (ctl(&cfg, &["alerts"]).code == 0).then_some(())
+    });
+}
