@@ -462,17 +462,7 @@ pub fn diagnosis_text(r: &RunSummary) -> String {
         }
     }
     if !r.phases.is_empty() {
-        let p: Vec<String> = r
-            .phases
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} {}",
-                    p.kind,
-                    human_duration((p.end_ms - p.start_ms) as f64 / 1000.0)
-                )
-            })
-            .collect();
+        let p: Vec<String> = r.phases.iter().map(Phase::describe).collect();
         let _ = writeln!(out, "phases: {}", p.join(", "));
     }
     out

@@ -229,6 +229,17 @@ pub struct Phase {
     pub end_ms: i64,
 }
 
+impl Phase {
+    /// `job 3m 40s`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {}",
+            self.kind,
+            super::human_duration((self.end_ms - self.start_ms) as f64 / 1000.0)
+        )
+    }
+}
+
 /// One GPU's verdict in a line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {

@@ -349,14 +349,7 @@ fn diagnosis(h: &mut String, r: &RunSummary, shown: &std::collections::BTreeSet<
         let p: Vec<String> = r
             .phases
             .iter()
-            .map(|p| {
-                format!(
-                    "{} {} ({})",
-                    p.kind,
-                    human_duration((p.end_ms - p.start_ms) as f64 / 1000.0),
-                    format_time_ms(p.start_ms)
-                )
-            })
+            .map(|p| format!("{} ({})", p.describe(), format_time_ms(p.start_ms)))
             .collect();
         let _ = write!(h, "<p class=\"meta\">Phases: {}</p>", esc(&p.join(", ")));
     }

@@ -18,6 +18,35 @@ fn ctl(cfg: &Path, args: &[&str]) -> super::common::Run {
     gpuwatch(&all, &[])
 }
 
+/// A `healthy` daemon with a webhook channel, its control socket up.
+struct Served {
+    _tmp: tempfile::TempDir,
+    _hook: HttpReceiver,
+    cfg: std::path::PathBuf,
+    sock: std::path::PathBuf,
+    daemon: super::notify::servers::Daemon,
+}
+
+impl Served {
+    fn start() -> Served {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let hook = HttpReceiver::start();
+        let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+        let sock = tmp.path().join("state/control.sock");
+        let daemon = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+        wait_until(Duration::from_secs(20), "the control socket", || {
+            sock.exists().then_some(())
+        });
+        Served {
+            _tmp: tmp,
+            _hook: hook,
+            cfg,
+            sock,
+            daemon,
+        }
+    }
+}
+
 /// Alert names the webhook receiver got, firing only.
 fn fired(hook: &HttpReceiver) -> Vec<String> {
     hook.requests()
@@ -152,14 +181,8 @@ fn silences_from_the_cli_mute_notifications_and_persist() {
 
 #[test]
 fn a_job_silence_ends_with_the_job() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let hook = HttpReceiver::start();
-    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
-    let sock = tmp.path().join("state/control.sock");
-    let _d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
-    wait_until(Duration::from_secs(20), "the control socket", || {
-        sock.exists().then_some(())
-    });
+    let served = Served::start();
+    let cfg = served.cfg.clone();
     let mut job = std::process::Command::new("sleep")
         .arg("2")
         .spawn()
@@ -193,14 +216,8 @@ fn a_job_silence_ends_with_the_job() {
 /// characters (an OSC 52 clipboard write, a screen clear, C1) escaped, never raw.
 #[test]
 fn silence_list_escapes_control_characters_in_comments() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let hook = HttpReceiver::start();
-    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
-    let sock = tmp.path().join("state/control.sock");
-    let _d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
-    wait_until(Duration::from_secs(20), "the control socket", || {
-        sock.exists().then_some(())
-    });
+    let served = Served::start();
+    let cfg = served.cfg.clone();
     let comment = "maintenance\u{1b}]52;c;cm0gLXJmIH4=\u{7}\u{1b}[2J\u{9b}31m\u{7f}done";
     let r = ctl(&cfg, &["silence", "add", "gpu=0", "--comment", comment]);
     assert_eq!(r.code, 0, "{}", r.stderr);
@@ -330,14 +347,9 @@ fn raw(sock: &Path, line: &[u8]) -> String {
 /// an answer, and the CLI refuses `--for 10000000d`.
 #[test]
 fn control_requests_out_of_bounds_are_refused_naming_the_field() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let hook = HttpReceiver::start();
-    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
-    let sock = tmp.path().join("state/control.sock");
-    let _d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
-    wait_until(Duration::from_secs(20), "the control socket", || {
-        sock.exists().then_some(())
-    });
+    let served = Served::start();
+    let cfg = served.cfg.clone();
+    let sock = served.sock.clone();
     for (request, field) in [
         (
             r#"{"ask":"silence_add","matchers":["gpu=0"],"for_ms":18446744073709551615}"#,
@@ -403,14 +415,8 @@ fn a_job_silence_ends_with_the_job_even_when_its_pid_is_reused() {
         );
         return;
     }
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let hook = HttpReceiver::start();
-    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
-    let sock = tmp.path().join("state/control.sock");
-    let _d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
-    wait_until(Duration::from_secs(20), "the control socket", || {
-        sock.exists().then_some(())
-    });
+    let served = Served::start();
+    let cfg = served.cfg.clone();
     let mut job = std::process::Command::new("sleep")
         .arg("600")
         .spawn()
@@ -464,14 +470,10 @@ fn threads(pid: u32) -> usize {
 #[test]
 fn trickling_clients_cannot_pile_up_threads() {
     use std::io::Write as _;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let hook = HttpReceiver::start();
-    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
-    let sock = tmp.path().join("state/control.sock");
-    let d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
-    wait_until(Duration::from_secs(20), "the control socket", || {
-        sock.exists().then_some(())
-    });
+    let served = Served::start();
+    let cfg = served.cfg.clone();
+    let sock = served.sock.clone();
+    let d = &served.daemon;
     let before = threads(d.pid());
     let mut clients: Vec<std::os::unix::net::UnixStream> = (0..200)
         .filter_map(|_| std::os::unix::net::UnixStream::connect(&sock).ok())
