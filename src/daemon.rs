@@ -881,16 +881,14 @@ impl Live<'_> {
                 // The job is the process of that pid that started when the asker saw it: a pid
                 // that already belongs to another process is no job to wait for.
                 let until_start = match req.until_pid {
-                    Some(pid) => match crate::sys::read_stat(pid) {
-                        Some(st) if !matches!(st.state, 'Z' | 'X') => {
-                            if req.until_start.is_some_and(|s| s != st.start_ticks) {
-                                return fail(format!(
-                                    "until_pid: process {pid} is not the job asked for (it ended and the pid was reused)"
-                                ));
-                            }
-                            Some(st.start_ticks)
+                    Some(pid) => match crate::sys::live_start_ticks(pid) {
+                        Some(start) if req.until_start.is_some_and(|s| s != start) => {
+                            return fail(format!(
+                                "until_pid: process {pid} is not the job asked for (it ended and the pid was reused)"
+                            ));
                         }
-                        _ => return fail(format!("until_pid: no process {pid}")),
+                        Some(start) => Some(start),
+                        None => return fail(format!("until_pid: no process {pid}")),
                     },
                     None => None,
                 };
@@ -1083,7 +1081,5 @@ fn reload_rules(
 /// (when known) started at `start` (clock ticks since boot) — a process that reused the pid is
 /// not the job.
 fn job_alive(pid: u32, start: Option<u64>) -> bool {
-    crate::sys::read_stat(pid).is_some_and(|st| {
-        !matches!(st.state, 'Z' | 'X') && start.is_none_or(|s| s == st.start_ticks)
-    })
+    crate::sys::live_start_ticks(pid).is_some_and(|now| start.is_none_or(|s| s == now))
 }

@@ -641,10 +641,8 @@ impl Engine {
             other => (None, other),
         };
         if let Some(items) = items {
-            let quiet = match host_result {
-                EvalResult::NoData => EvalResult::NoData,
-                _ => EvalResult::Quiet,
-            };
+            // GPUs not listed: what the host-wide instance gets (quiet, or no data).
+            let quiet = host_result.clone();
             for index in present {
                 let Some(hist) = self.gpus.get(index).cloned() else {
                     continue;

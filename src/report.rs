@@ -397,12 +397,12 @@ fn windows_text(w: &[Window]) -> String {
 pub fn diagnosis_text(r: &RunSummary) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let unused: Vec<u32> = r
+    let unused_findings: Vec<&Finding> = r
         .findings
         .iter()
         .filter(|f| f.pattern == "unused_gpu")
-        .map(|f| f.gpu)
         .collect();
+    let unused: Vec<u32> = unused_findings.iter().map(|f| f.gpu).collect();
     let problems: Vec<&Finding> = r
         .findings
         .iter()
@@ -428,7 +428,7 @@ pub fn diagnosis_text(r: &RunSummary) -> String {
             let _ = writeln!(out, "      likely cause: {}", f.cause);
             let _ = writeln!(out, "      fix: {}", f.fix);
         }
-        if !unused.is_empty() {
+        if let Some(first) = unused_findings.first() {
             let (what, verb) = if unused.len() == 1 {
                 ("GPU", "was")
             } else {
@@ -438,7 +438,7 @@ pub fn diagnosis_text(r: &RunSummary) -> String {
                 out,
                 "  {what} {} {verb} not used by this run (info): no work and no memory held while other GPUs worked — {}",
                 gpu_list(&unused),
-                words_unused()
+                first.fix
             );
         }
     }
@@ -466,8 +466,4 @@ pub fn diagnosis_text(r: &RunSummary) -> String {
         let _ = writeln!(out, "phases: {}", p.join(", "));
     }
     out
-}
-
-fn words_unused() -> &'static str {
-    "give the job only the GPUs it uses, or launch one rank per GPU"
 }

@@ -221,6 +221,14 @@ pub fn read_uid(pid: u32) -> Option<u32> {
     parse_status_uid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
 }
 
+/// The start time (clock ticks since boot) of `pid` while it runs (not a zombie): with the pid,
+/// the process's identity across PID reuse.
+pub fn live_start_ticks(pid: u32) -> Option<u64> {
+    read_stat(pid)
+        .filter(|s| !matches!(s.state, 'Z' | 'X'))
+        .map(|s| s.start_ticks)
+}
+
 /// Every live process in process group `pgid`.
 pub fn process_group(pgid: u32) -> Vec<u32> {
     let Ok(rd) = std::fs::read_dir("/proc") else {
@@ -240,16 +248,12 @@ pub fn process_group(pgid: u32) -> Vec<u32> {
 /// Writes `bytes` to `path` atomically and durably: a temporary file (mode 0600) in the same
 /// directory, fsync, rename over `path`, then an fsync of the directory ([`sync_dir`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let written = (|| {
+    let tmp = parent_dir(path).join(format!(".{name}.{}.tmp", std::process::id()));
+    let file = (|| {
         use std::os::unix::fs::OpenOptionsExt;
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -258,15 +262,35 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        Ok(f)
     })();
-    if let Err(e) = written {
-        // A partial temp file would only take more of a full disk.
-        let _ = std::fs::remove_file(&tmp);
+    match file {
+        Ok(f) => commit_temp(&f, &tmp, path),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// The directory `path` is in (`.` for a bare name): where its rename is synced.
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Puts the temporary file `tmp`, written through `file`, in place of `path` durably: fsync,
+/// rename over `path`, then an fsync of the directory ([`sync_dir`]). When that fails `tmp` is
+/// removed (a partial temp file would only take more of a full disk) and `path` is as it was.
+/// The last step of [`write_atomic`] and of a streamed [`output::Output`].
+pub fn commit_temp(file: &std::fs::File, tmp: &Path, path: &Path) -> std::io::Result<()> {
+    if let Err(e) = file.sync_all().and_then(|()| std::fs::rename(tmp, path)) {
+        let _ = std::fs::remove_file(tmp);
         return Err(e);
     }
-    sync_dir(dir)
+    sync_dir(parent_dir(path))
 }
 
 /// Fsyncs a directory so a rename or removal in it is durable. A filesystem that cannot sync

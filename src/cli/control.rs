@@ -3,7 +3,7 @@
 //! one line and exit 2: a malformed matcher (with its column), an unknown silence id, no daemon
 //! on the socket (naming the path tried), a socket the user may not open.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -149,12 +149,17 @@ pub fn silence(_global: &GlobalArgs, args: &SilenceArgs) -> anyhow::Result<i32> 
                     return Ok(FAILED);
                 }
             }
-            if let Some(pid) = until_job {
-                if !Path::new(&format!("/proc/{pid}")).exists() {
-                    eprintln!("gpuwatch: --until-job {pid}: no such process");
-                    return Ok(FAILED);
-                }
-            }
+            // The job is this pid as it runs now (its start time goes with the request).
+            let until_start = match until_job {
+                Some(pid) => match crate::sys::live_start_ticks(*pid) {
+                    Some(start) => Some(start),
+                    None => {
+                        eprintln!("gpuwatch: --until-job {pid}: no such process");
+                        return Ok(FAILED);
+                    }
+                },
+                None => None,
+            };
             let for_ms = duration.map_or(3_600_000, |d| {
                 i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
             });
@@ -173,7 +178,7 @@ pub fn silence(_global: &GlobalArgs, args: &SilenceArgs) -> anyhow::Result<i32> 
                 "comment": comment,
                 "created_by": crate::sys::user_name(caller_uid()).unwrap_or_default(),
                 "until_pid": until_job,
-                "until_start": until_job.and_then(crate::sys::read_stat).map(|s| s.start_ticks),
+                "until_start": until_start,
             });
             run_ask(at, &request, |v| {
                 println!("{}", v["id"].as_str().unwrap_or(""));

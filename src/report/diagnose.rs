@@ -781,7 +781,7 @@ fn periodic(g: &Gpu<'_>, st: std::ops::Range<usize>, observed: i64, median: f64,
         return;
     }
     let mut intervals: Vec<f64> = dips.windows(2).map(|w| (w[1].0 - w[0].0) as f64).collect();
-    let period = pct(&mut intervals.clone(), 0.5).unwrap_or(0.0);
+    let period = pct(&mut intervals, 0.5).unwrap_or(0.0);
     if period < 3.0 * g.spacing as f64 {
         return;
     }
@@ -836,8 +836,8 @@ fn memory(
     if pts.len() < 10 || span <= 0 {
         return None;
     }
-    let third: Vec<f64> = pts[pts.len() * 2 / 3..].iter().map(|p| p.1).collect();
-    let level = pct(&mut third.clone(), 0.5)?;
+    let mut third: Vec<f64> = pts[pts.len() * 2 / 3..].iter().map(|p| p.1).collect();
+    let level = pct(&mut third, 0.5)?;
     let warm_end = pts
         .iter()
         .find(|p| p.1 >= 0.9 * level)
@@ -874,11 +874,11 @@ fn memory(
     // Block medians: steady growth rises block after block.
     let blocks: Vec<f64> = (0..8)
         .filter_map(|b| {
-            let chunk: Vec<f64> = m[m.len() * b / 8..m.len() * (b + 1) / 8]
+            let mut chunk: Vec<f64> = m[m.len() * b / 8..m.len() * (b + 1) / 8]
                 .iter()
                 .map(|p| p.1)
                 .collect();
-            pct(&mut chunk.clone(), 0.5)
+            pct(&mut chunk, 0.5)
         })
         .collect();
     let ups = blocks.windows(2).filter(|w| w[1] > w[0]).count();
@@ -1205,7 +1205,7 @@ fn mean_of(v: &[f64]) -> f64 {
     }
 }
 
-fn significant(pattern: &str, a: &Acc) -> bool {
+fn significant(a: &Acc) -> bool {
     if a.held_n < MIN_SAMPLES {
         return false;
     }
@@ -1216,7 +1216,6 @@ fn significant(pattern: &str, a: &Acc) -> bool {
         return false;
     }
     let share = a.held_ms as f64 / a.observed_ms as f64;
-    let _ = pattern;
     share >= MIN_SHARE || (a.held_ms >= MIN_LONG_MS && share >= MIN_LONG_SHARE)
 }
 
@@ -1265,7 +1264,7 @@ fn finish(accs: Accs) -> (Vec<Finding>, Vec<Finding>) {
             fix: w.fix.to_string(),
             rank: 0,
         };
-        if significant(pattern, &a) {
+        if significant(&a) {
             findings.push(f);
         } else if a.held_n >= MIN_SAMPLES {
             // Held in too few samples: no evidence either way, not even of an episode.

@@ -203,9 +203,9 @@ impl Target {
 /// the file named is left as it was.
 pub struct Output {
     writer: BufWriter<Box<dyn Write + Send>>,
-    /// (temporary file, final path) while a regular file is being written.
-    pending: Option<(PathBuf, PathBuf)>,
-    file: Option<File>,
+    /// (temporary file, final path, a handle on the temporary file to sync) while a regular
+    /// file is being written.
+    pending: Option<(PathBuf, PathBuf, File)>,
 }
 
 impl std::fmt::Debug for Output {
@@ -229,7 +229,6 @@ impl Output {
             Target::Stdout => Ok(Output {
                 writer: BufWriter::with_capacity(BUF, Box::new(io::stdout())),
                 pending: None,
-                file: None,
             }),
             Target::File { path, mode } => {
                 let tmp = temp_beside(path);
@@ -246,8 +245,7 @@ impl Output {
                 let handle = f.try_clone()?;
                 Ok(Output {
                     writer: BufWriter::with_capacity(BUF, Box::new(f)),
-                    pending: Some((tmp, path.clone())),
-                    file: Some(handle),
+                    pending: Some((tmp, path.clone(), handle)),
                 })
             }
             other => {
@@ -255,7 +253,6 @@ impl Output {
                 Ok(Output {
                     writer: BufWriter::with_capacity(BUF, Box::new(f)),
                     pending: None,
-                    file: None,
                 })
             }
         }
@@ -265,25 +262,11 @@ impl Output {
     /// directory).
     pub fn finish(mut self) -> io::Result<()> {
         self.writer.flush()?;
-        if let Some((tmp, path)) = self.pending.take() {
-            let done = (|| {
-                if let Some(f) = &self.file {
-                    f.sync_all()?;
-                }
-                std::fs::rename(&tmp, &path)
-                    .map_err(|e| err(e.kind(), format!("cannot replace {}: {e}", path.display())))
-            })();
-            if let Err(e) = done {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-            let dir = match path.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => Path::new("."),
-            };
-            super::sync_dir(dir)?;
+        match self.pending.take() {
+            Some((tmp, path, file)) => super::commit_temp(&file, &tmp, &path)
+                .map_err(|e| err(e.kind(), format!("cannot replace {}: {e}", path.display()))),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -301,7 +284,7 @@ impl Write for Output {
 
 impl Drop for Output {
     fn drop(&mut self) {
-        if let Some((tmp, _)) = self.pending.take() {
+        if let Some((tmp, _, _)) = self.pending.take() {
             let _ = std::fs::remove_file(tmp);
         }
     }
