@@ -1,7 +1,17 @@
 //! The exporter's HTTP listener (hyper, HTTP/1.1, on its own thread): `/metrics` rendered from
 //! the daemon's last [`ExportState`] — never an NVML call; scrapes of one state generation share
 //! one rendering —, `/-/healthy` (the daemon runs) and `/-/ready` (a first sample is in).
+//!
+//! Slow clients cannot blind it nor take the daemon's file descriptors: at most
+//! `MAX_CONNECTIONS` connections are open at once; a client must send each request's head
+//! within `HEADER_TIMEOUT` (so a silent or trickling client, or an idle kept-alive connection,
+//! is closed after that long) and no connection lasts longer than `CONNECTION_LIMIT`. At the cap
+//! a newcomer is still served and the oldest connection that has not sent a request yet is closed
+//! instead, so a scraper that sends its request as it connects is answered even while hundreds of
+//! slow clients keep (re)opening connections. (A client that opens connections faster than the
+//! cap per scrape's round trip could still evict a scraper; that is a flood, not a slow client.)
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -72,7 +82,7 @@ async fn serve(listener: std::net::TcpListener, state: Shared, cache: Cache) {
             return;
         }
     };
-    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let open = Arc::new(Mutex::new(Open::default()));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -83,33 +93,122 @@ async fn serve(listener: std::net::TcpListener, state: Shared, cache: Cache) {
                 continue;
             }
         };
-        // Clients that open connections and send nothing must not take the daemon's file
-        // descriptors (its state, outbox and sockets need them): a bounded number of
-        // connections, each for a bounded time.
-        if open.load(std::sync::atomic::Ordering::SeqCst) >= MAX_CONNECTIONS {
-            drop(stream);
-            continue;
+        // At the cap the newcomer is served and an older connection makes room (see
+        // `Open::evict`): slow clients cannot hold every slot against a scraper.
+        let (id, close, evicted) = {
+            let mut o = lock(&open);
+            let evicted = o.conns.len() >= MAX_CONNECTIONS && o.evict();
+            let (id, close) = o.admit();
+            (id, close, evicted)
+        };
+        if evicted {
+            // Let the evicted connection's task run now and close its socket, so that a flood
+            // of accepts cannot pile up closed-but-not-yet-dropped connections.
+            tokio::task::yield_now().await;
         }
-        open.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let (state, cache, open) = (state.clone(), cache.clone(), open.clone());
         tokio::spawn(async move {
+            let _slot = Slot {
+                open: open.clone(),
+                id,
+            };
             let service = hyper::service::service_fn(move |req| {
+                if let Some(c) = lock(&open).conns.get_mut(&id) {
+                    c.served = true;
+                }
                 let response = respond(&req, &state, &cache);
                 async move { Ok::<_, Infallible>(response) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
-            let connection =
-                hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-            let _ = tokio::time::timeout(CONNECTION_LIMIT, connection).await;
-            open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(io, service);
+            tokio::select! {
+                _ = tokio::time::timeout(CONNECTION_LIMIT, connection) => {}
+                // Evicted: the sender was dropped.
+                _ = close => {}
+            }
+            // `_slot` drops here (or where the task is dropped): the connection leaves `Open`.
         });
     }
 }
 
-/// Connections served at once; more are closed at once.
+/// The connections being served, oldest first (ids grow with each accept). Only the accept loop
+/// adds; a connection leaves when its task ends (`Slot`'s drop) or when it is evicted — removing
+/// an id twice is harmless, so a connection is counted out exactly once either way.
+#[derive(Default)]
+struct Open {
+    next: u64,
+    conns: BTreeMap<u64, Conn>,
+}
+
+struct Conn {
+    /// A request's head has been read on this connection.
+    served: bool,
+    /// Dropping it closes the connection (its task stops waiting and drops the socket).
+    _close: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Open {
+    /// A new connection: its id and what tells its task to close it.
+    fn admit(&mut self) -> (u64, tokio::sync::oneshot::Receiver<()>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let id = self.next;
+        self.next += 1;
+        self.conns.insert(
+            id,
+            Conn {
+                served: false,
+                _close: tx,
+            },
+        );
+        (id, rx)
+    }
+
+    /// Closes the oldest connection that has not sent a whole request head yet — a slow client
+    /// rather than a scraper, which sends its request within milliseconds of connecting and so
+    /// is practically never the oldest — or, if every one has, the oldest of all.
+    fn evict(&mut self) -> bool {
+        let victim = self
+            .conns
+            .iter()
+            .find(|(_, c)| !c.served)
+            .or_else(|| self.conns.iter().next())
+            .map(|(id, _)| *id);
+        victim.is_some_and(|id| self.conns.remove(&id).is_some())
+    }
+}
+
+/// A connection's place in `Open`, given up when its task ends or is dropped.
+struct Slot {
+    open: Arc<Mutex<Open>>,
+    id: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        lock(&self.open).conns.remove(&self.id);
+    }
+}
+
+fn lock(open: &Mutex<Open>) -> std::sync::MutexGuard<'_, Open> {
+    // Nothing panics while holding it; a poisoned registry is still consistent.
+    open.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Connections served at once. At the cap a new connection is still served: the oldest one
+/// that has not sent a request yet (or else the oldest of all) is closed to make room. Together
+/// with the limits below this bounds the exporter's sockets and file descriptors.
 const MAX_CONNECTIONS: usize = 64;
-/// How long one connection may last (a scrape takes milliseconds; a kept-alive one is simply
-/// opened again by the next scrape).
+/// How long a client may take to send a request's head (request line and headers), counted
+/// from the connection's opening or, on a kept-alive connection, from the end of the previous
+/// response: a scraper sends it at once; a client that sends nothing, or a byte now and then,
+/// is closed after this long. It also bounds how long a kept-alive connection sits idle.
+const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long one connection may last in all (a scrape takes milliseconds; a kept-alive one is
+/// simply opened again by the next scrape).
 const CONNECTION_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Pause after a failed accept.
 const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);

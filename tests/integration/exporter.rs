@@ -6,7 +6,9 @@
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::daemon::daemon;
 use super::notify::servers::{free_port, wait_until};
@@ -409,4 +411,213 @@ fn idle_connections_are_bounded() {
     wait_until(Duration::from_secs(10), "/metrics again", || {
         get(port, "/metrics", "text/plain").filter(|r| r.0 == 200)
     });
+}
+
+/// `GET /metrics` as Prometheus sends it (connect, the whole head at once), all within `limit`:
+/// the time it took, or why it failed.
+fn scrape_within(port: u16, limit: Duration) -> Result<Duration, String> {
+    let start = Instant::now();
+    let left = || {
+        limit
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_millis(1))
+    };
+    let mut s = TcpStream::connect_timeout(&(std::net::Ipv4Addr::LOCALHOST, port).into(), limit)
+        .map_err(|e| format!("connect: {e}"))?;
+    s.write_all(
+        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
+    )
+    .map_err(|e| format!("send: {e}"))?;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        s.set_read_timeout(Some(left()))
+            .map_err(|e| format!("{e}"))?;
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) => {
+                return Err(format!(
+                    "read after {:?} ({} bytes): {e}",
+                    start.elapsed(),
+                    raw.len()
+                ))
+            }
+        }
+    }
+    let took = start.elapsed();
+    let text = String::from_utf8_lossy(&raw);
+    if !text.starts_with("HTTP/1.1 200") || !text.contains("DCGM_FI_DEV_") {
+        return Err(format!(
+            "not a page ({} bytes): {:?}",
+            raw.len(),
+            text.chars().take(200).collect::<String>()
+        ));
+    }
+    if took > limit {
+        return Err(format!("answered after {took:?}"));
+    }
+    Ok(took)
+}
+
+/// `count` slow clients until `stop`: even ones connect and send nothing, odd ones send the start
+/// of a request head and then one byte every 2 s. A connection the server closes is opened again
+/// half a second later.
+fn slow_clients(port: u16, count: usize, stop: &AtomicBool) {
+    let addr = (std::net::Ipv4Addr::LOCALHOST, port).into();
+    let mut slots: Vec<(Option<TcpStream>, Instant)> =
+        (0..count).map(|_| (None, Instant::now())).collect();
+    while !stop.load(Ordering::SeqCst) {
+        for (i, (slot, due)) in slots.iter_mut().enumerate() {
+            let now = Instant::now();
+            match slot {
+                None if now >= *due => {
+                    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+                    else {
+                        *due = now + Duration::from_millis(500);
+                        continue;
+                    };
+                    let ok = s.set_nonblocking(true).is_ok()
+                        && (i % 2 == 0 || s.write_all(b"GET /metrics HTTP/1.1\r\nHo").is_ok());
+                    if ok {
+                        *slot = Some(s);
+                        *due = now + Duration::from_secs(2);
+                    } else {
+                        *due = now + Duration::from_millis(500);
+                    }
+                }
+                None => {}
+                Some(s) => {
+                    let mut byte = [0u8; 1];
+                    let open = matches!(s.read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+                    let open =
+                        open && (i % 2 == 0 || now < *due || s.write(b"s").is_ok_and(|n| n == 1));
+                    if !open {
+                        *slot = None;
+                        *due = now + Duration::from_millis(500);
+                    } else if i % 2 == 1 && now >= *due {
+                        *due = now + Duration::from_secs(2);
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 25 item 6: slow clients (slowloris: 300 of them, each connecting and then sending
+/// nothing or a byte of a request head every 2 s, and connecting again when closed) cannot blind
+/// `/metrics`: every scrape is answered within 1 s, and the daemon's file descriptors stay
+/// bounded.
+#[test]
+fn scrapes_are_answered_while_slow_clients_hold_connections() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let cfg = config(tmp.path(), &format!("127.0.0.1:{port}"));
+    let d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(Duration::from_secs(20), "a first page", || {
+        scrape_within(port, Duration::from_secs(1)).ok()
+    });
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", d.pid())).map_or(0, |r| r.count());
+    let before = fds();
+    let stop = Arc::new(AtomicBool::new(false));
+    let attackers: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || slow_clients(port, 100, &stop))
+        })
+        .collect();
+    // Let them take every connection the server allows.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut answers = Vec::new();
+    let mut most_fds = 0;
+    // 12 scrapes over 9 s: past the header timeout, while the slow clients are cut off and
+    // come back.
+    for _ in 0..12 {
+        answers.push(scrape_within(port, Duration::from_secs(1)));
+        most_fds = most_fds.max(fds());
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    stop.store(true, Ordering::SeqCst);
+    for a in attackers {
+        a.join().expect("slow clients");
+    }
+    eprintln!("scrapes: {answers:?}; file descriptors: {before} before, at most {most_fds}");
+    // The attack is real: the slow clients hold connections (the server's cap is 64).
+    assert!(
+        most_fds >= before + 32,
+        "{most_fds} file descriptors with 300 slow clients ({before} before)"
+    );
+    let failed: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} scrapes failed with 300 slow clients: {failed:?}\n{answers:?}",
+        failed.len(),
+        answers.len()
+    );
+    assert!(
+        most_fds <= before + 100,
+        "{most_fds} file descriptors with 300 slow clients ({before} before)"
+    );
+}
+
+/// A connection is held only while it is useful: one that sends nothing, one that trickles a
+/// request head a byte a second, and a kept-alive one idle after its response are each closed by
+/// the server within seconds (the header timeout), not after the whole connection limit.
+#[test]
+fn slow_and_idle_connections_are_closed_within_seconds() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let cfg = config(tmp.path(), &format!("127.0.0.1:{port}"));
+    let _d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    wait_until(Duration::from_secs(20), "a first page", || {
+        scrape_within(port, Duration::from_secs(1)).ok()
+    });
+    /// Seconds until the server closes `s` (`None`: not within 12 s), sending `tick` each second.
+    fn closed_after(mut s: TcpStream, tick: &[u8]) -> Option<Duration> {
+        let start = Instant::now();
+        s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        let mut buf = [0u8; 4096];
+        while start.elapsed() < Duration::from_secs(12) {
+            match s.read(&mut buf) {
+                Ok(0) => return Some(start.elapsed()),
+                Ok(_) => {}
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    if !tick.is_empty() && s.write_all(tick).is_err() {
+                        return Some(start.elapsed());
+                    }
+                }
+                Err(_) => return Some(start.elapsed()),
+            }
+        }
+        None
+    }
+    let connect = || TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let silent = connect();
+    let mut trickle = connect();
+    trickle
+        .write_all(b"GET /metrics HTTP/1.1\r\nHo")
+        .expect("send");
+    // A whole request on a kept-alive connection, read up to the end of the response's head (the
+    // rest is read, and the close seen, by `closed_after`).
+    let mut kept = connect();
+    kept.write_all(b"GET /-/healthy HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .expect("send");
+    let silent = std::thread::spawn(move || closed_after(silent, b""));
+    let trickle = std::thread::spawn(move || closed_after(trickle, b"s"));
+    let kept = std::thread::spawn(move || closed_after(kept, b""));
+    for (what, t) in [
+        ("silent", silent),
+        ("trickling", trickle),
+        ("kept-alive", kept),
+    ] {
+        let after = t.join().expect("client");
+        assert!(
+            after.is_some_and(|a| a < Duration::from_secs(9)),
+            "a {what} connection closed after {after:?}"
+        );
+    }
 }
