@@ -105,6 +105,111 @@ pub fn local_pid(nspid: &[u32], depth: usize) -> Option<u32> {
     nspid.get(depth).copied()
 }
 
+/// When local PID `pid` is PID 1 of a PID namespace nested below ours (its `NSpid` line has
+/// more than one entry and ends in 1), the processes its death takes with it: the kernel kills
+/// every process of that namespace, and of the namespaces nested in it, when their init dies —
+/// including processes that joined from outside (`nsenter`, `docker exec -u root`), which are
+/// not its descendants. `Ok(None)` when `pid` is no namespace init (or is gone); `Err` names a
+/// process that may be a member but whose namespace cannot be read (the caller must then refuse).
+pub fn namespace_members(pid: u32) -> Result<Option<Vec<u32>>, String> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return Ok(None);
+    };
+    let Some(nspid) = parse_nspid(&status) else {
+        return Ok(None);
+    };
+    if nspid.len() < 2 || nspid.last() != Some(&1) {
+        return Ok(None);
+    }
+    let depth = nspid.len();
+    let ns = match ns_inode(pid) {
+        Ok(Some(ino)) => ino,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(format!("cannot read the PID namespace of pid {pid}: {e}")),
+    };
+    let rd = std::fs::read_dir("/proc").map_err(|e| format!("/proc: {e}"))?;
+    let mut members = Vec::new();
+    for entry in rd.flatten() {
+        let Some(other) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if other == pid {
+            continue;
+        }
+        // A process of that namespace or one below it has a PID at every level down to it.
+        let Some(theirs) = std::fs::read_to_string(entry.path().join("status"))
+            .ok()
+            .and_then(|s| parse_nspid(&s))
+        else {
+            continue;
+        };
+        if theirs.len() < depth {
+            continue;
+        }
+        match in_namespace(other, ns, theirs.len() - depth) {
+            Ok(true) => members.push(other),
+            Ok(false) => {}
+            Err(e) => {
+                return Err(format!(
+                    "cannot tell whether pid {other} is in the PID namespace of pid {pid}: {e}"
+                ))
+            }
+        }
+    }
+    members.sort_unstable();
+    Ok(Some(members))
+}
+
+/// The inode of `pid`'s PID namespace (`None`: the process is gone).
+fn ns_inode(pid: u32) -> std::io::Result<Option<u64>> {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::metadata(format!("/proc/{pid}/ns/pid")) {
+        Ok(m) => Ok(Some(m.ino())),
+        Err(e) if gone(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// Whether `pid`'s PID namespace is `ns` or lies at most `levels` namespaces below it (walked up
+/// with the `NS_GET_PARENT` ioctl). A process that exited meanwhile is no member.
+fn in_namespace(pid: u32, ns: u64, levels: usize) -> std::io::Result<bool> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    use std::os::unix::fs::MetadataExt as _;
+    let mut file = match std::fs::File::open(format!("/proc/{pid}/ns/pid")) {
+        Ok(f) => f,
+        Err(e) if gone(&e) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    for _ in 0..levels {
+        if file.metadata()?.ino() == ns {
+            return Ok(true);
+        }
+        // SAFETY: NS_GET_PARENT on a namespace file descriptor returns a new descriptor or -1.
+        let parent = unsafe { libc::ioctl(file.as_raw_fd(), libc::NS_GET_PARENT) };
+        if parent < 0 {
+            // EPERM: the parent lies outside our own namespace, so `ns` (inside it) is no
+            // ancestor.
+            let e = std::io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::EPERM) {
+                Ok(false)
+            } else {
+                Err(e)
+            };
+        }
+        // SAFETY: `parent` is a fresh descriptor that nothing else owns.
+        file = unsafe { std::fs::File::from_raw_fd(parent) };
+    }
+    Ok(file.metadata()?.ino() == ns)
+}
+
 /// gpuwatch's depth below the namespace of `host_proc`: find the host entry whose innermost
 /// NSpid is our PID and whose start time matches ours.
 fn own_depth(host_proc: &Path) -> Option<usize> {
@@ -164,6 +269,153 @@ mod tests {
         let m = PidMapper::Unavailable("in a container".into());
         assert_eq!(m.map(5), Err("in a container".into()));
         assert_eq!(PidMapper::Identity.map(5), Ok(5));
+    }
+
+    /// A user's job that is PID 1 of its own PID namespace (a container started with
+    /// `docker run --user` and no init) holds a root process that joined with `nsenter`: the
+    /// kill of the job is refused and audited, and the root process lives. Once it is gone, the
+    /// same ladder stops the job. Needs root (CI runs as root); elsewhere it says so and passes.
+    #[test]
+    fn a_container_init_is_not_killed_while_a_protected_process_shares_its_namespace() {
+        use crate::action::audit::{AuditDecision, AuditLog};
+        use crate::action::ladder::{KillManager, KillRequest};
+        use crate::action::policy::{KillPolicy, KillSection};
+        use crate::values::DurationSetting;
+        use std::collections::HashMap;
+        use std::io::BufRead as _;
+        use std::os::unix::process::CommandExt as _;
+        use std::process::{Command, Stdio};
+        use std::time::{Duration, Instant};
+
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs as root and must test PID namespaces"
+            );
+            eprintln!("skipped: making PID namespaces needs root");
+            return;
+        }
+        // The job: `sleep` as nobody, PID 1 of a new PID namespace.
+        let mut job = Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .args([
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+            ])
+            .args(["sh", "-c", "echo ready; exec sleep 600"])
+            .process_group(0)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(job.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", job.id())).unwrap();
+        let init: u32 = children.split_whitespace().next().unwrap().parse().unwrap();
+        let nspid = parse_nspid(&std::fs::read_to_string(format!("/proc/{init}/status")).unwrap());
+        assert_eq!(nspid.as_ref().and_then(|n| n.last()), Some(&1), "{nspid:?}");
+        assert_eq!(namespace_members(init), Ok(Some(vec![])));
+        // A root process joins the namespace from outside (not a descendant of the job).
+        let mut root = Command::new("nsenter")
+            .args(["-t", &init.to_string(), "-p", "--", "sleep", "600"])
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let member = loop {
+            if let Ok(Some(m)) = namespace_members(init) {
+                if let Some(&m) = m.first() {
+                    break m;
+                }
+            }
+            assert!(Instant::now() < deadline, "the root process joined");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(crate::sys::read_uid(member), Some(0));
+        // Whatever happens below, nothing of the test outlives it.
+        struct Reap(Vec<u32>);
+        impl Drop for Reap {
+            fn drop(&mut self) {
+                for &pid in &self.0 {
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                }
+            }
+        }
+        let _reap = Reap(vec![member, init, job.id(), root.id()]);
+
+        let dir = tempfile::tempdir().unwrap();
+        let section = KillSection {
+            dry_run: false,
+            allow_users: vec!["nobody".into()],
+            min_uid: 0,
+            grace: DurationSetting::from_ms(0),
+            term_timeout: DurationSetting::from_ms(200),
+            ..KillSection::default()
+        };
+        let audit_path = dir.path().join("audit.jsonl");
+        let mut m = KillManager::new(
+            KillPolicy::new(section),
+            AuditLog::open(&audit_path).unwrap(),
+            PidMapper::Identity,
+        );
+        let gpu_of = HashMap::from([(init, 0)]);
+        let ask = |m: &mut KillManager| {
+            m.request(KillRequest {
+                host_pid: init,
+                alert: "gpu_memory_quota".into(),
+                fingerprint: "fp".into(),
+                reason: "over its quota".into(),
+            });
+        };
+        ask(&mut m);
+        let refused = m.tick(crate::sys::now_ms(), &gpu_of);
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].decision, AuditDecision::Refused, "{refused:?}");
+        assert!(
+            refused[0].reason.contains("PID namespace")
+                && refused[0].reason.contains(&format!("pid {member}")),
+            "{}",
+            refused[0].reason
+        );
+        assert_eq!(m.active(), 0);
+        let logged = AuditLog::read_all(&audit_path).unwrap();
+        assert_eq!(
+            logged.last().map(|r| r.decision),
+            Some(AuditDecision::Refused)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            crate::sys::live_start_ticks(member).is_some(),
+            "the root process lives"
+        );
+        assert!(
+            crate::sys::live_start_ticks(init).is_some(),
+            "the job lives"
+        );
+
+        // Without it, the job is stopped (SIGTERM is ignored by a namespace init without a
+        // handler; SIGKILL follows).
+        unsafe { libc::kill(member as libc::pid_t, libc::SIGKILL) };
+        root.wait().unwrap();
+        ask(&mut m);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut decisions = Vec::new();
+        while m.active() > 0 && Instant::now() < deadline {
+            decisions.extend(
+                m.tick(crate::sys::now_ms(), &gpu_of)
+                    .into_iter()
+                    .map(|r| r.decision),
+            );
+            let _ = job.try_wait();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(decisions.contains(&AuditDecision::Kill), "{decisions:?}");
+        let status = job.wait().unwrap();
+        assert!(!status.success(), "the job was stopped: {status:?}");
     }
 
     #[test]

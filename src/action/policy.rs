@@ -5,7 +5,10 @@
 //! Refusals, in order: the process is gone or was replaced, its PID cannot be mapped into our
 //! namespace, it is PID 1, gpuwatch itself or its parent, it is not on a GPU, its owner is unknown,
 //! root (unless `allow_root`), a system account (uid < `min_uid`), a protected user or command, a
-//! user not in `allow_users`, a command matching none of `allow_commands`, or the kill rate limit.
+//! user not in `allow_users`, a command matching none of `allow_commands`, a PID namespace's init
+//! (a container's PID 1) whose namespace holds a process any of these protect — its death kills
+//! them all —, or the kill rate limit. A process group is signalled whole only when every member
+//! (and the namespace of any member that is a namespace init) passes the same checks.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -86,6 +89,47 @@ pub struct TargetFacts {
     pub pgid: Option<u32>,
     /// The GPU it is on according to the latest process list (`None`: not on a GPU).
     pub gpu: Option<u32>,
+    /// When the process is PID 1 of a PID namespace below ours: the other processes its death
+    /// takes with it (that namespace's and those of the namespaces nested in it), or why they
+    /// could not all be read. `None`: no namespace init.
+    pub namespace: Option<Result<Vec<MemberFacts>, String>>,
+}
+
+/// Who a process is, for the owner checks of a process a signal would reach besides the target.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MemberFacts {
+    /// PID in our namespace.
+    pub pid: u32,
+    /// Owner uid (`None`: unknown).
+    pub uid: Option<u32>,
+    /// Owner name.
+    pub user: Option<String>,
+    /// Command line, arguments joined by spaces.
+    pub command: String,
+}
+
+impl MemberFacts {
+    /// Reads them from `/proc` (`None`: the process is gone).
+    pub fn read(pid: u32) -> Option<MemberFacts> {
+        let uid = crate::sys::read_uid(pid)?;
+        Some(MemberFacts {
+            pid,
+            uid: Some(uid),
+            user: user_name(uid),
+            command: crate::sys::read_cmdline(pid)
+                .map(|a| a.join(" "))
+                .unwrap_or_default(),
+        })
+    }
+}
+
+/// The members of the PID namespace whose init is `pid` (see [`TargetFacts::namespace`]).
+pub fn namespace_facts(pid: u32) -> Option<Result<Vec<MemberFacts>, String>> {
+    match super::pidns::namespace_members(pid) {
+        Ok(None) => None,
+        Ok(Some(pids)) => Some(Ok(pids.into_iter().filter_map(MemberFacts::read).collect())),
+        Err(e) => Some(Err(e)),
+    }
 }
 
 impl Default for TargetFacts {
@@ -100,6 +144,7 @@ impl Default for TargetFacts {
             command: None,
             pgid: None,
             gpu: None,
+            namespace: None,
         }
     }
 }
@@ -167,6 +212,18 @@ pub enum Refusal {
     CommandNotAllowed,
     /// `max_kills_per_hour` reached.
     RateLimited(u32),
+    /// PID 1 of a PID namespace: its death kills every process of the namespace, and this one
+    /// there is protected.
+    Namespace {
+        /// The namespace's init (the target).
+        init: u32,
+        /// The protected member.
+        member: u32,
+        /// Why the member is protected.
+        why: Box<Refusal>,
+    },
+    /// PID 1 of a PID namespace whose members could not all be read.
+    NamespaceUnread(String),
 }
 
 impl std::fmt::Display for Refusal {
@@ -199,6 +256,16 @@ impl std::fmt::Display for Refusal {
                     "the command matches no actions.kill.allow_commands pattern"
                 )
             }
+            Refusal::Namespace { init, member, why } => write!(
+                f,
+                "pid {init} is PID 1 of its own PID namespace (a container), and its death kills \
+                 every process in it, including pid {member}: {why}"
+            ),
+            Refusal::NamespaceUnread(e) => write!(
+                f,
+                "the process is PID 1 of its own PID namespace (a container), and its death kills \
+                 every process in it; {e}"
+            ),
             Refusal::RateLimited(n) => {
                 write!(
                     f,
@@ -322,6 +389,20 @@ impl KillPolicy {
         ) {
             return Err(refusal);
         }
+        // A namespace init is a group the kernel ends with it: every member must pass.
+        match &target.namespace {
+            None => {}
+            Some(Err(e)) => return Err(Refusal::NamespaceUnread(e.clone())),
+            Some(Ok(members)) => {
+                if let Some((member, why)) = self.members_refusal(members, me) {
+                    return Err(Refusal::Namespace {
+                        init: pid,
+                        member,
+                        why: Box::new(why),
+                    });
+                }
+            }
+        }
         let s = &self.section;
         let max_kills = s.max_kills_per_hour;
         if counting {
@@ -334,7 +415,7 @@ impl KillPolicy {
             g > 1 && g != me.pgid && Some(g) != me.parent_pgid && g != me.pid && g != me.ppid
         });
         Ok(match target.pgid {
-            Some(g) if group_is_safe => self.vet_group(g, pid),
+            Some(g) if group_is_safe => self.vet_group(g, pid, me),
             _ => SignalTarget::Process(pid),
         })
     }
@@ -385,22 +466,48 @@ impl KillPolicy {
         None
     }
 
+    /// The first of `members` (processes a signal would reach besides the target) that the
+    /// policy protects, and why.
+    fn members_refusal(&self, members: &[MemberFacts], me: &SelfFacts) -> Option<(u32, Refusal)> {
+        members.iter().find_map(|m| {
+            let refusal = if m.pid == me.pid {
+                Some(Refusal::Protected("gpuwatch itself"))
+            } else if m.pid == me.ppid {
+                Some(Refusal::Protected("gpuwatch's parent"))
+            } else {
+                self.owner_refusal(m.uid, m.user.as_deref(), &m.command)
+            };
+            refusal.map(|r| (m.pid, r))
+        })
+    }
+
     /// The whole group `g` when every member passes the owner checks (a signal to the group
-    /// reaches them all); otherwise only the vetted `pid`.
-    fn vet_group(&self, g: u32, pid: u32) -> SignalTarget {
+    /// reaches them all, and the namespace of any member that is a PID namespace's init);
+    /// otherwise only the vetted `pid`.
+    fn vet_group(&self, g: u32, pid: u32, me: &SelfFacts) -> SignalTarget {
         for member in crate::sys::process_group(g) {
             if member == pid {
                 continue;
             }
             // A member that exited meanwhile is no longer reached by the signal.
-            let Some(uid) = crate::sys::read_uid(member) else {
+            let Some(facts) = MemberFacts::read(member) else {
                 continue;
             };
-            let user = user_name(uid);
-            let command = crate::sys::read_cmdline(member)
-                .map(|a| a.join(" "))
-                .unwrap_or_default();
-            if let Some(refusal) = self.owner_refusal(Some(uid), user.as_deref(), &command) {
+            let refusal = self
+                .owner_refusal(facts.uid, facts.user.as_deref(), &facts.command)
+                .or_else(|| match namespace_facts(member) {
+                    None => None,
+                    Some(Err(e)) => Some(Refusal::NamespaceUnread(e)),
+                    Some(Ok(members)) => {
+                        self.members_refusal(&members, me)
+                            .map(|(m, why)| Refusal::Namespace {
+                                init: member,
+                                member: m,
+                                why: Box::new(why),
+                            })
+                    }
+                });
+            if let Some(refusal) = refusal {
                 tracing::warn!(
                     "process group {g} of pid {pid} has pid {member} ({refusal}): signalling pid {pid} only"
                 );
@@ -435,6 +542,9 @@ pub fn gather_facts(host_pid: u32, mapper: &PidMapper, gpu_of: &HashMap<u32, u32
     facts.uid = crate::sys::read_uid(pid);
     facts.user = facts.uid.and_then(user_name);
     facts.command = crate::sys::read_cmdline(pid).map(|a| a.join(" "));
+    if facts.alive {
+        facts.namespace = namespace_facts(pid);
+    }
     facts
 }
 
@@ -464,6 +574,7 @@ mod tests {
             command: Some("python train.py --lr 3e-4".into()),
             pgid: Some(5000),
             gpu: Some(0),
+            namespace: None,
         }
     }
 
@@ -527,6 +638,49 @@ mod tests {
         assert_eq!(decide(&mut p, &target()), Ok(SignalTarget::Group(5000)));
         let mut p = policy(|s| s.allow_users = vec!["*".into()]);
         assert_eq!(decide(&mut p, &target()), Ok(SignalTarget::Group(5000)));
+    }
+
+    /// A container's PID 1 takes its whole namespace with it: every member must pass, a
+    /// member that cannot be read refuses too.
+    #[test]
+    fn a_namespace_init_is_killed_only_when_every_member_may_be() {
+        let mut p = policy(|_| {});
+        let member = |pid, uid, user: &str| MemberFacts {
+            pid,
+            uid: Some(uid),
+            user: Some(user.into()),
+            command: "python worker.py".into(),
+        };
+        let mut t = target();
+        t.namespace = Some(Ok(vec![member(5001, 1001, "alice")]));
+        assert_eq!(decide(&mut p, &t), Ok(SignalTarget::Group(5000)));
+        t.namespace = Some(Ok(vec![
+            member(5001, 1001, "alice"),
+            member(5002, 0, "root"),
+        ]));
+        let refusal = decide(&mut p, &t).unwrap_err();
+        assert_eq!(
+            refusal,
+            Refusal::Namespace {
+                init: 5000,
+                member: 5002,
+                why: Box::new(Refusal::Root)
+            }
+        );
+        assert!(
+            refusal.to_string().contains("including pid 5002"),
+            "{refusal}"
+        );
+        t.namespace = Some(Ok(vec![member(100, 1001, "alice")]));
+        assert!(matches!(
+            decide(&mut p, &t),
+            Err(Refusal::Namespace { member: 100, .. })
+        ));
+        t.namespace = Some(Err("cannot read pid 5003".into()));
+        assert_eq!(
+            decide(&mut p, &t),
+            Err(Refusal::NamespaceUnread("cannot read pid 5003".into()))
+        );
     }
 
     #[test]
