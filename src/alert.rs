@@ -129,6 +129,11 @@ pub struct AlertInstanceState {
     /// The process the instance is about (process and job scopes only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_pid: Option<u32>,
+    /// When that process started, clock ticks since boot: with `target_pid`, the process's
+    /// identity (see [`AlertBook::end_replaced`]). `None` when not known (state saved by an
+    /// older version, a process `/proc` does not show): then the first start seen is taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_start: Option<u64>,
 }
 
 impl AlertInstanceState {
@@ -216,6 +221,8 @@ pub struct InstanceId<'a> {
     /// The process this instance is about (process and job scopes), the only target an action
     /// can have.
     pub target_pid: Option<u32>,
+    /// When that process started (clock ticks since boot), when known.
+    pub target_start: Option<u64>,
 }
 
 impl AlertBook {
@@ -361,6 +368,36 @@ impl AlertBook {
         events
     }
 
+    /// Ends instance (`key`, `gpu`) when the process it is about is no longer the one behind its
+    /// PID: `start` (the start time of the process now at that PID, when known) differs from the
+    /// one the instance was created with. The instance goes as if its process had left (a
+    /// firing one resolves at `now_ms`, returned; `keep_firing_for` does not apply: that
+    /// process is gone), so the next step starts the new process's own instance, pending. An
+    /// instance with no start known (saved by an older version) takes `start` and goes on.
+    pub fn end_replaced(
+        &mut self,
+        now_ms: i64,
+        key: &str,
+        gpu: Option<u32>,
+        start: Option<u64>,
+    ) -> Option<AlertEvent> {
+        let start = start?;
+        let inst = self.get_mut(key, gpu)?;
+        match inst.target_start {
+            Some(s) if s == start => None,
+            None => {
+                inst.target_start = Some(start);
+                None
+            }
+            Some(_) => {
+                self.restored.remove(&(key.to_string(), gpu));
+                let inst = self.remove(key, gpu)?;
+                (inst.phase == Phase::Firing)
+                    .then(|| event(&inst, AlertStatus::Resolved, now_ms, false))
+            }
+        }
+    }
+
     /// Advances one instance with the outcome of an evaluation at `now_ms`.
     pub fn step(
         &mut self,
@@ -410,6 +447,7 @@ impl AlertBook {
                             annotations: BTreeMap::new(),
                             actions: Vec::new(),
                             target_pid: id.target_pid,
+                            target_start: id.target_start,
                         }
                     });
                 inst.actions.clone_from(&spec.actions);
@@ -601,6 +639,7 @@ mod tests {
             gpu: Some(0),
             labels: &labels,
             target_pid: None,
+            target_start: None,
         };
         let mut out = Vec::new();
         for (i, c) in pattern.chars().enumerate() {
@@ -627,6 +666,7 @@ mod tests {
             gpu: Some(0),
             labels: &labels,
             target_pid: None,
+            target_start: None,
         };
         let warning = spec(0, 0, 3600);
         let first = b.step(1_000, &warning, &id, active()).unwrap();
@@ -653,6 +693,7 @@ mod tests {
             gpu: Some(0),
             labels: &labels,
             target_pid: None,
+            target_start: None,
         };
         let forged = "python3 train.py\n2026-12-03T00:00:00Z ERROR forged \u{1b}[31mred";
         let outcome = Outcome::Active {

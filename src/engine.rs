@@ -514,6 +514,7 @@ impl Engine {
             gpu: None,
             extra: vec![("rule".into(), self.rules.rules()[idx].spec.name.clone())],
             target_pid: None,
+            target_start: None,
         };
         events.extend(step(
             &mut self.book,
@@ -763,7 +764,9 @@ impl Engine {
 
     /// Evaluates process-scope rule `idx` for every process in the latest process list of each
     /// present GPU. Instances are keyed `rule/gpuN/pid:P`, labelled with `pid` (and `user`) and
-    /// target that process; those of processes that left the list resolve. Returns the first
+    /// target that process, whose start time they keep; those of processes that left the list
+    /// resolve, and so does one whose PID now belongs to another process (another start time:
+    /// the PID was reused), whose new process starts an instance of its own. Returns the first
     /// script error.
     fn evaluate_processes(
         &mut self,
@@ -784,6 +787,11 @@ impl Engine {
                 handle.gpu_series = rhai::Dynamic::from(GpuHandle::new(hist.clone(), now));
                 let result = self.rules.eval_process(idx, handle);
                 let key = format!("{prefix}{index}/pid:{}", p.pid);
+                // Another process at a known PID: the old one's instance goes first.
+                events.extend(
+                    self.book
+                        .end_replaced(now, &key, Some(*index), p.start_ticks),
+                );
                 let mut extra = vec![("pid".into(), p.pid.to_string())];
                 if let Some(u) = &p.user {
                     extra.push(("user".into(), crate::values::escape_control(u)));
@@ -793,6 +801,7 @@ impl Engine {
                     gpu: Some(&hist),
                     extra,
                     target_pid: Some(p.pid),
+                    target_start: p.start_ticks,
                 };
                 if let Some(e) = self.step_result(idx, now, result, subject, events) {
                     let stop = e.over_budget;
@@ -837,7 +846,8 @@ impl Engine {
     /// `attach`, at `now_ms` (no evaluation-interval slotting: the final sample of an ended job is
     /// always evaluated). `job.gpus` are the GPUs whose latest process list holds one of the
     /// job's PIDs, or every present GPU when none does (no process list, or a PID namespace).
-    /// Instances are keyed `rule/job:PID`, labelled with `pid` and target the job's process;
+    /// Instances are keyed `rule/job:PID`, labelled with `pid` and target the job's process (a
+    /// PID whose start time changed ends the old instance, as for process rules);
     /// firing alerts carry the job's command and progress as annotations `job` and `progress`.
     pub fn evaluate_job(
         &mut self,
@@ -879,11 +889,13 @@ impl Engine {
                 annotations.insert("progress".into(), progress.clone());
             }
             let key = format!("{}/job:{}", self.rules.rules()[idx].spec.name, job.pid);
+            events.extend(self.book.end_replaced(now_ms, &key, None, job.start_ticks));
             let subject = Subject {
                 key: &key,
                 gpu: None,
                 extra: vec![("pid".into(), job.pid.to_string())],
                 target_pid: Some(job.pid),
+                target_start: job.start_ticks,
             };
             let error = self.step_result(idx, now_ms, result, subject, &mut events);
             let error = self.note_budget(idx, now_ms, error);
@@ -940,12 +952,14 @@ fn evaluation_order(rules: &RuleSet) -> Vec<usize> {
     first
 }
 
-/// What an alert instance is about: its key, GPU, extra identity labels and target process.
+/// What an alert instance is about: its key, GPU, extra identity labels and target process
+/// (PID and start time).
 struct Subject<'a> {
     key: &'a str,
     gpu: Option<&'a GpuHistory>,
     extra: Vec<(Cow<'static, str>, String)>,
     target_pid: Option<u32>,
+    target_start: Option<u64>,
 }
 
 impl<'a> Subject<'a> {
@@ -956,6 +970,7 @@ impl<'a> Subject<'a> {
             gpu: None,
             extra: Vec::new(),
             target_pid: None,
+            target_start: None,
         }
     }
 
@@ -966,6 +981,7 @@ impl<'a> Subject<'a> {
             gpu: Some(hist),
             extra: Vec::new(),
             target_pid: None,
+            target_start: None,
         }
     }
 }
@@ -1006,6 +1022,7 @@ fn step(
         gpu: subject.gpu.map(|h| h.id.index),
         labels: &labels,
         target_pid: subject.target_pid,
+        target_start: subject.target_start,
     };
     book.step(now, &spec, &id, outcome)
 }

@@ -302,6 +302,8 @@ pub fn run_job(
         }
     };
     let pid = child.id();
+    // The child is not reaped before the end of the loop below: its stat is its own.
+    let start_ticks = read_stat(pid).map(|s| s.start_ticks);
     let oom_watch = oom::OomWatch::start(pid);
 
     let forwarded: Arc<Mutex<Option<i32>>> = Arc::new(Mutex::new(None));
@@ -357,7 +359,14 @@ pub fn run_job(
         }
         poll_follower(follower.as_mut(), &shared);
         if ticker.due() {
-            let sample = sample(&shared, pid, &command_text, started_at_ms, true);
+            let sample = sample(
+                &shared,
+                pid,
+                start_ticks,
+                &command_text,
+                started_at_ms,
+                true,
+            );
             observer.tick(&sample);
         }
     };
@@ -400,6 +409,7 @@ pub fn run_job(
             command: command.to_vec(),
             command_text,
             pid,
+            start_ticks,
             mode: "run",
             started_at_ms,
             ended_at_ms,
@@ -457,7 +467,14 @@ fn poll_follower(follower: Option<&mut LogFollower>, shared: &Shared) {
     }
 }
 
-fn sample(shared: &Shared, pid: u32, command: &str, started_at_ms: i64, alive: bool) -> JobSample {
+fn sample(
+    shared: &Shared,
+    pid: u32,
+    start_ticks: Option<u64>,
+    command: &str,
+    started_at_ms: i64,
+    alive: bool,
+) -> JobSample {
     let (progress, tail) = {
         let sc = shared.scanner();
         (sc.progress.clone(), sc.tail())
@@ -465,6 +482,7 @@ fn sample(shared: &Shared, pid: u32, command: &str, started_at_ms: i64, alive: b
     JobSample {
         time_ms: now_ms(),
         pid,
+        start_ticks,
         command: command.to_string(),
         started_at_ms,
         progress,
@@ -538,6 +556,7 @@ struct FinishInfo {
     command: Vec<String>,
     command_text: String,
     pid: u32,
+    start_ticks: Option<u64>,
     mode: &'static str,
     started_at_ms: i64,
     ended_at_ms: i64,
@@ -555,6 +574,7 @@ fn finish(shared: &Shared, observer: &mut dyn JobObserver, info: FinishInfo) -> 
     let mut last = sample(
         shared,
         info.pid,
+        info.start_ticks,
         &info.command_text,
         info.started_at_ms,
         false,
@@ -701,6 +721,7 @@ pub fn attach_job(
     // The kernel shows a process's exit code only to who may inspect it (else a 0): without
     // that right (another user's job), the end is reported without a code, not as a clean exit.
     let may_inspect = std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok();
+    let start_ticks = Some(stat.start_ticks);
     let waiter = ProcessWaiter::new(pid, stat.start_ticks);
     let mut ticker = Ticker::new(opts.tick_ms);
     let last_stat = loop {
@@ -711,7 +732,14 @@ pub fn attach_job(
             poll_follower(Some(f), &shared);
         }
         if ticker.due() {
-            let sample = sample(&shared, pid, &command_text, started_at_ms, true);
+            let sample = sample(
+                &shared,
+                pid,
+                start_ticks,
+                &command_text,
+                started_at_ms,
+                true,
+            );
             observer.tick(&sample);
         }
     };
@@ -737,6 +765,7 @@ pub fn attach_job(
             command,
             command_text,
             pid,
+            start_ticks,
             mode: "attach",
             started_at_ms,
             ended_at_ms,

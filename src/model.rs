@@ -876,6 +876,11 @@ pub struct ProcSample {
     pub container: Option<String>,
     /// Seconds since the process started, from `/proc/PID/stat`.
     pub runtime_s: Option<f64>,
+    /// When the process started, clock ticks since boot (`/proc/PID/stat` field 22): with the
+    /// pid, the process's identity across PID reuse. `None` when `/proc` does not show it
+    /// (another PID namespace, imported logs, recordings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ticks: Option<u64>,
 }
 
 impl ProcSample {
@@ -898,6 +903,7 @@ impl ProcSample {
             command: None,
             container: None,
             runtime_s: None,
+            start_ticks: None,
         }
     }
 }

@@ -339,6 +339,7 @@ pub(crate) mod testdata {
                 command: Some("python train.py --lr 3e-4".into()),
                 container: None,
                 runtime_s: Some(7260.0),
+                start_ticks: None,
             }],
             note: None,
         }

@@ -8,6 +8,7 @@
 //! The sequence "engine events → actions → audit records → `kill_action` events" exists only
 //! in [`Pipeline::act`].
 
+pub mod status;
 pub mod watch;
 
 use std::sync::atomic::{AtomicBool, Ordering};

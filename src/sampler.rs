@@ -691,6 +691,7 @@ impl Sampler {
                         command: q.command.clone(),
                         container: q.container.clone(),
                         runtime_s: q.runtime_s,
+                        start_ticks: q.start_ticks,
                     },
                     None => self.proc_cache.lookup(p.pid),
                 };
@@ -708,6 +709,7 @@ impl Sampler {
                     command: det.command,
                     container: det.container,
                     runtime_s: det.runtime_s,
+                    start_ticks: det.start_ticks,
                 });
             }
             d.procs = Some((read_ms, out[first..].to_vec()));

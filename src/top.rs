@@ -122,19 +122,19 @@ fn local_alerts(engine: &Engine) -> Vec<AlertView> {
         .collect()
 }
 
-/// The jobs `gpuwatch run` watches now (status files of live processes).
+/// The jobs `gpuwatch run` watches now: the status files whose job and `run` processes still
+/// run (PID and start time); those of jobs provably gone are removed.
 fn read_jobs(dir: &std::path::Path) -> Vec<JobView> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut jobs: Vec<JobView> = entries
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
-        .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
-        .filter(|j: &JobView| std::path::Path::new(&format!("/proc/{}", j.pid)).exists())
-        .collect();
-    jobs.sort_by_key(|j| j.pid);
-    jobs
+    crate::pipeline::status::live_jobs(dir)
+        .into_iter()
+        .map(|j| JobView {
+            pid: j.pid,
+            command: j.command,
+            progress: j.progress,
+            progress_age_s: j.progress_age_s,
+            eta_s: j.eta_s,
+        })
+        .collect()
 }
 
 /// Waits up to `wait` for input on the terminal (stdin); true when it has hung up.

@@ -583,6 +583,7 @@ mod tests {
             command: Some("python train.py".into()),
             container: container.map(str::to_string),
             runtime_s: None,
+            start_ticks: None,
         }
     }
 

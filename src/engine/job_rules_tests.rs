@@ -68,6 +68,7 @@ fn proc_(pid: u32, gpu: u32, gib: u64, runtime_s: f64) -> ProcSample {
         command: Some("python train.py".into()),
         container: None,
         runtime_s: Some(runtime_s),
+        start_ticks: None,
     }
 }
 
@@ -85,6 +86,7 @@ fn job(t: i64, progress: &ProgressState) -> JobSample {
     JobSample {
         time_ms: t,
         pid: 4242,
+        start_ticks: None,
         command: "python train.py".into(),
         started_at_ms: T0,
         progress: progress.clone(),
@@ -181,6 +183,43 @@ fn job_stalled_fires_when_progress_stops_and_resolves_at_the_end() {
             ("job_stalled".to_string(), AlertStatus::Resolved)
         ]
     );
+}
+
+/// A job instance is about one process: a job sample whose PID now names another process
+/// (another start time) ends the old process's alert first.
+#[test]
+fn a_job_alert_ends_when_its_pid_names_another_process() {
+    let mut e = engine(&[("job_stalled", "after", "1m".into())]);
+    let mut progress = ProgressState::default();
+    let sample = |t: i64, progress: &ProgressState, start: u64| JobSample {
+        start_ticks: Some(start),
+        ..job(t, progress)
+    };
+    let mut fired = Vec::new();
+    for s in 0..130 {
+        let t = T0 + s * 1000;
+        if s < 60 {
+            step(&mut progress, s, t);
+        }
+        fired.extend(e.evaluate_job(&sample(t, &progress, 1000), t));
+    }
+    assert_eq!(
+        names(&fired),
+        vec![("job_stalled".to_string(), AlertStatus::Firing)]
+    );
+    // The same sample but for another process at the PID: the old alert resolves, and the
+    // new process's is its own (it fires at once here: `job_stalled` has no `hold`).
+    let t = T0 + 130_000;
+    let events = e.evaluate_job(&sample(t, &progress, 2000), t);
+    assert_eq!(
+        names(&events),
+        vec![
+            ("job_stalled".to_string(), AlertStatus::Resolved),
+            ("job_stalled".to_string(), AlertStatus::Firing)
+        ]
+    );
+    assert_eq!(events[0].target_pid, Some(4242));
+    assert_eq!(events[1].starts_at_ms, t);
 }
 
 #[test]

@@ -643,6 +643,107 @@ fn a_late_gpu_keeps_its_process_alerts() {
     assert!(e.observe(&back).is_empty(), "fired again");
 }
 
+/// Process 42 on GPU 0 (1 GiB), started at `start` clock ticks after boot.
+fn proc_42(t: i64, start: Option<u64>) -> Snapshot {
+    let mut s = snap(t, &[50.0]);
+    s.processes = Some(vec![crate::model::ProcSample {
+        start_ticks: start,
+        ..crate::model::ProcSample::compute(42, 0, "GPU-0", Some(1 << 30))
+    }]);
+    s
+}
+
+const BIG_HOLD: &str =
+    r#"rule(#{ name: "big", scope: "process", hold: "10s", check: |p| p.mem > 1000.0 });"#;
+
+/// Issue 25 item 2: a PID reused by another process (another start time) does not inherit the
+/// firing alert of the process that had it: that alert resolves at once (the process is gone),
+/// and the new process's instance starts pending, with its own `hold`, and only then fires.
+#[test]
+fn a_reused_pid_does_not_inherit_a_firing_process_alert() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = rules(dir.path(), &[("big.rhai", BIG_HOLD)]);
+    let mut e = Engine::new(set, opts_1s());
+    let evs = feed(&mut e, 0..15, |t| proc_42(t, Some(1000)));
+    assert_eq!(
+        evs,
+        vec![(10, "big".to_string(), AlertStatus::Firing, false)]
+    );
+    let key = "big/gpu0/pid:42";
+    assert!(e
+        .alerts()
+        .any(|a| a.key == key && a.target_start == Some(1000)));
+    // PID 42 is now another process.
+    let evs = e.observe(&proc_42(15, Some(2000)));
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert_eq!(evs[0].status, AlertStatus::Resolved);
+    assert_eq!(evs[0].target_pid, Some(42));
+    assert_eq!(evs[0].ends_at_ms, Some(15_000));
+    let inst: Vec<_> = e.alerts().filter(|a| a.key == key).collect();
+    assert_eq!(inst.len(), 1);
+    assert_eq!(
+        inst[0].phase,
+        crate::alert::Phase::Pending,
+        "inherited the firing"
+    );
+    assert_eq!(inst[0].active_since_ms, 15_000);
+    assert_eq!(inst[0].target_start, Some(2000));
+    // Its own hold: it fires 10 s after it was first seen, not before.
+    let evs = feed(&mut e, 16..30, |t| proc_42(t, Some(2000)));
+    assert_eq!(
+        evs,
+        vec![(25, "big".to_string(), AlertStatus::Firing, false)]
+    );
+    // A process list without start times (another PID namespace) says nothing either way.
+    assert!(feed(&mut e, 30..35, |t| proc_42(t, None)).is_empty());
+}
+
+/// The same for a rule without `hold`: the old process's alert resolves before the new one
+/// fires, in that order, so the action runner cancels the old kill ladder first.
+#[test]
+fn a_reused_pid_resolves_before_the_new_process_fires() {
+    let dir = tempfile::tempdir().unwrap();
+    const BIG: &str = r#"rule(#{ name: "big", scope: "process", check: |p| p.mem > 1000.0 });"#;
+    let mut e = Engine::new(rules(dir.path(), &[("big.rhai", BIG)]), opts_1s());
+    assert_eq!(e.observe(&proc_42(0, Some(1000))).len(), 1);
+    assert!(e.observe(&proc_42(1, Some(1000))).is_empty());
+    let evs: Vec<_> = e
+        .observe(&proc_42(2, Some(2000)))
+        .into_iter()
+        .map(|ev| (ev.status, ev.starts_at_ms))
+        .collect();
+    assert_eq!(
+        evs,
+        vec![(AlertStatus::Resolved, 0), (AlertStatus::Firing, 2000)]
+    );
+}
+
+/// A daemon upgraded with a process alert firing: the saved instance has no start time (older
+/// state files) and the same key, so it goes on firing without a second notification, takes the
+/// process's start, and still notices a later reuse of the PID.
+#[test]
+fn a_process_alert_saved_without_a_start_time_is_kept_over_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = rules(dir.path(), &[("big.rhai", BIG_HOLD)]);
+    let mut e = Engine::new(set.clone(), opts_1s());
+    assert_eq!(feed(&mut e, 0..15, |t| proc_42(t, None)).len(), 1);
+    let json = serde_json::to_string(&e.state()).unwrap();
+    assert!(json.contains("\"big/gpu0/pid:42\""), "{json}");
+    assert!(!json.contains("target_start"), "{json}");
+    let mut e = restart(e, set.clone(), opts_1s());
+    assert!(feed(&mut e, 20..40, |t| proc_42(t, Some(1000))).is_empty());
+    // Saved with the start this time: it survives another restart as the same process.
+    let json = serde_json::to_string(&e.state()).unwrap();
+    assert!(json.contains("\"target_start\":1000"), "{json}");
+    let mut e = restart(e, set, opts_1s());
+    assert!(feed(&mut e, 45..50, |t| proc_42(t, Some(1000))).is_empty());
+    let evs = feed(&mut e, 50..51, |t| proc_42(t, Some(3000)));
+    assert_eq!(
+        evs,
+        vec![(50, "big".to_string(), AlertStatus::Resolved, false)]
+    );
+}
+
 impl Engine {
     /// Loads rules from `paths` and swaps them in, as the daemon's reload does.
     fn reload_with(

@@ -11,6 +11,10 @@ pub struct JobSample {
     pub time_ms: i64,
     /// The job's PID (our namespace).
     pub pid: u32,
+    /// When the job's process started, clock ticks since boot (`/proc/PID/stat`): with `pid`,
+    /// its identity across PID reuse (`None` when `/proc` did not show it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ticks: Option<u64>,
     /// The command line, shell-quoted.
     pub command: String,
     /// When watching started, UTC ms.

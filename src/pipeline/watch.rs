@@ -244,6 +244,8 @@ pub struct Watch {
     /// when it was last written.
     status_dir: Option<std::path::PathBuf>,
     status_written: Option<Instant>,
+    /// This process's start time (clock ticks since boot), for the status file.
+    start_ticks: Option<u64>,
     /// Hang forensics: the settings and `state_dir/forensics`, when on.
     forensics: Option<(
         crate::action::forensics::ForensicsSection,
@@ -290,6 +292,7 @@ impl Watch {
             last_snapshot: None,
             status_dir: None,
             status_written: None,
+            start_ticks: None,
             forensics: None,
             forensics_last: None,
             forensics_pending: Vec::new(),
@@ -330,14 +333,18 @@ impl Watch {
     }
 
     /// Leaves the job's progress in `dir/PID.json` every few seconds while it runs (removed at
-    /// the end), where `gpuwatch top` shows it.
+    /// the end), where `gpuwatch top` shows it; first removes the files left there by jobs
+    /// that no longer run (a `run` ended by SIGKILL cannot remove its own; see
+    /// [`super::status`]).
     pub fn status_to(&mut self, dir: std::path::PathBuf) {
+        super::status::sweep(&dir);
+        self.start_ticks = crate::sys::live_start_ticks(std::process::id());
         self.status_dir = Some(dir);
     }
 
     fn write_status(&mut self, sample: &JobSample, end: bool) {
         let Some(dir) = &self.status_dir else { return };
-        let path = dir.join(format!("{}.json", sample.pid));
+        let path = super::status::JobStatus::path(dir, sample.pid);
         if end {
             let _ = std::fs::remove_file(&path);
             return;
@@ -349,15 +356,22 @@ impl Watch {
             return;
         }
         self.status_written = Some(Instant::now());
-        let status = serde_json::json!({
-            "pid": sample.pid,
-            "command": sample.command,
-            "progress": sample.progress.describe(),
-            "progress_age_s": sample.progress_age_s(),
-            "eta_s": sample.eta_s(),
-        });
-        let written = crate::sys::create_private_dir(dir)
-            .and_then(|()| crate::sys::write_atomic(&path, status.to_string().as_bytes()));
+        let status = super::status::JobStatus {
+            pid: sample.pid,
+            start_ticks: sample.start_ticks,
+            watcher_pid: Some(std::process::id()),
+            watcher_start_ticks: self.start_ticks,
+            command: sample.command.clone(),
+            progress: sample.progress.describe(),
+            progress_age_s: sample.progress_age_s(),
+            eta_s: sample.eta_s(),
+        };
+        let written = serde_json::to_vec(&status)
+            .map_err(std::io::Error::other)
+            .and_then(|json| {
+                crate::sys::create_private_dir(dir)?;
+                crate::sys::write_atomic(&path, &json)
+            });
         if let Err(e) = written {
             tracing::debug!("job status {}: {e}", path.display());
             self.status_dir = None;

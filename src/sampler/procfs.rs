@@ -1,6 +1,6 @@
 //! Process details from `/proc` for the PIDs NVML reports: owner (uid and user name from
 //! `/proc/PID/status`), command line (`/proc/PID/cmdline`), container id (`/proc/PID/cgroup`) and
-//! runtime (`/proc/PID/stat` start time against `/proc/uptime`).
+//! start time and runtime (`/proc/PID/stat` start time, and it against `/proc/uptime`).
 //!
 //! The parsers are pure functions over file contents (unit-tested below); [`ProcCache`] reads the
 //! files and keeps what it learned per PID (keyed with the start time so a reused PID is noticed),
@@ -24,6 +24,8 @@ pub struct ProcDetails {
     pub container: Option<String>,
     /// Seconds since the process started.
     pub runtime_s: Option<f64>,
+    /// When it started, clock ticks since boot (with the pid, its identity across PID reuse).
+    pub start_ticks: Option<u64>,
 }
 
 pub use crate::sys::parse_status_uid;
@@ -166,6 +168,7 @@ impl ProcCache {
             if k.start_ticks == start_ticks {
                 let mut d = k.details.clone();
                 d.runtime_s = runtime_s;
+                d.start_ticks = Some(start_ticks);
                 return d;
             }
         }
@@ -193,6 +196,7 @@ impl ProcCache {
             command,
             container,
             runtime_s,
+            start_ticks: Some(start_ticks),
         };
         self.known.insert(
             pid,
@@ -312,6 +316,7 @@ mod tests {
         assert_eq!(d.container, None);
         let expect = 1000.0 - 50000.0 / fake.clock_ticks_per_s;
         assert!((d.runtime_s.unwrap() - expect.max(0.0)).abs() < 1e-6);
+        assert_eq!(d.start_ticks, Some(50_000));
         assert_eq!(fake.lookup(78), ProcDetails::default());
     }
 }

@@ -1482,3 +1482,62 @@ fn a_signal_ignored_at_start_is_not_forwarded() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 25 item 2: `run`'s status file names the job's process and the `run` process, each
+/// with its start time; a `run` that starts removes the files of jobs that no longer run (one
+/// whose PID is now another process), and keeps those of jobs that do.
+#[test]
+fn run_records_start_times_and_removes_the_job_file_of_a_reused_pid() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let jobs = dir.path().join("state/jobs");
+    std::fs::create_dir_all(&jobs).unwrap();
+    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = other.id();
+    let start = gpuwatch::sys::live_start_ticks(pid).unwrap();
+    let me = std::process::id();
+    let my_start = gpuwatch::sys::live_start_ticks(me).unwrap();
+    let file = |start: u64| {
+        serde_json::json!({
+            "pid": pid, "start_ticks": start, "watcher_pid": me,
+            "watcher_start_ticks": my_start, "command": "x", "progress": "",
+        })
+        .to_string()
+    };
+    // Left by a job that had PID `pid` before the process now there.
+    let stale = jobs.join(format!("{pid}.json"));
+    std::fs::write(&stale, file(start + 1)).unwrap();
+    // A job that runs (the same process and watcher).
+    let live = jobs.join("live.json");
+    std::fs::write(&live, file(start)).unwrap();
+    let out = gpuwatch()
+        .args([
+            "run",
+            "--quiet",
+            "--no-report",
+            "--config",
+            cfg.to_str().unwrap(),
+        ])
+        .args(["--", "sh", "-c"])
+        .arg(format!("sleep 1; cat {}/$$.json", jobs.display()))
+        .output()
+        .unwrap();
+    let _ = other.kill();
+    let _ = other.wait();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(!stale.exists(), "the stale file was kept");
+    assert!(live.exists(), "a running job's file was removed");
+    // The job's own file, as it read it while it ran.
+    let own: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let job_pid = own["pid"].as_u64().unwrap();
+    assert!(own["start_ticks"].as_u64().is_some(), "{own}");
+    assert!(
+        own["watcher_pid"].as_u64().is_some_and(|w| w != job_pid),
+        "{own}"
+    );
+    assert!(own["watcher_start_ticks"].as_u64().is_some(), "{own}");
+    assert!(
+        !jobs.join(format!("{job_pid}.json")).exists(),
+        "removed at the end"
+    );
+}

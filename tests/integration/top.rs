@@ -291,3 +291,73 @@ fn top_follows_the_daemon_in_ascii_and_gives_the_terminal_back_on_sigterm() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Issue 25 item 2: a job status file left behind (its `run` was killed with SIGKILL) names a
+/// PID that is now another process (another start time): `top` does not show it as a job, and
+/// removes it; the file of a job that runs (job and watcher with their start times) is shown
+/// and kept.
+#[test]
+fn top_skips_and_removes_the_job_file_of_a_reused_pid() {
+    if common::installed(&["tmux"]).is_none() {
+        return;
+    }
+    common::sim_lib();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = config(tmp.path());
+    let jobs = tmp.path().join("state/jobs");
+    std::fs::create_dir_all(&jobs).expect("jobs dir");
+    let sleep = || Command::new("sleep").arg("120").spawn().expect("sleep");
+    let (mut real, mut reused) = (sleep(), sleep());
+    let start = |pid: u32| gpuwatch::sys::live_start_ticks(pid).expect("a start time");
+    let me = std::process::id();
+    let my_start = start(me);
+    let status = |pid: u32, start: u64, command: &str| {
+        serde_json::json!({
+            "pid": pid,
+            "start_ticks": start,
+            "watcher_pid": me,
+            "watcher_start_ticks": my_start,
+            "command": command,
+            "progress": "step 5/1000",
+        })
+        .to_string()
+    };
+    let real_file = jobs.join(format!("{}.json", real.id()));
+    let reused_file = jobs.join(format!("{}.json", reused.id()));
+    std::fs::write(&real_file, status(real.id(), start(real.id()), "real-job")).expect("write");
+    // The job that had this PID started at another time.
+    std::fs::write(
+        &reused_file,
+        status(reused.id(), start(reused.id()) + 1, "phantom-job"),
+    )
+    .expect("write");
+    let t = Tmux::start(
+        "top-jobs",
+        120,
+        50,
+        &line(
+            "LANG=C.UTF-8",
+            &format!("--sim healthy top --config {}", cfg.display()),
+        ),
+    );
+    let s = t.wait("the running job", Duration::from_secs(60), |s| {
+        s.contains("jobs (gpuwatch run)") && s.contains("real-job")
+    });
+    assert!(!s.contains("phantom-job"), "{s}");
+    let since = Instant::now();
+    while reused_file.exists() {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the stale file is still there"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(real_file.exists(), "the running job's file was removed");
+    assert!(!t.screen().contains("phantom-job"));
+    t.keys(&["q"]);
+    t.wait("quit", Duration::from_secs(10), |s| s.contains("EXITED 0"));
+    for c in [&mut real, &mut reused] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

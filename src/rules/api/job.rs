@@ -145,6 +145,7 @@ mod tests {
         JobSample {
             time_ms: 100_000,
             pid: 42,
+            start_ticks: None,
             command: "python train.py".into(),
             started_at_ms: 10_000,
             progress: {

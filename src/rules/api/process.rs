@@ -119,6 +119,7 @@ mod tests {
             command: Some("/usr/bin/python3 train.py --bs 64".into()),
             container: None,
             runtime_s: Some(7200.0),
+            start_ticks: None,
         }
     }
 

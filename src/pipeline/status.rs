@@ -1,0 +1,189 @@
+//! The status files `gpuwatch run` / `attach` leave in `state_dir/jobs/PID.json` while a job
+//! runs (rewritten every few seconds, removed at the end), which `gpuwatch top` shows.
+//!
+//! A process is a PID *and* its start time (clock ticks since boot, `/proc/PID/stat`): a file
+//! names the job's process and the `run`/`attach` process that watches it, each with its start.
+//! It is live while both still run with those start times; a `run` ended by SIGKILL leaves its
+//! file behind, and the PID can name another process later. [`live_jobs`] (used by `top`) and
+//! [`sweep`] (by the next `run`) remove the files whose processes are provably gone or
+//! replaced; a file they cannot judge (a process `/proc` does not let them read) stays.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// One status file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// The job's PID.
+    pub pid: u32,
+    /// When the job's process started, clock ticks since boot (absent in files of older
+    /// versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ticks: Option<u64>,
+    /// The `run`/`attach` process that writes the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watcher_pid: Option<u32>,
+    /// When that process started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watcher_start_ticks: Option<u64>,
+    /// The command line, shell-quoted.
+    pub command: String,
+    /// Progress in words (`step 120/1000`).
+    pub progress: String,
+    /// Seconds since progress moved, if it ever did.
+    #[serde(default)]
+    pub progress_age_s: Option<f64>,
+    /// Seconds to the end at the recent pace, if known.
+    #[serde(default)]
+    pub eta_s: Option<f64>,
+}
+
+/// What `/proc` says of a process known by PID and (maybe) start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// It runs (the same start time, when one is known).
+    Running,
+    /// It is provably not running: no such PID, a zombie, or another process at the PID.
+    Gone,
+    /// `/proc` shows the PID but not its state (no permission).
+    Unknown,
+}
+
+fn seen(pid: u32, start: Option<u64>) -> Seen {
+    match crate::sys::live_start_ticks(pid) {
+        Some(now) if start.is_none_or(|s| s == now) => Seen::Running,
+        Some(_) => Seen::Gone,
+        // A stat we can read of a process that does not run: a zombie.
+        None if crate::sys::read_stat(pid).is_some() => Seen::Gone,
+        None if Path::new(&format!("/proc/{pid}")).exists() => Seen::Unknown,
+        None => Seen::Gone,
+    }
+}
+
+impl JobStatus {
+    /// The file of `pid` in `dir`.
+    pub fn path(dir: &Path, pid: u32) -> std::path::PathBuf {
+        dir.join(format!("{pid}.json"))
+    }
+
+    /// What `/proc` says of the job: running only when the job's process and its watcher both
+    /// run with their recorded start times; gone when either is provably gone or replaced. A
+    /// file of an older version (no start times) is judged by the job's PID alone.
+    fn seen(&self) -> Seen {
+        let job = seen(self.pid, self.start_ticks);
+        let watcher = self
+            .watcher_pid
+            .map_or(Seen::Running, |w| seen(w, self.watcher_start_ticks));
+        match (job, watcher) {
+            (Seen::Gone, _) | (_, Seen::Gone) => Seen::Gone,
+            (Seen::Running, Seen::Running) => Seen::Running,
+            _ => Seen::Unknown,
+        }
+    }
+}
+
+/// Removes `path` if it still holds `bytes` (a `run` may have just written it for a new job).
+fn remove_stale(path: &Path, bytes: &[u8]) {
+    if std::fs::read(path).is_ok_and(|now| now == bytes) {
+        if let Err(e) = std::fs::remove_file(path) {
+            tracing::debug!("stale job status {}: {e}", path.display());
+        }
+    }
+}
+
+/// Reads every status file in `dir`: the jobs that run now, by PID; the files of jobs whose
+/// process or watcher is provably gone or replaced are removed.
+pub fn live_jobs(dir: &Path) -> Vec<JobStatus> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut jobs = Vec::new();
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(job) = serde_json::from_slice::<JobStatus>(&bytes) else {
+            continue;
+        };
+        match job.seen() {
+            Seen::Running => jobs.push(job),
+            Seen::Gone => remove_stale(&path, &bytes),
+            Seen::Unknown => {}
+        }
+    }
+    jobs.sort_by_key(|j| j.pid);
+    jobs
+}
+
+/// Removes the status files in `dir` of jobs that no longer run (see [`live_jobs`]).
+pub fn sweep(dir: &Path) {
+    live_jobs(dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(pid: u32, start: Option<u64>, watcher: Option<(u32, Option<u64>)>) -> JobStatus {
+        JobStatus {
+            pid,
+            start_ticks: start,
+            watcher_pid: watcher.map(|w| w.0),
+            watcher_start_ticks: watcher.and_then(|w| w.1),
+            command: format!("job {pid}"),
+            progress: "step 1".into(),
+            progress_age_s: None,
+            eta_s: None,
+        }
+    }
+
+    fn write(dir: &Path, name: &str, s: &JobStatus) {
+        std::fs::write(dir.join(name), serde_json::to_vec(s).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn only_jobs_whose_processes_still_run_are_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let my_start = crate::sys::live_start_ticks(me).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let start = crate::sys::live_start_ticks(pid).unwrap();
+        let watcher = Some((me, Some(my_start)));
+        let live = status(pid, Some(start), watcher);
+        write(dir.path(), &format!("{pid}.json"), &live);
+        // The same PID, another process (the start differs).
+        let reused = status(pid, Some(start + 1), watcher);
+        write(dir.path(), "reused.json", &reused);
+        // A watcher that is another process now.
+        let orphan = status(pid, Some(start), Some((me, Some(my_start + 1))));
+        write(dir.path(), "orphan.json", &orphan);
+        // An older file without start times, of a running PID: kept (nothing proves it stale).
+        let old = status(me, None, None);
+        write(dir.path(), "old.json", &old);
+        std::fs::write(dir.path().join("junk.json"), "not json").unwrap();
+        let mut expected = vec![live, old];
+        expected.sort_by_key(|j| j.pid);
+        assert_eq!(live_jobs(dir.path()), expected);
+        for gone in ["reused.json", "orphan.json"] {
+            assert!(!dir.path().join(gone).exists(), "{gone} was kept");
+        }
+        assert!(
+            dir.path().join("junk.json").exists(),
+            "only judged files go"
+        );
+        // The job ends (reaped): its file goes too.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(live_jobs(dir.path()).iter().all(|j| j.pid != pid));
+        assert!(!JobStatus::path(dir.path(), pid).exists());
+    }
+}
