@@ -455,7 +455,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     let digest = digest_plan(&config.digest, &dir);
     let mut live = Live {
         silences,
-        silences_sent: None,
+        silences_checked: None,
         export,
         hostname: hostname.clone(),
         pipeline,
@@ -467,6 +467,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         interval,
         last_devices: devices,
         last_save: Instant::now(),
+        save: (false, None),
         last_rule_check: Instant::now(),
         last_snapshot: Instant::now(),
         last_status: Instant::now(),
@@ -515,10 +516,18 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     }
     // A sampler stuck in a slow NVML call must not hold up the stop.
     sampler.stop(Duration::from_secs(2));
-    save_engine(&live.dir, live.pipeline.engine());
     live.save_usage();
     live.pipeline.finish();
-    live.dispatcher.stop();
+    // The dispatcher handles (and saves) everything sent before its stop; the engine's state is
+    // saved after it, never ahead of it (see `Live::save_engine`).
+    let Live {
+        dispatcher,
+        pipeline,
+        dir,
+        ..
+    } = live;
+    dispatcher.stop();
+    save_engine(&dir, pipeline.engine());
     if let Some(d) = &sim_dir {
         let _ = std::fs::remove_dir_all(d);
     }
@@ -549,9 +558,9 @@ fn fresh_private_dir(prefix: &str) -> std::io::Result<PathBuf> {
 struct Live<'a> {
     /// Silences: notifications of matching alerts are not sent (the dispatcher's grouper mutes
     /// them) and their kills are held (the pipeline).
-    silences: std::sync::Arc<std::sync::Mutex<crate::silence::Silences>>,
-    /// The silences last sent to the dispatcher.
-    silences_sent: Option<Vec<crate::silence::Silence>>,
+    silences: crate::silence::Shared,
+    /// When the silences' housekeeping last ran (it walks them all: once a second at most).
+    silences_checked: Option<Instant>,
     /// What `/metrics` serves, when the exporter runs.
     export: Option<http::Shared>,
     hostname: String,
@@ -564,6 +573,8 @@ struct Live<'a> {
     interval: Duration,
     last_devices: Vec<DeviceId>,
     last_save: Instant,
+    /// Whether the alert state needs saving, and the dispatcher's mark it waits for.
+    save: (bool, Option<u64>),
     last_rule_check: Instant,
     last_snapshot: Instant,
     /// When the last status line was printed, and how often one is.
@@ -577,6 +588,10 @@ struct Live<'a> {
     /// `[digest] schedule`: when the next digest is due (UTC ms), and how many alerts it lists.
     digest: Option<(crate::usage::Schedule, i64, usize)>,
 }
+
+/// How often the silences' housekeeping runs (jobs ended, ended silences dropped, the journal
+/// folded into `silences.json`).
+const SILENCES_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// How often the usage ledger is saved: a `kill -9` (or a power cut) loses at most this much
 /// accounting; a clean stop saves at once.
@@ -673,7 +688,7 @@ impl Live<'_> {
                     rules = self.pipeline.engine().rule_count(),
                     "rules reloaded"
                 );
-                publish(&self.dispatcher, events);
+                self.publish(events);
                 self.rules = Rules::new(new.rule_paths, new.rules_signature);
                 self.rules_config = new.config.rules;
                 Ok(())
@@ -691,13 +706,18 @@ impl Live<'_> {
     /// Host rules when no snapshot came for an interval, rule-file edits, periodic state saves,
     /// silences whose job ended.
     fn housekeeping(&mut self) {
-        if let Ok(mut s) = self.silences.lock() {
-            let alive = |pid: u32, start: Option<u64>| job_alive(pid, start);
-            if let Err(e) = s.housekeeping(now_ms(), alive) {
-                warn!("silences: {e:#}");
+        if self
+            .silences_checked
+            .is_none_or(|t| t.elapsed() >= SILENCES_CHECK_EVERY)
+        {
+            self.silences_checked = Some(Instant::now());
+            if let Ok(mut s) = self.silences.lock() {
+                let alive = |pid: u32, start: Option<u64>| job_alive(pid, start);
+                if let Err(e) = s.housekeeping(now_ms(), alive) {
+                    warn!("silences: {e:#}");
+                }
             }
         }
-        self.sync_silences();
         if self.last_snapshot.elapsed() >= self.interval {
             let events = self.pipeline.advance(now_ms());
             self.publish_and_save(events);
@@ -710,14 +730,9 @@ impl Live<'_> {
                 info!("rule files changed: reloading");
                 self.rules.signature = sig;
                 let engine = self.pipeline.engine_mut();
-                reload_rules(
-                    engine,
-                    &self.rules.paths,
-                    &self.rules_config,
-                    &self.dispatcher,
-                );
-                let stopped = self.pipeline.cancel_undeclared_kills(now_ms());
-                publish(&self.dispatcher, stopped);
+                let mut events = reload_rules(engine, &self.rules.paths, &self.rules_config);
+                events.extend(self.pipeline.cancel_undeclared_kills(now_ms()));
+                self.publish(events);
             }
         }
         if self.last_usage_save.elapsed() >= USAGE_SAVE_EVERY {
@@ -735,9 +750,9 @@ impl Live<'_> {
             console::say(&self.status_line());
         }
         if self.last_save.elapsed() >= Duration::from_secs(30) {
-            save_engine(&self.dir, self.pipeline.engine());
-            self.last_save = Instant::now();
+            self.save.0 = true;
         }
+        self.save_engine();
     }
 
     /// Saves the usage ledger, keeping two days of it in memory.
@@ -916,10 +931,14 @@ impl Live<'_> {
                     Err(e) => fail(e),
                 }
             }
-            "silence_list" => match self.silences.lock() {
-                Ok(s) => json!({"ok": true, "silences": s.list(), "now_ms": now}),
-                Err(e) => fail(e.to_string()),
-            },
+            "silence_list" => {
+                // A snapshot: the list is written out without holding the lock.
+                let list = match self.silences.lock() {
+                    Ok(s) => s.snapshot(),
+                    Err(e) => return fail(e.to_string()),
+                };
+                json!({"ok": true, "silences": list.as_slice(), "now_ms": now})
+            }
             "silence_expire" => {
                 let id = ask["id"].as_str().unwrap_or("");
                 match self
@@ -947,16 +966,11 @@ impl Live<'_> {
         }
     }
 
-    /// Sends the dispatcher the silences when they changed since it last got them.
+    /// Hands the dispatcher the live silences (once, at the start): its grouper reads the set in
+    /// force whenever it makes messages, so a change is never copied or queued to it.
     fn sync_silences(&mut self) {
-        let list = match self.silences.lock() {
-            Ok(s) => s.list().to_vec(),
-            Err(_) => return,
-        };
-        if self.silences_sent.as_ref() != Some(&list) {
-            self.dispatcher.send(Input::Silences(list.clone()));
-            self.silences_sent = Some(list);
-        }
+        self.dispatcher
+            .send(Input::Silences(crate::silence::Feed::live(&self.silences)));
     }
 
     /// Publishes `events`; the alert state is saved after every announcement.
@@ -979,8 +993,35 @@ impl Live<'_> {
                 }
             }
         }
+        self.publish(events);
+        self.save_engine();
+    }
+
+    /// Hands `events` to the dispatcher; the alert state is to be saved after them.
+    fn publish(&mut self, events: Vec<AlertEvent>) {
         if publish(&self.dispatcher, events) {
+            // A mark put before these events no longer covers them.
+            self.save = (true, None);
+        }
+    }
+
+    /// Saves the alert state when it is due, but only once the dispatcher has ingested and saved
+    /// every event published before (its mark reached): a `kill -9` between the two saves then
+    /// leaves the engine behind the dispatcher — the transitions are evaluated again and their
+    /// events ingested again, which changes nothing — and never ahead of it, where an alert the
+    /// engine counts as announced would never reach anyone. The dispatcher answers within
+    /// milliseconds; when it is slower the save waits for the next turn of the loop.
+    fn save_engine(&mut self) {
+        if !self.save.0 {
+            return;
+        }
+        let mark = *self.save.1.get_or_insert_with(|| self.dispatcher.mark());
+        if self
+            .dispatcher
+            .wait_persisted(mark, Duration::from_millis(20))
+        {
             save_engine(&self.dir, self.pipeline.engine());
+            self.save = (false, None);
             self.last_save = Instant::now();
         }
     }
@@ -1040,12 +1081,13 @@ fn save_engine(dir: &Path, engine: &Engine) {
     }
 }
 
+/// Loads the rule files again into `engine`; the events of the change (alerts of removed or
+/// changed rules resolving), to publish.
 fn reload_rules(
     engine: &mut Engine,
     paths: &[PathBuf],
     config: &crate::rules::RulesConfig,
-    dispatcher: &Dispatcher,
-) {
+) -> Vec<AlertEvent> {
     let set = match crate::rules::RuleSet::load(paths, config) {
         Ok(set) if set.is_empty() && engine.rule_count() > 0 => {
             error!(
@@ -1053,17 +1095,14 @@ fn reload_rules(
                  names no rules to run without any)",
                 engine.rule_count()
             );
-            return;
+            return Vec::new();
         }
         other => other,
     };
     match set.map(|set| engine.reload(set)) {
         Ok(events) => {
             info!(rules = engine.rule_count(), "rules reloaded");
-            if !events.is_empty() {
-                log_events(&events);
-                dispatcher.send(Input::Events(events));
-            }
+            events
         }
         Err(errors) => {
             for e in &errors {
@@ -1073,6 +1112,7 @@ fn reload_rules(
                 "rule reload failed: keeping the {} running rules",
                 engine.rule_count()
             );
+            Vec::new()
         }
     }
 }

@@ -2,10 +2,13 @@
 //! `gpu=~"3|4"`, `severity!=critical`, `hostname!~"lab-.*"`), a time span, a comment, and here
 //! optionally a job (`--until-job PID`: the silence ends when that process does). A silenced
 //! alert is still evaluated, recorded and exported; its notifications are not sent and kill
-//! actions it asks for are held. Silences persist in `state_dir/silences.json`.
+//! actions it asks for are held. Silences persist in `state_dir/silences.json` and, between two
+//! compactions, `state_dir/silences.journal` (one fdatasync'd line per change: an add costs
+//! O(1), not a rewrite of every silence).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -230,21 +233,143 @@ impl Silence {
     }
 }
 
-/// The daemon's silences, persisted.
+/// The most silences kept (in force, and ended within the last day): beyond it an add first
+/// drops the ended ones, and is refused when all of them are still in force. Memory and the
+/// time a notification spends matching stay bounded whatever a client sends.
+pub const MAX_SILENCES: usize = 20_000;
+/// How long an ended silence is kept (listed as expired) before it is dropped, ms.
+const KEEP_ENDED_MS: i64 = 86_400_000;
+/// The journal is folded into `silences.json` once it holds more entries than this or than the
+/// list holds silences, whichever is more: each fold costs one write of the list, paid for by at
+/// least as many appends (amortised O(1) per change).
+const COMPACT_MIN_ENTRIES: usize = 256;
+/// ... and once the set has not changed for this long (ms), so that `silences.json` alone (what an
+/// older gpuwatch reads) is complete soon after a change.
+const COMPACT_QUIET_MS: i64 = 10_000;
+
+/// The daemon's silences, shared by the loop that changes them and the threads that read them
+/// (the pipeline's hold of kill actions, the notification dispatcher through a [`Feed`]).
+pub type Shared = Arc<Mutex<Silences>>;
+
+/// The daemon's silences, persisted: `state_dir/silences.json` (the list as of the last
+/// compaction, in the format every gpuwatch reads) and `state_dir/silences.journal` (one JSON
+/// line per add or expiry since, each flushed to disk with `fdatasync` before the change is
+/// acknowledged). Loading replays the journal onto the list; a change costs one appended line,
+/// not a rewrite of the whole list.
 #[derive(Debug, Default)]
 pub struct Silences {
+    /// `state_dir/silences.json`; none: kept in memory only.
     path: Option<PathBuf>,
-    list: Vec<Silence>,
+    journal: Option<Journal>,
+    /// Shared with the readers' snapshots ([`Silences::snapshot`]): a change copies the list
+    /// only while a reader holds a snapshot of it.
+    list: Arc<Vec<Silence>>,
+    /// The ids in `list` (ids are unique; a replayed add of a known id was compacted already).
+    ids: HashSet<String>,
+    /// When the set last changed (UTC ms).
+    changed_ms: i64,
 }
 
-#[derive(Serialize, Deserialize)]
+/// `state_dir/silences.journal`, appended to.
+#[derive(Debug)]
+struct Journal {
+    path: PathBuf,
+    /// Opened at the first write.
+    file: Option<std::fs::File>,
+    /// Entries in the file (replayed ones included).
+    entries: usize,
+    /// Its length in bytes: a write that fails half-way is cut back to it.
+    len: u64,
+}
+
+/// One journal line (written).
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum EntryRef<'a> {
+    Add(&'a Silence),
+    Expire { id: &'a str, at_ms: i64 },
+}
+
+/// One journal line (read).
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Entry {
+    Add(Silence),
+    Expire { id: String, at_ms: i64 },
+}
+
+#[derive(Deserialize)]
 struct File {
     silences: Vec<Silence>,
 }
 
+#[derive(Serialize)]
+struct FileRef<'a> {
+    silences: &'a [Silence],
+}
+
+impl Journal {
+    /// The file, opened for appending (created 0600, its directory entry made durable).
+    fn file(&mut self) -> std::io::Result<&mut std::fs::File> {
+        if self.file.is_none() {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let existed = self.path.exists();
+            let f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .open(&self.path)?;
+            if !existed {
+                if let Some(dir) = self.path.parent() {
+                    crate::sys::sync_dir(dir)?;
+                }
+            }
+            self.file = Some(f);
+        }
+        self.file
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("journal not open"))
+    }
+
+    /// Appends one line and flushes it to disk; on failure the file is cut back to what it was.
+    fn append(&mut self, entry: &EntryRef<'_>) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let mut line = serde_json::to_vec(entry)?;
+        line.push(b'\n');
+        let len = self.len;
+        let path = self.path.clone();
+        let f = self
+            .file()
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+        if let Err(e) = f.write_all(&line).and_then(|()| f.sync_data()) {
+            let _ = f.set_len(len);
+            return Err(anyhow::anyhow!("cannot write {}: {e}", path.display()));
+        }
+        self.len += line.len() as u64;
+        self.entries += 1;
+        Ok(())
+    }
+
+    /// Empties the file (its entries are in `silences.json` now).
+    fn clear(&mut self) -> anyhow::Result<()> {
+        let path = self.path.clone();
+        let f = self
+            .file()
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+        f.set_len(0)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| anyhow::anyhow!("cannot truncate {}: {e}", path.display()))?;
+        self.len = 0;
+        self.entries = 0;
+        Ok(())
+    }
+}
+
 impl Silences {
-    /// Loads `state_dir/silences.json` (none when it does not exist; an unreadable one is an
-    /// error naming it).
+    /// Loads `state_dir/silences.json` and replays `state_dir/silences.journal` onto it (none
+    /// when neither exists). An unreadable file, or a journal line that is not an entry, is an
+    /// error naming it; a last line cut short (a crash while it was written: never acknowledged)
+    /// is dropped.
     pub fn load(state_dir: &Path) -> anyhow::Result<Silences> {
         let path = state_dir.join("silences.json");
         let list = match std::fs::read(&path) {
@@ -256,65 +381,195 @@ impl Silences {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(anyhow::anyhow!("{}: {e}", path.display())),
         };
-        Ok(Silences {
+        let ids = list.iter().map(|s| s.id.clone()).collect();
+        let mut silences = Silences {
             path: Some(path),
-            list,
-        })
+            journal: None,
+            list: Arc::new(list),
+            ids,
+            // A journal left from the last run is folded in at the first housekeeping.
+            changed_ms: i64::MIN,
+        };
+        let journal_path = state_dir.join("silences.journal");
+        let bytes = match std::fs::read(&journal_path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(anyhow::anyhow!("{}: {e}", journal_path.display())),
+        };
+        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let mut entries = 0;
+        for (n, line) in bytes
+            .get(..whole)
+            .unwrap_or_default()
+            .split(|b| *b == b'\n')
+            .enumerate()
+        {
+            if line.is_empty() {
+                continue;
+            }
+            let entry: Entry = serde_json::from_slice(line)
+                .map_err(|e| anyhow::anyhow!("{}:{}: {e}", journal_path.display(), n + 1))?;
+            entries += 1;
+            match entry {
+                Entry::Add(s) => {
+                    if silences.ids.insert(s.id.clone()) {
+                        Arc::make_mut(&mut silences.list).push(s);
+                    }
+                }
+                Entry::Expire { id, at_ms } => {
+                    if let Some(s) = Arc::make_mut(&mut silences.list)
+                        .iter_mut()
+                        .find(|s| s.id == id)
+                    {
+                        s.ends_ms = s.ends_ms.min(at_ms);
+                    }
+                }
+            }
+        }
+        let mut journal = Journal {
+            path: journal_path,
+            file: None,
+            entries,
+            len: whole as u64,
+        };
+        if whole < bytes.len() {
+            // A torn last line: cut it off so that the next entry starts on a line of its own.
+            journal
+                .file()
+                .and_then(|f| f.set_len(whole as u64).and_then(|()| f.sync_all()))
+                .map_err(|e| anyhow::anyhow!("{}: {e}", journal.path.display()))?;
+        }
+        silences.journal = Some(journal);
+        Ok(silences)
     }
 
-    fn save(&self) -> anyhow::Result<()> {
+    /// Writes the whole list to `silences.json` and empties the journal.
+    fn compact(&mut self) -> anyhow::Result<()> {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let json = serde_json::to_vec_pretty(&File {
-            silences: self.list.clone(),
+        let json = serde_json::to_vec_pretty(&FileRef {
+            silences: &self.list,
         })?;
         crate::sys::write_atomic(path, &json)
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        // A crash before the journal is emptied replays entries already in the file: adds of
+        // known ids are skipped and expiries keep the earlier end, so nothing changes.
+        match &mut self.journal {
+            Some(j) => j.clear(),
+            None => Ok(()),
+        }
     }
 
-    /// Adds a silence; its id.
+    /// Records `entry` durably (before the change is made and acknowledged).
+    fn record(&mut self, entry: &EntryRef<'_>) -> anyhow::Result<()> {
+        match &mut self.journal {
+            Some(j) => j.append(entry),
+            // Kept in memory only.
+            None => Ok(()),
+        }
+    }
+
+    /// Folds the journal into `silences.json` once it is as long as the list (or 256 entries).
+    fn maybe_compact(&mut self) {
+        let entries = self.journal.as_ref().map_or(0, |j| j.entries);
+        if entries > COMPACT_MIN_ENTRIES.max(self.list.len()) {
+            if let Err(e) = self.compact() {
+                // The journal still holds every change: nothing is lost, it only grows.
+                tracing::warn!("silences: {e:#}");
+            }
+        }
+    }
+
+    /// Adds a silence (durably: its journal line is on disk when this returns); its id. With
+    /// [`MAX_SILENCES`] kept, the ended ones are dropped first; with as many in force, the add
+    /// is refused.
     pub fn add(&mut self, mut s: Silence) -> anyhow::Result<String> {
-        let seed = format!("{}{:?}{}", s.starts_ms, s.matchers, self.list.len());
-        s.id = crate::sys::fnv1a64_hex(seed.bytes());
+        if self.list.len() >= MAX_SILENCES {
+            let now = s.starts_ms;
+            if self.list.iter().any(|x| x.ends_ms <= now) {
+                self.drop_where(|x| x.ends_ms <= now);
+            }
+            if self.list.len() >= MAX_SILENCES {
+                anyhow::bail!(
+                    "too many silences: {MAX_SILENCES} are in force; expire some (`gpuwatch silence expire ID`) before adding more"
+                );
+            }
+        }
+        let mut salt = self.list.len();
+        s.id = loop {
+            let seed = format!("{}{:?}{salt}", s.starts_ms, s.matchers);
+            let id = crate::sys::fnv1a64_hex(seed.bytes());
+            if !self.ids.contains(&id) {
+                break id;
+            }
+            salt += 1;
+        };
+        self.record(&EntryRef::Add(&s))?;
         let id = s.id.clone();
-        self.list.push(s);
-        self.save()?;
+        self.ids.insert(id.clone());
+        self.changed_ms = s.starts_ms;
+        Arc::make_mut(&mut self.list).push(s);
+        self.maybe_compact();
         Ok(id)
     }
 
     /// Ends silence `id` now (`false` when there is none of that id still active).
     pub fn expire(&mut self, id: &str, now_ms: i64) -> anyhow::Result<bool> {
-        let Some(s) = self
+        let Some(i) = self
             .list
-            .iter_mut()
-            .find(|s| s.id == id && s.ends_ms > now_ms)
+            .iter()
+            .position(|s| s.id == id && s.ends_ms > now_ms)
         else {
             return Ok(false);
         };
-        s.ends_ms = now_ms;
-        self.save()?;
+        self.record(&EntryRef::Expire { id, at_ms: now_ms })?;
+        if let Some(s) = Arc::make_mut(&mut self.list).get_mut(i) {
+            s.ends_ms = now_ms;
+        }
+        self.changed_ms = now_ms;
+        self.maybe_compact();
         Ok(true)
     }
 
+    /// Drops the silences `gone` says (not journaled: only ended ones are dropped, and a replay
+    /// that brings them back drops them again).
+    fn drop_where(&mut self, gone: impl Fn(&Silence) -> bool) {
+        let list = Arc::make_mut(&mut self.list);
+        list.retain(|s| !gone(s));
+        self.ids = list.iter().map(|s| s.id.clone()).collect();
+    }
+
     /// Ends the silences whose job has exited (`alive(pid, start)` false: no such process, or
-    /// another one that reused the pid); drops those ended more than a day ago.
+    /// another one that reused the pid); drops those ended more than a day ago; folds the
+    /// journal into `silences.json` once the set has been quiet for a while. The daemon calls it
+    /// about once a second (it walks the whole list).
     pub fn housekeeping(
         &mut self,
         now_ms: i64,
         alive: impl Fn(u32, Option<u64>) -> bool,
     ) -> anyhow::Result<()> {
-        let mut changed = false;
-        for s in &mut self.list {
-            if s.active(now_ms) && s.until_pid.is_some_and(|p| !alive(p, s.until_start)) {
-                s.ends_ms = now_ms;
-                changed = true;
-            }
+        let ended: Vec<String> = self
+            .list
+            .iter()
+            .filter(|s| s.active(now_ms) && s.until_pid.is_some_and(|p| !alive(p, s.until_start)))
+            .map(|s| s.id.clone())
+            .collect();
+        for id in ended {
+            self.expire(&id, now_ms)?;
         }
-        let before = self.list.len();
-        self.list.retain(|s| s.ends_ms > now_ms - 86_400_000);
-        if changed || self.list.len() != before {
-            self.save()?;
+        let cutoff = now_ms.saturating_sub(KEEP_ENDED_MS);
+        if self.list.iter().any(|s| s.ends_ms <= cutoff) {
+            self.drop_where(|s| s.ends_ms <= cutoff);
+            self.changed_ms = now_ms;
+        }
+        let pending = self.journal.as_ref().is_some_and(|j| j.entries > 0);
+        if pending && now_ms.saturating_sub(self.changed_ms) >= COMPACT_QUIET_MS {
+            if let Err(e) = self.compact() {
+                // Tried again after another quiet while (the journal keeps everything).
+                self.changed_ms = now_ms;
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -327,6 +582,62 @@ impl Silences {
     /// Every silence (active and recently ended).
     pub fn list(&self) -> &[Silence] {
         &self.list
+    }
+
+    /// Every silence, as a handle a reader can keep without holding the lock: O(1). The next
+    /// change copies the list only if the handle is still held then, so a reader should drop it
+    /// once done.
+    pub fn snapshot(&self) -> Arc<Vec<Silence>> {
+        self.list.clone()
+    }
+}
+
+/// Where a reader of silences (the notification grouper) gets the set in force: a fixed list,
+/// or the daemon's live set, read at the moment of use — a silence applies to what is notified
+/// from the moment its add is acknowledged, and nothing is copied per change.
+#[derive(Clone)]
+pub enum Feed {
+    /// This list, for ever.
+    Fixed(Arc<Vec<Silence>>),
+    /// The daemon's silences as they are when read.
+    Live(Shared),
+}
+
+impl Default for Feed {
+    fn default() -> Feed {
+        Feed::Fixed(Arc::default())
+    }
+}
+
+impl std::fmt::Debug for Feed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Feed::Fixed(l) => write!(f, "Feed::Fixed({} silences)", l.len()),
+            Feed::Live(_) => write!(f, "Feed::Live"),
+        }
+    }
+}
+
+impl Feed {
+    /// A fixed list.
+    pub fn fixed(list: Vec<Silence>) -> Feed {
+        Feed::Fixed(Arc::new(list))
+    }
+
+    /// The daemon's live set.
+    pub fn live(shared: &Shared) -> Feed {
+        Feed::Live(shared.clone())
+    }
+
+    /// The silences now (a handle, O(1); drop it once done).
+    pub fn current(&self) -> Arc<Vec<Silence>> {
+        match self {
+            Feed::Fixed(l) => l.clone(),
+            Feed::Live(s) => s
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .snapshot(),
+        }
     }
 }
 
@@ -439,5 +750,171 @@ mod tests {
             "the job ended"
         );
         assert!(!s3.expire(&id, 800).unwrap(), "already ended");
+    }
+
+    fn silence(n: usize, starts_ms: i64) -> Silence {
+        Silence {
+            id: String::new(),
+            matchers: vec![Matcher::parse(&format!("job=job-{n}")).unwrap()],
+            starts_ms,
+            ends_ms: starts_ms + 3_600_000,
+            comment: format!("silence {n}"),
+            created_by: "alice".into(),
+            until_pid: None,
+            until_start: None,
+        }
+    }
+
+    /// What an older gpuwatch reads: `silences.json` alone.
+    fn json_file(dir: &Path) -> Vec<Silence> {
+        let bytes = std::fs::read(dir.join("silences.json")).unwrap();
+        serde_json::from_slice::<File>(&bytes).unwrap().silences
+    }
+
+    fn journal_lines(dir: &Path) -> usize {
+        std::fs::read_to_string(dir.join("silences.journal"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    /// Issue 25 item 5: an add appends one journal line instead of rewriting the list; the
+    /// journal is folded into `silences.json` once it holds more entries than the list holds
+    /// silences (or 256), and a load replays it: ids unique, every add and expiry kept.
+    #[test]
+    fn adds_are_journaled_compacted_and_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Silences::load(dir.path()).unwrap();
+        let mut ids = HashSet::new();
+        for n in 0..1000 {
+            // The same matchers at the same time: still a new id each.
+            let id = s.add(silence(n % 3, 1000)).unwrap();
+            assert!(ids.insert(id), "unique ids");
+        }
+        assert!(
+            !dir.path().join("silences.json").exists(),
+            "no rewrite of the list per add"
+        );
+        assert_eq!(journal_lines(dir.path()), 1000);
+        // One entry more than the list: folded in.
+        let first = s.list()[0].id.clone();
+        assert!(s.expire(&first, 2000).unwrap());
+        assert_eq!(journal_lines(dir.path()), 0);
+        let json = json_file(dir.path());
+        assert_eq!(json.len(), 1000);
+        assert_eq!(json[0].ends_ms, 2000);
+        for n in 0..10 {
+            s.add(silence(n, 3000)).unwrap();
+        }
+        assert_eq!(journal_lines(dir.path()), 10);
+
+        let again = Silences::load(dir.path()).unwrap();
+        assert_eq!(again.list(), s.list());
+
+        // A crash between writing silences.json and emptying the journal: the journal is
+        // replayed onto a list that has its entries already; nothing changes.
+        let journal = std::fs::read(dir.path().join("silences.journal")).unwrap();
+        let mut s = again;
+        s.compact().unwrap();
+        assert_eq!(journal_lines(dir.path()), 0);
+        assert_eq!(json_file(dir.path()).len(), 1010);
+        std::fs::write(dir.path().join("silences.journal"), journal).unwrap();
+        let replayed = Silences::load(dir.path()).unwrap();
+        assert_eq!(replayed.list(), s.list());
+    }
+
+    /// A crash while a line was written leaves it cut short: it was never acknowledged, so the
+    /// load drops it, and the next add starts on a line of its own. A damaged line inside the
+    /// journal is an error naming the file and line.
+    #[test]
+    fn a_torn_last_journal_line_is_dropped() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Silences::load(dir.path()).unwrap();
+        s.add(silence(1, 1000)).unwrap();
+        let path = dir.path().join("silences.journal");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(br#"{"add":{"id":"x","matc"#).unwrap();
+        drop(f);
+        let mut s = Silences::load(dir.path()).unwrap();
+        assert_eq!(s.list().len(), 1);
+        s.add(silence(2, 1000)).unwrap();
+        let s = Silences::load(dir.path()).unwrap();
+        assert_eq!(s.list().len(), 2);
+        assert_eq!(journal_lines(dir.path()), 2);
+
+        std::fs::write(&path, b"{\"add\":{}}\nnonsense\n").unwrap();
+        let e = Silences::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("silences.journal:1:"), "{e}");
+    }
+
+    /// A set that stays quiet is folded into `silences.json` (what an older gpuwatch reads) by
+    /// the housekeeping; expiries of ended jobs are journaled like any other change.
+    #[test]
+    fn a_quiet_journal_is_folded_into_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Silences::load(dir.path()).unwrap();
+        s.add(silence(1, 1000)).unwrap();
+        let mut job = silence(2, 1000);
+        job.until_pid = Some(42);
+        let job = s.add(job).unwrap();
+        s.housekeeping(1000 + COMPACT_QUIET_MS - 1, |_, _| true)
+            .unwrap();
+        assert!(json_file_missing_or_short(dir.path()));
+        s.housekeeping(1000 + COMPACT_QUIET_MS, |_, _| true)
+            .unwrap();
+        assert_eq!(json_file(dir.path()).len(), 2);
+        assert_eq!(journal_lines(dir.path()), 0);
+        let t = 1000 + COMPACT_QUIET_MS + 1;
+        s.housekeeping(t, |_, _| false).unwrap();
+        assert_eq!(journal_lines(dir.path()), 1, "the job's end is journaled");
+        let again = Silences::load(dir.path()).unwrap();
+        let ended = again.list().iter().find(|x| x.id == job).unwrap();
+        assert_eq!(ended.ends_ms, t);
+    }
+
+    fn json_file_missing_or_short(dir: &Path) -> bool {
+        !dir.join("silences.json").exists() || json_file(dir).len() < 2
+    }
+
+    /// At most MAX_SILENCES are kept: ended ones make room, and an add beyond as many in force
+    /// is refused with a clear error (nothing recorded).
+    #[test]
+    fn the_number_of_silences_is_bounded() {
+        let mut s = Silences::default();
+        for n in 0..MAX_SILENCES {
+            s.add(silence(n, 1000)).unwrap();
+        }
+        let e = s.add(silence(0, 2000)).unwrap_err().to_string();
+        assert!(e.contains("too many silences"), "{e}");
+        assert_eq!(s.list().len(), MAX_SILENCES);
+        let first = s.list()[0].id.clone();
+        assert!(s.expire(&first, 2000).unwrap());
+        s.add(silence(0, 3000)).unwrap();
+        assert_eq!(s.list().len(), MAX_SILENCES);
+        assert!(
+            s.list().iter().all(|x| x.id != first),
+            "the ended one made room"
+        );
+    }
+
+    /// A reader's snapshot is O(1) and sees every acknowledged add; a change while none is held
+    /// copies nothing.
+    #[test]
+    fn a_live_feed_reads_the_set_in_force() {
+        let shared: Shared = Arc::default();
+        let feed = Feed::live(&shared);
+        assert!(feed.current().is_empty());
+        shared.lock().unwrap().add(silence(1, 1000)).unwrap();
+        let snap = feed.current();
+        assert_eq!(snap.len(), 1);
+        let before = Arc::as_ptr(&shared.lock().unwrap().snapshot());
+        assert_eq!(before, Arc::as_ptr(&snap), "a handle, not a copy");
+        drop(snap);
+        shared.lock().unwrap().add(silence(2, 1000)).unwrap();
+        assert_eq!(feed.current().len(), 2);
     }
 }

@@ -42,8 +42,8 @@ pub enum Input {
     },
     /// The sampling loop completed a tick at this time (drives the dead-man heartbeat).
     Healthy(i64),
-    /// The daemon's silences, whenever they change (see [`Grouper::set_silences`]).
-    Silences(Vec<crate::silence::Silence>),
+    /// Where the daemon's silences are read (once, at the start; see [`Grouper::set_silences`]).
+    Silences(crate::silence::Feed),
     /// New settings (SIGHUP reload).
     Reload(Box<NotifySettings>),
     /// Finish in-flight sends (up to the grace period), save state, exit.
@@ -51,6 +51,9 @@ pub enum Input {
     /// Send every waiting group now and exit once everything is delivered or at the deadline
     /// (UTC ms); what is still undelivered stays in the outbox.
     Drain(i64),
+    /// Everything sent before it has been ingested and the grouper state saved to disk: the
+    /// dispatcher's persisted mark becomes this number (see [`Dispatcher::mark`]).
+    Mark(u64),
 }
 
 /// Handle to the dispatcher thread.
@@ -58,6 +61,15 @@ pub struct Dispatcher {
     tx: mpsc::UnboundedSender<Input>,
     thread: Option<std::thread::JoinHandle<()>>,
     delivery: Arc<std::sync::Mutex<Delivery>>,
+    /// The last mark handed out, and the last one the worker reached (see [`Dispatcher::mark`]).
+    marks: (std::sync::atomic::AtomicU64, Arc<Persisted>),
+}
+
+/// The highest [`Input::Mark`] the worker has reached, and a way to wait for it.
+#[derive(Debug, Default)]
+struct Persisted {
+    mark: std::sync::Mutex<u64>,
+    reached: std::sync::Condvar,
 }
 
 /// How delivery goes, for `/metrics`: messages waiting in the outbox, and per channel the sends
@@ -87,6 +99,8 @@ impl Dispatcher {
         let (tx, rx) = mpsc::unbounded_channel();
         let delivery = Arc::new(std::sync::Mutex::new(Delivery::default()));
         let shared = delivery.clone();
+        let persisted = Arc::new(Persisted::default());
+        let reached = persisted.clone();
         let thread = std::thread::Builder::new()
             .name("gpuwatch-notify".into())
             .spawn(move || {
@@ -102,13 +116,42 @@ impl Dispatcher {
                 };
                 let mut worker = Worker::new(settings, outbox, state_path, state, transport);
                 worker.delivery = shared;
+                worker.persisted = reached;
                 rt.block_on(worker.run(rx));
             })?;
         Ok(Dispatcher {
             tx,
             thread: Some(thread),
             delivery,
+            marks: (std::sync::atomic::AtomicU64::new(0), persisted),
         })
+    }
+
+    /// Puts a mark behind everything sent so far; once [`Dispatcher::wait_persisted`] says it
+    /// was reached, the worker has ingested those inputs and saved its state. The daemon saves
+    /// the engine's alert state only then: a `kill -9` between the two saves leaves the engine
+    /// behind the dispatcher (its transitions are evaluated again and their events ingested
+    /// again, which changes nothing), never ahead of it (an event the engine counts as
+    /// announced that the dispatcher never heard of would be lost).
+    pub fn mark(&self) -> u64 {
+        let n = self
+            .marks
+            .0
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let _ = self.tx.send(Input::Mark(n));
+        n
+    }
+
+    /// Waits up to `timeout` for mark `n`; whether it was reached.
+    pub fn wait_persisted(&self, n: u64, timeout: Duration) -> bool {
+        let p = &self.marks.1;
+        let Ok(mark) = p.mark.lock() else {
+            return false;
+        };
+        p.reached
+            .wait_timeout_while(mark, timeout, |m| *m < n)
+            .is_ok_and(|(m, _)| *m >= n)
     }
 
     /// Delivery counts so far.
@@ -198,6 +241,8 @@ struct Worker {
     last_adopt_ms: i64,
     /// Shared with the [`Dispatcher`] handle (for `/metrics`).
     delivery: Arc<std::sync::Mutex<Delivery>>,
+    /// The last [`Input::Mark`] reached, shared with the handle.
+    persisted: Arc<Persisted>,
 }
 
 impl Worker {
@@ -245,6 +290,7 @@ impl Worker {
             drain_deadline_ms: None,
             last_adopt_ms: i64::MIN,
             delivery: Arc::default(),
+            persisted: Arc::default(),
         }
     }
 
@@ -403,6 +449,14 @@ impl Worker {
             Input::Drain(deadline) => {
                 self.grouper.flush_all();
                 self.drain_deadline_ms = Some(deadline);
+            }
+            Input::Mark(n) => {
+                // The inputs before it are handled; their state must be on disk.
+                self.save_state();
+                if let Ok(mut m) = self.persisted.mark.lock() {
+                    *m = n;
+                }
+                self.persisted.reached.notify_all();
             }
             Input::Stop => {}
         }
@@ -820,6 +874,44 @@ mod tests {
         );
         w.last_adopt_ms = i64::MAX / 2;
         (dir, w)
+    }
+
+    /// A mark is reached only once the events sent before it are ingested and the grouper's
+    /// state holding them is on disk (the daemon saves its alert state only then).
+    #[test]
+    fn a_mark_is_reached_once_the_events_before_it_are_saved() {
+        let dir = tempfile::tempdir().unwrap();
+        let text =
+            "[[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\n";
+        let config = crate::config::parse(text, Path::new("/etc/gpuwatch/config.toml")).unwrap();
+        let d = Dispatcher::start(config.notify_settings().unwrap(), dir.path()).unwrap();
+        let state = dir.path().join(STATE_FILE);
+        let mut labels = BTreeMap::new();
+        labels.insert("alertname".to_string(), "gpu_lost".to_string());
+        let event = AlertEvent {
+            fingerprint: "fp-gpu-lost-3".into(),
+            name: "gpu_lost".into(),
+            severity: crate::model::Severity::Critical,
+            status: AlertStatus::Firing,
+            labels,
+            annotations: BTreeMap::new(),
+            starts_at_ms: 1,
+            ends_at_ms: None,
+            at_ms: 1,
+            repeat: false,
+            gpu: Some(3),
+            actions: Vec::new(),
+            target_pid: None,
+            chart: None,
+            once: false,
+        };
+        d.send(Input::Events(vec![event]));
+        let mark = d.mark();
+        assert!(d.wait_persisted(mark, Duration::from_secs(10)));
+        let saved = std::fs::read_to_string(&state).unwrap();
+        assert!(saved.contains("fp-gpu-lost-3"), "{saved}");
+        assert!(!d.wait_persisted(mark + 1, Duration::from_millis(10)));
+        d.stop();
     }
 
     /// While the sampling loop is not healthy the heartbeat is not due, so the loop does not

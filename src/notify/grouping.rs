@@ -73,8 +73,11 @@ pub struct Grouper {
     state: GrouperState,
     devices: Vec<DeviceId>,
     processes: Vec<ProcSample>,
-    /// The daemon's silences (the daemon sends them whenever they change).
-    silences: Vec<crate::silence::Silence>,
+    /// Where the daemon's silences are read.
+    silences: crate::silence::Feed,
+    /// The silences read for the tick in progress (none between ticks: a live set is not held,
+    /// so the daemon's next change need not copy it).
+    in_force: Option<Arc<Vec<crate::silence::Silence>>>,
 }
 
 impl Grouper {
@@ -85,14 +88,17 @@ impl Grouper {
             state,
             devices: Vec::new(),
             processes: Vec::new(),
-            silences: Vec::new(),
+            silences: crate::silence::Feed::default(),
+            in_force: None,
         }
     }
 
-    /// Replaces the silences. A silenced firing alert stays in its group but is left out of
-    /// messages (no announcement, no repeats) while a silence matches it, like an inhibited one;
-    /// it is announced if it still fires when the silence ends. Resolutions are not silenced.
-    pub fn set_silences(&mut self, silences: Vec<crate::silence::Silence>) {
+    /// Sets where the silences are read: a tick that makes messages reads the set in force then
+    /// (as Alertmanager checks silences at notification time). A silenced firing alert stays in
+    /// its group but is left out of messages (no announcement, no repeats) while a silence
+    /// matches it, like an inhibited one; it is announced if it still fires when the silence
+    /// ends. Resolutions are not silenced.
+    pub fn set_silences(&mut self, silences: crate::silence::Feed) {
         self.silences = silences;
     }
 
@@ -263,6 +269,8 @@ impl Grouper {
             .filter(|(_, g)| g.next_flush_ms <= now_ms)
             .map(|(k, _)| k.clone())
             .collect();
+        // The silences in force now, read once for the groups due (none due: not read at all).
+        self.in_force = (!keys.is_empty()).then(|| self.silences.current());
         for key in keys {
             let Some(mut group) = self.state.groups.remove(&key) else {
                 continue;
@@ -337,12 +345,13 @@ impl Grouper {
                 self.state.groups.insert(key, group);
             }
         }
+        self.in_force = None;
         self.gate(now_ms, out)
     }
 
     /// Whether a silence mutes firing alert `a` at `now_ms`.
     fn silenced(&self, a: &AlertEvent, now_ms: i64) -> bool {
-        if a.status != AlertStatus::Firing || self.silences.is_empty() {
+        if a.status != AlertStatus::Firing || self.in_force.as_ref().is_none_or(|l| l.is_empty()) {
             return false;
         }
         self.silenced_labels(&super::full_labels(a, &self.settings.hostname), now_ms)
@@ -350,7 +359,9 @@ impl Grouper {
 
     /// Whether a silence matches an alert with these (full) labels at `now_ms`.
     fn silenced_labels(&self, labels: &BTreeMap<String, String>, now_ms: i64) -> bool {
-        self.silences.iter().any(|s| s.silences(labels, now_ms))
+        self.in_force
+            .as_ref()
+            .is_some_and(|l| l.iter().any(|s| s.silences(labels, now_ms)))
     }
 
     /// Whether an inhibition mutes firing alert `a` at `now_ms`. A silenced alert inhibits
@@ -754,10 +765,10 @@ mod tests {
         let fire = |gpu| ev("gpu_lost", gpu, Severity::Critical, AlertStatus::Firing, 0);
         g.ingest(0, &[fire(3), fire(4)]);
         assert_eq!(g.tick(0).len(), 2);
-        g.set_silences(vec![
+        g.set_silences(crate::silence::Feed::fixed(vec![
             silence("3", 10 * 60 * MIN),
             silence("4", 5 * 60 * MIN),
-        ]);
+        ]));
         assert!(g.tick(4 * 60 * MIN).is_empty(), "repeats muted");
         // GPU 3 resolves while silenced: its resolution is announced.
         g.ingest(

@@ -496,3 +496,196 @@ fn trickling_clients_cannot_pile_up_threads() {
         (ctl(&cfg, &["alerts"]).code == 0).then_some(())
     });
 }
+
+/// Resident memory of `pid` (`VmRSS` or `VmHWM`, the peak) in KiB.
+fn vm_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Seconds since the epoch, now.
+fn wall_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64()
+}
+
+/// The `gpu_lost` notification of GPU `gpu` the receiver got, if any: (wall time of its
+/// tripping sample, wall time it arrived), seconds.
+fn gpu_lost_delivery(hook: &HttpReceiver, gpu: &str) -> Option<(f64, f64)> {
+    hook.accepted().into_iter().find_map(|r| {
+        let body = r.json();
+        let a = body["alerts"].as_array()?.iter().find(|a| {
+            a["labels"]["alertname"] == "gpu_lost"
+                && a["labels"]["gpu"] == gpu
+                && a["status"] == "firing"
+        })?;
+        let starts = chrono::DateTime::parse_from_rfc3339(a["startsAt"].as_str()?).ok()?;
+        let arrived = wall_s() - r.at.elapsed().as_secs_f64();
+        Some((starts.timestamp_millis() as f64 / 1000.0, arrived))
+    })
+}
+
+/// Issue 25 item 5: 10,000 `silence add` requests from four concurrent clients (about 1,000 a
+/// second) made the daemon grow to 605 MiB and delayed a critical alert by seconds (every add
+/// rewrote all of silences.json; every change queued a full copy of the list to the
+/// dispatcher). Now the daemon stays under 64 MiB (VmHWM), a `gpu_lost` that fires in the middle
+/// of the burst is delivered within its latency without a burst (GPU 0, lost earlier in the same
+/// run) + 100 ms, and every acknowledged silence is listed after a `kill -9` right after the last
+/// answer and a restart.
+#[test]
+fn a_burst_of_silence_adds_stays_small_and_keeps_alerts_on_time() {
+    const ADDS: usize = 10_000;
+    const CLIENTS: usize = 4;
+    const PER_SECOND: f64 = 1000.0;
+    const BURST_DEADLINE: Duration = Duration::from_secs(45);
+    const RSS_LIMIT_KIB: u64 = 64 * 1024;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = HttpReceiver::start();
+    let cfg = tmp.path().join("config.toml");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\ninterval = \"1s\"\nstate_dir = \"state\"\nrules = [{rules:?}]\nhostname = \"simhost\"\n\n\
+             [[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"{url}\"\n\n\
+             [[route]]\nchannels = [\"ops\"]\ngroup_wait = \"0s\"\ngroup_by = [\"alertname\", \"gpu\"]\n",
+            rules = root.join("rules/gpu_lost.rhai").display().to_string(),
+            url = hook.url("/hook"),
+        ),
+    )
+    .expect("config");
+    let scenario = root
+        .join("tests/fixtures/sim/two-gpus-lost.toml")
+        .display()
+        .to_string();
+    let sock = tmp.path().join("state/control.sock");
+    let d = daemon(&scenario, &cfg, &tmp.path().join("log"), &[]);
+    let pid = d.pid();
+    wait_until(Duration::from_secs(20), "the control socket", || {
+        sock.exists().then_some(())
+    });
+
+    // GPU 0 is lost at 4 s, before the burst: the latency to beat.
+    let (starts0, arrived0) = wait_until(Duration::from_secs(30), "gpu_lost of GPU 0", || {
+        gpu_lost_delivery(&hook, "0")
+    });
+    let baseline_ms = (arrived0 - starts0) * 1000.0;
+
+    // The burst, paced to at most PER_SECOND adds so that it lasts 10 s or more whatever the
+    // machine: GPU 1 is lost at 10 s, in its middle.
+    let peak_rss = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let monitor = {
+        let (peak_rss, done) = (peak_rss.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                peak_rss.fetch_max(vm_kib(pid, "VmRSS"), std::sync::atomic::Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let start = std::time::Instant::now();
+    let burst_from = wall_s();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let sock = sock.clone();
+            std::thread::spawn(move || {
+                let mut ids = Vec::new();
+                let mut errors = Vec::new();
+                for i in (c..ADDS).step_by(CLIENTS) {
+                    let due = Duration::from_secs_f64(i as f64 / PER_SECOND);
+                    if let Some(wait) = due.checked_sub(start.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                    if start.elapsed() > BURST_DEADLINE {
+                        errors.push(format!("add {i}: not sent within {BURST_DEADLINE:?}"));
+                        break;
+                    }
+                    // Matchers that never match gpu_lost.
+                    let ask = serde_json::json!({
+                        "ask": "silence_add",
+                        "matchers": ["alertname=low_utilization", format!("job=\"burst-{i}\"")],
+                        "for_ms": 7_200_000,
+                        "comment": format!("burst {i}"),
+                    });
+                    match gpuwatch::daemon::control::ask(&sock, &ask) {
+                        Ok(v) => ids.push(v["id"].as_str().unwrap_or("").to_string()),
+                        Err(e) => errors.push(format!("add {i}: {e}")),
+                    }
+                }
+                (ids, errors)
+            })
+        })
+        .collect();
+    let mut acknowledged = std::collections::BTreeSet::new();
+    let mut errors = Vec::new();
+    for c in clients {
+        let (ids, errs) = c.join().expect("client");
+        acknowledged.extend(ids);
+        errors.extend(errs);
+    }
+    let burst_to = wall_s();
+    let took = start.elapsed();
+    let hwm = vm_kib(pid, "VmHWM");
+    // No more than a kill -9 right after the last answer.
+    d.kill9();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    monitor.join().expect("monitor");
+    let rss = peak_rss.load(std::sync::atomic::Ordering::SeqCst);
+    let lost1 = gpu_lost_delivery(&hook, "1");
+    eprintln!(
+        "{} adds answered in {took:?}; daemon VmHWM {hwm} KiB, VmRSS at most {rss} KiB; gpu_lost latency without a burst {baseline_ms:.0} ms, during it {:?} ms",
+        acknowledged.len(),
+        lost1.map(|(s, a)| ((a - s) * 1000.0).round())
+    );
+    assert!(
+        errors.is_empty(),
+        "{} of {ADDS} adds failed, first: {:?}",
+        errors.len(),
+        errors.first()
+    );
+    assert_eq!(acknowledged.len(), ADDS, "distinct ids");
+    assert!(
+        hwm < RSS_LIMIT_KIB && rss < RSS_LIMIT_KIB,
+        "the daemon grew to {hwm} KiB (VmHWM) during a burst of {ADDS} silence adds"
+    );
+    let (starts1, arrived1) = lost1.unwrap_or_else(|| {
+        panic!(
+            "gpu_lost of GPU 1 (lost at 10 s, during the burst) not delivered before its end; took {took:?}"
+        )
+    });
+    assert!(
+        (burst_from..burst_to).contains(&starts1),
+        "GPU 1 was not lost during the burst ({burst_from:.3}..{burst_to:.3}, lost at {starts1:.3})"
+    );
+    let during_ms = (arrived1 - starts1) * 1000.0;
+    assert!(
+        during_ms <= baseline_ms + 100.0,
+        "gpu_lost during the burst took {during_ms:.0} ms, {baseline_ms:.0} ms without"
+    );
+
+    // Every acknowledged silence survived the kill -9.
+    let _d2 = daemon(&scenario, &cfg, &tmp.path().join("log2"), &[]);
+    let listed = wait_until(
+        Duration::from_secs(20),
+        "the silences after a restart",
+        || gpuwatch::daemon::control::ask(&sock, &serde_json::json!({"ask": "silence_list"})).ok(),
+    );
+    let ids: std::collections::BTreeSet<String> = listed["silences"]
+        .as_array()
+        .expect("silences")
+        .iter()
+        .filter_map(|s| s["id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(ids.len(), ADDS, "silences listed after kill -9 and restart");
+    assert!(
+        ids == acknowledged,
+        "the listed ids are the acknowledged ones"
+    );
+}

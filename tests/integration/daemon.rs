@@ -293,6 +293,81 @@ fn alert_queued_while_the_receiver_is_down_survives_kill_9() {
     assert_eq!(lost_mails(), 1, "the email arrives once\n{log}");
 }
 
+/// The engine's alert state is saved only after the dispatcher has saved the events it handed
+/// over: a `kill -9` while the dispatcher cannot save yet (its state file's temporary name is a
+/// FIFO nobody reads, so the write blocks) leaves the engine behind it, and the restarted daemon
+/// announces the alert. (Saved ahead of the dispatcher, the engine counted `gpu_lost` as
+/// announced and the restarted daemon never sent it.)
+#[test]
+fn an_alert_is_not_lost_when_the_daemon_dies_between_the_engine_and_the_dispatcher() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    let state = tmp.path().join("state");
+    {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&state)
+            .unwrap();
+    }
+    let log = tmp.path().join("log");
+    common::sim_lib();
+    // The GPU is lost from the start (scenario past 30 s).
+    let env = [("NVML_SIM_TIME_SCALE", "10"), ("NVML_SIM_START_S", "40")];
+    let inner = common::command(
+        &[
+            "--sim",
+            "xid-79",
+            "daemon",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        &env,
+    );
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("mkfifo \"$STATE/.notify-state.json.$$.tmp\" && exec \"$@\"")
+        .arg("sh")
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .env("STATE", &state);
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let d = Daemon::spawn(cmd, &log, &[], false);
+    wait_until(T, "gpu_lost to fire", || {
+        d.log_text()
+            .lines()
+            .any(|l| l.contains("alert=gpu_lost") && l.contains("status=firing"))
+            .then_some(())
+    });
+    // Time enough for the engine to save (it saves at once after an announcement).
+    std::thread::sleep(Duration::from_secs(2));
+    d.kill9();
+    for e in std::fs::read_dir(&state).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".tmp") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    assert!(
+        hook.accepted().is_empty(),
+        "nothing could be sent before the kill"
+    );
+
+    let d = daemon("xid-79", &cfg, &log, &env);
+    wait_until(T, "the gpu_lost webhook after the restart", || {
+        hook.accepted()
+            .iter()
+            .any(|r| r.json()["alerts"][0]["labels"]["alertname"] == "gpu_lost")
+            .then_some(())
+    });
+    d.kill9();
+}
+
 #[test]
 fn rule_file_edits_reload_and_a_broken_edit_keeps_the_old_rules() {
     let tmp = tempfile::tempdir().unwrap();
