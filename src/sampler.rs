@@ -54,13 +54,13 @@ mod xids;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper::Nvml;
 
 use crate::model::{
     DeviceId, DeviceState, GpuSample, MetricValues, MissingGpu, NvmlFunction, ProcSample, Snapshot,
@@ -168,7 +168,12 @@ pub struct Sampler {
     /// Per device, the slow metrics to read (from the fast path's answers), shared with the
     /// slow pool's threads.
     slow_masks: Arc<Vec<AtomicU64>>,
-    xids: Option<events::XidListener>,
+    /// Per device, a request for its identity again (see [`fast_pool`]).
+    id_wanted: Arc<Vec<AtomicBool>>,
+    xids: Option<events::XidThread>,
+    /// Positions of the GPUs whose XID events are to be registered when they first answer
+    /// (they did not when the event set was built).
+    xid_pending: Vec<usize>,
     /// NVML's XIDs merged with the kernel log's.
     merger: xids::XidMerger,
     /// What cannot be watched (see [`Sampler::degraded`]).
@@ -258,7 +263,13 @@ fn library_path(cfg: &SamplerConfig) -> Result<PathBuf, SamplerError> {
 }
 
 /// The fast path for `n` devices: a device is attached (handle and identity) at its first read.
-fn fast_pool(nvml: &'static Nvml, n: usize) -> Pool<FastState, FastAnswer> {
+/// `id_wanted[pos]` asks device `pos`'s worker to send its identity again (the answer that
+/// carried it came after its tick's deadline and was discarded: a GPU stalled at start).
+fn fast_pool(
+    nvml: &'static Nvml,
+    n: usize,
+    id_wanted: Arc<Vec<AtomicBool>>,
+) -> Pool<FastState, FastAnswer> {
     let factory: worker::Factory<FastState> = Arc::new(|pos, busy| FastState {
         slot: Slot::new(
             u32::try_from(pos).unwrap_or(u32::MAX),
@@ -282,6 +293,12 @@ fn fast_pool(nvml: &'static Nvml, n: usize) -> Pool<FastState, FastAnswer> {
         }
         let mut values = MetricValues::default();
         let state = st.slot.tick(nvml, time_ms, &mut values);
+        if id_wanted
+            .get(st.slot.id.index as usize)
+            .is_some_and(|w| w.swap(false, Ordering::Relaxed))
+        {
+            st.sent_id = None;
+        }
         let id = (st.sent_id.as_ref() != Some(&st.slot.id)).then(|| {
             st.sent_id = Some(st.slot.id.clone());
             st.slot.id.clone()
@@ -384,13 +401,17 @@ impl Sampler {
             })
             .collect();
         let slow_masks: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+        let id_wanted: Arc<Vec<AtomicBool>> =
+            Arc::new((0..n).map(|_| AtomicBool::new(false)).collect());
         let mut sampler = Sampler {
             nvml,
             devices,
-            fast: fast_pool(nvml, n),
+            fast: fast_pool(nvml, n, id_wanted.clone()),
+            id_wanted,
             slow: slow_pool(nvml, n, slow_masks.clone(), cfg),
             slow_masks,
             xids: None,
+            xid_pending: Vec::new(),
             merger: xids::XidMerger::new(None),
             degraded: Vec::new(),
             process_interval_ms: i64::try_from(cfg.process_interval.as_millis())
@@ -439,24 +460,18 @@ impl Sampler {
         }
     }
 
-    /// Registers for NVML XID events on the devices that answered, and follows the kernel log.
+    /// Registers for NVML XID events on the devices that answered (the others when they first
+    /// do), and follows the kernel log.
     fn watch_xids(&mut self, cfg: &SamplerConfig) {
-        let nvml = self.nvml;
-        let handles: Vec<(Device<'static>, u32, String)> = self
-            .devices
+        let (ready, pending): (Vec<usize>, Vec<usize>) =
+            (0..self.devices.len()).partition(|&p| self.xid_ready(p));
+        let regs = ready
             .iter()
-            .filter(|d| d.state == DeviceState::Ok && !d.id.uuid.is_empty())
-            .filter_map(|d| {
-                let h = nvml.device_by_index(d.id.index).ok()?;
-                Some((h, d.id.index, d.id.uuid.clone()))
-            })
+            .map(|&p| (self.devices[p].id.index, self.devices[p].id.uuid.clone()))
             .collect();
-        let regs: Vec<(&Device<'static>, u32, &str)> = handles
-            .iter()
-            .map(|(h, i, u)| (h, *i, u.as_str()))
-            .collect();
+        self.xid_pending = pending;
         let mut missing = Vec::new();
-        self.xids = events::XidListener::start(nvml, &regs, &mut missing);
+        self.xids = events::XidThread::start(self.nvml, regs, self.call_timeout, &mut missing);
         for m in &missing {
             tracing::warn!("{m}: XIDs (79 fallen off the bus, 94/95 memory errors, …) on it will not be reported");
         }
@@ -550,7 +565,7 @@ impl Sampler {
         let nvml_xids = self
             .xids
             .as_mut()
-            .map(|x| x.drain(time_ms))
+            .map(|x| x.drain(time_ms, deadline))
             .unwrap_or_default();
         let ids = self.devices.iter().map(|d| &d.id);
         let xids = self.merger.merge(time_ms, nvml_xids, ids, deadline);
@@ -605,6 +620,7 @@ impl Sampler {
                 values,
             });
         }
+        self.register_late_xids();
         Snapshot {
             time_ms,
             gpus,
@@ -614,11 +630,41 @@ impl Sampler {
         }
     }
 
+    /// Whether device `pos` answers and can be registered for XID events.
+    fn xid_ready(&self, pos: usize) -> bool {
+        let d = &self.devices[pos];
+        d.state == DeviceState::Ok && !d.id.uuid.is_empty()
+    }
+
+    /// Registers the XID events of GPUs that were stalled when the event set was built, once
+    /// they answer.
+    fn register_late_xids(&mut self) {
+        if self.xid_pending.is_empty() {
+            return;
+        }
+        let (ready, pending): (Vec<usize>, Vec<usize>) = std::mem::take(&mut self.xid_pending)
+            .into_iter()
+            .partition(|&p| self.xid_ready(p));
+        self.xid_pending = pending;
+        if let (Some(x), false) = (self.xids.as_mut(), ready.is_empty()) {
+            let devices = ready
+                .iter()
+                .map(|&p| (self.devices[p].id.index, self.devices[p].id.uuid.clone()))
+                .collect();
+            x.register(devices);
+        }
+    }
+
     /// Books a fast answer's identity, state and slow mask for device `pos`; returns its values.
     fn take(&mut self, pos: usize, a: FastAnswer) -> MetricValues {
         let d = &mut self.devices[pos];
-        if let Some(id) = a.id {
-            d.id = id;
+        match a.id {
+            Some(id) => d.id = id,
+            // It answers, but the answer that carried its identity was discarded (late).
+            None if d.id.uuid.is_empty() && a.state == DeviceState::Ok => {
+                self.id_wanted[pos].store(true, Ordering::Relaxed);
+            }
+            None => {}
         }
         d.state = a.state;
         self.slow_masks[pos].store(a.slow_mask, Ordering::Relaxed);

@@ -1,16 +1,27 @@
 //! XID events: one NVML event set with every GPU that supports critical XID events registered,
-//! drained without blocking (`nvmlEventSetWait_v2` with a zero timeout) by the sampling thread at
-//! every tick, so events land in the next snapshot.
+//! drained without blocking (`nvmlEventSetWait_v2` with a zero timeout) once per tick, so events
+//! land in the next snapshot.
 //!
 //! Why not a thread blocked in the wait: the events are only consumed at tick granularity anyway,
-//! a zero-timeout wait returns at once (it never stalls a tick), and a waiting thread costs a
-//! wake-up per wait period (the simulated library wakes every 250 ms), which was about a tenth
-//! of gpuwatch's whole sampling CPU at 100 ms ticks.
+//! a zero-timeout wait returns at once, and a waiting thread costs a wake-up per wait period (the
+//! simulated library wakes every 250 ms), which was about a tenth of gpuwatch's whole sampling
+//! CPU at 100 ms ticks.
+//!
+//! Why not on the sampling thread itself: a driver call can wedge whatever its timeout says
+//! (see `real-drivers.md`), and a wedged wait there would blind every GPU. [`XidThread`] owns the
+//! event set on a thread of its own: the sampling thread asks it to drain at each tick and takes
+//! what came back by the tick's deadline; a drain that has not returned is not asked again (its
+//! events come with a later tick, stamped with the time it was asked), and one blocked longer
+//! than the call timeout is said once. GPUs that did not answer when the set was built (stalled
+//! at start) are registered when they first answer ([`XidThread::register`]).
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, EventSet, Nvml};
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use crate::model::XidEvent;
 
@@ -95,6 +106,68 @@ impl XidListener {
         })
     }
 
+    /// Registers more devices (e.g. one that was stalled when the set was built); each one that
+    /// cannot be registered, and why, is added to `missing`.
+    fn add(
+        &mut self,
+        nvml: &'static Nvml,
+        devices: &[(&Device<'static>, u32, &str)],
+        missing: &mut Vec<String>,
+    ) {
+        for (dev, index, uuid) in devices {
+            if self.registered.iter().any(|r| r.index == *index) {
+                continue;
+            }
+            match dev.supported_event_types() {
+                Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
+                Ok(_) => {
+                    missing.push(format!("GPU {index}: XID events not supported"));
+                    continue;
+                }
+                Err(e) => {
+                    missing.push(format!("GPU {index}: XID event support unknown: {e}"));
+                    continue;
+                }
+            }
+            // Registration consumes the set (and frees it on failure): work on a fresh one with
+            // the devices already registered, then this one.
+            let Ok(set) = nvml.create_event_set() else {
+                missing.push(format!("GPU {index}: cannot create an event set"));
+                continue;
+            };
+            let handles: Vec<Device<'static>> = self
+                .registered
+                .iter()
+                .filter_map(|r| nvml.device_by_index(r.index).ok())
+                .collect();
+            let mut set = Some(set);
+            for h in &handles {
+                set = set.and_then(|s| h.register_events(EventTypes::CRITICAL_XID_ERROR, s).ok());
+            }
+            let Some(base) = set else {
+                missing.push(format!(
+                    "GPU {index}: cannot register XID events again on the GPUs registered before"
+                ));
+                continue;
+            };
+            match dev.register_events(EventTypes::CRITICAL_XID_ERROR, base) {
+                Ok(s) => {
+                    self.set = s;
+                    self.registered.push(Registered {
+                        // SAFETY: only the pointer value is read, to compare with event data.
+                        handle: unsafe { dev.handle() } as usize,
+                        index: *index,
+                        uuid: (*uuid).to_string(),
+                    });
+                }
+                Err(e) => missing.push(format!(
+                    "GPU {index}: cannot register XID events: {}",
+                    e.error
+                )),
+            }
+        }
+    }
+
     fn rebuild(nvml: &'static Nvml, devices: &[&Device<'static>]) -> Option<EventSet<'static>> {
         let mut set = nvml.create_event_set().ok()?;
         for dev in devices {
@@ -137,5 +210,177 @@ impl XidListener {
             out.push(XidEvent::new(time_ms, dev.index, dev.uuid.clone(), xid));
         }
         out
+    }
+}
+
+/// What the sampling thread asks of the XID thread.
+enum Ask {
+    /// Take the events that arrived, stamped with this time.
+    Drain(i64),
+    /// Register these GPUs (index, UUID).
+    Register(Vec<(u32, String)>),
+}
+
+/// What it answers.
+enum Answer {
+    Events(Vec<XidEvent>),
+    /// The GPUs left without XID events, and why (after a registration).
+    Registered(Vec<String>),
+}
+
+/// The event set on a thread of its own (see the module documentation).
+pub(crate) struct XidThread {
+    ask: mpsc::Sender<Ask>,
+    answers: mpsc::Receiver<Answer>,
+    /// When the drain or registration still unanswered was asked.
+    outstanding: Option<Instant>,
+    /// A blocked wait was said.
+    said: bool,
+    call_timeout: Duration,
+}
+
+impl XidThread {
+    /// Starts the thread and registers `devices` (index, UUID), waiting up to `call_timeout`
+    /// for it; the GPUs left without XID events, and why, are added to `missing`. `None` when
+    /// the thread cannot start.
+    pub(crate) fn start(
+        nvml: &'static Nvml,
+        devices: Vec<(u32, String)>,
+        call_timeout: Duration,
+        missing: &mut Vec<String>,
+    ) -> Option<XidThread> {
+        let (ask_tx, ask_rx) = mpsc::channel::<Ask>();
+        let (answer_tx, answers) = mpsc::channel::<Answer>();
+        let spawned = std::thread::Builder::new()
+            .name("gpuwatch-xid".into())
+            .spawn(move || serve(nvml, &ask_rx, &answer_tx));
+        if let Err(e) = spawned {
+            missing.push(format!(
+                "XID events unavailable on every GPU: no thread: {e}"
+            ));
+            return None;
+        }
+        let mut t = XidThread {
+            ask: ask_tx,
+            answers,
+            outstanding: None,
+            said: false,
+            call_timeout,
+        };
+        if devices.is_empty() {
+            return Some(t);
+        }
+        t.send(Ask::Register(devices));
+        match t.answers.recv_timeout(call_timeout) {
+            Ok(Answer::Registered(lines)) => {
+                t.outstanding = None;
+                missing.extend(lines);
+            }
+            Ok(Answer::Events(_)) | Err(_) => missing.push(format!(
+                "XID event registration did not return within {} ms; XIDs are read once it does",
+                call_timeout.as_millis()
+            )),
+        }
+        Some(t)
+    }
+
+    fn send(&mut self, ask: Ask) {
+        if self.ask.send(ask).is_ok() {
+            self.outstanding.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// Registers GPUs that answer now but did not when the set was built (logged).
+    pub(crate) fn register(&mut self, devices: Vec<(u32, String)>) {
+        for (index, _) in &devices {
+            tracing::info!("GPU {index} answers now: registering its XID events");
+        }
+        self.send(Ask::Register(devices));
+    }
+
+    /// The XIDs that came in since the last call: asks the thread to drain (unless a drain or
+    /// registration is still unanswered) and waits for its answer until `deadline`.
+    pub(crate) fn drain(&mut self, time_ms: i64, deadline: Instant) -> Vec<XidEvent> {
+        let mut out = Vec::new();
+        // Answers that came after their tick's deadline.
+        while let Ok(a) = self.answers.try_recv() {
+            self.take(a, &mut out);
+        }
+        if self.outstanding.is_none() {
+            self.send(Ask::Drain(time_ms));
+        }
+        while self.outstanding.is_some() {
+            match self
+                .answers
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(a) => self.take(a, &mut out),
+                Err(_) => break,
+            }
+        }
+        if let Some(since) = self.outstanding {
+            if !self.said && since.elapsed() >= self.call_timeout {
+                self.said = true;
+                tracing::error!(
+                    "nvmlEventSetWait has not returned for {} ms: XID events are not read until \
+                     it does (sampling goes on)",
+                    since.elapsed().as_millis()
+                );
+            }
+        }
+        out
+    }
+
+    fn take(&mut self, answer: Answer, out: &mut Vec<XidEvent>) {
+        self.outstanding = None;
+        if self.said {
+            self.said = false;
+            tracing::warn!("nvmlEventSetWait returned again: XID events are read again");
+        }
+        match answer {
+            Answer::Events(e) => out.extend(e),
+            Answer::Registered(lines) => {
+                for l in lines {
+                    tracing::warn!("{l}: XIDs on it will not be reported");
+                }
+            }
+        }
+    }
+}
+
+/// The XID thread's loop: one answer per question, until the sampler is dropped.
+fn serve(nvml: &'static Nvml, asks: &mpsc::Receiver<Ask>, answers: &mpsc::Sender<Answer>) {
+    let mut listener: Option<XidListener> = None;
+    while let Ok(ask) = asks.recv() {
+        let answer = match ask {
+            Ask::Drain(time_ms) => Answer::Events(
+                listener
+                    .as_mut()
+                    .map(|l| l.drain(time_ms))
+                    .unwrap_or_default(),
+            ),
+            Ask::Register(devices) => {
+                let mut missing = Vec::new();
+                let mut handles: Vec<(Device<'static>, u32, String)> = Vec::new();
+                for (i, u) in devices {
+                    match nvml.device_by_index(i) {
+                        Ok(h) => handles.push((h, i, u)),
+                        Err(e) => missing.push(format!("GPU {i}: no handle for XID events: {e}")),
+                    }
+                }
+                let regs: Vec<(&Device<'static>, u32, &str)> = handles
+                    .iter()
+                    .map(|(h, i, u)| (h, *i, u.as_str()))
+                    .collect();
+                match &mut listener {
+                    Some(l) => l.add(nvml, &regs, &mut missing),
+                    None => listener = XidListener::start(nvml, &regs, &mut missing),
+                }
+                Answer::Registered(missing)
+            }
+        };
+        if answers.send(answer).is_err() {
+            return;
+        }
     }
 }

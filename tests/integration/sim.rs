@@ -904,3 +904,93 @@ fn status_escapes_control_characters_from_command_lines() {
         out.stdout
     );
 }
+
+/// Spawns `gpuwatch --sim SCENARIO record …` and waits up to `limit` for it (killed after);
+/// (exit code or None when it had to be killed, stdout, stderr).
+fn record_within(
+    scenario: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    limit: Duration,
+) -> (Option<i32>, String, String) {
+    common::sim_lib();
+    let mut all = vec!["--sim", scenario.to_str().unwrap(), "record"];
+    all.extend_from_slice(args);
+    let dir = tempfile::tempdir().unwrap();
+    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
+    let mut child = common::command(&all, envs)
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    (code, read(&out), read(&err))
+}
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/sim")
+        .join(name)
+}
+
+/// A wedged `nvmlEventSetWait` (it does not return for 10 minutes) does not stop sampling: the
+/// XIDs are drained on a thread of their own and the wedge is said once.
+#[test]
+fn a_wedged_event_wait_does_not_stop_sampling() {
+    let (code, out, err) = record_within(
+        &fixture("event-wait-wedged.toml"),
+        &["--interval", "200ms", "--duration", "3s"],
+        &[],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "record ended by itself\n{err}");
+    let (_, rows) = csv_rows(&out);
+    assert!(
+        rows.len() >= 10,
+        "{} rows in 3 s at 200 ms\n{err}",
+        rows.len()
+    );
+    assert!(err.contains("nvmlEventSetWait has not returned"), "{err}");
+}
+
+/// A GPU that does not answer when gpuwatch starts (its XID events cannot be registered then)
+/// gets them registered once it answers: its XID 48 at 6 s is recorded.
+#[test]
+fn xids_of_a_gpu_stalled_at_start_are_reported_once_it_answers() {
+    let (code, out, err) = record_within(
+        &fixture("xid-after-stall.toml"),
+        &["--interval", "500ms", "--duration", "9s"],
+        &[
+            ("NVML_SIM_HANG", "gpu=1,at_s=0,for_s=3"),
+            ("GPUWATCH_LOG", "info"),
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("GPU 1 answers now"), "{err}");
+    let (header, rows) = csv_rows(&out);
+    let xid48 = rows
+        .iter()
+        .filter(|r| col(&header, r, "index") == "1" && col(&header, r, "xids").contains("48"))
+        .count();
+    assert_eq!(xid48, 1, "XID 48 on GPU 1, once\n{out}\n{err}");
+    // Its identity too (the answer that carried it came late and was dropped).
+    let last = rows
+        .iter()
+        .rev()
+        .find(|r| col(&header, r, "index") == "1")
+        .unwrap();
+    assert!(col(&header, last, "uuid").starts_with("GPU-"), "{out}");
+}
