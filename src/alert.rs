@@ -134,6 +134,9 @@ pub struct AlertInstanceState {
     /// older version, a process `/proc` does not show): then the first start seen is taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_start: Option<u64>,
+    /// Whether `target_pid` is a PID of gpuwatch's own namespace (a watched job), not NVML's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub target_local: bool,
 }
 
 impl AlertInstanceState {
@@ -223,6 +226,8 @@ pub struct InstanceId<'a> {
     pub target_pid: Option<u32>,
     /// When that process started (clock ticks since boot), when known.
     pub target_start: Option<u64>,
+    /// Whether `target_pid` is a PID of gpuwatch's own namespace (a watched job).
+    pub target_local: bool,
 }
 
 impl AlertBook {
@@ -448,6 +453,7 @@ impl AlertBook {
                             actions: Vec::new(),
                             target_pid: id.target_pid,
                             target_start: id.target_start,
+                            target_local: id.target_local,
                         }
                     });
                 inst.actions.clone_from(&spec.actions);
@@ -552,6 +558,8 @@ fn event(inst: &AlertInstanceState, status: AlertStatus, now_ms: i64, repeat: bo
         gpu: inst.gpu,
         actions: inst.actions.clone(),
         target_pid: inst.target_pid,
+        target_start: inst.target_start,
+        target_local: inst.target_local,
         chart: None,
         once: false,
     }
@@ -640,6 +648,7 @@ mod tests {
             labels: &labels,
             target_pid: None,
             target_start: None,
+            target_local: false,
         };
         let mut out = Vec::new();
         for (i, c) in pattern.chars().enumerate() {
@@ -667,6 +676,7 @@ mod tests {
             labels: &labels,
             target_pid: None,
             target_start: None,
+            target_local: false,
         };
         let warning = spec(0, 0, 3600);
         let first = b.step(1_000, &warning, &id, active()).unwrap();
@@ -694,6 +704,7 @@ mod tests {
             labels: &labels,
             target_pid: None,
             target_start: None,
+            target_local: false,
         };
         let forged = "python3 train.py\n2026-12-03T00:00:00Z ERROR forged \u{1b}[31mred";
         let outcome = Outcome::Active {

@@ -45,7 +45,9 @@ pub struct GlobalArgs {
     pub nvml_lib: Option<PathBuf>,
     /// With --sim: play the scenario N times faster (1–3600). The whole daemon follows the
     /// faster clock — sampling, rule windows and holds, notification timing — so a simulated
-    /// night is told in minutes; its state is kept apart from the real one.
+    /// night is told in minutes; its state is kept apart from the real one, in a private
+    /// `$TMPDIR/gpuwatch-sim-*` directory removed when it stops (one left by a daemon killed
+    /// with `kill -9` is reported, its undelivered messages dropped, and removed by the next).
     #[arg(long, global = true, value_name = "N", requires = "sim")]
     pub speed: Option<f64>,
     /// How logs and alerts are printed: `auto` (human lines on a terminal, text records under
@@ -111,6 +113,11 @@ pub enum Command {
     /// Send a test message through each configured channel.
     NotifyTest(daemon::NotifyTestArgs),
     /// Run a training command under watch and report how it ended.
+    ///
+    /// Exits with the job's exit code. A job ended by a signal ends gpuwatch by the same signal
+    /// once the report is out (a shell shows 128 + n, a parent's wait sees the signal), also
+    /// when the signal was sent to gpuwatch and forwarded; a job ended by gpuwatch's own kill
+    /// action makes it exit with 128 + n. 127/126: the command was not found / could not run.
     Run(job::RunArgs),
     /// Watch an already running process and report how it ends.
     Attach(job::AttachArgs),

@@ -515,6 +515,7 @@ impl Engine {
             extra: vec![("rule".into(), self.rules.rules()[idx].spec.name.clone())],
             target_pid: None,
             target_start: None,
+            target_local: false,
         };
         events.extend(step(
             &mut self.book,
@@ -802,6 +803,7 @@ impl Engine {
                     extra,
                     target_pid: Some(p.pid),
                     target_start: p.start_ticks,
+                    target_local: false,
                 };
                 if let Some(e) = self.step_result(idx, now, result, subject, events) {
                     let stop = e.over_budget;
@@ -896,6 +898,7 @@ impl Engine {
                 extra: vec![("pid".into(), job.pid.to_string())],
                 target_pid: Some(job.pid),
                 target_start: job.start_ticks,
+                target_local: true,
             };
             let error = self.step_result(idx, now_ms, result, subject, &mut events);
             let error = self.note_budget(idx, now_ms, error);
@@ -960,6 +963,8 @@ struct Subject<'a> {
     extra: Vec<(Cow<'static, str>, String)>,
     target_pid: Option<u32>,
     target_start: Option<u64>,
+    /// Whether `target_pid` is a PID of gpuwatch's own namespace (a watched job).
+    target_local: bool,
 }
 
 impl<'a> Subject<'a> {
@@ -971,6 +976,7 @@ impl<'a> Subject<'a> {
             extra: Vec::new(),
             target_pid: None,
             target_start: None,
+            target_local: false,
         }
     }
 
@@ -982,6 +988,7 @@ impl<'a> Subject<'a> {
             extra: Vec::new(),
             target_pid: None,
             target_start: None,
+            target_local: false,
         }
     }
 }
@@ -1023,6 +1030,7 @@ fn step(
         labels: &labels,
         target_pid: subject.target_pid,
         target_start: subject.target_start,
+        target_local: subject.target_local,
     };
     book.step(now, &spec, &id, outcome)
 }

@@ -1210,6 +1210,15 @@ pub struct AlertEvent {
     /// job the instance is about), never from labels or annotations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_pid: Option<u32>,
+    /// When that process started (clock ticks since boot), when known: with `target_pid`, the
+    /// process's identity (a kill never reaches a process that reused the PID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_start: Option<u64>,
+    /// Whether `target_pid` is a PID of gpuwatch's own PID namespace (a job `run`/`attach`
+    /// watches) rather than one NVML reports (the host's, mapped through
+    /// `actions.kill.host_proc` inside a container).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub target_local: bool,
     /// The rule's metric over its window when it fired (GPU-scope rules), for a chart in the
     /// notification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1283,6 +1292,8 @@ impl AlertEvent {
             gpu: None,
             actions: Vec::new(),
             target_pid: None,
+            target_start: None,
+            target_local: false,
             chart: None,
             once: false,
         }

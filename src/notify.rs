@@ -280,6 +280,8 @@ pub(crate) mod testdata {
             gpu: Some(gpu),
             actions: Vec::new(),
             target_pid: None,
+            target_start: None,
+            target_local: false,
             chart: None,
             once: false,
         }

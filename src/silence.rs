@@ -25,15 +25,166 @@ pub enum Op {
     Nre,
 }
 
-/// One label matcher.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The most memory one `=~`/`!~` matcher's compiled regex may take (its automaton; the regex
+/// crate's `size_limit`): a pattern such as `a{1000}` (35 KB) passes, `\w{50}` (2.7 MB) or
+/// `.{100}` does not. A Unicode class is large (`\w+` alone is 50 KB): `[a-z0-9_]+` or
+/// `(?-u:\w)+` is a few hundred bytes.
+pub const MAX_REGEX_BYTES: usize = 64 * 1024;
+
+/// One label matcher. An `=~`/`!~` matcher's regex is compiled once: when the matcher is parsed,
+/// or, for one read back from disk, at its first match (a restart with thousands of silences
+/// does not wait for them, and a pattern never consulted costs nothing); its copies, and every
+/// matcher with the same pattern, share it. It is serialized as `{"name", "op", "value"}`, as it
+/// always was.
+#[derive(Debug, Clone)]
 pub struct Matcher {
-    pub name: String,
-    pub op: Op,
-    pub value: String,
+    name: String,
+    op: Op,
+    value: String,
+    /// `=~`/`!~`: `^(?:value)$` compiled; `None` for `=`/`!=`.
+    re: Option<Arc<Compiled>>,
+}
+
+/// A regex matcher's pattern, compiled at most once. `None` inside: it does not compile within
+/// [`MAX_REGEX_BYTES`] (only a pattern read back can: one written by an older gpuwatch, which
+/// had no such limit), and the matcher matches nothing, so its silence silences nothing.
+#[derive(Debug, Default)]
+struct Compiled(std::sync::OnceLock<Option<Arc<regex::Regex>>>);
+
+impl PartialEq for Matcher {
+    fn eq(&self, other: &Matcher) -> bool {
+        (&self.name, self.op, &self.value) == (&other.name, other.op, &other.value)
+    }
+}
+
+impl Eq for Matcher {}
+
+/// A matcher as it is stored and sent: the compiled regex is not part of it.
+#[derive(Serialize)]
+struct MatcherRef<'a> {
+    name: &'a str,
+    op: Op,
+    value: &'a str,
+}
+
+/// A matcher read back.
+#[derive(Deserialize)]
+struct MatcherData {
+    name: String,
+    op: Op,
+    value: String,
+}
+
+impl Serialize for Matcher {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        MatcherRef {
+            name: &self.name,
+            op: self.op,
+            value: &self.value,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Matcher {
+    /// Never fails on the pattern, compiled at the first match: a silence read back stays
+    /// listed and expirable even when its pattern no longer compiles (it then silences nothing,
+    /// and says so once in the log).
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Matcher, D::Error> {
+        let MatcherData { name, op, value } = MatcherData::deserialize(deserializer)?;
+        let re = matches!(op, Op::Re | Op::Nre).then(Arc::default);
+        Ok(Matcher {
+            name,
+            op,
+            value,
+            re,
+        })
+    }
+}
+
+/// Compiled patterns, shared by every matcher with the same one (10,000 silences that say
+/// `hostname=~"lab-.*"` hold one regex): pattern → the regex while some matcher holds it.
+#[derive(Default)]
+struct Interned {
+    map: std::collections::HashMap<String, std::sync::Weak<regex::Regex>>,
+    /// The map is swept of patterns no longer held when it grows to this size.
+    sweep_at: usize,
+}
+
+/// `^(?:pattern)$` compiled within [`MAX_REGEX_BYTES`], or the regex already compiled for it.
+fn compile(pattern: &str) -> Result<Arc<regex::Regex>, regex::Error> {
+    static INTERNED: std::sync::OnceLock<Mutex<Interned>> = std::sync::OnceLock::new();
+    let table = INTERNED.get_or_init(Mutex::default);
+    let lock = || {
+        table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    if let Some(re) = lock().map.get(pattern).and_then(std::sync::Weak::upgrade) {
+        return Ok(re);
+    }
+    // Compiled outside the lock: other threads' matchers are not held up.
+    let re = Arc::new(
+        regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
+            .size_limit(MAX_REGEX_BYTES)
+            // No lazy DFA: its cache (7 to 50 KB per regex and per thread that matches with it)
+            // would outweigh the regex; a label value is short work for the other engines.
+            .dfa_size_limit(0)
+            .build()?,
+    );
+    let mut t = lock();
+    if let Some(theirs) = t.map.get(pattern).and_then(std::sync::Weak::upgrade) {
+        return Ok(theirs);
+    }
+    t.map.insert(pattern.to_string(), Arc::downgrade(&re));
+    if t.map.len() >= t.sweep_at {
+        // Amortised O(1): at least as many inserts as patterns kept since the last sweep.
+        t.map.retain(|_, w| w.strong_count() > 0);
+        t.sweep_at = (2 * t.map.len()).max(64);
+    }
+    Ok(re)
 }
 
 impl Matcher {
+    /// The label it looks at.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How it compares.
+    pub fn op(&self) -> Op {
+        self.op
+    }
+
+    /// The value or pattern it compares with.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// The compiled regex of an `=~`/`!~` matcher (compiled now if it was read back and not
+    /// used yet); `None` for `=`/`!=` and for a pattern that does not compile.
+    fn regex(&self) -> Option<&regex::Regex> {
+        let cell = self.re.as_ref()?;
+        cell.0
+            .get_or_init(|| match compile(&self.value) {
+                Ok(re) => Some(re),
+                Err(e) => {
+                    tracing::warn!(
+                        "silences: matcher {self} does not compile within {} KiB, so its silence silences nothing: {e}",
+                        MAX_REGEX_BYTES / 1024
+                    );
+                    None
+                }
+            })
+            .as_deref()
+    }
+
+    /// Whether it is an `=~`/`!~` matcher whose pattern does not compile (read back from an
+    /// older gpuwatch's files): it matches nothing.
+    pub fn is_broken(&self) -> bool {
+        self.re.is_some() && self.regex().is_none()
+    }
+
     /// Parses `name=value`, `name!=value`, `name=~re`, `name!~re` (value optionally in double
     /// quotes). The error names the 1-based column.
     pub fn parse(s: &str) -> Result<Matcher, (usize, String)> {
@@ -71,28 +222,39 @@ impl Matcher {
                 .replace("\\\"", "\""),
             None => value.to_string(),
         };
-        let m = Matcher {
+        let re = match op {
+            Op::Eq | Op::Ne => None,
+            Op::Re | Op::Nre => Some(compile(&value).map_err(|e| {
+                (
+                    value_col,
+                    match e {
+                        regex::Error::CompiledTooBig(_) => format!(
+                            "`{s}`: the regex is too large compiled (over {} KiB); use a simpler \
+                         pattern (an ASCII class such as [a-z0-9_] or (?-u:\\w) instead of \\w)",
+                            MAX_REGEX_BYTES / 1024
+                        ),
+                        e => format!("`{s}`: bad regex: {e}"),
+                    },
+                )
+            })?),
+        };
+        Ok(Matcher {
             name: name.to_string(),
             op,
             value,
-        };
-        if matches!(op, Op::Re | Op::Nre) {
-            regex::Regex::new(&format!("^(?:{})$", m.value))
-                .map_err(|e| (value_col, format!("`{s}`: bad regex: {e}")))?;
-        }
-        Ok(m)
+            re: re.map(|re| Arc::new(Compiled(std::sync::OnceLock::from(Some(re))))),
+        })
     }
 
     /// Whether `labels` satisfy the matcher (a missing label reads as empty, as in Alertmanager).
+    /// A regex matcher whose pattern did not compile matches nothing, whichever its op.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         let v = labels.get(&self.name).map_or("", String::as_str);
-        let re =
-            || regex::Regex::new(&format!("^(?:{})$", self.value)).is_ok_and(|r| r.is_match(v));
         match self.op {
             Op::Eq => v == self.value,
             Op::Ne => v != self.value,
-            Op::Re => re(),
-            Op::Nre => !re(),
+            Op::Re => self.regex().is_some_and(|re| re.is_match(v)),
+            Op::Nre => self.regex().is_some_and(|re| !re.is_match(v)),
         }
     }
 }
@@ -237,6 +399,9 @@ impl Silence {
 /// drops the ended ones, and is refused when all of them are still in force. Memory and the
 /// time a notification spends matching stay bounded whatever a client sends.
 pub const MAX_SILENCES: usize = 20_000;
+/// At most this many distinct `=~`/`!~` patterns among the silences in force (compiled, they
+/// take up to [`MAX_REGEX_BYTES`] each: 16 MiB at most in all).
+pub const MAX_REGEX_PATTERNS: usize = 256;
 /// How long an ended silence is kept (listed as expired) before it is dropped, ms.
 const KEEP_ENDED_MS: i64 = 86_400_000;
 /// The journal is folded into `silences.json` once it holds more entries than this or than the
@@ -496,6 +661,33 @@ impl Silences {
                 );
             }
         }
+        // Each distinct pattern is a compiled regex of up to MAX_REGEX_BYTES: their number is
+        // bounded (10,000 silences with a pattern each took 270 to 700 MiB).
+        let now = s.starts_ms;
+        let is_re = |m: &&Matcher| matches!(m.op(), Op::Re | Op::Nre);
+        let new_patterns: Vec<&str> = s
+            .matchers
+            .iter()
+            .filter(is_re)
+            .map(Matcher::value)
+            .collect();
+        if !new_patterns.is_empty() {
+            let mut patterns: std::collections::HashSet<&str> = self
+                .list
+                .iter()
+                .filter(|x| x.ends_ms > now)
+                .flat_map(|x| x.matchers.iter().filter(is_re).map(Matcher::value))
+                .collect();
+            patterns.extend(new_patterns);
+            if patterns.len() > MAX_REGEX_PATTERNS {
+                anyhow::bail!(
+                    "too many different regex matchers: at most {MAX_REGEX_PATTERNS} distinct \
+                     `=~`/`!~` patterns among the silences in force (each compiled one may take \
+                     {} KiB); reuse a pattern, use `=` matchers, or expire some silences",
+                    MAX_REGEX_BYTES / 1024
+                );
+            }
+        }
         let mut salt = self.list.len();
         s.id = loop {
             let seed = format!("{}{:?}{salt}", s.starts_ms, s.matchers);
@@ -716,6 +908,67 @@ mod tests {
         assert_eq!(Matcher::parse("gpu=\"3").unwrap_err().0, 5);
     }
 
+    /// A regex matcher is compiled once (when parsed, or read back at its first match), within
+    /// [`MAX_REGEX_BYTES`] (a larger one is refused naming the matcher), shared by its copies and
+    /// by every matcher with the same pattern; it is stored and sent as it always was, and a
+    /// stored pattern that no longer compiles is kept but matches nothing.
+    #[test]
+    fn regex_matchers_are_compiled_once_and_bounded() {
+        let m = Matcher::parse("gpu=~\"3|4\"").unwrap();
+        assert!(
+            m.re.as_ref().unwrap().0.get().is_some(),
+            "compiled when parsed"
+        );
+        assert!(Matcher::parse("gpu=3").unwrap().re.is_none());
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(json, r#"{"name":"gpu","op":"Re","value":"3|4"}"#);
+        let back: Matcher = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, m);
+        let copy = back.clone();
+        assert!(
+            back.re.as_ref().unwrap().0.get().is_none(),
+            "read back: compiled at the first match"
+        );
+        assert!(back.matches(&labels(&[("gpu", "4")])));
+        assert!(!back.matches(&labels(&[("gpu", "5")])));
+        assert!(
+            copy.re.as_ref().unwrap().0.get().is_some(),
+            "copies share it"
+        );
+        assert!(
+            std::ptr::eq(back.regex().unwrap(), m.regex().unwrap()),
+            "one regex per pattern"
+        );
+
+        assert!(Matcher::parse("job=~\"a{1000}\"").is_ok());
+        for hostile in [
+            r#"job=~"\w{50}""#,
+            r#"job!~".{100}""#,
+            "job=~((a{100}){100})",
+        ] {
+            let (col, e) = Matcher::parse(hostile).unwrap_err();
+            assert_eq!(col, 6, "{e}");
+            assert!(
+                e.starts_with(&format!(
+                    "`{hostile}`: the regex is too large compiled (over 64 KiB)"
+                )),
+                "{e}"
+            );
+        }
+        let e = AddRequest::from_json(&serde_json::json!({"matchers": ["gpu=0", "job=~\\w{50}"]}))
+            .unwrap_err();
+        assert!(e.starts_with("matchers[1] column 6: `job=~\\w{50}`"), "{e}");
+
+        // Written by an older gpuwatch (no size limit): listed, never silencing.
+        for op in ["Re", "Nre"] {
+            let stored = format!(r#"{{"name":"job","op":"{op}","value":"\\w{{50}}"}}"#);
+            let m: Matcher = serde_json::from_str(&stored).unwrap();
+            assert!(!m.matches(&labels(&[("job", "x")])), "{op}");
+            assert!(m.is_broken());
+            assert_eq!(serde_json::to_string(&m).unwrap(), stored, "kept as it was");
+        }
+    }
+
     #[test]
     fn persist_expire_and_jobs() {
         let dir = tempfile::tempdir().unwrap();
@@ -878,6 +1131,34 @@ mod tests {
 
     fn json_file_missing_or_short(dir: &Path) -> bool {
         !dir.join("silences.json").exists() || json_file(dir).len() < 2
+    }
+
+    /// At most MAX_REGEX_PATTERNS distinct regex patterns among the silences in force: one
+    /// more is refused, a pattern already in use is not.
+    #[test]
+    fn distinct_regex_patterns_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = Silences::load(dir.path()).unwrap();
+        let silence = |m: &str| Silence {
+            id: String::new(),
+            matchers: vec![Matcher::parse(m).unwrap()],
+            starts_ms: 1_000,
+            ends_ms: 10_000_000,
+            comment: String::new(),
+            created_by: String::new(),
+            until_pid: None,
+            until_start: None,
+        };
+        for n in 0..MAX_REGEX_PATTERNS {
+            set.add(silence(&format!("job=~\"run-{n}-.*\""))).unwrap();
+        }
+        let e = set.add(silence("job=~\"one-more.*\"")).unwrap_err();
+        assert!(
+            e.to_string().contains("too many different regex matchers"),
+            "{e}"
+        );
+        set.add(silence("job=~\"run-7-.*\"")).unwrap();
+        set.add(silence("gpu=3")).unwrap();
     }
 
     /// At most MAX_SILENCES are kept: ended ones make room, and an add beyond as many in force

@@ -48,6 +48,29 @@ pub fn now_ms() -> i64 {
     }
 }
 
+/// Milliseconds on the monotonic clock (`CLOCK_MONOTONIC`, [`std::time::Instant`]) since an
+/// arbitrary origin in this process, running [`clock_speed`] times faster like [`now_ms`]. For
+/// waits that must last what they say (a kill's grace): a step of the wall clock (NTP, a manual
+/// date change) neither cuts them short nor stretches them; time the machine spends suspended
+/// does not count. Only differences of two readings mean anything.
+pub fn monotonic_ms() -> i64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let elapsed = ORIGIN
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis();
+    let ms = i64::try_from(elapsed).unwrap_or(i64::MAX);
+    match SPEED.get() {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_precision_loss,
+            reason = "milliseconds since the start, well within f64's exact range"
+        )]
+        Some((_, speed)) => (ms as f64 * speed) as i64,
+        None => ms,
+    }
+}
+
 /// CPU time the calling thread has used, ns (`CLOCK_THREAD_CPUTIME_ID`); 0 if unavailable.
 pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -227,6 +250,38 @@ pub fn live_start_ticks(pid: u32) -> Option<u64> {
     read_stat(pid)
         .filter(|s| !matches!(s.state, 'Z' | 'X'))
         .map(|s| s.start_ticks)
+}
+
+/// Ends this process by `signal`, the way a shell's child ends when the signal kills it: its
+/// parent's `wait` sees a death by that signal (a shell's `$?` is 128 + `signal`, Python's
+/// `returncode` is `-signal`), not an exit code. Standard output and error are flushed, core
+/// dumps are turned off (a core would be of this process, not of what died), the default
+/// disposition is restored and the signal unblocked, then raised. Returns only when the
+/// signal's default action does not end a process (`SIGCHLD`, `SIGCONT`, the stop signals): the
+/// caller then exits with 128 + `signal`.
+pub fn die_of_signal(signal: i32) {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: prctl, setrlimit, sigaction, pthread_sigmask and raise with valid arguments; the
+    // structures are fully initialised.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        let none = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &none);
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut dfl.sa_mask);
+        libc::sigaction(signal, &dfl, std::ptr::null_mut());
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(signal);
+    }
 }
 
 /// Every live process in process group `pgid`.

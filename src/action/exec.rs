@@ -383,6 +383,8 @@ mod tests {
             gpu: Some(1),
             actions: vec![crate::model::Action::Exec("checkpoint".into())],
             target_pid: None,
+            target_start: None,
+            target_local: false,
             chart: None,
             once: false,
         }

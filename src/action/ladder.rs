@@ -6,6 +6,11 @@
 //! the target's facts and re-running the policy before each step. Every decision is appended to
 //! the audit log and returned as a notice for the dispatcher. In dry-run mode the ladder runs on
 //! the same schedule with `would_*` records and sends no signal.
+//!
+//! The schedule (grace, term timeout) runs on the monotonic clock ([`crate::sys::monotonic_ms`]),
+//! not on the wall-clock time the caller passes: a wall-clock step (NTP, a manual date change)
+//! between two steps neither cuts the grace to nothing nor stretches it. The wall-clock time is
+//! what the audit records say.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -16,14 +21,32 @@ use super::policy::{gather_facts, KillPolicy, SelfFacts, SignalTarget, TargetFac
 /// A request to stop one process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KillRequest {
-    /// PID as NVML reports it.
+    /// PID as NVML reports it (or, with `local`, as gpuwatch itself sees it).
     pub host_pid: u32,
+    /// When the process the alert is about started (clock ticks since boot), when known: the
+    /// ladder's first step already refuses a process that reused the PID.
+    pub start_ticks: Option<u64>,
+    /// `host_pid` is a PID of gpuwatch's own namespace (a job `run`/`attach` watches), not one
+    /// NVML reports: it is not mapped through `actions.kill.host_proc`.
+    pub local: bool,
     /// The alert (rule) asking.
     pub alert: String,
     /// Its fingerprint.
     pub fingerprint: String,
     /// Why (the alert summary).
     pub reason: String,
+}
+
+/// Where a ladder is; the times are monotonic ms ([`crate::sys::monotonic_ms`]).
+impl KillRequest {
+    /// The process to look up: its PID and the namespace it is in.
+    pub fn target(&self) -> super::pidns::Pid {
+        if self.local {
+            super::pidns::Pid::Local(self.host_pid)
+        } else {
+            super::pidns::Pid::Host(self.host_pid)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +68,14 @@ struct Ladder {
     start_ticks: Option<u64>,
     target: Option<SignalTarget>,
     last: TargetFacts,
+}
+
+/// The time of a step: the wall clock for the audit records, the monotonic clock for the
+/// schedule.
+#[derive(Debug, Clone, Copy)]
+struct Now {
+    wall_ms: i64,
+    mono_ms: i64,
 }
 
 /// Runs kill ladders under a policy.
@@ -108,9 +139,9 @@ impl KillManager {
     pub fn request(&mut self, request: KillRequest) {
         let key = (request.fingerprint.clone(), request.host_pid);
         self.ladders.entry(key).or_insert_with(|| Ladder {
+            start_ticks: request.start_ticks,
             request,
             phase: Phase::New,
-            start_ticks: None,
             target: None,
             last: TargetFacts::default(),
         });
@@ -136,15 +167,31 @@ impl KillManager {
         out
     }
 
-    /// Advances every ladder. `gpu_of` maps host PIDs currently on a GPU to their GPU index.
+    /// Advances every ladder. `gpu_of` maps host PIDs currently on a GPU to their GPU index;
+    /// `now_ms` (wall clock, UTC ms) is the time the audit records say. When a step is due is
+    /// decided on the monotonic clock.
     pub fn tick(&mut self, now_ms: i64, gpu_of: &HashMap<u32, u32>) -> Vec<AuditRecord> {
+        self.tick_at(now_ms, crate::sys::monotonic_ms(), gpu_of)
+    }
+
+    /// [`KillManager::tick`] at monotonic time `mono_ms`.
+    fn tick_at(
+        &mut self,
+        now_ms: i64,
+        mono_ms: i64,
+        gpu_of: &HashMap<u32, u32>,
+    ) -> Vec<AuditRecord> {
         let keys: Vec<_> = self.ladders.keys().cloned().collect();
         let mut out = Vec::new();
+        let now = Now {
+            wall_ms: now_ms,
+            mono_ms,
+        };
         for key in keys {
             let Some(mut ladder) = self.ladders.remove(&key) else {
                 continue;
             };
-            let keep = self.step(&mut ladder, now_ms, gpu_of, &mut out);
+            let keep = self.step(&mut ladder, now, gpu_of, &mut out);
             if keep {
                 self.ladders.insert(key, ladder);
             }
@@ -156,11 +203,15 @@ impl KillManager {
     fn step(
         &mut self,
         l: &mut Ladder,
-        now_ms: i64,
+        now: Now,
         gpu_of: &HashMap<u32, u32>,
         out: &mut Vec<AuditRecord>,
     ) -> bool {
-        let facts = gather_facts(l.request.host_pid, &self.mapper, gpu_of);
+        let Now {
+            wall_ms: now_ms,
+            mono_ms,
+        } = now;
+        let facts = gather_facts(l.request.target(), &self.mapper, gpu_of);
         let dry = self.policy.dry_run();
         let grace = self.policy.section.grace.ms;
         let term_timeout = self.policy.section.term_timeout.ms;
@@ -179,14 +230,14 @@ impl KillManager {
         let step = |real, would| if dry { would } else { real };
         let (decision, counting) = match l.phase {
             Phase::New => (step(AuditDecision::Warn, AuditDecision::WouldWarn), false),
-            Phase::Warned(at) if now_ms >= at + grace => {
+            Phase::Warned(at) if mono_ms >= at + grace => {
                 (step(AuditDecision::Term, AuditDecision::WouldTerm), true)
             }
-            Phase::Termed(at) if now_ms >= at + term_timeout => {
+            Phase::Termed(at) if mono_ms >= at + term_timeout => {
                 (step(AuditDecision::Kill, AuditDecision::WouldKill), false)
             }
             Phase::Killed(at) => {
-                if now_ms >= at + term_timeout {
+                if mono_ms >= at + term_timeout {
                     let why =
                         "still present after SIGKILL (uninterruptible sleep or a driver hang)";
                     out.push(self.record(l, &facts, AuditDecision::Error, why, now_ms));
@@ -225,14 +276,14 @@ impl KillManager {
         let mut reason = l.request.reason.clone();
         match decision {
             AuditDecision::Warn | AuditDecision::WouldWarn => {
-                l.phase = Phase::Warned(now_ms);
+                l.phase = Phase::Warned(mono_ms);
                 reason = format!(
                     "{reason}; SIGTERM in {}, SIGKILL {} later",
                     crate::values::format_duration_ms(grace),
                     crate::values::format_duration_ms(term_timeout)
                 );
             }
-            AuditDecision::WouldTerm => l.phase = Phase::Termed(now_ms),
+            AuditDecision::WouldTerm => l.phase = Phase::Termed(mono_ms),
             AuditDecision::WouldKill => {
                 out.push(self.record(l, &facts, decision, &reason, now_ms));
                 return false;
@@ -258,9 +309,9 @@ impl KillManager {
                 if term {
                     self.policy.note_kill(now_ms);
                     self.note_signalled(target, &facts, &l.request);
-                    l.phase = Phase::Termed(now_ms);
+                    l.phase = Phase::Termed(mono_ms);
                 } else {
-                    l.phase = Phase::Killed(now_ms);
+                    l.phase = Phase::Killed(mono_ms);
                 }
                 out.push(rec);
                 return true;
@@ -405,6 +456,8 @@ mod tests {
 
     fn request(pid: u32) -> KillRequest {
         KillRequest {
+            start_ticks: None,
+            local: false,
             host_pid: pid,
             alert: "gpu_memory_quota".into(),
             fingerprint: "fp1".into(),
@@ -433,6 +486,29 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         seen
+    }
+
+    /// A kill asked for an alert about a process that has since been replaced by another one
+    /// with the same PID is refused at its first step: the request carries the start time.
+    #[test]
+    fn a_request_for_a_replaced_process_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        let start = crate::sys::read_stat(pid).unwrap().start_ticks;
+        let gpu_of = HashMap::from([(pid, 0)]);
+        let mut m = manager(section(false), dir.path());
+        m.request(KillRequest {
+            start_ticks: Some(start + 1),
+            ..request(pid)
+        });
+        let out = m.tick(crate::sys::now_ms(), &gpu_of);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].decision, AuditDecision::Refused, "{out:?}");
+        assert!(out[0].reason.contains("different process"), "{out:?}");
+        assert!(child.try_wait().unwrap().is_none());
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     /// No signal is sent when its audit record cannot be written.
@@ -474,8 +550,12 @@ mod tests {
         s.term_timeout = DurationSetting::from_ms(60_000);
         let mut m = manager(s.clone(), dir.path());
         m.request(request(pid));
+        // Wall and monotonic time move together here.
         let steps = |m: &mut KillManager, t: i64| -> Vec<AuditDecision> {
-            m.tick(t, &gpu_of).iter().map(|r| r.decision).collect()
+            m.tick_at(t, t, &gpu_of)
+                .iter()
+                .map(|r| r.decision)
+                .collect()
         };
         assert_eq!(steps(&mut m, 1_000), [AuditDecision::WouldWarn]);
         assert_eq!(steps(&mut m, 2_000), [AuditDecision::WouldTerm]);
@@ -484,6 +564,71 @@ mod tests {
         // Past the term timeout: without the restart this step would be a real SIGKILL.
         assert_eq!(steps(&mut m, 70_000), [AuditDecision::Warn]);
         assert!(child.try_wait().unwrap().is_none(), "no signal yet");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Issue 25 §11: the wall clock jumps an hour forward right after the warning; SIGTERM
+    /// still waits the grace (before, the ladder read the grace off the wall-clock times the
+    /// caller passed, and the jump cut it to nothing).
+    #[test]
+    fn a_wall_clock_jump_does_not_cut_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        let gpu_of = HashMap::from([(pid, 0)]);
+        let mut s = section(false);
+        s.grace = DurationSetting::from_ms(60_000);
+        let mut m = manager(s, dir.path());
+        m.request(request(pid));
+        let now = crate::sys::now_ms();
+        let r = m.tick(now, &gpu_of);
+        assert_eq!(r[0].decision, AuditDecision::Warn);
+        // An hour later on the wall clock, a moment later on the monotonic one.
+        let r = m.tick(now + 3_600_000, &gpu_of);
+        assert!(r.is_empty(), "no SIGTERM within the grace: {r:?}");
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(child.try_wait().unwrap().is_none(), "not signalled");
+        assert_eq!(m.active(), 1);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// The schedule follows the monotonic clock whatever the wall clock does (forward or back);
+    /// the audit records keep the wall-clock times.
+    #[test]
+    fn the_schedule_follows_the_monotonic_clock_and_records_the_wall_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = spawn("sleep 30");
+        let pid = child.id();
+        let gpu_of = HashMap::from([(pid, 0)]);
+        let mut s = section(true);
+        s.grace = DurationSetting::from_ms(60_000);
+        s.term_timeout = DurationSetting::from_ms(30_000);
+        let mut m = manager(s, dir.path());
+        m.request(request(pid));
+        let wall = 1_800_000_000_000;
+        let step = |m: &mut KillManager, wall: i64, mono: i64| -> Vec<(AuditDecision, i64)> {
+            m.tick_at(wall, mono, &gpu_of)
+                .iter()
+                .map(|r| (r.decision, r.time_ms))
+                .collect()
+        };
+        assert_eq!(step(&mut m, wall, 0), [(AuditDecision::WouldWarn, wall)]);
+        // Forward an hour: nothing is due yet.
+        assert!(step(&mut m, wall + 3_600_000, 1_000).is_empty());
+        // The grace has passed on the monotonic clock, while the wall clock went back a day.
+        let back = wall - 86_400_000;
+        assert_eq!(
+            step(&mut m, back, 60_000),
+            [(AuditDecision::WouldTerm, back)]
+        );
+        assert!(step(&mut m, back + 20_000, 89_999).is_empty());
+        assert_eq!(
+            step(&mut m, back + 1, 90_000),
+            [(AuditDecision::WouldKill, back + 1)]
+        );
+        assert_eq!(m.active(), 0);
         child.kill().unwrap();
         child.wait().unwrap();
     }
@@ -631,10 +776,10 @@ mod tests {
         let mut m = manager(section(false), dir.path());
         m.request(request(pid));
         let now = crate::sys::now_ms();
-        let r = m.tick(now, &HashMap::from([(pid, 0)]));
+        let r = m.tick_at(now, 0, &HashMap::from([(pid, 0)]));
         assert_eq!(r[0].decision, AuditDecision::Warn);
         // The process left the GPU before SIGTERM was due.
-        let r = m.tick(now + 1000, &HashMap::new());
+        let r = m.tick_at(now + 1000, 1000, &HashMap::new());
         assert_eq!(r[0].decision, AuditDecision::Cancelled);
         assert_eq!(m.active(), 0);
         // The alert resolved during the grace period.

@@ -9,6 +9,24 @@
 
 use std::path::{Path, PathBuf};
 
+/// A PID and the namespace it is counted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pid {
+    /// As NVML reports it: the host's PID namespace.
+    Host(u32),
+    /// As gpuwatch sees it: its own PID namespace (a job it started or attached to).
+    Local(u32),
+}
+
+impl Pid {
+    /// The number, whatever its namespace.
+    pub fn number(self) -> u32 {
+        match self {
+            Pid::Host(p) | Pid::Local(p) => p,
+        }
+    }
+}
+
 /// How host PIDs become local PIDs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PidMapper {
@@ -48,6 +66,35 @@ impl PidMapper {
                 "cannot find gpuwatch itself in {} (is it the host's /proc?)",
                 root.display()
             )),
+        }
+    }
+
+    /// The host PID of local PID `local` (`None` when it cannot be told).
+    pub fn host_of(&self, local: u32) -> Option<u32> {
+        match self {
+            PidMapper::Identity => Some(local),
+            PidMapper::Unavailable(_) => None,
+            PidMapper::HostProc { root, depth } => {
+                use std::os::unix::fs::MetadataExt as _;
+                // The same process in both views: our namespace, the same PID in it, the same
+                // start time.
+                let start = crate::sys::read_stat(local)?.start_ticks;
+                let ours = std::fs::metadata("/proc/self/ns/pid").ok()?.ino();
+                std::fs::read_dir(root).ok()?.flatten().find_map(|e| {
+                    let host: u32 = e.file_name().to_str()?.parse().ok()?;
+                    let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+                    let nspid = parse_nspid(&status)?;
+                    if nspid.len() != depth + 1 || local_pid(&nspid, *depth) != Some(local) {
+                        return None;
+                    }
+                    let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+                    if crate::sys::parse_stat(&stat)?.start_ticks != start {
+                        return None;
+                    }
+                    let ns = std::fs::metadata(e.path().join("ns/pid")).ok()?.ino();
+                    (ns == ours).then_some(host)
+                })
+            }
         }
     }
 
@@ -366,6 +413,8 @@ mod tests {
         let ask = |m: &mut KillManager| {
             m.request(KillRequest {
                 host_pid: init,
+                start_ticks: None,
+                local: false,
                 alert: "gpu_memory_quota".into(),
                 fingerprint: "fp".into(),
                 reason: "over its quota".into(),
@@ -427,5 +476,8 @@ mod tests {
         };
         let me = std::process::id();
         assert_eq!(m.map(me), Ok(me));
+        assert_eq!(m.host_of(me), Some(me));
+        assert_eq!(PidMapper::Identity.host_of(me), Some(me));
+        assert_eq!(PidMapper::Unavailable("x".into()).host_of(me), None);
     }
 }

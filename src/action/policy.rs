@@ -523,12 +523,20 @@ impl KillPolicy {
 }
 
 /// Reads the facts about host PID `host_pid`; `gpu_of` maps host PIDs on a GPU to their GPU.
-pub fn gather_facts(host_pid: u32, mapper: &PidMapper, gpu_of: &HashMap<u32, u32>) -> TargetFacts {
-    let pid = mapper.map(host_pid);
+pub fn gather_facts(
+    target: super::pidns::Pid,
+    mapper: &PidMapper,
+    gpu_of: &HashMap<u32, u32>,
+) -> TargetFacts {
+    // A watched job's PID is ours already; its GPU is found under its host PID.
+    let (pid, host_pid) = match target {
+        super::pidns::Pid::Host(h) => (mapper.map(h), Some(h)),
+        super::pidns::Pid::Local(l) => (Ok(l), mapper.host_of(l)),
+    };
     let mut facts = TargetFacts {
-        host_pid,
+        host_pid: host_pid.unwrap_or(target.number()),
         pid: pid.clone(),
-        gpu: gpu_of.get(&host_pid).copied(),
+        gpu: host_pid.and_then(|h| gpu_of.get(&h).copied()),
         ..TargetFacts::default()
     };
     let Ok(pid) = pid else {
@@ -774,6 +782,40 @@ mod tests {
         assert!(p.decide(&target(), &me(), Some(7), true, 3_601_001).is_ok());
     }
 
+    /// Inside a container with `actions.kill.host_proc`, a job `run` watches is known by its
+    /// own (local) PID: it is not mapped as a host PID, and its GPU is found under its host PID.
+    #[test]
+    fn a_local_job_pid_is_not_mapped_as_a_host_pid() {
+        use super::super::pidns::Pid;
+        let me = std::process::id();
+        let start = crate::sys::read_stat(me).unwrap().start_ticks;
+        // The host's /proc as a container sees it: we are host PID 9999 at depth 1.
+        let host = tempfile::tempdir().unwrap();
+        let entry = host.path().join("9999");
+        std::fs::create_dir_all(entry.join("ns")).unwrap();
+        std::fs::write(
+            entry.join("status"),
+            format!("Name:\tpython\nNSpid:\t9999\t{me}\n"),
+        )
+        .unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{me}/stat")).unwrap();
+        std::fs::write(entry.join("stat"), stat).unwrap();
+        std::os::unix::fs::symlink("/proc/self/ns/pid", entry.join("ns/pid")).unwrap();
+        let mapper = PidMapper::HostProc {
+            root: host.path().to_path_buf(),
+            depth: 1,
+        };
+        assert_eq!(mapper.host_of(me), Some(9999));
+        let gpu_of = HashMap::from([(9999, 3)]);
+        let f = gather_facts(Pid::Local(me), &mapper, &gpu_of);
+        assert_eq!(f.pid, Ok(me));
+        assert_eq!(f.host_pid, 9999);
+        assert_eq!(f.gpu, Some(3));
+        assert_eq!(f.start_ticks, Some(start));
+        // Taken for a host PID it is unknown to the host's /proc.
+        assert!(gather_facts(Pid::Host(me), &mapper, &gpu_of).pid.is_err());
+    }
+
     #[test]
     fn facts_of_a_real_child() {
         let mut child = std::process::Command::new("sleep")
@@ -783,13 +825,24 @@ mod tests {
         let pid = child.id();
         std::thread::sleep(std::time::Duration::from_millis(100));
         let gpu_of = HashMap::from([(pid, 0)]);
-        let f = gather_facts(pid, &PidMapper::Identity, &gpu_of);
+        let f = gather_facts(
+            super::super::pidns::Pid::Host(pid),
+            &PidMapper::Identity,
+            &gpu_of,
+        );
         assert!(f.alive);
         assert_eq!(f.uid, Some(unsafe { libc::getuid() }));
         assert_eq!(f.command.as_deref(), Some("sleep 5"));
         assert_eq!(f.gpu, Some(0));
         child.kill().unwrap();
         child.wait().unwrap();
-        assert!(!gather_facts(pid, &PidMapper::Identity, &gpu_of).alive);
+        assert!(
+            !gather_facts(
+                super::super::pidns::Pid::Host(pid),
+                &PidMapper::Identity,
+                &gpu_of
+            )
+            .alive
+        );
     }
 }

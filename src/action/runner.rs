@@ -161,6 +161,8 @@ impl ActionRunner {
         };
         manager.request(KillRequest {
             host_pid,
+            start_ticks: ev.target_start,
+            local: ev.target_local,
             alert: ev.name.clone(),
             fingerprint: ev.fingerprint.clone(),
             reason: ev
@@ -292,6 +294,8 @@ mod tests {
             gpu: Some(0),
             actions,
             target_pid: Some(pid),
+            target_start: None,
+            target_local: false,
             chart: None,
             once: false,
         }

@@ -230,7 +230,8 @@ fn finish(report: &JobReport, flags: &JobFlags) {
     }
 }
 
-/// Runs `run`: the job's exit code (128 + signal when a signal ended it).
+/// Runs `run`: the job's exit code. A job that a signal ended makes gpuwatch end by the same
+/// signal once its report is out ([`end_like`]).
 pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
     let path = args.flags.config.as_deref();
     if let Some(mode) = args.preflight {
@@ -278,7 +279,26 @@ pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
     if let Some((recording, config)) = recorded {
         end_report(&recording, &config, args.flags.quiet);
     }
+    end_like(&report);
     Ok(report.exit_code)
+}
+
+/// When a signal ended the job, gpuwatch ends by the same signal (everything done: the report
+/// printed and sent, the recording summarised), so that whoever started `gpuwatch run` sees what
+/// it would have seen without it — a shell's `$?` of 128 + n *and* a death by signal n for its
+/// `wait` (a shell script stops at Ctrl-C, Python's `returncode` is -n, Slurm and systemd record
+/// the signal) — as `env`/`nice` (which exec) and GNU `timeout` (which re-raises the command's
+/// signal) do. This covers a signal sent to gpuwatch and forwarded to the job. The exception is a
+/// job that gpuwatch's own kill action ended (class `killed_by_gpuwatch`): nothing signalled
+/// gpuwatch, which exits with 128 + n (as `timeout` exits 124 for its own kill). A job that
+/// handled a forwarded signal and exited with a code passes that code on (the job decided how
+/// to end, as a shell does for a child that handles SIGINT).
+fn end_like(report: &JobReport) {
+    if let crate::model::job::JobExit::Signaled { signal, .. } = report.exit {
+        if report.crash_class != crate::model::job::CrashClass::KilledByGpuwatch {
+            crate::sys::die_of_signal(signal);
+        }
+    }
 }
 
 /// A run's recording starts over past this size (the part before is kept as `.1`): 512 MB is

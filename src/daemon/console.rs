@@ -196,6 +196,8 @@ mod tests {
             gpu,
             actions: Vec::new(),
             target_pid: None,
+            target_start: None,
+            target_local: false,
             chart: None,
             once: false,
         }

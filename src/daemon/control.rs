@@ -7,6 +7,10 @@
 //! * `{"ask":"silence_list"}`, `{"ask":"silence_expire","id":"…"}`;
 //! * `{"ask":"reload"}` (as SIGHUP).
 //!
+//! The loop answers with the bytes to write ([`reply`]): an answer is serialized once, straight
+//! from the data it lists (`silence_list` borrows the silences), never built as a JSON value tree
+//! first.
+//!
 //! At most [`MAX_CLIENTS`] requests are served at once (more are answered "busy" at once), each
 //! must arrive whole within [`REQUEST_DEADLINE`] and is at most 64 KiB: clients that connect and
 //! trickle bytes cannot pile up threads or memory.
@@ -102,6 +106,18 @@ impl Drop for Slot {
     }
 }
 
+/// An answer as the bytes written to the client: `answer` serialized as one JSON document (the
+/// newline is the server's). Serializing a plain value cannot fail; should a type's
+/// serialization fail, the answer says so.
+pub fn reply(answer: &impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(answer).unwrap_or_else(|e| {
+        serde_json::to_vec(
+            &serde_json::json!({"ok": false, "error": format!("cannot serialize the answer: {e}")}),
+        )
+        .unwrap_or_default()
+    })
+}
+
 /// Answers a client over the limit without reading its request (a short write timeout: a
 /// client that does not read cannot hold the accepting thread).
 fn refuse_busy(mut stream: std::os::unix::net::UnixStream) {
@@ -174,7 +190,7 @@ fn serve(mut stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>)
     let mut writer = stream;
     let _ = writer.set_write_timeout(Some(Duration::from_secs(10)));
     // Invalid UTF-8 is answered, not dropped without a word.
-    let answer = match std::str::from_utf8(&bytes)
+    let mut answer = match std::str::from_utf8(&bytes)
         .map_err(|e| format!("the request is not UTF-8 ({e})"))
         .and_then(|line| {
             serde_json::from_str::<serde_json::Value>(line)
@@ -189,18 +205,20 @@ fn serve(mut stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>)
             }
             let (reply_tx, reply_rx) = mpsc::channel();
             if tx.send(Control::Ask(ask, reply_tx)).is_err() {
-                serde_json::json!({"ok": false, "error": "the daemon is stopping"})
+                reply(&serde_json::json!({"ok": false, "error": "the daemon is stopping"}))
             } else {
                 reply_rx
-                        .recv_timeout(Duration::from_secs(10))
-                        .unwrap_or_else(|_| {
-                            serde_json::json!({"ok": false, "error": "the daemon did not answer in 10 s"})
-                        })
+                    .recv_timeout(Duration::from_secs(10))
+                    .unwrap_or_else(|_| {
+                        reply(&serde_json::json!({"ok": false, "error": "the daemon did not answer in 10 s"}))
+                    })
             }
         }
-        Err(e) => serde_json::json!({"ok": false, "error": e}),
+        Err(e) => reply(&serde_json::json!({"ok": false, "error": e})),
     };
-    let _ = writeln!(writer, "{answer}");
+    // One buffer, written whole (not a write per JSON token).
+    answer.push(b'\n');
+    let _ = writer.write_all(&answer);
 }
 
 /// Sends `ask`, returns the answer; `Err(line)` is the one line to print.

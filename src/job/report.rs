@@ -191,7 +191,8 @@ pub struct JobReport {
     pub ended_at_ms: i64,
     /// How it ended.
     pub exit: JobExit,
-    /// The exit code gpuwatch returns (`run`: the job's, 128 + signal when killed).
+    /// The job's exit status as a shell shows it (`run` exits with it, or dies of the job's
+    /// signal): the job's code, 128 + signal when a signal ended it.
     pub exit_code: i32,
     /// Why it ended.
     pub crash_class: CrashClass,

@@ -902,6 +902,8 @@ mod tests {
             gpu: Some(3),
             actions: Vec::new(),
             target_pid: None,
+            target_start: None,
+            target_local: false,
             chart: None,
             once: false,
         };

@@ -672,6 +672,8 @@ mod tests {
             gpu: Some(gpu),
             actions: Vec::new(),
             target_pid: None,
+            target_start: None,
+            target_local: false,
             chart: None,
             once: false,
         }

@@ -87,6 +87,11 @@ fn check_numbers(to: &[String]) -> Result<(), SectionError> {
 
 /// The one-line text, cut to one segment.
 pub fn short_text(n: &Notification) -> String {
+    fit_segment(&short_line(n))
+}
+
+/// The one-line text, whole.
+fn short_line(n: &Notification) -> String {
     let tag = match (n.reason, n.status, n.severity()) {
         (Reason::Test, _, _) => "TEST",
         (_, AlertStatus::Resolved, _) => "OK",
@@ -123,7 +128,18 @@ pub fn short_text(n: &Notification) -> String {
         line.push_str(&d);
     }
     let line: Vec<&str> = line.split_whitespace().collect();
-    fit_segment(&line.join(" "))
+    line.join(" ")
+}
+
+/// `s` cut to at most `max` characters (Unicode scalar values), ending in `…` when cut (a
+/// separator left dangling at the cut, ` -`, goes).
+pub fn fit_chars(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let kept: String = s.chars().take(max.saturating_sub(1)).collect();
+    let kept = kept.trim_end_matches(|c: char| c.is_whitespace() || c == '-');
+    format!("{kept}…")
 }
 
 /// GSM 03.38 basic character set (one septet each; ESC left out).
@@ -218,19 +234,33 @@ mod tests {
     fn chinese_text_fits_70_units_without_splitting_a_character() {
         let mut n = notification(vec![alert(1, AlertStatus::Firing)]);
         n.hostname = "训练节点七".into();
-        n.alerts[0]
-            .annotations
-            .insert("summary".into(), "显卡掉线，请立即排查并重启节点。".repeat(5));
+        n.alerts[0].annotations.insert(
+            "summary".into(),
+            "显卡掉线，请立即排查并重启节点。".repeat(5),
+        );
         let t = short_text(&n);
         let (gsm, units) = sms_units(&t);
         assert!(!gsm);
         assert!(units <= 70, "{units}: {t}");
         assert!(t.ends_with('…'), "{t}");
-        assert!(t.starts_with("[CRIT] 训练节点七: XidCritical GPU 1 - 显卡掉线"), "{t}");
+        assert!(
+            t.starts_with("[CRIT] 训练节点七: XidCritical GPU 1 - 显卡掉线"),
+            "{t}"
+        );
         // Characters outside the BMP take two UTF-16 units and are never split.
         let t = fit_segment(&"🔥".repeat(50));
         assert_eq!(sms_units(&t), (false, 69));
         assert_eq!(t.chars().filter(|c| *c == '🔥').count(), 34);
+    }
+
+    #[test]
+    fn fit_chars_counts_characters() {
+        assert_eq!(fit_chars("abc", 3), "abc");
+        assert_eq!(fit_chars("abcd", 3), "ab…");
+        assert_eq!(fit_chars("显卡掉线了", 4), "显卡掉…");
+        assert_eq!(fit_chars("ab cd", 4), "ab…");
+        assert_eq!(fit_chars("ab - cd", 6), "ab…");
+        assert_eq!(fit_chars("🔥🔥🔥", 2).chars().count(), 2);
     }
 
     #[test]

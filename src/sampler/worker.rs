@@ -9,6 +9,10 @@
 //! call has not returned it is sent nothing (no backlog builds up), the sampler reports its GPU
 //! stalled once the call timeout has passed, and the other GPUs keep being sampled; when the call
 //! returns, the thread's late answers are discarded and it takes requests for its GPU again.
+//!
+//! A thread that cannot be started (`EAGAIN` at the user's or the system's thread limit) leaves
+//! its GPUs unread — reported stalled — only until a later try starts it: the pool tries again
+//! at the asks after 1 s, then 2 s, 4 s, … (at most a minute apart), and says so in the log.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
@@ -21,9 +25,37 @@ use crate::model::NvmlFunction;
 /// Stack size of a worker thread (they only call NVML and fill small structs).
 const STACK_BYTES: usize = 256 * 1024;
 
+/// The wait before the first new try to start a thread that could not be started; it doubles
+/// with each failed try up to [`RESTART_MAX`].
+const RESTART_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between two tries.
+const RESTART_MAX: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: how many of the next thread starts on this thread fail (as `EAGAIN` would).
+    static FAILING_STARTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Starts a thread (in tests, fails while `FAILING_STARTS` says so).
+fn start_thread(
+    builder: std::thread::Builder,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<()> {
+    #[cfg(test)]
+    if FAILING_STARTS.with(|n| n.replace(n.get().saturating_sub(1))) > 0 {
+        return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
+    }
+    builder.spawn(f).map(drop)
+}
+
 fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     *EPOCH.get_or_init(Instant::now)
+}
+
+fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 fn micros_since_epoch(t: Instant) -> i64 {
@@ -209,6 +241,8 @@ struct Group {
     /// The ask whose request it has not finished, and how many GPUs of it are still to come.
     outstanding: Option<(u64, usize)>,
     alive: bool,
+    /// While not alive: the failed tries to start its thread, and when to try again.
+    restart: Option<(u32, Instant)>,
 }
 
 /// Per-GPU state of a pool thread, created on first use.
@@ -230,6 +264,8 @@ pub(crate) struct Pool<S, R> {
     work: Work<S, R>,
     /// How long a call may block before the GPUs after it move to a new thread.
     split_after: Duration,
+    /// The wait before the first new try to start a thread ([`RESTART_FIRST`]).
+    restart_after: Duration,
     next_group: usize,
     seq: u64,
     time_ms: i64,
@@ -259,6 +295,7 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
             factory,
             work,
             split_after,
+            restart_after: RESTART_FIRST,
             next_group: 0,
             seq: 0,
             time_ms: 0,
@@ -276,68 +313,19 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
     fn spawn_group(&mut self, members: Vec<usize>) -> usize {
         let id = self.next_group;
         self.next_group += 1;
-        let (tx, rx) = mpsc::channel::<Request>();
         let busy = Arc::new(Busy::default());
-        let (marker, replies, parts, factory, work, n) = (
-            busy.clone(),
-            self.replies_tx.clone(),
-            self.parts.clone(),
-            self.factory.clone(),
-            self.work.clone(),
-            self.n,
-        );
-        let spawned = std::thread::Builder::new()
-            .name(format!("{}-{id}", self.name))
-            .stack_size(STACK_BYTES)
-            .spawn(move || {
-                let mut states: Vec<Option<S>> = (0..n).map(|_| None).collect();
-                while let Ok(req) = rx.recv() {
-                    for pos in req.positions {
-                        if !marker.reads(pos) {
-                            continue;
-                        }
-                        marker.set_gpu(pos);
-                        let Some(slot) = states.get_mut(pos) else {
-                            continue;
-                        };
-                        let state = slot.get_or_insert_with(|| factory(pos, marker.clone()));
-                        // A panic in a read (a bug meeting odd driver data) costs this GPU's
-                        // answer at this tick and its state, not the thread: the GPU is read
-                        // afresh at the next tick, the others go on.
-                        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            work(state, &marker, req.time_ms)
-                        }));
-                        let Ok(out) = read else {
-                            marker.leave();
-                            *slot = None;
-                            tracing::error!("reading GPU position {pos} failed (a panic, logged above); it is read afresh at the next tick");
-                            continue;
-                        };
-                        let part = Reply {
-                            group: id,
-                            seq: req.seq,
-                            part: Some((pos, out)),
-                        };
-                        match parts.lock() {
-                            Ok(mut v) => v.push(part),
-                            Err(_) => return,
-                        }
-                    }
-                    let done = Reply {
-                        group: id,
-                        seq: req.seq,
-                        part: None,
-                    };
-                    if replies.send(done).is_err() {
-                        return;
-                    }
-                }
-            });
-        let alive = match spawned {
-            Ok(_) => true,
+        let started = self.start(id, busy.clone());
+        let (tx, alive, restart) = match started {
+            Ok(tx) => (tx, true, None),
             Err(e) => {
-                tracing::error!("cannot start a sampling thread: {e}");
-                false
+                let wait = self.restart_wait(1);
+                tracing::error!(
+                    "{}: cannot start a sampling thread for GPU positions {members:?}: {e}; \
+                     they are not read (reported stalled) until it starts; trying again in {}",
+                    self.name,
+                    crate::values::format_duration_ms(duration_ms(wait)),
+                );
+                (mpsc::channel().0, false, Some((1, Instant::now() + wait)))
             }
         };
         self.groups.push(Group {
@@ -347,14 +335,136 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
             members,
             outstanding: None,
             alive,
+            restart,
         });
         id
+    }
+
+    /// The wait before try `failures + 1` to start a thread.
+    fn restart_wait(&self, failures: u32) -> Duration {
+        let factor = 1u32 << failures.saturating_sub(1).min(16);
+        self.restart_after.saturating_mul(factor).min(RESTART_MAX)
+    }
+
+    /// Tries again to start the threads that could not be started, or ended, once their wait
+    /// has passed.
+    fn restart_dead(&mut self) {
+        let now = Instant::now();
+        for g in 0..self.groups.len() {
+            let due = match self.groups[g].restart {
+                Some((failures, at)) if !self.groups[g].alive && now >= at => failures,
+                _ => continue,
+            };
+            let id = self.next_group;
+            self.next_group += 1;
+            let busy = Arc::new(Busy::default());
+            match self.start(id, busy.clone()) {
+                Ok(tx) => {
+                    let group = &mut self.groups[g];
+                    let after = match due {
+                        0 => String::new(),
+                        1 => " after 1 failed try".to_string(),
+                        n => format!(" after {n} failed tries"),
+                    };
+                    tracing::warn!(
+                        "{}: started the sampling thread for GPU positions {:?}{after}; they are \
+                         read again",
+                        self.name,
+                        group.members,
+                    );
+                    *group = Group {
+                        id,
+                        tx,
+                        busy,
+                        members: std::mem::take(&mut group.members),
+                        outstanding: None,
+                        alive: true,
+                        restart: None,
+                    };
+                }
+                Err(e) => {
+                    let wait = self.restart_wait(due + 1);
+                    let group = &mut self.groups[g];
+                    tracing::warn!(
+                        "{}: still cannot start a sampling thread for GPU positions {:?}: {e} \
+                         ({} failed tries); trying again in {}",
+                        self.name,
+                        group.members,
+                        due + 1,
+                        crate::values::format_duration_ms(duration_ms(wait)),
+                    );
+                    group.restart = Some((due + 1, now + wait));
+                }
+            }
+        }
+    }
+
+    /// Starts thread `id` of the pool; its requests go to the sender returned.
+    fn start(&self, id: usize, busy: Arc<Busy>) -> std::io::Result<mpsc::Sender<Request>> {
+        let (tx, rx) = mpsc::channel::<Request>();
+        let (marker, replies, parts, factory, work, n) = (
+            busy,
+            self.replies_tx.clone(),
+            self.parts.clone(),
+            self.factory.clone(),
+            self.work.clone(),
+            self.n,
+        );
+        let builder = std::thread::Builder::new()
+            .name(format!("{}-{id}", self.name))
+            .stack_size(STACK_BYTES);
+        start_thread(builder, move || {
+            let mut states: Vec<Option<S>> = (0..n).map(|_| None).collect();
+            while let Ok(req) = rx.recv() {
+                for pos in req.positions {
+                    if !marker.reads(pos) {
+                        continue;
+                    }
+                    marker.set_gpu(pos);
+                    let Some(slot) = states.get_mut(pos) else {
+                        continue;
+                    };
+                    let state = slot.get_or_insert_with(|| factory(pos, marker.clone()));
+                    // A panic in a read (a bug meeting odd driver data) costs this GPU's
+                    // answer at this tick and its state, not the thread: the GPU is read
+                    // afresh at the next tick, the others go on.
+                    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        work(state, &marker, req.time_ms)
+                    }));
+                    let Ok(out) = read else {
+                        marker.leave();
+                        *slot = None;
+                        tracing::error!("reading GPU position {pos} failed (a panic, logged above); it is read afresh at the next tick");
+                        continue;
+                    };
+                    let part = Reply {
+                        group: id,
+                        seq: req.seq,
+                        part: Some((pos, out)),
+                    };
+                    match parts.lock() {
+                        Ok(mut v) => v.push(part),
+                        Err(_) => return,
+                    }
+                }
+                let done = Reply {
+                    group: id,
+                    seq: req.seq,
+                    part: None,
+                };
+                if replies.send(done).is_err() {
+                    return;
+                }
+            }
+        })?;
+        Ok(tx)
     }
 
     /// Starts a new ask at `time_ms` for the GPUs `want` selects: every thread that is free
     /// is sent its wanted GPUs. (Answers to an earlier ask still coming are discarded.)
     pub(crate) fn ask(&mut self, time_ms: i64, want: impl Fn(usize) -> bool) {
         self.drain_stale();
+        self.restart_dead();
         self.seq += 1;
         self.time_ms = time_ms;
         for pos in 0..self.n {
@@ -386,7 +496,15 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
             positions: positions.clone(),
         };
         if group.tx.send(req).is_err() {
+            // The thread ended (it never does unless the pool is broken): a new one is started
+            // at the next ask.
+            tracing::error!(
+                "{}: the sampling thread for GPU positions {:?} ended; starting a new one",
+                self.name,
+                group.members
+            );
             group.alive = false;
+            group.restart = Some((0, Instant::now()));
             return;
         }
         for p in &positions {
@@ -667,6 +785,61 @@ mod tests {
                 "GPU position {pos} read twice, once a tick"
             );
         }
+    }
+
+    /// Issue 25 §11: a thread that cannot be started (EAGAIN) leaves its GPUs stalled only until
+    /// a later try starts it, after the wait; before, they stayed unread for ever.
+    #[test]
+    fn a_thread_that_cannot_be_started_is_started_later() {
+        let factory: Factory<(usize, u32)> = Arc::new(|pos, _| (pos, 0));
+        let work: Work<(usize, u32), (usize, u32)> = Arc::new(|st, _, _| {
+            st.1 += 1;
+            *st
+        });
+        // The start in `new` and the first new try fail.
+        FAILING_STARTS.with(|n| n.set(2));
+        let mut pool = Pool::new("test", 2, Duration::from_millis(20), factory, work);
+        // Waits of 200 ms, 400 ms, … rather than 1 s, 2 s, … (the first was set in `new`).
+        pool.restart_after = Duration::from_millis(200);
+        pool.groups[0].restart = Some((1, Instant::now() + pool.restart_after));
+        let soon = || Instant::now() + Duration::from_millis(100);
+        let answers = |pool: &mut Pool<_, _>| -> Vec<Option<(usize, u32)>> {
+            (0..2).map(|p| pool.take(p)).collect()
+        };
+        pool.ask(1, |_| true);
+        pool.collect(soon(), None);
+        assert_eq!(answers(&mut pool), [None, None]);
+        let stalled = pool.stalled(0, Instant::now(), Duration::from_secs(3600));
+        assert_eq!(stalled, Some(NvmlFunction::Unknown), "said stalled");
+        // Not tried again before the wait.
+        assert_eq!(FAILING_STARTS.with(std::cell::Cell::get), 1);
+        std::thread::sleep(Duration::from_millis(250));
+        pool.ask(2, |_| true);
+        pool.collect(soon(), None);
+        assert_eq!(answers(&mut pool), [None, None], "the second try fails too");
+        assert_eq!(FAILING_STARTS.with(std::cell::Cell::get), 0);
+        // The wait doubles: 400 ms after the second failure.
+        pool.ask(3, |_| true);
+        pool.collect(soon(), None);
+        assert_eq!(answers(&mut pool), [None, None], "before the doubled wait");
+        std::thread::sleep(Duration::from_millis(450));
+        pool.ask(4, |_| true);
+        pool.collect(Instant::now() + Duration::from_secs(5), None);
+        assert_eq!(answers(&mut pool), [Some((0, 1)), Some((1, 1))]);
+        assert_eq!(pool.stalled(0, Instant::now(), Duration::ZERO), None);
+        assert_eq!(pool.threads(), 1);
+    }
+
+    #[test]
+    fn the_wait_between_tries_doubles_up_to_a_minute() {
+        let factory: Factory<u32> = Arc::new(|_, _| 0);
+        let work: Work<u32, u32> = Arc::new(|_, _, _| 0);
+        let pool = Pool::new("test", 0, Duration::from_millis(20), factory, work);
+        let waits: Vec<u64> = [1, 2, 3, 6, 7, 40]
+            .iter()
+            .map(|k| pool.restart_wait(*k).as_secs())
+            .collect();
+        assert_eq!(waits, [1, 2, 4, 32, 60, 60]);
     }
 
     /// A read that panics loses its GPU's answer at that tick and its state, not the thread:

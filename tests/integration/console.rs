@@ -192,3 +192,122 @@ fn a_fast_clock_does_not_call_the_start_up_a_stale_collector() {
         lines.join("\n")
     );
 }
+
+/// The `gpuwatch-sim-*` directories of `--speed` daemons in `base`, each with the number of
+/// undelivered messages in its outbox.
+fn sim_dirs(base: &std::path::Path) -> Vec<(std::path::PathBuf, usize)> {
+    let mut dirs: Vec<_> = std::fs::read_dir(base)
+        .expect("the temporary directory")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("gpuwatch-sim-"))
+        .map(|e| {
+            let queued = std::fs::read_dir(e.path().join("outbox"))
+                .map(|rd| {
+                    rd.flatten()
+                        .filter(|f| f.path().extension().is_some_and(|x| x == "json"))
+                        .count()
+                })
+                .unwrap_or(0);
+            (e.path(), queued)
+        })
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// Issue 25 §10: a `--speed` daemon killed with `kill -9` after it queued a message (its
+/// receiver refuses connections) strands its private directory and outbox; the next `--speed`
+/// daemon says how many undelivered messages from which directory it drops, and removes that
+/// directory — not the one of a `--speed` daemon that still runs, nor a look-alike that is not
+/// private; its own goes at its clean stop.
+#[test]
+fn a_speed_run_drops_and_removes_what_a_killed_one_stranded() {
+    use crate::notify::servers::{wait_until, Daemon};
+    super::common::sim_lib();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let base = tmp.path().join("tmp");
+    std::fs::create_dir(&base).expect("base");
+    let tmpdir = base.to_str().expect("utf-8 path");
+    let cfg = crate::daemon::webhook_config(tmp.path(), "http://127.0.0.1:1/hook");
+    let cfg = cfg.to_str().expect("utf-8 path");
+    let speed = |scenario: &str, log: &str, config: &[&str]| {
+        let mut args = vec!["--sim", scenario, "--speed", "60", "daemon"];
+        args.extend_from_slice(config);
+        let cmd = super::common::command(&args, &[("TMPDIR", tmpdir)]);
+        Daemon::spawn(cmd, &tmp.path().join(log), &[], false)
+    };
+    let t = Duration::from_secs(60);
+
+    // A --speed daemon that runs (started first: its own start would sweep), and a directory
+    // of that name that is not private.
+    let live = speed("healthy", "live.log", &[]);
+    let live_dir = wait_until(t, "the running daemon's directory", || {
+        sim_dirs(&base)
+            .into_iter()
+            .map(|(d, _)| d)
+            .find(|d| d.join("control.sock").exists())
+    });
+    let open = base.join("gpuwatch-sim-1-1-00ff00ff00ff00ff");
+    std::fs::create_dir(&open).expect("a look-alike");
+
+    // xid-79 loses a GPU at 30 s of the scenario, half a second at 60×.
+    let killed = speed("xid-79", "killed.log", &["--config", cfg]);
+    let (stranded, _) = wait_until(t, "a queued message", || {
+        sim_dirs(&base)
+            .into_iter()
+            .find(|(d, n)| *n > 0 && *d != live_dir)
+    });
+    killed.kill9();
+    // What it had queued when it died (more may have come after the look).
+    let queued = sim_dirs(&base)
+        .into_iter()
+        .find(|(d, _)| *d == stranded)
+        .map(|(_, n)| n)
+        .expect("kill -9 left its directory");
+
+    let mut next = speed("healthy", "next.log", &[]);
+    let said = wait_until(t, "the stranded messages said", || {
+        next.log_text()
+            .lines()
+            .find(|l| l.contains("undelivered message"))
+            .map(str::to_string)
+    });
+    // Started (its signal handlers are in place once its control socket is).
+    wait_until(t, "the next daemon's control socket", || {
+        sim_dirs(&base)
+            .into_iter()
+            .find(|(d, _)| *d != live_dir && *d != stranded && d.join("control.sock").exists())
+    });
+    next.signal(libc::SIGTERM);
+    assert!(next.wait(t).success());
+    let what = if queued == 1 {
+        "1 undelivered message".to_string()
+    } else {
+        format!("{queued} undelivered messages")
+    };
+    assert!(said.contains(" WARN "), "{said}");
+    assert!(said.contains(&what), "{said}");
+    assert!(said.contains("gpu_lost"), "{said}");
+    assert!(said.contains("from an earlier --speed run"), "{said}");
+    assert!(said.contains(&stranded.display().to_string()), "{said}");
+    assert!(said.contains("dropped"), "{said}");
+    assert!(!stranded.exists(), "the stranded directory is removed");
+    assert!(
+        live_dir.exists(),
+        "a running daemon's directory was removed"
+    );
+    assert!(open.exists(), "a directory that is not private was removed");
+    let remaining: Vec<_> = sim_dirs(&base).into_iter().map(|(d, _)| d).collect();
+    assert_eq!(
+        remaining,
+        [open.clone(), live_dir.clone()],
+        "its own went at its stop"
+    );
+    let log = next.log_text();
+    assert_eq!(
+        log.matches("from an earlier --speed run").count(),
+        1,
+        "only the stranded directory is reported\n{log}"
+    );
+    drop(live);
+}

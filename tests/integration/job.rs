@@ -136,11 +136,15 @@ fn nccl_error_and_traceback_are_classified() {
     assert_eq!(report["crash_detail"], "KeyError: 3");
 }
 
+/// A job that a signal ended ends gpuwatch by the same signal: its parent's wait sees a death by
+/// that signal (and a shell's `$?` is 128 + n), not an exit code.
 #[test]
 fn signal_exit_is_128_plus_signal() {
+    use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().unwrap();
     let (out, report) = run_sh(dir.path(), "kill -TERM $$", &["--quiet"]);
-    assert_eq!(out.status.code(), Some(143));
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{:?}", out.status);
+    assert_eq!(report["exit_code"], 143);
     assert_eq!(report["exit"]["kind"], "signaled");
     assert_eq!(report["exit"]["signal"], 15);
     assert_eq!(report["crash_class"], "killed_by_signal");
@@ -166,7 +170,8 @@ fn sigkill_from_outside_is_reported() {
     // SAFETY: plain kill(2) of the job we just started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(137));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{:?}", out.status);
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(report["exit"]["signal"], 9);
@@ -204,10 +209,108 @@ fn sigint_is_forwarded_to_the_job_group() {
     // SAFETY: SIGINT to the gpuwatch process we started.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGINT), "{:?}", out.status);
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(report["crash_detail"], "SIGINT forwarded by gpuwatch");
+    assert_eq!(report["exit_code"], 130);
+}
+
+/// Issue 25 §11: `run` asked to stop by a signal forwards it and, once the job died of it, dies
+/// of it too (default disposition restored, re-raised): a shell sees `$?` 143 and a death by
+/// SIGTERM (bash's `kill -l $?`), Python a `returncode` of -15. A job that handles the signal and
+/// exits with a code passes that code on; a job that crashes (SIGSEGV) ends gpuwatch by SIGSEGV
+/// without a core of gpuwatch's.
+#[test]
+fn a_signal_death_reaches_the_parent_as_a_signal_death() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // `gpuwatch run -- JOB` from a shell, which SIGTERMs gpuwatch once the job runs and reports
+    // what its `wait` saw.
+    let shell = |job: &str| -> String {
+        let _ = std::fs::remove_file(&pidfile);
+        let script = "\"$GW\" run --quiet --no-report -- sh -c \"$JOB\" & gw=$!; \
+             while [ ! -s \"$PIDFILE\" ]; do sleep 0.02; done; kill -TERM $gw; wait $gw; s=$?; \
+             sig=; if [ $s -gt 128 ]; then sig=$(kill -l $s); fi; echo \"status=$s signal=$sig\"";
+        let out = Command::new("bash")
+            .args(["-c", script])
+            .env("GW", common::gpuwatch_exe())
+            .env("JOB", job)
+            .env("PIDFILE", &pidfile)
+            .env("HOME", common::test_home())
+            .env_remove("GPUWATCH_CONFIG")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let job = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    assert_eq!(shell(&job), "status=143 signal=TERM");
+    // The job handles SIGTERM and exits 3: that is how it ended.
+    let handled = format!(
+        "trap 'exit 3' TERM; echo $$ > {}; sleep 30 & wait",
+        pidfile.display()
+    );
+    assert_eq!(shell(&handled), "status=3 signal=");
+
+    // What the parent's wait(2) sees: WIFSIGNALED with SIGTERM, no exit code.
+    let _ = std::fs::remove_file(&pidfile);
+    let child = gpuwatch()
+        .args(["run", "--quiet", "--no-report", "--", "sh", "-c", &job])
+        .spawn()
+        .unwrap();
+    wait_for_file(&pidfile);
+    // SAFETY: SIGTERM to the gpuwatch process we started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{:?}", out.status);
+    assert_eq!(out.status.code(), None);
+
+    // The same seen by Python's subprocess.
+    if let Some(python) = common::installed(&["python3"]) {
+        let _ = std::fs::remove_file(&pidfile);
+        let code = "import os, signal, subprocess, sys, time\n\
+                    p = subprocess.Popen([os.environ['GW'], 'run', '--quiet', '--no-report', '--', \
+                    'sh', '-c', os.environ['JOB']])\n\
+                    while not os.path.exists(os.environ['PIDFILE']) or \
+                    not open(os.environ['PIDFILE']).read().strip(): time.sleep(0.02)\n\
+                    p.send_signal(signal.SIGTERM)\n\
+                    print(p.wait())\n";
+        let out = Command::new(python)
+            .args(["-c", code])
+            .env("GW", common::gpuwatch_exe())
+            .env("JOB", &job)
+            .env("PIDFILE", &pidfile)
+            .env("HOME", common::test_home())
+            .env_remove("GPUWATCH_CONFIG")
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "-15",
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // A crash of the job: gpuwatch dies of the same signal, without dumping a core itself.
+    let out = gpuwatch()
+        .args([
+            "run",
+            "--quiet",
+            "--no-report",
+            "--",
+            "sh",
+            "-c",
+            "kill -SEGV $$",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{:?}", out.status);
+    assert!(!out.status.core_dumped(), "gpuwatch dumped a core");
 }
 
 #[test]

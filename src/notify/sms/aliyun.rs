@@ -7,6 +7,12 @@
 //! base64(HMAC-SHA1(key = AccessKeySecret + "&", StringToSign))`. `SignatureNonce` is fresh per
 //! send (Aliyun rejects a reused one). The text goes into the template variable
 //! `template_variable` (default `content`) of `template_code`; all recipients in one request.
+//! Aliyun refuses a variable longer than its limit — 35 characters by default for a notification
+//! template ("单个模板变量的长度可以超过默认的 35 字符上限" once the limit is lifted, and a whole
+//! message of signature, template and variables at most 500 characters: Alibaba Cloud help,
+//! "长变量短信发送与字符限制是什么?", help.aliyun.com/zh/document_detail/3041859.html) — so the
+//! text is cut to `template_variable_max_chars` (default [`DEFAULT_VARIABLE_CHARS`]; at most
+//! [`MAX_VARIABLE_CHARS`] for a template whose limit Aliyun lifted), ending in `…`.
 //! Aliyun answers JSON with `Code == "OK"`; `isv.BUSINESS_LIMIT_CONTROL` and `Throttling.*` are
 //! its rate limits (retried).
 
@@ -17,7 +23,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{check_numbers, short_text};
+use super::{check_numbers, fit_chars, short_line};
 use crate::notify::channel::{
     body_error, check_url, judge_status, percent_encode, Channel, HttpRequest, Method, RenderEnv,
     Request, Response, Section, SectionError,
@@ -28,6 +34,12 @@ use crate::notify::Notification;
 
 /// The public endpoint.
 pub const API_URL: &str = "https://dysmsapi.aliyuncs.com/";
+
+/// Aliyun's default limit on one template variable of a notification template, in characters.
+pub const DEFAULT_VARIABLE_CHARS: usize = 35;
+/// The most one variable can hold once Aliyun lifted the limit: a whole message (signature,
+/// template text and variables) is at most 500 characters.
+pub const MAX_VARIABLE_CHARS: usize = 500;
 
 /// `[[channel]] type = "sms"`, `provider = "aliyun"` keys.
 #[derive(Debug, Deserialize)]
@@ -49,6 +61,8 @@ struct AliyunSection {
     template_code: Option<String>,
     /// The template variable that receives the text (default `content`).
     template_variable: Option<String>,
+    /// The most characters the variable may hold (default 35, Aliyun's default limit).
+    template_variable_max_chars: Option<usize>,
     /// Recipients.
     #[serde(default)]
     to: Vec<String>,
@@ -63,6 +77,8 @@ pub struct Aliyun {
     sign_name: String,
     template_code: String,
     template_variable: String,
+    /// The most characters of text the variable gets.
+    variable_max_chars: usize,
     to: Vec<String>,
 }
 
@@ -87,6 +103,17 @@ impl Aliyun {
         let sign_name = c.sign_name.ok_or("`sign_name` is required")?;
         let template_code = c.template_code.ok_or("`template_code` is required")?;
         check_numbers(&c.to)?;
+        let variable_max_chars = c
+            .template_variable_max_chars
+            .unwrap_or(DEFAULT_VARIABLE_CHARS);
+        if !(1..=MAX_VARIABLE_CHARS).contains(&variable_max_chars) {
+            return Err(format!(
+                "`template_variable_max_chars` = {variable_max_chars}: must be 1 to \
+                 {MAX_VARIABLE_CHARS} (Aliyun's default limit is {DEFAULT_VARIABLE_CHARS}; a whole \
+                 message is at most {MAX_VARIABLE_CHARS} characters)"
+            )
+            .into());
+        }
         Ok(Aliyun {
             url,
             access_key_id,
@@ -94,6 +121,7 @@ impl Aliyun {
             sign_name,
             template_code,
             template_variable: c.template_variable.unwrap_or_else(|| "content".into()),
+            variable_max_chars,
             to: c.to,
         })
     }
@@ -140,7 +168,7 @@ impl Channel for Aliyun {
         let mut template_param = serde_json::Map::new();
         template_param.insert(
             self.template_variable.clone(),
-            Value::String(short_text(n)),
+            Value::String(fit_chars(&short_line(n), self.variable_max_chars)),
         );
         let params: BTreeMap<&str, String> = [
             ("AccessKeyId", self.access_key_id.expose().to_string()),
@@ -163,10 +191,8 @@ impl Channel for Aliyun {
         let signature = sign("POST", &canonical, self.access_key_secret.expose());
         let body = format!("{canonical}&Signature={}", percent_encode(&signature));
         Ok(vec![Request::Http(
-            HttpRequest::new(Method::Post, Secret::new(&self.url), &n.id).body(
-                "application/x-www-form-urlencoded",
-                body.into_bytes(),
-            ),
+            HttpRequest::new(Method::Post, Secret::new(&self.url), &n.id)
+                .body("application/x-www-form-urlencoded", body.into_bytes()),
         )])
     }
 
@@ -221,17 +247,130 @@ mod tests {
         );
     }
 
-    #[test]
-    fn judges_code() {
-        let a = Aliyun {
+    fn aliyun(max: usize) -> Aliyun {
+        Aliyun {
             url: API_URL.into(),
             access_key_id: Secret::new("id"),
             access_key_secret: Secret::new("s"),
             sign_name: "s".into(),
             template_code: "t".into(),
             template_variable: "content".into(),
-            to: vec!["1".into()],
+            variable_max_chars: max,
+            to: vec!["13800000000".into()],
+        }
+    }
+
+    /// The template variable's value in a rendered request.
+    fn variable(a: &Aliyun, n: &Notification) -> String {
+        let env = RenderEnv {
+            now_ms: 0,
+            nonce: "n".into(),
         };
+        let reqs = a.render(n, &env).unwrap();
+        let Request::Http(r) = &reqs[0] else {
+            panic!("http")
+        };
+        let body = String::from_utf8(r.body.clone()).unwrap();
+        let raw = body
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("TemplateParam="))
+            .unwrap();
+        let mut bytes = Vec::new();
+        let mut it = raw.bytes();
+        while let Some(b) = it.next() {
+            if b == b'%' {
+                let hex: String = [it.next().unwrap(), it.next().unwrap()]
+                    .iter()
+                    .map(|&c| c as char)
+                    .collect();
+                bytes.push(u8::from_str_radix(&hex, 16).unwrap());
+            } else {
+                bytes.push(b);
+            }
+        }
+        let json: Value = serde_json::from_slice(&bytes).unwrap();
+        json["content"].as_str().unwrap().to_string()
+    }
+
+    /// Issue 25 §11: the text is cut to Aliyun's limit for one template variable (35 characters
+    /// by default, Chinese characters counting one each), or to the configured one.
+    #[test]
+    fn the_text_fits_the_template_variable_limit() {
+        use crate::model::AlertStatus;
+        use crate::notify::testdata::{alert, notification};
+        let n = notification(vec![
+            alert(1, AlertStatus::Firing),
+            alert(2, AlertStatus::Firing),
+        ]);
+        let v = variable(&aliyun(DEFAULT_VARIABLE_CHARS), &n);
+        assert_eq!(v.chars().count(), 35, "{v}");
+        assert!(v.starts_with("[CRIT] node7: XidCritical GPU 1"), "{v}");
+        assert!(v.ends_with('…'), "{v}");
+        let mut n = n;
+        n.hostname = "训练节点七".into();
+        n.alerts[0].annotations.insert(
+            "summary".into(),
+            "显卡掉线，请立即排查并重启节点。".repeat(5),
+        );
+        let v = variable(&aliyun(DEFAULT_VARIABLE_CHARS), &n);
+        assert!(v.chars().count() <= 35, "{v}");
+        assert!(v.starts_with("[CRIT] 训练节点七: XidCritical"), "{v}");
+        // A template whose limit Aliyun lifted gets the whole line, up to the configured length.
+        let v = variable(&aliyun(500), &n);
+        assert!(v.chars().count() > 70 && v.chars().count() <= 500, "{v}");
+        assert!(v.ends_with("重启节点。"), "{v}");
+        let short = notification(vec![alert(1, AlertStatus::Resolved)]);
+        let mut short = short;
+        short.alerts[0]
+            .annotations
+            .insert("summary".into(), "ok".into());
+        assert_eq!(
+            variable(&aliyun(DEFAULT_VARIABLE_CHARS), &short),
+            "[OK] node7: XidCritical GPU 1 - ok"
+        );
+    }
+
+    /// `template_variable_max_chars` is 1 to 500.
+    #[test]
+    fn the_variable_limit_is_checked() {
+        use crate::notify::settings::{
+            ChannelSection, NotifyConfig, NotifySection, NotifySettings,
+        };
+        #[derive(serde::Deserialize)]
+        struct Doc {
+            channel: Vec<ChannelSection>,
+        }
+        let load = |extra: &str| {
+            let text = format!(
+                "[[channel]]\nname = \"sms\"\ntype = \"sms\"\nprovider = \"aliyun\"\n\
+                 access_key_id = \"id\"\naccess_key_secret = \"s\"\nsign_name = \"s\"\n\
+                 template_code = \"SMS_1\"\nto = [\"13800000000\"]\n{extra}"
+            );
+            let doc: Doc = toml::from_str(&text).unwrap();
+            NotifySettings::from_config(&NotifyConfig {
+                notify: &NotifySection::default(),
+                channels: &doc.channel,
+                routes: &[],
+                hostname: "h",
+                base_dir: std::path::Path::new("."),
+                path: std::path::Path::new("c.toml"),
+                text: &text,
+            })
+            .map(|_| ())
+            .map_err(|e| format!("{e:#}"))
+        };
+        assert!(load("").is_ok());
+        assert!(load("template_variable_max_chars = 120\n").is_ok());
+        for bad in ["0", "501"] {
+            let err = load(&format!("template_variable_max_chars = {bad}\n")).unwrap_err();
+            assert!(err.contains("`template_variable_max_chars` = "), "{err}");
+            assert!(err.contains("must be 1 to 500"), "{err}");
+        }
+    }
+
+    #[test]
+    fn judges_code() {
+        let a = aliyun(DEFAULT_VARIABLE_CHARS);
         let r = |body: &str| Response {
             status: 200,
             retry_after: None,
@@ -242,7 +381,9 @@ mod tests {
             .judge(&r(r#"{"Code":"isv.BUSINESS_LIMIT_CONTROL"}"#))
             .unwrap_err();
         assert!(e.retryable);
-        let e = a.judge(&r(r#"{"Code":"isv.SMS_SIGNATURE_ILLEGAL"}"#)).unwrap_err();
+        let e = a
+            .judge(&r(r#"{"Code":"isv.SMS_SIGNATURE_ILLEGAL"}"#))
+            .unwrap_err();
         assert!(!e.retryable && e.message.contains("isv.SMS_SIGNATURE_ILLEGAL"));
     }
 }
