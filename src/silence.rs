@@ -445,6 +445,10 @@ struct Journal {
     entries: usize,
     /// Its length in bytes: a write that fails half-way is cut back to it.
     len: u64,
+    /// After a fold that failed: no new try before the journal holds this many entries (twice
+    /// as many as then), so a broken `silences.json` does not make every change rewrite the
+    /// whole list.
+    retry_at: usize,
 }
 
 /// One journal line (written).
@@ -532,17 +536,35 @@ impl Journal {
 
 impl Silences {
     /// Loads `state_dir/silences.json` and replays `state_dir/silences.journal` onto it (none
-    /// when neither exists). An unreadable file, or a journal line that is not an entry, is an
-    /// error naming it; a last line cut short (a crash while it was written: never acknowledged)
-    /// is dropped.
+    /// when neither exists). A file that cannot be read is an error naming it. Damage is not:
+    /// a `silences.json` that does not parse is moved aside to `silences.json.damaged`, a journal
+    /// line that is not an entry is skipped (the journal is copied to
+    /// `silences.journal.damaged` first), each said in the log naming the file and line, and the
+    /// rest is loaded and kept durable — one bad byte lost every silence, and the silences added
+    /// after it were acknowledged but kept in memory only. A last line cut short (a crash while
+    /// it was written: never acknowledged) is dropped.
     pub fn load(state_dir: &Path) -> anyhow::Result<Silences> {
         let path = state_dir.join("silences.json");
         let list = match std::fs::read(&path) {
-            Ok(bytes) => {
-                let f: File = serde_json::from_slice(&bytes)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-                f.silences
-            }
+            Ok(bytes) => match serde_json::from_slice::<File>(&bytes) {
+                Ok(f) => f.silences,
+                Err(e) => {
+                    let aside = state_dir.join("silences.json.damaged");
+                    std::fs::rename(&path, &aside).map_err(|r| {
+                        anyhow::anyhow!(
+                            "{}: {e}; it cannot be moved aside to {}: {r}",
+                            path.display(),
+                            aside.display()
+                        )
+                    })?;
+                    tracing::warn!(
+                        "{}: {e}; moved aside to {} (its silences are not in force)",
+                        path.display(),
+                        aside.display()
+                    );
+                    Vec::new()
+                }
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(anyhow::anyhow!("{}: {e}", path.display())),
         };
@@ -563,6 +585,7 @@ impl Silences {
         };
         let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
         let mut entries = 0;
+        let mut damaged = false;
         for (n, line) in bytes
             .get(..whole)
             .unwrap_or_default()
@@ -572,8 +595,32 @@ impl Silences {
             if line.is_empty() {
                 continue;
             }
-            let entry: Entry = serde_json::from_slice(line)
-                .map_err(|e| anyhow::anyhow!("{}:{}: {e}", journal_path.display(), n + 1))?;
+            let entry: Entry = match serde_json::from_slice(line) {
+                Ok(entry) => entry,
+                Err(e) => {
+                    let aside = state_dir.join("silences.journal.damaged");
+                    if !damaged {
+                        damaged = true;
+                        std::fs::write(&aside, &bytes).map_err(|w| {
+                            anyhow::anyhow!(
+                                "{}:{}: {e}; it cannot be copied to {}: {w}",
+                                journal_path.display(),
+                                n + 1,
+                                aside.display()
+                            )
+                        })?;
+                    }
+                    tracing::warn!(
+                        "{}:{}: {e}; the line is skipped (the journal is copied to {})",
+                        journal_path.display(),
+                        n + 1,
+                        aside.display()
+                    );
+                    // Counted: the fold that drops it is due like any other.
+                    entries += 1;
+                    continue;
+                }
+            };
             entries += 1;
             match entry {
                 Entry::Add(s) => {
@@ -596,6 +643,7 @@ impl Silences {
             file: None,
             entries,
             len: whole as u64,
+            retry_at: 0,
         };
         if whole < bytes.len() {
             // A torn last line: cut it off so that the next entry starts on a line of its own.
@@ -637,11 +685,19 @@ impl Silences {
 
     /// Folds the journal into `silences.json` once it is as long as the list (or 256 entries).
     fn maybe_compact(&mut self) {
-        let entries = self.journal.as_ref().map_or(0, |j| j.entries);
-        if entries > COMPACT_MIN_ENTRIES.max(self.list.len()) {
+        let (entries, retry_at) = self
+            .journal
+            .as_ref()
+            .map_or((0, 0), |j| (j.entries, j.retry_at));
+        if entries > COMPACT_MIN_ENTRIES.max(self.list.len()).max(retry_at) {
             if let Err(e) = self.compact() {
                 // The journal still holds every change: nothing is lost, it only grows.
                 tracing::warn!("silences: {e:#}");
+                if let Some(j) = &mut self.journal {
+                    j.retry_at = 2 * j.entries;
+                }
+            } else if let Some(j) = &mut self.journal {
+                j.retry_at = 0;
             }
         }
     }
@@ -1077,8 +1133,7 @@ mod tests {
     }
 
     /// A crash while a line was written leaves it cut short: it was never acknowledged, so the
-    /// load drops it, and the next add starts on a line of its own. A damaged line inside the
-    /// journal is an error naming the file and line.
+    /// load drops it, and the next add starts on a line of its own.
     #[test]
     fn a_torn_last_journal_line_is_dropped() {
         use std::io::Write as _;
@@ -1098,10 +1153,86 @@ mod tests {
         let s = Silences::load(dir.path()).unwrap();
         assert_eq!(s.list().len(), 2);
         assert_eq!(journal_lines(dir.path()), 2);
+    }
 
-        std::fs::write(&path, b"{\"add\":{}}\nnonsense\n").unwrap();
-        let e = Silences::load(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("silences.journal:1:"), "{e}");
+    /// Issue 25, fourth round: one damaged journal line (a bad block, a stray write) made the
+    /// whole load fail, so the daemon started without any silence — those of `silences.json`
+    /// too — and kept the ones added after in memory only (acknowledged, gone at the next
+    /// restart, and again at every restart after). A damaged line is skipped and the journal
+    /// kept aside; a damaged `silences.json` is moved aside; the rest is loaded and stays
+    /// durable.
+    #[test]
+    fn a_damaged_journal_line_or_list_is_kept_aside_and_the_rest_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Silences::load(dir.path()).unwrap();
+        let ids: Vec<String> = (0..3).map(|n| s.add(silence(n, 1000)).unwrap()).collect();
+        drop(s);
+        let path = dir.path().join("silences.journal");
+        let text = std::fs::read(&path).unwrap();
+        let mut lines: Vec<&[u8]> = text.split(|b| *b == b'\n').collect();
+        lines[1] = b"\x00\xff{\"add\":{}}";
+        let damaged = lines.join(&b'\n');
+        std::fs::write(&path, &damaged).unwrap();
+        let mut s = Silences::load(dir.path()).unwrap();
+        let loaded: Vec<&str> = s.list().iter().map(|x| x.id.as_str()).collect();
+        assert_eq!(loaded, [ids[0].as_str(), ids[2].as_str()]);
+        assert_eq!(
+            std::fs::read(dir.path().join("silences.journal.damaged")).unwrap(),
+            damaged,
+            "the journal as it was, kept aside"
+        );
+        let added = s.add(silence(7, 2000)).unwrap();
+        drop(s);
+        let s = Silences::load(dir.path()).unwrap();
+        assert_eq!(s.list().len(), 3, "an add after the damage is durable");
+        assert!(s.ids.contains(&added));
+
+        // The list itself damaged: moved aside, the journal still replayed, adds durable.
+        let mut s = s;
+        s.compact().unwrap();
+        let list = dir.path().join("silences.json");
+        std::fs::write(&list, b"{\"silences\":[{\"id\":").unwrap();
+        std::fs::write(&path, b"").unwrap();
+        let mut s = Silences::load(dir.path()).unwrap();
+        assert!(s.list().is_empty());
+        assert_eq!(
+            std::fs::read(dir.path().join("silences.json.damaged")).unwrap(),
+            b"{\"silences\":[{\"id\":"
+        );
+        s.add(silence(8, 3000)).unwrap();
+        drop(s);
+        assert_eq!(Silences::load(dir.path()).unwrap().list().len(), 1);
+    }
+
+    /// A fold that fails (here `silences.json` is a directory) is not tried again at every
+    /// change: only once the journal has doubled. Nothing is lost meanwhile.
+    #[test]
+    fn a_failed_fold_waits_for_the_journal_to_double() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = Silences::load(dir.path()).unwrap();
+        std::fs::create_dir(dir.path().join("silences.json")).unwrap();
+        let mut ids = Vec::new();
+        for n in 0..200 {
+            ids.push(set.add(silence(n, 1_000)).unwrap());
+        }
+        for id in &ids[..100] {
+            assert!(set.expire(id, 2_000).unwrap());
+        }
+        // 300 entries for 200 silences: the fold was tried at 257 and failed.
+        let j = set.journal.as_ref().unwrap();
+        assert_eq!(j.entries, 300);
+        assert_eq!(j.retry_at, 2 * 257);
+        for id in &ids[100..150] {
+            assert!(set.expire(id, 2_000).unwrap());
+        }
+        assert_eq!(
+            set.journal.as_ref().unwrap().retry_at,
+            2 * 257,
+            "not tried again"
+        );
+        std::fs::remove_dir(dir.path().join("silences.json")).unwrap();
+        let back = Silences::load(dir.path()).unwrap();
+        assert_eq!(back.list().len(), 200, "the journal kept every change");
     }
 
     /// A set that stays quiet is folded into `silences.json` (what an older gpuwatch reads) by

@@ -3,6 +3,7 @@
 //! one line and exit 2: a malformed matcher (with its column), an unknown silence id, no daemon
 //! on the socket (naming the path tried), a socket the user may not open.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -87,11 +88,19 @@ fn socket(at: &Where) -> anyhow::Result<PathBuf> {
     Ok(config.state_dir().join("control.sock"))
 }
 
-fn run_ask(at: &Where, request: &Value, show: impl FnOnce(&Value)) -> anyhow::Result<i32> {
+/// Asks the daemon and shows the answer with `show` on standard output (buffered; a closed
+/// pipe, as in `gpuwatch silence list | head`, ends the command quietly).
+fn run_ask(
+    at: &Where,
+    request: &Value,
+    show: impl FnOnce(&Value, &mut dyn std::io::Write) -> std::io::Result<()>,
+) -> anyhow::Result<i32> {
     let path = socket(at)?;
     match crate::daemon::control::ask(&path, request) {
         Ok(v) => {
-            show(&v);
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            show(&v, &mut out)?;
+            std::io::Write::flush(&mut out)?;
             Ok(0)
         }
         Err(line) => {
@@ -103,14 +112,14 @@ fn run_ask(at: &Where, request: &Value, show: impl FnOnce(&Value)) -> anyhow::Re
 
 /// Runs `alerts`.
 pub fn alerts(_global: &GlobalArgs, args: &AlertsArgs) -> anyhow::Result<i32> {
-    run_ask(&args.at, &json!({"ask": "alerts"}), |v| {
+    run_ask(&args.at, &json!({"ask": "alerts"}), |v, out| {
         if args.json {
-            println!("{}", v["alerts"]);
-            return;
+            writeln!(out, "{}", v["alerts"])?;
+            return Ok(());
         }
         let list = v["alerts"].as_array().cloned().unwrap_or_default();
         if list.is_empty() {
-            println!("no alerts pending or firing");
+            writeln!(out, "no alerts pending or firing")?;
         }
         for a in list {
             let gpu = a["gpu"]
@@ -119,7 +128,8 @@ pub fn alerts(_global: &GlobalArgs, args: &AlertsArgs) -> anyhow::Result<i32> {
             let silenced = a["silenced_by"]
                 .as_str()
                 .map_or_else(String::new, |id| format!("  [silenced by {id}]"));
-            println!(
+            writeln!(
+                out,
                 "{:<8} {:<20} {gpu:<6} {:<8} since {}  {}{}",
                 a["state"].as_str().unwrap_or(""),
                 escape_control(a["alert"].as_str().unwrap_or("")),
@@ -127,8 +137,9 @@ pub fn alerts(_global: &GlobalArgs, args: &AlertsArgs) -> anyhow::Result<i32> {
                 a["since"].as_str().unwrap_or(""),
                 escape_control(a["summary"].as_str().unwrap_or("")),
                 escape_control(&silenced)
-            );
+            )?;
         }
+        Ok(())
     })
 }
 
@@ -180,20 +191,20 @@ pub fn silence(_global: &GlobalArgs, args: &SilenceArgs) -> anyhow::Result<i32> 
                 "until_pid": until_job,
                 "until_start": until_start,
             });
-            run_ask(at, &request, |v| {
-                println!("{}", v["id"].as_str().unwrap_or(""));
+            run_ask(at, &request, |v, out| {
+                writeln!(out, "{}", v["id"].as_str().unwrap_or(""))
             })
         }
         SilenceCmd::List { at, json: as_json } => {
-            run_ask(at, &json!({"ask": "silence_list"}), |v| {
+            run_ask(at, &json!({"ask": "silence_list"}), |v, out| {
                 if *as_json {
-                    println!("{}", v["silences"]);
-                    return;
+                    writeln!(out, "{}", v["silences"])?;
+                    return Ok(());
                 }
                 let now = v["now_ms"].as_i64().unwrap_or(0);
                 let list = v["silences"].as_array().cloned().unwrap_or_default();
                 if list.is_empty() {
-                    println!("no silences");
+                    writeln!(out, "no silences")?;
                 }
                 for s in list {
                     let ends = s["ends_ms"].as_i64().unwrap_or(0);
@@ -209,19 +220,21 @@ pub fn silence(_global: &GlobalArgs, args: &SilenceArgs) -> anyhow::Result<i32> 
                         .as_u64()
                         .map_or_else(String::new, |p| format!(" until job {p} ends"));
                     // Comments and matcher values are anyone's text: no terminal escapes.
-                    println!(
+                    writeln!(
+                        out,
                         "{} {state:<7} until {}{job}  {}  {}",
                         escape_control(s["id"].as_str().unwrap_or("")),
                         crate::trace::format_time_ms(ends),
                         escape_control(&matchers.join(",")),
                         escape_control(s["comment"].as_str().unwrap_or(""))
-                    );
+                    )?;
                 }
+                Ok(())
             })
         }
         SilenceCmd::Expire { at, id } => {
-            run_ask(at, &json!({"ask": "silence_expire", "id": id}), |_| {
-                println!("silence {id} expired");
+            run_ask(at, &json!({"ask": "silence_expire", "id": id}), |_, out| {
+                writeln!(out, "silence {id} expired")
             })
         }
     }
@@ -229,8 +242,11 @@ pub fn silence(_global: &GlobalArgs, args: &SilenceArgs) -> anyhow::Result<i32> 
 
 /// Runs `reload`: the daemon re-reads its configuration and rules (as SIGHUP does).
 pub fn reload(_global: &GlobalArgs, args: &Where) -> anyhow::Result<i32> {
-    run_ask(args, &json!({"ask": "reload"}), |_| {
-        println!("reloaded (a broken edit keeps the running configuration; see the daemon's log)");
+    run_ask(args, &json!({"ask": "reload"}), |_, out| {
+        writeln!(
+            out,
+            "reloaded (a broken edit keeps the running configuration; see the daemon's log)"
+        )
     })
 }
 

@@ -7,13 +7,16 @@
 //! * `{"ask":"silence_list"}`, `{"ask":"silence_expire","id":"…"}`;
 //! * `{"ask":"reload"}` (as SIGHUP).
 //!
-//! The loop answers with the bytes to write ([`reply`]): an answer is serialized once, straight
-//! from the data it lists (`silence_list` borrows the silences), never built as a JSON value tree
-//! first.
+//! The loop answers with an [`Answer`]: the bytes to write ([`reply`]), serialized once, straight
+//! from the data it lists, never built as a JSON value tree first — or, for `silence_list`, a
+//! snapshot of the silences (O(1)) that the client's own thread serializes into the socket as it
+//! is read: 20,000 silences with long comments are 24 MB of JSON and a second of a debug build's
+//! time, which must be neither the loop's time (it evaluates the rules) nor 24 MB per client.
 //!
 //! At most [`MAX_CLIENTS`] requests are served at once (more are answered "busy" at once), each
-//! must arrive whole within [`REQUEST_DEADLINE`] and is at most 64 KiB: clients that connect and
-//! trickle bytes cannot pile up threads or memory.
+//! must arrive whole within [`REQUEST_DEADLINE`] and is at most 64 KiB, and its answer must be
+//! read within [`ANSWER_DEADLINE`] in all: clients that connect and trickle bytes, or read a big
+//! answer a little at a time, cannot pile up threads or memory nor keep a client's place.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
@@ -96,6 +99,81 @@ pub fn start(
 pub const MAX_CLIENTS: usize = 16;
 /// A request must arrive whole within this (a client that trickles bytes is cut off).
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+/// An answer must be read whole within this, counted from the first byte written (a client that
+/// reads a big answer a byte now and then is cut off: it held its place for as long as it kept
+/// reading).
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The loop's answer to a request.
+pub enum Answer {
+    /// The bytes to write (one JSON document, without the newline): [`reply`].
+    Bytes(Vec<u8>),
+    /// `silence_list`: `{"ok":true,"now_ms":…,"silences":[…]}`, serialized by the client's
+    /// thread straight into the socket from this snapshot of the silences.
+    Silences {
+        now_ms: i64,
+        list: std::sync::Arc<Vec<crate::silence::Silence>>,
+    },
+}
+
+impl From<Vec<u8>> for Answer {
+    fn from(bytes: Vec<u8>) -> Answer {
+        Answer::Bytes(bytes)
+    }
+}
+
+/// The `silence_list` answer, borrowing the silences.
+#[derive(serde::Serialize)]
+struct List<'a> {
+    ok: bool,
+    now_ms: i64,
+    silences: &'a [crate::silence::Silence],
+}
+
+impl Answer {
+    /// Writes the answer and its newline to `out`.
+    fn write_to(&self, out: impl std::io::Write) -> std::io::Result<()> {
+        // 64 KiB at a time, not a write per JSON token.
+        let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
+        match self {
+            Answer::Bytes(bytes) => out.write_all(bytes)?,
+            Answer::Silences { now_ms, list } => serde_json::to_writer(
+                &mut out,
+                &List {
+                    ok: true,
+                    now_ms: *now_ms,
+                    silences: list,
+                },
+            )
+            .map_err(std::io::Error::other)?,
+        }
+        out.write_all(b"\n")?;
+        out.flush()
+    }
+}
+
+/// A socket written to until a deadline: each write waits at most for what is left of it.
+struct Deadlined<'a> {
+    stream: &'a std::os::unix::net::UnixStream,
+    deadline: std::time::Instant,
+}
+
+impl std::io::Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let left = self
+            .deadline
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_write_timeout(Some(left))?;
+        (&mut &*self.stream).write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// A client's place among the [`MAX_CLIENTS`], given back when its thread ends.
 struct Slot(std::sync::Arc<std::sync::atomic::AtomicUsize>);
@@ -187,10 +265,8 @@ fn serve(mut stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>)
     let Some(bytes) = read_request(&mut stream) else {
         return;
     };
-    let mut writer = stream;
-    let _ = writer.set_write_timeout(Some(Duration::from_secs(10)));
     // Invalid UTF-8 is answered, not dropped without a word.
-    let mut answer = match std::str::from_utf8(&bytes)
+    let answer: Answer = match std::str::from_utf8(&bytes)
         .map_err(|e| format!("the request is not UTF-8 ({e})"))
         .and_then(|line| {
             serde_json::from_str::<serde_json::Value>(line)
@@ -205,20 +281,21 @@ fn serve(mut stream: std::os::unix::net::UnixStream, tx: &mpsc::Sender<Control>)
             }
             let (reply_tx, reply_rx) = mpsc::channel();
             if tx.send(Control::Ask(ask, reply_tx)).is_err() {
-                reply(&serde_json::json!({"ok": false, "error": "the daemon is stopping"}))
+                reply(&serde_json::json!({"ok": false, "error": "the daemon is stopping"})).into()
             } else {
                 reply_rx
                     .recv_timeout(Duration::from_secs(10))
                     .unwrap_or_else(|_| {
-                        reply(&serde_json::json!({"ok": false, "error": "the daemon did not answer in 10 s"}))
+                        reply(&serde_json::json!({"ok": false, "error": "the daemon did not answer in 10 s"})).into()
                     })
             }
         }
-        Err(e) => reply(&serde_json::json!({"ok": false, "error": e})),
+        Err(e) => reply(&serde_json::json!({"ok": false, "error": e})).into(),
     };
-    // One buffer, written whole (not a write per JSON token).
-    answer.push(b'\n');
-    let _ = writer.write_all(&answer);
+    let _ = answer.write_to(Deadlined {
+        stream: &stream,
+        deadline: std::time::Instant::now() + ANSWER_DEADLINE,
+    });
 }
 
 /// Sends `ask`, returns the answer; `Err(line)` is the one line to print.
@@ -245,11 +322,15 @@ pub fn ask_within(
     })?;
     let _ = s.set_read_timeout(Some(timeout));
     let _ = s.set_write_timeout(Some(timeout));
-    writeln!(s, "{ask}").map_err(|e| format!("{}: {e}", path.display()))?;
+    // A daemon at its client limit answers "busy" and closes without reading the request: the
+    // write then fails (EPIPE) with the answer already waiting to be read.
+    let sent = writeln!(s, "{ask}");
     let mut line = String::new();
-    BufReader::new(s)
-        .read_line(&mut line)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let read = BufReader::new(s).read_line(&mut line);
+    if line.is_empty() {
+        sent.and(read.map(drop))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     let v: serde_json::Value =
         serde_json::from_str(&line).map_err(|_| format!("{}: no answer", path.display()))?;
     if v["ok"] == true {

@@ -83,9 +83,33 @@ impl JobStatus {
     }
 }
 
+/// The largest status file read (its command line is at most the kernel's argument limit).
+const MAX_STATUS_BYTES: u64 = 4 << 20;
+
+/// A status file's bytes: a regular file of at most [`MAX_STATUS_BYTES`], not followed through a
+/// link (`run` writes regular files). Anything else in the directory is not read: a FIFO named
+/// `N.json` blocked `top` and every later `run` for ever, and a link to `/dev/zero` filled
+/// memory.
+fn read_status(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_STATUS_BYTES {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_STATUS_BYTES + 1).read_to_end(&mut bytes).ok()?;
+    (bytes.len() as u64 <= MAX_STATUS_BYTES).then_some(bytes)
+}
+
 /// Removes `path` if it still holds `bytes` (a `run` may have just written it for a new job).
 fn remove_stale(path: &Path, bytes: &[u8]) {
-    if std::fs::read(path).is_ok_and(|now| now == bytes) {
+    if read_status(path).is_some_and(|now| now == bytes) {
         if let Err(e) = std::fs::remove_file(path) {
             tracing::debug!("stale job status {}: {e}", path.display());
         }
@@ -104,7 +128,7 @@ pub fn live_jobs(dir: &Path) -> Vec<JobStatus> {
         if path.extension().is_none_or(|x| x != "json") {
             continue;
         }
-        let Ok(bytes) = std::fs::read(&path) else {
+        let Some(bytes) = read_status(&path) else {
             continue;
         };
         let Ok(job) = serde_json::from_slice::<JobStatus>(&bytes) else {
@@ -185,5 +209,51 @@ mod tests {
         child.wait().unwrap();
         assert!(live_jobs(dir.path()).iter().all(|j| j.pid != pid));
         assert!(!JobStatus::path(dir.path(), pid).exists());
+    }
+
+    /// Issue 25, fourth round: what is not a regular status file is not read — a FIFO named
+    /// like one blocked `top` and every later `run` (their sweep) for ever, a link to
+    /// `/dev/zero` read until memory ran out; a link to a stale file is not followed (nor its
+    /// target removed), a directory is skipped.
+    #[test]
+    fn only_regular_status_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = std::ffi::CString::new(
+            dir.path()
+                .join("1.json")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("2.json")).unwrap();
+        std::fs::create_dir(dir.path().join("3.json")).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let stale = elsewhere.path().join("4.json");
+        write(
+            elsewhere.path(),
+            "4.json",
+            &status(u32::MAX - 1, Some(1), None),
+        );
+        std::os::unix::fs::symlink(&stale, dir.path().join("4.json")).unwrap();
+        let me = std::process::id();
+        let live = status(me, crate::sys::live_start_ticks(me), None);
+        write(dir.path(), "5.json", &live);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = dir.path().to_path_buf();
+        std::thread::spawn(move || tx.send(live_jobs(&path)));
+        let jobs = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("live_jobs returned");
+        assert_eq!(jobs, vec![live]);
+        assert!(stale.exists(), "a link's target is not removed");
+        // A file too large to be a status file.
+        let big = dir.path().join("6.json");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_STATUS_BYTES + 1)
+            .unwrap();
+        assert_eq!(read_status(&big), None);
     }
 }

@@ -716,3 +716,178 @@ fn a_burst_of_silence_adds_stays_small_and_keeps_alerts_on_time() {
         "the restarted daemon grew to {hwm2} KiB (VmHWM) listing {ADDS} silences ({hwm_one} KiB after one list)"
     );
 }
+
+/// Writes `n` silences with 1 KiB comments to `state/silences.json` (a list of 24 MB of JSON),
+/// as a daemon that took `n` adds would have left it.
+fn many_long_silences(state: &Path, n: usize) {
+    std::fs::create_dir_all(state).expect("state dir");
+    std::fs::set_permissions(state, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let now = (wall_s() * 1000.0) as i64;
+    let silences: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "id": format!("{i:016x}"),
+                "matchers": [{"name": "gpu", "op": "Eq", "value": i.to_string()}],
+                "starts_ms": now,
+                "ends_ms": now + 86_400_000,
+                "comment": "x".repeat(1024),
+                "created_by": "root",
+            })
+        })
+        .collect();
+    let json = serde_json::to_vec(&serde_json::json!({ "silences": silences })).expect("json");
+    std::fs::write(state.join("silences.json"), json).expect("silences.json");
+}
+
+/// Issue 25, fourth round: `silence list` of 20,000 silences with 1 KiB comments is 24 MB of
+/// JSON. It was serialized on the daemon's loop (a second each in a debug build: 8 lists at
+/// once kept an `alerts` asked after them waiting ~8 s, and the rules waiting as long) into a
+/// 24 MB buffer per client (16 slow readers: +350 MB), and a client reading it a little at a time
+/// kept its place as long as it kept reading (16 of them: every other request "busy" for
+/// minutes). Now each client's thread serializes a snapshot into the socket and the answer must
+/// be read within `ANSWER_DEADLINE` (10 s).
+#[test]
+fn a_big_silence_list_neither_stalls_the_loop_nor_holds_the_socket() {
+    use std::io::{Read as _, Write as _};
+    const N: usize = 20_000;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    let state = tmp.path().join("state");
+    many_long_silences(&state, N);
+    let sock = state.join("control.sock");
+    let d = daemon("healthy", &cfg, &tmp.path().join("log"), &[]);
+    let alerts = || gpuwatch::daemon::control::ask(&sock, &serde_json::json!({"ask": "alerts"}));
+    wait_until(Duration::from_secs(30), "the control socket", || {
+        alerts().ok()
+    });
+    let ask_list = |sock: &Path| {
+        let mut s = std::os::unix::net::UnixStream::connect(sock).expect("connect");
+        s.write_all(b"{\"ask\":\"silence_list\"}\n").expect("ask");
+        s
+    };
+
+    // 8 lists at once, then `alerts`: answered at once (it waited for the 8 serializations).
+    let listers: Vec<_> = (0..8)
+        .map(|_| {
+            let mut s = ask_list(&sock);
+            std::thread::spawn(move || {
+                let mut all = Vec::new();
+                s.set_read_timeout(Some(Duration::from_secs(60)))
+                    .expect("timeout");
+                let _ = s.read_to_end(&mut all);
+                all
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = std::time::Instant::now();
+    let answered = alerts();
+    let took = t.elapsed();
+    let lists: Vec<Vec<u8>> = listers
+        .into_iter()
+        .map(|l| l.join().expect("lister"))
+        .collect();
+    assert!(answered.is_ok(), "{answered:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "`alerts` waited {took:?} behind 8 silence lists"
+    );
+    for l in &lists {
+        let v: serde_json::Value = serde_json::from_slice(l).expect("a whole JSON answer");
+        assert_eq!(v["ok"], true);
+        assert_eq!(v["silences"].as_array().map_or(0, Vec::len), N);
+    }
+
+    // 16 clients that read the list 256 KiB a second (it would take them ~90 s): their places
+    // come back within the answer deadline, and the daemon does not hold 16 copies of 24 MB.
+    let rss_before = vm_kib(d.pid(), "VmRSS");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let slow: Vec<_> = (0..16)
+        .map(|_| {
+            let mut s = ask_list(&sock);
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 256 * 1024];
+                let mut got = 0usize;
+                s.set_read_timeout(Some(Duration::from_secs(1)))
+                    .expect("timeout");
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    match s.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => got += n,
+                        Err(_) => {}
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                got
+            })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let rss_held = vm_kib(d.pid(), "VmRSS");
+    let busy = alerts();
+    wait_until(
+        Duration::from_secs(20),
+        "a request answered while 16 slow readers had asked for the list",
+        || alerts().ok(),
+    );
+    let freed = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let got: Vec<usize> = slow
+        .into_iter()
+        .map(|t| t.join().expect("reader"))
+        .collect();
+    eprintln!(
+        "alerts after 8 lists: {took:?}; 16 slow readers: busy at 3 s: {}, answered after {freed:?}; VmRSS {rss_before} → {rss_held} KiB; read {got:?}",
+        busy.is_err()
+    );
+    assert!(
+        busy.as_ref().is_err_and(|e| e.starts_with("busy")),
+        "16 readers in flight hold every place: {busy:?}"
+    );
+    assert!(
+        freed < Duration::from_secs(16),
+        "the slow readers held the socket for {freed:?}"
+    );
+    assert!(
+        got.iter().all(|g| *g < lists[0].len()),
+        "a slow reader was cut off before the end: {got:?}"
+    );
+    assert!(
+        rss_held < rss_before + 100 * 1024,
+        "16 slow readers took the daemon from {rss_before} to {rss_held} KiB"
+    );
+}
+
+/// `gpuwatch silence list | head -1`: the closed pipe ends the listing quietly (it panicked
+/// with "failed printing to stdout: Broken pipe").
+#[test]
+fn a_listing_into_a_closed_pipe_ends_quietly() {
+    let served = Served::start();
+    let cfg = served.cfg.clone();
+    // More than a pipe holds (64 KiB), so the writer meets the closed pipe.
+    let comment = "c".repeat(1000);
+    for n in 0..100 {
+        let request = serde_json::json!({
+            "ask": "silence_add", "matchers": [format!("job=run-{n}")],
+            "for_ms": 3_600_000, "comment": comment,
+        });
+        let answer = raw(&served.sock, request.to_string().as_bytes());
+        assert!(answer.contains("\"ok\":true"), "{answer}");
+    }
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{} silence list --config {} | head -1",
+            super::common::gpuwatch_exe().display(),
+            cfg.display()
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}
