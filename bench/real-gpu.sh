@@ -25,10 +25,16 @@
 #      fixtures (tests/fixtures/traces/healthy.{gpuwatch,smi}.csv, and strictly on the minute a
 #      real H200 gave both tools, tests/fixtures/real/idle-minute.*) so the code cannot rot;
 #   4. the wall time of every NVML call gpuwatch makes, min/median/max over 50 calls on GPU 0
-#      (examples/nvml_latency.rs) — replace the estimates in ../shared/docs/real-drivers.md;
+#      (examples/nvml_latency.rs), GPM's included (nvmlGpmSampleGet, nvmlGpmMetricsGet: nvml-sim's
+#      costs for them are estimates until this runs on a Hopper GPU) and what GPM reads over a
+#      second — replace the estimates in ../shared/docs/real-drivers.md and nvml-sim's table;
 #   5. if PyTorch with CUDA is importable: a 2-minute recording of a small training loop with a
 #      deliberately slow DataLoader into tests/fixtures/real/, with the GPU and driver beside it in
-#      dataloader-stall.txt (a README.md is created when there is none);
+#      dataloader-stall.txt (a README.md is created when there is none); then, on a GPU with GPM
+#      (Hopper and later), 15 s each of a tiny-kernel loop, a bf16 GEMM loop and a device-to-device
+#      copy loop under `gpuwatch record` and the medians of util, sm_active, tensor_active and
+#      dram_active per loop (expected: ~100 % util with low SM active, high tensor active, high
+#      DRAM active) into $OUT/gpm-loads.txt;
 #   6. (real driver only) bench/sampler.py without a simulator: `gpuwatch record --stats` beside
 #      gpustat's `new_query()` loop at 100 ms and 1 s, gpuwatch's CPU over a window of
 #      REAL_GPU_BENCH_S seconds each (60: every slow cadence at its own rate; skipped when gpustat
@@ -243,6 +249,45 @@ Recorded: $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF
     [ -e "$DEST/README.md" ] || cp "$DEST/dataloader-stall.txt" "$DEST/README.md"
     echo "trace: $TRACE"
+    step "GPM under a tiny-kernel loop, a bf16 GEMM loop and a copy loop (15 s each)"
+    GPM_STATE=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["gpus"][0].get("gpm", {}).get("state", "unknown"))' "$OUT/status.json")
+    if [ "$GPM_STATE" != active ]; then
+        echo "skipped: GPM loads: GPM on GPU 0 is $GPM_STATE (see status.json gpus[0].gpm)"
+    else
+        "$GW" record --interval 1s --duration 52s --out "$OUT/gpm-loads.csv" &
+        REC=$!
+        sleep 2
+        CUDA_VISIBLE_DEVICES=0 python3 - >"$OUT/gpm-loads.log" 2>&1 <<'PY'
+import time, torch
+def run(name, f, seconds=15):
+    print(f"{name} {time.time():.3f}", flush=True)
+    end = time.time() + seconds
+    while time.time() < end:
+        for _ in range(100): f()
+        torch.cuda.synchronize()
+x = torch.zeros(1, device="cuda")
+run("tiny", lambda: x.add_(1))                                  # one-element kernels back to back
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+run("gemm", lambda: a @ a)                                      # tensor cores
+src = torch.empty(1 << 28, device="cuda"); dst = torch.empty_like(src)
+run("copy", lambda: dst.copy_(src))                             # DRAM bandwidth
+print(f"end {time.time():.3f}", flush=True)
+PY
+        wait "$REC"
+        python3 - "$OUT/gpm-loads.csv" "$OUT/gpm-loads.log" <<'PY' | tee "$OUT/gpm-loads.txt"
+import csv, statistics, sys, datetime
+marks = [l.split() for l in open(sys.argv[2]) if l.split() and l.split()[0] in ("tiny", "gemm", "copy", "end")]
+spans = [(n, float(t), float(marks[i + 1][1])) for i, (n, t) in enumerate(marks[:-1])]
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["index"] == "0"]
+def t(r): return datetime.datetime.fromisoformat(r["timestamp"].replace("Z", "+00:00")).timestamp()
+keys = ["util", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp32_active"]
+print("LOOP  " + "  ".join(f"{k:>13}" for k in keys))
+for name, a, b in spans:
+    sel = [r for r in rows if a + 2 <= t(r) <= b]
+    med = lambda k: statistics.median([float(r[k]) for r in sel if r[k]]) if any(r[k] for r in sel) else float("nan")
+    print(f"{name:<5} " + "  ".join(f"{med(k):13.1f}" for k in keys))
+PY
+    fi
 fi
 
 # ---- 6. CPU per device-sample beside gpustat, and the daemon, on this driver -------------------------

@@ -71,6 +71,9 @@ def main():
     ap.add_argument("--scenario", default="healthy")
     ap.add_argument("--gpuwatch", required=True)
     ap.add_argument("--sim-lib", help="nvml-sim's library; without it both sides use the real driver")
+    ap.add_argument("--gpm", action="store_true",
+                    help="instead of gpustat, run `gpuwatch --no-gpm record` beside `gpuwatch record` "
+                         "(GPM read at every tick on Hopper GPUs): what GPM costs, in one run")
     a = ap.parse_args()
     if a.seconds <= 0:
         sys.exit("--seconds must be positive")
@@ -81,7 +84,82 @@ def main():
         print("the real NVIDIA driver (the system's libnvidia-ml.so.1)")
     for interval in a.intervals.split(","):
         a.interval = float(interval)
-        run(a)
+        if a.gpm:
+            run_gpm(a)
+        else:
+            run(a)
+
+
+STATS = re.compile(r"(\d+) ticks taken, (\d+) skipped \(([\d.]+) % kept\); sample wall time median ([\d.]+) ms, "
+                   r"p99 ([\d.]+) ms, max ([\d.]+) ms(?:; (\d+) GPUs)?")
+
+
+def run_gpm(a):
+    """`gpuwatch record --stats` with GPM (every tick on GPUs that have it) and with `--no-gpm`,
+    side by side against the same library: ticks kept, sample wall time, CPU per device-sample in
+    the same window, peak RSS."""
+    env = dict(os.environ)
+    for k in ("NVML_SIM_TIME_SCALE", "NVML_SIM_CONTROL", "GPUWATCH_NVML_LIB"):
+        env.pop(k, None)
+    lib_args = []
+    if a.sim_lib:
+        env.update(NVML_SIM_SCENARIO=a.scenario)
+        lib_args = ["--nvml-lib", os.path.abspath(a.sim_lib)]
+    interval_ms = int(round(a.interval * 1000))
+    run_s = WARM_S + a.seconds + 2.0
+    base = [os.path.abspath(a.gpuwatch), *lib_args]
+    rec = ["record", "--interval", f"{interval_ms}ms", "--duration", f"{run_s}s", "--stats"]
+    outdir = tempfile.mkdtemp(prefix="gpuwatch-bench-gpm-")
+    sides = {"GPM on ": base + rec, "--no-gpm": base + ["--no-gpm"] + rec}
+    pids, errs = {}, {}
+    for name, argv in sides.items():
+        errs[name] = os.path.join(outdir, name.strip().replace("-", "") + ".err")
+        actions = [(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                   (os.POSIX_SPAWN_OPEN, 2, errs[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
+        pids[name] = os.posix_spawn(argv[0], argv, env, file_actions=actions)
+    started = time.monotonic()
+    window = {n: [] for n in pids}
+    hwm = {n: 0 for n in pids}
+    done = {}
+    while len(done) < len(pids):
+        since = time.monotonic() - started
+        for n, pid in pids.items():
+            if n in done:
+                continue
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            hwm[n] = max(hwm[n], int(line.split()[1]))
+            except OSError:
+                pass
+            w = window[n]
+            if len(w) < 2 and since >= WARM_S + len(w) * a.seconds:
+                cpu = threads_cpu_ns(pid)
+                if cpu is not None:
+                    w.append((time.monotonic(), *cpu))
+        pid, status, _ = os.wait4(-1, os.WNOHANG)
+        if pid:
+            name = next(n for n, p in pids.items() if p == pid)
+            done[name] = os.waitstatus_to_exitcode(status)
+        else:
+            time.sleep(0.01)
+    where = f"scenario {a.scenario}" if a.sim_lib else "the real driver"
+    print(f"{where}, interval {interval_ms} ms, {run_s:g} s side by side, CPU measured over {a.seconds:g} s")
+    for n in pids:
+        text = open(errs[n]).read()
+        os.unlink(errs[n])
+        m = STATS.search(text)
+        if done[n] != 0 or not m or len(window[n]) < 2:
+            sys.exit(f"{n}: run failed (exit {done[n]}):\n{text}")
+        gpus = int(m[7] or 1)
+        kept = float(m[3])
+        (w0, c0, _), (w1, c1, _) = window[n]
+        per = max(c1 - c0, 1) / 1e9 / ((w1 - w0) / a.interval * max(kept, 1.0) / 100.0)
+        print(f"gpuwatch record {n}: {int(m[1]):5d} ticks ({kept:.1f} % kept, {m[2]} skipped)  sample wall time"
+              f" median {m[4]} ms, p99 {m[5]} ms, max {m[6]} ms  CPU {(c1 - c0) / 1e9:.3f} s in {w1 - w0:.1f} s"
+              f" = {per * 1e6 / gpus:.1f} us per device-sample ({gpus} GPUs)  peak RSS {hwm[n] / 1024:.1f} MiB")
+    os.rmdir(outdir)
 
 
 def run(a):

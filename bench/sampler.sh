@@ -5,9 +5,17 @@
 #
 #   bash bench/sampler.sh [SECONDS]        (default 60: the measured window; needs .venv-ci from
 #                                           .ci/run, or GPUWATCH_PEERS=<venv with gpustat>)
+#   bash bench/sampler.sh [SECONDS] --gpm  (GPM's cost instead: `gpuwatch record` with GPM, read at
+#                                           every tick on these H100s, beside `gpuwatch --no-gpm
+#                                           record`, same library, same run; no gpustat needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_TO_RUN="${1:-60}"
+if [ "${2:-}" = "--gpm" ]; then
+    cargo build --release -q -p gpuwatch -p nvml-sim
+    exec python3 bench/sampler.py --gpm --seconds "$SECONDS_TO_RUN" \
+        --gpuwatch target/release/gpuwatch --sim-lib target/release/libnvml_sim.so
+fi
 PEERS="${GPUWATCH_PEERS:-$PWD/.venv-ci}"
 if [ ! -x "$PEERS/bin/python" ]; then
     python3 -m venv "$PEERS"

@@ -260,6 +260,7 @@ fn device_calls(nvml: &Nvml, dev: &Device<'_>, gpu: u32, n: usize) {
         n,
         time(n, || dev.process_utilization_stats(None)),
     );
+    gpm_calls(nvml, dev, n);
     // the XID drain: a zero-timeout wait on an event set, once per tick
     match nvml.create_event_set().and_then(|set| {
         dev.register_events(EventTypes::CRITICAL_XID_ERROR, set)
@@ -276,6 +277,74 @@ fn device_calls(nvml: &Nvml, dev: &Device<'_>, gpu: u32, n: usize) {
             }),
         ),
         Err(_) => row("nvmlEventSetWait_v2(0 ms)", n, None),
+    }
+}
+
+/// GPM (Hopper and later), as the sampler makes it every tick: one `nvmlGpmSampleGet` into a
+/// sample allocated once, and `nvmlGpmMetricsGet` of every id of the table's GPM rows between
+/// it and the previous one. Rows say `not supported` on GPUs without GPM.
+fn gpm_calls(nvml: &Nvml, dev: &Device<'_>, n: usize) {
+    use gpuwatch::model::METRICS;
+    use nvml_wrapper::enums::gpm::GpmMetricId;
+    use nvml_wrapper::gpm::gpm_metrics_get;
+    row(
+        "nvmlGpmQueryDeviceSupport",
+        n,
+        time(n, || dev.gpm_support()),
+    );
+    let supported = dev.gpm_support().unwrap_or(false);
+    // alloc + get (what nvml-wrapper's gpm_sample() makes)
+    let mut kept = Vec::new();
+    row(
+        "nvmlGpmSampleAlloc+nvmlGpmSampleGet",
+        n,
+        if supported {
+            time(n, || dev.gpm_sample().map(|s| kept.push(s)))
+        } else {
+            None
+        },
+    );
+    // get alone, into a sample already allocated (what the sampler does)
+    let get = kept.first().and_then(|s| {
+        let sym = nvml.lib().nvmlGpmSampleGet.as_ref().ok()?;
+        time(n, || {
+            // SAFETY: our library's symbol; the device and the sample belong to it.
+            let rc = unsafe { sym(dev.handle(), s.handle()) };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(rc)
+            }
+        })
+    });
+    row("nvmlGpmSampleGet", n, get);
+    let ids: Vec<GpmMetricId> = METRICS
+        .iter()
+        .filter_map(|d| match d.source {
+            Source::Gpm(m) => Some(m.ids()),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|id| GpmMetricId::try_from(id).ok())
+        .collect();
+    let metrics = match (kept.first(), kept.last()) {
+        (Some(a), Some(b)) if kept.len() > 1 => time(n, || gpm_metrics_get(nvml, a, b, &ids)),
+        _ => None,
+    };
+    row(&format!("nvmlGpmMetricsGet(x{})", ids.len()), n, metrics);
+    // what the GPU reads now, over 1 s
+    if let Ok(first) = dev.gpm_sample() {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        if let Ok(second) = dev.gpm_sample() {
+            if let Ok(got) = gpm_metrics_get(nvml, &first, &second, &ids) {
+                let line: Vec<String> = got
+                    .iter()
+                    .flatten()
+                    .map(|r| format!("{:?}={:.1}", r.metric_id, r.value))
+                    .collect();
+                println!("# GPM over 1 s: {}", line.join(" "));
+            }
+        }
     }
 }
 

@@ -60,6 +60,11 @@ pub struct GlobalArgs {
         default_value = "auto"
     )]
     pub log_format: crate::daemon::console::LogFormat,
+    /// Do not read the GPM profiling metrics (SM active, tensor and DRAM activity, … on Hopper
+    /// and later): they stay absent, and no GPM sample is taken each tick (as `[daemon] gpm =
+    /// false`).
+    #[arg(long, global = true)]
+    pub no_gpm: bool,
 }
 
 impl GlobalArgs {
@@ -70,6 +75,7 @@ impl GlobalArgs {
             nvml_lib: self.nvml_lib.clone(),
             sim_scenario: self.sim.clone(),
             sim_time_scale: self.speed,
+            gpm: !self.no_gpm,
             ..crate::sampler::SamplerConfig::default()
         }
     }

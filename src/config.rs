@@ -103,13 +103,14 @@ impl Config {
         self.daemon.interval.as_std()
     }
 
-    /// `sampler` with this file's NVML call timeout.
+    /// `sampler` with this file's NVML call timeout and GPM switch (off when either says off).
     pub fn sampler_config(
         &self,
         sampler: &crate::sampler::SamplerConfig,
     ) -> crate::sampler::SamplerConfig {
         crate::sampler::SamplerConfig {
             call_timeout: self.daemon.nvml_timeout.as_std(),
+            gpm: sampler.gpm && self.daemon.gpm,
             ..sampler.clone()
         }
     }
@@ -216,6 +217,9 @@ pub struct DaemonSection {
     /// A group whose members may also use the control socket (`gpuwatch alerts`, `silence`,
     /// `reload`); unset = the daemon's user only.
     pub control_group: Option<String>,
+    /// Read the GPM profiling metrics (SM active, tensor and DRAM activity, …) on GPUs that
+    /// have GPM (Hopper and later); `false` leaves them absent and saves the sample each tick.
+    pub gpm: bool,
 }
 
 impl DaemonSection {
@@ -254,6 +258,7 @@ impl Default for DaemonSection {
             nvml_timeout: DurationSetting::from_ms(1000),
             expected_gpus: None,
             control_group: None,
+            gpm: true,
         }
     }
 }

@@ -429,6 +429,11 @@ impl Engine {
             }
             h.push(sample);
             h.evict_before(cutoff, now, retention);
+            if h.mig.len() != snap.mig_of(index).count()
+                || !snap.mig_of(index).zip(&h.mig).all(|(a, b)| a == b)
+            {
+                h.mig = snap.mig_of(index).cloned().collect();
+            }
             self.present.push(index);
         }
         if let Some(procs) = &snap.processes {
@@ -786,6 +791,9 @@ impl Engine {
             for p in &hist.processes {
                 let mut handle = ProcessHandle::new(p.clone());
                 handle.gpu_series = rhai::Dynamic::from(GpuHandle::new(hist.clone(), now));
+                // on a GPU with MIG on: the MIG device it runs on (`p.mig`, label `mig`)
+                let mig = hist.mig.iter().find(|m| m.pids.contains(&p.pid));
+                handle.mig = mig.map(|m| std::sync::Arc::new(m.clone()));
                 let result = self.rules.eval_process(idx, handle);
                 let key = format!("{prefix}{index}/pid:{}", p.pid);
                 // Another process at a known PID: the old one's instance goes first.
@@ -796,6 +804,9 @@ impl Engine {
                 let mut extra = vec![("pid".into(), p.pid.to_string())];
                 if let Some(u) = &p.user {
                     extra.push(("user".into(), crate::values::escape_control(u)));
+                }
+                if let Some(m) = mig {
+                    extra.push(("mig".into(), m.describe()));
                 }
                 let subject = Subject {
                     key: &key,
@@ -842,6 +853,16 @@ impl Engine {
                 .retain_keys(now, |k| !k.starts_with(&prefix) || seen.contains(k)),
         );
         error
+    }
+
+    /// The MIG device process `pid` runs on, on GPU `gpu`, as of the newest snapshot (`None`
+    /// without MIG).
+    pub fn mig_of_process(&self, gpu: u32, pid: u32) -> Option<&crate::model::MigSample> {
+        self.gpus
+            .get(&gpu)?
+            .mig
+            .iter()
+            .find(|m| m.pids.contains(&pid))
     }
 
     /// Evaluates the job-scope rules for one sample of a job watched by `gpuwatch run` /
@@ -1193,6 +1214,8 @@ pub fn replay_segments(
 
 #[cfg(test)]
 mod job_rules_tests;
+#[cfg(test)]
+mod mig_tests;
 #[cfg(test)]
 mod reuse_tests;
 #[cfg(test)]

@@ -3,13 +3,14 @@
 //! plus gpuwatch's own families. Rendering is a pure function of [`ExportState`]; the daemon
 //! keeps that state current and serves it (`daemon::http`), so a scrape never calls NVML.
 //!
-//! Units follow dcgm-exporter: framebuffer memory in MiB, energy in mJ, the rest as gpuwatch
-//! keeps them (%, °C, W, MHz, counts, bitmask). The names come from the metric table
-//! (`model::METRICS`, column `dcgm`).
+//! Units follow dcgm-exporter: framebuffer memory in MiB, energy in mJ, the profiling activities
+//! (`DCGM_FI_PROF_*`: SM active, tensor active, DRAM active, … from GPM) as ratios 0–1, the
+//! rest as gpuwatch keeps them (%, °C, W, MHz, bytes/s, counts, bitmask). The names come from
+//! the metric table (`model::METRICS`, column `dcgm`).
 
 use std::fmt::Write as _;
 
-use crate::model::{GpuSample, MetricDesc, MetricKind, Snapshot, METRICS};
+use crate::model::{GpuSample, Metric, MetricDesc, MetricKind, MigSample, Snapshot, METRICS};
 
 /// One alert instance as `gpuwatch_alerts` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,14 +174,33 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-/// The metric table's rows that have a dcgm-exporter name: (row, name, factor to its unit, unit).
-fn dcgm_rows() -> impl Iterator<Item = (&'static MetricDesc, &'static str, f64, &'static str)> {
+/// How a value reaches dcgm-exporter's unit: multiplied by the first number, divided by the
+/// second (a percentage divided by 100 gives 0.57, where multiplying by 0.01 gives
+/// 0.5700000000000001).
+#[derive(Debug, Clone, Copy)]
+struct Scale(f64, f64);
+
+impl Scale {
+    fn of(self, v: f64) -> f64 {
+        v * self.0 / self.1
+    }
+}
+
+/// The metric table's rows that have a dcgm-exporter name: (row, name, conversion to its unit,
+/// unit).
+fn dcgm_rows() -> impl Iterator<Item = (&'static MetricDesc, &'static str, Scale, &'static str)> {
     METRICS.iter().filter_map(|d| {
         let name = d.dcgm?;
         let (scale, unit) = match d.unit {
-            "bytes" => (1.0 / 1_048_576.0, "MiB"),
-            "joules" => (1000.0, "mJ"),
-            u => (1.0, u),
+            "bytes" => (Scale(1.0, 1_048_576.0), "MiB"),
+            "joules" => (Scale(1000.0, 1.0), "mJ"),
+            // DCGM's NVLink bandwidth total is MB/s (dcgm-exporter labels it a counter)
+            "bytes_per_second" if name == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" => {
+                (Scale(1.0, 1_000_000.0), "MB/s")
+            }
+            // DCGM's profiling fields are ratios (its device utilizations stay percentages)
+            "percent" if name.starts_with("DCGM_FI_PROF_") => (Scale(1.0, 100.0), "ratio"),
+            u => (Scale(1.0, 1.0), u),
         };
         Some((d, name, scale, unit))
     })
@@ -207,6 +227,37 @@ fn dcgm_labels(g: &GpuSample, host: &str) -> String {
         label(&g.id.name),
         label(&g.id.pci_bus_id),
     )
+}
+
+/// dcgm-exporter's labels of a MIG device: its GPU's, with `GPU_I_PROFILE` and `GPU_I_ID`
+/// after `modelName` (as dcgm-exporter puts them).
+fn mig_labels(g: &GpuSample, m: &MigSample, host: &str) -> String {
+    format!(
+        "gpu=\"{}\",UUID=\"{}\",device=\"nvidia{}\",modelName=\"{}\",GPU_I_PROFILE=\"{}\",GPU_I_ID=\"{}\",pci_bus_id=\"{}\",Hostname=\"{host}\",hostname=\"{host}\"",
+        g.id.index,
+        label(&g.id.uuid),
+        g.id.minor.unwrap_or(g.id.index),
+        label(&g.id.name),
+        label(m.profile.as_deref().unwrap_or("")),
+        m.gpu_instance_id,
+        label(&g.id.pci_bus_id),
+    )
+}
+
+/// A MIG device's value of a metric dcgm-exporter reports per MIG device: its framebuffer
+/// (used, free, total; utilization and the rest are per GPU, or absent on MIG GPUs).
+fn mig_value(m: &MigSample, metric: Metric) -> Option<f64> {
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "bytes fit f64 exactly below 2^53"
+    )]
+    let f = |b: u64| b as f64;
+    match metric {
+        Metric::MemUsed => m.mem_used_bytes.map(f),
+        Metric::MemTotal => m.mem_total_bytes.map(f),
+        Metric::MemFree => Some(f(m.mem_total_bytes?.saturating_sub(m.mem_used_bytes?))),
+        _ => None,
+    }
 }
 
 /// The OpenMetrics headers of the backfill families, in the order [`backfill`] numbers them.
@@ -237,7 +288,7 @@ pub fn backfill(snap: &Snapshot, hostname: &str, mut emit: impl FnMut(usize, u32
         for (f, (d, name, scale, _)) in dcgm_rows().enumerate() {
             if let Some(v) = g.get(d.id) {
                 line.clear();
-                let _ = write!(line, "{name}{{{ids}}} {} {ts:.3}", value(v * scale));
+                let _ = write!(line, "{name}{{{ids}}} {} {ts:.3}", value(scale.of(v)));
                 emit(f, g.id.index, &line);
             }
         }
@@ -289,6 +340,17 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
                 )
             })
             .collect();
+        // A GPU's MIG devices (those of a GPU in this snapshot that answers).
+        let mig: Vec<(usize, &MigSample)> = snap
+            .mig
+            .iter()
+            .filter_map(|m| {
+                let i = snap.gpus.iter().position(|g| {
+                    g.id.index == m.gpu_index && g.state == crate::model::DeviceState::Ok
+                })?;
+                Some((i, m))
+            })
+            .collect();
         for (d, name, scale, unit) in dcgm_rows() {
             let present: Vec<(usize, f64)> = snap
                 .gpus
@@ -296,7 +358,11 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
                 .enumerate()
                 .filter_map(|(i, g)| g.get(d.id).map(|v| (i, v)))
                 .collect();
-            if present.is_empty() {
+            let per_mig: Vec<(usize, &MigSample, f64)> = mig
+                .iter()
+                .filter_map(|(i, m)| mig_value(m, d.id).map(|v| (*i, *m, v)))
+                .collect();
+            if present.is_empty() && per_mig.is_empty() {
                 continue;
             }
             family(
@@ -306,7 +372,11 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
                 &format!("{} ({unit}).", d.help),
             );
             for (i, v) in present {
-                let _ = writeln!(out, "{name}{{{}}} {}", ids[i], value(v * scale));
+                let _ = writeln!(out, "{name}{{{}}} {}", ids[i], value(scale.of(v)));
+            }
+            for (i, m, v) in per_mig {
+                let labels = mig_labels(&snap.gpus[i], m, &host);
+                let _ = writeln!(out, "{name}{{{labels}}} {}", value(scale.of(v)));
             }
         }
         if !state.last_xid.is_empty() {
@@ -332,6 +402,41 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
             let lost = u8::from(g.state != crate::model::DeviceState::Ok);
             let _ = writeln!(out, "gpuwatch_gpu_lost{{{}}} {lost}", own[i]);
         }
+        if !mig.is_empty() {
+            family(
+                &mut out,
+                "gpuwatch_mig_device_info",
+                "gauge",
+                "A MIG device of a GPU with MIG on (1), with its profile, GPU and compute instance ids and UUID.",
+            );
+            for (i, m) in &mig {
+                let _ = writeln!(
+                    out,
+                    "gpuwatch_mig_device_info{{{},mig_uuid=\"{}\",gpu_i_profile=\"{}\",gpu_i_id=\"{}\",gpu_ci_id=\"{}\"}} 1",
+                    own[*i],
+                    label(&m.uuid),
+                    label(m.profile.as_deref().unwrap_or("")),
+                    m.gpu_instance_id,
+                    m.compute_instance_id,
+                );
+            }
+            family(
+                &mut out,
+                "gpuwatch_mig_device_processes",
+                "gauge",
+                "Processes running on a MIG device.",
+            );
+            for (i, m) in &mig {
+                let _ = writeln!(
+                    out,
+                    "gpuwatch_mig_device_processes{{{},gpu_i_id=\"{}\",gpu_ci_id=\"{}\"}} {}",
+                    own[*i],
+                    m.gpu_instance_id,
+                    m.compute_instance_id,
+                    m.pids.len(),
+                );
+            }
+        }
         if let Some(procs) = snap.processes.as_ref().filter(|p| !p.is_empty()) {
             family(
                 &mut out,
@@ -343,9 +448,15 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
                 let Some(bytes) = p.used_mem_bytes else {
                     continue;
                 };
+                // on a MIG device: which (`gpu_i_id`, as dcgm-exporter's GPU_I_ID)
+                let on_mig = snap
+                    .mig_of_process(p.gpu_index, p.pid)
+                    .map_or_else(String::new, |m| {
+                        format!(",gpu_i_id=\"{}\"", m.gpu_instance_id)
+                    });
                 let _ = writeln!(
                     out,
-                    "gpuwatch_gpu_process_memory_bytes{{gpu=\"{}\",pid=\"{}\",user=\"{}\",command=\"{}\",hostname=\"{host}\"}} {bytes}",
+                    "gpuwatch_gpu_process_memory_bytes{{gpu=\"{}\",pid=\"{}\",user=\"{}\",command=\"{}\"{on_mig},hostname=\"{host}\"}} {bytes}",
                     p.gpu_index,
                     p.pid,
                     label(p.user.as_deref().unwrap_or("")),
@@ -566,6 +677,8 @@ mod tests {
         values.set(Metric::Util, Some(87.0));
         values.set(Metric::MemUsed, Some(2.0 * 1_073_741_824.0));
         values.set(Metric::Energy, Some(12.5));
+        values.set(Metric::SmActive, Some(12.5));
+        values.set(Metric::NvlinkTxBytes, Some(3e9));
         let state = ExportState {
             hostname: "node\"1".into(),
             snapshot: Some(Snapshot {
@@ -599,6 +712,20 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("} 12500\n"), "energy in mJ: {text}");
+        // GPM activities are DCGM's ratios 0–1, bandwidths bytes per second; absent GPM rows
+        // (tensor active here) have no family
+        assert!(
+            text.contains("# HELP DCGM_FI_PROF_SM_ACTIVE ")
+                && text.contains("DCGM_FI_PROF_SM_ACTIVE{gpu=\"0\",")
+                && text.contains("} 0.125\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("DCGM_FI_PROF_NVLINK_TX_BYTES{gpu=\"0\",")
+                && text.contains("} 3000000000\n"),
+            "{text}"
+        );
+        assert!(!text.contains("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), "{text}");
         assert!(text.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter"));
         assert!(text.contains("gpuwatch_alerts{alertname=\"gpu_lost\",severity=\"critical\",gpu=\"0\",state=\"firing\""));
         assert!(!text.contains("# EOF"));

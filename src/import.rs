@@ -1,7 +1,7 @@
 //! Importing GPU logs of every shape users already have: gpuwatch's own CSV, nvidia-smi
 //! `--query-gpu` CSVs (with or without header and units, any field order, several timestamp
-//! forms), the plain `nvidia-smi` table, `nvidia-smi dmon`, and the monitoring-script logs
-//! tutorials teach. `replay`, `import` and (later) `report` read through here.
+//! forms), the plain `nvidia-smi` table, `nvidia-smi dmon`, `dcgmi dmon` (DCGM's profiling
+//! fields), and the monitoring-script logs tutorials teach. `replay`, `import` and (later) `report` read through here.
 //!
 //! Layers, one way: [`input`] (bytes → lines: gzip, UTF-16, CRLF), a format's line parser (one
 //! file per format, registered in [`Format`]), [`assemble`] (rows → ticks in time order:
@@ -18,6 +18,7 @@
 mod assemble;
 pub mod columns;
 mod csv;
+mod dcgmi;
 mod dmon;
 pub mod input;
 mod script;
@@ -46,6 +47,8 @@ pub enum Format {
     SmiTable,
     /// `nvidia-smi dmon` (with or without `-o DT`).
     Dmon,
+    /// `dcgmi dmon -e FIELD,…` (`#Entity` header, `GPU 0` rows).
+    Dcgmi,
     /// `[time] index,name,util,mem,total` with the other GPUs' rows unprefixed below.
     ScriptRows,
     /// `[time] GPU0: util,mem,total | GPU1: … |`.
@@ -56,10 +59,11 @@ pub enum Format {
 
 impl Format {
     /// Every format, in detection order.
-    pub const ALL: [Format; 7] = [
+    pub const ALL: [Format; 8] = [
         Format::Gpuwatch,
         Format::SmiTable,
         Format::Dmon,
+        Format::Dcgmi,
         Format::ScriptBars,
         Format::ScriptProgress,
         Format::ScriptRows,
@@ -73,6 +77,7 @@ impl Format {
             Format::SmiCsv => "smi-csv",
             Format::SmiTable => "smi-table",
             Format::Dmon => "dmon",
+            Format::Dcgmi => "dcgmi-dmon",
             Format::ScriptRows => "script-rows",
             Format::ScriptBars => "script-bars",
             Format::ScriptProgress => "script-progress",
@@ -91,6 +96,7 @@ impl Format {
             Format::SmiCsv => csv::is_smi_header(line),
             Format::SmiTable => smi_table::recognises(line),
             Format::Dmon => dmon::recognises(line),
+            Format::Dcgmi => dcgmi::recognises(line),
             Format::ScriptRows => script::recognises_rows(line),
             Format::ScriptBars => script::recognises_bars(line),
             Format::ScriptProgress => script::recognises_progress(line),
@@ -106,6 +112,7 @@ impl Format {
             )),
             Format::SmiTable => Box::new(smi_table::TableParser::default()),
             Format::Dmon => Box::new(dmon::DmonParser::default()),
+            Format::Dcgmi => Box::new(dcgmi::DcgmiParser::default()),
             Format::ScriptRows => Box::new(script::RowsParser::default()),
             Format::ScriptBars => Box::new(script::BarsParser),
             Format::ScriptProgress => Box::new(script::ProgressParser),
@@ -190,6 +197,9 @@ pub(crate) enum Key {
     Named(String),
     /// By its position in the sampling burst.
     Position,
+    /// A MIG device's row (gpuwatch CSV): it joins its GPU's row of the same time
+    /// (`sample.id.index`), its device in `mig`.
+    Mig,
 }
 
 /// One GPU's row as a format parser read it.
@@ -201,6 +211,8 @@ pub(crate) struct Reading {
     pub xids: Vec<u64>,
     pub procs: Option<Vec<ProcSample>>,
     pub progress: Option<Progress>,
+    /// The GPU's MIG devices (from the MIG rows that follow its row).
+    pub mig: Vec<crate::model::MigSample>,
 }
 
 impl Reading {
@@ -221,6 +233,7 @@ impl Reading {
             xids: Vec::new(),
             procs: None,
             progress: None,
+            mig: Vec::new(),
         }
     }
 }
@@ -470,6 +483,12 @@ impl ImportStats {
             out.push(format!(
                 "{path}: {} duplicate row(s) (same GPU, same time) dropped",
                 a.duplicates
+            ));
+        }
+        if a.orphan_mig > 0 {
+            out.push(format!(
+                "{path}: {} MIG row(s) without a row of their GPU at the same time dropped",
+                a.orphan_mig
             ));
         }
         if a.new_segments > 0 {

@@ -7,12 +7,21 @@
 //!
 //! Canonical units inside gpuwatch: bytes, watts, joules, degrees Celsius, MHz, percent, bytes per
 //! second. The table below records, per metric, where the number comes from (a typed [`Source`]:
-//! an NVML call, a field-values field, a derivation or a host reading) and what nvidia-smi and
-//! dcgm-exporter call it, so the sampler, the recorder, the nvidia-smi CSV importer and the rule API
-//! docs all read the same list. The sampler reads every row through its source,
+//! an NVML call, a field-values field, a GPM metric, a derivation or a host reading) and what
+//! nvidia-smi and dcgm-exporter call it, so the sampler, the recorder, the nvidia-smi CSV importer
+//! and the rule API docs all read the same list. The sampler reads every row through its source,
 //! so a new row cannot ship as a column that is never filled.
+//!
+//! **Adding a metric** is one row in `metrics!` below (append it: recordings' columns keep their
+//! order): a key (rule name, CSV column, JSON key), a canonical unit, gauge or counter, the help
+//! text (Prometheus HELP and `docs/metrics.md`), its [`Source`], and the nvidia-smi and
+//! dcgm-exporter names when they exist. A source the sampler can already read needs nothing
+//! else: an existing [`NvmlCall`], a field ([`NvmlField`], fast or `.slow()`), a [`GpmMetric`] or
+//! a [`Derivation`]; a new `NvmlCall` or `HostRead` does not compile until the sampler reads it.
+//! Then regenerate `docs/metrics.md` (the `metrics_doc` test says how).
 
 pub mod job;
+pub mod nvlink;
 pub mod visible;
 
 use serde::{Deserialize, Serialize};
@@ -254,6 +263,112 @@ pub struct Derivation {
     pub compute: fn(&MetricValues) -> Option<f64>,
 }
 
+/// A GPM metric (`nvmlGpmMetricsGet`, Hopper and later): the driver computes it from two GPM
+/// samples of the GPU's activity counters, here the previous tick's and this tick's, so it is
+/// the average over the interval between them (absent at the first tick, and on GPUs without
+/// GPM). Percentages come as 0–100, bandwidths in MiB/s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GpmMetric {
+    /// `NVML_GPM_METRIC_GRAPHICS_UTIL`: the graphics/compute engine had work.
+    GraphicsUtil,
+    /// `NVML_GPM_METRIC_SM_UTIL`: the SMs had at least one warp, averaged over the SMs.
+    SmUtil,
+    /// `NVML_GPM_METRIC_SM_OCCUPANCY`: warps resident vs the SMs' maximum.
+    SmOccupancy,
+    /// `NVML_GPM_METRIC_ANY_TENSOR_UTIL`: any tensor pipe active.
+    AnyTensorUtil,
+    /// `NVML_GPM_METRIC_HMMA_TENSOR_UTIL`: the fp16/bf16 tensor pipe.
+    HmmaTensorUtil,
+    /// `NVML_GPM_METRIC_IMMA_TENSOR_UTIL`: the integer tensor pipe.
+    ImmaTensorUtil,
+    /// `NVML_GPM_METRIC_DFMA_TENSOR_UTIL`: the fp64 tensor pipe.
+    DfmaTensorUtil,
+    /// `NVML_GPM_METRIC_DRAM_BW_UTIL`: DRAM bandwidth used vs the peak.
+    DramBwUtil,
+    /// `NVML_GPM_METRIC_FP64_UTIL`: the non-tensor fp64 pipe.
+    Fp64Util,
+    /// `NVML_GPM_METRIC_FP32_UTIL`: the non-tensor fp32 pipe.
+    Fp32Util,
+    /// `NVML_GPM_METRIC_FP16_UTIL`: the non-tensor fp16 pipe.
+    Fp16Util,
+    /// `NVML_GPM_METRIC_PCIE_TX_PER_SEC` (MiB/s).
+    PcieTxPerSec,
+    /// `NVML_GPM_METRIC_PCIE_RX_PER_SEC` (MiB/s).
+    PcieRxPerSec,
+    /// `NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC` (MiB/s, every link).
+    NvlinkTotalTxPerSec,
+    /// `NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC` (MiB/s, every link).
+    NvlinkTotalRxPerSec,
+    /// `NVML_GPM_METRIC_NVDEC_0_UTIL` … `_7_UTIL`: the mean over the decoders the GPU has.
+    NvdecUtil,
+    /// `NVML_GPM_METRIC_NVJPG_0_UTIL` … `_7_UTIL`: the mean over the JPEG decoders it has.
+    NvjpgUtil,
+    /// `NVML_GPM_METRIC_NVOFA_0_UTIL`, `_1_UTIL`: the mean over the optical-flow engines.
+    NvofaUtil,
+}
+
+impl GpmMetric {
+    /// The `NVML_GPM_METRIC_*` ids the metric reads (several for the video engines, one per
+    /// instance: the instances the GPU has answer, and the metric is their mean).
+    pub fn ids(self) -> std::ops::RangeInclusive<u32> {
+        match self {
+            GpmMetric::GraphicsUtil => 1..=1,
+            GpmMetric::SmUtil => 2..=2,
+            GpmMetric::SmOccupancy => 3..=3,
+            GpmMetric::AnyTensorUtil => 5..=5,
+            GpmMetric::DfmaTensorUtil => 6..=6,
+            GpmMetric::HmmaTensorUtil => 7..=7,
+            GpmMetric::ImmaTensorUtil => 9..=9,
+            GpmMetric::DramBwUtil => 10..=10,
+            GpmMetric::Fp64Util => 11..=11,
+            GpmMetric::Fp32Util => 12..=12,
+            GpmMetric::Fp16Util => 13..=13,
+            GpmMetric::PcieTxPerSec => 20..=20,
+            GpmMetric::PcieRxPerSec => 21..=21,
+            GpmMetric::NvdecUtil => 30..=37,
+            GpmMetric::NvjpgUtil => 40..=47,
+            GpmMetric::NvofaUtil => 50..=51,
+            GpmMetric::NvlinkTotalRxPerSec => 60..=60,
+            GpmMetric::NvlinkTotalTxPerSec => 61..=61,
+        }
+    }
+
+    /// Factor from NVML's unit to the canonical one (MiB/s → bytes per second).
+    pub fn scale(self) -> f64 {
+        match self {
+            GpmMetric::PcieTxPerSec
+            | GpmMetric::PcieRxPerSec
+            | GpmMetric::NvlinkTotalTxPerSec
+            | GpmMetric::NvlinkTotalRxPerSec => 1_048_576.0,
+            _ => 1.0,
+        }
+    }
+
+    /// The metric as the docs write it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            GpmMetric::GraphicsUtil => "NVML_GPM_METRIC_GRAPHICS_UTIL",
+            GpmMetric::SmUtil => "NVML_GPM_METRIC_SM_UTIL",
+            GpmMetric::SmOccupancy => "NVML_GPM_METRIC_SM_OCCUPANCY",
+            GpmMetric::AnyTensorUtil => "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+            GpmMetric::HmmaTensorUtil => "NVML_GPM_METRIC_HMMA_TENSOR_UTIL",
+            GpmMetric::ImmaTensorUtil => "NVML_GPM_METRIC_IMMA_TENSOR_UTIL",
+            GpmMetric::DfmaTensorUtil => "NVML_GPM_METRIC_DFMA_TENSOR_UTIL",
+            GpmMetric::DramBwUtil => "NVML_GPM_METRIC_DRAM_BW_UTIL",
+            GpmMetric::Fp64Util => "NVML_GPM_METRIC_FP64_UTIL",
+            GpmMetric::Fp32Util => "NVML_GPM_METRIC_FP32_UTIL",
+            GpmMetric::Fp16Util => "NVML_GPM_METRIC_FP16_UTIL",
+            GpmMetric::PcieTxPerSec => "NVML_GPM_METRIC_PCIE_TX_PER_SEC",
+            GpmMetric::PcieRxPerSec => "NVML_GPM_METRIC_PCIE_RX_PER_SEC",
+            GpmMetric::NvlinkTotalTxPerSec => "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC",
+            GpmMetric::NvlinkTotalRxPerSec => "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC",
+            GpmMetric::NvdecUtil => "NVML_GPM_METRIC_NVDEC_0…7_UTIL",
+            GpmMetric::NvjpgUtil => "NVML_GPM_METRIC_NVJPG_0…7_UTIL",
+            GpmMetric::NvofaUtil => "NVML_GPM_METRIC_NVOFA_0…1_UTIL",
+        }
+    }
+}
+
 /// A per-GPU reading taken outside NVML (sysfs, `/proc`). None exists yet; each variant added
 /// here must get its reader in the sampler (an exhaustive match).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,8 +390,12 @@ pub enum Source {
     /// A field of the batched `nvmlDeviceGetFieldValues` call, with an optional dedicated-call
     /// fallback.
     Field(FieldSource),
+    /// A GPM metric between this tick's GPM sample and the previous one (GPUs with GPM only).
+    Gpm(GpmMetric),
     /// Computed from other metrics.
     Derived(Derivation),
+    /// From the GPU's NVLinks, read per link on the slow path (see [`nvlink`]).
+    Nvlink(nvlink::NvlinkRead),
     /// Not from NVML.
     Host(HostRead),
 }
@@ -313,7 +432,8 @@ impl Source {
         match self {
             Source::Nvml(call) => call.is_slow(),
             Source::Field(fs) => fs.slow,
-            Source::Derived(_) | Source::Host(_) => false,
+            Source::Nvlink(_) => true,
+            Source::Gpm(_) | Source::Derived(_) | Source::Host(_) => false,
         }
     }
 
@@ -347,9 +467,17 @@ impl Source {
         }
     }
 
-    /// Whether the value comes from NVML (a call or a field), as opposed to derived or host.
+    /// Whether the value comes from NVML (a call, a field or GPM), as opposed to derived or host.
     pub fn is_nvml(&self) -> bool {
-        matches!(self, Source::Nvml(_) | Source::Field(_))
+        matches!(
+            self,
+            Source::Nvml(_) | Source::Field(_) | Source::Gpm(_) | Source::Nvlink(_)
+        )
+    }
+
+    /// Whether the value comes from GPM (absent on GPUs before Hopper and with GPM off).
+    pub fn is_gpm(&self) -> bool {
+        matches!(self, Source::Gpm(_))
     }
 }
 
@@ -371,7 +499,15 @@ impl std::fmt::Display for Source {
                     None => Ok(()),
                 }
             }
+            Source::Gpm(m) => {
+                write!(f, "`nvmlGpmMetricsGet({})`", m.describe())?;
+                if m.scale() != 1.0 {
+                    write!(f, " × {}", m.scale())?;
+                }
+                write!(f, " between two GPM samples a tick apart")
+            }
             Source::Derived(d) => write!(f, "derived: {}", d.how),
+            Source::Nvlink(n) => write!(f, "`{}` (read off the tick path)", n.describe()),
             Source::Host(h) => write!(f, "host: {}", h.describe()),
         }
     }
@@ -595,6 +731,111 @@ metrics! {
         source: Source::nvml(NvmlCall::DecoderUtilization),
         smi: Some("utilization.decoder"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_DEC_UTIL") },
+    // GPM rows (Hopper and later): averages over the interval between two ticks, absent at the
+    // first tick, on older GPUs and with GPM off. Exported as DCGM's profiling fields, whose
+    // activities are ratios 0–1 (the exporter divides percentages by 100).
+    GrEngineActive => { key: "gr_engine_active", unit: "percent", kind: Gauge,
+        help: "Percent of time the graphics/compute engine had work (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::GraphicsUtil), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_GR_ENGINE_ACTIVE") },
+    SmActive => { key: "sm_active", unit: "percent", kind: Gauge,
+        help: "Percent of time the SMs had at least one warp, averaged over the SMs: utilization 100 % with SM active low is a GPU busy with kernels too small to fill it (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::SmUtil), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_SM_ACTIVE") },
+    SmOccupancy => { key: "sm_occupancy", unit: "percent", kind: Gauge,
+        help: "Warps resident on the SMs as a percent of their maximum (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::SmOccupancy), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_SM_OCCUPANCY") },
+    TensorActive => { key: "tensor_active", unit: "percent", kind: Gauge,
+        help: "Percent of time any tensor pipe was active (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::AnyTensorUtil), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") },
+    HmmaActive => { key: "hmma_active", unit: "percent", kind: Gauge,
+        help: "Percent of time the fp16/bf16 (HMMA) tensor pipe was active (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::HmmaTensorUtil), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE") },
+    ImmaActive => { key: "imma_active", unit: "percent", kind: Gauge,
+        help: "Percent of time the integer (IMMA) tensor pipe was active (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::ImmaTensorUtil), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE") },
+    DfmaActive => { key: "dfma_active", unit: "percent", kind: Gauge,
+        help: "Percent of time the fp64 (DFMA) tensor pipe was active (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::DfmaTensorUtil), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE") },
+    DramActive => { key: "dram_active", unit: "percent", kind: Gauge,
+        help: "DRAM bandwidth used as a percent of the peak; near 100 % the work is memory-bound (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::DramBwUtil), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_DRAM_ACTIVE") },
+    Fp64Active => { key: "fp64_active", unit: "percent", kind: Gauge,
+        help: "Percent of time the non-tensor fp64 pipe was active (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::Fp64Util), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_PIPE_FP64_ACTIVE") },
+    Fp32Active => { key: "fp32_active", unit: "percent", kind: Gauge,
+        help: "Percent of time the non-tensor fp32 pipe was active (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::Fp32Util), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_PIPE_FP32_ACTIVE") },
+    Fp16Active => { key: "fp16_active", unit: "percent", kind: Gauge,
+        help: "Percent of time the non-tensor fp16 pipe was active (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::Fp16Util), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_PIPE_FP16_ACTIVE") },
+    PcieTxBytes => { key: "pcie_tx_bytes", unit: "bytes_per_second", kind: Gauge,
+        help: "PCIe transmit throughput between two ticks, from GPM (Hopper and later; `pcie_tx` is the driver's byte counter)",
+        source: Source::Gpm(GpmMetric::PcieTxPerSec), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_PCIE_TX_BYTES") },
+    PcieRxBytes => { key: "pcie_rx_bytes", unit: "bytes_per_second", kind: Gauge,
+        help: "PCIe receive throughput between two ticks, from GPM (Hopper and later; `pcie_rx` is the driver's byte counter)",
+        source: Source::Gpm(GpmMetric::PcieRxPerSec), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_PCIE_RX_BYTES") },
+    NvlinkTxBytes => { key: "nvlink_tx_bytes", unit: "bytes_per_second", kind: Gauge,
+        help: "NVLink transmit throughput over every link between two ticks (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::NvlinkTotalTxPerSec), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_NVLINK_TX_BYTES") },
+    NvlinkRxBytes => { key: "nvlink_rx_bytes", unit: "bytes_per_second", kind: Gauge,
+        help: "NVLink receive throughput over every link between two ticks (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::NvlinkTotalRxPerSec), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_PROF_NVLINK_RX_BYTES") },
+    NvdecUtil => { key: "nvdec_util", unit: "percent", kind: Gauge,
+        help: "Video decoder (NVDEC) utilization, the mean over the GPU's decoders (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::NvdecUtil), smi: None, smi_unit: Same,
+        dcgm: None },
+    NvjpgUtil => { key: "nvjpg_util", unit: "percent", kind: Gauge,
+        help: "JPEG decoder (NVJPG) utilization, the mean over the GPU's decoders (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::NvjpgUtil), smi: None, smi_unit: Same,
+        dcgm: None },
+    NvofaUtil => { key: "nvofa_util", unit: "percent", kind: Gauge,
+        help: "Optical flow accelerator (NVOFA) utilization (GPM; Hopper and later)",
+        source: Source::Gpm(GpmMetric::NvofaUtil), smi: None, smi_unit: Same,
+        dcgm: None },
+    // NVLink rows (GPUs with NVLink; absent on PCIe boards): the links read on the slow path,
+    // summed per GPU. Per-link details are in `status --json` and `doctor`.
+    NvlinkCrcFlitErrors => { key: "nvlink_crc_flit_errors", unit: "errors", kind: Counter,
+        help: "NVLink CRC flit errors since the driver loaded, every link (read off the tick path)",
+        source: Source::Nvlink(nvlink::NvlinkRead::CrcFlitErrors), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL") },
+    NvlinkCrcDataErrors => { key: "nvlink_crc_data_errors", unit: "errors", kind: Counter,
+        help: "NVLink CRC data errors since the driver loaded, every link (read off the tick path)",
+        source: Source::Nvlink(nvlink::NvlinkRead::CrcDataErrors), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL") },
+    NvlinkReplayErrors => { key: "nvlink_replay_errors", unit: "errors", kind: Counter,
+        help: "NVLink replay (retransmission) errors since the driver loaded, every link (read off the tick path)",
+        source: Source::Nvlink(nvlink::NvlinkRead::ReplayErrors), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL") },
+    NvlinkRecoveryErrors => { key: "nvlink_recovery_errors", unit: "errors", kind: Counter,
+        help: "NVLink recovery errors (link retrained) since the driver loaded, every link (read off the tick path)",
+        source: Source::Nvlink(nvlink::NvlinkRead::RecoveryErrors), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL") },
+    NvlinkBandwidth => { key: "nvlink_bandwidth", unit: "bytes_per_second", kind: Gauge,
+        help: "NVLink data sent plus received per second, every link, between two slow reads (read off the tick path)",
+        source: Source::Nvlink(nvlink::NvlinkRead::Bandwidth), smi: None, smi_unit: Same,
+        dcgm: Some("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL") },
+    NvlinkLinksDown => { key: "nvlink_links_down", unit: "links", kind: Gauge,
+        help: "NVLinks that are down (read off the tick path)",
+        source: Source::Nvlink(nvlink::NvlinkRead::LinksDown), smi: None, smi_unit: Same,
+        dcgm: None },
+    NvlinkDownPeers => { key: "nvlink_down_peers", unit: "bitmask", kind: Gauge,
+        help: "The GPUs at the far end of the NVLinks that are down, bit N = GPU N (0 when none is down or the far end is an NVSwitch; read off the tick path)",
+        source: Source::Nvlink(nvlink::NvlinkRead::DownPeers), smi: None, smi_unit: Same,
+        dcgm: None },
 }
 
 /// Number of metrics in the table.
@@ -658,8 +899,14 @@ pub fn clock_event_names(mask: u64) -> Vec<&'static str> {
 }
 
 /// One value per metric, `None` where the GPU could not give it.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MetricValues(pub [Option<f64>; METRIC_COUNT]);
+
+impl Default for MetricValues {
+    fn default() -> Self {
+        MetricValues([None; METRIC_COUNT])
+    }
+}
 
 impl MetricValues {
     /// The value of `m`, if the GPU gave one.
@@ -801,6 +1048,23 @@ nvml_functions! {
     DecoderUtilization => "nvmlDeviceGetDecoderUtilization",
     ComputeRunningProcesses => "nvmlDeviceGetComputeRunningProcesses",
     GraphicsRunningProcesses => "nvmlDeviceGetGraphicsRunningProcesses",
+    MigMode => "nvmlDeviceGetMigMode",
+    MaxMigDeviceCount => "nvmlDeviceGetMaxMigDeviceCount",
+    MigDeviceHandleByIndex => "nvmlDeviceGetMigDeviceHandleByIndex",
+    GpuInstanceId => "nvmlDeviceGetGpuInstanceId",
+    ComputeInstanceId => "nvmlDeviceGetComputeInstanceId",
+    GpuInstanceById => "nvmlDeviceGetGpuInstanceById",
+    GpuInstanceGetInfo => "nvmlGpuInstanceGetInfo",
+    GpmQueryDeviceSupport => "nvmlGpmQueryDeviceSupport",
+    GpmSampleAlloc => "nvmlGpmSampleAlloc",
+    GpmSampleGet => "nvmlGpmSampleGet",
+    GpmMetricsGet => "nvmlGpmMetricsGet",
+    NvLinkState => "nvmlDeviceGetNvLinkState",
+    NvLinkVersion => "nvmlDeviceGetNvLinkVersion",
+    NvLinkErrorCounter => "nvmlDeviceGetNvLinkErrorCounter",
+    NvLinkRemotePciInfo => "nvmlDeviceGetNvLinkRemotePciInfo",
+    HandleByPciBusId => "nvmlDeviceGetHandleByPciBusId",
+    Index => "nvmlDeviceGetIndex",
 }
 
 impl NvmlFunction {
@@ -916,6 +1180,106 @@ pub enum ProcKind {
     Compute,
     /// Graphics context.
     Graphics,
+}
+
+/// Where a GPU instance sits on its GPU, in memory slices (`nvmlGpuInstancePlacement_t`; an
+/// A100 or H100 has 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigPlacement {
+    /// First memory slice.
+    pub start: u32,
+    /// Memory slices.
+    pub size: u32,
+}
+
+/// One MIG device of a GPU with MIG on: a GPU instance and the compute instance in it, which
+/// is what CUDA runs on and what `CUDA_VISIBLE_DEVICES=MIG-…` names. Read on the slow path (see
+/// `sampler::mig`); carried in every snapshot while fresh ([`Snapshot::mig`]). Unknown values
+/// are `None`, never 0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigSample {
+    /// Index of its GPU.
+    pub gpu_index: u32,
+    /// UUID of its GPU.
+    pub gpu_uuid: String,
+    /// Its index on the GPU (`nvmlDeviceGetMigDeviceHandleByIndex`).
+    pub index: u32,
+    /// `MIG-…` UUID.
+    pub uuid: String,
+    /// GPU instance id (dcgm-exporter's `GPU_I_ID`).
+    pub gpu_instance_id: u32,
+    /// Compute instance id.
+    pub compute_instance_id: u32,
+    /// Profile, e.g. `1g.10gb` (dcgm-exporter's `GPU_I_PROFILE`), from the name NVML gives the
+    /// MIG device (`NVIDIA A100-SXM4-80GB MIG 1g.10gb`).
+    pub profile: Option<String>,
+    /// Placement, where the driver says (it asks for root on real drivers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<MigPlacement>,
+    /// Memory used on it, bytes.
+    pub mem_used_bytes: Option<u64>,
+    /// Its memory, bytes.
+    pub mem_total_bytes: Option<u64>,
+    /// The processes running on it (their entries are in the GPU's process list).
+    #[serde(default)]
+    pub pids: Vec<u32>,
+}
+
+impl MigSample {
+    /// `GPU/GI/CI`, e.g. `0/7/0`: how recordings, alerts and `status` name it.
+    pub fn address(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.gpu_index, self.gpu_instance_id, self.compute_instance_id
+        )
+    }
+
+    /// The legacy `CUDA_VISIBLE_DEVICES` form, `MIG-GPU-<GPU UUID>/<GI>/<CI>`.
+    pub fn legacy_id(&self) -> String {
+        format!(
+            "MIG-{}/{}/{}",
+            self.gpu_uuid, self.gpu_instance_id, self.compute_instance_id
+        )
+    }
+
+    /// For people: `MIG 1g.10gb 0/7/0`.
+    pub fn describe(&self) -> String {
+        format!(
+            "MIG {} {}",
+            self.profile.as_deref().unwrap_or("?"),
+            self.address()
+        )
+    }
+
+    /// Compute slices of its profile (`3g.40gb` → 3), of the GPU's 7; `None` for a number no
+    /// GPU has (a broken driver's `4294967295g.10gb` would outweigh the GPU in usage).
+    pub fn compute_slices(&self) -> Option<u32> {
+        let p = self.profile.as_deref()?;
+        p.split_once("g.")?
+            .0
+            .parse()
+            .ok()
+            .filter(|n| (1..=MIG_COMPUTE_SLICES).contains(n))
+    }
+}
+
+/// Compute slices of a MIG-capable GPU (A100, A30 4, H100, H200, B200: at most 7).
+pub const MIG_COMPUTE_SLICES: u32 = 7;
+
+/// The profile in a MIG device's NVML name: `NVIDIA A100-SXM4-80GB MIG 1g.10gb` → `1g.10gb`
+/// (also `MIG 1g.10gb`, as the GPU-instance profile names it; `1g.10gb+me`, `1c.3g.40gb`). A
+/// profile is a short word of letters, digits, `.`, `+`, `-` and `_`: anything else (control
+/// characters, markup, quotes, spaces, a name longer than 32 characters) from a broken driver
+/// or a crafted recording is no profile, so it never reaches a terminal, a label or a page.
+pub fn mig_profile_of_name(name: &str) -> Option<String> {
+    let (_, rest) = name.rsplit_once("MIG ")?;
+    let p = rest.trim();
+    (!p.is_empty()
+        && p.len() <= 32
+        && p.contains("g.")
+        && p.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-' | '_')))
+    .then(|| p.to_string())
 }
 
 /// An XID error event delivered by the driver (an NVML event, a kernel-log line, or both
@@ -1048,6 +1412,22 @@ pub struct Snapshot {
     /// opened; carried in every snapshot so host rules such as `gpu_missing` see them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<MissingGpu>,
+    /// The MIG devices of the GPUs with MIG on, by GPU index then MIG index (read on the slow
+    /// path, carried in every snapshot while fresh; empty without MIG).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigSample>,
+}
+
+impl Snapshot {
+    /// The MIG devices of GPU `gpu_index`.
+    pub fn mig_of(&self, gpu_index: u32) -> impl Iterator<Item = &MigSample> {
+        self.mig.iter().filter(move |m| m.gpu_index == gpu_index)
+    }
+
+    /// The MIG device process `pid` runs on, on GPU `gpu_index`.
+    pub fn mig_of_process(&self, gpu_index: u32, pid: u32) -> Option<&MigSample> {
+        self.mig_of(gpu_index).find(|m| m.pids.contains(&pid))
+    }
 }
 
 /// Why a GPU counts as expected although NVML does not enumerate it.
@@ -1345,6 +1725,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn mig_profiles_from_a_hostile_name_are_no_profile() {
+        for (name, want) in [
+            ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", Some("1g.10gb")),
+            ("NVIDIA H100 MIG 1g.12gb+me", Some("1g.12gb+me")),
+            ("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb", Some("1c.3g.20gb")),
+            ("MIG 7g.80gb ", Some("7g.80gb")),
+            ("NVIDIA A100 MIG 1g.10gb<b>\u{1b}[2J", None),
+            ("NVIDIA A100 MIG 1g.10gb\u{7}", None),
+            ("NVIDIA A100 MIG 1g.10gb\n1g.5gb", None),
+            ("NVIDIA A100 MIG 1g.\"x\"", None),
+            ("NVIDIA A100 MIG 1g.10gb 2g.20gb", None),
+            ("NVIDIA A100 MIG 1g.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", None),
+            ("NVIDIA A100 MIG ", None),
+        ] {
+            assert_eq!(mig_profile_of_name(name).as_deref(), want, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn mig_compute_slices_beyond_a_gpu_are_unknown() {
+        let mut m = MigSample {
+            gpu_index: 0,
+            gpu_uuid: "GPU-0".into(),
+            index: 0,
+            uuid: "MIG-0".into(),
+            gpu_instance_id: 7,
+            compute_instance_id: 0,
+            profile: Some("3g.40gb".into()),
+            placement: None,
+            mem_used_bytes: None,
+            mem_total_bytes: None,
+            pids: Vec::new(),
+        };
+        assert_eq!(m.compute_slices(), Some(3));
+        for p in ["4294967295g.10gb", "0g.10gb", "8g.90gb"] {
+            m.profile = Some(p.into());
+            assert_eq!(m.compute_slices(), None, "{p}");
+        }
+    }
+
+    #[test]
     fn table_is_in_discriminant_order_with_unique_keys() {
         for (i, d) in METRICS.iter().enumerate() {
             assert_eq!(d.id as usize, i, "{} out of order", d.key);
@@ -1363,6 +1784,7 @@ mod tests {
     fn every_row_has_a_source() {
         let mut calls = Vec::new();
         let mut fields = Vec::new();
+        let mut gpm = Vec::new();
         for d in METRICS {
             let shown = d.source.to_string();
             assert!(!shown.trim().is_empty(), "{} has no source", d.key);
@@ -1379,12 +1801,21 @@ mod tests {
                     fields.push(f.field.id);
                     calls.extend(f.fallback);
                 }
+                Source::Gpm(m) => {
+                    assert!(!m.ids().is_empty() && *m.ids().end() < 210, "{}", d.key);
+                    gpm.push(m);
+                }
                 Source::Derived(how) => {
                     assert!(!how.how.trim().is_empty(), "{}: derived how?", d.key);
                 }
+                Source::Nvlink(n) => assert!(!n.describe().is_empty(), "{}", d.key),
                 Source::Host(h) => match h {},
             }
         }
+        let n = gpm.len();
+        gpm.sort_by_key(|m| m.describe());
+        gpm.dedup();
+        assert_eq!(gpm.len(), n, "two rows read the same GPM metric");
         let n = calls.len();
         calls.sort_by_key(|c| c.describe());
         calls.dedup();
@@ -1411,6 +1842,18 @@ mod tests {
             compute: |v| Some(v.get(Metric::MemUsed)? / v.get(Metric::MemTotal)?),
         });
         assert_eq!(derived.to_string(), "derived: mem_used / mem_total");
+        assert_eq!(
+            Metric::SmActive.desc().source.to_string(),
+            "`nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL)` between two GPM samples a tick apart"
+        );
+        assert_eq!(
+            Metric::NvlinkTxBytes.desc().source.to_string(),
+            "`nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC)` × 1048576 between two \
+             GPM samples a tick apart"
+        );
+        assert!(
+            Metric::SmActive.desc().source.is_nvml() && Metric::SmActive.desc().source.is_gpm()
+        );
         assert!(!derived.is_nvml());
         assert!(Metric::MemTemp.desc().source.is_nvml());
     }

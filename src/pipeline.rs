@@ -294,6 +294,25 @@ pub struct Pipeline {
 /// Says whether an event's actions are held (its alert is silenced).
 pub type Hold = Box<dyn Fn(&AlertEvent) -> bool + Send>;
 
+/// A `kill_action` event about a process on a MIG device names the device: label `mig`
+/// (`MIG 1g.10gb 0/7/0`) and its summary ends with `on MIG 1g.10gb 0/7/0`.
+fn name_mig(engine: &Engine, mut ev: AlertEvent) -> AlertEvent {
+    let pid = ev.labels.get("pid").and_then(|p| p.parse::<u32>().ok());
+    let Some(m) = ev
+        .gpu
+        .zip(pid)
+        .and_then(|(g, p)| engine.mig_of_process(g, p))
+    else {
+        return ev;
+    };
+    let name = m.describe();
+    if let Some(s) = ev.annotations.get_mut("summary") {
+        s.push_str(&format!(" on {name}"));
+    }
+    ev.labels.insert("mig".into(), name);
+    ev
+}
+
 /// Whether `e` is a firing event with actions that `hold` holds.
 fn held(hold: &Hold, e: &AlertEvent) -> bool {
     e.status == crate::model::AlertStatus::Firing && !e.actions.is_empty() && hold(e)
@@ -375,8 +394,15 @@ impl Pipeline {
                     .cancel_where(|e| hold(e), now_ms, "the alert is silenced"),
             );
         }
-        audits.extend(self.actions.tick(now_ms, processes));
-        events.extend(audits.iter().map(AuditRecord::to_alert_event));
+        // The ladders' records say when each step is taken (now, not the time of the sample that
+        // led here: a late sample would make a grace look cut short); their schedule runs on the
+        // monotonic clock, read at the same moment.
+        audits.extend(self.actions.tick(crate::sys::now_ms(), processes));
+        events.extend(
+            audits
+                .iter()
+                .map(|a| name_mig(&self.engine, a.to_alert_event())),
+        );
         events
     }
 
@@ -548,6 +574,58 @@ mod tests {
         resolved.actions.clear();
         let out = p.act(vec![resolved], 5, Some(&procs));
         assert_eq!(p.actions().active_kills(), 0, "{out:?}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// A kill about a process on a MIG device names the device in its `kill_action` event.
+    #[test]
+    fn a_kill_names_the_mig_device() {
+        let Held {
+            _dir,
+            mut p,
+            silenced: _,
+            mut child,
+            procs,
+        } = held(60_000, false);
+        let pid = child.id();
+        let mig = crate::model::MigSample {
+            gpu_index: 0,
+            gpu_uuid: "GPU-0".into(),
+            index: 3,
+            uuid: "MIG-x".into(),
+            gpu_instance_id: 10,
+            compute_instance_id: 0,
+            profile: Some("1g.10gb".into()),
+            placement: None,
+            mem_used_bytes: Some(1 << 30),
+            mem_total_bytes: Some(9728 << 20),
+            pids: vec![pid],
+        };
+        let gpu = crate::model::GpuSample {
+            time_ms: 0,
+            id: crate::model::DeviceId {
+                index: 0,
+                uuid: "GPU-0".into(),
+                ..Default::default()
+            },
+            state: crate::model::DeviceState::Ok,
+            values: Default::default(),
+        };
+        p.observe(&Snapshot {
+            time_ms: 0,
+            gpus: vec![gpu],
+            processes: Some(procs.to_vec()),
+            mig: vec![mig],
+            ..Snapshot::default()
+        });
+        let out = p.act(vec![kill_event(pid)], 1, Some(&procs));
+        let kill = out.iter().find(|e| e.name == "kill_action").unwrap();
+        assert_eq!(kill.labels["mig"], "MIG 1g.10gb 0/10/0", "{kill:?}");
+        assert!(
+            kill.annotations["summary"].ends_with("on MIG 1g.10gb 0/10/0"),
+            "{kill:?}"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
     }

@@ -7,7 +7,16 @@
 //! without a decimal point and others in shortest round-trip form; `xids` lists the XID codes
 //! received since the previous tick (`;`-separated); `processes` the GPU's current process list
 //! as `pid:used_bytes` items (`pid:` when the memory is unknown). Fields with `,` or `"` are
-//! quoted RFC 4180 style. A missed tick simply has no rows.
+//! quoted RFC 4180 style; control characters in a text field are escaped (`\n`, `\u{1b}`), so
+//! a row is one line. A missed tick simply has no rows.
+//!
+//! MIG: a GPU with MIG on is followed, in the same tick, by one row per MIG device: `index`
+//! is `GPU/GI/CI` (`0/7/0`: GPU index, GPU instance id, compute instance id), `uuid` its
+//! `MIG-…` UUID, `name` NVML's name for it (`NVIDIA A100-SXM4-80GB MIG 1g.10gb`: the profile
+//! follows ` MIG `), `pci_bus_id` its GPU's, `minor` empty, `state` its GPU's; of the metrics
+//! only `mem_used`, `mem_free` and `mem_total` (the MIG device's); `processes` the processes on
+//! it. The placement is not recorded. A reader that knows only GPU rows skips these as rows with
+//! a bad index; `import` reads them back as the snapshot's MIG devices.
 //!
 //! [`RotatingFile`] adds what `gpuwatch record --out FILE` needs: a header at the top of every
 //! file, a flush per tick, and size-based rotation at tick boundaries (`FILE.1`, `FILE.2`, …).
@@ -17,7 +26,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
-use crate::model::{ProcSample, Snapshot, METRICS};
+use crate::model::{GpuSample, Metric, MigSample, ProcSample, Snapshot, METRICS};
 
 /// Columns before the metric columns.
 pub const LEADING_COLUMNS: [&str; 7] = [
@@ -111,9 +120,19 @@ pub fn push_value(out: &mut String, v: f64) {
     }
 }
 
-/// Appends a text field, quoted RFC 4180 style when it contains `,`, `"` or a line break.
+/// Appends a text field, quoted RFC 4180 style when it contains `,` or `"`. Control characters
+/// (a driver's GPU name or MIG UUID with a line break or an escape sequence) are written as
+/// `\u{..}`-style escapes ([`crate::values::escape_control`]): a row is always one line, which
+/// `import` and every line-based reader need, and no cell drives a terminal.
 pub fn push_field(out: &mut String, s: &str) {
-    if s.contains([',', '"', '\n', '\r']) {
+    let escaped;
+    let s = if s.chars().any(char::is_control) {
+        escaped = crate::values::escape_control(s);
+        escaped.as_str()
+    } else {
+        s
+    };
+    if s.contains([',', '"']) {
         out.push('"');
         for c in s.chars() {
             if c == '"' {
@@ -179,24 +198,72 @@ impl CsvRows {
                 let _ = write!(out, "{}", x.xid);
             }
             out.push(',');
-            let mut first = true;
-            for p in self
-                .processes
-                .iter()
-                .filter(|p| p.gpu_index == gpu.id.index)
-            {
-                if !first {
-                    out.push(';');
-                }
-                first = false;
-                push_u64(out, u64::from(p.pid));
-                out.push(':');
-                if let Some(b) = p.used_mem_bytes {
-                    push_u64(out, b);
+            self.push_processes(out, gpu.id.index, |_| true);
+            out.push('\n');
+            if gpu.state == crate::model::DeviceState::Ok {
+                for m in snap.mig_of(gpu.id.index) {
+                    self.render_mig(&ts, gpu, m, out);
                 }
             }
-            out.push('\n');
         }
+    }
+
+    /// The `processes` cell: GPU `gpu`'s processes that `keep` accepts, as `pid:used_bytes`.
+    fn push_processes(&self, out: &mut String, gpu: u32, keep: impl Fn(&ProcSample) -> bool) {
+        let mut first = true;
+        for p in self
+            .processes
+            .iter()
+            .filter(|p| p.gpu_index == gpu && keep(p))
+        {
+            if !first {
+                out.push(';');
+            }
+            first = false;
+            push_u64(out, u64::from(p.pid));
+            out.push(':');
+            if let Some(b) = p.used_mem_bytes {
+                push_u64(out, b);
+            }
+        }
+    }
+
+    /// The row of MIG device `m` of `gpu` (see the module docs).
+    fn render_mig(&self, ts: &str, gpu: &GpuSample, m: &MigSample, out: &mut String) {
+        out.push_str(ts);
+        out.push(',');
+        out.push_str(&m.address());
+        out.push(',');
+        push_field(out, &m.uuid);
+        out.push(',');
+        push_field(
+            out,
+            &format!("{} MIG {}", gpu.id.name, m.profile.as_deref().unwrap_or("")),
+        );
+        out.push(',');
+        push_field(out, &gpu.id.pci_bus_id);
+        out.push(',');
+        out.push(',');
+        out.push_str(&gpu.state.label());
+        for d in METRICS {
+            out.push(',');
+            let v = match d.id {
+                Metric::MemUsed => m.mem_used_bytes,
+                Metric::MemTotal => m.mem_total_bytes,
+                Metric::MemFree => m
+                    .mem_total_bytes
+                    .zip(m.mem_used_bytes)
+                    .map(|(t, u)| t.saturating_sub(u)),
+                _ => None,
+            };
+            if let Some(b) = v {
+                push_u64(out, b);
+            }
+        }
+        out.push(',');
+        out.push(',');
+        self.push_processes(out, gpu.id.index, |p| m.pids.contains(&p.pid));
+        out.push('\n');
     }
 }
 
@@ -440,7 +507,8 @@ mod tests {
     fn header_has_every_metric_in_table_order() {
         let h = header_line();
         assert!(h.starts_with("timestamp,index,uuid,name,pci_bus_id,minor,state,util,mem_util,"));
-        assert!(h.ends_with(",dec_util,xids,processes"));
+        assert!(h.contains(",dec_util,gr_engine_active,sm_active,sm_occupancy,tensor_active,hmma_active,imma_active,dfma_active,dram_active,fp64_active,fp32_active,fp16_active,pcie_tx_bytes,pcie_rx_bytes,nvlink_tx_bytes,nvlink_rx_bytes,nvdec_util,nvjpg_util,nvofa_util,"));
+        assert!(h.ends_with(",xids,processes"));
         assert_eq!(h.split(',').count(), 7 + METRICS.len() + 2);
     }
 
@@ -478,6 +546,15 @@ mod tests {
         let mut f = String::new();
         push_field(&mut f, r#"a,"b""#);
         assert_eq!(f, r#""a,""b""""#);
+    }
+
+    #[test]
+    fn a_text_field_with_control_characters_stays_on_one_line() {
+        // a driver's GPU name or MIG UUID with a line break and escape sequences
+        let mut f = String::new();
+        push_field(&mut f, "MIG-\u{1b}[31mRED\n\"}<x>,y\r\u{7}");
+        assert_eq!(f, r#""MIG-\u{1b}[31mRED\n""}<x>,y\r\u{7}""#);
+        assert!(!f.chars().any(char::is_control), "{f:?}");
     }
 
     #[test]

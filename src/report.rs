@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Engine;
 use crate::import::Imported;
-use crate::model::{AlertEvent, AlertStatus};
+use crate::model::{AlertEvent, AlertStatus, Snapshot};
 pub use stats::{GpuCharts, GpuSummary};
 
 /// `[report]` in the config file.
@@ -106,6 +106,72 @@ pub struct RunSummary {
     pub alerts: Vec<AlertSpan>,
     pub progress: Option<ProgressSummary>,
     pub warnings: Vec<String>,
+    /// The MIG devices seen on GPUs with MIG on, by GPU then GPU instance.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigSummary>,
+}
+
+/// One MIG device over a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigSummary {
+    /// Its GPU's index.
+    pub gpu: u32,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    pub uuid: String,
+    pub profile: Option<String>,
+    /// The most memory used on it, bytes.
+    pub mem_peak_bytes: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+    /// Distinct processes seen on it.
+    pub processes: usize,
+    /// Ticks it was seen in.
+    pub ticks: u64,
+}
+
+/// The MIG devices of a run so far, by (GPU, GPU instance, compute instance, UUID): each with the
+/// distinct PIDs seen on it.
+type MigAcc = BTreeMap<(u32, u32, u32, String), (MigSummary, Vec<u32>)>;
+
+/// Folds one snapshot's MIG devices into the run's.
+fn observe_mig(acc: &mut MigAcc, s: &Snapshot) {
+    for m in &s.mig {
+        let key = (
+            m.gpu_index,
+            m.gpu_instance_id,
+            m.compute_instance_id,
+            m.uuid.clone(),
+        );
+        let (sum, pids) = acc.entry(key).or_insert_with(|| {
+            (
+                MigSummary {
+                    gpu: m.gpu_index,
+                    gpu_instance_id: m.gpu_instance_id,
+                    compute_instance_id: m.compute_instance_id,
+                    uuid: m.uuid.clone(),
+                    profile: m.profile.clone(),
+                    mem_peak_bytes: None,
+                    mem_total_bytes: None,
+                    processes: 0,
+                    ticks: 0,
+                },
+                Vec::new(),
+            )
+        });
+        sum.ticks += 1;
+        if let Some(u) = m.mem_used_bytes {
+            sum.mem_peak_bytes = Some(sum.mem_peak_bytes.map_or(u, |p| p.max(u)));
+        }
+        if m.mem_total_bytes.is_some() {
+            sum.mem_total_bytes = m.mem_total_bytes;
+        }
+        for p in &m.pids {
+            if !pids.contains(p) {
+                pids.push(*p);
+            }
+        }
+        sum.processes = pids.len();
+    }
 }
 
 /// A run's summary and its charts.
@@ -144,9 +210,11 @@ pub fn build(
     let mut n_ticks = 0u64;
     let mut first_ms = None;
     let mut last_ms = 0;
+    let mut mig = BTreeMap::new();
     let on_tick = |t: &Imported| {
         let s = &t.snapshot;
         n_ticks += 1;
+        observe_mig(&mut mig, s);
         first_ms.get_or_insert(s.time_ms);
         last_ms = last_ms.max(s.time_ms);
         procs_on.clear();
@@ -273,6 +341,7 @@ pub fn build(
             alerts: spans,
             progress,
             warnings: Vec::new(),
+            mig: mig.into_values().map(|(m, _)| m).collect(),
         },
         charts,
     })
@@ -330,12 +399,44 @@ pub fn text(r: &RunSummary) -> String {
         let power = g
             .power_mean_w
             .map_or_else(String::new, |p| format!(", power mean {p:.0} W"));
+        // GPM (Hopper and later): what the SMs, the tensor pipes and DRAM did while busy
+        let gpm = [
+            ("SM active", g.sm_active_mean),
+            ("tensor active", g.tensor_active_mean),
+            ("DRAM active", g.dram_active_mean),
+        ]
+        .iter()
+        .filter_map(|(name, v)| v.map(|v| format!("{name} {v:.0} %")))
+        .collect::<Vec<_>>();
+        let util = if gpm.is_empty() {
+            util
+        } else {
+            format!("{util}, {}", gpm.join(", "))
+        };
         let gaps = if g.gaps > 0 {
             format!(", {} gap(s) {}", g.gaps, human_duration(g.gap_s))
         } else {
             String::new()
         };
         let _ = writeln!(out, "  GPU {}: {util}; {mem}; {temp}{power}{gaps}", g.index);
+        for m in r.mig.iter().filter(|m| m.gpu == g.index) {
+            #[expect(clippy::cast_precision_loss, reason = "bytes, for display")]
+            let mem = match (m.mem_peak_bytes, m.mem_total_bytes) {
+                (Some(p), Some(t)) => format!("memory peak {} of {}", gib(p as f64), gib(t as f64)),
+                (Some(p), None) => format!("memory peak {}", gib(p as f64)),
+                _ => "memory -".into(),
+            };
+            let _ = writeln!(
+                out,
+                "    MIG {} {}/{}/{}: {mem}; {} process{}",
+                m.profile.as_deref().unwrap_or("?"),
+                m.gpu,
+                m.gpu_instance_id,
+                m.compute_instance_id,
+                m.processes,
+                if m.processes == 1 { "" } else { "es" }
+            );
+        }
     }
     if let Some(e) = r.energy_kwh {
         let cost = r

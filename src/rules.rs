@@ -1046,8 +1046,12 @@ impl RuleSet {
 
     /// Evaluates process-scope rule `idx` for one GPU process.
     pub fn eval_process(&self, idx: usize, p: api::ProcessHandle) -> EvalResult {
+        let on = p
+            .mig
+            .as_ref()
+            .map_or_else(String::new, |m| format!(" ({})", m.describe()));
         let name = format!(
-            "{} for process {} on GPU {}",
+            "{} for process {} on GPU {}{on}",
             self.rules[idx].spec.name, p.proc_.pid, p.proc_.gpu_index
         );
         self.eval(idx, Dynamic::from(p), move || name)

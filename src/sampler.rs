@@ -18,7 +18,8 @@
 //!
 //! The metric table drives the per-GPU read (`slot`): each row is read through its
 //! [`Source`](crate::model::Source) — the tick path's field rows in one `nvmlDeviceGetFieldValues`
-//! call, the slow ones in another on the slow path (PCIe throughput as the rate of the driver's
+//! call, the GPM rows (Hopper and later; [`GpmStatus`] says where GPM stands per GPU, and
+//! `SamplerConfig::gpm` turns it off) from one GPM sample per tick against the previous one, the slow ones in another on the slow path (PCIe throughput as the rate of the driver's
 //! byte counters between two slow reads), a field the GPU lacks through its
 //! row's fallback call, every [`NvmlCall`](crate::model::NvmlCall) by its reader (calls answering
 //! several rows are made once per tick), derived rows last. A new row therefore needs no sampler
@@ -46,6 +47,8 @@ pub mod doctor;
 mod events;
 pub mod expected;
 pub mod kmsg;
+mod mig;
+mod nvlink;
 pub mod procfs;
 mod slot;
 pub mod sysfs;
@@ -63,8 +66,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
 use crate::model::{
-    DeviceId, DeviceState, GpuSample, MetricValues, MissingGpu, NvmlFunction, ProcSample, Snapshot,
-    METRICS, METRIC_COUNT,
+    DeviceId, DeviceState, GpuSample, MetricValues, MigSample, MissingGpu, NvmlFunction,
+    ProcSample, Snapshot, METRICS, METRIC_COUNT,
 };
 use slot::{Slot, SlowAnswer, SlowSlot};
 use worker::Pool;
@@ -102,6 +105,9 @@ pub struct SamplerConfig {
     /// For one-shot commands (`status`): rates whose counters have no second reading yet are read
     /// through their fallback call (PCIe throughput's 20 ms window) instead of being absent.
     pub rates_now: bool,
+    /// Read the GPM metrics (SM active, tensor and DRAM activity, …) on GPUs that have GPM
+    /// (`[daemon] gpm`, `--no-gpm`).
+    pub gpm: bool,
 }
 
 impl Default for SamplerConfig {
@@ -115,6 +121,46 @@ impl Default for SamplerConfig {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             sim_time_scale: None,
             rates_now: false,
+            gpm: true,
+        }
+    }
+}
+
+/// Where GPM (the profiling metrics of Hopper and later: `sm_active`, `tensor_active`,
+/// `dram_active`, …) stands on one GPU: `status --json` and `doctor` say it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum GpmStatus {
+    /// Not known yet (the GPU has not answered).
+    #[default]
+    Unknown,
+    /// Turned off (`[daemon] gpm = false`, `--no-gpm`).
+    Off,
+    /// The GPU or its driver has no GPM (before Hopper, consumer boards, older drivers): why.
+    Unsupported(Arc<str>),
+    /// The GPU has GPM but its calls fail (another client holds it, the driver is in trouble):
+    /// the error; the GPM metrics are absent while it lasts, and it is tried again every tick.
+    Failing(Arc<str>),
+    /// Read at every tick.
+    Active,
+}
+
+impl GpmStatus {
+    /// `unknown`, `off`, `unsupported`, `failing` or `active`.
+    pub fn state(&self) -> &'static str {
+        match self {
+            GpmStatus::Unknown => "unknown",
+            GpmStatus::Off => "off",
+            GpmStatus::Unsupported(_) => "unsupported",
+            GpmStatus::Failing(_) => "failing",
+            GpmStatus::Active => "active",
+        }
+    }
+
+    /// Why it is unsupported, or the error of a failing GPM.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            GpmStatus::Unsupported(why) | GpmStatus::Failing(why) => Some(why),
+            _ => None,
         }
     }
 }
@@ -203,12 +249,19 @@ struct Dev {
     state: DeviceState,
     /// Each slow metric's last value and when it was read (`i64::MIN`: never).
     slow_values: [(Option<f64>, i64); METRIC_COUNT],
+    /// Where its GPM stands, as its last answer said.
+    gpm: GpmStatus,
     /// The state last put in a snapshot (to log changes once).
     reported: DeviceState,
     /// Its processes as last read, and when (UTC ms): carried into a round it did not answer
     /// while younger than two process intervals plus the call timeout (like the slow values), so
     /// a late answer is not a GPU without processes.
     procs: Option<(i64, Vec<ProcSample>)>,
+    /// With MIG on: its MIG devices as last read, and when (UTC ms); shown while as fresh as
+    /// the processes.
+    mig: Option<(i64, Vec<MigSample>)>,
+    /// Its NVLinks as last read (GPUs with NVLink only).
+    nvlink: Option<crate::model::nvlink::NvlinkStatus>,
 }
 
 /// A fast-path thread's state for one device.
@@ -225,6 +278,7 @@ struct FastAnswer {
     state: DeviceState,
     values: MetricValues,
     slow_mask: u64,
+    gpm: GpmStatus,
 }
 
 /// A call on the fast path blocked this long moves the GPUs after it to another thread (healthy
@@ -269,16 +323,23 @@ fn fast_pool(
     nvml: &'static Nvml,
     n: usize,
     id_wanted: Arc<Vec<AtomicBool>>,
+    gpm: bool,
 ) -> Pool<FastState, FastAnswer> {
-    let factory: worker::Factory<FastState> = Arc::new(|pos, busy| FastState {
-        slot: Slot::new(
+    let factory: worker::Factory<FastState> = Arc::new(move |pos, busy| {
+        let mut slot = Slot::new(
             u32::try_from(pos).unwrap_or(u32::MAX),
             now_ms(),
             busy,
             slot::Path::Fast,
-        ),
-        attached: false,
-        sent_id: None,
+        );
+        if gpm {
+            slot.gpm = slot::Gpm::on();
+        }
+        FastState {
+            slot,
+            attached: false,
+            sent_id: None,
+        }
     });
     let work: worker::Work<FastState, FastAnswer> = Arc::new(move |st, _, time_ms| {
         if !st.attached {
@@ -308,6 +369,7 @@ fn fast_pool(
             state,
             values,
             slow_mask: st.slot.slow_metrics(),
+            gpm: st.slot.gpm.status.clone(),
         }
     });
     Pool::new("gpuwatch-nvml", n, FAST_SPLIT, factory, work)
@@ -396,8 +458,15 @@ impl Sampler {
                 },
                 state: DeviceState::Ok,
                 slow_values: [(None, i64::MIN); METRIC_COUNT],
+                gpm: if cfg.gpm {
+                    GpmStatus::Unknown
+                } else {
+                    GpmStatus::Off
+                },
                 reported: DeviceState::Ok,
                 procs: None,
+                mig: None,
+                nvlink: None,
             })
             .collect();
         let slow_masks: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
@@ -406,7 +475,7 @@ impl Sampler {
         let mut sampler = Sampler {
             nvml,
             devices,
-            fast: fast_pool(nvml, n, id_wanted.clone()),
+            fast: fast_pool(nvml, n, id_wanted.clone(), cfg.gpm),
             id_wanted,
             slow: slow_pool(nvml, n, slow_masks.clone(), cfg),
             slow_masks,
@@ -521,6 +590,25 @@ impl Sampler {
         self.devices.iter().map(|d| d.id.clone()).collect()
     }
 
+    /// Where GPM stands on each GPU, in NVML index order (as of the last snapshot).
+    pub fn gpm(&self) -> Vec<GpmStatus> {
+        self.devices.iter().map(|d| d.gpm.clone()).collect()
+    }
+
+    /// The NVLinks of the GPUs that have them, as last read on the slow path (in NVML index
+    /// order; empty on machines without NVLink).
+    pub fn nvlink(&self) -> Vec<crate::model::nvlink::NvlinkStatus> {
+        self.devices
+            .iter()
+            .filter_map(|d| d.nvlink.clone())
+            .collect()
+    }
+
+    /// Whether any GPU reads GPM (the GPM metrics then need two snapshots a tick apart).
+    pub fn gpm_active(&self) -> bool {
+        self.devices.iter().any(|d| d.gpm == GpmStatus::Active)
+    }
+
     /// The library that was loaded (path or name).
     pub fn library(&self) -> &str {
         &self.lib
@@ -621,13 +709,34 @@ impl Sampler {
             });
         }
         self.register_late_xids();
+        let mig = self.mig_now(time_ms, &gpus);
         Snapshot {
             time_ms,
             gpus,
             processes,
             xids,
             missing: self.missing.clone(),
+            mig,
         }
+    }
+
+    /// The MIG devices of the GPUs in this snapshot that answer, while their last read is as
+    /// fresh as a process list may be (twice the process interval plus the call timeout).
+    fn mig_now(&self, time_ms: i64, gpus: &[GpuSample]) -> Vec<MigSample> {
+        let timeout_ms = duration_ms(self.call_timeout);
+        let max_age = (2 * self.process_interval_ms).saturating_add(timeout_ms);
+        let mut out = Vec::new();
+        for g in gpus.iter().filter(|g| g.state == DeviceState::Ok) {
+            let Some(d) = self.devices.iter().find(|d| d.id.index == g.id.index) else {
+                continue;
+            };
+            if let Some((at, list)) = &d.mig {
+                if is_current(time_ms, *at, max_age, timeout_ms) {
+                    out.extend(list.iter().cloned());
+                }
+            }
+        }
+        out
     }
 
     /// Whether device `pos` answers and can be registered for XID events.
@@ -667,6 +776,7 @@ impl Sampler {
             None => {}
         }
         d.state = a.state;
+        d.gpm = a.gpm;
         self.slow_masks[pos].store(a.slow_mask, Ordering::Relaxed);
         a.values
     }
@@ -711,6 +821,17 @@ impl Sampler {
                             d.slow_values[m.id as usize] = (a.values.get(m.id), a.time_ms);
                         }
                     }
+                    if let Some(links) = a.nvlink {
+                        d.nvlink = Some(crate::model::nvlink::NvlinkStatus {
+                            gpu: d.id.index,
+                            time_ms: a.time_ms,
+                            links,
+                        });
+                    }
+                    d.mig = a.mig.map(|readings| {
+                        let procs = a.processes.as_deref().unwrap_or_default();
+                        (a.time_ms, mig::samples(&d.id, readings, procs))
+                    });
                     a.processes.map(|list| (a.time_ms, list))
                 }
                 None => None,
@@ -937,12 +1058,17 @@ mod tests {
                         assert!(f.fallback.is_none_or(NvmlCall::is_slow), "{}", d.key);
                     }
                 }
-                Source::Nvml(_) | Source::Derived(_) => {
+                Source::Nvml(_) | Source::Gpm(_) | Source::Derived(_) | Source::Nvlink(_) => {
                     assert!(!fast.contains(&d.id) && !slow.contains(&d.id))
                 }
                 Source::Host(h) => match h {},
             }
         }
+        // GPM is read on the tick path, all rows by one request with every id of theirs
+        assert!(METRICS
+            .iter()
+            .filter(|d| d.source.is_gpm())
+            .all(|d| !d.source.is_slow()));
         // energy and the PCIe counters cost the driver CPU: never on the tick path
         for key in ["energy", "pcie_rx", "pcie_tx", "pcie_replay"] {
             let m = METRICS.iter().find(|d| d.key == key).unwrap();

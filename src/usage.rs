@@ -5,7 +5,12 @@
 //! (split evenly between them): GPU-hours, energy (the GPU's power × time, split the same way),
 //! and "idle but allocated" hours — time the GPU sat at ≤ [`IDLE_UTIL`] % utilization while the
 //! pair held at least [`IDLE_MIN_BYTES`] of its memory. Job ends (`gpuwatch run` writes one line
-//! per job) and firing alerts are counted per hour too. Kept per UTC day in
+//! per job) and firing alerts are counted per hour too. On a GPU with MIG on each MIG device
+//! counts for itself: its share of the GPU's compute slices (a `1g.10gb` is 1/7 of an A100 or
+//! H100; an equal share when the profile is unknown) of the tick's time and of the GPU's energy
+//! goes to the owners of the processes on it, and "idle but allocated" weighs the memory they
+//! hold on that device (a MIG GPU reports no utilization, so it counts only where utilization is
+//! known). Kept per UTC day in
 //! `state_dir/usage/YYYY-MM-DD.json` (hourly buckets, a few KB a day), at most [`KEEP_DAYS`]
 //! days. Pure aggregation apart from [`Ledger::load`] / [`Ledger::save`].
 
@@ -42,6 +47,35 @@ impl Owner {
                 .or_else(|| p.uid.map(|u| format!("uid {u}")))
                 .unwrap_or_else(|| "?".into()),
             container: p.container.as_deref().map(container_label),
+        }
+    }
+}
+
+/// Attributes `span` seconds of one device (a GPU, or a MIG device: its share of the tick) and
+/// `power × span` of energy to the owners of `procs`, split evenly; an owner holding at least
+/// [`IDLE_MIN_BYTES`] of the device's memory on an idle GPU also gets `dt` idle-allocated
+/// seconds.
+fn attribute(hour: &mut Hour, procs: &[&ProcSample], span: f64, dt: f64, power: f64, idle: bool) {
+    let mut owners: Vec<(Owner, u64)> = Vec::new();
+    for p in procs {
+        let o = Owner::of(p);
+        let mem = p.used_mem_bytes.unwrap_or(0);
+        match owners.iter_mut().find(|(k, _)| *k == o) {
+            Some((_, m)) => *m += mem,
+            None => owners.push((o, mem)),
+        }
+    }
+    if owners.is_empty() {
+        return;
+    }
+    #[expect(clippy::cast_precision_loss, reason = "a handful of owners")]
+    let share = span / owners.len() as f64;
+    for (o, mem) in owners {
+        let u = hour.owner(&o);
+        u.gpu_s += share;
+        u.energy_j += power * share;
+        if idle && mem >= IDLE_MIN_BYTES {
+            u.idle_alloc_s += dt;
         }
     }
 }
@@ -138,29 +172,27 @@ impl Ledger {
                 .iter()
                 .filter(|p| p.gpu_index == g.id.index)
                 .collect();
-            let mut owners: Vec<(Owner, u64)> = Vec::new();
-            for p in &on {
-                let o = Owner::of(p);
-                let mem = p.used_mem_bytes.unwrap_or(0);
-                match owners.iter_mut().find(|(k, _)| *k == o) {
-                    Some((_, m)) => *m += mem,
-                    None => owners.push((o, mem)),
-                }
-            }
-            if owners.is_empty() {
-                continue;
-            }
-            #[expect(clippy::cast_precision_loss, reason = "a handful of owners")]
-            let share = dt / owners.len() as f64;
             let power = g.get(Metric::Power).unwrap_or(0.0);
             let idle = g.get(Metric::Util).is_some_and(|u| u <= IDLE_UTIL);
-            for (o, mem) in owners {
-                let u = hour.owner(&o);
-                u.gpu_s += share;
-                u.energy_j += power * share;
-                if idle && mem >= IDLE_MIN_BYTES {
-                    u.idle_alloc_s += dt;
-                }
+            let mig: Vec<_> = snap.mig_of(g.id.index).collect();
+            if mig.is_empty() {
+                attribute(hour, &on, dt, dt, power, idle);
+                continue;
+            }
+            // MIG: each device's share of the GPU, for the owners of its processes
+            let known: u32 = mig.iter().filter_map(|m| m.compute_slices()).sum();
+            for m in &mig {
+                #[expect(clippy::cast_precision_loss, reason = "a handful of MIG devices")]
+                let weight = match (m.compute_slices(), known) {
+                    (Some(s), k) if k > 0 => f64::from(s) / f64::from(k.max(7)),
+                    _ => 1.0 / mig.len() as f64,
+                };
+                let procs: Vec<&ProcSample> = on
+                    .iter()
+                    .copied()
+                    .filter(|p| m.pids.contains(&p.pid))
+                    .collect();
+                attribute(hour, &procs, dt * weight, dt, power, idle);
             }
         }
     }
@@ -569,7 +601,7 @@ impl DigestSection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{DeviceId, GpuSample, MetricValues, ProcKind};
+    use crate::model::{DeviceId, GpuSample, MetricValues, MigSample, ProcKind};
 
     fn proc_(pid: u32, gpu: u32, user: &str, container: Option<&str>, gib: u64) -> ProcSample {
         ProcSample {
@@ -602,6 +634,68 @@ mod tests {
         }
     }
 
+    /// An A100 split 7 × 1g.10gb at 350 W: alice on two MIG devices, bob on one, four idle.
+    /// Each device is a seventh of the GPU: alice gets 2/7 of the hour and of the energy, bob
+    /// 1/7, and nobody the idle devices' time.
+    #[test]
+    fn mig_devices_count_for_their_share_of_the_gpu() {
+        let mut l = Ledger::default();
+        let procs = vec![
+            proc_(10, 0, "alice", None, 5),
+            proc_(11, 0, "alice", None, 6),
+            proc_(20, 0, "bob", None, 4),
+        ];
+        let mig: Vec<MigSample> = (0..7u32)
+            .map(|k| MigSample {
+                gpu_index: 0,
+                gpu_uuid: String::new(),
+                index: k,
+                uuid: format!("MIG-{k}"),
+                gpu_instance_id: 7 + k,
+                compute_instance_id: 0,
+                profile: Some("1g.10gb".into()),
+                placement: None,
+                mem_used_bytes: None,
+                mem_total_bytes: None,
+                pids: match k {
+                    0 => vec![10],
+                    1 => vec![11],
+                    2 => vec![20],
+                    _ => vec![],
+                },
+            })
+            .collect();
+        for (k, t) in (0..=60).map(|i| (i, i * 60_000)) {
+            let mut g = gpu(0, t, 0.0, 350.0);
+            // a GPU with MIG on has no utilization
+            g.values.set(Metric::Util, None);
+            l.observe(&Snapshot {
+                time_ms: t,
+                gpus: vec![g],
+                processes: (k == 0).then(|| procs.clone()),
+                mig: mig.clone(),
+                ..Snapshot::default()
+            });
+        }
+        let d = l.digest(0, 7_200_000, 5);
+        let row = |u: &str| {
+            d.rows
+                .iter()
+                .find(|(o, _)| o.user == u)
+                .map(|(_, u)| u.clone())
+                .unwrap()
+        };
+        let (alice, bob) = (row("alice"), row("bob"));
+        assert!((alice.gpu_s - 3600.0 * 2.0 / 7.0).abs() < 1e-6, "{alice:?}");
+        assert!((bob.gpu_s - 3600.0 / 7.0).abs() < 1e-6, "{bob:?}");
+        assert!((alice.energy_j - 350.0 * 3600.0 * 2.0 / 7.0).abs() < 1e-3);
+        assert_eq!(
+            alice.idle_alloc_s, 0.0,
+            "no utilization on MIG: no idle verdict"
+        );
+        assert_eq!(d.rows.len(), 2);
+    }
+
     /// A recorded week, one sample a minute: alice trains on GPU 0 in a Docker container all
     /// week at 300 W; bob holds 20 GiB on GPU 1 at 0 % for the first two days, then leaves; GPU 2
     /// is shared by alice (host) and carol half the week.
@@ -631,6 +725,7 @@ mod tests {
                 processes: Some(procs),
                 xids: Vec::new(),
                 missing: Vec::new(),
+                mig: Vec::new(),
             });
         }
         l.job_end(

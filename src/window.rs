@@ -23,7 +23,9 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 
-use crate::model::{DeviceId, DeviceState, GpuSample, Metric, ProcSample, XidNote, METRIC_COUNT};
+use crate::model::{
+    DeviceId, DeviceState, GpuSample, Metric, MigSample, ProcSample, XidNote, METRIC_COUNT,
+};
 
 /// History kept beyond the longest duration a window must answer for.
 pub const RETENTION_MARGIN_MS: i64 = 60_000;
@@ -500,6 +502,8 @@ pub struct GpuHistory {
     pub xids: VecDeque<XidNote>,
     /// The newest process list for this GPU.
     pub processes: Vec<ProcSample>,
+    /// Its MIG devices as of the newest snapshot (empty without MIG).
+    pub mig: Vec<MigSample>,
     /// Recent sample times, for the interval estimate.
     recent_times: VecDeque<i64>,
     /// Estimated sampling interval, ms (0 = unknown).
@@ -519,6 +523,7 @@ impl Clone for GpuHistory {
             series: self.series.clone(),
             xids: self.xids.clone(),
             processes: self.processes.clone(),
+            mig: self.mig.clone(),
             recent_times: self.recent_times.clone(),
             interval_ms: self.interval_ms,
             cache: Mutex::new((i64::MIN, Vec::new())),

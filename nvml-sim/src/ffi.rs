@@ -1,8 +1,9 @@
 //! The exported NVML C ABI: call guards (init check, handle resolution, GPU-lost, fault
 //! injection, debug logging, panic containment) and the system-level functions.
 //!
-//! Device getters live in `ffi/device.rs`, event sets in `ffi/events.rs`, NOT_SUPPORTED stubs in
-//! `ffi/stubs.rs`. Layouts come from `nvml_wrapper_sys::bindings`; sizes are asserted below.
+//! Device getters live in `ffi/device.rs`, event sets in `ffi/events.rs`, GPM in `ffi/gpm.rs`,
+//! NOT_SUPPORTED stubs in `ffi/stubs.rs`. Layouts come from `nvml_wrapper_sys::bindings`; sizes
+//! are asserted below.
 
 // Exported functions take raw pointers from C callers; their contract is NVML's documentation.
 #![allow(clippy::missing_safety_doc)]
@@ -18,6 +19,9 @@ use crate::sim::{self, code, Sim};
 
 mod device;
 mod events;
+mod gpm;
+mod mig;
+mod nvlink;
 mod stubs;
 
 // Compile-time layout checks (x86_64 / aarch64 Linux), so a binding change cannot shift a layout.
@@ -35,6 +39,9 @@ const _: () = {
     assert!(std::mem::size_of::<nvmlBAR1Memory_t>() == 24);
     assert!(std::mem::size_of::<nvmlTemperature_t>() == 12);
     assert!(std::mem::size_of::<nvmlViolationTime_t>() == 16);
+    assert!(std::mem::size_of::<nvmlGpmSupport_t>() == 8);
+    assert!(std::mem::size_of::<nvmlGpmMetric_t>() == 40);
+    assert!(std::mem::offset_of!(nvmlGpmMetricsGet_t, metrics) == 24);
 };
 
 /// Version word of `nvmlMemory_v2_t` (`sizeof | 2 << 24`).
@@ -120,10 +127,20 @@ impl Dev {
 }
 
 /// Resolves a device handle: UNINITIALIZED, INVALID_ARGUMENT, hangs, injected faults,
-/// GPU_IS_LOST.
+/// GPU_IS_LOST. A MIG device handle answers NOT_SUPPORTED (after its GPU's checks): only the
+/// MIG-aware getters take one (`mig::dev_or_mig`).
 pub(crate) fn dev(name: &'static str, handle: nvmlDevice_t) -> Result<Dev, u32> {
     let sim = sim::current()?;
-    let gpu = index_of(handle, &sim).ok_or(code::INVALID_ARGUMENT)?;
+    let Some(gpu) = index_of(handle, &sim) else {
+        let (gpu, _) = mig::mig_of(handle, &sim).ok_or(code::INVALID_ARGUMENT)?;
+        guard(name, sim, gpu)?;
+        return Err(code::NOT_SUPPORTED);
+    };
+    guard(name, sim, gpu)
+}
+
+/// The checks of a call on `gpu` (hangs, injected faults, GPU_IS_LOST), for the debug log's GPU.
+pub(crate) fn guard(name: &'static str, sim: Arc<Sim>, gpu: usize) -> Result<Dev, u32> {
     CALL_GPU.with(|c| c.set(Some(gpu)));
     sim.hang(name, gpu);
     let t = sim.now_s();
@@ -278,7 +295,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> nvmlReturn_t 
 }
 
 /// Returns the handle of `gpu` unless it is lost (GPU_IS_LOST, as the real driver does).
-unsafe fn give_handle(
+pub(crate) unsafe fn give_handle(
     name: &'static str,
     sim: &Sim,
     gpu: usize,
@@ -332,6 +349,9 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     entry("nvmlDeviceGetHandleByUUID", || {
         let sim = sim::current()?;
         let wanted = unsafe { get_str(uuid) }?.trim();
+        if wanted.starts_with("MIG-") {
+            return unsafe { mig::handle_by_uuid(&sim, wanted, device) };
+        }
         let gpu = sim
             .scenario
             .devices

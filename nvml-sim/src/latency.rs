@@ -76,6 +76,15 @@ pub fn default_cost(name: &str) -> Cost {
         Cost::spins(us(170))
     } else if name == "nvmlDeviceGetEccMode" {
         Cost::spins(us(130))
+    } else if name == "nvmlGpmSampleGet" || name == "nvmlGpmMigSampleGet" {
+        // ESTIMATE, not measured (no Hopper GPU at hand yet; `bench/real-gpu.sh` step 4
+        // measures it): a GPM snapshot is a driver RPC that copies the GPU's activity counters
+        // out; the RPC-backed getters measured on the H200 (PCIe counters, replay counter, ECC
+        // mode) cost 130–170 µs, all of it CPU — a sample with its counter copy, 200 µs.
+        Cost::spins(us(200))
+    } else if name == "nvmlGpmMetricsGet" {
+        // ESTIMATE: host arithmetic over two sample buffers, no driver round trip.
+        Cost::spins(us(20))
     } else if name == "nvmlDeviceGetFieldValues" {
         // plus each field's own cost (`ffi::device::field_cost`)
         Cost::sleeps(us(1))
@@ -322,6 +331,9 @@ mod tests {
         assert_eq!(default_latency("nvmlDeviceGetMemoryInfo_v2"), us(4));
         assert_eq!(default_latency("nvmlDeviceGetName"), us(1));
         assert_eq!(default_latency("nvmlEventSetWait_v2"), Duration::ZERO);
+        assert_eq!(default_cost("nvmlGpmSampleGet"), Cost::spins(us(200)));
+        assert_eq!(default_cost("nvmlGpmMetricsGet"), Cost::spins(us(20)));
+        assert_eq!(default_latency("nvmlGpmSampleAlloc"), us(1));
         for name in [
             "nvmlInit_v2",
             "nvmlDeviceGetPcieThroughput",

@@ -9,12 +9,16 @@
 //! Modules: `signal` (signal shapes), `trace` (CSV replay), `scenario` (format + validation),
 //! `shipped` (embedded scenarios, env), `sim` (runtime state), `errors` (return codes),
 //! `ffi` (the exported C functions), `latency` (per-function call latency), `kmsg` (the
-//! driver's kernel-log lines), `sysfs` (the fake sysfs tree).
+//! driver's kernel-log lines), `sysfs` (the fake sysfs tree), `gpm` (GPM samples and metrics),
+//! `mig` (MIG profiles and the layout of MIG devices).
 
 pub mod errors;
 pub mod ffi;
+pub mod gpm;
 pub mod kmsg;
 pub mod latency;
+pub mod mig;
+pub mod nvlink;
 pub mod scenario;
 pub mod shipped;
 pub mod signal;

@@ -78,11 +78,30 @@ pub enum Metric {
     DecoderUtilPct,
     Pstate,
     ClockEventReasons,
+    // GPM (profiling) activity, Hopper and later: what `nvmlGpmMetricsGet` averages between
+    // two samples (see `gpm.rs`).
+    GrEngineActivePct,
+    SmActivePct,
+    SmOccupancyPct,
+    TensorActivePct,
+    HmmaActivePct,
+    ImmaActivePct,
+    DfmaActivePct,
+    IntegerActivePct,
+    DramActivePct,
+    Fp64ActivePct,
+    Fp32ActivePct,
+    Fp16ActivePct,
+    NvlinkTxKbS,
+    NvlinkRxKbS,
+    NvdecUtilPct,
+    NvjpgUtilPct,
+    NvofaUtilPct,
 }
 
 impl Metric {
     /// Every metric, in table order.
-    pub const ALL: [Metric; 17] = [
+    pub const ALL: [Metric; 34] = [
         Metric::GpuUtilPct,
         Metric::MemUtilPct,
         Metric::MemoryUsedMib,
@@ -100,6 +119,23 @@ impl Metric {
         Metric::DecoderUtilPct,
         Metric::Pstate,
         Metric::ClockEventReasons,
+        Metric::GrEngineActivePct,
+        Metric::SmActivePct,
+        Metric::SmOccupancyPct,
+        Metric::TensorActivePct,
+        Metric::HmmaActivePct,
+        Metric::ImmaActivePct,
+        Metric::DfmaActivePct,
+        Metric::IntegerActivePct,
+        Metric::DramActivePct,
+        Metric::Fp64ActivePct,
+        Metric::Fp32ActivePct,
+        Metric::Fp16ActivePct,
+        Metric::NvlinkTxKbS,
+        Metric::NvlinkRxKbS,
+        Metric::NvdecUtilPct,
+        Metric::NvjpgUtilPct,
+        Metric::NvofaUtilPct,
     ];
 
     /// The TOML key.
@@ -122,6 +158,23 @@ impl Metric {
             Metric::DecoderUtilPct => "decoder_util_pct",
             Metric::Pstate => "pstate",
             Metric::ClockEventReasons => "clock_event_reasons",
+            Metric::GrEngineActivePct => "gr_engine_active_pct",
+            Metric::SmActivePct => "sm_active_pct",
+            Metric::SmOccupancyPct => "sm_occupancy_pct",
+            Metric::TensorActivePct => "tensor_active_pct",
+            Metric::HmmaActivePct => "hmma_active_pct",
+            Metric::ImmaActivePct => "imma_active_pct",
+            Metric::DfmaActivePct => "dfma_active_pct",
+            Metric::IntegerActivePct => "integer_active_pct",
+            Metric::DramActivePct => "dram_active_pct",
+            Metric::Fp64ActivePct => "fp64_active_pct",
+            Metric::Fp32ActivePct => "fp32_active_pct",
+            Metric::Fp16ActivePct => "fp16_active_pct",
+            Metric::NvlinkTxKbS => "nvlink_tx_kb_s",
+            Metric::NvlinkRxKbS => "nvlink_rx_kb_s",
+            Metric::NvdecUtilPct => "nvdec_util_pct",
+            Metric::NvjpgUtilPct => "nvjpg_util_pct",
+            Metric::NvofaUtilPct => "nvofa_util_pct",
         }
     }
 
@@ -141,7 +194,22 @@ impl Metric {
             | Metric::MemUtilPct
             | Metric::FanPct
             | Metric::EncoderUtilPct
-            | Metric::DecoderUtilPct => (0.0, 100.0),
+            | Metric::DecoderUtilPct
+            | Metric::GrEngineActivePct
+            | Metric::SmActivePct
+            | Metric::SmOccupancyPct
+            | Metric::TensorActivePct
+            | Metric::HmmaActivePct
+            | Metric::ImmaActivePct
+            | Metric::DfmaActivePct
+            | Metric::IntegerActivePct
+            | Metric::DramActivePct
+            | Metric::Fp64ActivePct
+            | Metric::Fp32ActivePct
+            | Metric::Fp16ActivePct
+            | Metric::NvdecUtilPct
+            | Metric::NvjpgUtilPct
+            | Metric::NvofaUtilPct => (0.0, 100.0),
             Metric::Pstate => (0.0, 15.0),
             Metric::TemperatureC | Metric::MemoryTemperatureC => (-40.0, 200.0),
             _ => (0.0, f64::MAX),
@@ -219,6 +287,11 @@ pub struct DeviceSpec {
     pub recovery_action: u32,
     /// Whether field 230 is answered (else NOT_SUPPORTED).
     pub recovery_action_supported: bool,
+    /// GPM (`nvmlGpmQueryDeviceSupport`, the profiling metrics of `nvmlGpmMetricsGet`):
+    /// Hopper and later datacenter GPUs; default from the architecture (itself from the name).
+    pub gpm: bool,
+    /// MIG mode and the MIG devices the GPU is split into (see `mig.rs`).
+    pub mig: crate::mig::MigConfig,
     /// One optional signal per `Metric::ALL` entry.
     pub signals: Vec<Option<Signal>>,
     /// Noise seed for this device.
@@ -469,6 +542,8 @@ pub struct ProcessSpec {
     pub until_s: f64,
     /// SM utilization reported by nvmlDeviceGetProcessUtilization (default: the GPU's).
     pub sm_util_pct: Option<f64>,
+    /// On a MIG GPU: the MIG device (index on its GPU) the process runs on.
+    pub mig: Option<u32>,
 }
 
 /// A resolved scenario.
@@ -494,6 +569,8 @@ pub struct Scenario {
     pub latency: Vec<(String, std::time::Duration)>,
     /// Wedges (`hang`).
     pub hangs: Vec<Hang>,
+    /// NVLink: links, their events and error rates (`[nvlink]`, see `nvlink.rs`).
+    pub nvlink: crate::nvlink::Nvlink,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -521,6 +598,7 @@ struct RawScenario {
     process: Vec<Spanned<RawProcess>>,
     latency: Option<BTreeMap<String, Spanned<RawNumOrText>>>,
     hang: Option<Spanned<toml::Value>>,
+    nvlink: Option<Spanned<toml::Value>>,
 }
 
 /// A number or a string (durations: `"3ms"` or `3`).
@@ -589,6 +667,11 @@ struct RawDevice {
     pcie_byte_counters: Option<bool>,
     recovery_action: Option<Spanned<String>>,
     recovery_action_supported: Option<bool>,
+    gpm: Option<bool>,
+    mig_capable: Option<bool>,
+    mig_mode: Option<bool>,
+    mig_pending: Option<bool>,
+    mig: Option<Spanned<Vec<Spanned<RawMig>>>>,
     #[serde(default)]
     metrics: BTreeMap<String, Spanned<RawSignal>>,
 }
@@ -737,6 +820,27 @@ struct RawProcess {
     from_s: Option<f64>,
     until_s: Option<f64>,
     sm_util_pct: Option<f64>,
+    mig: Option<RawGpus>,
+}
+
+/// A MIG device: `"1g.10gb"` or a table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum RawMig {
+    Profile(String),
+    Table(RawMigTable),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMigTable {
+    profile: String,
+    placement: Option<u32>,
+    gpu_instance_id: Option<u32>,
+    compute_instance_id: Option<u32>,
+    uuid: Option<String>,
+    memory_total_mib: Option<f64>,
+    memory_used_mib: Option<RawSignal>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1015,18 +1119,58 @@ fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError
             }
         };
         for gpu in gpus {
-            processes.push(ProcessSpec {
-                gpu,
-                pid,
-                memory: memory.clone(),
-                graphics,
-                from_s: r.from_s.unwrap_or(0.0),
-                until_s: r.until_s.unwrap_or(f64::INFINITY),
-                sm_util_pct: r.sm_util_pct,
-            });
+            // a MIG GPU runs every process on one of its MIG devices; a GPU without MIG on none
+            let mig = &devices[gpu as usize].mig;
+            let on: Vec<Option<u32>> = match (&r.mig, mig.active()) {
+                (None, false) => vec![None],
+                (None, true) => {
+                    return Err(src.err(
+                        span,
+                        format!("GPU {gpu} has MIG enabled: a process on it needs `mig` (its MIG device index, a list or \"all\")"),
+                    ))
+                }
+                (Some(_), false) => {
+                    return Err(src.err(
+                        span,
+                        format!("`mig`: GPU {gpu} has MIG disabled"),
+                    ))
+                }
+                (Some(m), true) => {
+                    let n = mig.devices.len() as u32;
+                    resolve_gpus(m, n, src, span.clone())
+                        .map_err(|e| {
+                            src.err(
+                                span.clone(),
+                                format!("`mig` on GPU {gpu}: {}", e.message.replace("gpu", "MIG device").replace("devices.count", "MIG devices")),
+                            )
+                        })?
+                        .into_iter()
+                        .map(Some)
+                        .collect()
+                }
+            };
+            for mig in on {
+                processes.push(ProcessSpec {
+                    gpu,
+                    pid,
+                    memory: memory.clone(),
+                    graphics,
+                    from_s: r.from_s.unwrap_or(0.0),
+                    until_s: r.until_s.unwrap_or(f64::INFINITY),
+                    sm_util_pct: r.sm_util_pct,
+                    mig,
+                });
+            }
         }
     }
 
+    let nvlink = match raw.nvlink {
+        Some(v) => {
+            let span = v.span();
+            crate::nvlink::resolve(Some(v.into_inner()), &devices).map_err(|m| src.err(span, m))?
+        }
+        None => crate::nvlink::resolve(None, &devices).map_err(|m| src.err(0..0, m))?,
+    };
     Ok(Scenario {
         name: raw.name.unwrap_or_default(),
         description: raw.description.unwrap_or_default(),
@@ -1043,6 +1187,7 @@ fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError
         processes,
         latency,
         hangs,
+        nvlink,
     })
 }
 
@@ -1411,6 +1556,20 @@ fn resolve_device(
     let mw = |w: f64| (w * 1000.0).round().max(0.0) as u32;
     let power_limit_w = pick!(power_limit_w).unwrap_or(700.0);
     let memory_total_mib = pick!(memory_total_mib).unwrap_or(81559.0);
+    let name = pick!(name).unwrap_or_else(|| "NVIDIA H100 80GB HBM3".into());
+    let architecture = pick!(architecture)
+        .or_else(|| architecture_of(&name))
+        .unwrap_or(ARCH_HOPPER);
+    let mig = resolve_mig(
+        pick!(mig),
+        pick!(mig_mode),
+        pick!(mig_pending),
+        pick!(mig_capable),
+        &name,
+        memory_total_mib,
+        dev_seed,
+        src,
+    )?;
     let mut signals: Vec<Option<Signal>> = vec![None; Metric::ALL.len()];
     for map in [Some(&defaults.metrics), ov.map(|o| &o.metrics)]
         .into_iter()
@@ -1431,7 +1590,8 @@ fn resolve_device(
     }
     Ok(DeviceSpec {
         index,
-        name: pick!(name).unwrap_or_else(|| "NVIDIA H100 80GB HBM3".into()),
+        gpm: pick!(gpm).unwrap_or_else(|| gpm_by_default(architecture, &name)),
+        name,
         uuid,
         serial: match (ov.and_then(|o| o.serial.clone()), &defaults.serial) {
             (Some(serial), _) => serial,
@@ -1461,7 +1621,7 @@ fn resolve_device(
         max_video_clock_mhz: pick!(max_video_clock_mhz).unwrap_or(1755),
         pcie_gen,
         pcie_width,
-        architecture: pick!(architecture).unwrap_or(9),
+        architecture,
         cuda_cc_major,
         cuda_cc_minor,
         vbios_version: pick!(vbios_version).unwrap_or_else(|| "96.00.74.00.0D".into()),
@@ -1488,7 +1648,127 @@ fn resolve_device(
             .unwrap_or(recovery_action.is_some()),
         signals,
         seed: dev_seed,
+        mig,
     })
+}
+
+/// A device's MIG keys: `mig` (the MIG devices: profile names or tables), `mig_mode` (default:
+/// on when `mig` lists devices), `mig_pending` (default: `mig_mode`), `mig_capable` (default:
+/// from the name: A100, A30, H100, H200, B200, …).
+#[allow(clippy::too_many_arguments)]
+fn resolve_mig(
+    raw: Option<Spanned<Vec<Spanned<RawMig>>>>,
+    mode: Option<bool>,
+    pending: Option<bool>,
+    capable: Option<bool>,
+    name: &str,
+    memory_total_mib: f64,
+    dev_seed: u64,
+    src: &Source<'_>,
+) -> Result<crate::mig::MigConfig, ScenarioError> {
+    let span = raw.as_ref().map_or(0..0, Spanned::span);
+    let entries = raw.map(Spanned::into_inner).unwrap_or_default();
+    let enabled = mode.unwrap_or(!entries.is_empty());
+    let capable = capable.unwrap_or_else(|| crate::mig::capable_by_name(name));
+    if !entries.is_empty() && !enabled {
+        return Err(src.err(span, "`mig` lists MIG devices but `mig_mode` is false"));
+    }
+    if enabled && !capable {
+        return Err(src.err(
+            span,
+            format!("{name} does not support MIG (set `mig_capable = true`)"),
+        ));
+    }
+    let mut requests = Vec::with_capacity(entries.len());
+    let mut spans = Vec::with_capacity(entries.len());
+    for e in &entries {
+        spans.push(e.span());
+        requests.push(match e.get_ref() {
+            RawMig::Profile(p) => crate::mig::MigRequest {
+                profile: p.clone(),
+                ..Default::default()
+            },
+            RawMig::Table(t) => crate::mig::MigRequest {
+                profile: t.profile.clone(),
+                placement: t.placement,
+                gpu_instance_id: t.gpu_instance_id,
+                compute_instance_id: t.compute_instance_id,
+                uuid: t.uuid.clone(),
+                memory_total_mib: t.memory_total_mib,
+                memory_used: match &t.memory_used_mib {
+                    Some(sig) => Some(resolve_signal(sig, src, e.span())?),
+                    None => None,
+                },
+            },
+        });
+    }
+    let devices = crate::mig::layout(name, memory_total_mib, dev_seed, requests)
+        .map_err(|(k, m)| src.err(spans.get(k).cloned().unwrap_or(span.clone()), m))?;
+    Ok(crate::mig::MigConfig {
+        capable,
+        enabled,
+        pending: pending.unwrap_or(enabled),
+        devices,
+    })
+}
+
+/// `NVML_DEVICE_ARCH_HOPPER`.
+pub const ARCH_HOPPER: u32 = 9;
+
+/// The `NVML_DEVICE_ARCH_*` of a marketing name, when the name says it (`NVIDIA A100-SXM4-80GB`
+/// → 7 Ampere, `Tesla V100-SXM2-16GB` → 5 Volta, `NVIDIA GeForce RTX 4090` → 8 Ada, `NVIDIA
+/// B200` → 10 Blackwell), so a scenario that names an older GPU gets its architecture (and no
+/// GPM) without saying so.
+pub fn architecture_of(name: &str) -> Option<u32> {
+    let upper = name.to_ascii_uppercase();
+    let tokens: Vec<&str> = upper
+        .split([' ', '-', '_'])
+        .filter(|t| !t.is_empty())
+        .collect();
+    let has = |list: &[&str]| tokens.iter().any(|t| list.contains(t));
+    if has(&["BLACKWELL", "B100", "B200", "B300", "GB200", "GB300"]) {
+        return Some(10);
+    }
+    if has(&["H100", "H200", "H800", "H20", "GH200"]) {
+        return Some(9);
+    }
+    if has(&["ADA", "L4", "L20", "L40", "L40S", "L40G"]) {
+        return Some(8);
+    }
+    if has(&[
+        "A100", "A800", "A30", "A40", "A10", "A10G", "A16", "A2", "A6000", "A5000", "A4000",
+    ]) {
+        return Some(7);
+    }
+    if has(&["T4", "T4G"]) {
+        return Some(6);
+    }
+    if has(&["V100", "V100S"]) {
+        return Some(5);
+    }
+    if has(&["P100", "P40", "P4"]) {
+        return Some(4);
+    }
+    // GeForce / RTX by series number: RTX 5090 → Blackwell … RTX 2080 → Turing
+    if has(&["GEFORCE", "RTX"]) {
+        let series = tokens
+            .iter()
+            .filter(|t| t.len() == 4 && t.bytes().all(|b| b.is_ascii_digit()))
+            .find_map(|t| t.chars().next()?.to_digit(10));
+        return match series? {
+            5 => Some(10),
+            4 => Some(8),
+            3 => Some(7),
+            2 => Some(6),
+            _ => None,
+        };
+    }
+    None
+}
+
+/// Whether a GPU answers GPM by default: Hopper (9) or later, not a GeForce board.
+pub fn gpm_by_default(architecture: u32, name: &str) -> bool {
+    architecture >= ARCH_HOPPER && !name.to_ascii_uppercase().contains("GEFORCE")
 }
 
 /// Bus numbers for devices beyond the eighth count down from 0xff.
@@ -1714,6 +1994,44 @@ mod tests {
         assert!(s.devices[3].uuid.starts_with("GPU-") && s.devices[3].uuid.len() == 40);
         assert_ne!(s.devices[0].uuid, s.devices[1].uuid);
         assert_eq!(s.devices[5].minor, 5);
+    }
+
+    #[test]
+    fn gpm_follows_the_architecture_and_the_name() {
+        for (name, arch) in [
+            ("NVIDIA H100 80GB HBM3", Some(9)),
+            ("NVIDIA H200", Some(9)),
+            ("NVIDIA H20", Some(9)),
+            ("NVIDIA GH200 480GB", Some(9)),
+            ("NVIDIA B200", Some(10)),
+            ("NVIDIA A100-SXM4-80GB", Some(7)),
+            ("NVIDIA A10G", Some(7)),
+            ("Tesla V100-SXM2-16GB", Some(5)),
+            ("Tesla T4", Some(6)),
+            ("NVIDIA L40S", Some(8)),
+            ("NVIDIA GeForce RTX 4090", Some(8)),
+            ("NVIDIA GeForce RTX 5090", Some(10)),
+            ("Something New", None),
+        ] {
+            assert_eq!(architecture_of(name), arch, "{name}");
+        }
+        assert!(gpm_by_default(9, "NVIDIA H100 80GB HBM3"));
+        assert!(!gpm_by_default(7, "NVIDIA A100-SXM4-80GB"));
+        assert!(!gpm_by_default(10, "NVIDIA GeForce RTX 5090"));
+        let s = parse(
+            "[devices]\ncount = 4\n\
+             [[device]]\nindex = 1\nname = \"NVIDIA A100-SXM4-80GB\"\n\
+             [[device]]\nindex = 2\nname = \"NVIDIA A100-SXM4-80GB\"\narchitecture = 9\n\
+             [[device]]\nindex = 3\ngpm = false\n",
+            "t.toml",
+            None,
+        )
+        .unwrap();
+        let d = &s.devices;
+        assert!(d[0].gpm && d[0].architecture == 9, "an H100 by default");
+        assert!(!d[1].gpm && d[1].architecture == 7, "the name says Ampere");
+        assert!(d[2].gpm, "an explicit architecture wins");
+        assert!(!d[3].gpm, "an explicit gpm = false wins");
     }
 
     #[test]

@@ -30,6 +30,20 @@ pub const SHIPPED: &[(&str, &str)] = &[
     ("straggler", include_str!("../scenarios/straggler.toml")),
     ("rank-dead", include_str!("../scenarios/rank-dead.toml")),
     ("overnight", include_str!("../scenarios/overnight.toml")),
+    (
+        "launch-bound",
+        include_str!("../scenarios/launch-bound.toml"),
+    ),
+    (
+        "no-tensor-cores",
+        include_str!("../scenarios/no-tensor-cores.toml"),
+    ),
+    (
+        "memory-bound",
+        include_str!("../scenarios/memory-bound.toml"),
+    ),
+    ("mig", include_str!("../scenarios/mig.toml")),
+    ("nvlink-down", include_str!("../scenarios/nvlink-down.toml")),
 ];
 
 /// Scenario used when `NVML_SIM_SCENARIO` is unset.
@@ -137,11 +151,13 @@ mod tests {
                 .unwrap()
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(s.name, *name);
-            assert_eq!(s.devices.len(), 8, "{name}");
+            // `mig` is three GPUs of two models
+            let gpus = if *name == "mig" { 3 } else { 8 };
+            assert_eq!(s.devices.len(), gpus, "{name}");
             assert_eq!(s.driver_version, "550.54.15");
             assert!(!s.description.is_empty(), "{name}");
             let sim = Sim::new(s, 1.0, 0.0, None);
-            for gpu in 0..8 {
+            for gpu in 0..gpus {
                 for t in [0.0, 1.0, 29.0, 31.0, 61.0, 300.0, 3600.0] {
                     for m in Metric::ALL {
                         let v = sim.metric(gpu, m, t);
@@ -327,6 +343,97 @@ mod tests {
         assert_eq!(s.metric(6, Metric::GpuUtilPct, 100.0), 0.0);
         assert_eq!(s.memory_used_bytes(6, 100.0), 20480 * 1024 * 1024);
         assert_eq!(s.clock_event_reasons(6, 100.0), 1);
+    }
+
+    #[test]
+    fn mig_splits_an_a100_and_an_h100() {
+        let s = sim("mig");
+        let a100 = &s.device(0).mig;
+        assert!(a100.active() && a100.devices.len() == 7);
+        assert!(a100.devices.iter().all(|m| m.profile.name == "1g.10gb"));
+        let h100: Vec<&str> = s
+            .device(1)
+            .mig
+            .devices
+            .iter()
+            .map(|m| m.profile.name.as_str())
+            .collect();
+        assert_eq!(h100, ["3g.40gb", "2g.20gb", "1g.10gb"]);
+        assert!(!s.device(2).mig.active() && s.device(2).mig.capable);
+        // one process per A100 MIG device, each with its own amount; the GPU's used memory is
+        // their sum
+        let procs = s.processes(0, 100.0, false);
+        assert_eq!(procs.len(), 7);
+        let mut used: Vec<u64> = (0..7)
+            .map(|k| s.mig_memory_used_bytes(0, k, 100.0))
+            .collect();
+        assert_eq!(s.memory_used_bytes(0, 100.0), used.iter().sum::<u64>());
+        used.dedup();
+        assert_eq!(used.len(), 7, "{used:?}");
+        assert_eq!(s.mig_memory_used_bytes(1, 0, 5.0), 30000 * 1024 * 1024);
+        assert_eq!(s.mig_memory_used_bytes(1, 2, 5.0), 0, "the 1g.10gb is idle");
+        assert_eq!(
+            s.processes(1, 5.0, false)
+                .iter()
+                .map(|p| p.mig)
+                .collect::<Vec<_>>(),
+            [Some(0), Some(1)]
+        );
+        assert_eq!(s.processes(2, 5.0, false)[0].mig, None);
+    }
+
+    #[test]
+    fn mig_scenario_errors() {
+        let bad = |text: &str| {
+            crate::scenario::parse(text, "t.toml", None)
+                .unwrap_err()
+                .to_string()
+        };
+        let head =
+            "[devices]\ncount = 2\n[[device]]\nindex = 0\nmig = [\"3g.40gb\", \"1g.10gb\"]\n";
+        let e = bad(&format!("{head}[[process]]\ngpu = 0\npid = 1\n"));
+        assert!(e.contains("needs `mig`"), "{e}");
+        let e = bad(&format!("{head}[[process]]\ngpu = 1\nmig = 0\npid = 1\n"));
+        assert!(e.contains("MIG disabled"), "{e}");
+        let e = bad(&format!("{head}[[process]]\ngpu = 0\nmig = 5\npid = 1\n"));
+        assert!(e.contains("out of range"), "{e}");
+        let e = bad("[[device]]\nindex = 0\nmig = [\"4g.40gb\", \"4g.40gb\"]\n");
+        assert!(e.starts_with("t.toml:3:"), "{e}");
+        assert!(e.contains("compute slices"), "{e}");
+        let e = bad("[[device]]\nindex = 0\nmig = [\"1g.10gb\", { profile = \"2g.20gb\", placement = 0 }]\n");
+        assert!(e.contains("overlaps"), "{e}");
+        let e = bad("[[device]]\nindex = 0\nname = \"NVIDIA L40S\"\nmig = [\"1g.10gb\"]\n");
+        assert!(e.contains("does not support MIG"), "{e}");
+    }
+
+    /// The GPM scenarios: each one's pattern in its GPM signals, and on every GPU.
+    #[test]
+    fn gpm_scenarios() {
+        let s = sim("launch-bound");
+        for gpu in 0..8 {
+            let util = mean(|t| s.metric(gpu, Metric::GpuUtilPct, t), 60.0, 600.0);
+            let sm = mean(|t| s.metric(gpu, Metric::SmActivePct, t), 60.0, 600.0);
+            let power = mean(|t| s.metric(gpu, Metric::PowerW, t), 60.0, 600.0);
+            assert!(util >= 98.0 && (8.0..=12.0).contains(&sm), "{util} {sm}");
+            assert!(
+                (200.0..=260.0).contains(&power),
+                "not an NCCL hang: {power}"
+            );
+            assert!(mean(|t| s.metric(gpu, Metric::SmActivePct, t), 0.0, 59.0) > 75.0);
+            assert!(s.device(gpu).gpm);
+        }
+        let s = sim("no-tensor-cores");
+        let sm = mean(|t| s.metric(3, Metric::SmActivePct, t), 20.0, 600.0);
+        let tensor = mean(|t| s.metric(3, Metric::TensorActivePct, t), 20.0, 600.0);
+        let hmma = mean(|t| s.metric(3, Metric::HmmaActivePct, t), 20.0, 600.0);
+        assert!(
+            sm > 80.0 && tensor < 1.0 && hmma < 1.0,
+            "{sm} {tensor} {hmma}"
+        );
+        let s = sim("memory-bound");
+        let dram = mean(|t| s.metric(5, Metric::DramActivePct, t), 20.0, 600.0);
+        let util = mean(|t| s.metric(5, Metric::GpuUtilPct, t), 20.0, 600.0);
+        assert!(dram > 90.0 && util > 97.0, "{dram} {util}");
     }
 
     #[test]

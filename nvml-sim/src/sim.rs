@@ -62,6 +62,8 @@ pub struct ProcessEntry {
     /// `None` = NVML_VALUE_NOT_AVAILABLE.
     pub used_bytes: Option<u64>,
     pub sm_util_pct: Option<u32>,
+    /// On a MIG GPU: the MIG device (index on its GPU) it runs on.
+    pub mig: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -91,6 +93,7 @@ struct RawControlProcess {
     pid: crate::scenario::RawPid,
     used_memory_mib: Option<f64>,
     sm_util_pct: Option<f64>,
+    mig: Option<u32>,
 }
 
 /// Cumulative PCIe bytes on a fixed 1 s grid of scenario time (deterministic).
@@ -430,12 +433,85 @@ impl Sim {
                     0.0
                 }
             }
+            // GPM activity of a training step that keeps the GPU busy: the graphics engine is
+            // active whenever a kernel runs, 85 % of the SMs have work, half of that time in
+            // the tensor pipes (HMMA: bf16/fp16 matrix math), memory traffic follows memory
+            // utilization (see the README's metrics table).
+            Metric::GrEngineActivePct => util(),
+            Metric::SmActivePct => 0.85 * self.metric(gpu, Metric::GrEngineActivePct, t_s),
+            Metric::SmOccupancyPct => 0.45 * self.metric(gpu, Metric::SmActivePct, t_s),
+            Metric::TensorActivePct => 0.5 * self.metric(gpu, Metric::SmActivePct, t_s),
+            Metric::HmmaActivePct => self.metric(gpu, Metric::TensorActivePct, t_s),
+            Metric::ImmaActivePct | Metric::DfmaActivePct | Metric::Fp64ActivePct => 0.0,
+            Metric::IntegerActivePct | Metric::Fp32ActivePct => {
+                0.15 * self.metric(gpu, Metric::SmActivePct, t_s)
+            }
+            Metric::Fp16ActivePct => 0.05 * self.metric(gpu, Metric::SmActivePct, t_s),
+            Metric::DramActivePct => 0.8 * self.metric(gpu, Metric::MemUtilPct, t_s),
+            Metric::NvlinkTxKbS | Metric::NvlinkRxKbS => (util() * 20_000.0).round(),
+            Metric::NvdecUtilPct => self.metric(gpu, Metric::DecoderUtilPct, t_s),
+            Metric::NvjpgUtilPct | Metric::NvofaUtilPct => 0.0,
         }
     }
 
     /// Memory used in bytes at `t_s`.
+    /// On a GPU split into MIG devices, what its MIG devices use together.
     pub fn memory_used_bytes(&self, gpu: usize, t_s: f64) -> u64 {
+        let mig = &self.device(gpu).mig;
+        if mig.active() {
+            return (0..mig.devices.len())
+                .map(|k| self.mig_memory_used_bytes(gpu, k, t_s))
+                .sum();
+        }
         (self.metric(gpu, Metric::MemoryUsedMib, t_s) * MIB) as u64
+    }
+
+    /// MIG device `k`'s `memory_used_mib` signal at `t_s`, bytes, when the scenario sets one.
+    fn mig_signal_bytes(&self, gpu: usize, k: usize, t_s: f64) -> Option<u64> {
+        let dev = self.device(gpu);
+        let m = dev.mig.devices.get(k)?;
+        let sig = m.memory_used.as_ref()?;
+        let v = sig.eval(t_s, mix(dev.seed, 0x6d69_6700 + k as u64));
+        Some(((v.max(0.0) * MIB) as u64).min(m.memory_total_bytes))
+    }
+
+    /// Memory used on MIG device `k` of `gpu` at `t_s`, bytes: its `memory_used_mib` signal,
+    /// else what its processes use; at most its total.
+    pub fn mig_memory_used_bytes(&self, gpu: usize, k: usize, t_s: f64) -> u64 {
+        let Some(m) = self.device(gpu).mig.devices.get(k) else {
+            return 0;
+        };
+        if let Some(b) = self.mig_signal_bytes(gpu, k, t_s) {
+            return b;
+        }
+        let used: u64 = self
+            .processes(gpu, t_s, false)
+            .iter()
+            .chain(self.processes(gpu, t_s, true).iter())
+            .filter(|p| p.mig == Some(k as u32))
+            .filter_map(|p| p.used_bytes)
+            .sum();
+        used.min(m.memory_total_bytes)
+    }
+
+    /// The memory a scenario process reports at `t_s`.
+    fn process_used_bytes(&self, p: &crate::scenario::ProcessSpec, t_s: f64) -> Option<u64> {
+        let gpu = p.gpu as usize;
+        match &p.memory {
+            ProcessMemory::Device => Some(match p.mig {
+                // a MIG device's signal, when it has one (its default is its processes' sum)
+                Some(k) => self.mig_signal_bytes(gpu, k as usize, t_s).unwrap_or(0),
+                None => self.memory_used_bytes(gpu, t_s),
+            }),
+            ProcessMemory::Signal(s) => {
+                let mut seed = mix(self.device(gpu).seed, u64::from(p.gpu) ^ 0x70726f63);
+                if let Some(k) = p.mig {
+                    seed = mix(seed, u64::from(k) + 1);
+                }
+                Some((s.eval(t_s, seed).max(0.0) * MIB) as u64)
+            }
+            ProcessMemory::Unknown => None,
+        }
     }
 
     /// Clock event (throttle) reasons at `t_s`: an event override, else the signal/default.
@@ -537,18 +613,11 @@ impl Sim {
             {
                 continue;
             }
-            let used_bytes = match &p.memory {
-                ProcessMemory::Device => Some(self.memory_used_bytes(gpu, t_s)),
-                ProcessMemory::Signal(s) => {
-                    let seed = mix(self.device(gpu).seed, u64::from(p.gpu) ^ 0x70726f63);
-                    Some((s.eval(t_s, seed).max(0.0) * MIB) as u64)
-                }
-                ProcessMemory::Unknown => None,
-            };
             out.push(ProcessEntry {
                 pid: self.resolve_pid(p.pid),
-                used_bytes,
+                used_bytes: self.process_used_bytes(p, t_s),
                 sm_util_pct: p.sm_util_pct.map(|u| u.clamp(0.0, 100.0) as u32),
+                mig: p.mig,
             });
         }
         if !graphics {
@@ -596,17 +665,24 @@ impl Sim {
                 return;
             }
         };
-        match parse_control(&text, &path.display().to_string(), self.device_count()) {
+        let migs: Vec<Option<usize>> = (0..self.device_count())
+            .map(|g| {
+                let m = &self.device(g).mig;
+                m.active().then_some(m.devices.len())
+            })
+            .collect();
+        match parse_control(&text, &path.display().to_string(), &migs) {
             Ok(list) => {
                 state.processes = list
                     .into_iter()
-                    .map(|(gpu, pid, used_bytes, sm)| {
+                    .map(|(gpu, pid, used_bytes, sm, mig)| {
                         (
                             gpu,
                             ProcessEntry {
                                 pid: self.resolve_pid(pid),
                                 used_bytes,
                                 sm_util_pct: sm,
+                                mig,
                             },
                         )
                     })
@@ -617,14 +693,17 @@ impl Sim {
     }
 }
 
-type ControlEntry = (u32, PidSpec, Option<u64>, Option<u32>);
+type ControlEntry = (u32, PidSpec, Option<u64>, Option<u32>, Option<u32>);
 
-/// Parses control-file text into (gpu, pid, used bytes, sm util) entries.
+/// Parses control-file text into (gpu, pid, used bytes, sm util, MIG device) entries. `migs`
+/// has one entry per GPU: its number of MIG devices when MIG is on (a process there runs on one:
+/// `mig`, default 0), else `None`.
 pub(crate) fn parse_control(
     text: &str,
     file: &str,
-    device_count: usize,
+    migs: &[Option<usize>],
 ) -> Result<Vec<ControlEntry>, String> {
+    let device_count = migs.len();
     let raw: RawControl = toml::from_str(text).map_err(|e| {
         let (line, col) = crate::scenario::line_col(text, e.span().map(|s| s.start).unwrap_or(0));
         format!("{file}:{line}:{col}: {}", e.message().trim())
@@ -638,11 +717,28 @@ pub(crate) fn parse_control(
             ));
         }
         let pid = crate::scenario::resolve_pid(&p.pid).map_err(|m| format!("{file}: {m}"))?;
+        let mig = match (migs[p.gpu as usize], p.mig) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(format!(
+                    "{file}: process `mig`: GPU {} has MIG disabled",
+                    p.gpu
+                ))
+            }
+            (Some(n), Some(k)) if k as usize >= n => {
+                return Err(format!(
+                    "{file}: process mig {k} is out of range (GPU {} has {n} MIG devices)",
+                    p.gpu
+                ))
+            }
+            (Some(_), k) => Some(k.unwrap_or(0)),
+        };
         out.push((
             p.gpu,
             pid,
             p.used_memory_mib.map(|m| (m.max(0.0) * MIB) as u64),
             p.sm_util_pct.map(|u| u.clamp(0.0, 100.0) as u32),
+            mig,
         ));
     }
     Ok(out)

@@ -130,6 +130,7 @@ fn child() {
             println!("init error: {err}");
         }
         "every_scenario" => check_every_scenario(),
+        "mig" => check_mig(),
         "frozen" => check_frozen(),
         "latency" => check_latency(),
         "hang" => check_hang(),
@@ -138,6 +139,7 @@ fn child() {
         "fields" => check_new_fields(),
         "hidden" => check_hidden(),
         "doctor" => check_doctor(),
+        "gpm" => check_gpm(),
         other => panic!("unknown check {other}"),
     }
     println!("CHECK OK");
@@ -713,7 +715,15 @@ fn check_every_scenario() {
         };
         d.name().unwrap();
         d.memory_info().unwrap();
-        d.utilization_rates().unwrap();
+        // a GPU split into MIG devices has no utilization, as on real drivers
+        if d.mig_mode().is_ok_and(|m| m.current == 1) {
+            assert!(matches!(
+                d.utilization_rates(),
+                Err(NvmlError::NotSupported)
+            ));
+        } else {
+            d.utilization_rates().unwrap();
+        }
         d.power_usage().unwrap();
         d.temperature(TemperatureSensor::Gpu).unwrap();
         d.running_compute_processes().unwrap();
@@ -786,8 +796,131 @@ fn check_raw() {
     }
 }
 
+/// GPM through nvml-wrapper and raw: GPU 0 an H100 (SM active 12 % of a busy GPU), GPU 1 an
+/// A100 (no GPM), GPU 2 an H100 whose GPM is held by another client (IN_USE), GPU 3 an H100.
+fn check_gpm() {
+    use nvml_wrapper::enums::gpm::GpmMetricId as Id;
+    use nvml_wrapper::gpm::gpm_metrics_get;
+    let nvml = nvml();
+    let d: Vec<_> = (0..4).map(|i| nvml.device_by_index(i).unwrap()).collect();
+    assert!(d[0].gpm_support().unwrap());
+    assert!(!d[1].gpm_support().unwrap(), "an A100 has no GPM");
+    assert!(matches!(d[1].gpm_sample(), Err(NvmlError::NotSupported)));
+    assert!(matches!(
+        d[1].gpm_streaming_enabled(),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(!d[0].gpm_streaming_enabled().unwrap());
+    let first = d[0].gpm_sample().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let second = d[0].gpm_sample().unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_micros(190),
+        "a GPM sample costs ~200 µs: {:?}",
+        t.elapsed()
+    );
+    let ids = [
+        Id::SmUtil,
+        Id::GraphicsUtil,
+        Id::AnyTensorUtil,
+        Id::Nvdec7Util,
+        Id::PcieTxPerSec,
+        Id::NvlinkTotalTxPerSec,
+    ];
+    let got = gpm_metrics_get(&nvml, &first, &second, &ids).unwrap();
+    let v = |i: usize| got[i].as_ref().unwrap().value;
+    assert_eq!(v(0), 12.0, "SM active");
+    assert_eq!(v(1), 80.0, "graphics engine active = utilization");
+    assert_eq!(v(2), 6.0, "tensor active = half of SM active by default");
+    assert!(
+        matches!(got[3], Err(NvmlError::NotSupported)),
+        "an H100 has 7 NVDECs"
+    );
+    assert!(
+        (v(4) - 80.0 * 5000.0 / 1024.0).abs() < 1e-6,
+        "PCIe TX MiB/s"
+    );
+    assert!(
+        (v(5) - 80.0 * 20_000.0 / 1024.0).abs() < 1e-6,
+        "NVLink TX MiB/s"
+    );
+    let info = &got[0].as_ref().unwrap().metric_info;
+    assert_eq!((info.short_name.as_str(), info.unit.as_str()), ("SM", "%"));
+    // GPM held by another client
+    assert!(matches!(d[2].gpm_sample(), Err(NvmlError::InUse)));
+    // samples of two GPUs
+    let other = d[3].gpm_sample().unwrap();
+    assert!(matches!(
+        gpm_metrics_get(&nvml, &first, &other, &ids),
+        Err(NvmlError::InvalidArg)
+    ));
+    drop((first, second, other));
+    // raw: versions, a freed sample, a sample never filled
+    use nvml_wrapper_sys::bindings::*;
+    let lib = nvml.lib();
+    // SAFETY: calls into our own library with valid pointers.
+    unsafe {
+        let dev = d[0].handle();
+        let mut support = nvmlGpmSupport_t {
+            version: 0,
+            isSupportedDevice: 7,
+        };
+        assert_eq!(lib.nvmlGpmQueryDeviceSupport(dev, &mut support), 25);
+        let mut a: nvmlGpmSample_t = std::ptr::null_mut();
+        let mut b: nvmlGpmSample_t = std::ptr::null_mut();
+        assert_eq!(lib.nvmlGpmSampleAlloc(&mut a), 0);
+        assert_eq!(lib.nvmlGpmSampleAlloc(&mut b), 0);
+        assert!(!a.is_null() && a != b);
+        let mut req: Box<nvmlGpmMetricsGet_t> = Box::new(std::mem::zeroed());
+        req.version = 1;
+        req.numMetrics = 1;
+        req.sample1 = a;
+        req.sample2 = b;
+        req.metrics[0].metricId = 2;
+        assert_eq!(lib.nvmlGpmMetricsGet(&mut *req), 2, "samples never filled");
+        assert_eq!(lib.nvmlGpmSampleGet(dev, a), 0);
+        assert_eq!(lib.nvmlGpmSampleGet(dev, b), 0);
+        req.version = 2;
+        assert_eq!(lib.nvmlGpmMetricsGet(&mut *req), 25);
+        req.version = 1;
+        assert_eq!(lib.nvmlGpmMetricsGet(&mut *req), 0);
+        assert_eq!(req.metrics[0].nvmlReturn, 0);
+        assert_eq!(req.metrics[0].value, 12.0);
+        assert_eq!(lib.nvmlGpmSampleFree(a), 0);
+        assert_eq!(lib.nvmlGpmSampleFree(a), 2, "freed twice");
+        assert_eq!(lib.nvmlGpmMetricsGet(&mut *req), 2, "a freed sample");
+        assert_eq!(lib.nvmlGpmSampleFree(b), 0);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Parent tests
+
+#[test]
+fn gpm_samples_and_metrics() {
+    let path = temp_file(
+        "gpm.toml",
+        r#"
+[devices]
+count = 4
+[devices.metrics]
+gpu_util_pct = 80
+[[device]]
+index = 0
+[device.metrics]
+sm_active_pct = 12
+[[device]]
+index = 1
+name = "NVIDIA A100-SXM4-80GB"
+[[fault]]
+function = "nvmlGpmSampleGet"
+error = "IN_USE"
+gpus = [2]
+"#,
+    );
+    assert_check("gpm", &[("NVML_SIM_SCENARIO", path.to_str().unwrap())]);
+}
 
 #[test]
 fn healthy_through_nvml_wrapper() {
@@ -1354,6 +1487,11 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "nvmlGpmSampleFree",
     "nvmlGpmQueryDeviceSupport",
     "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMetricsGet",
+    "nvmlGpmQueryIfStreamingEnabled",
+    "nvmlGpmSetStreamingEnabled",
+    "nvmlGpmMigSampleGet",
 ];
 
 #[test]
@@ -1433,4 +1571,202 @@ fn python_peers_read_the_library_without_errors() {
     assert_eq!(top.matches("H100 80GB HBM3").count(), 8, "{top}");
     assert!(!top.contains("ERROR"), "{top}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mig_devices_through_nvml_wrapper() {
+    assert_check(
+        "mig",
+        &[
+            ("NVML_SIM_SCENARIO", "mig"),
+            ("NVML_SIM_LATENCY", "0"),
+            ("NVML_SIM_TIME_SCALE", "0"),
+            ("NVML_SIM_START_S", "100"),
+        ],
+    );
+}
+
+/// The `mig` scenario through nvml-wrapper's MIG methods and the raw calls it does not wrap.
+fn check_mig() {
+    use nvml_wrapper_sys::bindings::*;
+    const MIB: u64 = 1024 * 1024;
+    let nvml = nvml();
+    let lib = nvml.lib();
+    let parent = std::os::unix::process::parent_id();
+    assert_eq!(nvml.device_count().unwrap(), 3);
+    let a100 = nvml.device_by_index(0).unwrap();
+    assert_eq!(a100.name().unwrap(), "NVIDIA A100-SXM4-80GB");
+    let mode = a100.mig_mode().unwrap();
+    assert_eq!((mode.current, mode.pending), (1, 1));
+    assert_eq!(a100.mig_device_count().unwrap(), 7);
+    assert!(!a100.mig_is_mig_device_handle().unwrap());
+    assert!(matches!(
+        a100.utilization_rates(),
+        Err(NvmlError::NotSupported)
+    ));
+    assert!(matches!(
+        a100.process_utilization_stats(0),
+        Err(NvmlError::NotSupported)
+    ));
+    let all = a100.running_compute_processes().unwrap();
+    assert_eq!(
+        all.len(),
+        7,
+        "the GPU lists the processes of every MIG device"
+    );
+    let mut used = 0;
+    let mut uuids = Vec::new();
+    for k in 0..7u32 {
+        let m = a100.mig_device_by_index(k).unwrap();
+        assert!(m.mig_is_mig_device_handle().unwrap());
+        assert_eq!(m.name().unwrap(), "NVIDIA A100-SXM4-80GB MIG 1g.10gb");
+        let uuid = m.uuid().unwrap();
+        assert!(uuid.starts_with("MIG-") && uuid.len() == 40, "{uuid}");
+        let mem = m.memory_info().unwrap();
+        assert_eq!(mem.total, 9728 * MIB);
+        assert!(
+            mem.used >= 3000 * MIB && mem.used <= 9000 * MIB,
+            "{}",
+            mem.used
+        );
+        assert_eq!(mem.used + mem.free, mem.total);
+        used += mem.used;
+        let procs = m.running_compute_processes().unwrap();
+        assert_eq!(procs.len(), 1);
+        let pid = if k == 0 { parent } else { 4_194_400 + k };
+        assert_eq!(procs[0].pid, pid);
+        assert_eq!(procs[0].gpu_instance_id, Some(7 + k));
+        assert_eq!(procs[0].compute_instance_id, Some(0));
+        assert!(matches!(
+            procs[0].used_gpu_memory,
+            UsedGpuMemory::Used(b) if b == mem.used
+        ));
+        assert!(all.iter().any(|p| p.gpu_instance_id == Some(7 + k)));
+        assert_eq!(
+            m.mig_parent_device().unwrap().uuid().unwrap(),
+            a100.uuid().unwrap()
+        );
+        assert!(matches!(
+            m.temperature(TemperatureSensor::Gpu),
+            Err(NvmlError::NotSupported)
+        ));
+        // not wrapped by nvml-wrapper: the instance ids
+        let (mut gi, mut ci) = (0u32, 0u32);
+        unsafe {
+            assert_eq!(lib.nvmlDeviceGetGpuInstanceId(m.handle(), &mut gi), 0);
+            assert_eq!(lib.nvmlDeviceGetComputeInstanceId(m.handle(), &mut ci), 0);
+        }
+        assert_eq!((gi, ci), (7 + k, 0));
+        let again = nvml.device_by_uuid(uuid.as_str()).unwrap();
+        assert!(again.mig_is_mig_device_handle().unwrap());
+        assert_eq!(again.uuid().unwrap(), uuid);
+        uuids.push(uuid);
+    }
+    uuids.dedup();
+    assert_eq!(uuids.len(), 7);
+    let whole = a100.memory_info().unwrap();
+    assert_eq!(
+        whole.used, used,
+        "the GPU's used memory is its MIG devices'"
+    );
+    assert!(matches!(
+        a100.mig_device_by_index(7),
+        Err(NvmlError::InvalidArg)
+    ));
+    let mut gi: u32 = 0;
+    unsafe {
+        assert_eq!(
+            lib.nvmlDeviceGetGpuInstanceId(a100.handle(), &mut gi),
+            3,
+            "not a MIG device"
+        );
+    }
+
+    // H100: 3g.40gb + 2g.20gb + 1g.10gb; placements and profile names through GPU instances
+    let h100 = nvml.device_by_index(1).unwrap();
+    let names: Vec<String> = (0..3)
+        .map(|k| h100.mig_device_by_index(k).unwrap().name().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+            "NVIDIA H100 80GB HBM3 MIG 2g.20gb",
+            "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+        ]
+    );
+    assert!(matches!(
+        h100.mig_device_by_index(3),
+        Err(NvmlError::NotFound)
+    ));
+    let idle = h100.mig_device_by_index(2).unwrap();
+    assert!(idle.running_compute_processes().unwrap().is_empty());
+    assert_eq!(idle.memory_info().unwrap().used, 0);
+    unsafe {
+        for (gi_id, start, size, profile_id) in [(1, 0, 4, 9), (5, 4, 2, 14), (13, 6, 1, 19)] {
+            let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
+            assert_eq!(
+                lib.nvmlDeviceGetGpuInstanceById(h100.handle(), gi_id, &mut gi),
+                0
+            );
+            let mut info: nvmlGpuInstanceInfo_t = std::mem::zeroed();
+            assert_eq!(lib.nvmlGpuInstanceGetInfo(gi, &mut info), 0);
+            assert_eq!(info.device, h100.handle());
+            assert_eq!(
+                (
+                    info.id,
+                    info.placement.start,
+                    info.placement.size,
+                    info.profileId
+                ),
+                (gi_id, start, size, profile_id)
+            );
+        }
+        let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
+        assert_eq!(
+            lib.nvmlDeviceGetGpuInstanceById(h100.handle(), 2, &mut gi),
+            6
+        );
+        let mut p: nvmlGpuInstanceProfileInfo_v2_t = std::mem::zeroed();
+        p.version = 152 | (2 << 24);
+        assert_eq!(
+            lib.nvmlDeviceGetGpuInstanceProfileInfoV(
+                h100.handle(),
+                NVML_GPU_INSTANCE_PROFILE_3_SLICE,
+                &mut p
+            ),
+            0
+        );
+        let name = std::ffi::CStr::from_ptr(p.name.as_ptr()).to_str().unwrap();
+        assert_eq!(
+            (name, p.id, p.sliceCount, p.memorySizeMB),
+            ("MIG 3g.40gb", 9, 3, 40448)
+        );
+        p.version = 1;
+        assert_eq!(
+            lib.nvmlDeviceGetGpuInstanceProfileInfoV(h100.handle(), 2, &mut p),
+            25
+        );
+    }
+    let info = h100
+        .profile_info(NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+        .unwrap();
+    assert_eq!((info.id, info.memory_size_mb), (19, 9984));
+
+    // GPU 2: MIG off
+    let plain = nvml.device_by_index(2).unwrap();
+    let mode = plain.mig_mode().unwrap();
+    assert_eq!((mode.current, mode.pending), (0, 0));
+    assert!(matches!(
+        plain.mig_device_by_index(0),
+        Err(NvmlError::NotFound)
+    ));
+    plain.utilization_rates().unwrap();
+    let procs = plain.running_compute_processes().unwrap();
+    assert_eq!(procs.len(), 1);
+    assert_eq!(procs[0].gpu_instance_id, None);
+    assert!(matches!(
+        nvml.device_by_uuid("MIG-00000000-0000-0000-0000-000000000000"),
+        Err(NvmlError::NotFound)
+    ));
 }

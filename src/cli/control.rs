@@ -3,7 +3,6 @@
 //! one line and exit 2: a malformed matcher (with its column), an unknown silence id, no daemon
 //! on the socket (naming the path tried), a socket the user may not open.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 

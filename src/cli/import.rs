@@ -13,7 +13,7 @@ use crate::import::{Format, ImportOptions, Importer};
 #[derive(Debug, Clone, clap::Args)]
 pub struct LogArgs {
     /// The log's format (detected when not given): gpuwatch, smi-csv, smi-table, dmon,
-    /// script-rows, script-bars, script-progress.
+    /// dcgmi-dmon, script-rows, script-bars, script-progress.
     #[arg(long, value_name = "NAME", value_parser = parse_format)]
     pub format: Option<Format>,
     /// Header line for an nvidia-smi log written with `noheader`, e.g.

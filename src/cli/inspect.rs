@@ -8,12 +8,13 @@ use std::io::Write;
 use serde_json::{json, Map, Value};
 
 use super::GlobalArgs;
-use crate::model::visible::{cuda_visible, nvidia_visible, CudaVisible, NvidiaVisible};
+use crate::model::visible::{cuda_visible_mig, nvidia_visible, CudaVisible, NvidiaVisible};
 use crate::model::{
-    clock_event_names, DeviceId, DeviceState, GpuSample, Metric, MissingGpu, ProcSample, METRICS,
+    clock_event_names, DeviceId, DeviceState, GpuSample, Metric, MigSample, MissingGpu, ProcSample,
+    METRICS,
 };
 use crate::sampler::expected::ExpectedOptions;
-use crate::sampler::Sampler;
+use crate::sampler::{GpmStatus, Sampler};
 
 /// Arguments of `status`.
 #[derive(Debug, clap::Args)]
@@ -42,9 +43,10 @@ fn num(v: Option<f64>) -> Value {
     }
 }
 
-fn proc_json(p: &ProcSample) -> Value {
+fn proc_json(p: &ProcSample, mig: &[&MigSample]) -> Value {
     json!({
         "pid": p.pid,
+        "mig_uuid": mig.iter().find(|m| m.pids.contains(&p.pid)).map(|m| &m.uuid),
         "kind": p.kind,
         "user": p.user,
         "uid": p.uid,
@@ -55,11 +57,46 @@ fn proc_json(p: &ProcSample) -> Value {
     })
 }
 
+/// Where GPM stands on a GPU: `{"state": "active" | "unsupported" | "failing" | "off" |
+/// "unknown", "detail": why it is unsupported or the failing call's error}` (`detail` only
+/// with those two).
+fn gpm_json(gpm: &GpmStatus) -> Value {
+    let mut o = Map::new();
+    o.insert("state".into(), json!(gpm.state()));
+    if let Some(d) = gpm.detail() {
+        o.insert("detail".into(), json!(d));
+    }
+    Value::Object(o)
+}
+
+/// One MIG device in `status --json`.
+fn mig_json(m: &MigSample) -> Value {
+    json!({
+        "index": m.index,
+        "uuid": m.uuid,
+        "gpu_instance_id": m.gpu_instance_id,
+        "compute_instance_id": m.compute_instance_id,
+        "profile": m.profile,
+        "placement": m.placement,
+        "memory_used_bytes": m.mem_used_bytes,
+        "memory_total_bytes": m.mem_total_bytes,
+        "processes": m.pids,
+    })
+}
+
 /// One GPU in `status --json`: identity and state, then every metric of the table under
 /// `metrics` by its table key (`null` when absent), the names of the active clock event reasons
-/// (decoded from the `clock_event_reasons` metric), XIDs and processes. Metric values appear
-/// nowhere else, under no other name.
-fn gpu_json(g: &GpuSample, procs: &[&ProcSample], xids: &[u64]) -> Value {
+/// (decoded from the `clock_event_reasons` metric), where GPM stands (`gpm`: why the GPM
+/// metrics are absent), XIDs, processes (`mig_uuid`: the MIG device each runs on) and, with MIG
+/// on, its MIG devices (`mig`; empty otherwise). Metric values appear nowhere else, under no
+/// other name.
+fn gpu_json(
+    g: &GpuSample,
+    gpm: &GpmStatus,
+    procs: &[&ProcSample],
+    xids: &[u64],
+    mig: &[&MigSample],
+) -> Value {
     let mut metrics = Map::new();
     for d in METRICS {
         metrics.insert(d.key.to_string(), num(g.get(d.id)));
@@ -76,8 +113,10 @@ fn gpu_json(g: &GpuSample, procs: &[&ProcSample], xids: &[u64]) -> Value {
         "state": g.state,
         "metrics": metrics,
         "clock_event_reason_names": reasons,
+        "gpm": gpm_json(gpm),
         "xids": xids,
-        "processes": procs.iter().map(|p| proc_json(p)).collect::<Vec<_>>(),
+        "processes": procs.iter().map(|p| proc_json(p, mig)).collect::<Vec<_>>(),
+        "mig": mig.iter().map(|m| mig_json(m)).collect::<Vec<_>>(),
     })
 }
 
@@ -106,13 +145,62 @@ fn truncate(s: &str, max: usize) -> String {
     crate::values::truncate_chars(&crate::values::escape_control(s), max)
 }
 
-/// Renders the status table.
+/// One process line of the status table, `indent` spaces in.
+fn proc_line(p: &ProcSample, indent: usize) -> String {
+    let mut line = format!(
+        "{:indent$}└ pid {:<8} {:<10} {:>7} MiB",
+        "",
+        p.pid,
+        truncate(p.user.as_deref().unwrap_or("?"), 10),
+        p.used_mem_bytes
+            .map_or_else(|| "?".into(), |b| format!("{}", b / 1_048_576)),
+    );
+    if let Some(r) = p.runtime_s {
+        let _ = write!(line, "  {:>7}", runtime(r));
+    }
+    if let Some(c) = &p.container {
+        let _ = write!(line, "  [ctr {}]", truncate(c, 12));
+    }
+    let _ = write!(
+        line,
+        "  {}",
+        truncate(
+            p.command.as_deref().unwrap_or("(not visible from here)"),
+            100
+        )
+    );
+    line
+}
+
+/// One MIG device line of the status table: profile, `GPU/GI/CI`, memory used / total,
+/// placement (memory slices) when known, UUID.
+fn mig_line(m: &MigSample) -> String {
+    let mib = |b: Option<u64>| b.map_or_else(|| "n/a".into(), |b| format!("{}", b / 1_048_576));
+    let mut line = format!(
+        "       MIG {:<8} {:<8} {:>17} MiB",
+        truncate(m.profile.as_deref().unwrap_or("?"), 8),
+        m.address(),
+        format!("{} / {}", mib(m.mem_used_bytes), mib(m.mem_total_bytes)),
+    );
+    if let Some(p) = m.placement {
+        let _ = write!(line, "  slices {}+{}", p.start, p.size);
+    }
+    let _ = write!(line, "  {}", truncate(&m.uuid, 60));
+    if m.pids.is_empty() {
+        line.push_str("  (no process)");
+    }
+    line
+}
+
+/// Renders the status table: a line per GPU and its processes; with MIG on, a line per MIG
+/// device and the processes on it.
 fn status_table(
     host: &str,
     time: &str,
     driver: Option<&str>,
     gpus: &[GpuSample],
     procs: &[ProcSample],
+    mig: &[MigSample],
 ) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -130,8 +218,17 @@ fn status_table(
         .clamp(4, 32);
     let _ = writeln!(
         out,
-        "{:>3}  {:<name_w$}  {:>5}  {:>4}  {:>4}  {:>17}  {:>11}  {:<20}  {:>9}  STATE",
-        "GPU", "NAME", "TEMP", "UTIL", "MEM%", "MEMORY MiB", "POWER W", "THROTTLE", "ECC C/U"
+        "{:>3}  {:<name_w$}  {:>5}  {:>4}  {:>4}  {:>4}  {:>17}  {:>11}  {:<20}  {:>9}  STATE",
+        "GPU",
+        "NAME",
+        "TEMP",
+        "UTIL",
+        "SM%",
+        "MEM%",
+        "MEMORY MiB",
+        "POWER W",
+        "THROTTLE",
+        "ECC C/U"
     );
     for g in gpus {
         let throttle = match g.get(Metric::ClockEventReasons) {
@@ -171,7 +268,7 @@ fn status_table(
         }
         let _ = writeln!(
             out,
-            "{:>3}  {:<name_w$}  {:>5}  {:>4}  {:>4}  {:>17}  {:>11}  {:<20}  {:>9}  {state}",
+            "{:>3}  {:<name_w$}  {:>5}  {:>4}  {:>4}  {:>4}  {:>17}  {:>11}  {:<20}  {:>9}  {state}",
             g.id.index,
             truncate(
                 if g.id.name.is_empty() {
@@ -183,38 +280,44 @@ fn status_table(
             ),
             int(g.get(Metric::Temp), "C"),
             int(g.get(Metric::Util), "%"),
+            int(g.get(Metric::SmActive), "%"),
             int(g.get(Metric::MemUtil), "%"),
             mem,
             power,
             throttle,
             ecc,
         );
-        for p in procs.iter().filter(|p| p.gpu_index == g.id.index) {
-            let mut line = format!(
-                "       └ pid {:<8} {:<10} {:>7} MiB",
-                p.pid,
-                truncate(p.user.as_deref().unwrap_or("?"), 10),
-                p.used_mem_bytes
-                    .map_or_else(|| "?".into(), |b| format!("{}", b / 1_048_576)),
-            );
-            if let Some(r) = p.runtime_s {
-                let _ = write!(line, "  {:>7}", runtime(r));
+        let on_gpu: Vec<&ProcSample> = procs.iter().filter(|p| p.gpu_index == g.id.index).collect();
+        let devices: Vec<&MigSample> = mig.iter().filter(|m| m.gpu_index == g.id.index).collect();
+        for p in on_gpu
+            .iter()
+            .filter(|p| !devices.iter().any(|m| m.pids.contains(&p.pid)))
+        {
+            let _ = writeln!(out, "{}", proc_line(p, 7));
+        }
+        for m in devices {
+            let _ = writeln!(out, "{}", mig_line(m));
+            for p in on_gpu.iter().filter(|p| m.pids.contains(&p.pid)) {
+                let _ = writeln!(out, "{}", proc_line(p, 11));
             }
-            if let Some(c) = &p.container {
-                let _ = write!(line, "  [ctr {}]", truncate(c, 12));
-            }
-            let _ = write!(
-                line,
-                "  {}",
-                truncate(
-                    p.command.as_deref().unwrap_or("(not visible from here)"),
-                    100
-                )
-            );
-            let _ = writeln!(out, "{line}");
         }
     }
     out
+}
+
+/// How long `status` waits for its second snapshot on GPUs with GPM: the span its GPM metrics
+/// average over.
+const STATUS_GPM_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The GPM rows of `later` (a second snapshot) put into `gpus` (the first), GPU by GPU.
+fn take_gpm_rows(gpus: &mut [GpuSample], later: &[GpuSample]) {
+    for g in gpus {
+        if let Some(l) = later.iter().find(|l| l.id.index == g.id.index) {
+            for d in METRICS.iter().filter(|d| d.source.is_gpm()) {
+                g.values.set(d.id, l.get(d.id));
+            }
+        }
+    }
 }
 
 /// One `MISSING` line per expected GPU that NVML does not enumerate.
@@ -234,7 +337,17 @@ pub fn status(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<i32> {
     // The bus only: `status` keeps no history (the daemon's `gpu_missing` also knows the GPUs
     // seen before and `expected_gpus`).
     sampler.check_expected(&ExpectedOptions::default());
-    let snap = sampler.sample();
+    let mut snap = sampler.sample();
+    if sampler.gpm_active() {
+        // A GPM metric needs two samples some time apart (the first was taken when the sampler
+        // opened, moments ago): a second snapshot a little later gives them.
+        std::thread::sleep(STATUS_GPM_WINDOW);
+        let later = sampler.sample();
+        take_gpm_rows(&mut snap.gpus, &later.gpus);
+    }
+    let gpm = sampler.gpm();
+    // per-link NVLink details (GPUs with NVLink only; read on the slow path with the processes)
+    let nvlink = sampler.nvlink();
     let procs = snap.processes.clone().unwrap_or_default();
     let time = crate::record::format_timestamp(snap.time_ms);
     let host = hostname();
@@ -246,13 +359,20 @@ pub fn status(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<i32> {
             .map(|g| {
                 let mine: Vec<&ProcSample> =
                     procs.iter().filter(|p| p.gpu_index == g.id.index).collect();
+                let mig: Vec<&MigSample> = snap.mig_of(g.id.index).collect();
                 let xids: Vec<u64> = snap
                     .xids
                     .iter()
                     .filter(|x| x.gpu_index == g.id.index)
                     .map(|x| x.xid)
                     .collect();
-                gpu_json(g, &mine, &xids)
+                let none = GpmStatus::Unknown;
+                let st = gpm.get(g.id.index as usize).unwrap_or(&none);
+                let mut v = gpu_json(g, st, &mine, &xids, &mig);
+                if let Some(n) = nvlink.iter().find(|n| n.gpu == g.id.index) {
+                    v["nvlink"] = json!(n.links);
+                }
+                v
             })
             .collect();
         let doc = json!({
@@ -267,12 +387,25 @@ pub fn status(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<i32> {
         serde_json::to_writer_pretty(&mut stdout, &doc)?;
         writeln!(stdout)?;
     } else {
-        let mut table = status_table(&host, &time, sampler.driver_version(), &snap.gpus, &procs);
+        let mut table = status_table(
+            &host,
+            &time,
+            sampler.driver_version(),
+            &snap.gpus,
+            &procs,
+            &snap.mig,
+        );
         missing_lines(&mut table, &snap.missing);
         stdout.write_all(table.as_bytes())?;
     }
     stdout.flush()?;
     Ok(0)
+}
+
+/// Text from the driver or the environment with its control characters escaped (a GPU's name
+/// or a MIG device's UUID must not drive the terminal).
+fn esc(s: &str) -> String {
+    crate::values::escape_control(s)
 }
 
 fn minor_path(d: &DeviceId) -> String {
@@ -288,8 +421,10 @@ when you compare with the host's nvidia-smi, alerts or a colleague's screen.";
 pub fn devices(global: &GlobalArgs, args: &DevicesArgs) -> anyhow::Result<i32> {
     let mut cfg = global.sampler_config();
     cfg.xid_events = false;
-    let sampler = Sampler::open(&cfg)?;
-    let view = DeviceView::new(sampler.devices());
+    let mut sampler = Sampler::open(&cfg)?;
+    // one snapshot for the MIG devices (read with the processes)
+    let mig = sampler.sample().mig;
+    let view = DeviceView::new(sampler.devices(), mig);
     let mut stdout = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut stdout, &view.json())?;
@@ -305,6 +440,7 @@ pub fn devices(global: &GlobalArgs, args: &DevicesArgs) -> anyhow::Result<i32> {
 /// process's environment.
 struct DeviceView {
     devs: Vec<DeviceId>,
+    mig: Vec<MigSample>,
     cuda_env: Option<String>,
     nvidia_env: Option<String>,
     order: Option<String>,
@@ -315,11 +451,13 @@ struct DeviceView {
 }
 
 impl DeviceView {
-    fn new(devs: Vec<DeviceId>) -> DeviceView {
+    fn new(devs: Vec<DeviceId>, mig: Vec<MigSample>) -> DeviceView {
         let cuda_env = std::env::var("CUDA_VISIBLE_DEVICES").ok();
         let nvidia_env = std::env::var("NVIDIA_VISIBLE_DEVICES").ok();
         let order = std::env::var("CUDA_DEVICE_ORDER").ok();
-        let cuda = cuda_env.as_deref().map(|s| cuda_visible(s, &devs));
+        let cuda = cuda_env
+            .as_deref()
+            .map(|s| cuda_visible_mig(s, &devs, &mig));
         let nvidia = nvidia_env.as_deref().map(|s| nvidia_visible(s, &devs));
         let renumbered = devs.iter().any(|d| d.minor.is_some_and(|m| m != d.index));
         let mixed_models = devs.windows(2).any(|w| w[0].name != w[1].name);
@@ -329,6 +467,7 @@ impl DeviceView {
         );
         DeviceView {
             devs,
+            mig,
             cuda_env,
             nvidia_env,
             order,
@@ -341,17 +480,25 @@ impl DeviceView {
 
     fn json(&self) -> serde_json::Value {
         let devs = &self.devs;
+        let mig_dev_json = |m: &MigSample| {
+            json!({"index": m.index, "uuid": m.uuid, "legacy_id": m.legacy_id(), "gpu_instance_id": m.gpu_instance_id,
+                   "compute_instance_id": m.compute_instance_id, "profile": m.profile, "placement": m.placement,
+                   "memory_total_bytes": m.mem_total_bytes})
+        };
         let dev_json = |d: &DeviceId| {
             json!({"index": d.index, "minor": d.minor, "device_path": d.minor.map(|m| format!("/dev/nvidia{m}")),
-                   "uuid": d.uuid, "pci_bus_id": d.pci_bus_id, "name": d.name})
+                   "uuid": d.uuid, "pci_bus_id": d.pci_bus_id, "name": d.name,
+                   "mig": self.mig.iter().filter(|m| m.gpu_index == d.index).map(mig_dev_json).collect::<Vec<_>>()})
         };
         let cuda_json = self.cuda.as_ref().zip(self.cuda_env.as_ref()).map(|(c, v)| {
             json!({
                 "value": v,
-                "visible": c.visible.iter().enumerate().map(|(k, &i)| {
-                    json!({"cuda": k, "index": devs[i].index, "minor": devs[i].minor, "uuid": devs[i].uuid, "name": devs[i].name})
+                "visible": c.visible.iter().zip(&c.mig).enumerate().map(|(k, (&i, m))| {
+                    json!({"cuda": k, "index": devs[i].index, "minor": devs[i].minor, "uuid": devs[i].uuid, "name": devs[i].name,
+                           "mig": m.map(|m| mig_dev_json(&self.mig[m]))})
                 }).collect::<Vec<_>>(),
                 "stopped_at": c.stopped_at.as_ref().map(|s| json!({"entry": s.entry, "reason": s.reason})),
+                "ignored": c.ignored.iter().map(|s| json!({"entry": s.entry, "reason": s.reason})).collect::<Vec<_>>(),
                 "duplicate": c.duplicate,
             })
         });
@@ -387,15 +534,34 @@ impl DeviceView {
             "INDEX", "MINOR", "UUID", "PCI BUS ID"
         );
         for d in &self.devs {
+            let mig: Vec<&MigSample> = self.mig.iter().filter(|m| m.gpu_index == d.index).collect();
             let _ = writeln!(
                 out,
-                "{:<5}  {:<13}  {:<40}  {:<16}  {}",
+                "{:<5}  {:<13}  {:<40}  {:<16}  {}{}",
                 d.index,
                 minor_path(d),
-                d.uuid,
-                d.pci_bus_id,
-                d.name
+                esc(&d.uuid),
+                esc(&d.pci_bus_id),
+                esc(&d.name),
+                if mig.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "  (MIG on: {} MIG device{})",
+                        mig.len(),
+                        if mig.len() == 1 { "" } else { "s" }
+                    )
+                }
             );
+            for m in mig {
+                let _ = writeln!(
+                    out,
+                    "  {:<18}  {:<40}  {}",
+                    esc(&m.describe()),
+                    esc(&m.uuid),
+                    esc(&m.legacy_id())
+                );
+            }
         }
         out.push('\n');
         self.cuda_text(&mut out);
@@ -423,6 +589,13 @@ impl DeviceView {
                 "CUDA_VISIBLE_DEVICES is not set: cuda:N is NVML index N (all {} GPUs).",
                 devs.len()
             );
+            if !self.mig.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "A CUDA process runs on one MIG device of a GPU with MIG on: name it with \
+                     CUDA_VISIBLE_DEVICES=MIG-<UUID> (MIG-GPU-<GPU UUID>/<GI>/<CI> with drivers before R470)."
+                );
+            }
             return;
         };
         let _ = writeln!(
@@ -431,16 +604,33 @@ impl DeviceView {
             c.visible.len(),
             if c.visible.len() == 1 { "" } else { "s" }
         );
-        for (k, &i) in c.visible.iter().enumerate() {
+        for (k, (&i, m)) in c.visible.iter().zip(&c.mig).enumerate() {
             let d = &devs[i];
-            let _ = writeln!(
-                out,
-                "  cuda:{k} = NVML index {}  {}  {}  {}",
-                d.index,
-                minor_path(d),
-                d.uuid,
-                d.name
-            );
+            match m.and_then(|m| self.mig.get(m)) {
+                Some(m) => {
+                    let _ = writeln!(
+                        out,
+                        "  cuda:{k} = {} on NVML index {}  {}  {}",
+                        esc(&m.describe()),
+                        d.index,
+                        esc(&m.uuid),
+                        esc(&d.name)
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "  cuda:{k} = NVML index {}  {}  {}  {}",
+                        d.index,
+                        minor_path(d),
+                        esc(&d.uuid),
+                        esc(&d.name)
+                    );
+                }
+            }
+        }
+        for s in &c.ignored {
+            let _ = writeln!(out, "  entry {:?} is skipped: {}", s.entry, s.reason);
         }
         if let Some(s) = &c.stopped_at {
             let _ = writeln!(
@@ -490,14 +680,15 @@ impl DeviceView {
                             let d = &self.devs[*p];
                             let _ = writeln!(
                                 out,
-                                "  host GPU {e} = NVML index {} here  {}  {}",
+                                "  host GPU {} = NVML index {} here  {}  {}",
+                                esc(e),
                                 d.index,
                                 minor_path(d),
-                                d.uuid
+                                esc(&d.uuid)
                             );
                         }
                         None => {
-                            let _ = writeln!(out, "  host GPU {e}: not visible here");
+                            let _ = writeln!(out, "  host GPU {}: not visible here", esc(e));
                         }
                     }
                 }
@@ -536,7 +727,13 @@ mod tests {
             state: DeviceState::Ok,
             values,
         };
-        let j = gpu_json(&g, &[], &[94]);
+        let j = gpu_json(
+            &g,
+            &GpmStatus::Unsupported("no GPM".into()),
+            &[],
+            &[94],
+            &[],
+        );
         let top: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
         let mut want = vec![
             "index",
@@ -547,8 +744,10 @@ mod tests {
             "state",
             "metrics",
             "clock_event_reason_names",
+            "gpm",
             "xids",
             "processes",
+            "mig",
         ];
         want.sort_unstable();
         assert_eq!(top, want, "metric values only under `metrics`");
@@ -564,6 +763,15 @@ mod tests {
             j["clock_event_reason_names"],
             json!(["sw_power_cap", "hw_thermal"])
         );
+        assert_eq!(
+            j["gpm"],
+            json!({"state": "unsupported", "detail": "no GPM"})
+        );
+        assert_eq!(gpm_json(&GpmStatus::Active), json!({"state": "active"}));
+        assert_eq!(
+            gpm_json(&GpmStatus::Failing("In use by another client".into())),
+            json!({"state": "failing", "detail": "In use by another client"})
+        );
     }
 
     #[test]
@@ -578,8 +786,21 @@ mod tests {
             state: DeviceState::Ok,
             values,
         };
-        let t = status_table("h", "t", Some("550.54.15"), &[g], &[]);
+        let t = status_table(
+            "h",
+            "t",
+            Some("550.54.15"),
+            std::slice::from_ref(&g),
+            &[],
+            &[],
+        );
         assert!(t.contains("97%"), "{t}");
+        assert!(t.contains(" SM% "), "{t}");
+        assert!(t.contains("97%   n/a"), "SM active absent: {t}");
+        let mut busy = g;
+        busy.values.set(Metric::SmActive, Some(12.4));
+        let t = status_table("h", "t", None, &[busy], &[], &[]);
+        assert!(t.contains("97%   12%"), "{t}");
         assert!(t.contains("sw_power_cap,hw_thermal"), "{t}");
         assert!(t.contains("n/a / n/a"), "{t}");
         assert!(!t.contains(" 0C"), "{t}");

@@ -62,6 +62,8 @@ pub struct AssembleStats {
     pub reordered: u64,
     /// Times a row older than every open tick started a new segment.
     pub new_segments: u64,
+    /// MIG rows (`GPU/GI/CI`) whose GPU has no row at their time: dropped.
+    pub orphan_mig: u64,
 }
 
 /// Groups readings into ticks (see the module docs).
@@ -108,6 +110,7 @@ impl Assembler {
                 r.sample.id.index = *self.named.entry(name).or_insert(next);
             }
             Key::Position => return self.push_positional(r),
+            Key::Mig => return self.push_mig(r),
         }
         self.push_keyed(r);
         self.flush(false);
@@ -138,6 +141,29 @@ impl Assembler {
             self.end_tick();
         }
         self.flush(false);
+    }
+
+    /// A MIG device's row joins its GPU's row of the same time in an open tick (a gpuwatch
+    /// recording writes it right after that row); without one it is dropped.
+    fn push_mig(&mut self, mut r: Reading) {
+        let index = r.sample.id.index;
+        for t in self.open.iter_mut().rev() {
+            if let Some(row) = t
+                .rows
+                .iter_mut()
+                .find(|x| x.sample.id.index == index && x.time_ms == r.time_ms)
+            {
+                for mut m in r.mig.drain(..) {
+                    if !row.mig.iter().any(|o| o.uuid == m.uuid) {
+                        // MIG devices are recorded in their index order
+                        m.index = u32::try_from(row.mig.len()).unwrap_or(u32::MAX);
+                        row.mig.push(m);
+                    }
+                }
+                return;
+            }
+        }
+        self.stats.orphan_mig += 1;
     }
 
     fn push_keyed(&mut self, r: Reading) {
@@ -255,6 +281,11 @@ impl Assembler {
             if r.progress.is_some() {
                 progress = r.progress;
             }
+            for mut m in std::mem::take(&mut r.mig) {
+                m.gpu_index = idx;
+                m.gpu_uuid.clone_from(&r.sample.id.uuid);
+                snap.mig.push(m);
+            }
             snap.gpus.push(r.sample);
         }
         snap.processes = procs;
@@ -289,6 +320,7 @@ mod tests {
             xids: Vec::new(),
             procs: None,
             progress: None,
+            mig: Vec::new(),
         }
     }
 
@@ -306,6 +338,22 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// A MIG row whose GPU has no row at its time is dropped and counted (it was dropped
+    /// silently).
+    #[test]
+    fn a_mig_row_without_its_gpu_is_counted() {
+        let mut a = Assembler::new(None);
+        let got = run(
+            &mut a,
+            vec![
+                row(1_000, Key::Index, 0, 50.0),
+                row(1_000, Key::Mig, 7, 0.0),
+            ],
+        );
+        assert_eq!(got, vec![(0, 1_000, vec![0])]);
+        assert_eq!(a.stats.orphan_mig, 1);
     }
 
     #[test]

@@ -399,6 +399,11 @@ pub enum Found {
 
 /// What column `field` (a header cell, or a `--columns` name) holds.
 pub fn find(field: &str) -> Found {
+    // gpuwatch's own key first, whole: `pcie_tx_bytes` is that row, not `pcie_tx` in bytes
+    if let Some(m) = Metric::from_key(&normalise(field)) {
+        let target = Target::Metric(m);
+        return Found::Column(target, conv(target, None));
+    }
     let (base, unit) = split_name(field);
     if base.is_empty() || matches!(base.as_str(), "_" | "ignore" | "skip") {
         return Found::Unknown;
@@ -634,6 +639,11 @@ mod tests {
             ("temp", Target::Metric(Metric::Temp)),
             ("clocks.current.sm [MHz]", Target::Metric(Metric::SmClock)),
             ("pci.bus_id", Target::PciBusId),
+            // gpuwatch's keys whole, even where they end like a unit
+            ("sm_active", Target::Metric(Metric::SmActive)),
+            ("pcie_tx_bytes", Target::Metric(Metric::PcieTxBytes)),
+            ("nvlink_rx_bytes", Target::Metric(Metric::NvlinkRxBytes)),
+            ("pcie_tx", Target::Metric(Metric::PcieTx)),
         ] {
             assert_eq!(target(name), want, "{name}");
         }

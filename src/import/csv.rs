@@ -3,7 +3,9 @@
 //!
 //! * gpuwatch CSV (COMMON.md, interface 1): header `timestamp,index,uuid,name,pci_bus_id,minor,
 //!   state,<METRICS keys…>,xids,processes[,progress]`; one row per GPU per tick, rows of a tick
-//!   share the RFC 3339 timestamp; empty cell = absent. Columns are matched by name.
+//!   share the RFC 3339 timestamp; empty cell = absent. Columns are matched by name. A row whose
+//!   `index` is `GPU/GI/CI` is a MIG device of the GPU row before it (see `record`): it becomes
+//!   one of the snapshot's MIG devices.
 //! * nvidia-smi and home-made CSV: any header whose names [`super::columns`] knows
 //!   (`utilization.gpu [%]`, `gpu_index`, `power_W`, `memory.used (MB)`, …), with or without
 //!   units, in any order and any subset; unknown columns are named in one warning and ignored,
@@ -382,6 +384,41 @@ fn gpu_index(v: &str) -> Option<u32> {
     })
 }
 
+/// A MIG device's index in a gpuwatch recording: `GPU/GI/CI`.
+fn mig_address(v: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = v.split('/');
+    let (Some(g), Some(gi), Some(ci), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    Some((g.parse().ok()?, gi.parse().ok()?, ci.parse().ok()?))
+}
+
+/// The MIG device a MIG row describes (its GPU's index and UUID are set when it joins its GPU's
+/// row).
+fn mig_row(r: &Reading, gi: u32, ci: u32) -> crate::model::MigSample {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "bytes read back from a recording"
+    )]
+    let bytes = |m: Metric| r.sample.get(m).filter(|v| *v >= 0.0).map(|v| v as u64);
+    crate::model::MigSample {
+        gpu_index: r.sample.id.index,
+        gpu_uuid: String::new(),
+        index: 0,
+        uuid: r.sample.id.uuid.clone(),
+        gpu_instance_id: gi,
+        compute_instance_id: ci,
+        profile: crate::model::mig_profile_of_name(&r.sample.id.name),
+        placement: None,
+        mem_used_bytes: bytes(Metric::MemUsed),
+        mem_total_bytes: bytes(Metric::MemTotal),
+        pids: r.procs.iter().flatten().map(|p| p.pid).collect(),
+    }
+}
+
 fn own_columns(header: &str) -> Vec<Col> {
     split_csv(header.trim_start_matches('\u{feff}'))
         .iter()
@@ -487,9 +524,9 @@ impl super::Parse for CsvParser {
         let Some(columns) = &self.columns else {
             return Err(LineError::Skip("a row before the header".into()));
         };
-        // The cells, split once (on the stack for up to 64 cells): their count first — a
+        // The cells, split once (on the stack for up to 128 cells): their count first — a
         // glued or cut line is malformed whatever its first cell says.
-        const MAX_CELLS: usize = 64;
+        const MAX_CELLS: usize = 128;
         let owned: Vec<String>;
         let owned_refs: Vec<&str>;
         let mut stack: [&str; MAX_CELLS] = [""; MAX_CELLS];
@@ -505,7 +542,13 @@ impl super::Parse for CsvParser {
                 }
                 n += 1;
             }
-            (&stack[..n.min(MAX_CELLS)], n)
+            if n <= MAX_CELLS {
+                (&stack[..n], n)
+            } else {
+                // more cells than the stack holds: all of them, on the heap
+                owned_refs = line.split(self.delim).collect();
+                (&owned_refs, n)
+            }
         };
         if count != columns.len() {
             return Err(LineError::Skip(format!(
@@ -517,6 +560,8 @@ impl super::Parse for CsvParser {
         let mut r = Reading::new(0, Key::Position, 0);
         let mut time = None;
         let mut has_index = false;
+        // a MIG device's row of a gpuwatch recording: (GPU instance, compute instance)
+        let mut mig_ids: Option<(u32, u32)> = None;
         let mut named = None;
         let mut offset = 1;
         for kind in columns {
@@ -537,8 +582,16 @@ impl super::Parse for CsvParser {
                     time = Some(self.last_time.1);
                 }
                 Col::Index => {
-                    r.sample.id.index =
-                        gpu_index(v).ok_or_else(|| format!("bad GPU index {}", quoted(v)))?;
+                    match mig_address(v).filter(|_| self.own) {
+                        Some((gpu, gi, ci)) => {
+                            r.sample.id.index = gpu;
+                            mig_ids = Some((gi, ci));
+                        }
+                        None => {
+                            r.sample.id.index = gpu_index(v)
+                                .ok_or_else(|| format!("bad GPU index {}", quoted(v)))?;
+                        }
+                    }
                     has_index = true;
                 }
                 Col::Uuid => {
@@ -605,6 +658,20 @@ impl super::Parse for CsvParser {
                 }
                 Col::Ignore => {}
             }
+        }
+        if let Some((gi, ci)) = mig_ids {
+            let Some(t) = time else {
+                return Err(LineError::Skip(
+                    "a MIG device row without a timestamp".into(),
+                ));
+            };
+            r.time_ms = t;
+            r.key = Key::Mig;
+            r.mig.push(mig_row(&r, gi, ci));
+            r.procs = None;
+            r.xids.clear();
+            out.push(Item::Reading(r));
+            return Ok(());
         }
         let time = match time {
             Some(t) => t,

@@ -2,7 +2,7 @@
 //! driver reads it and `NVIDIA_VISIBLE_DEVICES` as the container runtime does, against the NVML
 //! device list (`gpuwatch devices` shows both).
 
-use super::DeviceId;
+use super::{DeviceId, MigSample};
 
 /// Why a `CUDA_VISIBLE_DEVICES` entry ended the list.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,23 +16,80 @@ pub struct StoppedAt {
 /// What a CUDA program started with a given `CUDA_VISIBLE_DEVICES` sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaVisible {
-    /// `cuda:k` is `devices[visible[k]]` (positions in the NVML device list).
+    /// `cuda:k` is `devices[visible[k]]` (positions in the NVML device list); for a MIG device,
+    /// its GPU.
     pub visible: Vec<usize>,
+    /// `cuda:k` is the MIG device `mig[k]` (a position in the MIG device list), when the entry
+    /// named one; same length as `visible`.
+    pub mig: Vec<Option<usize>>,
+    /// Entries CUDA skips without ending the list: a MIG device after the first (a CUDA process
+    /// runs on one MIG device).
+    pub ignored: Vec<StoppedAt>,
     /// The entry that ended the list early, if any (it and all later entries are ignored).
     pub stopped_at: Option<StoppedAt>,
     /// A device named twice: CUDA then exposes no device at all.
     pub duplicate: Option<String>,
 }
 
+/// Interprets `CUDA_VISIBLE_DEVICES` the way the CUDA driver does, without MIG devices (see
+/// [`cuda_visible_mig`]).
+pub fn cuda_visible(spec: &str, devices: &[DeviceId]) -> CudaVisible {
+    cuda_visible_mig(spec, devices, &[])
+}
+
+/// Finds the MIG device an entry names: `MIG-<UUID>` (or a unique prefix of it) or the legacy
+/// `MIG-GPU-<GPU UUID>/<GI>/<CI>`.
+fn find_mig(entry: &str, devices: &[DeviceId], mig: &[MigSample]) -> Result<usize, String> {
+    if let Some(rest) = entry.strip_prefix("MIG-").filter(|r| r.starts_with("GPU-")) {
+        let mut parts = rest.split('/');
+        let gpu = parts.next().unwrap_or("");
+        let (Some(Ok(gi)), Some(Ok(ci)), None) = (
+            parts.next().map(str::parse::<u32>),
+            parts.next().map(str::parse::<u32>),
+            parts.next(),
+        ) else {
+            return Err("not a MIG-GPU-<GPU UUID>/<GI>/<CI> id".into());
+        };
+        if !devices.iter().any(|d| d.uuid == gpu) {
+            return Err("no GPU has this UUID".into());
+        }
+        return mig
+            .iter()
+            .position(|m| {
+                m.gpu_uuid == gpu && m.gpu_instance_id == gi && m.compute_instance_id == ci
+            })
+            .ok_or_else(|| {
+                format!(
+                    "the GPU has no MIG device with GPU instance {gi} and compute instance {ci}"
+                )
+            });
+    }
+    let matches: Vec<usize> = mig
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.uuid.starts_with(entry))
+        .map(|(i, _)| i)
+        .collect();
+    match matches.as_slice() {
+        [one] => Ok(*one),
+        [] => Err("no MIG device has this UUID".into()),
+        _ => Err("UUID prefix matches several MIG devices".into()),
+    }
+}
+
 /// Interprets `CUDA_VISIBLE_DEVICES` the way the CUDA driver does: comma-separated entries, each
 /// an index (leading digits count, as with `strtoul`: `1gpu` is 1), a `GPU-` UUID or a unique
-/// UUID prefix; the first invalid entry (unparsable, out of range, unknown or ambiguous UUID,
-/// MIG ids, which gpuwatch does not resolve) ends the list; naming one device twice makes the
-/// whole list empty. NVML order is assumed to be CUDA's order (true with
-/// `CUDA_DEVICE_ORDER=PCI_BUS_ID`, or identical GPUs).
-pub fn cuda_visible(spec: &str, devices: &[DeviceId]) -> CudaVisible {
+/// UUID prefix, or a MIG device of `mig` — `MIG-<UUID>` (or a unique prefix) or the legacy
+/// `MIG-GPU-<GPU UUID>/<GI>/<CI>`; the first invalid entry (unparsable, out of range, unknown or
+/// ambiguous UUID) ends the list; naming one device twice makes the whole list empty. A CUDA
+/// process runs on one MIG device: MIG devices after the first are skipped (`ignored`). NVML
+/// order is assumed to be CUDA's order (true with `CUDA_DEVICE_ORDER=PCI_BUS_ID`, or identical
+/// GPUs).
+pub fn cuda_visible_mig(spec: &str, devices: &[DeviceId], mig: &[MigSample]) -> CudaVisible {
     let mut out = CudaVisible {
         visible: Vec::new(),
+        mig: Vec::new(),
+        ignored: Vec::new(),
         stopped_at: None,
         duplicate: None,
     };
@@ -58,7 +115,29 @@ pub fn cuda_visible(spec: &str, devices: &[DeviceId]) -> CudaVisible {
                 _ => Err(stop("UUID prefix matches several GPUs")),
             }
         } else if entry.starts_with("MIG-") {
-            Err(stop("MIG instance ids are not resolved by gpuwatch"))
+            match find_mig(entry, devices, mig) {
+                Ok(k) if out.mig.contains(&Some(k)) => {
+                    out.visible.clear();
+                    out.mig.clear();
+                    out.duplicate = Some(entry.to_string());
+                    return out;
+                }
+                Ok(_) if out.mig.iter().any(Option::is_some) => {
+                    out.ignored.push(stop(
+                        "a CUDA process runs on one MIG device: only the first MIG device listed is visible",
+                    ));
+                    continue;
+                }
+                Ok(k) => match devices.iter().position(|d| d.uuid == mig[k].gpu_uuid) {
+                    Some(pos) => {
+                        out.visible.push(pos);
+                        out.mig.push(Some(k));
+                        continue;
+                    }
+                    None => Err(stop("the MIG device's GPU is not visible to NVML")),
+                },
+                Err(reason) => Err(stop(&reason)),
+            }
         } else {
             let digits: String = entry
                 .strip_prefix('+')
@@ -76,12 +155,22 @@ pub fn cuda_visible(spec: &str, devices: &[DeviceId]) -> CudaVisible {
             }
         };
         match found {
-            Ok(i) if out.visible.contains(&i) => {
+            Ok(i)
+                if out
+                    .visible
+                    .iter()
+                    .zip(&out.mig)
+                    .any(|(v, m)| *v == i && m.is_none()) =>
+            {
                 out.visible.clear();
+                out.mig.clear();
                 out.duplicate = Some(entry.to_string());
                 return out;
             }
-            Ok(i) => out.visible.push(i),
+            Ok(i) => {
+                out.visible.push(i);
+                out.mig.push(None);
+            }
             Err(s) => {
                 out.stopped_at = Some(s);
                 break;
@@ -179,6 +268,59 @@ pub(crate) mod tests {
         assert!(c.visible.is_empty() && c.stopped_at.is_some());
         let c = cuda_visible("MIG-GPU-1/0/0", &d);
         assert!(c.stopped_at.is_some());
+    }
+
+    /// Seven 1g.10gb MIG devices on GPU 1.
+    pub(crate) fn migs(d: &[DeviceId]) -> Vec<MigSample> {
+        (0..7)
+            .map(|k| MigSample {
+                gpu_index: 1,
+                gpu_uuid: d[1].uuid.clone(),
+                index: k,
+                uuid: format!("MIG-{k}{k}bb{k}-0000-1111-2222-33334444555{k}"),
+                gpu_instance_id: 7 + k,
+                compute_instance_id: 0,
+                profile: Some("1g.10gb".into()),
+                placement: None,
+                mem_used_bytes: None,
+                mem_total_bytes: Some(9728 << 20),
+                pids: Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mig_uuids_and_legacy_ids() {
+        let d = devs(3);
+        let m = migs(&d);
+        let c = cuda_visible_mig(&m[2].uuid, &d, &m);
+        assert_eq!((c.visible, c.mig), (vec![1], vec![Some(2)]));
+        let legacy = format!("MIG-{}/9/0", d[1].uuid);
+        let c = cuda_visible_mig(&format!("0,{legacy}"), &d, &m);
+        assert_eq!((c.visible, c.mig), (vec![0, 1], vec![None, Some(2)]));
+        assert_eq!(m[2].legacy_id(), legacy);
+        // a prefix
+        let c = cuda_visible_mig("MIG-44bb", &d, &m);
+        assert_eq!(c.mig, vec![Some(4)]);
+        // one MIG device per process: the second is skipped, the list goes on
+        let c = cuda_visible_mig(&format!("{},{},2", m[0].uuid, m[1].uuid), &d, &m);
+        assert_eq!((c.visible, c.mig), (vec![1, 2], vec![Some(0), None]));
+        assert_eq!(c.ignored.len(), 1);
+        assert!(c.stopped_at.is_none());
+        // the same MIG device twice hides everything
+        let c = cuda_visible_mig(&format!("{0},{0}", m[3].uuid), &d, &m);
+        assert!(c.visible.is_empty() && c.duplicate.is_some());
+        // unknown ones end the list
+        let c = cuda_visible_mig("2,MIG-ffff,0", &d, &m);
+        assert_eq!(c.visible, vec![2]);
+        assert!(c.stopped_at.unwrap().reason.contains("no MIG device"));
+        let c = cuda_visible_mig(&format!("MIG-{}/3/0", d[1].uuid), &d, &m);
+        assert!(c.stopped_at.unwrap().reason.contains("GPU instance 3"));
+        let c = cuda_visible_mig("MIG-GPU-nope/7/0", &d, &m);
+        assert!(c.stopped_at.unwrap().reason.contains("no GPU"));
+        // a GPU entry and one of its MIG devices are different devices
+        let c = cuda_visible_mig(&format!("1,{}", m[0].uuid), &d, &m);
+        assert_eq!(c.visible, vec![1, 1]);
     }
 
     #[test]

@@ -30,6 +30,11 @@
 //! - `oom_risk` — memory at ≥ 95 % of total; a jump from under 80 % within a minute is "sudden"
 //!   (warning), full memory from the job's start is noted as such (info: frameworks that
 //!   pre-allocate look like this).
+//! - From GPM (Hopper and later; a log without it has none of these): `launch_bound` —
+//!   utilization ≥ 90 % while SM active < 25 % (kernels too small to fill the GPU);
+//!   `no_tensor_cores` — SM active ≥ 50 % while tensor active < 1 % (matrix math on the CUDA
+//!   cores: no autocast / TF32); `memory_bound` (info) — DRAM active ≥ 80 % of the peak bandwidth.
+//!   Shares are of the steady phase's time with GPM values.
 //! - Across the GPUs of one job (GPUs whose work started together): `gpu_straggler` — a GPU
 //!   under 60 % of its peers' median and 25 points below it while the peers work (median
 //!   ≥ 50 %); `gpu_imbalance` — a GPU holding 1.3× its peers' median memory and 2 GiB more;
@@ -72,6 +77,18 @@ pub const WORKING_UTIL: f64 = 5.0;
 pub const MIN_IDLE_RUN_MS: i64 = 60_000;
 /// Samples kept per GPU; past it neighbours are merged (a 3-day log at 1 s).
 const MAX_POINTS: usize = 1 << 18;
+/// `launch_bound`: utilization at least this while SM active (GPM) is under [`LAUNCH_BOUND_SM`].
+pub const LAUNCH_BOUND_UTIL: f64 = 90.0;
+/// See [`LAUNCH_BOUND_UTIL`] (DCGM: "less than 0.5 likely indicates ineffective GPU usage";
+/// KempnerPulse's "busy, low SM use": SM < 25 %).
+pub const LAUNCH_BOUND_SM: f64 = 25.0;
+/// `no_tensor_cores`: SM active at least this (the SMs compute) while tensor active is under
+/// [`NO_TENSOR_ACTIVE`].
+pub const NO_TENSOR_SM: f64 = 50.0;
+/// See [`NO_TENSOR_SM`]: tensor active about 0.
+pub const NO_TENSOR_ACTIVE: f64 = 1.0;
+/// `memory_bound`: DRAM active at least this (DCGM: ~0.8 is the practical peak).
+pub const MEMORY_BOUND_DRAM: f64 = 80.0;
 
 /// One sample of one GPU, as the diagnosis needs it (`NaN` where the log had no value).
 #[derive(Debug, Clone, Copy)]
@@ -84,6 +101,10 @@ pub struct Point {
     pub mem: f32,
     /// Processes seen on the GPU at this sample (255 = many).
     pub procs: u8,
+    /// GPM's SM active, tensor active and DRAM active, % (`NaN` without GPM).
+    pub sm: f32,
+    pub tensor: f32,
+    pub dram: f32,
 }
 
 /// One GPU's samples over the log.
@@ -131,6 +152,9 @@ impl Trace {
             util: f(Metric::Util),
             mem: f(Metric::MemUsed) / 1_048_576.0,
             procs: u8::try_from(procs).unwrap_or(u8::MAX),
+            sm: f(Metric::SmActive),
+            tensor: f(Metric::TensorActive),
+            dram: f(Metric::DramActive),
         });
     }
 
@@ -153,6 +177,9 @@ impl Trace {
                     util: mean2(a.util, b.util),
                     mem: a.mem.max(b.mem),
                     procs: a.procs.max(b.procs),
+                    sm: mean2(a.sm, b.sm),
+                    tensor: mean2(a.tensor, b.tensor),
+                    dram: mean2(a.dram, b.dram),
                 },
                 [a] => *a,
                 _ => unreachable_point(),
@@ -168,6 +195,9 @@ fn unreachable_point() -> Point {
         util: f32::NAN,
         mem: f32::NAN,
         procs: 0,
+        sm: f32::NAN,
+        tensor: f32::NAN,
+        dram: f32::NAN,
     }
 }
 
@@ -314,6 +344,20 @@ const WORDS: &[Words] = &[
         fix: "raise num_workers, set pin_memory=True and prefetch_factor, cache or pre-process the dataset, check disk and network throughput, profile one step (torch.profiler) to see where the time goes; if the input keeps up, a larger batch fills the GPU",
     },
     Words {
+        pattern: "launch_bound",
+        title: "Busy, but most SMs idle (launch-bound)",
+        severity: "warning",
+        cause: "utilization counts the time a kernel runs, however small: kernels too small to fill the GPU, launched one after another (a small batch, unfused element-wise ops, a Python loop of launches, host synchronisations between them) read 100 % while most SMs wait",
+        fix: "a larger batch; fuse kernels (torch.compile); capture the step in CUDA graphs (torch.compile mode=\"reduce-overhead\", torch.cuda.graphs); avoid .item() / .cpu() synchronisations in the loop; a step in torch.profiler shows the gaps between launches",
+    },
+    Words {
+        pattern: "no_tensor_cores",
+        title: "Tensor cores idle while the SMs work",
+        severity: "warning",
+        cause: "the matrix math runs in FP32 on the CUDA cores: no mixed precision (autocast) and TF32 off, or shapes the tensor cores cannot take — on a tensor-core GPU most of its throughput goes unused",
+        fix: "train under torch.autocast(\"cuda\", dtype=torch.bfloat16) (or fp16 with a GradScaler); allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True or torch.set_float32_matmul_precision(\"high\")); keep matrix dimensions multiples of 8",
+    },
+    Words {
         pattern: "periodic_idle",
         title: "Utilization periodically dropping to zero",
         severity: "warning",
@@ -326,6 +370,13 @@ const WORDS: &[Words] = &[
         severity: "info",
         cause: "one GPU carries more than its share: nn.DataParallel gathers outputs and keeps the optimizer on GPU 0, or rank 0 keeps extra copies (metrics, an EMA model, evaluation)",
         fix: "use DistributedDataParallel, shard the optimizer state (ZeRO / FSDP), move rank-0 extras to the CPU",
+    },
+    Words {
+        pattern: "memory_bound",
+        title: "DRAM bandwidth near its peak (memory-bound)",
+        severity: "info",
+        cause: "the kernels wait on memory: element-wise ops, normalisation, attention without a fused kernel or embedding lookups move more bytes than they compute on; more compute will not help, less traffic will",
+        fix: "fuse kernels (torch.compile; scaled_dot_product_attention / FlashAttention), keep activations in bf16, larger matrix tiles (a larger batch) raise the compute per byte; profile the top kernels' memory throughput (Nsight Compute)",
     },
     Words {
         pattern: "small_batch",
@@ -725,6 +776,7 @@ fn per_gpu(g: &Gpu<'_>, r: std::ops::Range<usize>, accs: &mut Accs) -> Option<(i
     }
 
     periodic(g, st.clone(), observed, median, accs);
+    gpm_patterns(g, st.clone(), accs);
 
     // small_batch: memory far below total while the GPU is not saturated.
     if let Some(total) = g.tr.total_mib {
@@ -750,6 +802,77 @@ fn per_gpu(g: &Gpu<'_>, r: std::ops::Range<usize>, accs: &mut Accs) -> Option<(i
         }
     }
     Some((steady_span.0, steady_span.1, p90))
+}
+
+/// The GPM patterns over the steady phase `st`, each judged on the samples that have its
+/// GPM values (none in a log without GPM).
+fn gpm_patterns(g: &Gpu<'_>, st: std::ops::Range<usize>, accs: &mut Accs) {
+    let pts = &g.tr.points;
+    let idx = g.tr.index;
+    let mean_of = |sel: &[usize], f: fn(&Point) -> f32| {
+        weighted_mean(sel.iter().map(|&i| (f64::from(f(&pts[i])), g.credit[i])))
+    };
+    let mut judge = |pattern: &'static str,
+                     has: fn(&Point) -> bool,
+                     holds: &dyn Fn(&Point) -> bool,
+                     evidence: &dyn Fn(&[usize], i64) -> String| {
+        let with: Vec<usize> = st.clone().filter(|&i| has(&pts[i])).collect();
+        let observed: i64 = with.iter().map(|&i| g.credit[i]).sum();
+        if observed <= 0 {
+            return;
+        }
+        let acc = accs.entry((idx, pattern)).or_default();
+        acc.observed_ms += observed;
+        let held: Vec<usize> = with.into_iter().filter(|&i| holds(&pts[i])).collect();
+        let ms: i64 = held.iter().map(|&i| g.credit[i]).sum();
+        for &i in &held {
+            acc.window(pts[i].t, pts[i].t + g.credit[i]);
+        }
+        acc.held_ms += ms;
+        if ms > 0 {
+            acc.evidence.push(evidence(&held, ms));
+        }
+    };
+    let pct_of = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.0} %"));
+    judge(
+        "launch_bound",
+        |p| p.sm.is_finite() && p.util.is_finite(),
+        &|p| f64::from(p.util) >= LAUNCH_BOUND_UTIL && f64::from(p.sm) < LAUNCH_BOUND_SM,
+        &|held, ms| {
+            format!(
+                "utilization {} while SM active {} (means over the {} it held)",
+                pct_of(mean_of(held, |p| p.util)),
+                pct_of(mean_of(held, |p| p.sm)),
+                hm(ms)
+            )
+        },
+    );
+    judge(
+        "no_tensor_cores",
+        |p| p.sm.is_finite() && p.tensor.is_finite(),
+        &|p| f64::from(p.sm) >= NO_TENSOR_SM && f64::from(p.tensor) < NO_TENSOR_ACTIVE,
+        &|held, ms| {
+            let tensor = mean_of(held, |p| p.tensor).unwrap_or(0.0);
+            format!(
+                "SM active {} while tensor active {tensor:.1} % (means over the {} it held)",
+                pct_of(mean_of(held, |p| p.sm)),
+                hm(ms)
+            )
+        },
+    );
+    judge(
+        "memory_bound",
+        |p| p.dram.is_finite(),
+        &|p| f64::from(p.dram) >= MEMORY_BOUND_DRAM,
+        &|held, ms| {
+            format!(
+                "DRAM active {} of the peak bandwidth, SM active {} (means over the {} it held)",
+                pct_of(mean_of(held, |p| p.dram)),
+                pct_of(mean_of(held, |p| p.sm)),
+                hm(ms)
+            )
+        },
+    );
 }
 
 /// `periodic_idle` over the steady phase `st`.
@@ -1351,6 +1474,9 @@ mod tests {
                 util: u as f32,
                 mem: m as f32,
                 procs: 0,
+                sm: f32::NAN,
+                tensor: f32::NAN,
+                dram: f32::NAN,
             });
         }
         t
@@ -1444,6 +1570,9 @@ mod tests {
                 util: if low { 30.0 } else { 95.0 },
                 mem: 40_000.0,
                 procs: 0,
+                sm: f32::NAN,
+                tensor: f32::NAN,
+                dram: f32::NAN,
             });
         }
         let d = diagnose(&[t], None);
@@ -1455,5 +1584,47 @@ mod tests {
             .find(|f| f.pattern == "low_utilization")
             .unwrap();
         assert!(f.share_of_observed < 0.25, "{f:?}");
+    }
+
+    /// The GPM patterns: each on the samples with its GPM values; a log without GPM has none.
+    #[test]
+    fn gpm_patterns_launch_bound_no_tensor_cores_memory_bound() {
+        let gpm = |sm: f32, tensor: f32, dram: f32, util: f32| {
+            let mut t = Trace::new(0);
+            t.total_mib = Some(81_559.0);
+            for i in 0..600 {
+                t.points.push(Point {
+                    t: i * 1000,
+                    util,
+                    mem: 60_000.0,
+                    procs: 1,
+                    sm,
+                    tensor,
+                    dram,
+                });
+            }
+            diagnose(&[t], None)
+        };
+        let d = gpm(10.0, 1.0, 3.0, 100.0);
+        assert!(has(&d, 0, "launch_bound"), "{:?}", d.findings);
+        let f = d
+            .findings
+            .iter()
+            .find(|f| f.pattern == "launch_bound")
+            .unwrap();
+        assert!(f.evidence.contains("SM active 10 %"), "{}", f.evidence);
+        assert!(f.fix.contains("CUDA graphs") && f.fix.contains("torch.compile"));
+        assert!(!has(&d, 0, "no_tensor_cores") && !has(&d, 0, "low_utilization"));
+        let d = gpm(88.0, 0.2, 40.0, 97.0);
+        assert!(has(&d, 0, "no_tensor_cores"), "{:?}", d.findings);
+        assert!(!has(&d, 0, "launch_bound") && !has(&d, 0, "memory_bound"));
+        let d = gpm(45.0, 8.0, 95.0, 99.0);
+        assert!(has(&d, 0, "memory_bound"), "{:?}", d.findings);
+        // healthy training: nothing
+        let d = gpm(80.0, 40.0, 34.0, 95.0);
+        assert!(d.findings.is_empty(), "{:?}", d.findings);
+        // no GPM (an A100): nothing, whatever the utilization
+        let d = gpm(f32::NAN, f32::NAN, f32::NAN, 100.0);
+        assert!(d.findings.is_empty(), "{:?}", d.findings);
     }
 }

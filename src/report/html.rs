@@ -189,6 +189,11 @@ fn summary_table(h: &mut String, r: &RunSummary, shown: &std::collections::BTree
         let util = g.util.map_or_else(dash, |u| {
             format!("{:.0} / {:.0} / {:.0} %", u.mean, u.p50, u.p95)
         });
+        // GPM's SM active beside utilization (Hopper and later)
+        let util = match g.sm_active_mean {
+            Some(sm) => format!("{util}<br>SM active {sm:.0} %"),
+            None => util,
+        };
         let mem = match (g.mem_peak_bytes, g.mem_total_bytes) {
             (Some(p), Some(t)) => format!("{} / {}", gib(p), gib(t)),
             (Some(p), None) => gib(p),

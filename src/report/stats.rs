@@ -17,6 +17,11 @@ pub const MAX_SAMPLE_MS: i64 = 60_000;
 /// Temperature taken as the slowdown threshold where the log does not carry the GPU's own.
 pub const FALLBACK_SLOWDOWN_C: f64 = 85.0;
 
+/// The mean of a (sum, count), when there was a value.
+fn gpm_mean((sum, n): (f64, u64)) -> Option<f64> {
+    (n > 0).then(|| sum / n as f64)
+}
+
 /// Mean and percentiles.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Dist {
@@ -41,6 +46,14 @@ pub struct GpuSummary {
     pub gap_s: f64,
     pub util: Option<Dist>,
     pub util_below_50_s: f64,
+    /// Means of GPM's SM active, tensor active and DRAM active, percent (Hopper and later; absent
+    /// in logs without them).
+    #[serde(default)]
+    pub sm_active_mean: Option<f64>,
+    #[serde(default)]
+    pub tensor_active_mean: Option<f64>,
+    #[serde(default)]
+    pub dram_active_mean: Option<f64>,
     pub mem_peak_bytes: Option<f64>,
     pub mem_total_bytes: Option<f64>,
     /// Least-squares slope of memory used, MiB per hour.
@@ -91,6 +104,8 @@ pub struct GpuAcc {
     util_n: u64,
     util_sum: f64,
     util_below_50_ms: i64,
+    /// Sums and counts of SM active, tensor active and DRAM active (GPM).
+    gpm: [(f64, u64); 3],
     mem_peak: Option<f64>,
     mem_total: Option<f64>,
     /// Least squares of (hours since first, MiB).
@@ -163,6 +178,16 @@ impl GpuAcc {
             self.util_sum += u;
             self.util_hist[u.round().clamp(0.0, 100.0) as usize] += 1;
             self.charts.util.push(t, u);
+        }
+        for (acc, m) in
+            self.gpm
+                .iter_mut()
+                .zip([Metric::SmActive, Metric::TensorActive, Metric::DramActive])
+        {
+            if let Some(x) = v(m) {
+                acc.0 += x;
+                acc.1 += 1;
+            }
         }
         if let Some(m) = v(Metric::MemUsed) {
             self.mem_peak = Some(self.mem_peak.map_or(m, |p: f64| p.max(m)));
@@ -303,6 +328,9 @@ impl GpuAcc {
             gap_s: gaps.iter().sum::<i64>() as f64 / 1000.0,
             util,
             util_below_50_s: self.util_below_50_ms as f64 / 1000.0,
+            sm_active_mean: gpm_mean(self.gpm[0]),
+            tensor_active_mean: gpm_mean(self.gpm[1]),
+            dram_active_mean: gpm_mean(self.gpm[2]),
             mem_peak_bytes: self.mem_peak,
             mem_total_bytes: self.mem_total,
             mem_trend_mib_per_h: trend,
@@ -366,5 +394,25 @@ mod tests {
             "{}",
             s.util_below_50_s
         );
+        assert_eq!(s.sm_active_mean, None, "no GPM in the log: absent, not 0");
+    }
+
+    /// GPM's SM, tensor and DRAM activity are averaged over the samples that have them.
+    #[test]
+    fn gpm_means() {
+        let mut acc = GpuAcc::new(0);
+        for t in 0..4 {
+            let mut g = sample(100.0);
+            // the first sample has no GPM (no previous GPM sample at the first tick)
+            if t > 0 {
+                g.values.set(Metric::SmActive, Some(10.0 * t as f64));
+                g.values.set(Metric::TensorActive, Some(1.0));
+            }
+            acc.push(t * 1000, &g);
+        }
+        let (s, _) = acc.finish();
+        assert_eq!(s.sm_active_mean, Some(20.0));
+        assert_eq!(s.tensor_active_mean, Some(1.0));
+        assert_eq!(s.dram_active_mean, None);
     }
 }

@@ -68,6 +68,54 @@ fn gpu_hot_example_loads_and_fires() {
     assert_eq!(set.eval_gpu(0, &short, 4_000), EvalResult::NoData);
 }
 
+/// The GPM rows come to rules from the metric table like any other (`gpu.sm_active`,
+/// `gpu.tensor_active`, `gpu.dram_active`); where a GPU has no GPM they are absent (`()`), and a
+/// check comparing them does not fire, as it would on a 0.
+#[test]
+fn gpm_rows_are_rule_inputs() {
+    let set = load(
+        r#"rule(#{ name: "launch_bound_test", check: |gpu| {
+            let sm = gpu.sm_active.mean("5m");
+            if gpu.util.mean("5m") > 90 && sm < 20 && gpu.tensor_active.max("5m") < 5
+                && gpu.dram_active.mean("5m") < 50 {
+                `util ${fmt(gpu.util.mean("5m"), 0)}%, SM active ${fmt(sm, 0)}%`
+            }
+        } });"#,
+    )
+    .unwrap();
+    let gpm = |sm: Option<f64>| {
+        let mut h = GpuHistory::new(DeviceId::default());
+        for i in 0..301 {
+            let mut values = MetricValues::default();
+            values.set(Metric::Util, Some(100.0));
+            values.set(Metric::SmActive, sm);
+            values.set(Metric::TensorActive, sm.map(|_| 1.0));
+            values.set(Metric::DramActive, sm.map(|_| 10.0));
+            h.push(&GpuSample {
+                time_ms: i * 1000,
+                id: DeviceId::default(),
+                state: DeviceState::Ok,
+                values,
+            });
+        }
+        Arc::new(h)
+    };
+    match set.eval_gpu(0, &gpm(Some(12.0)), 300_000) {
+        EvalResult::Fire { summary, .. } => assert_eq!(summary, "util 100%, SM active 12%"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        set.eval_gpu(0, &gpm(Some(80.0)), 300_000),
+        EvalResult::Quiet
+    );
+    // an A100: no GPM, so `()` — never "SM active 0 %": the check does not fire
+    let none = set.eval_gpu(0, &gpm(None), 300_000);
+    assert!(
+        matches!(none, EvalResult::Quiet | EvalResult::NoData),
+        "{none:?}"
+    );
+}
+
 #[test]
 fn syntax_error_names_file_line_column() {
     let errs =

@@ -14,7 +14,10 @@
 //! * foreign processes already holding memory on the GPUs `CUDA_VISIBLE_DEVICES` names (every
 //!   GPU when it is unset): another user's, or not the caller's — the caller is the process that
 //!   started gpuwatch (the shell); it and its descendants are yours;
-//! * expected GPUs that NVML does not enumerate ([`super::expected`]).
+//! * expected GPUs that NVML does not enumerate ([`super::expected`]);
+//! * GPM (the profiling metrics: SM active, tensor and DRAM activity) failing on a GPU that has
+//!   it — another client holds it, or the driver is in trouble; a GPU without GPM (before
+//!   Hopper) is no finding, `status --json` says why (`gpus[].gpm`).
 //!
 //! [`gather`] reads the facts through the open [`Sampler`] (one snapshot, then a few one-shot
 //! calls per GPU on its `Nvml` handle; a lost or stalled GPU is not asked again), [`findings`]
@@ -25,7 +28,7 @@ use serde::Serialize;
 use crate::model::visible::cuda_visible;
 use crate::model::{DeviceId, DeviceState, Metric, MissingGpu, ProcSample, Severity};
 
-use super::Sampler;
+use super::{GpmStatus, Sampler};
 
 /// Utilization from which a GPU counts as busy for the link-generation check.
 pub const BUSY_UTIL_PCT: f64 = 50.0;
@@ -61,6 +64,12 @@ pub enum Check {
     GpuMissing,
     /// The GPU answers GPU_IS_LOST, or an NVML call on it hangs.
     GpuUnusable,
+    /// The GPU has GPM but its calls fail: the GPM metrics are absent.
+    GpmFailing,
+    /// An NVLink is down.
+    NvlinkDown,
+    /// An NVLink runs below the speed of the GPU's other links.
+    NvlinkSpeed,
 }
 
 /// One thing that needs attention.
@@ -132,6 +141,10 @@ pub struct GpuFacts {
     pub clock_event_reasons: Option<u64>,
     /// ECC currently enabled (`None`: the GPU has no ECC).
     pub ecc_enabled: Option<bool>,
+    /// Where GPM stands.
+    pub gpm: GpmStatus,
+    /// Its NVLinks (`None`: no NVLink, or not read).
+    pub nvlink: Option<crate::model::nvlink::NvlinkStatus>,
 }
 
 /// Everything the checks judge.
@@ -162,11 +175,14 @@ fn as_u32(v: Option<f64>) -> Option<u32> {
 pub fn gather(sampler: &mut Sampler) -> (Vec<GpuFacts>, Vec<ProcSample>) {
     let snap = sampler.sample();
     let nvml = sampler.nvml();
+    let gpm = sampler.gpm();
+    let nvlink = sampler.nvlink();
     let mut gpus = Vec::with_capacity(snap.gpus.len());
     for g in &snap.gpus {
         let mut f = GpuFacts {
             id: g.id.clone(),
             state: g.state,
+            gpm: gpm.get(g.id.index as usize).cloned().unwrap_or_default(),
             util: g.get(Metric::Util),
             remap_pending: g.get(Metric::RemapPending).map(|v| v != 0.0),
             retired_pending: g.get(Metric::RetiredPending).map(|v| v != 0.0),
@@ -178,6 +194,7 @@ pub fn gather(sampler: &mut Sampler) -> (Vec<GpuFacts>, Vec<ProcSample>) {
                 reason = "bitmask"
             )]
             clock_event_reasons: g.get(Metric::ClockEventReasons).map(|m| m as u64),
+            nvlink: nvlink.iter().find(|n| n.gpu == g.id.index).cloned(),
             ..GpuFacts::default()
         };
         if g.state == DeviceState::Ok {
@@ -364,6 +381,11 @@ fn state_findings(g: &GpuFacts, out: &mut Vec<Finding>) {
         }
     }
     clock_findings(g, out);
+    if let GpmStatus::Failing(error) = &g.gpm {
+        out.push(finding(g, Check::GpmFailing, Severity::Warning,
+            format!("GPM answers {error} — SM active, tensor and DRAM activity are absent for this GPU"),
+            "another GPM client may hold it (a profiler, DCGM, another monitor): stop it, or run gpuwatch with --no-gpm; if none, check dmesg | grep NVRM".into()));
+    }
     if g.ecc_enabled == Some(false) {
         out.push(finding(g, Check::EccDisabled, Severity::Warning,
             "ECC is disabled on a GPU that supports it — memory errors go undetected and corrupt results silently".into(),
@@ -433,6 +455,27 @@ fn foreign_findings(
     }
 }
 
+/// The NVLink checks of one GPU: a link down (critical), a link below the speed of the others
+/// (warning); see `model::nvlink::findings`.
+fn nvlink_findings(g: &GpuFacts, out: &mut Vec<Finding>) {
+    let Some(n) = g.nvlink.as_ref().filter(|_| g.state == DeviceState::Ok) else {
+        return;
+    };
+    for (critical, text) in crate::model::nvlink::findings(n) {
+        let (check, severity, fix) = if critical {
+            (Check::NvlinkDown, Severity::Critical,
+             "check nvidia-smi nvlink -s and dmesg (XID 74); reset the GPUs (nvidia-smi -r) or drain the node for service")
+        } else {
+            (Check::NvlinkSpeed, Severity::Warning,
+             "collectives over this link run slower; reset the GPUs, or reseat/replace the NVLink bridge or board")
+        };
+        // the line names the GPU already: drop the message's own `GPU N: ` prefix
+        let prefix = format!("GPU {}: ", g.id.index);
+        let message = text.strip_prefix(&prefix).unwrap_or(&text).to_string();
+        out.push(finding(g, check, severity, message, fix.into()));
+    }
+}
+
 /// Judges `inputs`; `is_own` says whether a GPU process belongs to the caller. Findings come
 /// per GPU in index order, missing GPUs last.
 pub fn findings(inputs: &Inputs, is_own: &dyn Fn(&ProcSample) -> bool) -> Vec<Finding> {
@@ -448,6 +491,7 @@ pub fn findings(inputs: &Inputs, is_own: &dyn Fn(&ProcSample) -> bool) -> Vec<Fi
     let mut out = Vec::new();
     for g in &inputs.gpus {
         link_findings(g, &mut out);
+        nvlink_findings(g, &mut out);
         state_findings(g, &mut out);
         foreign_findings(g, &inputs.processes, &visible, is_own, &mut out);
     }
@@ -524,7 +568,60 @@ mod tests {
             app_mem_clock: Some((2619, 2619)),
             clock_event_reasons: Some(0x1),
             ecc_enabled: Some(true),
+            gpm: GpmStatus::Active,
+            nvlink: None,
         }
+    }
+
+    #[test]
+    fn an_nvlink_down_is_critical_and_a_slow_one_a_warning() {
+        use crate::model::nvlink::{NvlinkLink, NvlinkStatus};
+        let link = |n: u32, up: bool, peer: u32, speed: u32| NvlinkLink {
+            link: n,
+            up,
+            speed_mbps: up.then_some(speed),
+            version: Some(4),
+            remote_bus_id: None,
+            peer_gpu: Some(peer),
+            crc_flit_errors: Some(0),
+            crc_data_errors: Some(0),
+            replay_errors: Some(0),
+            recovery_errors: Some(0),
+        };
+        let mut g: Vec<GpuFacts> = (0..8).map(healthy).collect();
+        g[3].nvlink = Some(NvlinkStatus {
+            gpu: 3,
+            time_ms: 0,
+            links: vec![
+                link(0, true, 2, 26_562),
+                link(5, false, 5, 0),
+                link(6, true, 4, 13_281),
+            ],
+        });
+        g[4].nvlink = Some(NvlinkStatus {
+            gpu: 4,
+            time_ms: 0,
+            links: vec![link(0, true, 5, 26_562)],
+        });
+        let f = findings(
+            &Inputs {
+                gpus: g,
+                ..Inputs::default()
+            },
+            &|_| true,
+        );
+        assert_eq!(
+            checks(&f),
+            [(Some(3), Check::NvlinkDown), (Some(3), Check::NvlinkSpeed)]
+        );
+        assert_eq!(f[0].severity, Severity::Critical);
+        assert!(
+            f[0].line()
+                .starts_with("GPU 3 (00000000:1B:00.0): NVLink 5 (to GPU 5) is down"),
+            "{}",
+            f[0].line()
+        );
+        assert_eq!(f[1].severity, Severity::Warning);
     }
 
     fn checks(f: &[Finding]) -> Vec<(Option<u32>, Check)> {
@@ -552,6 +649,9 @@ mod tests {
         g[6].app_sm_clock = Some((1410, 1980));
         g[7].clock_event_reasons = Some(0x2);
         g[8].ecc_enabled = Some(false);
+        g[8].gpm = GpmStatus::Failing("In use by another client".into());
+        g[1].gpm = GpmStatus::Unsupported("the GPU has no GPM".into());
+        g[2].gpm = GpmStatus::Off;
         let inputs = Inputs {
             gpus: g,
             missing: vec![MissingGpu {
@@ -573,9 +673,15 @@ mod tests {
                 (Some(5), Check::PowerLimit),
                 (Some(6), Check::ApplicationsClocks),
                 (Some(7), Check::LockedClocks),
+                (Some(8), Check::GpmFailing),
                 (Some(8), Check::EccDisabled),
                 (None, Check::GpuMissing),
             ]
+        );
+        assert!(
+            f[8].message.contains("In use by another client") && f[8].fix.contains("--no-gpm"),
+            "{}",
+            f[8].line()
         );
         assert_eq!(
             f[2].line(),
@@ -583,10 +689,11 @@ mod tests {
         );
         assert!(f[4].message.contains("node reboot"), "{}", f[4].message);
         assert!(
-            f[9].line()
+            f[10]
+                .line()
                 .starts_with("GPU 00000000:3A:00.0: on the PCI bus"),
             "{}",
-            f[9].line()
+            f[10].line()
         );
         assert!(f.iter().all(|f| !f.fix.is_empty() && !f.message.is_empty()));
     }

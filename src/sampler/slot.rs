@@ -1,5 +1,6 @@
 //! One device's NVML reads: the fast path ([`Slot`]: everything read at every tick, in one
-//! field-values call and the cheap getters) and the slow path ([`SlowSlot`]: process lists and
+//! field-values call and the cheap getters, and on GPUs with GPM one GPM sample into one of two
+//! samples allocated once and one metrics call for every GPM row — see [`Gpm`]) and the slow path ([`SlowSlot`]: process lists and
 //! calls that block for long on real drivers, read on the slower process cadence). Each runs on
 //! its own worker thread (see `worker`), so neither waits for the other, and every call is
 //! bracketed by the thread's [`Busy`] marker so the sampler can tell a call that hangs.
@@ -11,15 +12,20 @@ use nvml_wrapper::enum_wrappers::device::{
     TemperatureThreshold,
 };
 use nvml_wrapper::enums::device::SampleValue;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::structs::device::FieldId;
-use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper::{Device, GpmSample, Nvml};
+use nvml_wrapper_sys::bindings::{
+    nvmlGpmMetricsGet_t, nvmlReturn_enum_NVML_ERROR_UNKNOWN as NVML_ERROR_UNKNOWN,
+    nvmlReturn_enum_NVML_SUCCESS as NVML_SUCCESS, NVML_GPM_METRICS_GET_VERSION,
+};
 
 use super::worker::Busy;
+use super::GpmStatus;
 use crate::model::{
-    DeviceId, DeviceState, Metric, MetricValues, NvmlCall, NvmlFunction, ProcKind, Source, METRICS,
-    METRIC_COUNT,
+    DeviceId, DeviceState, GpmMetric, Metric, MetricValues, NvmlCall, NvmlFunction, ProcKind,
+    Source, METRICS, METRIC_COUNT,
 };
 
 /// One NVML query; the unit of "supported or not" bookkeeping (several [`NvmlCall`]s can share
@@ -189,6 +195,8 @@ pub(super) struct Slot {
     lost_probe_ms: i64,
     /// Which call this slot's thread is in (read by the sampler for its deadline).
     pub(super) busy: Arc<Busy>,
+    /// GPM (the fast path only, unless turned off): its status, and its samples once set up.
+    pub(super) gpm: Gpm,
 }
 
 /// Marker: the device answered GpuLost / ResetRequired.
@@ -211,6 +219,7 @@ impl Slot {
             field_metrics: table_fields(path).fold(0, |mask, r| mask | metric_bit(r.metric)),
             lost_probe_ms: now_ms,
             busy,
+            gpm: Gpm::off(),
         }
     }
 
@@ -276,8 +285,11 @@ impl Slot {
                 self.state = DeviceState::Ok;
             }
         }
-        if self.state == DeviceState::Ok && self.read(values).is_err() {
+        if self.state == DeviceState::Ok && self.read(nvml, values).is_err() {
             self.mark_lost(time_ms);
+            // its GPM samples are of a GPU that is gone: the first reading after it answers
+            // again starts afresh
+            self.gpm.forget();
             *values = MetricValues::default();
         }
         self.state
@@ -358,9 +370,9 @@ impl Slot {
 
     /// Reads every metric of the table into `values`, each through its row's [`Source`]: the
     /// batched field-values call first, then one reader per [`NvmlCall`] in table order, then
-    /// the derived rows.
+    /// the GPM rows (one sample and one metrics call for all of them), then the derived rows.
     /// Slow calls are left to the slow path (see [`Slot::slow_metrics`]).
-    fn read(&mut self, values: &mut MetricValues) -> Result<(), Lost> {
+    fn read(&mut self, nvml: &'static Nvml, values: &mut MetricValues) -> Result<(), Lost> {
         let mut tick = TickAnswers::default();
         self.read_fields(values, &mut tick, 0)?;
         for d in METRICS {
@@ -373,10 +385,11 @@ impl Slot {
                         values.set(d.id, self.read_call(call, &mut tick)?);
                     }
                 }
-                Source::Derived(_) => {}
+                Source::Gpm(_) | Source::Derived(_) | Source::Nvlink(_) => {}
                 Source::Host(h) => match h {},
             }
         }
+        self.read_gpm(nvml, values)?;
         for d in METRICS {
             if let Source::Derived(how) = d.source {
                 let v = (how.compute)(values);
@@ -599,6 +612,83 @@ impl Slot {
         Ok(())
     }
 
+    /// The GPM rows: at the first read, whether the GPU has GPM and two samples for it; then at
+    /// every read one sample into the older buffer and the metrics between it and the newer
+    /// one. A GPU without GPM is not asked again; a failing call (GPM held by another client, …)
+    /// leaves the rows absent and is tried again at the next read.
+    fn read_gpm(&mut self, nvml: &'static Nvml, values: &mut MetricValues) -> Result<(), Lost> {
+        let Some(dev) = self.handle.as_ref() else {
+            return Err(Lost);
+        };
+        let index = self.id.index;
+        if self.gpm.status == GpmStatus::Unknown {
+            self.gpm.set_up(nvml, dev, &self.busy, index)?;
+        }
+        let now = std::time::Instant::now();
+        let min_window = self.gpm.min_window(now);
+        let Some(st) = self.gpm.state.as_mut() else {
+            return Ok(());
+        };
+        if st
+            .prev_at
+            .is_some_and(|t| now.duration_since(t) < min_window)
+        {
+            // too soon after the last sample (the read at the sampler's start, a late tick):
+            // no sample, the rows absent, the next read measures from the last sample
+            return Ok(());
+        }
+        let cur = st.prev.map_or(0, |p| 1 - p);
+        let got = self.busy.call(NvmlFunction::GpmSampleGet, || {
+            gpm_sample_get(nvml, dev, &st.samples[cur])
+        });
+        let answer = got.and_then(|()| {
+            let Some(prev) = st.prev else {
+                return Ok(false);
+            };
+            self.busy
+                .call(NvmlFunction::GpmMetricsGet, || {
+                    st.request.get(nvml, &st.samples[prev], &st.samples[cur])
+                })
+                .map(|()| true)
+        });
+        match answer {
+            Ok(have) => {
+                if have {
+                    st.request.put(values);
+                }
+                st.prev = Some(cur);
+                st.prev_at = Some(now);
+                if matches!(self.gpm.status, GpmStatus::Failing(_)) {
+                    tracing::info!("GPU {index}: GPM answers again");
+                }
+                self.gpm.status = GpmStatus::Active;
+                Ok(())
+            }
+            Err(NvmlError::GpuLost | NvmlError::ResetRequired) => Err(Lost),
+            Err(
+                e @ (NvmlError::NotSupported
+                | NvmlError::FunctionNotFound
+                | NvmlError::FailedToLoadSymbol(_)),
+            ) => {
+                tracing::info!("GPU {index}: GPM not available ({e}); its metrics are absent");
+                self.gpm.unsupported(format!("the driver answers {e}"));
+                Ok(())
+            }
+            Err(e) => {
+                st.prev = None;
+                st.prev_at = None;
+                if !matches!(self.gpm.status, GpmStatus::Failing(_)) {
+                    tracing::warn!(
+                        "GPU {index}: GPM failed ({e}; another GPM client, or the driver in \
+                         trouble): SM active, tensor and DRAM activity are absent until it answers"
+                    );
+                }
+                self.gpm.status = GpmStatus::Failing(e.to_string().into());
+                Ok(())
+            }
+        }
+    }
+
     fn mark_lost(&mut self, now_ms: i64) {
         if self.state != DeviceState::Lost {
             tracing::error!(
@@ -609,6 +699,241 @@ impl Slot {
         }
         self.state = DeviceState::Lost;
         self.lost_probe_ms = now_ms;
+    }
+}
+
+/// The shortest span a GPM reading covers: a read sooner after the last sample takes none (the
+/// GPM rows are absent) and the next one measures from that sample — so the read right after
+/// the sampler's first one (at its start) takes none, and the first tick's GPM rows are absent.
+/// Half the shortest sampling interval (100 ms), so a tick a few ms early still reads; a counter
+/// snapshot over a few ms is noise. Once the reads' own spacing is known, half of it when that
+/// is less (a scenario played faster reads every few ms of wall time).
+pub(super) const GPM_MIN_WINDOW: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// GPM on one device: its status and, while it is read, its state.
+pub(super) struct Gpm {
+    pub(super) status: GpmStatus,
+    state: Option<Box<GpmState>>,
+    /// When the fast path last read the device, and the spacing of the two reads before
+    /// (for [`GPM_MIN_WINDOW`]).
+    last_read: Option<std::time::Instant>,
+    spacing: Option<std::time::Duration>,
+}
+
+/// Two samples allocated once and filled in turn, and the metrics request reused every read.
+struct GpmState {
+    samples: [GpmSample<'static>; 2],
+    /// The sample holding the previous read's snapshot (none at the first read, or after a
+    /// failed one), and when it was taken.
+    prev: Option<usize>,
+    prev_at: Option<std::time::Instant>,
+    request: GpmRequest,
+}
+
+impl Gpm {
+    /// GPM turned off (`[daemon] gpm = false`, `--no-gpm`, and the slow path).
+    pub(super) fn off() -> Gpm {
+        Gpm {
+            status: GpmStatus::Off,
+            state: None,
+            last_read: None,
+            spacing: None,
+        }
+    }
+
+    /// GPM to be set up at the first read.
+    pub(super) fn on() -> Gpm {
+        Gpm {
+            status: GpmStatus::Unknown,
+            ..Gpm::off()
+        }
+    }
+
+    /// The shortest span a reading at `now` may cover ([`GPM_MIN_WINDOW`], or half the spacing
+    /// of the reads before this one when that is less); notes this read.
+    fn min_window(&mut self, now: std::time::Instant) -> std::time::Duration {
+        let before = self.spacing;
+        if let Some(t) = self.last_read {
+            self.spacing = Some(now.saturating_duration_since(t));
+        }
+        self.last_read = Some(now);
+        before.map_or(GPM_MIN_WINDOW, |s| (s / 2).min(GPM_MIN_WINDOW))
+    }
+
+    /// Asks whether the GPU has GPM and, when it does, allocates the two samples.
+    fn set_up(
+        &mut self,
+        nvml: &'static Nvml,
+        dev: &Device<'static>,
+        busy: &Busy,
+        index: u32,
+    ) -> Result<(), Lost> {
+        match busy.call(NvmlFunction::GpmQueryDeviceSupport, || dev.gpm_support()) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!("GPU {index}: no GPM (Hopper or later has it)");
+                self.unsupported("the GPU has no GPM (Hopper and later have it)".into());
+                return Ok(());
+            }
+            Err(NvmlError::GpuLost | NvmlError::ResetRequired) => return Err(Lost),
+            Err(e) => {
+                tracing::debug!("GPU {index}: GPM support unknown ({e})");
+                self.unsupported(format!("nvmlGpmQueryDeviceSupport answers {e}"));
+                return Ok(());
+            }
+        }
+        let alloc = || busy.call(NvmlFunction::GpmSampleAlloc, || gpm_sample_alloc(nvml));
+        match (alloc(), alloc()) {
+            (Ok(a), Ok(b)) => {
+                self.state = Some(Box::new(GpmState {
+                    samples: [a, b],
+                    prev: None,
+                    prev_at: None,
+                    request: GpmRequest::new(),
+                }));
+                self.status = GpmStatus::Active;
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!("GPU {index}: cannot allocate GPM samples ({e}); no GPM metrics");
+                self.unsupported(format!("nvmlGpmSampleAlloc answers {e}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// No GPM on this GPU: the samples are freed and it is not asked again.
+    fn unsupported(&mut self, reason: String) {
+        self.state = None;
+        self.status = GpmStatus::Unsupported(reason.into());
+    }
+
+    /// The snapshots taken so far are forgotten (the GPU was lost): the next read takes a first
+    /// sample again.
+    fn forget(&mut self) {
+        if let Some(st) = self.state.as_mut() {
+            st.prev = None;
+            st.prev_at = None;
+        }
+    }
+}
+
+/// `nvmlGpmSampleAlloc` (nvml-wrapper allocates a new sample at every `gpm_sample()`; here two
+/// are allocated once and refilled).
+fn gpm_sample_alloc(nvml: &'static Nvml) -> Result<GpmSample<'static>, NvmlError> {
+    let sym = nvml
+        .lib()
+        .nvmlGpmSampleAlloc
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: the symbol comes from the loaded NVML library with the declared signature; `raw`
+    // is a valid out pointer.
+    nvml_try(unsafe { sym(&mut raw) })?;
+    // SAFETY: `raw` was just allocated by this library and is owned by nothing else; the
+    // `GpmSample` frees it on drop.
+    Ok(unsafe { GpmSample::from_handle(nvml, raw) })
+}
+
+/// `nvmlGpmSampleGet` into an allocated sample.
+fn gpm_sample_get(
+    nvml: &'static Nvml,
+    dev: &Device<'static>,
+    sample: &GpmSample<'static>,
+) -> Result<(), NvmlError> {
+    let sym = nvml
+        .lib()
+        .nvmlGpmSampleGet
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    // SAFETY: the device handle and the sample belong to this library and outlive the call;
+    // the sample is used by this thread only.
+    nvml_try(unsafe { sym(dev.handle(), sample.handle()) })
+}
+
+/// The table's GPM rows and where each one's ids sit in the request.
+fn gpm_rows() -> impl Iterator<Item = (Metric, GpmMetric)> {
+    METRICS.iter().filter_map(|d| match d.source {
+        Source::Gpm(m) => Some((d.id, m)),
+        _ => None,
+    })
+}
+
+/// The `nvmlGpmMetricsGet` request of one device, with every id of the table's GPM rows
+/// (allocated once: 8 KiB).
+struct GpmRequest {
+    raw: Box<nvmlGpmMetricsGet_t>,
+    /// Per GPM row: its metric, how it scales and the range of its ids in `raw.metrics`.
+    rows: Vec<(Metric, f64, std::ops::Range<usize>)>,
+}
+
+impl GpmRequest {
+    fn new() -> GpmRequest {
+        // SAFETY: a plain C struct of integers, doubles and pointers; all zeros is valid.
+        let mut raw: Box<nvmlGpmMetricsGet_t> = Box::new(unsafe { std::mem::zeroed() });
+        let mut rows = Vec::new();
+        let mut n = 0;
+        for (metric, m) in gpm_rows() {
+            let start = n;
+            for id in m.ids() {
+                if let Some(slot) = raw.metrics.get_mut(n) {
+                    slot.metricId = id;
+                    n += 1;
+                }
+            }
+            rows.push((metric, m.scale(), start..n));
+        }
+        raw.numMetrics = u32::try_from(n).unwrap_or(0);
+        GpmRequest { raw, rows }
+    }
+
+    /// `nvmlGpmMetricsGet` between two samples.
+    fn get(
+        &mut self,
+        nvml: &'static Nvml,
+        older: &GpmSample<'static>,
+        newer: &GpmSample<'static>,
+    ) -> Result<(), NvmlError> {
+        let sym = nvml
+            .lib()
+            .nvmlGpmMetricsGet
+            .as_ref()
+            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        self.raw.version = NVML_GPM_METRICS_GET_VERSION;
+        // SAFETY: the handles belong to this library and the samples outlive the call.
+        unsafe {
+            self.raw.sample1 = older.handle();
+            self.raw.sample2 = newer.handle();
+        }
+        for m in &mut self.raw.metrics[..self.raw.numMetrics as usize] {
+            m.nvmlReturn = NVML_ERROR_UNKNOWN;
+        }
+        // SAFETY: the request is a valid, initialised nvmlGpmMetricsGet_t of this library's
+        // bindings with numMetrics entries set.
+        nvml_try(unsafe { sym(&mut *self.raw) })
+    }
+
+    /// Each GPM row's value from the last answer: the mean of its ids that answered (percentages
+    /// kept within 0–100, bandwidths not negative), absent when none did.
+    fn put(&self, values: &mut MetricValues) {
+        for (metric, scale, ids) in &self.rows {
+            let mut sum = 0.0;
+            let mut n = 0.0;
+            for m in &self.raw.metrics[ids.clone()] {
+                if m.nvmlReturn == NVML_SUCCESS && m.value.is_finite() {
+                    sum += m.value;
+                    n += 1.0;
+                }
+            }
+            let v = (n > 0.0).then(|| {
+                let mean = (sum / n).max(0.0);
+                if metric.desc().unit == "percent" {
+                    mean.min(100.0)
+                } else {
+                    mean * scale
+                }
+            });
+            values.set(*metric, v);
+        }
     }
 }
 
@@ -625,6 +950,10 @@ pub(super) struct SlowSlot {
     counters_at: [Option<i64>; COUNTERS.len()],
     /// The sampler's process interval, ms (the counters' cadences are multiples of it).
     pub process_interval_ms: i64,
+    /// The MIG devices' reads (see `mig`).
+    mig: super::mig::MigReader,
+    /// The NVLinks' reads (see `nvlink`).
+    nvlink: super::nvlink::NvlinkReader,
 }
 
 /// Counters the slow path reads on a cadence of their own, slower than the process interval:
@@ -639,6 +968,14 @@ pub(super) const COUNTERS: [(&[Metric], i64); 2] = [
     (&[Metric::Energy, Metric::PcieReplay], 12),
     (&[Metric::PcieRx, Metric::PcieTx], 6),
 ];
+
+/// The NVLink rows as a per-metric mask (read together by `nvlink`).
+fn nvlink_mask() -> u64 {
+    METRICS
+        .iter()
+        .filter(|d| matches!(d.source, Source::Nvlink(_)))
+        .fold(0, |m, d| m | metric_bit(d.id))
+}
 
 /// A list of metrics as a per-metric mask.
 fn mask_of(metrics: &[Metric]) -> u64 {
@@ -675,15 +1012,58 @@ pub(super) struct SlowAnswer {
     pub time_ms: i64,
     /// The device answered GPU_IS_LOST.
     pub lost: bool,
+    /// With MIG on: its MIG devices (`None`: MIG off, or not known).
+    pub mig: Option<Vec<super::mig::MigReading>>,
+    /// Its NVLinks when they were read (`None`: no NVLink, not asked, or no answer).
+    pub nvlink: Option<Vec<crate::model::nvlink::NvlinkLink>>,
 }
 
 impl SlowSlot {
+    /// Reads the MIG devices into `answer` (see `mig`); processes that only a MIG device's own
+    /// list shows join the GPU's `lists`.
+    fn read_mig(
+        &mut self,
+        answer: &mut SlowAnswer,
+        lists: Option<&mut Vec<(ProcessInfo, ProcKind)>>,
+    ) {
+        let Some(dev) = self.slot.handle.as_ref() else {
+            return;
+        };
+        let gpu_procs: Option<Vec<ProcessInfo>> = lists
+            .as_ref()
+            .map(|l| l.iter().map(|(p, _)| p.clone()).collect());
+        match self.mig.read(
+            self.slot.id.index,
+            &self.slot.busy,
+            dev,
+            gpu_procs.as_deref(),
+        ) {
+            Ok(mig) => {
+                if let (Some(lists), Some(devices)) = (lists, mig.as_ref()) {
+                    for p in devices
+                        .iter()
+                        .filter_map(|m| m.processes.as_ref())
+                        .flatten()
+                    {
+                        if !lists.iter().any(|(q, _)| q.pid == p.pid) {
+                            lists.push((p.clone(), ProcKind::Compute));
+                        }
+                    }
+                }
+                answer.mig = mig;
+            }
+            Err(super::mig::Gone) => answer.lost = true,
+        }
+    }
+
     pub(super) fn new(index: u32, busy: Arc<Busy>) -> SlowSlot {
         SlowSlot {
             slot: Slot::new(index, crate::sys::now_ms(), busy, Path::Slow),
             rates_now: false,
             counters_at: [None; COUNTERS.len()],
             process_interval_ms: 5_000,
+            mig: super::mig::MigReader::default(),
+            nvlink: super::nvlink::NvlinkReader::default(),
         }
     }
 
@@ -754,6 +1134,9 @@ impl SlowSlot {
                 }
             }
         }
+        if !answer.lost {
+            self.read_mig(&mut answer, ok.then_some(&mut lists));
+        }
         answer.processes = ok.then_some(lists);
         if !answer.lost
             && self
@@ -762,6 +1145,14 @@ impl SlowSlot {
                 .is_err()
         {
             answer.lost = true;
+        }
+        if !answer.lost && mask & nvlink_mask() != 0 && !self.nvlink.absent() {
+            if let Some(dev) = self.slot.handle.as_ref() {
+                match self.nvlink.read(&self.slot.busy, dev, &mut answer.values) {
+                    Ok(links) => answer.nvlink = links,
+                    Err(Lost) => answer.lost = true,
+                }
+            }
         }
 
         for d in METRICS {
@@ -817,6 +1208,85 @@ mod tests {
         assert_eq!(row.value(3_000.0, t0 + 1_000_000), Some(2_000.0));
         assert_eq!(row.value(2_000.0, t0 + 2_000_000), None, "went backwards");
         assert_eq!(row.value(4_000.0, t0 + 4_000_000), Some(1_000.0));
+    }
+
+    /// A GPM reading covers at least 50 ms — half the reads' own spacing once that is known and
+    /// shorter (a scenario played faster): the read just after the start one takes no sample.
+    #[test]
+    fn gpm_min_window_follows_the_reads() {
+        use std::time::{Duration, Instant};
+        let ms = Duration::from_millis;
+        let mut g = Gpm::on();
+        let t0 = Instant::now();
+        assert_eq!(g.min_window(t0), GPM_MIN_WINDOW, "the start");
+        assert_eq!(
+            g.min_window(t0 + ms(3)),
+            GPM_MIN_WINDOW,
+            "the first tick: 3 ms later"
+        );
+        assert_eq!(
+            g.min_window(t0 + ms(36)),
+            Duration::from_micros(1500),
+            "half of 3 ms"
+        );
+        assert_eq!(
+            g.min_window(t0 + ms(69)),
+            ms(16) + Duration::from_micros(500)
+        );
+        assert_eq!(
+            g.min_window(t0 + ms(1069)),
+            ms(16) + Duration::from_micros(500)
+        );
+        assert_eq!(
+            g.min_window(t0 + ms(2069)),
+            GPM_MIN_WINDOW,
+            "1 s apart: 50 ms"
+        );
+    }
+
+    /// One request holds every id of the GPM rows; a row is the mean of its ids that answered
+    /// (the decoders a GPU has), percentages within 0–100, MiB/s as bytes per second, and
+    /// absent when none answered.
+    #[test]
+    fn gpm_rows_from_one_request() {
+        let mut req = GpmRequest::new();
+        let n = req.raw.numMetrics as usize;
+        let ids: Vec<u32> = req.raw.metrics[..n].iter().map(|m| m.metricId).collect();
+        assert!(
+            ids.contains(&2) && ids.contains(&37) && ids.contains(&61),
+            "{ids:?}"
+        );
+        assert_eq!(
+            req.rows.len(),
+            METRICS.iter().filter(|d| d.source.is_gpm()).count()
+        );
+        for m in &mut req.raw.metrics[..n] {
+            m.nvmlReturn = NVML_ERROR_UNKNOWN;
+        }
+        let mut answer = |id: u32, v: f64| {
+            let m = req.raw.metrics[..n]
+                .iter_mut()
+                .find(|m| m.metricId == id)
+                .unwrap();
+            m.nvmlReturn = NVML_SUCCESS;
+            m.value = v;
+        };
+        answer(2, 12.5); // SM active
+        answer(30, 10.0); // NVDEC 0 and 1 of 8: the others did not answer
+        answer(31, 30.0);
+        answer(3, 100.4); // occupancy a little over 100 (counter race)
+        answer(61, 2.0); // NVLink TX, MiB/s
+        let mut values = MetricValues::default();
+        req.put(&mut values);
+        assert_eq!(values.get(Metric::SmActive), Some(12.5));
+        assert_eq!(values.get(Metric::NvdecUtil), Some(20.0));
+        assert_eq!(values.get(Metric::SmOccupancy), Some(100.0));
+        assert_eq!(values.get(Metric::NvlinkTxBytes), Some(2.0 * 1_048_576.0));
+        assert_eq!(
+            values.get(Metric::TensorActive),
+            None,
+            "not answered: absent"
+        );
     }
 
     #[test]

@@ -157,6 +157,8 @@ pub struct TopState {
     pub host: String,
     pub gpus: Vec<GpuView>,
     pub processes: Vec<ProcSample>,
+    /// The MIG devices of the GPUs with MIG on, as of the newest snapshot.
+    pub mig: Vec<crate::model::MigSample>,
     pub alerts: Vec<AlertView>,
     pub source: AlertSource,
     pub jobs: Vec<JobView>,
@@ -189,6 +191,7 @@ impl TopState {
             host,
             gpus: Vec::new(),
             processes: Vec::new(),
+            mig: Vec::new(),
             alerts: Vec::new(),
             source,
             jobs: Vec::new(),
@@ -256,6 +259,7 @@ impl TopState {
         if let Some(p) = &snap.processes {
             self.processes.clone_from(p);
         }
+        self.mig.clone_from(&snap.mig);
         self.time_ms = Some(snap.time_ms);
     }
 
@@ -411,6 +415,7 @@ mod tests {
             processes: None,
             xids: Vec::new(),
             missing: Vec::new(),
+            mig: Vec::new(),
         };
         for (i, u) in [10.0, 90.0, 50.0].iter().enumerate() {
             let mut values = MetricValues::default();

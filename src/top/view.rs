@@ -216,12 +216,13 @@ fn gib(bytes: f64) -> f64 {
 }
 
 fn gpu_table(st: &TopState, look: Look, w: usize) -> Vec<Line<'static>> {
-    // Fixed columns take 47 characters; the two sparklines share the rest (at least 6 each),
-    // what is left after them goes to the throttle reasons.
-    let spark = ((w.saturating_sub(47 + 12)) / 2).clamp(6, 30);
+    // Fixed columns take 52 characters; the two sparklines share the rest (at least 6 each),
+    // what is left after them goes to the throttle reasons. SM% is GPM's SM active (Hopper and
+    // later; `-` elsewhere): utilization 100 % with SM% low is a GPU busy with tiny kernels.
+    let spark = ((w.saturating_sub(52 + 12)) / 2).clamp(6, 30);
     let mut out = vec![Line::from(fit(
         &format!(
-            "GPU util {:<spark$} memory      {:<spark$} temp  power      SM MHz throttle",
+            "GPU util  SM% {:<spark$} memory      {:<spark$} temp  power      SM MHz throttle",
             "last 5 min", "last 5 min"
         ),
         w,
@@ -235,6 +236,9 @@ fn gpu_table(st: &TopState, look: Look, w: usize) -> Vec<Line<'static>> {
             DeviceState::Ok => {
                 let util = v
                     .get(Metric::Util)
+                    .map_or_else(|| "  - ".to_string(), |u| format!("{u:>3.0}%"));
+                let sm = v
+                    .get(Metric::SmActive)
                     .map_or_else(|| "  - ".to_string(), |u| format!("{u:>3.0}%"));
                 let mem = fit(
                     &match (v.get(Metric::MemUsed), v.get(Metric::MemTotal)) {
@@ -260,7 +264,7 @@ fn gpu_table(st: &TopState, look: Look, w: usize) -> Vec<Line<'static>> {
                     .get(Metric::SmClock)
                     .map_or_else(|| "   -".to_string(), |c| format!("{c:>4.0}"));
                 format!(
-                    "{mark}{:<2} {util} {} {mem} {} {temp} {power} {clock}   {}",
+                    "{mark}{:<2} {util} {sm} {} {mem} {} {temp} {power} {clock}   {}",
                     g.id.index,
                     sparkline(g.series(Chart::Util), spark, 0.0, 100.0, look.ascii),
                     sparkline(g.series(Chart::Mem), spark, 0.0, 100.0, look.ascii),
@@ -283,6 +287,11 @@ fn gpu_table(st: &TopState, look: Look, w: usize) -> Vec<Line<'static>> {
             _ => Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
         };
         out.push(Line::from(Span::styled(fit(&text, w), look.style(style))));
+        if g.state == DeviceState::Ok {
+            if let Some(line) = mig_line(st, g.id.index) {
+                out.push(Line::from(fit(&line, w)));
+            }
+        }
     }
     if st.gpus.is_empty() {
         out.push(Line::from("  (no sample yet)"));
@@ -370,6 +379,29 @@ fn job_lines(st: &TopState, look: Look, w: usize) -> Vec<Line<'static>> {
     out
 }
 
+/// A GPU with MIG on: one line under its row naming its MIG devices, each as `GI:profile` and
+/// the memory used on it (`   MIG  7:1g.10gb 5.3G  8:1g.10gb 4.1G …`).
+fn mig_line(st: &TopState, gpu: u32) -> Option<String> {
+    let devices: Vec<&crate::model::MigSample> =
+        st.mig.iter().filter(|m| m.gpu_index == gpu).collect();
+    if devices.is_empty() {
+        return None;
+    }
+    let mut line = String::from("   MIG");
+    for m in devices {
+        #[expect(clippy::cast_precision_loss, reason = "GiB for display")]
+        let used = m
+            .mem_used_bytes
+            .map_or_else(|| "-".to_string(), |b| format!("{:.1}G", gib(b as f64)));
+        line.push_str(&format!(
+            "  {}:{} {used}",
+            m.gpu_instance_id,
+            m.profile.as_deref().unwrap_or("?")
+        ));
+    }
+    Some(line)
+}
+
 fn process_lines(st: &TopState, look: Look, w: usize, room: usize) -> Vec<Line<'static>> {
     let mut out = vec![Line::from(look.rule(w, "processes"))];
     if room < 2 {
@@ -395,12 +427,20 @@ fn process_lines(st: &TopState, look: Look, w: usize, room: usize) -> Vec<Line<'
             |b| format!("{:>5.1}G", gib(b as f64)),
         );
         let command = crate::values::escape_control(p.command.as_deref().unwrap_or("?"));
+        // on a MIG device: GPU/GPU instance
+        let gpu = st
+            .mig
+            .iter()
+            .find(|m| m.gpu_index == p.gpu_index && m.pids.contains(&p.pid))
+            .map_or_else(
+                || p.gpu_index.to_string(),
+                |m| format!("{}/{}", p.gpu_index, m.gpu_instance_id),
+            );
         out.push(Line::from(cut(
             &format!(
-                "{:>7} {:<10} {:>3} {mem} {:<14} {command}",
+                "{:>7} {:<10} {gpu:>3} {mem} {:<14} {command}",
                 p.pid,
                 cut(p.user.as_deref().unwrap_or("?"), 10),
-                p.gpu_index,
                 cut(p.container.as_deref().unwrap_or("-"), 14),
             ),
             w,
@@ -544,6 +584,8 @@ mod tests {
                 .map(|i| {
                     let mut values = MetricValues::default();
                     values.set(Metric::Util, Some(f64::from(t % 100)));
+                    // GPM's SM active on GPU 0 only (the others: no GPM)
+                    values.set(Metric::SmActive, (i == 0).then_some(12.0));
                     values.set(Metric::MemUsed, Some(40e9));
                     values.set(Metric::MemTotal, Some(80e9));
                     values.set(Metric::Temp, Some(65.0));
@@ -572,6 +614,7 @@ mod tests {
                 processes: None,
                 xids: Vec::new(),
                 missing: Vec::new(),
+                mig: Vec::new(),
             });
         }
         st.alerts.push(AlertView {
@@ -614,9 +657,64 @@ mod tests {
             assert_eq!(asciify(l).chars().count(), l.chars().count(), "{l}");
         }
         assert!(t.contains(" 7 "), "{t}");
+        assert!(t.contains("GPU util  SM% "), "{t}");
+        assert!(
+            t.contains(" 99%  12% "),
+            "SM active beside utilization: {t}"
+        );
+        assert!(t.contains(" 99%   -  "), "absent without GPM: {t}");
         assert!(t.contains("LOST"), "{t}");
         assert!(t.contains("FIRING  critical GPU 5  gpu_lost"), "{t}");
         assert!(t.contains("SW thermal"), "{t}");
+    }
+
+    /// A GPU with MIG on: a line under its row names its MIG devices and their memory; its
+    /// processes show `GPU/GI`.
+    #[test]
+    fn mig_devices_are_listed_under_their_gpu() {
+        let mut st = state(2, None);
+        st.mig = (0..7u32)
+            .map(|k| crate::model::MigSample {
+                gpu_index: 1,
+                gpu_uuid: String::new(),
+                index: k,
+                uuid: format!("MIG-{k}"),
+                gpu_instance_id: 7 + k,
+                compute_instance_id: 0,
+                profile: Some("1g.10gb".into()),
+                placement: None,
+                mem_used_bytes: Some(u64::from(k + 1) << 30),
+                mem_total_bytes: Some(9728 << 20),
+                pids: vec![100 + k],
+            })
+            .collect();
+        st.processes = vec![crate::model::ProcSample::compute(
+            102,
+            1,
+            "GPU-1",
+            Some(3 << 30),
+        )];
+        let look = Look {
+            ascii: true,
+            color: false,
+        };
+        let t = text(&render(&st, look, 160, 30));
+        let lines: Vec<&str> = t.lines().collect();
+        let row = lines
+            .iter()
+            .position(|l| l.starts_with("  1 ") || l.starts_with("> 1 ") || l.starts_with(" 1 "))
+            .unwrap_or_else(|| panic!("{t}"));
+        assert!(
+            lines[row + 1].starts_with("   MIG  7:1g.10gb 1.0G  8:1g.10gb 2.0G"),
+            "{t}"
+        );
+        assert!(lines[row + 1].contains("13:1g.10gb 7.0G"), "{t}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("    102 ") && l.contains(" 1/9 ")),
+            "{t}"
+        );
     }
 
     #[test]

@@ -75,10 +75,18 @@ fn daemon_serves_dcgm_compatible_metrics() {
     });
     assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
     // The names the public "NVIDIA DCGM Exporter Dashboard" (Grafana 12239) queries —
-    // temperature, power, SM clock, utilization, framebuffer used — and the other GPU panels'
-    // usual ones. Its tensor-core panel (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE) is a DCGM profiling
-    // field NVML does not offer, so it stays empty with gpuwatch.
+    // temperature, power, SM clock, utilization, framebuffer used, and its profiling panels
+    // (tensor core, SM active, DRAM active: from GPM on these H100s) — and the other GPU panels'
+    // usual ones.
     for name in [
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
         "DCGM_FI_DEV_GPU_UTIL",
         "DCGM_FI_DEV_MEM_COPY_UTIL",
         "DCGM_FI_DEV_FB_USED",
@@ -100,6 +108,16 @@ fn daemon_serves_dcgm_compatible_metrics() {
         .filter(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{"))
         .count();
     assert!(util_rows >= 7, "one row per answering GPU: {util_rows}");
+    // DCGM's profiling activities are ratios 0–1 (gpuwatch keeps percentages)
+    let sm: Vec<f64> = page
+        .lines()
+        .filter(|l| l.starts_with("DCGM_FI_PROF_SM_ACTIVE{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert!(
+        sm.len() >= 7 && sm.iter().all(|v| (0.5..=1.0).contains(v)),
+        "SM active of busy H100s as a ratio: {sm:?}"
+    );
     assert!(
         page.contains("Hostname=\"simhost\"") && page.contains("modelName=\""),
         "{page}"

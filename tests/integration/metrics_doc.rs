@@ -21,8 +21,14 @@ fn render() -> String {
          look at their deltas.\n\n\
          The source column says where each value comes from, and the sampler reads every row through it:\n\
          a dedicated NVML call; a field of the one `nvmlDeviceGetFieldValues` call per GPU and tick (with the\n\
-         factor to the canonical unit, and the dedicated call used instead on GPUs without the field);\n\
-         `derived` (computed from other metrics); or `host` (not from NVML).\n\n\
+         factor to the canonical unit, and the dedicated call used instead on GPUs without the field); a GPM\n\
+         metric (`nvmlGpmMetricsGet`, Hopper and later: one GPM sample per GPU and tick, the metric computed\n\
+         between it and the previous tick's, so it is the average over the interval; absent at the first tick,\n\
+         on GPUs without GPM and with `[daemon] gpm = false` / `--no-gpm`, and `status --json` says why under\n\
+         `gpus[].gpm`); `derived` (computed from other metrics); or `host` (not from NVML).\n\n\
+         The dcgm-exporter column is the name `/metrics` exports a row under, in dcgm-exporter's unit:\n\
+         framebuffer memory in MiB, energy in mJ, the profiling activities (`DCGM_FI_PROF_*` percentages) as\n\
+         ratios 0–1, everything else in the unit shown here.\n\n\
          | key | unit | kind | source | nvidia-smi | dcgm-exporter | meaning |\n\
          |---|---|---|---|---|---|---|\n",
     );

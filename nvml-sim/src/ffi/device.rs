@@ -8,6 +8,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
 use nvml_wrapper_sys::bindings::field_id::*;
 use nvml_wrapper_sys::bindings::*;
 
+use super::mig::{dev_or_mig, On};
 use super::{dev, entry, put, put_str, Dev, MEMORY_V2_VERSION, TEMPERATURE_V1_VERSION};
 use crate::scenario::{MemoryRepair, Metric};
 use crate::sim::{code, wall_now_us, ProcessEntry};
@@ -71,8 +72,7 @@ macro_rules! string_getter {
 
 // --- identity -------------------------------------------------------------------------------
 
-string_getter!(nvmlDeviceGetName, |d| d.spec().name.clone());
-string_getter!(nvmlDeviceGetUUID, |d| d.spec().uuid.clone());
+// nvmlDeviceGetName and nvmlDeviceGetUUID answer MIG device handles too: ffi/mig.rs
 string_getter!(nvmlDeviceGetSerial, |d| d.spec().serial.clone());
 string_getter!(nvmlDeviceGetVbiosVersion, |d| d
     .spec()
@@ -107,14 +107,6 @@ getter!(nvmlDeviceGetDisplayMode, nvmlEnableState_t, |d| {
 getter!(nvmlDeviceGetComputeMode, nvmlComputeMode_t, |d| Ok(d
     .spec()
     .compute_mode));
-getter!(nvmlDeviceIsMigDeviceHandle, c_uint, |d| {
-    let _ = &d;
-    Ok(0)
-});
-getter!(nvmlDeviceGetMaxMigDeviceCount, c_uint, |d| {
-    let _ = &d;
-    Ok(7)
-});
 getter!(nvmlDeviceGetNumFans, c_uint, |d| Ok(d.spec().num_fans));
 getter!(nvmlDeviceGetCurrPcieLinkGeneration, c_uint, |d| Ok(d
     .spec()
@@ -180,33 +172,6 @@ getter!(nvmlDeviceGetPciInfo_v2, nvmlPciInfo_t, |d| Ok(pci_info(&d)));
 getter!(nvmlDeviceGetPciInfo, nvmlPciInfo_t, |d| Ok(pci_info(&d)));
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMigMode(
-    device: nvmlDevice_t,
-    current: *mut c_uint,
-    pending: *mut c_uint,
-) -> nvmlReturn_t {
-    entry("nvmlDeviceGetMigMode", || {
-        dev("nvmlDeviceGetMigMode", device)?;
-        unsafe {
-            put(current, 0)?;
-            put(pending, 0)
-        }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
-    device: nvmlDevice_t,
-    _index: c_uint,
-    _mig: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    entry("nvmlDeviceGetMigDeviceHandleByIndex", || {
-        dev("nvmlDeviceGetMigDeviceHandleByIndex", device)?;
-        Err(code::NOT_FOUND)
-    })
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetEccMode(
     device: nvmlDevice_t,
     current: *mut nvmlEnableState_t,
@@ -223,12 +188,16 @@ pub unsafe extern "C" fn nvmlDeviceGetEccMode(
 
 // --- utilization / memory -------------------------------------------------------------------
 
-getter!(nvmlDeviceGetUtilizationRates, nvmlUtilization_t, |d| Ok(
-    nvmlUtilization_t {
+// Not on a GPU split into MIG devices, as on real drivers.
+getter!(nvmlDeviceGetUtilizationRates, nvmlUtilization_t, |d| {
+    if d.spec().mig.active() {
+        return Err(code::NOT_SUPPORTED);
+    }
+    Ok(nvmlUtilization_t {
         gpu: d.metric(Metric::GpuUtilPct).round() as u32,
         memory: d.metric(Metric::MemUtilPct).round() as u32,
-    }
-));
+    })
+});
 
 unsafe fn codec_util(
     name: &'static str,
@@ -280,8 +249,14 @@ pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
     }
 }
 
-/// (total, reserved, free, used) bytes.
-fn memory(d: &Dev) -> (u64, u64, u64, u64) {
+/// (total, reserved, free, used) bytes of the GPU, or of one of its MIG devices (which has no
+/// reserved memory of its own).
+fn memory(d: &Dev, on: On) -> (u64, u64, u64, u64) {
+    if let On::Mig(k) = on {
+        let total = d.mig_device(k).map_or(0, |m| m.memory_total_bytes);
+        let used = d.sim.mig_memory_used_bytes(d.gpu, k, d.t);
+        return (total, 0, total.saturating_sub(used), used);
+    }
     let s = d.spec();
     let used = d.sim.memory_used_bytes(d.gpu, d.t);
     let free = s
@@ -291,15 +266,27 @@ fn memory(d: &Dev) -> (u64, u64, u64, u64) {
     (s.memory_total_bytes, s.memory_reserved_bytes, free, used)
 }
 
-getter!(nvmlDeviceGetMemoryInfo, nvmlMemory_t, |d| {
-    // v1 folds the reserved memory into `used`, as the real driver does.
-    let (total, reserved, free, used) = memory(&d);
-    Ok(nvmlMemory_t {
-        total,
-        free,
-        used: used + reserved,
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    out: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    entry("nvmlDeviceGetMemoryInfo", || {
+        let (d, on) = dev_or_mig("nvmlDeviceGetMemoryInfo", device)?;
+        // v1 folds the reserved memory into `used`, as the real driver does.
+        let (total, reserved, free, used) = memory(&d, on);
+        unsafe {
+            put(
+                out,
+                nvmlMemory_t {
+                    total,
+                    free,
+                    used: used + reserved,
+                },
+            )
+        }
     })
-});
+}
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
@@ -307,7 +294,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     out: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
     entry("nvmlDeviceGetMemoryInfo_v2", || {
-        let d = dev("nvmlDeviceGetMemoryInfo_v2", device)?;
+        let (d, on) = dev_or_mig("nvmlDeviceGetMemoryInfo_v2", device)?;
         if out.is_null() {
             return Err(code::INVALID_ARGUMENT);
         }
@@ -316,7 +303,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if version != MEMORY_V2_VERSION {
             return Err(code::ARGUMENT_VERSION_MISMATCH);
         }
-        let (total, reserved, free, used) = memory(&d);
+        let (total, reserved, free, used) = memory(&d, on);
         unsafe {
             put(
                 out,
@@ -835,7 +822,9 @@ getter!(nvmlDeviceGetPcieReplayCounter, c_uint, |d| Ok(
 
 // --- processes ------------------------------------------------------------------------------
 
+/// Writes a process list; a process on a MIG device carries its GPU and compute instance ids.
 unsafe fn write_processes(
+    d: &Dev,
     list: &[ProcessEntry],
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
@@ -853,11 +842,12 @@ unsafe fn write_processes(
         return Err(code::INSUFFICIENT_SIZE);
     }
     for (i, p) in list.iter().enumerate() {
+        let mig = p.mig.and_then(|k| d.mig_device(k as usize));
         let info = nvmlProcessInfo_t {
             pid: p.pid,
             usedGpuMemory: p.used_bytes.unwrap_or(VALUE_NOT_AVAILABLE),
-            gpuInstanceId: NO_INSTANCE,
-            computeInstanceId: NO_INSTANCE,
+            gpuInstanceId: mig.map_or(NO_INSTANCE, |m| m.gpu_instance_id),
+            computeInstanceId: mig.map_or(NO_INSTANCE, |m| m.compute_instance_id),
         };
         // SAFETY: the caller provides `cap >= len` slots.
         unsafe { infos.add(i).write(info) };
@@ -874,13 +864,17 @@ macro_rules! process_list {
             infos: *mut nvmlProcessInfo_t,
         ) -> nvmlReturn_t {
             entry(stringify!($name), || {
-                let d = dev(stringify!($name), device)?;
-                let list = if $mps {
+                // a GPU split into MIG devices lists all of them, each MIG device its own
+                let (d, on) = dev_or_mig(stringify!($name), device)?;
+                let mut list = if $mps {
                     Vec::new()
                 } else {
                     d.sim.processes(d.gpu, d.t, $graphics)
                 };
-                unsafe { write_processes(&list, count, infos) }
+                if let On::Mig(k) = on {
+                    list.retain(|p| p.mig == Some(k as u32));
+                }
+                unsafe { write_processes(&d, &list, count, infos) }
             })
         }
     };
@@ -902,6 +896,9 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 ) -> nvmlReturn_t {
     entry("nvmlDeviceGetProcessUtilization", || {
         let d = dev("nvmlDeviceGetProcessUtilization", device)?;
+        if d.spec().mig.active() {
+            return Err(code::NOT_SUPPORTED);
+        }
         if count.is_null() {
             return Err(code::INVALID_ARGUMENT);
         }
@@ -989,7 +986,7 @@ fn field_value(d: &Dev, id: u32) -> Result<(nvmlValueType_t, nvmlValue_t), u32> 
             }
             ui(d.sim.recovery_action(d.gpu, d.t))
         }
-        _ => Err(code::NOT_SUPPORTED),
+        _ => super::nvlink::field_value(d, id),
     }
 }
 
@@ -1054,6 +1051,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
         let d = dev("nvmlDeviceGetSamples", device)?;
         let (metric, scale) = match sample_type {
             0 => (Metric::PowerW, 1000.0),
+            1 | 2 if d.spec().mig.active() => return Err(code::NOT_SUPPORTED),
             1 => (Metric::GpuUtilPct, 1.0),
             2 => (Metric::MemUtilPct, 1.0),
             3 => (Metric::EncoderUtilPct, 1.0),

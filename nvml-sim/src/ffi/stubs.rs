@@ -33,18 +33,8 @@ not_supported!(
     nvmlDeviceGetDriverModel_v2,
     nvmlDeviceGetDetailedEccErrors,
     nvmlDeviceGetViolationStatus,
-    nvmlDeviceGetNvLinkState,
-    nvmlDeviceGetNvLinkVersion,
-    nvmlDeviceGetNvLinkCapability,
-    nvmlDeviceGetNvLinkErrorCounter,
     nvmlDeviceGetNvLinkUtilizationCounter,
-    nvmlDeviceGetNvLinkRemotePciInfo_v2,
-    nvmlGpmQueryDeviceSupport,
-    nvmlGpmQueryIfStreamingEnabled,
-    nvmlGpmSampleAlloc,
-    nvmlGpmSampleGet,
     nvmlGpmMigSampleGet,
-    nvmlGpmMetricsGet,
     nvmlDeviceGetFanSpeedRPM,
     nvmlDeviceGetMinMaxFanSpeed,
     nvmlDeviceGetFanControlPolicy_v2,
@@ -99,10 +89,6 @@ not_supported!(
     nvmlDeviceGetMultiGpuBoard,
     nvmlDeviceGetNumaNodeId,
     nvmlDeviceGetAttributes_v2,
-    nvmlDeviceGetGpuInstanceProfileInfo,
-    nvmlDeviceGetGpuInstanceId,
-    nvmlDeviceGetComputeInstanceId,
-    nvmlDeviceGetDeviceHandleFromMigDeviceHandle,
     nvmlDeviceGetRowRemapperHistogram,
     nvmlDeviceGetThermalSettings,
     nvmlDeviceGetSramEccErrorStatus,
@@ -138,13 +124,6 @@ not_supported!(
     nvmlUnitGetFanSpeedInfo,
     nvmlUnitGetDevices,
 );
-
-/// `nvmlGpmSampleFree` must exist (nvml-wrapper's `GpmSample` drop calls it); no sample can ever
-/// be allocated here, so freeing always succeeds.
-#[no_mangle]
-pub extern "C" fn nvmlGpmSampleFree() -> nvmlReturn_t {
-    entry("nvmlGpmSampleFree", || Ok(()))
-}
 
 #[cfg(test)]
 mod tests {

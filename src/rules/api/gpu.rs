@@ -16,7 +16,8 @@ use rhai::{Array, Dynamic, Engine, ImmutableString, Map};
 
 use super::{duration_ms, nodata, num_arg, number, RhaiResult};
 use crate::model::{
-    clock_event_mask, DeviceId, DeviceState, Metric, NvmlFunction, ProcSample, XidNote, METRICS,
+    clock_event_mask, DeviceId, DeviceState, Metric, MigSample, NvmlFunction, ProcSample, XidNote,
+    METRICS,
 };
 use crate::window::{Agg, GpuHistory, RunStats};
 
@@ -40,6 +41,8 @@ pub enum Input {
     Stalled,
     /// `gpu.processes`, `gpu.process_count`.
     Processes,
+    /// `gpu.mig`: the MIG devices of a GPU with MIG on.
+    Mig,
     /// `gpu.interval`: the observed sampling interval, ms.
     Interval,
     /// `gpu.xids(duration)`: distinct XID codes within the duration (ms).
@@ -66,6 +69,8 @@ pub enum Value {
     Device(DeviceId),
     /// The process list.
     Procs(Vec<ProcSample>),
+    /// The MIG devices.
+    Mig(Vec<MigSample>),
     /// XID codes.
     Codes(Vec<u64>),
     /// Idle-run statistics.
@@ -106,6 +111,7 @@ impl PartialEq for Value {
                         .all(|(p, q)| p == q && same_opt(p.runtime_s, q.runtime_s))
             }
             (Value::Codes(a), Value::Codes(b)) => a == b,
+            (Value::Mig(a), Value::Mig(b)) => a == b,
             (Value::Name(a), Value::Name(b)) => a == b,
             (Value::Notes(a), Value::Notes(b)) => a == b,
             (Value::Runs(a), Value::Runs(b)) => match (a, b) {
@@ -159,6 +165,7 @@ impl Input {
             Input::Lost => Value::Flag(hist.state == DeviceState::Lost),
             Input::Stalled => Value::Name(hist.state.stalled_in().map(NvmlFunction::symbol)),
             Input::Processes => Value::Procs(hist.processes.clone()),
+            Input::Mig => Value::Mig(hist.mig.clone()),
             Input::Interval => Value::Int(hist.interval_ms),
             Input::Xids(dur) => Value::Codes(hist.xids_in(now_ms, dur)),
             Input::XidEvents(dur) => {
@@ -338,6 +345,13 @@ impl GpuHandle {
         }
     }
 
+    fn mig(&self) -> Vec<MigSample> {
+        match self.view.get(Input::Mig) {
+            Value::Mig(m) => m,
+            _ => Vec::new(),
+        }
+    }
+
     fn series(&self, metric: Metric) -> Series {
         Series {
             gpu: self.clone(),
@@ -431,12 +445,65 @@ fn xid_event(n: XidNote) -> Dynamic {
     Dynamic::from_map(m)
 }
 
+/// One MIG device as scripts see it (`gpu.mig`, `p.mig`): `#{ index, uuid, gpu_instance_id,
+/// compute_instance_id, profile, slices, mem_used, mem_total, pids, address, name }` —
+/// `address` is `GPU/GI/CI` (`0/7/0`), `name` `MIG 1g.10gb 0/7/0`, `slices` the profile's
+/// compute slices (of 7); unknown values `()`.
+pub fn mig_device(d: &MigSample) -> Dynamic {
+    let mut m = Map::new();
+    m.insert("index".into(), Dynamic::from_int(i64::from(d.index)));
+    m.insert("uuid".into(), Dynamic::from(d.uuid.clone()));
+    m.insert(
+        "gpu_instance_id".into(),
+        Dynamic::from_int(i64::from(d.gpu_instance_id)),
+    );
+    m.insert(
+        "compute_instance_id".into(),
+        Dynamic::from_int(i64::from(d.compute_instance_id)),
+    );
+    m.insert(
+        "profile".into(),
+        d.profile.clone().map_or(Dynamic::UNIT, Dynamic::from),
+    );
+    m.insert(
+        "slices".into(),
+        d.compute_slices()
+            .map_or(Dynamic::UNIT, |s| Dynamic::from_int(i64::from(s))),
+    );
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "bytes fit f64 exactly below 2^53"
+    )]
+    let bytes = |b: Option<u64>| b.map_or(Dynamic::UNIT, |b| Dynamic::from_float(b as f64));
+    m.insert("mem_used".into(), bytes(d.mem_used_bytes));
+    m.insert("mem_total".into(), bytes(d.mem_total_bytes));
+    m.insert(
+        "pids".into(),
+        Dynamic::from_array(
+            d.pids
+                .iter()
+                .map(|p| Dynamic::from_int(i64::from(*p)))
+                .collect(),
+        ),
+    );
+    m.insert("address".into(), Dynamic::from(d.address()));
+    m.insert("name".into(), Dynamic::from(d.describe()));
+    Dynamic::from_map(m)
+}
+
 fn processes(g: &GpuHandle) -> Array {
+    let mig = g.mig();
     g.processes()
         .into_iter()
         .map(|p| {
             let mut m = Map::new();
             m.insert("pid".into(), Dynamic::from_int(i64::from(p.pid)));
+            m.insert(
+                "mig".into(),
+                mig.iter()
+                    .find(|d| d.pids.contains(&p.pid))
+                    .map_or(Dynamic::UNIT, |d| Dynamic::from(d.address())),
+            );
             #[expect(
                 clippy::cast_precision_loss,
                 reason = "bytes fit f64 exactly below 2^53"
@@ -495,6 +562,9 @@ pub(super) fn register(engine: &mut Engine) {
         g.stalled_in().unwrap_or_default().to_string()
     });
     engine.register_get("processes", |g: &mut GpuHandle| processes(g));
+    engine.register_get("mig", |g: &mut GpuHandle| -> Array {
+        g.mig().iter().map(mig_device).collect()
+    });
     engine.register_get("process_count", |g: &mut GpuHandle| {
         i64::try_from(g.processes().len()).unwrap_or(i64::MAX)
     });

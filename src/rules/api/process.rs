@@ -3,8 +3,10 @@
 //!
 //! `p.pid`, `p.user`, `p.uid`, `p.name` (executable base name), `p.cmdline`, `p.mem` (GPU memory
 //! used, bytes), `p.gpu` (index), `p.runtime` (seconds), `p.container`, `p.kind`
-//! (`compute`/`graphics`). The GPU's metric series (`p.gpu_series`) is added by the rules engine,
-//! which owns the windows.
+//! (`compute`/`graphics`); on a GPU with MIG on, the MIG device it runs on: `p.mig` (a map, as
+//! `gpu.mig` lists them), `p.mig_profile`, `p.mig_uuid` (`()` otherwise). The GPU's metric
+//! series (`p.gpu_series`) and the MIG device are added by the rules engine, which owns the
+//! windows.
 
 use std::sync::Arc;
 
@@ -19,6 +21,8 @@ pub struct ProcessHandle {
     pub proc_: Arc<ProcSample>,
     /// The rules engine's `gpu` handle of its GPU (`p.gpu_series`), `()` when not set.
     pub gpu_series: Dynamic,
+    /// The MIG device it runs on (`p.mig`), when its GPU has MIG on.
+    pub mig: Option<Arc<crate::model::MigSample>>,
 }
 
 impl ProcessHandle {
@@ -27,6 +31,7 @@ impl ProcessHandle {
         ProcessHandle {
             proc_: Arc::new(p),
             gpu_series: Dynamic::UNIT,
+            mig: None,
         }
     }
 }
@@ -83,6 +88,19 @@ pub fn register(engine: &mut Engine) {
         ProcKind::Graphics => "graphics".to_string(),
     });
     engine.register_get("gpu_series", |p: &mut ProcessHandle| p.gpu_series.clone());
+    engine.register_get("mig", |p: &mut ProcessHandle| {
+        p.mig
+            .as_deref()
+            .map_or(Dynamic::UNIT, super::gpu::mig_device)
+    });
+    engine.register_get("mig_profile", |p: &mut ProcessHandle| {
+        opt_str(p.mig.as_ref().and_then(|m| m.profile.as_ref()))
+    });
+    engine.register_get("mig_uuid", |p: &mut ProcessHandle| {
+        p.mig
+            .as_ref()
+            .map_or(Dynamic::UNIT, |m| Dynamic::from(m.uuid.clone()))
+    });
     engine.register_fn("to_string", |p: &mut ProcessHandle| {
         format!(
             "pid {} ({}: {})",
@@ -141,5 +159,39 @@ mod tests {
         unknown.command = None;
         assert!(eval("p.mem", unknown.clone()).is_unit());
         assert!(eval("p.name", unknown).is_unit());
+        assert!(eval("p.mig", sample()).is_unit());
+        assert!(eval("p.mig_profile", sample()).is_unit());
+    }
+
+    #[test]
+    fn mig_device_of_a_process() {
+        let mut engine = Engine::new();
+        register(&mut engine);
+        let mut h = ProcessHandle::new(sample());
+        h.mig = Some(Arc::new(crate::model::MigSample {
+            gpu_index: 1,
+            gpu_uuid: "GPU-1".into(),
+            index: 2,
+            uuid: "MIG-abc".into(),
+            gpu_instance_id: 9,
+            compute_instance_id: 0,
+            profile: Some("1g.10gb".into()),
+            placement: None,
+            mem_used_bytes: Some(3 << 30),
+            mem_total_bytes: Some(9728 << 20),
+            pids: vec![4242],
+        }));
+        let mut scope = rhai::Scope::new();
+        scope.push("p", h);
+        let r = engine
+            .eval_with_scope::<Dynamic>(
+                &mut scope,
+                r#"`${p.mig_profile} ${p.mig_uuid} ${p.mig.address} ${p.mig.slices} ${p.mig.mem_total}`"#,
+            )
+            .unwrap();
+        assert_eq!(
+            r.into_string().unwrap(),
+            "1g.10gb MIG-abc 1/9/0 1 10200547328.0"
+        );
     }
 }

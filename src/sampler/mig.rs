@@ -1,0 +1,277 @@
+//! The MIG devices of a GPU with MIG on, read on the slow path: they change only when someone
+//! reconfigures the GPU, and their memory and processes no faster than the GPU's.
+//!
+//! Per slow read: `nvmlDeviceGetMigMode`; when MIG is on, every MIG device
+//! (`nvmlDeviceGetMigDeviceHandleByIndex` up to `nvmlDeviceGetMaxMigDeviceCount`, holes skipped)
+//! with its UUID (`MIG-…`), its name (which carries the profile: `NVIDIA A100-SXM4-80GB MIG
+//! 1g.10gb`), its GPU and compute instance ids (`nvmlDeviceGetGpuInstanceId` /
+//! `…ComputeInstanceId`, which nvml-wrapper does not wrap: called through its library table) and
+//! its memory; its placement through `nvmlDeviceGetGpuInstanceById` + `nvmlGpuInstanceGetInfo`
+//! where the driver allows (root on real drivers); and its own process list when the GPU's does
+//! not place every process (a GPU with MIG on lists every MIG device's processes with their
+//! instance ids to root; others may get nothing). A query a GPU does not support is not asked
+//! again: failed MIG lookups cost real CPU (dcgm-exporter#599).
+
+use nvml_wrapper::error::{nvml_sym, nvml_try, NvmlError};
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::Device;
+
+use super::worker::Busy;
+use crate::model::{MigPlacement, NvmlFunction};
+
+/// One MIG device as read.
+#[derive(Debug, Clone)]
+pub(super) struct MigReading {
+    pub index: u32,
+    pub uuid: String,
+    pub name: Option<String>,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    pub placement: Option<MigPlacement>,
+    pub mem_used: Option<u64>,
+    pub mem_total: Option<u64>,
+    /// Its own process list, when it was read (the GPU's did not place every process).
+    pub processes: Option<Vec<ProcessInfo>>,
+}
+
+/// The GPU answered GPU_IS_LOST / RESET_REQUIRED.
+pub(super) struct Gone;
+
+/// What one GPU's MIG queries support (each asked no more once it is known not to).
+#[derive(Debug, Default)]
+pub(super) struct MigReader {
+    /// No MIG on this GPU (`nvmlDeviceGetMigMode` not supported).
+    no_mig: bool,
+    /// No placements (no permission, not supported, no symbol).
+    no_placement: bool,
+    /// No per-MIG-device process lists.
+    no_procs: bool,
+    /// A MIG device whose ids could not be read was logged.
+    warned: bool,
+}
+
+fn lost(e: &NvmlError) -> bool {
+    matches!(e, NvmlError::GpuLost | NvmlError::ResetRequired)
+}
+
+/// A failure that will not change by asking again.
+fn permanent(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::NotSupported
+            | NvmlError::FunctionNotFound
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::NoPermission
+    )
+}
+
+/// `nvmlDeviceGetGpuInstanceId` or `…ComputeInstanceId` of a MIG device handle.
+fn instance_id(dev: &Device<'static>, compute: bool) -> Result<u32, NvmlError> {
+    let lib = dev.nvml().lib();
+    let sym = if compute {
+        nvml_sym(lib.nvmlDeviceGetComputeInstanceId.as_ref())?
+    } else {
+        nvml_sym(lib.nvmlDeviceGetGpuInstanceId.as_ref())?
+    };
+    let mut id: u32 = 0;
+    // SAFETY: a valid MIG device handle of this library and a pointer to a live u32, per the
+    // function's contract.
+    nvml_try(unsafe { sym(dev.handle(), &mut id) })?;
+    Ok(id)
+}
+
+/// The placement of GPU instance `gi` of `parent`.
+fn placement(busy: &Busy, parent: &Device<'static>, gi: u32) -> Result<MigPlacement, NvmlError> {
+    let lib = parent.nvml().lib();
+    let by_id = nvml_sym(lib.nvmlDeviceGetGpuInstanceById.as_ref())?;
+    let get_info = nvml_sym(lib.nvmlGpuInstanceGetInfo.as_ref())?;
+    let mut instance = std::ptr::null_mut();
+    busy.call(NvmlFunction::GpuInstanceById, || {
+        // SAFETY: the GPU's own handle and a pointer to a live handle slot.
+        nvml_try(unsafe { by_id(parent.handle(), gi, &mut instance) })
+    })?;
+    let mut info = std::mem::MaybeUninit::zeroed();
+    busy.call(NvmlFunction::GpuInstanceGetInfo, || {
+        // SAFETY: a GPU-instance handle the library just gave and a pointer to a zeroed struct
+        // of the type the function writes.
+        nvml_try(unsafe { get_info(instance, info.as_mut_ptr()) })
+    })?;
+    // SAFETY: zeroed, then written by a successful call; the struct is plain data.
+    let info = unsafe { info.assume_init() };
+    Ok(MigPlacement {
+        start: info.placement.start,
+        size: info.placement.size,
+    })
+}
+
+impl MigReader {
+    /// Reads the MIG devices of `dev`: `Ok(None)` when MIG is off or unknown, `Ok(Some(list))`
+    /// when it is on. `gpu_procs` is the GPU's own process list (`None`: it could not be read):
+    /// a MIG device's list is read only when that does not place every process.
+    pub(super) fn read(
+        &mut self,
+        index: u32,
+        busy: &Busy,
+        dev: &Device<'static>,
+        gpu_procs: Option<&[ProcessInfo]>,
+    ) -> Result<Option<Vec<MigReading>>, Gone> {
+        if self.no_mig {
+            return Ok(None);
+        }
+        let mode = match busy.call(NvmlFunction::MigMode, || dev.mig_mode()) {
+            Ok(m) => m,
+            Err(e) if lost(&e) => return Err(Gone),
+            Err(e) => {
+                if permanent(&e) || matches!(e, NvmlError::InvalidArg) {
+                    tracing::debug!("GPU {index}: no MIG ({e}); not asked again");
+                    self.no_mig = true;
+                }
+                return Ok(None);
+            }
+        };
+        if mode.current != 1 {
+            return Ok(None);
+        }
+        let max = busy
+            .call(NvmlFunction::MaxMigDeviceCount, || dev.mig_device_count())
+            .unwrap_or(7)
+            .min(64);
+        let own_lists = !self.no_procs
+            && gpu_procs
+                .is_none_or(|l| l.is_empty() || l.iter().any(|p| p.gpu_instance_id.is_none()));
+        let mut out = Vec::new();
+        for k in 0..max {
+            let m = match busy.call(NvmlFunction::MigDeviceHandleByIndex, || {
+                dev.mig_device_by_index(k)
+            }) {
+                Ok(m) => m,
+                Err(e) if lost(&e) => return Err(Gone),
+                // a hole (destroyed instance), or past the last
+                Err(NvmlError::NotFound) => continue,
+                Err(_) => break,
+            };
+            let ids = busy
+                .call(NvmlFunction::GpuInstanceId, || instance_id(&m, false))
+                .and_then(|gi| {
+                    busy.call(NvmlFunction::ComputeInstanceId, || instance_id(&m, true))
+                        .map(|ci| (gi, ci))
+                });
+            let uuid = busy.call(NvmlFunction::Uuid, || m.uuid());
+            let (gi, ci, uuid) = match (ids, uuid) {
+                (Ok((gi, ci)), Ok(uuid)) => (gi, ci, uuid),
+                (Err(e), _) | (_, Err(e)) => {
+                    if lost(&e) {
+                        return Err(Gone);
+                    }
+                    if !self.warned {
+                        self.warned = true;
+                        tracing::warn!(
+                            "GPU {index}: MIG device {k} left out: its identity cannot be read ({e})"
+                        );
+                    }
+                    continue;
+                }
+            };
+            let name = busy.call(NvmlFunction::Name, || m.name()).ok();
+            let mem = busy.call(NvmlFunction::MemoryInfo, || m.memory_info()).ok();
+            let placement = if self.no_placement {
+                None
+            } else {
+                match placement(busy, dev, gi) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        if lost(&e) {
+                            return Err(Gone);
+                        }
+                        if permanent(&e) {
+                            tracing::debug!(
+                                "GPU {index}: MIG placements not available ({e}); not asked again"
+                            );
+                            self.no_placement = true;
+                        }
+                        None
+                    }
+                }
+            };
+            let processes = if own_lists && !self.no_procs {
+                match busy.call(NvmlFunction::ComputeRunningProcesses, || {
+                    m.running_compute_processes()
+                }) {
+                    Ok(list) => Some(list),
+                    Err(e) => {
+                        if lost(&e) {
+                            return Err(Gone);
+                        }
+                        if permanent(&e) {
+                            self.no_procs = true;
+                        }
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            out.push(MigReading {
+                index: k,
+                uuid,
+                name,
+                gpu_instance_id: gi,
+                compute_instance_id: ci,
+                placement,
+                mem_used: mem.as_ref().map(|m| m.used),
+                mem_total: mem.as_ref().map(|m| m.total),
+                processes,
+            });
+        }
+        Ok(Some(out))
+    }
+}
+
+/// The MIG devices of GPU `id` as the model holds them; each lists the processes of `procs`
+/// (the GPU's, with the instance ids NVML gave them) and of its own list that run on it.
+pub(super) fn samples(
+    id: &crate::model::DeviceId,
+    readings: Vec<MigReading>,
+    procs: &[(ProcessInfo, crate::model::ProcKind)],
+) -> Vec<crate::model::MigSample> {
+    readings
+        .into_iter()
+        .map(|r| {
+            let mut pids: Vec<u32> = procs
+                .iter()
+                .map(|(p, _)| p)
+                .chain(r.processes.iter().flatten())
+                .filter(|p| {
+                    p.gpu_instance_id == Some(r.gpu_instance_id)
+                        && p.compute_instance_id
+                            .is_none_or(|ci| ci == r.compute_instance_id)
+                })
+                .map(|p| p.pid)
+                .collect();
+            // a MIG device's own list places its processes even without ids
+            for p in r.processes.iter().flatten() {
+                if !pids.contains(&p.pid) {
+                    pids.push(p.pid);
+                }
+            }
+            pids.sort_unstable();
+            pids.dedup();
+            crate::model::MigSample {
+                gpu_index: id.index,
+                gpu_uuid: id.uuid.clone(),
+                index: r.index,
+                profile: r
+                    .name
+                    .as_deref()
+                    .and_then(crate::model::mig_profile_of_name),
+                uuid: r.uuid,
+                gpu_instance_id: r.gpu_instance_id,
+                compute_instance_id: r.compute_instance_id,
+                placement: r.placement,
+                mem_used_bytes: r.mem_used,
+                mem_total_bytes: r.mem_total,
+                pids,
+            }
+        })
+        .collect()
+}
