@@ -1226,6 +1226,25 @@ pub struct MigSample {
 }
 
 impl MigSample {
+    /// For tests: the `k`-th `1g.10gb` slice of GPU `gpu_index` (GPU instance `7 + k`, UUID
+    /// `MIG-k`), its memory and processes unknown.
+    #[cfg(test)]
+    pub fn one_g(gpu_index: u32, k: u32) -> MigSample {
+        MigSample {
+            gpu_index,
+            gpu_uuid: String::new(),
+            index: k,
+            uuid: format!("MIG-{k}"),
+            gpu_instance_id: 7 + k,
+            compute_instance_id: 0,
+            profile: Some("1g.10gb".into()),
+            placement: None,
+            mem_used_bytes: None,
+            mem_total_bytes: None,
+            pids: Vec::new(),
+        }
+    }
+
     /// `GPU/GI/CI`, e.g. `0/7/0`: how recordings, alerts and `status` name it.
     pub fn address(&self) -> String {
         format!(
@@ -1746,17 +1765,8 @@ mod tests {
     #[test]
     fn mig_compute_slices_beyond_a_gpu_are_unknown() {
         let mut m = MigSample {
-            gpu_index: 0,
-            gpu_uuid: "GPU-0".into(),
-            index: 0,
-            uuid: "MIG-0".into(),
-            gpu_instance_id: 7,
-            compute_instance_id: 0,
             profile: Some("3g.40gb".into()),
-            placement: None,
-            mem_used_bytes: None,
-            mem_total_bytes: None,
-            pids: Vec::new(),
+            ..MigSample::one_g(0, 0)
         };
         assert_eq!(m.compute_slices(), Some(3));
         for p in ["4294967295g.10gb", "0g.10gb", "8g.90gb"] {

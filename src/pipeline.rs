@@ -590,17 +590,12 @@ mod tests {
         } = held(60_000, false);
         let pid = child.id();
         let mig = crate::model::MigSample {
-            gpu_index: 0,
             gpu_uuid: "GPU-0".into(),
-            index: 3,
             uuid: "MIG-x".into(),
-            gpu_instance_id: 10,
-            compute_instance_id: 0,
-            profile: Some("1g.10gb".into()),
-            placement: None,
             mem_used_bytes: Some(1 << 30),
             mem_total_bytes: Some(9728 << 20),
             pids: vec![pid],
+            ..crate::model::MigSample::one_g(0, 3)
         };
         let gpu = crate::model::GpuSample {
             time_ms: 0,

@@ -647,22 +647,13 @@ mod tests {
         ];
         let mig: Vec<MigSample> = (0..7u32)
             .map(|k| MigSample {
-                gpu_index: 0,
-                gpu_uuid: String::new(),
-                index: k,
-                uuid: format!("MIG-{k}"),
-                gpu_instance_id: 7 + k,
-                compute_instance_id: 0,
-                profile: Some("1g.10gb".into()),
-                placement: None,
-                mem_used_bytes: None,
-                mem_total_bytes: None,
                 pids: match k {
                     0 => vec![10],
                     1 => vec![11],
                     2 => vec![20],
                     _ => vec![],
                 },
+                ..MigSample::one_g(0, k)
             })
             .collect();
         for (k, t) in (0..=60).map(|i| (i, i * 60_000)) {

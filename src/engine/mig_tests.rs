@@ -17,17 +17,11 @@ fn rules(dir: &std::path::Path, text: &str) -> RuleSet {
 /// 1 GiB on the second (GI 8).
 fn snap(t_s: i64) -> Snapshot {
     let mig = |k: u32, pid: u32, used: u64| MigSample {
-        gpu_index: 0,
         gpu_uuid: "GPU-0".into(),
-        index: k,
-        uuid: format!("MIG-{k}"),
-        gpu_instance_id: 7 + k,
-        compute_instance_id: 0,
-        profile: Some("1g.10gb".into()),
-        placement: None,
         mem_used_bytes: Some(used),
         mem_total_bytes: Some(9728 << 20),
         pids: vec![pid],
+        ..MigSample::one_g(0, k)
     };
     Snapshot {
         time_ms: t_s * 1000,

@@ -274,17 +274,10 @@ pub(crate) mod tests {
     pub(crate) fn migs(d: &[DeviceId]) -> Vec<MigSample> {
         (0..7)
             .map(|k| MigSample {
-                gpu_index: 1,
                 gpu_uuid: d[1].uuid.clone(),
-                index: k,
                 uuid: format!("MIG-{k}{k}bb{k}-0000-1111-2222-33334444555{k}"),
-                gpu_instance_id: 7 + k,
-                compute_instance_id: 0,
-                profile: Some("1g.10gb".into()),
-                placement: None,
-                mem_used_bytes: None,
                 mem_total_bytes: Some(9728 << 20),
-                pids: Vec::new(),
+                ..MigSample::one_g(1, k)
             })
             .collect()
     }

@@ -63,16 +63,8 @@ impl XidListener {
         let mut registered: Vec<Registered> = Vec::new();
         let mut ok_devices: Vec<&Device<'static>> = Vec::new();
         for (dev, index, uuid) in devices {
-            match dev.supported_event_types() {
-                Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
-                Ok(_) => {
-                    missing.push(format!("GPU {index}: XID events not supported"));
-                    continue;
-                }
-                Err(e) => {
-                    missing.push(format!("GPU {index}: XID event support unknown: {e}"));
-                    continue;
-                }
+            if !supports_xids(dev, *index, missing) {
+                continue;
             }
             match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
                 Ok(s) => {
@@ -115,19 +107,10 @@ impl XidListener {
         missing: &mut Vec<String>,
     ) {
         for (dev, index, uuid) in devices {
-            if self.registered.iter().any(|r| r.index == *index) {
+            if self.registered.iter().any(|r| r.index == *index)
+                || !supports_xids(dev, *index, missing)
+            {
                 continue;
-            }
-            match dev.supported_event_types() {
-                Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
-                Ok(_) => {
-                    missing.push(format!("GPU {index}: XID events not supported"));
-                    continue;
-                }
-                Err(e) => {
-                    missing.push(format!("GPU {index}: XID event support unknown: {e}"));
-                    continue;
-                }
             }
             // Registration consumes the set (and frees it on failure): work on a fresh one with
             // the devices already registered, then this one.
@@ -210,6 +193,22 @@ impl XidListener {
             out.push(XidEvent::new(time_ms, dev.index, dev.uuid.clone(), xid));
         }
         out
+    }
+}
+
+/// Whether `dev` (GPU `index`) supports critical XID events; when not, why is added to
+/// `missing`.
+fn supports_xids(dev: &Device<'static>, index: u32, missing: &mut Vec<String>) -> bool {
+    match dev.supported_event_types() {
+        Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => true,
+        Ok(_) => {
+            missing.push(format!("GPU {index}: XID events not supported"));
+            false
+        }
+        Err(e) => {
+            missing.push(format!("GPU {index}: XID event support unknown: {e}"));
+            false
+        }
     }
 }
 

@@ -675,17 +675,10 @@ mod tests {
         let mut st = state(2, None);
         st.mig = (0..7u32)
             .map(|k| crate::model::MigSample {
-                gpu_index: 1,
-                gpu_uuid: String::new(),
-                index: k,
-                uuid: format!("MIG-{k}"),
-                gpu_instance_id: 7 + k,
-                compute_instance_id: 0,
-                profile: Some("1g.10gb".into()),
-                placement: None,
                 mem_used_bytes: Some(u64::from(k + 1) << 30),
                 mem_total_bytes: Some(9728 << 20),
                 pids: vec![100 + k],
+                ..crate::model::MigSample::one_g(1, k)
             })
             .collect();
         st.processes = vec![crate::model::ProcSample::compute(

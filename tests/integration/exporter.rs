@@ -154,45 +154,11 @@ fn daemon_serves_dcgm_compatible_metrics() {
     assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
     assert!(om.ends_with("# EOF\n"), "{om}");
     // promtool's linter (CI installs Debian's prometheus package).
-    if let Some(promtool) = super::common::installed(&["promtool"]) {
-        let mut child = std::process::Command::new(promtool)
-            .args(["check", "metrics"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("promtool");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(page.as_bytes())
-            .expect("write");
-        let out = child.wait_with_output().expect("promtool");
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // dcgm-exporter's own names break three of promtool's style rules (camelCase labels
-        // `UUID`, `modelName`, `Hostname`; counters without `_total`; `…_COUNTER` in a name);
-        // its dashboards need them as they are. Everything else — gpuwatch's own families, syntax, duplicates, HELP and
-        // TYPE — must pass.
-        let other: Vec<&str> = said
-            .lines()
-            .filter(|l| {
-                !(l.starts_with("DCGM_FI_")
-                    && (l.contains("label names should be written in 'snake_case'")
-                        || l.contains("counter metrics should have \"_total\" suffix")
-                        || l.contains("metric name should not include type")))
-            })
-            .filter(|l| !l.trim().is_empty())
-            .collect();
-        assert!(
-            other.is_empty(),
-            "promtool check metrics: {other:?}\n{page}"
-        );
-    }
+    let problems = promtool_problems(&page);
+    assert!(
+        problems.is_empty(),
+        "promtool check metrics: {problems:?}\n{page}"
+    );
     assert_eq!(get(port, "/nope", "*/*").map(|r| r.0), Some(404));
     drop(d);
 }
@@ -638,4 +604,44 @@ fn slow_and_idle_connections_are_closed_within_seconds() {
             "a {what} connection closed after {after:?}"
         );
     }
+}
+
+/// What `promtool check metrics` (when installed: CI installs Debian's prometheus package) finds
+/// wrong with `page`, beyond dcgm-exporter's own names: they break three of promtool's style
+/// rules (camelCase labels `UUID`, `modelName`, `Hostname`; counters without `_total`;
+/// `…_COUNTER` in a name) and its dashboards need them as they are. Everything else —
+/// gpuwatch's own families, syntax, duplicates, HELP and TYPE — must pass.
+pub(crate) fn promtool_problems(page: &str) -> Vec<String> {
+    let Some(promtool) = super::common::installed(&["promtool"]) else {
+        return Vec::new();
+    };
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(page.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("promtool");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said.lines()
+        .filter(|l| {
+            !(l.starts_with("DCGM_FI_")
+                && (l.contains("label names should be written in 'snake_case'")
+                    || l.contains("counter metrics should have \"_total\" suffix")
+                    || l.contains("metric name should not include type")))
+        })
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect()
 }

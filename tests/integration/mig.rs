@@ -250,41 +250,9 @@ fn metrics_carry_gpu_i_profile_and_gpu_i_id_per_mig_device() {
                 && l.contains("gpu_i_id=\"7\"")),
         "process series name their MIG device: {page}"
     );
-    if let Some(promtool) = common::installed(&["promtool"]) {
-        use std::io::Write as _;
-        let mut child = std::process::Command::new(promtool)
-            .args(["check", "metrics"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("promtool");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(page.as_bytes())
-            .expect("write");
-        let out = child.wait_with_output().expect("promtool");
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // dcgm-exporter's own names (camelCase labels, counters without `_total`) are kept for
-        // its dashboards (see exporter.rs); nothing else may be flagged
-        let other: Vec<&str> = said
-            .lines()
-            .filter(|l| {
-                !(l.starts_with("DCGM_FI_")
-                    && (l.contains("label names should be written in 'snake_case'")
-                        || l.contains("counter metrics should have \"_total\" suffix")
-                        || l.contains("metric name should not include type")))
-            })
-            .filter(|l| !l.trim().is_empty())
-            .collect();
-        assert!(other.is_empty(), "promtool: {other:?}\n{page}");
-    }
+    // dcgm-exporter's own names are kept for its dashboards; nothing else may be flagged.
+    let problems = super::exporter::promtool_problems(&page);
+    assert!(problems.is_empty(), "promtool: {problems:?}\n{page}");
     drop(d);
 }
 

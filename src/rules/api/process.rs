@@ -169,17 +169,12 @@ mod tests {
         register(&mut engine);
         let mut h = ProcessHandle::new(sample());
         h.mig = Some(Arc::new(crate::model::MigSample {
-            gpu_index: 1,
             gpu_uuid: "GPU-1".into(),
-            index: 2,
             uuid: "MIG-abc".into(),
-            gpu_instance_id: 9,
-            compute_instance_id: 0,
-            profile: Some("1g.10gb".into()),
-            placement: None,
             mem_used_bytes: Some(3 << 30),
             mem_total_bytes: Some(9728 << 20),
             pids: vec![4242],
+            ..crate::model::MigSample::one_g(1, 2)
         }));
         let mut scope = rhai::Scope::new();
         scope.push("p", h);
