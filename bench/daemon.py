@@ -52,6 +52,8 @@ def main():
     ap.add_argument("--scenario", default="xid-79")
     ap.add_argument("--gpuwatch", required=True)
     ap.add_argument("--rules", required=True)
+    ap.add_argument("--no-gpm", action="store_true",
+                    help="run the daemon with --no-gpm (no GPM profiling sample per tick)")
     a = ap.parse_args()
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
@@ -87,6 +89,8 @@ group_wait = "0s"
     start = time.time()
     # scenario "real": the system's own driver (bench/real-gpu.sh on a GPU machine)
     sim = [] if a.scenario == "real" else ["--sim", a.scenario]
+    if a.no_gpm:
+        sim.append("--no-gpm")
     proc = subprocess.Popen([a.gpuwatch, *sim, "daemon", "--config", config],
                             env=env, stderr=log, stdout=subprocess.DEVNULL)
     rss_kib = []
