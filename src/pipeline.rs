@@ -294,25 +294,6 @@ pub struct Pipeline {
 /// Says whether an event's actions are held (its alert is silenced).
 pub type Hold = Box<dyn Fn(&AlertEvent) -> bool + Send>;
 
-/// A `kill_action` event about a process on a MIG device names the device: label `mig`
-/// (`MIG 1g.10gb 0/7/0`) and its summary ends with `on MIG 1g.10gb 0/7/0`.
-fn name_mig(engine: &Engine, mut ev: AlertEvent) -> AlertEvent {
-    let pid = ev.labels.get("pid").and_then(|p| p.parse::<u32>().ok());
-    let Some(m) = ev
-        .gpu
-        .zip(pid)
-        .and_then(|(g, p)| engine.mig_of_process(g, p))
-    else {
-        return ev;
-    };
-    let name = m.describe();
-    if let Some(s) = ev.annotations.get_mut("summary") {
-        s.push_str(&format!(" on {name}"));
-    }
-    ev.labels.insert("mig".into(), name);
-    ev
-}
-
 /// Whether `e` is a firing event with actions that `hold` holds.
 fn held(hold: &Hold, e: &AlertEvent) -> bool {
     e.status == crate::model::AlertStatus::Firing && !e.actions.is_empty() && hold(e)
@@ -398,11 +379,7 @@ impl Pipeline {
         // led here: a late sample would make a grace look cut short); their schedule runs on the
         // monotonic clock, read at the same moment.
         audits.extend(self.actions.tick(crate::sys::now_ms(), processes));
-        events.extend(
-            audits
-                .iter()
-                .map(|a| name_mig(&self.engine, a.to_alert_event())),
-        );
+        events.extend(audits.iter().map(AuditRecord::to_alert_event));
         events
     }
 
@@ -614,9 +591,16 @@ mod tests {
             mig: vec![mig],
             ..Snapshot::default()
         });
-        let out = p.act(vec![kill_event(pid)], 1, Some(&procs));
+        // A process alert names the MIG device its process runs on (label `mig`, set by the
+        // engine: engine::mig_tests); the kill's audit record and notice carry it.
+        let mut ev = kill_event(pid);
+        ev.labels.insert("mig".into(), "MIG 1g.10gb 0/10/0".into());
+        let out = p.act(vec![ev], 1, Some(&procs));
         let kill = out.iter().find(|e| e.name == "kill_action").unwrap();
         assert_eq!(kill.labels["mig"], "MIG 1g.10gb 0/10/0", "{kill:?}");
+        let audit =
+            std::fs::read_to_string(_dir.path().join("kill-audit.jsonl")).unwrap_or_default();
+        assert!(audit.contains("\"mig\":\"MIG 1g.10gb 0/10/0\""), "{audit}");
         assert!(
             kill.annotations["summary"].ends_with("on MIG 1g.10gb 0/10/0"),
             "{kill:?}"

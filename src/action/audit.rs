@@ -94,6 +94,9 @@ pub struct AuditRecord {
     /// Which `[actions.kill]` the decision was made under: 1 at start, +1 at every reload.
     #[serde(default)]
     pub policy_version: u64,
+    /// The MIG device the process runs on (`MIG 1g.10gb 0/7/0`), on a GPU with MIG on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<String>,
 }
 
 impl AuditRecord {
@@ -113,6 +116,9 @@ impl AuditRecord {
         if let Some(g) = self.gpu {
             labels.insert("gpu".to_string(), g.to_string());
         }
+        if let Some(m) = &self.mig {
+            labels.insert("mig".to_string(), m.clone());
+        }
         let severity = match self.decision {
             AuditDecision::Term | AuditDecision::Kill | AuditDecision::Error => Severity::Critical,
             AuditDecision::Warn | AuditDecision::WouldKill | AuditDecision::WouldTerm => {
@@ -122,7 +128,11 @@ impl AuditRecord {
         };
         labels.insert("severity".to_string(), severity.as_str().to_string());
         let mut annotations = std::collections::BTreeMap::new();
-        annotations.insert("summary".to_string(), self.summary());
+        let summary = match &self.mig {
+            Some(m) => format!("{} on {m}", self.summary()),
+            None => self.summary(),
+        };
+        annotations.insert("summary".to_string(), summary);
         annotations.insert("description".to_string(), self.reason.clone());
         let fingerprint = crate::action::fingerprint(&[
             "kill_action",
@@ -261,6 +271,7 @@ mod tests {
             fingerprint: "abc".into(),
             reason: "over quota".into(),
             policy_version: 1,
+            mig: None,
         }
     }
 

@@ -29,6 +29,8 @@ pub struct KillRequest {
     /// `host_pid` is a PID of gpuwatch's own namespace (a job `run`/`attach` watches), not one
     /// NVML reports: it is not mapped through `actions.kill.host_proc`.
     pub local: bool,
+    /// The MIG device the process runs on, as the alert names it (for the audit record).
+    pub mig: Option<String>,
     /// The alert (rule) asking.
     pub alert: String,
     /// Its fingerprint.
@@ -376,6 +378,7 @@ impl KillManager {
             fingerprint: l.request.fingerprint.clone(),
             reason: reason.to_string(),
             policy_version: self.policy.version,
+            mig: l.request.mig.clone(),
         }
     }
 }
@@ -458,6 +461,7 @@ mod tests {
         KillRequest {
             start_ticks: None,
             local: false,
+            mig: None,
             host_pid: pid,
             alert: "gpu_memory_quota".into(),
             fingerprint: "fp1".into(),

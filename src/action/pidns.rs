@@ -415,6 +415,7 @@ mod tests {
                 host_pid: init,
                 start_ticks: None,
                 local: false,
+                mig: None,
                 alert: "gpu_memory_quota".into(),
                 fingerprint: "fp".into(),
                 reason: "over its quota".into(),

@@ -163,6 +163,7 @@ impl ActionRunner {
             host_pid,
             start_ticks: ev.target_start,
             local: ev.target_local,
+            mig: ev.labels.get("mig").cloned(),
             alert: ev.name.clone(),
             fingerprint: ev.fingerprint.clone(),
             reason: ev
@@ -260,6 +261,7 @@ fn refusal(ev: &AlertEvent, host_pid: u32, host: &str, reason: &str, now_ms: i64
         fingerprint: ev.fingerprint.clone(),
         reason: reason.to_string(),
         policy_version: 0,
+        mig: ev.labels.get("mig").cloned(),
     }
 }
 

@@ -757,6 +757,7 @@ fn record_forensics(
             }
         ),
         policy_version: 0,
+        mig: None,
     };
     let written = crate::action::AuditLog::open(audit).and_then(|mut log| log.append(&record));
     if let Err(e) = written {
