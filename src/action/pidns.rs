@@ -87,8 +87,7 @@ impl PidMapper {
                     if nspid.len() != depth + 1 || local_pid(&nspid, *depth) != Some(local) {
                         return None;
                     }
-                    let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-                    if crate::sys::parse_stat(&stat)?.start_ticks != start {
+                    if start_ticks_in(&e.path())? != start {
                         return None;
                     }
                     let ns = std::fs::metadata(e.path().join("ns/pid")).ok()?.ino();
@@ -112,11 +111,7 @@ impl PidMapper {
                     format!("host PID {host_pid} is not in gpuwatch's PID namespace")
                 })?;
                 // The same process in both views has the same start time.
-                let host_start = crate::sys::parse_stat(
-                    &std::fs::read_to_string(root.join(format!("{host_pid}/stat")))
-                        .unwrap_or_default(),
-                )
-                .map(|s| s.start_ticks);
+                let host_start = start_ticks_in(&root.join(host_pid.to_string()));
                 let local_start = crate::sys::read_stat(local).map(|s| s.start_ticks);
                 if host_start.is_none() || host_start != local_start {
                     return Err(format!(
@@ -136,6 +131,12 @@ pub fn in_initial_pid_namespace(proc_root: &Path) -> bool {
             .any(|l| l.split_whitespace().eq(["Name:", "kthreadd"]))
             && s.lines().any(|l| l.split_whitespace().eq(["PPid:", "0"]))
     })
+}
+
+/// The start time (clock ticks since boot) in `dir/stat`, a process's directory under a `/proc`
+/// (ours or the host's).
+fn start_ticks_in(dir: &Path) -> Option<u64> {
+    crate::sys::parse_stat(&std::fs::read_to_string(dir.join("stat")).ok()?).map(|s| s.start_ticks)
 }
 
 /// The PIDs of the `NSpid:` line, outermost namespace first.
@@ -276,11 +277,7 @@ fn own_depth(host_proc: &Path) -> Option<usize> {
         if nspid.last() != Some(&me) {
             continue;
         }
-        let start = std::fs::read_to_string(entry.path().join("stat"))
-            .ok()
-            .and_then(|s| crate::sys::parse_stat(&s))
-            .map(|s| s.start_ticks);
-        if start == Some(my_start) {
+        if start_ticks_in(&entry.path()) == Some(my_start) {
             return Some(nspid.len() - 1);
         }
     }

@@ -114,20 +114,13 @@ impl XidListener {
             }
             // Registration consumes the set (and frees it on failure): work on a fresh one with
             // the devices already registered, then this one.
-            let Ok(set) = nvml.create_event_set() else {
-                missing.push(format!("GPU {index}: cannot create an event set"));
-                continue;
-            };
             let handles: Vec<Device<'static>> = self
                 .registered
                 .iter()
                 .filter_map(|r| nvml.device_by_index(r.index).ok())
                 .collect();
-            let mut set = Some(set);
-            for h in &handles {
-                set = set.and_then(|s| h.register_events(EventTypes::CRITICAL_XID_ERROR, s).ok());
-            }
-            let Some(base) = set else {
+            let before: Vec<&Device<'static>> = handles.iter().collect();
+            let Some(base) = Self::rebuild(nvml, &before) else {
                 missing.push(format!(
                     "GPU {index}: cannot register XID events again on the GPUs registered before"
                 ));
