@@ -22,6 +22,8 @@ import argparse
 import json
 import os
 import re
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -71,6 +73,11 @@ def main():
     ap.add_argument("--scenario", default="healthy")
     ap.add_argument("--gpuwatch", required=True)
     ap.add_argument("--sim-lib", help="nvml-sim's library; without it both sides use the real driver")
+    ap.add_argument("--floor", help="bench/floor.rs's binary (the floor)")
+    ap.add_argument("--no-gpm", action="store_true",
+                    help="gpuwatch and the floor without GPM (the GPM sample's cost, an estimate until "
+                         "measured on a Hopper GPU, dominates the floor with it)")
+    ap.add_argument("--peers", action="store_true", help="also run gpustat's and nvitop's loops (context)")
     ap.add_argument("--gpm", action="store_true",
                     help="instead of gpustat, run `gpuwatch --no-gpm record` beside `gpuwatch record` "
                          "(GPM read at every tick on Hopper GPUs): what GPM costs, in one run")
@@ -162,10 +169,77 @@ def run_gpm(a):
     os.rmdir(outdir)
 
 
-def run(a):
+NVITOP_LOOP = r"""
+import json, resource, sys, time
+from nvitop import Device
+seconds, interval = float(sys.argv[1]), float(sys.argv[2])
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+devices = Device.all()
+def query():
+    for d in devices:
+        d.as_snapshot()
+        d.processes()
+query()                                          # warm-up (imports, first reads)
+c0, t0, ticks = cpu(), time.monotonic(), 0
+while True:
+    due = t0 + ticks * interval
+    now = time.monotonic()
+    if due - t0 >= seconds or now - t0 >= seconds:
+        break
+    if due > now:
+        time.sleep(due - now)
+    query()
+    ticks += 1
+print(json.dumps({"ticks": ticks, "cpu_s": cpu() - c0, "gpus": len(devices)}))
+"""
 
+
+def read_counts(path):
+    """nvml-sim's call counts (NVML_SIM_CALL_COUNTS): {symbol: count}."""
+    counts = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                k, v = line.rsplit(" ", 1)
+                counts[k] = int(v)
+    except OSError:
+        pass
+    return counts
+
+
+# Made once per GPU (or once) at start-up, or at exit: not part of the steady state.
+START_ONLY = ("nvmlInit", "nvmlShutdown", "nvmlSystemGet", "nvmlDeviceGetCount", "nvmlDeviceGetHandle",
+              "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMinorNumber",
+              "nvmlDeviceGetIndex", "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
+              "nvmlEventSetCreate", "nvmlEventSetFree", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc",
+              "nvmlGpmSampleFree", "nvmlDeviceGetNvLinkVersion", "nvmlDeviceGetNvLinkRemotePciInfo",
+              "nvmlErrorString", "nvmlDeviceGetHandleByPciBusId",
+              "nvmlDeviceGetNvLinkRemoteDeviceType")
+
+
+def compare_counts(name, mine, floor, rounds):
+    """The calls `name` made that the floor did not (or fewer), beyond a tick's and a slow
+    round's worth (the two may start and end a round apart)."""
+    out = []
+    for k in sorted(set(mine) | set(floor)):
+        if k.startswith(START_ONLY):
+            continue
+        a, b = mine.get(k, 0), floor.get(k, 0)
+        if abs(a - b) > max(16, 1.5 * max(a, b) / max(rounds, 1)):
+            out.append(f"{k}: {a} vs floor {b}")
+    if out:
+        print(f"  calls that differ ({name} vs floor): " + "; ".join(out))
+    else:
+        print(f"  {name} and the floor made the same NVML calls (nvml-sim's counts, within a slow round)")
+
+
+def run(a):
+    """One interval: gpuwatch record, gpuwatch daemon, the floor, gpustat's loop and nvitop's,
+    started together against the same library and measured over the same window."""
     env = dict(os.environ)
-    for k in ("NVML_SIM_TIME_SCALE", "NVML_SIM_CONTROL", "GPUWATCH_NVML_LIB"):
+    for k in ("NVML_SIM_TIME_SCALE", "NVML_SIM_CONTROL", "GPUWATCH_NVML_LIB", "NVML_SIM_CALL_COUNTS"):
         env.pop(k, None)
     libdir, lib_args = None, []
     if a.sim_lib:
@@ -173,91 +247,126 @@ def run(a):
         os.symlink(os.path.abspath(a.sim_lib), os.path.join(libdir, "libnvidia-ml.so.1"))
         env.update(NVML_SIM_SCENARIO=a.scenario, LD_LIBRARY_PATH=libdir)
         lib_args = ["--nvml-lib", os.path.join(libdir, "libnvidia-ml.so.1")]
-
     interval_ms = int(round(a.interval * 1000))
     run_s = WARM_S + a.seconds + 2.0
-    gw_cmd = [os.path.abspath(a.gpuwatch), *lib_args, "record",
-              "--interval", f"{interval_ms}ms", "--duration", f"{run_s}s", "--stats"]
     outdir = tempfile.mkdtemp(prefix="gpuwatch-bench-out-")
-    paths = {k: os.path.join(outdir, k) for k in ("gw.err", "gs.out", "gs.err")}
+    config = os.path.join(outdir, "config.toml")
+    with open(config, "w") as f:
+        f.write(f"""
+[daemon]
+interval = "{interval_ms}ms"
+state_dir = "{outdir}/state"
+rules = ["{os.path.abspath('rules')}"]
 
-    def spawn(argv, stdout, stderr):
-        actions = [(os.POSIX_SPAWN_OPEN, 1, stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
-                   (os.POSIX_SPAWN_OPEN, 2, stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
-        return os.posix_spawn(argv[0], argv, env, file_actions=actions)
-
-    gw = spawn(gw_cmd, os.devnull, paths["gw.err"])
-    gs = spawn([sys.executable, "-c", GPUSTAT_LOOP, str(run_s), str(a.interval)],
-               paths["gs.out"], paths["gs.err"])
+[exporter]
+listen = "127.0.0.1:0"
+""")
+    gw = os.path.abspath(a.gpuwatch)
+    no_gpm = ["--no-gpm"] if a.no_gpm else []
+    sides = {
+        "gpuwatch record": [gw, *lib_args, *no_gpm, "record", "--interval", f"{interval_ms}ms",
+                            "--duration", f"{run_s}s", "--stats"],
+        "gpuwatch daemon": [gw, *lib_args, *no_gpm, "daemon", "--config", config],
+        "floor": [os.path.abspath(a.floor), *lib_args, *no_gpm, "--interval", f"{interval_ms}ms",
+                  "--duration", f"{run_s}s", "--warm", f"{WARM_S}s"],
+    }
+    if a.peers:
+        sides["gpustat loop"] = [sys.executable, "-c", GPUSTAT_LOOP, str(run_s), str(a.interval)]
+        sides["nvitop loop"] = [sys.executable, "-c", NVITOP_LOOP, str(run_s), str(a.interval)]
+    pids, paths = {}, {}
+    for name, argv in sides.items():
+        key = name.replace(" ", "-")
+        paths[name] = {k: os.path.join(outdir, f"{key}.{k}") for k in ("out", "err", "counts")}
+        e = dict(env)
+        if a.sim_lib and not name.endswith("loop"):
+            e["NVML_SIM_CALL_COUNTS"] = paths[name]["counts"]
+        actions = [(os.POSIX_SPAWN_OPEN, 1, paths[name]["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+                   (os.POSIX_SPAWN_OPEN, 2, paths[name]["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
+        pids[name] = os.posix_spawn(argv[0], argv, e, file_actions=actions)
     started = time.monotonic()
-    window = []  # (monotonic time, gpuwatch's CPU ns, its thread ids) at the window's start and end
-    # Peak RSS: VmHWM of each child's own address space (ru_maxrss would also count the
-    # spawning Python process's pages from before exec), polled until the child exits.
-    hwm = {gw: 0, gs: 0}
-    results = {}
-    while len(results) < 2:
-        for pid in hwm:
-            if pid in results:
+    window = {n: [] for n in pids}
+    hwm = {n: 0 for n in pids}
+    done = {}
+    stopped = False
+    while len(done) < len(pids):
+        since = time.monotonic() - started
+        for n, pid in pids.items():
+            if n in done:
                 continue
             try:
                 with open(f"/proc/{pid}/status") as f:
                     for line in f:
                         if line.startswith("VmHWM:"):
-                            hwm[pid] = max(hwm[pid], int(line.split()[1]))
+                            hwm[n] = max(hwm[n], int(line.split()[1]))
             except OSError:
                 pass
-        since = time.monotonic() - started
-        if len(window) < 2 and since >= WARM_S + len(window) * a.seconds and gw not in results:
-            cpu = threads_cpu_ns(gw)
-            if cpu is not None:
-                window.append((time.monotonic(), *cpu))
-        pid, status, ru = os.wait4(-1, os.WNOHANG)
+            w = window[n]
+            if len(w) < 2 and since >= WARM_S + len(w) * a.seconds:
+                cpu = threads_cpu_ns(pid)
+                if cpu is not None:
+                    w.append((time.monotonic(), *cpu))
+        if since >= run_s and not stopped and "gpuwatch daemon" not in done:
+            os.kill(pids["gpuwatch daemon"], signal.SIGTERM)
+            stopped = True
+        pid, status, _ = os.wait4(-1, os.WNOHANG)
         if pid:
-            results[pid] = (os.waitstatus_to_exitcode(status), ru)
+            name = next(n for n, p in pids.items() if p == pid)
+            done[name] = os.waitstatus_to_exitcode(status)
         else:
-            time.sleep(0.01 if len(window) < 2 else 0.05)
-    (gw_rc, gw_ru), (gs_rc, gs_ru) = results[gw], results[gs]
-    read = lambda k: open(paths[k]).read()
-    if gw_rc != 0 or gs_rc != 0:
-        sys.exit(f"benchmark run failed:\ngpuwatch: {read('gw.err')}\ngpustat: {read('gs.err')}")
-    g = json.loads(read("gs.out"))
-    stats = [l for l in read("gw.err").splitlines() if l.startswith("gpuwatch record:")]
-    for f in paths.values():
-        os.unlink(f)
-    os.rmdir(outdir)
-    m = re.search(r"(\d+) ticks taken, (\d+) skipped \(([\d.]+) % kept\); sample wall time median ([\d.]+) ms, "
-                  r"p99 ([\d.]+) ms, max ([\d.]+) ms", stats[0] if stats else "")
+            time.sleep(0.01)
+    read = lambda n, k: open(paths[n][k]).read() if os.path.exists(paths[n][k]) else ""
+    for n, rc in done.items():
+        if rc != 0:
+            sys.exit(f"{n} failed (exit {rc}):\n{read(n, 'err')[-3000:]}")
+    where = f"scenario {a.scenario}, simulated GPUs" if a.sim_lib else "the real driver"
+    print(f"\n{where}, interval {interval_ms} ms, GPM {'off (--no-gpm)' if a.no_gpm else 'on'}, {run_s:g} s side by side, CPU measured over the same {a.seconds:g} s")
+    m = STATS.search(read("gpuwatch record", "err"))
     if not m:
-        sys.exit(f"no --stats line from gpuwatch: {stats}")
-    gw_ticks, skipped, kept = int(m[1]), int(m[2]), float(m[3])
-    gpus = g["gpus"]
-    if len(window) < 2:
-        sys.exit("gpuwatch ended before the measured window did")
-    gw_cpu = gw_ru.ru_utime + gw_ru.ru_stime
-    gw_whole = gw_cpu / gw_ticks
-    (w0, c0, t0), (w1, c1, t1) = window
-    if t0 != t1:
-        print(f"warning: gpuwatch's threads changed in the window ({sorted(t0 ^ t1)}): the CPU of a "
-              "thread that ended is not counted", file=sys.stderr)
-    # ticks in the window: those due, less the share the run skipped
-    gw_per = max(c1 - c0, 1) / 1e9 / ((w1 - w0) / a.interval * max(kept, 1.0) / 100.0)
-    gs_per = g["cpu_s"] / g["ticks"]
-    gs_due = int(run_s / a.interval)
-    where = f"scenario {a.scenario}: {gpus} simulated GPUs" if a.sim_lib else f"real driver: {gpus} GPU(s)"
-    print(f"{where}, interval {interval_ms} ms, {run_s:g} s side by side, CPU measured over {a.seconds:g} s")
-    print(f"gpuwatch record : {gw_ticks:5d} ticks ({kept:.1f} % of the schedule kept, {skipped} skipped)"
-          f"  sample wall time median {m[4]} ms, p99 {m[5]} ms, max {m[6]} ms")
-    print(f"                  CPU {(c1 - c0) / 1e9:8.3f} s in the {w1 - w0:.1f} s window = {gw_per * 1e6 / gpus:8.1f} us per device-sample"
-          f" ({gw_whole * 1e6 / gpus:.1f} over the whole run, start-up included: {gw_cpu:.3f} s)"
-          f"  peak RSS {hwm[gw] / 1024:6.1f} MiB")
-    print(f"gpustat loop    : {g['ticks']:5d} ticks ({100.0 * g['ticks'] / max(gs_due, 1):.1f} % of {gs_due})"
-          f"  CPU {g['cpu_s']:8.3f} s = {gs_per * 1e6 / gpus:8.1f} us per device-sample  peak RSS {hwm[gs] / 1024:6.1f} MiB")
-    print(f"ratio           : gpustat uses {gs_per / gw_per:.0f}x the CPU per device-sample of gpuwatch"
-          f" in steady state ({gs_per / gw_whole:.0f}x counting gpuwatch's startup too)"
-          f" (target >= 100x); gpuwatch keeps >= 95 % of its ticks; RSS target < 20 MiB")
+        sys.exit(f"no --stats line from gpuwatch record:\n{read('gpuwatch record', 'err')[-3000:]}")
+    kept = float(m[3])
+    floor_json = json.loads(read("floor", "out").strip().splitlines()[-1])
+    gpus = floor_json["gpus"]
+
+    def per_sample_us(n, kept_pct=100.0):
+        (w0, c0, t0), (w1, c1, t1) = window[n]
+        if t0 != t1:
+            print(f"  warning: {n}'s threads changed in the window ({sorted(t0 ^ t1)}): "
+                  "a thread that ended takes its CPU with it", file=sys.stderr)
+        ticks = (w1 - w0) / a.interval * max(kept_pct, 1.0) / 100.0
+        return max(c1 - c0, 1) / 1e3 / ticks / gpus, (c1 - c0) / 1e9, w1 - w0
+
+    for n in pids:
+        if not n.endswith("loop") and len(window[n]) < 2:
+            sys.exit(f"{n} ended before the measured window did")
+    floor_us, floor_cpu, span = per_sample_us("floor")
+    rows = []
+    rec_us, rec_cpu, _ = per_sample_us("gpuwatch record", kept)
+    rows.append(("gpuwatch record", rec_us, rec_cpu, f"{int(m[1])} ticks, {kept:.1f} % kept, sample wall median {m[4]} ms, p99 {m[5]} ms"))
+    dmn_us, dmn_cpu, _ = per_sample_us("gpuwatch daemon")
+    rows.append(("gpuwatch daemon", dmn_us, dmn_cpu, f"{100 * dmn_cpu / span:.3f} % of a core (every stock rule, exporter on)"))
+    rows.append(("floor", floor_us, floor_cpu, f"{100 * floor_cpu / span:.3f} % of a core; RSS after nvmlInit {floor_json['init_rss_kib'] / 1024:.1f} MiB"))
+    for n in ("gpustat loop", "nvitop loop"):
+        if n in pids:
+            g = json.loads(read(n, "out").strip().splitlines()[-1])
+            rows.append((n, g["cpu_s"] / max(g["ticks"], 1) / max(g["gpus"], 1) * 1e6, g["cpu_s"],
+                         f"{g['ticks']} ticks (measures itself after its warm-up)"))
+    for n, us, cpu, note in rows:
+        ratio = us / floor_us if floor_us > 0 else float("nan")
+        print(f"  {n:16s} {us:9.1f} us per device-sample  {ratio:6.2f}x the floor  CPU {cpu:7.3f} s"
+              f"  peak RSS {hwm[n] / 1024:6.1f} MiB  ({note})")
+    print(f"  headline: gpuwatch record / floor = {rec_us / floor_us:.2f} (target <= 1.3), "
+          f"daemon / floor = {dmn_us / floor_us:.2f}")
+    if a.sim_lib:
+        floor_counts = read_counts(paths["floor"]["counts"])
+        for n in ("gpuwatch record", "gpuwatch daemon"):
+            compare_counts(n, read_counts(paths[n]["counts"]), floor_counts, run_s / 5.0)
+    for n in paths:
+        for p in paths[n].values():
+            if os.path.exists(p):
+                os.unlink(p)
+    shutil.rmtree(outdir, ignore_errors=True)
     if libdir:
-        os.unlink(os.path.join(libdir, "libnvidia-ml.so.1"))
-        os.rmdir(libdir)
+        shutil.rmtree(libdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

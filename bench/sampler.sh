@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# CPU time per device-sample, ticks kept and peak RSS: gpuwatch vs gpustat, 8 simulated GPUs at
-# 100 ms and at 1 s, both running side by side against the same simulated libnvidia-ml.so.1 with
-# nvml-sim's realistic call latencies (release builds; NVML_SIM_LATENCY=0 to compare without).
+# CPU time per device-sample, ticks kept and peak RSS, 8 simulated GPUs at 100 ms and at 1 s, all
+# started together against the same simulated libnvidia-ml.so.1 with nvml-sim's call costs
+# (measured on an H200; release builds; NVML_SIM_LATENCY=0 to compare without): `gpuwatch record`,
+# `gpuwatch daemon` (every stock rule, exporter on), the floor (`bench/floor.rs`: the sampler's NVML
+# calls at its cadences and nothing else, on one thread), and for context gpustat's and nvitop's
+# own query loops. The headline is gpuwatch's CPU per device-sample over the floor's (target
+# <= 1.3), with GPM on and with --no-gpm; nvml-sim's call counts show that gpuwatch and the floor made the same calls.
 #
 #   bash bench/sampler.sh [SECONDS]        (default 60: the measured window; needs .venv-ci from
 #                                           .ci/run, or GPUWATCH_PEERS=<venv with gpustat>)
@@ -22,5 +26,10 @@ if [ ! -x "$PEERS/bin/python" ]; then
     "$PEERS/bin/python" -m pip install --quiet nvidia-ml-py gpustat nvitop
 fi
 cargo build --release -q -p gpuwatch -p nvml-sim
-exec "$PEERS/bin/python" bench/sampler.py --seconds "$SECONDS_TO_RUN" \
-    --gpuwatch target/release/gpuwatch --sim-lib target/release/libnvml_sim.so
+cargo build --release -q --example floor
+# gpustat and nvitop (context) beside the first pass only
+for pass in --peers --no-gpm; do
+    "$PEERS/bin/python" bench/sampler.py --seconds "$SECONDS_TO_RUN" "$pass" \
+        --gpuwatch target/release/gpuwatch --floor target/release/examples/floor \
+        --sim-lib target/release/libnvml_sim.so
+done

@@ -99,8 +99,8 @@ pub enum Command {
     Test(rules::TestArgs),
     /// Run the rules over a recording in virtual time and print the alert timeline.
     Replay(rules::ReplayArgs),
-    /// Convert GPU logs (nvidia-smi CSV, table or dmon, monitoring-script logs, gzip, UTF-16)
-    /// to gpuwatch's CSV.
+    /// Convert GPU logs (nvidia-smi CSV, table or dmon, dcgmi dmon, dcgm-exporter scrapes,
+    /// monitoring-script logs, gzip, UTF-16) to gpuwatch's CSV.
     Import(import::ImportArgs),
     /// A run's report from any log: per-GPU numbers, diagnosis, alert timeline, charts
     /// (--out report.html); two logs side by side; baselines.

@@ -434,6 +434,15 @@ impl Engine {
             {
                 h.mig = snap.mig_of(index).cloned().collect();
             }
+            // a new reading of its links (a slow-path round): the view follows the one before
+            match snap.nvlink.iter().find(|n| n.gpu == index) {
+                Some(n) if h.nvlink.as_ref().is_none_or(|v| v.time_ms != n.time_ms) => {
+                    let view = crate::model::nvlink::NvlinkView::next(h.nvlink.as_deref(), n);
+                    h.nvlink = Some(Arc::new(view));
+                }
+                Some(_) => {}
+                None => h.nvlink = None,
+            }
             self.present.push(index);
         }
         if let Some(procs) = &snap.processes {
@@ -1216,6 +1225,8 @@ pub fn replay_segments(
 mod job_rules_tests;
 #[cfg(test)]
 mod mig_tests;
+#[cfg(test)]
+mod nvlink_tests;
 #[cfg(test)]
 mod reuse_tests;
 #[cfg(test)]

@@ -191,18 +191,9 @@ impl Scale {
 fn dcgm_rows() -> impl Iterator<Item = (&'static MetricDesc, &'static str, Scale, &'static str)> {
     METRICS.iter().filter_map(|d| {
         let name = d.dcgm?;
-        let (scale, unit) = match d.unit {
-            "bytes" => (Scale(1.0, 1_048_576.0), "MiB"),
-            "joules" => (Scale(1000.0, 1.0), "mJ"),
-            // DCGM's NVLink bandwidth total is MB/s (dcgm-exporter labels it a counter)
-            "bytes_per_second" if name == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" => {
-                (Scale(1.0, 1_000_000.0), "MB/s")
-            }
-            // DCGM's profiling fields are ratios (its device utilizations stay percentages)
-            "percent" if name.starts_with("DCGM_FI_PROF_") => (Scale(1.0, 100.0), "ratio"),
-            u => (Scale(1.0, 1.0), u),
-        };
-        Some((d, name, scale, unit))
+        // the metric table's conversion (the scrape importer inverts the same one)
+        let (unit, mul, div) = d.dcgm_unit()?;
+        Some((d, name, Scale(mul, div), unit))
     })
 }
 
@@ -245,7 +236,8 @@ fn mig_labels(g: &GpuSample, m: &MigSample, host: &str) -> String {
 }
 
 /// A MIG device's value of a metric dcgm-exporter reports per MIG device: its framebuffer
-/// (used, free, total; utilization and the rest are per GPU, or absent on MIG GPUs).
+/// (used, free, total) and its GPU instance's profiling metrics (`DCGM_FI_PROF_*`, from GPM;
+/// utilization and the rest are per GPU, or absent on MIG GPUs).
 fn mig_value(m: &MigSample, metric: Metric) -> Option<f64> {
     #[expect(
         clippy::cast_precision_loss,
@@ -256,8 +248,28 @@ fn mig_value(m: &MigSample, metric: Metric) -> Option<f64> {
         Metric::MemUsed => m.mem_used_bytes.map(f),
         Metric::MemTotal => m.mem_total_bytes.map(f),
         Metric::MemFree => Some(f(m.mem_total_bytes?.saturating_sub(m.mem_used_bytes?))),
-        _ => None,
+        _ => m.gpm.get(metric),
     }
+}
+
+/// The values of metric `d` of MIG devices `mig` (each with its GPU's position in the
+/// snapshot), as the page and the backfill carry them: a GPU instance's GPM once, under its
+/// first MIG device (its compute instances share it, and dcgm-exporter's labels name the GPU
+/// instance only).
+fn mig_values<'a>(
+    mig: &[(usize, &'a MigSample)],
+    d: &MetricDesc,
+) -> Vec<(usize, &'a MigSample, f64)> {
+    mig.iter()
+        .enumerate()
+        .filter(|(k, (_, m))| {
+            !d.source.is_gpm()
+                || !mig[..*k].iter().any(|(_, o)| {
+                    o.gpu_index == m.gpu_index && o.gpu_instance_id == m.gpu_instance_id
+                })
+        })
+        .filter_map(|(_, (i, m))| mig_value(m, d.id).map(|v| (*i, *m, v)))
+        .collect()
 }
 
 /// The OpenMetrics headers of the backfill families, in the order [`backfill`] numbers them.
@@ -276,20 +288,43 @@ pub fn backfill_headers() -> Vec<String> {
         .collect()
 }
 
+/// Which series of a family a backfill sample belongs to: its GPU's index and, for a MIG
+/// device's sample, the MIG device's (GPU instance, compute instance). Ordered GPU first, then
+/// its MIG devices.
+pub type BackfillSeries = (u32, Option<(u32, u32)>);
+
 /// A recorded snapshot as timestamped OpenMetrics samples (for `promtool tsdb
-/// create-blocks-from openmetrics`): `emit(family position, GPU index, line)`. Samples of one
-/// family and GPU come in time order when snapshots do.
-pub fn backfill(snap: &Snapshot, hostname: &str, mut emit: impl FnMut(usize, u32, &str)) {
+/// create-blocks-from openmetrics`): `emit(family position, series, line)`, the GPUs' samples
+/// and, as on the live page, their MIG devices' (with `GPU_I_PROFILE` and `GPU_I_ID`). Samples
+/// of one family and series come in time order when snapshots do.
+pub fn backfill(
+    snap: &Snapshot,
+    hostname: &str,
+    mut emit: impl FnMut(usize, BackfillSeries, &str),
+) {
     let host = label(hostname);
     let ts = snap.time_ms as f64 / 1000.0;
     let mut line = String::with_capacity(256);
-    for g in &snap.gpus {
+    for (i, g) in snap.gpus.iter().enumerate() {
         let ids = dcgm_labels(g, &host);
+        // its MIG devices, when it answers (as `render` takes them)
+        let mig: Vec<(usize, &MigSample)> = if g.state == crate::model::DeviceState::Ok {
+            snap.mig_of(g.id.index).map(|m| (i, m)).collect()
+        } else {
+            Vec::new()
+        };
         for (f, (d, name, scale, _)) in dcgm_rows().enumerate() {
             if let Some(v) = g.get(d.id) {
                 line.clear();
                 let _ = write!(line, "{name}{{{ids}}} {} {ts:.3}", value(scale.of(v)));
-                emit(f, g.id.index, &line);
+                emit(f, (g.id.index, None), &line);
+            }
+            for (_, m, v) in mig_values(&mig, d) {
+                line.clear();
+                let labels = mig_labels(g, m, &host);
+                let _ = write!(line, "{name}{{{labels}}} {} {ts:.3}", value(scale.of(v)));
+                let instance = (m.gpu_instance_id, m.compute_instance_id);
+                emit(f, (g.id.index, Some(instance)), &line);
             }
         }
     }
@@ -358,10 +393,7 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
                 .enumerate()
                 .filter_map(|(i, g)| g.get(d.id).map(|v| (i, v)))
                 .collect();
-            let per_mig: Vec<(usize, &MigSample, f64)> = mig
-                .iter()
-                .filter_map(|(i, m)| mig_value(m, d.id).map(|v| (*i, *m, v)))
-                .collect();
+            let per_mig = mig_values(&mig, d);
             if present.is_empty() && per_mig.is_empty() {
                 continue;
             }
@@ -754,5 +786,135 @@ mod tests {
             stale.contains("gpuwatch_alerts{alertname=\"gpu_lost\""),
             "{stale}"
         );
+    }
+
+    /// A GPU instance's GPM metrics are DCGM's profiling series with its GPU's labels and
+    /// `GPU_I_PROFILE` / `GPU_I_ID`, once per GPU instance; a GPU instance without them (an
+    /// A100's) has none (absent, never 0), and neither has a GPU that gave none itself.
+    #[test]
+    fn gpu_instances_carry_their_profiling_series() {
+        let gpu = |index: u32, name: &str| GpuSample {
+            time_ms: 0,
+            id: DeviceId {
+                index,
+                uuid: format!("GPU-{index}"),
+                name: name.into(),
+                ..DeviceId::default()
+            },
+            state: DeviceState::Ok,
+            values: MetricValues::default(),
+        };
+        let mut busy = crate::model::MigGpm::default();
+        busy.set(Metric::SmActive, Some(81.0));
+        busy.set(Metric::DramActive, Some(30.0));
+        let h100 = |k: u32, gi: u32, profile: &str, gpm: &crate::model::MigGpm| MigSample {
+            gpu_instance_id: gi,
+            profile: Some(profile.into()),
+            gpm: gpm.clone(),
+            ..MigSample::one_g(1, k)
+        };
+        let snap = Snapshot {
+            gpus: vec![
+                gpu(0, "NVIDIA A100-SXM4-80GB"),
+                gpu(1, "NVIDIA H100 80GB HBM3"),
+            ],
+            mig: vec![
+                MigSample::one_g(0, 0),
+                h100(0, 1, "3g.40gb", &busy),
+                // a second compute instance of the same GPU instance: no second series
+                MigSample {
+                    compute_instance_id: 1,
+                    ..h100(1, 1, "3g.40gb", &busy)
+                },
+                h100(2, 13, "1g.10gb", &crate::model::MigGpm::default()),
+            ],
+            ..Snapshot::default()
+        };
+        let text = render(
+            &ExportState {
+                hostname: "h".into(),
+                snapshot: Some(snap),
+                ..ExportState::default()
+            },
+            false,
+        );
+        let sm: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("DCGM_FI_PROF_SM_ACTIVE{"))
+            .collect();
+        assert_eq!(
+            sm,
+            ["DCGM_FI_PROF_SM_ACTIVE{gpu=\"1\",UUID=\"GPU-1\",device=\"nvidia1\",modelName=\"NVIDIA H100 80GB HBM3\",GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"1\",pci_bus_id=\"\",Hostname=\"h\",hostname=\"h\"} 0.81"],
+            "{text}"
+        );
+        assert_eq!(text.matches("# HELP DCGM_FI_PROF_SM_ACTIVE ").count(), 1);
+        assert!(
+            text.contains("GPU_I_ID=\"1\",pci_bus_id=\"\",Hostname=\"h\",hostname=\"h\"} 0.3\n")
+        );
+        assert!(!text.contains("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), "{text}");
+    }
+
+    /// `export --openmetrics` carries a MIG device's series as the live page does: the same
+    /// lines, with the snapshot's time; each series under its own key.
+    #[test]
+    fn a_backfill_carries_the_mig_series_of_the_live_page() {
+        let mut values = MetricValues::default();
+        values.set(Metric::MemUsed, Some(8.0 * 1_073_741_824.0));
+        let gpu = GpuSample {
+            time_ms: 1_700_000_000_000,
+            id: DeviceId {
+                index: 1,
+                uuid: "GPU-1".into(),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                ..DeviceId::default()
+            },
+            state: DeviceState::Ok,
+            values,
+        };
+        let mut gpm = crate::model::MigGpm::default();
+        gpm.set(Metric::SmActive, Some(81.0));
+        let slice = |k: u32, gi: u32, ci: u32| MigSample {
+            gpu_instance_id: gi,
+            compute_instance_id: ci,
+            profile: Some("3g.40gb".into()),
+            mem_used_bytes: Some(u64::from(k + 1) << 30),
+            mem_total_bytes: Some(40_192 << 20),
+            gpm: gpm.clone(),
+            ..MigSample::one_g(1, k)
+        };
+        let snap = Snapshot {
+            time_ms: 1_700_000_000_000,
+            gpus: vec![gpu],
+            mig: vec![slice(0, 1, 0), slice(1, 1, 1), slice(2, 2, 0)],
+            ..Snapshot::default()
+        };
+        let page = render(
+            &ExportState {
+                hostname: "h".into(),
+                snapshot: Some(snap.clone()),
+                ..ExportState::default()
+            },
+            true,
+        );
+        let live: Vec<String> = page
+            .lines()
+            .filter(|l| l.starts_with("DCGM_") && l.contains("GPU_I_ID="))
+            .map(|l| format!("{l} 1700000000.000"))
+            .collect();
+        let mut lines = Vec::new();
+        let mut keys = Vec::new();
+        backfill(&snap, "h", |f, series, line| {
+            if line.contains("GPU_I_ID=") {
+                lines.push((f, line.to_string()));
+                keys.push(series);
+            }
+        });
+        // the page puts each family's MIG lines together, in family order as the backfill
+        lines.sort_by_key(|(f, _)| *f);
+        let backfilled: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
+        assert!(live.len() >= 10, "{page}");
+        assert_eq!(backfilled, live);
+        assert!(keys.iter().all(|k| k.0 == 1 && k.1.is_some()), "{keys:?}");
+        assert!(keys.contains(&(1, Some((1, 1)))) && keys.contains(&(1, Some((2, 0)))));
     }
 }

@@ -1,7 +1,8 @@
 //! Importing GPU logs of every shape users already have: gpuwatch's own CSV, nvidia-smi
 //! `--query-gpu` CSVs (with or without header and units, any field order, several timestamp
 //! forms), the plain `nvidia-smi` table, `nvidia-smi dmon`, `dcgmi dmon` (DCGM's profiling
-//! fields), and the monitoring-script logs tutorials teach. `replay`, `import` and (later) `report` read through here.
+//! fields), dcgm-exporter's (or gpuwatch's) `/metrics` scrapes saved as text, and the
+//! monitoring-script logs tutorials teach. `replay`, `import` and (later) `report` read through here.
 //!
 //! Layers, one way: [`input`] (bytes → lines: gzip, UTF-16, CRLF), a format's line parser (one
 //! file per format, registered in [`Format`]), [`assemble`] (rows → ticks in time order:
@@ -21,6 +22,7 @@ mod csv;
 mod dcgmi;
 mod dmon;
 pub mod input;
+mod scrape;
 mod script;
 mod smi_table;
 pub mod stamp;
@@ -49,6 +51,9 @@ pub enum Format {
     Dmon,
     /// `dcgmi dmon -e FIELD,…` (`#Entity` header, `GPU 0` rows).
     Dcgmi,
+    /// dcgm-exporter's `/metrics` (or gpuwatch's) saved scrape after scrape: Prometheus's text
+    /// format with `DCGM_FI_*` families.
+    DcgmExporter,
     /// `[time] index,name,util,mem,total` with the other GPUs' rows unprefixed below.
     ScriptRows,
     /// `[time] GPU0: util,mem,total | GPU1: … |`.
@@ -59,11 +64,12 @@ pub enum Format {
 
 impl Format {
     /// Every format, in detection order.
-    pub const ALL: [Format; 8] = [
+    pub const ALL: [Format; 9] = [
         Format::Gpuwatch,
         Format::SmiTable,
         Format::Dmon,
         Format::Dcgmi,
+        Format::DcgmExporter,
         Format::ScriptBars,
         Format::ScriptProgress,
         Format::ScriptRows,
@@ -78,6 +84,7 @@ impl Format {
             Format::SmiTable => "smi-table",
             Format::Dmon => "dmon",
             Format::Dcgmi => "dcgmi-dmon",
+            Format::DcgmExporter => "dcgm-exporter",
             Format::ScriptRows => "script-rows",
             Format::ScriptBars => "script-bars",
             Format::ScriptProgress => "script-progress",
@@ -97,6 +104,7 @@ impl Format {
             Format::SmiTable => smi_table::recognises(line),
             Format::Dmon => dmon::recognises(line),
             Format::Dcgmi => dcgmi::recognises(line),
+            Format::DcgmExporter => scrape::recognises(line),
             Format::ScriptRows => script::recognises_rows(line),
             Format::ScriptBars => script::recognises_bars(line),
             Format::ScriptProgress => script::recognises_progress(line),
@@ -113,6 +121,7 @@ impl Format {
             Format::SmiTable => Box::new(smi_table::TableParser::default()),
             Format::Dmon => Box::new(dmon::DmonParser::default()),
             Format::Dcgmi => Box::new(dcgmi::DcgmiParser::default()),
+            Format::DcgmExporter => Box::new(scrape::ScrapeParser::default()),
             Format::ScriptRows => Box::new(script::RowsParser::default()),
             Format::ScriptBars => Box::new(script::BarsParser),
             Format::ScriptProgress => Box::new(script::ProgressParser),
@@ -254,6 +263,9 @@ pub(crate) enum Item {
 pub(crate) enum LineError {
     /// The line is malformed: skipped and counted.
     Skip(String),
+    /// The line is malformed at this 1-based column: skipped and counted, the first few also
+    /// reported as `file:line:column` warnings.
+    SkipAt(usize, String),
     /// The log cannot be read on (its times cannot be known): ends the import.
     Fatal(String),
 }
@@ -388,6 +400,10 @@ pub(crate) trait Parse: Send {
     fn line(&mut self, line: &str, ctx: &Ctx, out: &mut Vec<Item>) -> Result<(), LineError>;
     /// The end of the file: pushes what is still held.
     fn finish(&mut self, _ctx: &Ctx, _out: &mut Vec<Item>) {}
+    /// After each line, whether it was read or skipped: pushes items that do not belong to the
+    /// line (a tick a format completes when the next one starts), which a skipped line's
+    /// items must not take with them.
+    fn settled(&mut self, _out: &mut Vec<Item>) {}
     /// Whether snapshots of this format carry training progress.
     fn has_progress(&self) -> bool {
         false
@@ -520,6 +536,8 @@ struct Core {
     items: Vec<Item>,
     path: String,
     stats: Arc<ImportStats>,
+    /// Skipped lines reported with their column so far.
+    located: u64,
 }
 
 /// Lines looked at to detect the format.
@@ -604,6 +622,7 @@ impl Importer {
                 items: Vec::new(),
                 path: name.to_string(),
                 stats,
+                located: 0,
             },
             format,
             done: false,
@@ -712,7 +731,7 @@ fn unknown_format(name: &str, texts: &[(usize, &str)]) -> anyhow::Error {
     }
     anyhow!(
         "{name}:{no}:1: not a GPU log gpuwatch knows (gpuwatch CSV, nvidia-smi or home-made CSV with a header, \
-         nvidia-smi table or dmon, or a monitoring-script log); name the format with --format ({})",
+         nvidia-smi table or dmon, dcgmi dmon, dcgm-exporter scrapes, or a monitoring-script log); name the format with --format ({})",
         Format::ALL.map(Format::name).join(", ")
     )
 }
@@ -808,10 +827,20 @@ impl Core {
                 self.ctx.cell_notes.borrow_mut().clear();
                 self.skip(line_no, why);
             }
+            Err(LineError::SkipAt(col, why)) => {
+                self.items.truncate(before);
+                self.ctx.cell_notes.borrow_mut().clear();
+                self.located += 1;
+                if self.located <= REPORTED_CELLS {
+                    tracing::warn!("{}:{line_no}:{col}: {why}: line skipped", self.path);
+                }
+                self.skip(line_no, format!("column {col}: {why}"));
+            }
             Err(LineError::Fatal(why)) => {
                 return Err(anyhow!("{}:{line_no}:1: {why}", self.path));
             }
         }
+        self.parser.settled(&mut self.items);
         Ok(())
     }
 }

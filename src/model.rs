@@ -552,6 +552,24 @@ impl MetricDesc {
                 _ => true,
             }
     }
+
+    /// dcgm-exporter's unit of this metric and how a value in gpuwatch's unit reaches it:
+    /// `(unit, multiply by, divide by)`: framebuffer memory in MiB, energy in mJ, DCGM's NVLink
+    /// bandwidth total in MB/s, the profiling activities (`DCGM_FI_PROF_*`) as ratios 0–1 (its
+    /// device utilizations stay percentages), the rest as gpuwatch keeps them; `None` without a
+    /// dcgm-exporter name. `/metrics` converts with it and the scrape importer inverts it.
+    pub fn dcgm_unit(&self) -> Option<(&'static str, f64, f64)> {
+        let name = self.dcgm?;
+        Some(match self.unit {
+            "bytes" => ("MiB", 1.0, 1_048_576.0),
+            "joules" => ("mJ", 1000.0, 1.0),
+            "bytes_per_second" if name == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" => {
+                ("MB/s", 1.0, 1_000_000.0)
+            }
+            "percent" if name.starts_with("DCGM_FI_PROF_") => ("ratio", 1.0, 100.0),
+            u => (u, 1.0, 1.0),
+        })
+    }
 }
 
 macro_rules! metrics {
@@ -624,7 +642,7 @@ metrics! {
         smi: Some("enforced.power.limit"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_ENFORCED_POWER_LIMIT") },
     Energy => { key: "energy", unit: "joules", kind: Counter,
-        help: "Energy consumed since the driver was loaded (read off the tick path: the driver spends milliseconds of CPU on it)",
+        help: "Energy consumed since the driver was loaded: the driver's counter, read hourly (it costs the driver milliseconds of CPU), plus the power readings integrated since (within 1 % of the counter)",
         source: Source::field(NvmlField::TOTAL_ENERGY_CONSUMPTION)
             .scaled(0.001)
             .slow()
@@ -1058,11 +1076,13 @@ nvml_functions! {
     GpmQueryDeviceSupport => "nvmlGpmQueryDeviceSupport",
     GpmSampleAlloc => "nvmlGpmSampleAlloc",
     GpmSampleGet => "nvmlGpmSampleGet",
+    GpmMigSampleGet => "nvmlGpmMigSampleGet",
     GpmMetricsGet => "nvmlGpmMetricsGet",
     NvLinkState => "nvmlDeviceGetNvLinkState",
     NvLinkVersion => "nvmlDeviceGetNvLinkVersion",
     NvLinkErrorCounter => "nvmlDeviceGetNvLinkErrorCounter",
     NvLinkRemotePciInfo => "nvmlDeviceGetNvLinkRemotePciInfo",
+    NvLinkRemoteDeviceType => "nvmlDeviceGetNvLinkRemoteDeviceType",
     HandleByPciBusId => "nvmlDeviceGetHandleByPciBusId",
     Index => "nvmlDeviceGetIndex",
 }
@@ -1223,6 +1243,94 @@ pub struct MigSample {
     /// The processes running on it (their entries are in the GPU's process list).
     #[serde(default)]
     pub pids: Vec<u32>,
+    /// The GPM metrics of its GPU instance (`nvmlGpmMigSampleGet`, Hopper and later): the
+    /// averages between the last two slow reads; empty on GPUs without GPM, until the second
+    /// read, and in recordings made before they were read.
+    #[serde(default, skip_serializing_if = "MigGpm::is_empty")]
+    pub gpm: MigGpm,
+}
+
+/// The GPM values of one GPU instance, by metric (rows of the table whose source is GPM): only
+/// those the driver gave — a GPU instance has the activities of its SMs and memory, while the
+/// bandwidths and video engines are its GPU's. Absent values are not stored (never 0). Kept in
+/// table order; serialized as a map of table keys, whose unknown keys and values that are no
+/// reading (`MetricDesc::plausible`) are skipped when read back. Equality compares the values
+/// bit for bit (a rule's inputs are the same only when the script could not tell them apart).
+#[derive(Debug, Clone, Default)]
+pub struct MigGpm(Vec<(Metric, f64)>);
+
+impl MigGpm {
+    /// The GPM rows' values that `get` gives (e.g. a MIG device's row read back from a
+    /// recording).
+    pub fn of(get: impl Fn(Metric) -> Option<f64>) -> MigGpm {
+        let mut out = MigGpm::default();
+        for d in METRICS.iter().filter(|d| d.source.is_gpm()) {
+            out.set(d.id, get(d.id));
+        }
+        out
+    }
+
+    /// The value of `m`, when the driver gave one.
+    pub fn get(&self, m: Metric) -> Option<f64> {
+        self.0.iter().find(|(k, _)| *k == m).map(|(_, v)| *v)
+    }
+
+    /// Sets (or, with `None`, clears) the value of `m`; only GPM rows and plausible values are
+    /// kept.
+    pub fn set(&mut self, m: Metric, v: Option<f64>) {
+        self.0.retain(|(k, _)| *k != m);
+        if let Some(v) = v.filter(|v| m.desc().source.is_gpm() && m.desc().plausible(*v)) {
+            let at = self.0.partition_point(|(k, _)| *k < m);
+            self.0.insert(at, (m, v));
+        }
+    }
+
+    /// The values, in table order.
+    pub fn iter(&self) -> impl Iterator<Item = (Metric, f64)> + '_ {
+        self.0.iter().copied()
+    }
+
+    /// No value at all.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl PartialEq for MigGpm {
+    fn eq(&self, other: &MigGpm) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .0
+                .iter()
+                .zip(&other.0)
+                .all(|((a, x), (b, y))| a == b && x.to_bits() == y.to_bits())
+    }
+}
+
+impl Eq for MigGpm {}
+
+impl Serialize for MigGpm {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (m, v) in &self.0 {
+            map.serialize_entry(m.desc().key, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for MigGpm {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = std::collections::BTreeMap::<String, f64>::deserialize(d)?;
+        let mut out = MigGpm::default();
+        for (k, v) in raw {
+            if let Some(m) = Metric::from_key(&k) {
+                out.set(m, Some(v));
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl MigSample {
@@ -1242,6 +1350,7 @@ impl MigSample {
             mem_used_bytes: None,
             mem_total_bytes: None,
             pids: Vec::new(),
+            gpm: MigGpm::default(),
         }
     }
 
@@ -1435,6 +1544,10 @@ pub struct Snapshot {
     /// path, carried in every snapshot while fresh; empty without MIG).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<MigSample>,
+    /// The NVLinks of the GPUs that have them, by GPU index (read on the slow path, carried in
+    /// every snapshot while fresh; empty without NVLink). Rules read them as `gpu.nvlinks`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlink: Vec<nvlink::NvlinkStatus>,
 }
 
 impl Snapshot {
@@ -1760,6 +1873,46 @@ mod tests {
         ] {
             assert_eq!(mig_profile_of_name(name).as_deref(), want, "{name:?}");
         }
+    }
+
+    /// A GPU instance's GPM values: GPM rows only, in table order, absent never 0; serialized
+    /// by table key and read back; a MIG device of an older recording (no `gpm`) still loads.
+    #[test]
+    fn mig_gpm_values_keep_gpm_rows_only() {
+        let mut g = MigGpm::default();
+        g.set(Metric::TensorActive, Some(40.0));
+        g.set(Metric::SmActive, Some(81.5));
+        g.set(Metric::Util, Some(90.0));
+        g.set(Metric::DramActive, Some(f64::NAN));
+        g.set(Metric::Fp16Active, Some(120.0));
+        assert_eq!(
+            g.iter().collect::<Vec<_>>(),
+            [(Metric::SmActive, 81.5), (Metric::TensorActive, 40.0)]
+        );
+        assert_eq!(g.get(Metric::Util), None, "not a GPM row");
+        g.set(Metric::TensorActive, None);
+        assert_eq!(g.get(Metric::TensorActive), None);
+        let m = MigSample {
+            gpm: g.clone(),
+            ..MigSample::one_g(1, 2)
+        };
+        let j = serde_json::to_value(&m).unwrap();
+        assert_eq!(j["gpm"], serde_json::json!({"sm_active": 81.5}));
+        let back: MigSample = serde_json::from_value(j).unwrap();
+        assert_eq!(back, m);
+        let mut old = serde_json::to_value(MigSample::one_g(1, 2)).unwrap();
+        assert!(old.get("gpm").is_none(), "nothing written when empty");
+        old["gpm"] = serde_json::json!({"sm_active": 50.0, "bogus": 1.0, "util": 3.0});
+        let read: MigSample = serde_json::from_value(old).unwrap();
+        assert_eq!(
+            read.gpm.iter().collect::<Vec<_>>(),
+            [(Metric::SmActive, 50.0)]
+        );
+        let mut z = MigGpm::default();
+        z.set(Metric::SmActive, Some(0.0));
+        let mut nz = MigGpm::default();
+        nz.set(Metric::SmActive, Some(-0.0));
+        assert_ne!(z, nz, "bit for bit");
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! is `GPU/GI/CI` (`0/7/0`: GPU index, GPU instance id, compute instance id), `uuid` its
 //! `MIG-…` UUID, `name` NVML's name for it (`NVIDIA A100-SXM4-80GB MIG 1g.10gb`: the profile
 //! follows ` MIG `), `pci_bus_id` its GPU's, `minor` empty, `state` its GPU's; of the metrics
-//! only `mem_used`, `mem_free` and `mem_total` (the MIG device's); `processes` the processes on
+//! only `mem_used`, `mem_free` and `mem_total` (the MIG device's) and the GPM metrics of its GPU
+//! instance (`sm_active`, …, Hopper and later); `processes` the processes on
 //! it. The placement is not recorded. A reader that knows only GPU rows skips these as rows with
 //! a bad index; `import` reads them back as the snapshot's MIG devices.
 //!
@@ -254,7 +255,13 @@ impl CsvRows {
                     .mem_total_bytes
                     .zip(m.mem_used_bytes)
                     .map(|(t, u)| t.saturating_sub(u)),
-                _ => None,
+                _ => {
+                    // its GPU instance's GPM metrics
+                    if let Some(v) = m.gpm.get(d.id) {
+                        push_value(out, v);
+                    }
+                    None
+                }
             };
             if let Some(b) = v {
                 push_u64(out, b);

@@ -127,11 +127,36 @@ pub struct MigSummary {
     pub processes: usize,
     /// Ticks it was seen in.
     pub ticks: u64,
+    /// The processes seen on it, `PID command` (the PID alone when the command is unknown), in
+    /// the order they were first seen; at most [`MIG_PROCESSES_LISTED`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub process_list: Vec<String>,
+    /// The mean SM, tensor and DRAM activity of its GPU instance, percent, over the ticks that
+    /// carried them (GPM per GPU instance: Hopper and later; absent elsewhere, never 0).
+    #[serde(default)]
+    pub sm_active_mean: Option<f64>,
+    #[serde(default)]
+    pub tensor_active_mean: Option<f64>,
+    #[serde(default)]
+    pub dram_active_mean: Option<f64>,
 }
 
+/// The GPU-instance GPM metrics a MIG summary averages, and the field each mean goes to.
+const MIG_MEANS: [crate::model::Metric; 3] = [
+    crate::model::Metric::SmActive,
+    crate::model::Metric::TensorActive,
+    crate::model::Metric::DramActive,
+];
+
+/// Sum and count of each of [`MIG_MEANS`] over the ticks that carried it.
+type MigSums = [(f64, u64); MIG_MEANS.len()];
+
+/// Processes a MIG device's summary lists by PID and command (all are counted).
+pub const MIG_PROCESSES_LISTED: usize = 100;
+
 /// The MIG devices of a run so far, by (GPU, GPU instance, compute instance, UUID): each with the
-/// distinct PIDs seen on it.
-type MigAcc = BTreeMap<(u32, u32, u32, String), (MigSummary, Vec<u32>)>;
+/// distinct PIDs seen on it and their commands, when known.
+type MigAcc = BTreeMap<(u32, u32, u32, String), (MigSummary, Vec<(u32, Option<String>)>, MigSums)>;
 
 /// Folds one snapshot's MIG devices into the run's.
 fn observe_mig(acc: &mut MigAcc, s: &Snapshot) {
@@ -142,7 +167,7 @@ fn observe_mig(acc: &mut MigAcc, s: &Snapshot) {
             m.compute_instance_id,
             m.uuid.clone(),
         );
-        let (sum, pids) = acc.entry(key).or_insert_with(|| {
+        let (sum, pids, sums) = acc.entry(key).or_insert_with(|| {
             (
                 MigSummary {
                     gpu: m.gpu_index,
@@ -154,11 +179,22 @@ fn observe_mig(acc: &mut MigAcc, s: &Snapshot) {
                     mem_total_bytes: None,
                     processes: 0,
                     ticks: 0,
+                    process_list: Vec::new(),
+                    sm_active_mean: None,
+                    tensor_active_mean: None,
+                    dram_active_mean: None,
                 },
                 Vec::new(),
+                MigSums::default(),
             )
         });
         sum.ticks += 1;
+        for (metric, (total, n)) in MIG_MEANS.iter().zip(sums.iter_mut()) {
+            if let Some(v) = m.gpm.get(*metric) {
+                *total += v;
+                *n += 1;
+            }
+        }
         if let Some(u) = m.mem_used_bytes {
             sum.mem_peak_bytes = Some(sum.mem_peak_bytes.map_or(u, |p| p.max(u)));
         }
@@ -166,12 +202,43 @@ fn observe_mig(acc: &mut MigAcc, s: &Snapshot) {
             sum.mem_total_bytes = m.mem_total_bytes;
         }
         for p in &m.pids {
-            if !pids.contains(p) {
-                pids.push(*p);
+            let command = s
+                .processes
+                .iter()
+                .flatten()
+                .find(|q| q.gpu_index == m.gpu_index && q.pid == *p)
+                .and_then(|q| q.command.clone());
+            match pids.iter_mut().find(|(pid, _)| pid == p) {
+                Some((_, known)) => {
+                    if known.is_none() {
+                        *known = command;
+                    }
+                }
+                None => pids.push((*p, command)),
             }
         }
         sum.processes = pids.len();
     }
+}
+
+/// The MIG summaries of a run: each with the processes seen on it, `PID command`.
+fn finish_mig(acc: MigAcc) -> Vec<MigSummary> {
+    acc.into_values()
+        .map(|(mut m, pids, sums)| {
+            #[expect(clippy::cast_precision_loss, reason = "a count of ticks")]
+            let means = sums.map(|(total, n)| (n > 0).then(|| total / n as f64));
+            [m.sm_active_mean, m.tensor_active_mean, m.dram_active_mean] = means;
+            m.process_list = pids
+                .into_iter()
+                .take(MIG_PROCESSES_LISTED)
+                .map(|(pid, command)| match command {
+                    Some(c) => format!("{pid} {c}"),
+                    None => pid.to_string(),
+                })
+                .collect();
+            m
+        })
+        .collect()
 }
 
 /// A run's summary and its charts.
@@ -341,7 +408,7 @@ pub fn build(
             alerts: spans,
             progress,
             warnings: Vec::new(),
-            mig: mig.into_values().map(|(m, _)| m).collect(),
+            mig: finish_mig(mig),
         },
         charts,
     })
@@ -426,9 +493,23 @@ pub fn text(r: &RunSummary) -> String {
                 (Some(p), None) => format!("memory peak {}", gib(p as f64)),
                 _ => "memory -".into(),
             };
+            // its GPU instance's activity (GPM), where it was read
+            let activity: Vec<String> = [
+                ("SM active", m.sm_active_mean),
+                ("tensor", m.tensor_active_mean),
+                ("DRAM", m.dram_active_mean),
+            ]
+            .iter()
+            .filter_map(|(name, v)| v.map(|v| format!("{name} {v:.0} %")))
+            .collect();
+            let activity = if activity.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", activity.join(", "))
+            };
             let _ = writeln!(
                 out,
-                "    MIG {} {}/{}/{}: {mem}; {} process{}",
+                "    MIG {} {}/{}/{}: {mem}; {} process{}{activity}",
                 m.profile.as_deref().unwrap_or("?"),
                 m.gpu,
                 m.gpu_instance_id,
@@ -567,4 +648,74 @@ pub fn diagnosis_text(r: &RunSummary) -> String {
         let _ = writeln!(out, "phases: {}", p.join(", "));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{MigSample, ProcSample};
+
+    #[test]
+    fn mig_devices_keep_their_peak_and_the_processes_seen_on_them() {
+        let mut acc = MigAcc::new();
+        let slice = |used: u64, pids: Vec<u32>| MigSample {
+            mem_used_bytes: Some(used << 20),
+            mem_total_bytes: Some(9728 << 20),
+            pids,
+            ..MigSample::one_g(0, 0)
+        };
+        let mut named = ProcSample::compute(1220, 0, "GPU-0", Some(4000 << 20));
+        named.command = Some("python train.py".into());
+        let ticks = [
+            // the command is not known at first sight, then it is
+            Snapshot {
+                mig: vec![slice(4000, vec![1220])],
+                processes: Some(vec![ProcSample::compute(1220, 0, "GPU-0", None)]),
+                ..Snapshot::default()
+            },
+            Snapshot {
+                mig: vec![slice(5000, vec![1220, 1300])],
+                processes: Some(vec![named]),
+                ..Snapshot::default()
+            },
+            Snapshot {
+                mig: vec![slice(100, vec![])],
+                ..Snapshot::default()
+            },
+        ];
+        for s in &ticks {
+            observe_mig(&mut acc, s);
+        }
+        let out = finish_mig(acc);
+        assert_eq!(out.len(), 1);
+        let m = &out[0];
+        assert_eq!((m.gpu, m.gpu_instance_id, m.ticks), (0, 7, 3));
+        assert_eq!(m.mem_peak_bytes, Some(5000 << 20));
+        assert_eq!(m.mem_total_bytes, Some(9728 << 20));
+        assert_eq!(m.processes, 2);
+        assert_eq!(m.process_list, ["1220 python train.py", "1300"]);
+        assert_eq!(m.sm_active_mean, None, "no GPM: absent, not 0");
+    }
+
+    /// A GPU instance's mean SM, tensor and DRAM activity over the ticks that carried them.
+    #[test]
+    fn mig_devices_average_their_gpu_instance_activity() {
+        let mut acc = MigAcc::new();
+        for sm in [Some(80.0), None, Some(60.0)] {
+            let mut m = MigSample::one_g(1, 0);
+            m.gpm.set(crate::model::Metric::SmActive, sm);
+            m.gpm.set(crate::model::Metric::DramActive, Some(10.0));
+            observe_mig(
+                &mut acc,
+                &Snapshot {
+                    mig: vec![m],
+                    ..Snapshot::default()
+                },
+            );
+        }
+        let out = finish_mig(acc);
+        assert_eq!(out[0].sm_active_mean, Some(70.0));
+        assert_eq!(out[0].dram_active_mean, Some(10.0));
+        assert_eq!(out[0].tensor_active_mean, None);
+    }
 }

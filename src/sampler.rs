@@ -44,6 +44,7 @@
 //! calls blocked in a wedged driver).
 
 pub mod doctor;
+mod energy;
 mod events;
 pub mod expected;
 pub mod kmsg;
@@ -66,9 +67,12 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
 use crate::model::{
-    DeviceId, DeviceState, GpuSample, MetricValues, MigSample, MissingGpu, NvmlFunction,
+    DeviceId, DeviceState, GpuSample, Metric, MetricValues, MigSample, MissingGpu, NvmlFunction,
     ProcSample, Snapshot, METRICS, METRIC_COUNT,
 };
+/// The counter classes and their cadences, and the GPM sample calls, for `bench/floor.rs` (which
+/// makes the sampler's calls without the sampler).
+pub use slot::{gpm_sample_alloc, gpm_sample_get, COUNTERS};
 use slot::{Slot, SlowAnswer, SlowSlot};
 use worker::Pool;
 pub use worker::{call_failures, CallFailures};
@@ -249,6 +253,8 @@ struct Dev {
     state: DeviceState,
     /// Each slow metric's last value and when it was read (`i64::MIN`: never).
     slow_values: [(Option<f64>, i64); METRIC_COUNT],
+    /// Its energy between reads of the counter (see `energy`).
+    energy: energy::EnergyMeter,
     /// Where its GPM stands, as its last answer said.
     gpm: GpmStatus,
     /// The state last put in a snapshot (to log changes once).
@@ -262,6 +268,9 @@ struct Dev {
     mig: Option<(i64, Vec<MigSample>)>,
     /// Its NVLinks as last read (GPUs with NVLink only).
     nvlink: Option<crate::model::nvlink::NvlinkStatus>,
+    /// Its GPU instances' GPM metrics are read (MIG on, Hopper and later), as its last slow
+    /// answer said.
+    mig_gpm: bool,
 }
 
 /// A fast-path thread's state for one device.
@@ -383,11 +392,13 @@ fn slow_pool(
     cfg: &SamplerConfig,
 ) -> Pool<SlowSlot, SlowAnswer> {
     let rates_now = cfg.rates_now;
+    let gpm = cfg.gpm;
     let process_interval_ms = duration_ms(cfg.process_interval).max(1);
     let factory: worker::Factory<SlowSlot> = Arc::new(move |pos, busy| {
         let mut slot = SlowSlot::new(u32::try_from(pos).unwrap_or(u32::MAX), busy);
         slot.rates_now = rates_now;
         slot.process_interval_ms = process_interval_ms;
+        slot.set_gpm(gpm);
         slot
     });
     let work: worker::Work<SlowSlot, SlowAnswer> = Arc::new(move |slot, _, time_ms| {
@@ -458,6 +469,7 @@ impl Sampler {
                 },
                 state: DeviceState::Ok,
                 slow_values: [(None, i64::MIN); METRIC_COUNT],
+                energy: energy::EnergyMeter::default(),
                 gpm: if cfg.gpm {
                     GpmStatus::Unknown
                 } else {
@@ -467,6 +479,7 @@ impl Sampler {
                 procs: None,
                 mig: None,
                 nvlink: None,
+                mig_gpm: false,
             })
             .collect();
         let slow_masks: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
@@ -609,6 +622,22 @@ impl Sampler {
         self.devices.iter().any(|d| d.gpm == GpmStatus::Active)
     }
 
+    /// Whether any GPU reads the GPM metrics of its GPU instances (MIG on, Hopper and later):
+    /// they are read on the slow path, so they need two slow reads ([`Sampler::read_slow_next`]).
+    pub fn mig_gpm_active(&self) -> bool {
+        self.devices.iter().any(|d| d.mig_gpm)
+    }
+
+    /// Makes the next snapshot start a slow read (processes, MIG devices and their GPM, slow
+    /// metrics) and wait for it, as the first one does — for a one-shot command's second
+    /// snapshot, whose GPU instances' GPM metrics need a second slow read. Nothing while a slow
+    /// read is under way.
+    pub fn read_slow_next(&mut self) {
+        if self.round.is_none() {
+            self.last_round_ms = None;
+        }
+    }
+
     /// The library that was loaded (path or name).
     pub fn library(&self) -> &str {
         &self.lib
@@ -700,6 +729,16 @@ impl Sampler {
                 }
             }
             let d = &mut self.devices[pos];
+            if state == DeviceState::Ok {
+                // the counter's last reading plus the power since (see `energy`); without power
+                // readings, the reading alone while it is current (set above)
+                if let (Some(j), at) = d.slow_values[Metric::Energy as usize] {
+                    d.energy.anchor(j, at);
+                }
+                if let Some(e) = d.energy.tick(values.get(Metric::Power), time_ms) {
+                    values.set(Metric::Energy, Some(e));
+                }
+            }
             d.report(state, timeout);
             gpus.push(GpuSample {
                 time_ms,
@@ -710,6 +749,7 @@ impl Sampler {
         }
         self.register_late_xids();
         let mig = self.mig_now(time_ms, &gpus);
+        let nvlink = self.nvlink_now(time_ms, &gpus);
         Snapshot {
             time_ms,
             gpus,
@@ -717,7 +757,26 @@ impl Sampler {
             xids,
             missing: self.missing.clone(),
             mig,
+            nvlink,
         }
+    }
+
+    /// The NVLinks of the GPUs in this snapshot that answer, while their last read is as fresh
+    /// as a process list may be (like [`Sampler::mig_now`]).
+    fn nvlink_now(
+        &self,
+        time_ms: i64,
+        gpus: &[GpuSample],
+    ) -> Vec<crate::model::nvlink::NvlinkStatus> {
+        let timeout_ms = duration_ms(self.call_timeout);
+        let max_age = (2 * self.process_interval_ms).saturating_add(timeout_ms);
+        gpus.iter()
+            .filter(|g| g.state == DeviceState::Ok)
+            .filter_map(|g| self.devices.iter().find(|d| d.id.index == g.id.index))
+            .filter_map(|d| d.nvlink.as_ref())
+            .filter(|n| is_current(time_ms, n.time_ms, max_age, timeout_ms))
+            .cloned()
+            .collect()
     }
 
     /// The MIG devices of the GPUs in this snapshot that answer, while their last read is as
@@ -828,6 +887,7 @@ impl Sampler {
                             links,
                         });
                     }
+                    d.mig_gpm = a.mig_gpm;
                     d.mig = a.mig.map(|readings| {
                         let procs = a.processes.as_deref().unwrap_or_default();
                         (a.time_ms, mig::samples(&d.id, readings, procs))

@@ -717,6 +717,7 @@ mod tests {
                 xids: Vec::new(),
                 missing: Vec::new(),
                 mig: Vec::new(),
+                nvlink: Vec::new(),
             });
         }
         l.job_end(

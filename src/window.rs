@@ -504,6 +504,9 @@ pub struct GpuHistory {
     pub processes: Vec<ProcSample>,
     /// Its MIG devices as of the newest snapshot (empty without MIG).
     pub mig: Vec<MigSample>,
+    /// Its NVLinks as of the newest snapshot, with each link's counter rise since the reading
+    /// before (`None` without NVLink, or no fresh reading: a replayed log has none).
+    pub nvlink: Option<std::sync::Arc<crate::model::nvlink::NvlinkView>>,
     /// Recent sample times, for the interval estimate.
     recent_times: VecDeque<i64>,
     /// Estimated sampling interval, ms (0 = unknown).
@@ -524,6 +527,7 @@ impl Clone for GpuHistory {
             xids: self.xids.clone(),
             processes: self.processes.clone(),
             mig: self.mig.clone(),
+            nvlink: self.nvlink.clone(),
             recent_times: self.recent_times.clone(),
             interval_ms: self.interval_ms,
             cache: Mutex::new((i64::MIN, Vec::new())),

@@ -78,6 +78,7 @@ thread_local! {
 /// NVML_SIM_DEBUG=1.
 pub(crate) fn entry(name: &'static str, body: impl FnOnce() -> Result<(), u32>) -> nvmlReturn_t {
     CALL_GPU.with(|c| c.set(None));
+    crate::counts::call(name);
     // The call's latency passes before it answers, so the answer is the state at its return (a
     // PCIe throughput is the window ending then). nvmlInit* spends its cost inside `sim::init`
     // (the first before the scenario clock starts; later ones only when NVML was shut down:

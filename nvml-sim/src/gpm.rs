@@ -33,13 +33,15 @@ pub const NVJPG: u32 = 7;
 pub const NVOFA: u32 = 1;
 pub const NVLINKS: u32 = 18;
 
-/// What a sample holds once `nvmlGpmSampleGet` filled it.
+/// What a sample holds once `nvmlGpmSampleGet` (or `nvmlGpmMigSampleGet`) filled it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Taken {
     /// Scenario index of the GPU.
     pub gpu: usize,
     /// Scenario time of the snapshot.
     pub t_s: f64,
+    /// The GPU instance a MIG sample is of (`nvmlGpmMigSampleGet`); `None`: the whole GPU.
+    pub gpu_instance: Option<u32>,
 }
 
 /// Allocated samples by handle address: `None` until filled.
@@ -167,21 +169,54 @@ pub fn info(id: u32) -> Option<(&'static str, &'static str, &'static str)> {
     })
 }
 
-/// The mean of `metric` on `gpu` over scenario time `[t1, t2]` (its value at `t1` when the span
-/// is empty, as with a frozen clock).
-pub fn mean(sim: &Sim, gpu: usize, metric: Metric, t1: f64, t2: f64) -> f64 {
+/// The mean of `f` (a value at a scenario time) over scenario time `[t1, t2]` (its value at `t1`
+/// when the span is empty, as with a frozen clock).
+pub fn mean(f: impl Fn(f64) -> f64, t1: f64, t2: f64) -> f64 {
     let (a, b) = if t1 <= t2 { (t1, t2) } else { (t2, t1) };
     let span = b - a;
     if span.is_nan() || span <= 0.0 {
-        return sim.metric(gpu, metric, a);
+        return f(a);
     }
     let steps = (span / STEP_S).ceil().clamp(1.0, MAX_STEPS);
     let dt = span / steps;
     let n = steps as usize;
-    (0..n)
-        .map(|i| sim.metric(gpu, metric, a + (i as f64 + 0.5) * dt))
-        .sum::<f64>()
-        / steps
+    (0..n).map(|i| f(a + (i as f64 + 0.5) * dt)).sum::<f64>() / steps
+}
+
+/// Activity `metric` of GPU instance `gi` of `gpu` at `t_s`: the mean over its MIG devices
+/// (its compute instances; one in the usual layout), 0 for an instance the GPU lacks.
+pub fn instance_value(sim: &Sim, gpu: usize, gi: u32, metric: Metric, t_s: f64) -> f64 {
+    let devices = &sim.device(gpu).mig.devices;
+    let (sum, n) = devices
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.gpu_instance_id == gi)
+        .fold((0.0, 0.0), |(s, n), (k, _)| {
+            (s + sim.mig_metric(gpu, k, metric, t_s), n + 1.0)
+        });
+    if n > 0.0 {
+        sum / n
+    } else {
+        0.0
+    }
+}
+
+/// Activity `metric` of a whole GPU with MIG on at `t_s`: its GPU instances' values, each
+/// weighted by its share of the GPU's SMs (compute slices of 7); slices no instance holds are
+/// idle. This is what the GPU's own counters sum up to.
+pub fn whole_gpu_value(sim: &Sim, gpu: usize, metric: Metric, t_s: f64) -> f64 {
+    let devices = &sim.device(gpu).mig.devices;
+    let mut seen: Vec<u32> = Vec::with_capacity(devices.len());
+    let mut sum = 0.0;
+    for d in devices {
+        if seen.contains(&d.gpu_instance_id) {
+            continue;
+        }
+        seen.push(d.gpu_instance_id);
+        let share = f64::from(d.profile.compute_slices) / f64::from(crate::mig::COMPUTE_SLICES);
+        sum += share * instance_value(sim, gpu, d.gpu_instance_id, metric, t_s);
+    }
+    sum
 }
 
 /// The means one `nvmlGpmMetricsGet` computed, so the metrics that read the same signal (seven
@@ -189,22 +224,37 @@ pub fn mean(sim: &Sim, gpu: usize, metric: Metric, t1: f64, t2: f64) -> f64 {
 #[derive(Debug, Default)]
 pub struct Means(Vec<(Metric, f64)>);
 
-/// Metric `id` between two samples of `gpu` taken at `t1` and `t2`.
+/// Metric `id` between two samples of `gpu` taken at `t1` and `t2` — of GPU instance `gi` when
+/// they are MIG samples. A GPU instance answers the activities of its SMs and memory
+/// (`Metric::per_mig_device`); its bandwidths and video engines are the GPU's (`NOT_SUPPORTED`).
+/// On a GPU with MIG on, the whole GPU's activities are its instances' (`whole_gpu_value`).
 pub fn value(
     sim: &Sim,
     gpu: usize,
+    gi: Option<u32>,
     id: u32,
     (t1, t2): (f64, f64),
     memo: &mut Means,
 ) -> Result<f64, u32> {
-    let (m, scale) = match reading(id)? {
+    let r = reading(id)?;
+    let (m, scale) = match r {
         Reading::Pct(m) => (m, 1.0),
         Reading::MibPerS(m, share) => (m, 1.0 / 1024.0 / f64::from(share)),
     };
+    let activity = matches!(r, Reading::Pct(_)) && m.per_mig_device();
+    if gi.is_some() && !activity {
+        return Err(code::NOT_SUPPORTED);
+    }
     let mean = match memo.0.iter().find(|(k, _)| *k == m) {
         Some((_, v)) => *v,
         None => {
-            let v = mean(sim, gpu, m, t1, t2);
+            let v = match gi {
+                Some(gi) => mean(|t| instance_value(sim, gpu, gi, m, t), t1, t2),
+                None if activity && sim.device(gpu).mig.active() => {
+                    mean(|t| whole_gpu_value(sim, gpu, m, t), t1, t2)
+                }
+                None => mean(|t| sim.metric(gpu, m, t), t1, t2),
+            };
             memo.0.push((m, v));
             v
         }
@@ -228,12 +278,24 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(a, 0);
         assert_eq!(taken(a), Err(code::INVALID_ARGUMENT), "not filled yet");
-        fill(a, Taken { gpu: 1, t_s: 2.0 }).unwrap();
-        assert_eq!(taken(a), Ok(Taken { gpu: 1, t_s: 2.0 }));
+        let t = Taken {
+            gpu: 1,
+            t_s: 2.0,
+            gpu_instance: Some(5),
+        };
+        fill(a, t).unwrap();
+        assert_eq!(taken(a), Ok(t));
         free(a).unwrap();
         assert_eq!(free(a), Err(code::INVALID_ARGUMENT), "double free");
         assert_eq!(
-            fill(a, Taken { gpu: 0, t_s: 0.0 }),
+            fill(
+                a,
+                Taken {
+                    gpu: 0,
+                    t_s: 0.0,
+                    gpu_instance: None
+                }
+            ),
             Err(code::INVALID_ARGUMENT)
         );
         assert_eq!(free(12345), Err(code::INVALID_ARGUMENT), "foreign handle");
@@ -263,7 +325,7 @@ mod tests {
     }
 
     fn v(s: &Sim, id: u32, t1: f64, t2: f64) -> f64 {
-        value(s, 0, id, (t1, t2), &mut Means::default()).unwrap()
+        value(s, 0, None, id, (t1, t2), &mut Means::default()).unwrap()
     }
 
     #[test]
@@ -284,5 +346,65 @@ mod tests {
         let total = v(&busy, 61, 0.0, 1.0);
         assert_eq!(total, 2_000_000.0 / 1024.0);
         assert!((v(&busy, 63, 0.0, 1.0) - total / 18.0).abs() < 1e-9);
+    }
+
+    /// An H100 split 3g.40gb (a process on it) + 2g.20gb (idle, with an SM-active signal of its
+    /// own) + 1g.10gb (idle): each GPU instance reads its own activity.
+    const MIG_H100: &str = "[devices]\ncount = 1\nname = \"NVIDIA H100 80GB HBM3\"\n\
+        memory_total_mib = 81559\n[devices.metrics]\ngpu_util_pct = 90\nmem_util_pct = 40\n\
+        pcie_tx_kb_s = 1024\n[[device]]\nindex = 0\nmig = [\"3g.40gb\", \
+        { profile = \"2g.20gb\", metrics = { sm_active_pct = 30 } }, \"1g.10gb\"]\n\
+        [[process]]\ngpu = 0\nmig = 0\npid = 4194400\nused_memory_mib = 1000\n";
+
+    fn mig_v(s: &Sim, gi: Option<u32>, id: u32) -> Result<f64, u32> {
+        value(s, 0, gi, id, (0.0, 10.0), &mut Means::default())
+    }
+
+    #[test]
+    fn a_gpu_instance_reads_its_own_activity() {
+        let s = sim(MIG_H100);
+        let gis: Vec<u32> = s
+            .device(0)
+            .mig
+            .devices
+            .iter()
+            .map(|d| d.gpu_instance_id)
+            .collect();
+        assert_eq!(gis, [1, 5, 13]);
+        // the 3g.40gb runs the GPU's workload: GR 90 %, SM 85 % of it, DRAM 0.8 × memory util
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(mig_v(&s, Some(1), 1).unwrap(), 90.0));
+        assert!(close(mig_v(&s, Some(1), 2).unwrap(), 76.5));
+        assert!(close(mig_v(&s, Some(1), 10).unwrap(), 32.0));
+        // the idle 2g.20gb: its own SM-active signal, and what follows from it
+        assert!(close(mig_v(&s, Some(5), 2).unwrap(), 30.0));
+        assert!(close(mig_v(&s, Some(5), 5).unwrap(), 15.0));
+        assert_eq!(mig_v(&s, Some(5), 1), Ok(0.0), "no work of its own");
+        // the idle 1g.10gb reads 0
+        for id in [1, 2, 3, 5, 10, 12] {
+            assert_eq!(mig_v(&s, Some(13), id), Ok(0.0), "{id}");
+        }
+        // bandwidths and video engines are the GPU's, not an instance's
+        for id in [20, 21, 30, 40, 60, 62] {
+            assert_eq!(mig_v(&s, Some(1), id), Err(code::NOT_SUPPORTED), "{id}");
+        }
+        // the whole GPU: its instances weighted by their compute slices (3/7 and 2/7)
+        let whole = mig_v(&s, None, 2).unwrap();
+        assert!(close(whole, 3.0 / 7.0 * 76.5 + 2.0 / 7.0 * 30.0), "{whole}");
+        assert!(
+            close(mig_v(&s, None, 20).unwrap(), 1.0),
+            "PCIe is the GPU's"
+        );
+    }
+
+    #[test]
+    fn a_mig_device_takes_only_its_own_metrics() {
+        let bad = MIG_H100.replace("sm_active_pct = 30", "power_w = 30");
+        let e = crate::scenario::parse(&bad, "t.toml", None).unwrap_err();
+        assert!(
+            e.message
+                .contains("`metrics.power_w` is not a MIG device's metric"),
+            "{e}"
+        );
     }
 }

@@ -10,8 +10,9 @@
 //! `shipped` (embedded scenarios, env), `sim` (runtime state), `errors` (return codes),
 //! `ffi` (the exported C functions), `latency` (per-function call latency), `kmsg` (the
 //! driver's kernel-log lines), `sysfs` (the fake sysfs tree), `gpm` (GPM samples and metrics),
-//! `mig` (MIG profiles and the layout of MIG devices).
+//! `mig` (MIG profiles and the layout of MIG devices), `counts` (call counts for benchmarks).
 
+pub mod counts;
 pub mod errors;
 pub mod ffi;
 pub mod gpm;

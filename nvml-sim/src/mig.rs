@@ -6,6 +6,7 @@
 //! the A100 40GB and the H100 80GB (memory, SM, copy-engine and decoder counts); a profile name
 //! of another GPU (`Ng.Mgb`) is derived from the name and the GPU's memory.
 
+use crate::scenario::Metric;
 use crate::signal::{mix, Signal};
 
 /// Memory slices of a MIG-capable GPU (placements are counted in them).
@@ -234,6 +235,9 @@ pub struct MigDevice {
     pub memory_total_bytes: u64,
     /// Memory used, MiB (default: what its processes use).
     pub memory_used: Option<Signal>,
+    /// Its own activity signals (utilization, GPM percentages); a metric without one follows
+    /// the GPU's while a process runs on it, else reads 0 (see `Sim::mig_metric`).
+    pub activity: Vec<(Metric, Signal)>,
 }
 
 /// A GPU's MIG state.
@@ -267,6 +271,7 @@ pub struct MigRequest {
     pub uuid: Option<String>,
     pub memory_total_mib: Option<f64>,
     pub memory_used: Option<Signal>,
+    pub activity: Vec<(Metric, Signal)>,
 }
 
 /// Lays out the requested MIG devices on a GPU: placements (first fit in order when not given),
@@ -349,6 +354,7 @@ pub fn layout(
             gpu_instance_id: gi,
             compute_instance_id: ci,
             memory_used: r.memory_used,
+            activity: r.activity,
         });
     }
     Ok(out)

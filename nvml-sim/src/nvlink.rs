@@ -10,9 +10,10 @@
 //! ```toml
 //! [nvlink]
 //! links = 18             # links per GPU (0 = no NVLink: every NVLink call NOT_SUPPORTED)
-//! topology = "switch"    # "switch" (HGX/DGX: every link to an NVSwitch) or "mesh" (GPU-GPU links)
+//! topology = "switch"    # "switch" (HGX/DGX: every link to an NVSwitch), "mesh" (GPU-GPU
+//!                        # links, DGX-1 style) or "pairs" (NVLink bridges: GPU 2i - GPU 2i+1)
 //! speed_mbps = 26562     # per-link speed (MB/s) when trained at full speed
-//! version = 4            # NVLink version
+//! version = 4            # NVLink generation (1-5; the driver answers nvmlNvlinkVersion_t)
 //! gpus = [0, 1]          # only these GPUs have NVLink (default: all)
 //!
 //! [[nvlink.event]]       # a link changes state (both ends of a GPU-GPU link)
@@ -88,6 +89,31 @@ pub struct Nvlink {
     pub errors: Vec<LinkErrors>,
 }
 
+/// How the links of a scenario's GPUs are wired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Topology {
+    /// HGX / DGX: every link to an NVSwitch.
+    Switch,
+    /// GPU-GPU links spread over every other GPU (DGX-1 style hybrid cube mesh).
+    Mesh,
+    /// NVLink bridges: GPU 2i and 2i+1, every link to the other.
+    Pairs,
+}
+
+/// `nvmlNvlinkVersion_t`, what `nvmlDeviceGetNvLinkVersion` answers, for an NVLink generation:
+/// 1 → `1_0` (1), 2 → `2_0` (2), 3 → `3_1` (5: what A100 and GA102 boards answer,
+/// open-mpi/hwloc#658, Syllo/nvtop#469), 4 → `4_0` (6), 5 → `5_0` (7).
+pub fn nvml_version(generation: u32) -> u32 {
+    match generation {
+        1 => 1,
+        2 => 2,
+        3 => 5,
+        4 => 6,
+        5 => 7,
+        _ => 0,
+    }
+}
+
 /// NVSwitch bus numbers of the switch topology (four switches, as on an HGX H100 8-GPU board;
 /// the numbers are this simulator's).
 pub const SWITCH_BUSES: [u32; 4] = [0x05, 0x06, 0x07, 0x08];
@@ -161,19 +187,28 @@ pub fn resolve(raw: Option<toml::Value>, devices: &[DeviceSpec]) -> Result<Nvlin
         None => RawNvlink::default(),
     };
     let n = devices.len() as u32;
-    let mesh = match raw.topology.as_deref() {
-        None | Some("switch") => false,
-        Some("mesh") => true,
+    let topology = match raw.topology.as_deref() {
+        None | Some("switch") => Topology::Switch,
+        Some("mesh") => Topology::Mesh,
+        Some("pairs") => Topology::Pairs,
         Some(other) => {
             return Err(format!(
-                "`nvlink.topology`: \"{other}\" (expected \"switch\" or \"mesh\")"
+                "`nvlink.topology`: \"{other}\" (expected \"switch\", \"mesh\" or \"pairs\")"
             ))
         }
     };
-    if mesh && !n.is_power_of_two() {
+    if topology == Topology::Mesh && !n.is_power_of_two() {
         return Err(format!(
             "`nvlink.topology = \"mesh\"` needs 2, 4, 8, … GPUs (the scenario has {n})"
         ));
+    }
+    if topology == Topology::Pairs && n % 2 != 0 {
+        return Err(format!(
+            "`nvlink.topology = \"pairs\"` needs an even number of GPUs (the scenario has {n})"
+        ));
+    }
+    if raw.version.is_some_and(|v| !(1..=5).contains(&v)) {
+        return Err("`nvlink.version`: an NVLink generation, 1 to 5".into());
     }
     if raw.links.is_some_and(|l| l > MAX_LINKS) {
         return Err(format!("`nvlink.links`: at most {MAX_LINKS}"));
@@ -194,11 +229,17 @@ pub fn resolve(raw: Option<toml::Value>, devices: &[DeviceSpec]) -> Result<Nvlin
         let speed = raw.speed_mbps.unwrap_or(if s == 0 { 26_562 } else { s });
         let mut mine = Vec::new();
         for k in 0..count {
-            let remote = if mesh && n > 1 {
+            let remote = if topology == Topology::Mesh && n > 1 {
                 // link k goes to GPU g XOR d, d = 1 … n-1 in turn: symmetric (the peer's link k
                 // comes back), and every pair gets about the same number of links
                 let peer = g ^ (1 + k % (n - 1));
                 Remote::Gpu { gpu: peer, link: k }
+            } else if topology == Topology::Pairs {
+                // NVLink bridges (A100 / H100 PCIe): every link to the other GPU of the pair
+                Remote::Gpu {
+                    gpu: g ^ 1,
+                    link: k,
+                }
             } else {
                 // HGX: links split over the four NVSwitches (5, 4, 4, 5 of 18)
                 let sw = match k * 4 / count.max(1) {
@@ -325,6 +366,27 @@ impl Nvlink {
             .sum()
     }
 
+    /// The speed `gpu`'s links that are up share at `t_s` (`NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON`):
+    /// the speed most of them run at (the faster on a tie), so one link trained lower does not
+    /// lower it; 0 while none is up.
+    pub fn common_speed(&self, gpu: usize, t_s: f64) -> u32 {
+        let mut counts: Vec<(u32, u32)> = Vec::new();
+        for l in 0..self.links_of(gpu).len() as u32 {
+            let (up, speed) = self.state(gpu, l, t_s);
+            if !up {
+                continue;
+            }
+            match counts.iter_mut().find(|(s, _)| *s == speed) {
+                Some(c) => c.1 += 1,
+                None => counts.push((speed, 1)),
+            }
+        }
+        counts
+            .into_iter()
+            .max_by_key(|(s, n)| (*n, *s))
+            .map_or(0, |(s, _)| s)
+    }
+
     /// How many of `gpu`'s links are up at `t_s`.
     pub fn links_up(&self, gpu: usize, t_s: f64) -> u32 {
         (0..self.links_of(gpu).len() as u32)
@@ -440,6 +502,59 @@ crc_flit_per_s = 10
         assert_eq!(nv.errors(3, 5, 2, 60.0), 100);
         assert_eq!(nv.errors(3, 5, 0, 60.0), 0);
         assert_eq!(nv.errors(5, 5, 2, 60.0), 0);
+    }
+
+    #[test]
+    fn bridged_pairs_link_each_gpu_to_its_partner_only() {
+        let raw: toml::Value =
+            toml::from_str("links = 12\ntopology = \"pairs\"\nversion = 3").unwrap();
+        let nv = resolve(Some(raw), &devices(4, "NVIDIA A100 80GB PCIe")).unwrap();
+        assert_eq!(nv.links_of(2).len(), 12);
+        assert!(nv.links_of(2).iter().enumerate().all(|(k, l)| l.remote
+            == Remote::Gpu {
+                gpu: 3,
+                link: k as u32
+            }));
+        assert!(nv
+            .links_of(1)
+            .iter()
+            .all(|l| matches!(l.remote, Remote::Gpu { gpu: 0, .. })));
+        let raw: toml::Value = toml::from_str("topology = \"pairs\"").unwrap();
+        let e = resolve(Some(raw), &devices(3, "NVIDIA H100 80GB HBM3")).unwrap_err();
+        assert!(e.contains("even number"), "{e}");
+    }
+
+    /// One link trained lower shows in its own speed, not in the speed the links share: every
+    /// NVLink 4 link of an H100 runs the same speed, and links 12–17 (no per-link speed field)
+    /// are read through the common one.
+    #[test]
+    fn the_common_speed_is_what_most_links_run_at() {
+        let raw: toml::Value = toml::from_str(
+            "[[event]]\nat_s = 10\ngpu = 0\nlink = 3\nstate = \"up\"\nspeed_mbps = 13281\n\
+             [[event]]\nat_s = 10\ngpu = 0\nlink = 4\nstate = \"down\"",
+        )
+        .unwrap();
+        let nv = resolve(Some(raw), &devices(8, "NVIDIA H100 80GB HBM3")).unwrap();
+        assert_eq!(nv.common_speed(0, 5.0), 26_562);
+        assert_eq!(nv.state(0, 3, 20.0), (true, 13_281));
+        assert_eq!(
+            nv.common_speed(0, 20.0),
+            26_562,
+            "one slow link does not lower it"
+        );
+        assert_eq!(nv.common_speed(1, 20.0), 26_562);
+        assert!((0..18).all(|l| nv.state(1, l, 20.0) == (true, 26_562)));
+    }
+
+    #[test]
+    fn the_driver_answers_the_nvlink_version_enum() {
+        assert_eq!(nvml_version(4), 6, "H100: NVML_NVLINK_VERSION_4_0");
+        assert_eq!(nvml_version(5), 7);
+        assert_eq!(nvml_version(3), 5, "A100 answers 5 (3_1)");
+        let nv = resolve(None, &devices(1, "NVIDIA H100 80GB HBM3")).unwrap();
+        assert_eq!(nv.links_of(0)[0].version, 4);
+        let raw: toml::Value = toml::from_str("version = 6").unwrap();
+        assert!(resolve(Some(raw), &devices(1, "NVIDIA H100 80GB HBM3")).is_err());
     }
 
     #[test]

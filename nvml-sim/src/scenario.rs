@@ -187,6 +187,29 @@ impl Metric {
         Metric::ALL.iter().copied().find(|m| m.key() == key)
     }
 
+    /// Whether a MIG device (a GPU instance) has the metric of its own: its utilization and the
+    /// GPM activities of its SMs and memory (`nvmlGpmMigSampleGet`). Bandwidths, video engines
+    /// and the rest are the GPU's.
+    pub fn per_mig_device(self) -> bool {
+        matches!(
+            self,
+            Metric::GpuUtilPct
+                | Metric::MemUtilPct
+                | Metric::GrEngineActivePct
+                | Metric::SmActivePct
+                | Metric::SmOccupancyPct
+                | Metric::TensorActivePct
+                | Metric::HmmaActivePct
+                | Metric::ImmaActivePct
+                | Metric::DfmaActivePct
+                | Metric::IntegerActivePct
+                | Metric::DramActivePct
+                | Metric::Fp64ActivePct
+                | Metric::Fp32ActivePct
+                | Metric::Fp16ActivePct
+        )
+    }
+
     /// Valid range (values are clamped into it).
     pub fn range(self) -> (f64, f64) {
         match self {
@@ -841,6 +864,8 @@ struct RawMigTable {
     uuid: Option<String>,
     memory_total_mib: Option<f64>,
     memory_used_mib: Option<RawSignal>,
+    /// Its own activity (`gpu_util_pct`, `mem_util_pct`, the GPM percentages), by metric key.
+    metrics: Option<BTreeMap<String, RawSignal>>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1699,6 +1724,10 @@ fn resolve_mig(
                     Some(sig) => Some(resolve_signal(sig, src, e.span())?),
                     None => None,
                 },
+                activity: match &t.metrics {
+                    Some(map) => mig_activity(map, src, e.span())?,
+                    None => Vec::new(),
+                },
             },
         });
     }
@@ -1710,6 +1739,36 @@ fn resolve_mig(
         pending: pending.unwrap_or(enabled),
         devices,
     })
+}
+
+/// A MIG device's `metrics` table: its own activity signals, by metric (only the metrics a GPU
+/// instance has: utilization and the GPM percentages; see `Metric::per_mig_device`).
+fn mig_activity(
+    map: &BTreeMap<String, RawSignal>,
+    src: &Source<'_>,
+    span: std::ops::Range<usize>,
+) -> Result<Vec<(Metric, Signal)>, ScenarioError> {
+    let mut out = Vec::with_capacity(map.len());
+    for (key, sig) in map {
+        let metric = Metric::from_key(key)
+            .filter(|m| m.per_mig_device())
+            .ok_or_else(|| {
+                src.err(
+                    span.clone(),
+                    format!(
+                        "`metrics.{key}` is not a MIG device's metric (known: {})",
+                        Metric::ALL
+                            .iter()
+                            .filter(|m| m.per_mig_device())
+                            .map(|m| m.key())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })?;
+        out.push((metric, resolve_signal(sig, src, span.clone())?));
+    }
+    Ok(out)
 }
 
 /// `NVML_DEVICE_ARCH_HOPPER`.

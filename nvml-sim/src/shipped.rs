@@ -285,6 +285,14 @@ mod tests {
                 let p = s.metric(gpu, Metric::PowerW, t);
                 assert!((85.0..=95.0).contains(&p), "{p}");
             }
+            // NCCL's spinning kernels: one block per channel, most SMs empty; no math, no
+            // memory traffic (not the default derived from 100 % utilization)
+            let sm = mean(|t| s.metric(gpu, Metric::SmActivePct, t), 31.0, 600.0);
+            assert!((10.0..=15.0).contains(&sm), "{sm}");
+            assert!(mean(|t| s.metric(gpu, Metric::SmActivePct, t), 0.0, 29.0) > 75.0);
+            assert!(s.metric(gpu, Metric::TensorActivePct, 120.0) < 1.0);
+            assert!(s.metric(gpu, Metric::DramActivePct, 120.0) < 1.0);
+            assert!(s.metric(gpu, Metric::GrEngineActivePct, 120.0) > 95.0);
         }
     }
 
@@ -327,8 +335,12 @@ mod tests {
                 let p = s.metric(gpu, Metric::PowerW, t);
                 assert!((85.0..=95.0).contains(&p), "{p}");
                 assert!(s.memory_used_bytes(gpu, t) > 60_000 * 1024 * 1024);
+                let sm = s.metric(gpu, Metric::SmActivePct, t);
+                assert!((10.0..=15.0).contains(&sm), "{sm}");
             }
         }
+        assert_eq!(s.metric(3, Metric::SmActivePct, 120.0), 0.0);
+        assert!(s.metric(3, Metric::SmActivePct, 30.0) > 75.0);
     }
 
     #[test]

@@ -96,6 +96,27 @@ struct RawControlProcess {
     mig: Option<u32>,
 }
 
+/// The default of an activity metric a scenario leaves unset, from the other metrics of the
+/// same GPU or MIG device (`get`): GPM activity of a training step that keeps the GPU busy —
+/// the graphics engine is active whenever a kernel runs, 85 % of the SMs have work, half of that
+/// time in the tensor pipes (HMMA: bf16/fp16 matrix math), memory traffic follows memory
+/// utilization (see the README's metrics table). `None` for the other metrics.
+fn activity_default(metric: Metric, get: impl Fn(Metric) -> f64) -> Option<f64> {
+    Some(match metric {
+        Metric::MemUtilPct => (get(Metric::GpuUtilPct) * 0.45).round(),
+        Metric::GrEngineActivePct => get(Metric::GpuUtilPct),
+        Metric::SmActivePct => 0.85 * get(Metric::GrEngineActivePct),
+        Metric::SmOccupancyPct => 0.45 * get(Metric::SmActivePct),
+        Metric::TensorActivePct => 0.5 * get(Metric::SmActivePct),
+        Metric::HmmaActivePct => get(Metric::TensorActivePct),
+        Metric::ImmaActivePct | Metric::DfmaActivePct | Metric::Fp64ActivePct => 0.0,
+        Metric::IntegerActivePct | Metric::Fp32ActivePct => 0.15 * get(Metric::SmActivePct),
+        Metric::Fp16ActivePct => 0.05 * get(Metric::SmActivePct),
+        Metric::DramActivePct => 0.8 * get(Metric::MemUtilPct),
+        _ => return None,
+    })
+}
+
 /// Cumulative PCIe bytes on a fixed 1 s grid of scenario time (deterministic).
 #[derive(Debug, Default)]
 struct PcieBytes {
@@ -394,7 +415,6 @@ impl Sim {
         match metric {
             Metric::GpuUtilPct | Metric::MemoryUsedMib => 0.0,
             Metric::EncoderUtilPct | Metric::DecoderUtilPct | Metric::Pstate => 0.0,
-            Metric::MemUtilPct => (util() * 0.45).round(),
             Metric::PowerW => 70.0 + (limit_w * 0.86 - 70.0).max(0.0) * util() / 100.0,
             Metric::TemperatureC => {
                 let p = self.metric(gpu, Metric::PowerW, t_s);
@@ -433,24 +453,77 @@ impl Sim {
                     0.0
                 }
             }
-            // GPM activity of a training step that keeps the GPU busy: the graphics engine is
-            // active whenever a kernel runs, 85 % of the SMs have work, half of that time in
-            // the tensor pipes (HMMA: bf16/fp16 matrix math), memory traffic follows memory
-            // utilization (see the README's metrics table).
-            Metric::GrEngineActivePct => util(),
-            Metric::SmActivePct => 0.85 * self.metric(gpu, Metric::GrEngineActivePct, t_s),
-            Metric::SmOccupancyPct => 0.45 * self.metric(gpu, Metric::SmActivePct, t_s),
-            Metric::TensorActivePct => 0.5 * self.metric(gpu, Metric::SmActivePct, t_s),
-            Metric::HmmaActivePct => self.metric(gpu, Metric::TensorActivePct, t_s),
-            Metric::ImmaActivePct | Metric::DfmaActivePct | Metric::Fp64ActivePct => 0.0,
-            Metric::IntegerActivePct | Metric::Fp32ActivePct => {
-                0.15 * self.metric(gpu, Metric::SmActivePct, t_s)
+            Metric::MemUtilPct
+            | Metric::GrEngineActivePct
+            | Metric::SmActivePct
+            | Metric::SmOccupancyPct
+            | Metric::TensorActivePct
+            | Metric::HmmaActivePct
+            | Metric::ImmaActivePct
+            | Metric::DfmaActivePct
+            | Metric::IntegerActivePct
+            | Metric::Fp32ActivePct
+            | Metric::Fp16ActivePct
+            | Metric::Fp64ActivePct
+            | Metric::DramActivePct => {
+                activity_default(metric, |m| self.metric(gpu, m, t_s)).unwrap_or(0.0)
             }
-            Metric::Fp16ActivePct => 0.05 * self.metric(gpu, Metric::SmActivePct, t_s),
-            Metric::DramActivePct => 0.8 * self.metric(gpu, Metric::MemUtilPct, t_s),
             Metric::NvlinkTxKbS | Metric::NvlinkRxKbS => (util() * 20_000.0).round(),
             Metric::NvdecUtilPct => self.metric(gpu, Metric::DecoderUtilPct, t_s),
             Metric::NvjpgUtilPct | Metric::NvofaUtilPct => 0.0,
+        }
+    }
+
+    /// Whether a process runs on MIG device `k` of `gpu` at `t_s` (the scenario's processes and
+    /// the control file's as last read).
+    pub fn mig_busy(&self, gpu: usize, k: usize, t_s: f64) -> bool {
+        let k = k as u32;
+        let scenario = self.scenario.processes.iter().any(|p| {
+            p.gpu as usize == gpu && p.mig == Some(k) && t_s >= p.from_s && t_s < p.until_s
+        });
+        scenario || {
+            let state = self.control.lock().unwrap_or_else(|p| p.into_inner());
+            state
+                .processes
+                .iter()
+                .any(|(g, p)| *g as usize == gpu && p.mig == Some(k))
+        }
+    }
+
+    /// The activity `metric` (utilization or a GPM percentage: `Metric::per_mig_device`) of MIG
+    /// device `k` of `gpu` at `t_s`: its own signal for it; else, while a process runs on it,
+    /// the GPU's signal for it (with noise of its own); else derived from its own utilization
+    /// the way a GPU's is (`activity_default`). An idle MIG device without signals reads 0.
+    pub fn mig_metric(&self, gpu: usize, k: usize, metric: Metric, t_s: f64) -> f64 {
+        let dev = self.device(gpu);
+        let Some(m) = dev.mig.devices.get(k) else {
+            return 0.0;
+        };
+        let seed = mix(
+            mix(dev.seed, self.metric_seeds[metric.position()]),
+            0x6d69_6761 + k as u64,
+        );
+        let own = m.activity.iter().find(|(x, _)| *x == metric);
+        let value = match own {
+            Some((_, sig)) => sig.eval(t_s, seed),
+            None => {
+                let busy = self.mig_busy(gpu, k, t_s);
+                match dev.signal(metric) {
+                    Some(sig) if busy => sig.eval(t_s, seed),
+                    _ if metric == Metric::GpuUtilPct && busy => self.metric(gpu, metric, t_s),
+                    // idle, unless a signal of its own says otherwise
+                    _ if metric == Metric::GpuUtilPct => 0.0,
+                    _ => {
+                        activity_default(metric, |x| self.mig_metric(gpu, k, x, t_s)).unwrap_or(0.0)
+                    }
+                }
+            }
+        };
+        let (lo, hi) = metric.range();
+        if value.is_finite() {
+            value.clamp(lo, hi)
+        } else {
+            0.0
         }
     }
 

@@ -1650,6 +1650,10 @@ fn check_mig() {
             m.temperature(TemperatureSensor::Gpu),
             Err(NvmlError::NotSupported)
         ));
+        // BAR1 as nvidia-smi's MIG table shows it (nvitop reads it per MIG device): a 1g.10gb's
+        // share of the GPU's 128 GiB, less 1 MiB; 4 MiB used with a process on it
+        let bar1 = m.bar1_memory_info().unwrap();
+        assert_eq!((bar1.total, bar1.used), (16_383 * MIB, 4 * MIB));
         // not wrapped by nvml-wrapper: the instance ids
         let (mut gi, mut ci) = (0u32, 0u32);
         unsafe {
@@ -1694,6 +1698,19 @@ fn check_mig() {
             "NVIDIA H100 80GB HBM3 MIG 2g.20gb",
             "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
         ]
+    );
+    let bar1 = |k: u32| {
+        let b = h100
+            .mig_device_by_index(k)
+            .unwrap()
+            .bar1_memory_info()
+            .unwrap();
+        (b.total / MIB, b.used / MIB)
+    };
+    assert_eq!(
+        (bar1(0), bar1(2)),
+        ((65_535, 4), (16_383, 0)),
+        "the 3g.40gb's 4 of 8 memory slices; the idle 1g.10gb uses none"
     );
     assert!(matches!(
         h100.mig_device_by_index(3),
@@ -1752,6 +1769,64 @@ fn check_mig() {
         .profile_info(NVML_GPU_INSTANCE_PROFILE_1_SLICE)
         .unwrap();
     assert_eq!((info.id, info.memory_size_mb), (19, 9984));
+
+    // GPM per GPU instance (`nvmlGpmMigSampleGet`; Hopper: the H100 only)
+    {
+        use nvml_wrapper::enums::gpm::GpmMetricId as Id;
+        use nvml_wrapper::gpm::gpm_metrics_get;
+        let ids = [Id::SmUtil, Id::GraphicsUtil, Id::PcieTxPerSec];
+        let per_gi = |gi: u32| {
+            let a = h100.gpm_mig_sample(gi).unwrap();
+            let b = h100.gpm_mig_sample(gi).unwrap();
+            gpm_metrics_get(&nvml, &a, &b, &ids).unwrap()
+        };
+        // the 3g.40gb runs a process: the GPU's ~95 % utilization, SM active 85 % of it
+        let busy = per_gi(1);
+        let gr = busy[1].as_ref().unwrap().value;
+        assert!((90.0..=100.0).contains(&gr), "{gr}");
+        let sm = busy[0].as_ref().unwrap().value;
+        assert!((sm - 0.85 * gr).abs() < 1e-9, "{sm} {gr}");
+        assert!(
+            matches!(busy[2], Err(NvmlError::NotSupported)),
+            "PCIe is the GPU's, not an instance's"
+        );
+        // the idle 1g.10gb reads 0
+        let idle = per_gi(13);
+        assert_eq!(idle[0].as_ref().unwrap().value, 0.0);
+        // a GPU instance the GPU lacks; GPM on an A100 (none); MIG off; a MIG device handle
+        assert!(matches!(h100.gpm_mig_sample(2), Err(NvmlError::InvalidArg)));
+        assert!(matches!(
+            a100.gpm_mig_sample(7),
+            Err(NvmlError::NotSupported)
+        ));
+        assert!(matches!(
+            nvml.device_by_index(2).unwrap().gpm_mig_sample(1),
+            Err(NvmlError::NotSupported)
+        ));
+        assert!(matches!(
+            h100.mig_device_by_index(0).unwrap().gpm_mig_sample(1),
+            Err(NvmlError::NotSupported)
+        ));
+        // two instances' samples, or an instance's and the GPU's, do not make a metric
+        let a = h100.gpm_mig_sample(1).unwrap();
+        let b = h100.gpm_mig_sample(5).unwrap();
+        let whole = h100.gpm_sample().unwrap();
+        assert!(matches!(
+            gpm_metrics_get(&nvml, &a, &b, &ids),
+            Err(NvmlError::InvalidArg)
+        ));
+        assert!(matches!(
+            gpm_metrics_get(&nvml, &a, &whole, &ids),
+            Err(NvmlError::InvalidArg)
+        ));
+        // the whole GPU with MIG on: its instances weighted by their compute slices
+        let whole2 = h100.gpm_sample().unwrap();
+        let gpu = gpm_metrics_get(&nvml, &whole, &whole2, &ids).unwrap();
+        let two = per_gi(5)[0].as_ref().unwrap().value;
+        let want = 3.0 / 7.0 * sm + 2.0 / 7.0 * two;
+        let got = gpu[0].as_ref().unwrap().value;
+        assert!((got - want).abs() < 1e-9, "{got} {want}");
+    }
 
     // GPU 2: MIG off
     let plain = nvml.device_by_index(2).unwrap();

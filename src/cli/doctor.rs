@@ -14,7 +14,8 @@ use crate::sampler::{Sampler, SamplerError};
 /// Arguments of `doctor`.
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {
-    /// Print the findings as a JSON array of {gpu, pci_bus_id, check, severity, message, fix}.
+    /// Print the findings as a JSON array of {gpu, pci_bus_id, mig (only on a finding about a
+    /// MIG device), check, severity, message, fix}.
     #[arg(long)]
     pub json: bool,
     /// Configuration file: its state directory's GPU history (gpus.json) and
@@ -25,7 +26,7 @@ pub struct DoctorArgs {
 
 /// Opens NVML, compares the GPUs with the expected set (`expected`, read only) and judges
 /// everything; the caller's own processes are those of the process that started gpuwatch and
-/// its descendants, and the job's GPUs are those `CUDA_VISIBLE_DEVICES` names.
+/// its descendants, and the job's GPUs (or MIG device) are those `CUDA_VISIBLE_DEVICES` names.
 pub fn examine(
     global: &GlobalArgs,
     expected: &ExpectedOptions,
@@ -38,12 +39,10 @@ pub fn examine(
         ..expected.clone()
     };
     let missing = sampler.check_expected(&expected).to_vec();
-    let (gpus, processes) = doctor::gather(&mut sampler);
     let inputs = Inputs {
-        gpus,
-        processes,
         cuda_visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
         missing,
+        ..doctor::gather(&mut sampler)
     };
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
@@ -104,6 +103,7 @@ mod tests {
         let f = Finding {
             gpu: Some(2),
             pci_bus_id: "00000000:3A:00.0".into(),
+            mig: None,
             check: Check::PersistenceMode,
             severity: Severity::Warning,
             message: "persistence mode is off — each job start pays driver init".into(),

@@ -3,8 +3,9 @@
 //! in Grafana beside live data.
 //!
 //! OpenMetrics wants each family's samples together (and each series in time order), while a
-//! log is a sequence of ticks; samples are spooled to one temporary file per family and GPU, so
-//! memory stays bounded whatever the log's length, and joined at the end.
+//! log is a sequence of ticks; samples are spooled to one temporary file per family and series
+//! (a GPU, or one of its MIG devices), so memory stays bounded whatever the log's length, and
+//! joined at the end.
 
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write as _};
@@ -14,6 +15,7 @@ use anyhow::Context as _;
 
 use super::import::LogArgs;
 use super::GlobalArgs;
+use crate::exporter::BackfillSeries;
 
 /// Arguments of `export`.
 #[derive(Debug, clap::Args)]
@@ -43,7 +45,7 @@ pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
     let out_path = args.out.clone().unwrap_or_else(|| PathBuf::from("-"));
     let target = crate::sys::output::target(&out_path, crate::sys::output::Dash::Stdout)?;
     let spool = Spool::new()?;
-    let mut parts: BTreeMap<(usize, u32), BufWriter<std::fs::File>> = BTreeMap::new();
+    let mut parts: BTreeMap<(usize, BackfillSeries), BufWriter<std::fs::File>> = BTreeMap::new();
     let mut failed: Option<std::io::Error> = None;
     let mut ticks = 0u64;
     let mut last_ms = i64::MIN;
@@ -60,14 +62,14 @@ pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
             }
             last_ms = tick.snapshot.time_ms;
             ticks += 1;
-            crate::exporter::backfill(&tick.snapshot, &host, |family, gpu, line| {
+            crate::exporter::backfill(&tick.snapshot, &host, |family, series, line| {
                 if failed.is_some() {
                     return;
                 }
-                let w = match parts.entry((family, gpu)) {
+                let w = match parts.entry((family, series)) {
                     std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                     std::collections::btree_map::Entry::Vacant(e) => {
-                        match std::fs::File::create(spool.0.join(format!("{family}-{gpu}"))) {
+                        match std::fs::File::create(spool.part(family, series)) {
                             Ok(file) => e.insert(BufWriter::new(file)),
                             Err(err) => {
                                 failed = Some(err);
@@ -97,7 +99,7 @@ pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
     let mut out = crate::sys::output::Output::to(&target)?;
     let headers = crate::exporter::backfill_headers();
     let mut current = None;
-    for ((family, gpu), w) in parts {
+    for ((family, series), w) in parts {
         let file = w
             .into_inner()
             .map_err(|e| e.into_error())
@@ -107,7 +109,7 @@ pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
             out.write_all(headers[family].as_bytes())?;
             current = Some(family);
         }
-        let mut part = std::fs::File::open(spool.0.join(format!("{family}-{gpu}")))?;
+        let mut part = std::fs::File::open(spool.part(family, series))?;
         std::io::copy(&mut part, &mut out)?;
     }
     out.write_all(b"# EOF\n")?;
@@ -129,6 +131,14 @@ impl Spool {
         std::fs::create_dir(&dir)
             .with_context(|| format!("cannot make the spool directory {}", dir.display()))?;
         Ok(Spool(dir))
+    }
+
+    /// The file that spools `family`'s samples of `series`.
+    fn part(&self, family: usize, series: BackfillSeries) -> PathBuf {
+        self.0.join(match series {
+            (gpu, None) => format!("{family}-{gpu}"),
+            (gpu, Some((gi, ci))) => format!("{family}-{gpu}-{gi}-{ci}"),
+        })
     }
 }
 

@@ -13,7 +13,7 @@ use crate::import::{Format, ImportOptions, Importer};
 #[derive(Debug, Clone, clap::Args)]
 pub struct LogArgs {
     /// The log's format (detected when not given): gpuwatch, smi-csv, smi-table, dmon,
-    /// dcgmi-dmon, script-rows, script-bars, script-progress.
+    /// dcgmi-dmon, dcgm-exporter, script-rows, script-bars, script-progress.
     #[arg(long, value_name = "NAME", value_parser = parse_format)]
     pub format: Option<Format>,
     /// Header line for an nvidia-smi log written with `noheader`, e.g.
@@ -21,14 +21,16 @@ pub struct LogArgs {
     #[arg(long, value_name = "HEADER")]
     pub smi_header: Option<String>,
     /// Start time for timestamps that count seconds from the start, and for logs without
-    /// timestamps (dmon without -o DT): RFC 3339 (`2024-05-01T10:00:00Z`) or nvidia-smi's form.
+    /// timestamps (dmon without -o DT, dcgm-exporter scrapes): RFC 3339
+    /// (`2024-05-01T10:00:00Z`) or nvidia-smi's form.
     #[arg(long, value_name = "TIME", value_parser = parse_t0)]
     pub t0: Option<i64>,
     /// GPUs per sampling burst in a log without an index, UUID or bus-id column (default:
     /// rows within 50 ms of each other are one burst).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub gpus: Option<u32>,
-    /// Time between samples of a log without timestamps (dmon's -d), default 1s.
+    /// Time between samples of a log without timestamps (dmon's -d, the time between
+    /// scrapes), default 1s.
     #[arg(long, value_name = "DURATION", value_parser = crate::values::parse_duration)]
     pub every: Option<std::time::Duration>,
     /// What a CSV log's columns hold: names in column order for a log without a header

@@ -81,6 +81,12 @@ fn mig_json(m: &MigSample) -> Value {
         "memory_used_bytes": m.mem_used_bytes,
         "memory_total_bytes": m.mem_total_bytes,
         "processes": m.pids,
+        // its GPU instance's GPM metrics by table key, `null` when absent (see docs/mig.md)
+        "metrics": METRICS
+            .iter()
+            .filter(|d| d.source.is_gpm())
+            .map(|d| (d.key.to_string(), num(m.gpm.get(d.id))))
+            .collect::<Map<String, Value>>(),
     })
 }
 
@@ -88,7 +94,8 @@ fn mig_json(m: &MigSample) -> Value {
 /// `metrics` by its table key (`null` when absent), the names of the active clock event reasons
 /// (decoded from the `clock_event_reasons` metric), where GPM stands (`gpm`: why the GPM
 /// metrics are absent), XIDs, processes (`mig_uuid`: the MIG device each runs on) and, with MIG
-/// on, its MIG devices (`mig`; empty otherwise). Metric values appear nowhere else, under no
+/// on, its MIG devices (`mig`; empty otherwise; each with its GPU instance's GPM values under
+/// `metrics`, by the same table keys). The GPU's metric values appear nowhere else, under no
 /// other name.
 fn gpu_json(
     g: &GpuSample,
@@ -182,6 +189,9 @@ fn mig_line(m: &MigSample) -> String {
         m.address(),
         format!("{} / {}", mib(m.mem_used_bytes), mib(m.mem_total_bytes)),
     );
+    if let Some(sm) = m.gpm.get(Metric::SmActive) {
+        let _ = write!(line, "  SM {sm:>3.0} %");
+    }
     if let Some(p) = m.placement {
         let _ = write!(line, "  slices {}+{}", p.start, p.size);
     }
@@ -320,6 +330,16 @@ fn take_gpm_rows(gpus: &mut [GpuSample], later: &[GpuSample]) {
     }
 }
 
+/// The GPU instances' GPM metrics of `later` (a second snapshot) put into `mig` (the first's
+/// MIG devices), MIG device by MIG device.
+fn take_mig_gpm(mig: &mut [MigSample], later: &[MigSample]) {
+    for m in mig {
+        if let Some(l) = later.iter().find(|l| l.uuid == m.uuid) {
+            m.gpm = l.gpm.clone();
+        }
+    }
+}
+
 /// One `MISSING` line per expected GPU that NVML does not enumerate.
 fn missing_lines(out: &mut String, missing: &[MissingGpu]) {
     for m in missing {
@@ -338,12 +358,18 @@ pub fn status(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<i32> {
     // seen before and `expected_gpus`).
     sampler.check_expected(&ExpectedOptions::default());
     let mut snap = sampler.sample();
-    if sampler.gpm_active() {
+    let mig_gpm = sampler.mig_gpm_active();
+    if sampler.gpm_active() || mig_gpm {
         // A GPM metric needs two samples some time apart (the first was taken when the sampler
-        // opened, moments ago): a second snapshot a little later gives them.
+        // opened, moments ago): a second snapshot a little later gives them — for the GPU
+        // instances, read on the slow path, with a second slow read.
         std::thread::sleep(STATUS_GPM_WINDOW);
+        if mig_gpm {
+            sampler.read_slow_next();
+        }
         let later = sampler.sample();
         take_gpm_rows(&mut snap.gpus, &later.gpus);
+        take_mig_gpm(&mut snap.mig, &later.mig);
     }
     let gpm = sampler.gpm();
     // per-link NVLink details (GPUs with NVLink only; read on the slow path with the processes)

@@ -78,3 +78,60 @@ fn rules_see_mig_devices_and_alerts_name_them() {
     assert_eq!(big.target_pid, Some(10));
     assert_eq!(e.mig_of_process(0, 11).map(|m| m.gpu_instance_id), Some(8));
 }
+
+/// A GPU instance's GPM metrics in rules: `m.sm_active` on `gpu.mig` (and `p.mig`), `()` where
+/// the GPU gave none (an A100, the first slow read), so a rule on them gets no data rather than
+/// a false alarm; a change of the value is a change of the rule's input (no stale reuse).
+#[test]
+fn rules_see_the_gpm_metrics_of_gpu_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules(
+        dir.path(),
+        r#"
+rule(#{ name: "mig_idle_holder", check: |gpu| {
+    for m in gpu.mig {
+        if m.sm_active != () && m.sm_active < 5.0 && m.pids.len() > 0 {
+            return #{ summary: `${m.name}: SM active ${m.sm_active} %`, labels: #{ mig: m.name } };
+        }
+    }
+} });
+rule(#{ name: "unknown_is_unit", check: |gpu| {
+    for m in gpu.mig { if m.sm_active == () && m.tensor_active == () { return `${m.address} has no GPM`; } }
+} });
+rule(#{ name: "slow_process", scope: "process", check: |p| {
+    if p.mig != () && p.mig.sm_active != () && p.mig.sm_active < 5.0 { `pid ${p.pid}` }
+} });
+"#,
+    );
+    let mut e = Engine::new(rules, EngineOptions::default());
+    // no GPM yet: nothing fires but the check for `()`
+    let events = e.observe(&snap(0));
+    let names: Vec<&str> = events
+        .iter()
+        .filter(|ev| ev.status == AlertStatus::Firing)
+        .map(|ev| ev.name.as_str())
+        .collect();
+    assert_eq!(names, ["unknown_is_unit"], "{events:?}");
+    // GI 8 (pid 11) idles at 2 % SM active, GI 7 works
+    let mut s = snap(10);
+    s.mig[0].gpm.set(crate::model::Metric::SmActive, Some(80.0));
+    s.mig[1].gpm.set(crate::model::Metric::SmActive, Some(2.0));
+    let events = e.observe(&s);
+    let idle = events
+        .iter()
+        .find(|ev| ev.name == "mig_idle_holder" && ev.status == AlertStatus::Firing)
+        .unwrap_or_else(|| panic!("{events:?}"));
+    assert_eq!(idle.labels["mig"], "MIG 1g.10gb 0/8/0");
+    assert_eq!(
+        idle.annotations["summary"],
+        "MIG 1g.10gb 0/8/0: SM active 2.0 %"
+    );
+    let slow = events
+        .iter()
+        .find(|ev| ev.name == "slow_process" && ev.status == AlertStatus::Firing)
+        .unwrap_or_else(|| panic!("{events:?}"));
+    assert_eq!(slow.labels["pid"], "11");
+    assert!(events
+        .iter()
+        .any(|ev| ev.name == "unknown_is_unit" && ev.status == AlertStatus::Resolved));
+}

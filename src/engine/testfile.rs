@@ -21,6 +21,12 @@
 //! stalled_call = "nvmlDeviceGetPowerUsage"  # at such ticks are kept; default: field values)
 //! xids = [{ at = "4m", code = 79 }, { at = "6m", code = 31, pid = 4242, process = "python3" }]
 //! processes = [{ pid = 4242, used = "20GiB", from = "0s", to = "10m" }]
+//! nvlink = [                    # the GPU's NVLinks, one table per link (`gpu.nvlinks`)
+//!   { link = 0, up = "1x30 0x30", remote = "switch", bus = "00000000:05:00.0" },
+//!   { link = 1, peer = 5, remote = "gpu", speed = 26562, version = 4, crc_flit = "0+10x60" },
+//! ]                             # up: series of 1/0 (default up); remote: gpu | switch |
+//!                               # ibm_npu | unknown (default: not known); crc_flit, crc_data,
+//!                               # replay, recovery: counter series
 //! [[case.missing]]              # an expected GPU NVML does not enumerate (host.missing_gpus)
 //! pci_bus_id = "00000000:3A:00.0"   # optional, like uuid and name
 //! why = "on_bus"                # on_bus | seen_before | expected_count (default on_bus)
@@ -48,6 +54,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::engine::{Engine, EngineOptions};
+use crate::model::nvlink::{NvlinkLink, NvlinkStatus, RemoteType};
 use crate::model::{
     AlertStatus, DeviceId, DeviceState, GpuSample, Metric, MetricValues, MissingGpu, MissingWhy,
     NvmlFunction, ProcSample, Snapshot, XidEvent, XidSource,
@@ -116,6 +123,30 @@ struct XidIn {
     /// The process the kernel log names.
     pid: Option<u32>,
     process: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NvlinkIn {
+    link: u32,
+    up: Option<String>,
+    remote: Option<RemoteType>,
+    bus: Option<String>,
+    peer: Option<u32>,
+    speed: Option<u32>,
+    version: Option<u32>,
+    crc_flit: Option<String>,
+    crc_data: Option<String>,
+    replay: Option<String>,
+    recovery: Option<String>,
+}
+
+/// One NVLink of a test GPU: the link as read at every tick, and its series.
+struct LinkInput {
+    link: NvlinkLink,
+    up: Vec<Option<f64>>,
+    /// CRC flit, CRC data, replay, recovery.
+    counters: [Vec<Option<f64>>; 4],
 }
 
 #[derive(Debug, Deserialize)]
@@ -274,6 +305,7 @@ struct GpuInput {
     stalled_call: NvmlFunction,
     xids: Vec<(i64, XidEvent)>,
     procs: Vec<(i64, i64, ProcSample)>,
+    nvlink: Vec<LinkInput>,
 }
 
 fn gpu_input(table: &toml::Table, pos: usize, text: &str, file: &str) -> Result<GpuInput, String> {
@@ -287,6 +319,7 @@ fn gpu_input(table: &toml::Table, pos: usize, text: &str, file: &str) -> Result<
         stalled_call: NvmlFunction::FieldValues,
         xids: Vec::new(),
         procs: Vec::new(),
+        nvlink: Vec::new(),
     };
     for (k, v) in table {
         let s_err = |e: String| {
@@ -373,9 +406,42 @@ fn gpu_input(table: &toml::Table, pos: usize, text: &str, file: &str) -> Result<
                     ));
                 }
             }
+            "nvlink" => {
+                let list: Vec<NvlinkIn> =
+                    v.clone().try_into().map_err(|e| s_err(format!("{e}")))?;
+                for l in list {
+                    let series = |s: &Option<String>| {
+                        s.as_deref()
+                            .map_or(Ok(Vec::new()), parse_series)
+                            .map_err(&s_err)
+                    };
+                    g.nvlink.push(LinkInput {
+                        link: NvlinkLink {
+                            link: l.link,
+                            up: true,
+                            speed_mbps: l.speed,
+                            version: l.version,
+                            remote_bus_id: l.bus,
+                            remote_type: l.remote,
+                            peer_gpu: l.peer,
+                            crc_flit_errors: None,
+                            crc_data_errors: None,
+                            replay_errors: None,
+                            recovery_errors: None,
+                        },
+                        up: series(&l.up)?,
+                        counters: [
+                            series(&l.crc_flit)?,
+                            series(&l.crc_data)?,
+                            series(&l.replay)?,
+                            series(&l.recovery)?,
+                        ],
+                    });
+                }
+            }
             key => {
                 let m = Metric::from_key(key).ok_or_else(|| {
-                    s_err("unknown key (expected a metric key, index, uuid, name, lost, stalled, stalled_call, xids or processes)".into())
+                    s_err("unknown key (expected a metric key, index, uuid, name, lost, stalled, stalled_call, xids, processes or nvlink)".into())
                 })?;
                 let text = v
                     .as_str()
@@ -565,6 +631,36 @@ fn snapshot_at(gpus: &[GpuInput], k: usize, interval: i64) -> Snapshot {
                     ..x.clone()
                 });
             }
+        }
+        if !lost && !g.nvlink.is_empty() {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "counts"
+            )]
+            let links = g
+                .nvlink
+                .iter()
+                .map(|l| {
+                    let [flit, data, replay, recovery] =
+                        std::array::from_fn(|i| value_at(&l.counters[i], k).map(|v| v as u64));
+                    let up = value_at(&l.up, k).is_none_or(|v| v != 0.0);
+                    NvlinkLink {
+                        up,
+                        speed_mbps: l.link.speed_mbps.filter(|_| up),
+                        crc_flit_errors: flit,
+                        crc_data_errors: data,
+                        replay_errors: replay,
+                        recovery_errors: recovery,
+                        ..l.link.clone()
+                    }
+                })
+                .collect();
+            snap.nvlink.push(NvlinkStatus {
+                gpu: g.index,
+                time_ms: now,
+                links,
+            });
         }
         for (from, to, p) in &g.procs {
             if *from <= off && off < *to {

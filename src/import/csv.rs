@@ -416,6 +416,7 @@ fn mig_row(r: &Reading, gi: u32, ci: u32) -> crate::model::MigSample {
         mem_used_bytes: bytes(Metric::MemUsed),
         mem_total_bytes: bytes(Metric::MemTotal),
         pids: r.procs.iter().flatten().map(|p| p.pid).collect(),
+        gpm: crate::model::MigGpm::of(|m| r.sample.get(m)),
     }
 }
 

@@ -31,7 +31,10 @@
 //!   (warning), full memory from the job's start is noted as such (info: frameworks that
 //!   pre-allocate look like this).
 //! - From GPM (Hopper and later; a log without it has none of these): `launch_bound` —
-//!   utilization ≥ 90 % while SM active < 25 % (kernels too small to fill the GPU);
+//!   utilization ≥ 90 % while SM active < 25 % (kernels too small to fill the GPU), at a power
+//!   above [`IDLE_POWER_FRAC`] of the enforced limit where the log has both: at near-idle power
+//!   that is an NCCL hang (spinning kernels, one block per channel: few SMs busy), not a tuning
+//!   problem — the stock rule `nccl_hang` names it in the alert timeline;
 //!   `no_tensor_cores` — SM active ≥ 50 % while tensor active < 1 % (matrix math on the CUDA
 //!   cores: no autocast / TF32); `memory_bound` (info) — DRAM active ≥ 80 % of the peak bandwidth.
 //!   Shares are of the steady phase's time with GPM values.
@@ -82,6 +85,10 @@ pub const LAUNCH_BOUND_UTIL: f64 = 90.0;
 /// See [`LAUNCH_BOUND_UTIL`] (DCGM: "less than 0.5 likely indicates ineffective GPU usage";
 /// KempnerPulse's "busy, low SM use": SM < 25 %).
 pub const LAUNCH_BOUND_SM: f64 = 25.0;
+/// Power at or below this share of the enforced limit is near idle: a GPU pinned at 100 % there
+/// is hung in a collective (the stock rules `nccl_hang` and `launch_bound` split on it), so its
+/// samples are no evidence of `launch_bound`.
+pub const IDLE_POWER_FRAC: f64 = 0.25;
 /// `no_tensor_cores`: SM active at least this (the SMs compute) while tensor active is under
 /// [`NO_TENSOR_ACTIVE`].
 pub const NO_TENSOR_SM: f64 = 50.0;
@@ -105,6 +112,17 @@ pub struct Point {
     pub sm: f32,
     pub tensor: f32,
     pub dram: f32,
+    /// Power draw and the enforced power limit, W (`NaN` where the log has none).
+    pub power: f32,
+    pub limit: f32,
+}
+
+impl Point {
+    /// Power at or below [`IDLE_POWER_FRAC`] of the enforced limit (both known).
+    fn near_idle_power(&self) -> bool {
+        let (p, l) = (f64::from(self.power), f64::from(self.limit));
+        p.is_finite() && l.is_finite() && l > 0.0 && p <= IDLE_POWER_FRAC * l
+    }
 }
 
 /// One GPU's samples over the log.
@@ -155,6 +173,8 @@ impl Trace {
             sm: f(Metric::SmActive),
             tensor: f(Metric::TensorActive),
             dram: f(Metric::DramActive),
+            power: f(Metric::Power),
+            limit: f(Metric::PowerLimit),
         });
     }
 
@@ -180,6 +200,8 @@ impl Trace {
                     sm: mean2(a.sm, b.sm),
                     tensor: mean2(a.tensor, b.tensor),
                     dram: mean2(a.dram, b.dram),
+                    power: mean2(a.power, b.power),
+                    limit: mean2(a.limit, b.limit),
                 },
                 [a] => *a,
                 _ => unreachable_point(),
@@ -198,6 +220,8 @@ fn unreachable_point() -> Point {
         sm: f32::NAN,
         tensor: f32::NAN,
         dram: f32::NAN,
+        power: f32::NAN,
+        limit: f32::NAN,
     }
 }
 
@@ -837,7 +861,12 @@ fn gpm_patterns(g: &Gpu<'_>, st: std::ops::Range<usize>, accs: &mut Accs) {
     judge(
         "launch_bound",
         |p| p.sm.is_finite() && p.util.is_finite(),
-        &|p| f64::from(p.util) >= LAUNCH_BOUND_UTIL && f64::from(p.sm) < LAUNCH_BOUND_SM,
+        // at near-idle power few busy SMs are an NCCL hang's spinning kernels, not launch-bound
+        &|p| {
+            f64::from(p.util) >= LAUNCH_BOUND_UTIL
+                && f64::from(p.sm) < LAUNCH_BOUND_SM
+                && !p.near_idle_power()
+        },
         &|held, ms| {
             format!(
                 "utilization {} while SM active {} (means over the {} it held)",
@@ -1477,6 +1506,8 @@ mod tests {
                 sm: f32::NAN,
                 tensor: f32::NAN,
                 dram: f32::NAN,
+                power: f32::NAN,
+                limit: f32::NAN,
             });
         }
         t
@@ -1573,6 +1604,8 @@ mod tests {
                 sm: f32::NAN,
                 tensor: f32::NAN,
                 dram: f32::NAN,
+                power: f32::NAN,
+                limit: f32::NAN,
             });
         }
         let d = diagnose(&[t], None);
@@ -1601,6 +1634,8 @@ mod tests {
                     sm,
                     tensor,
                     dram,
+                    power: 230.0,
+                    limit: 700.0,
                 });
             }
             diagnose(&[t], None)
@@ -1626,5 +1661,47 @@ mod tests {
         // no GPM (an A100): nothing, whatever the utilization
         let d = gpm(f32::NAN, f32::NAN, f32::NAN, 100.0);
         assert!(d.findings.is_empty(), "{:?}", d.findings);
+    }
+
+    /// An NCCL hang (nvml-sim's nccl-hang): training, then 100 % utilization at ~90 W of 700 W
+    /// with ~12 % of the SMs active (one spinning block per channel). Not launch-bound — a hang
+    /// is not a tuning problem (`nccl_hang` names it) — while the same SM activity at 230 W is.
+    #[test]
+    fn a_hang_at_idle_power_is_not_launch_bound() {
+        let run = |hang_power: f32, limit: f32| {
+            let mut t = Trace::new(0);
+            t.total_mib = Some(81_559.0);
+            for i in 0..600 {
+                let hung = i >= 30;
+                t.points.push(Point {
+                    t: i * 1000,
+                    util: if hung { 100.0 } else { 95.0 },
+                    mem: 62_000.0,
+                    procs: 1,
+                    sm: if hung { 12.0 } else { 80.0 },
+                    tensor: if hung { 0.0 } else { 40.0 },
+                    dram: if hung { 0.3 } else { 34.0 },
+                    power: if hung { hang_power } else { 600.0 },
+                    limit,
+                });
+            }
+            diagnose(&[t], None)
+        };
+        let d = run(90.0, 700.0);
+        assert!(
+            !d.findings
+                .iter()
+                .chain(&d.brief)
+                .any(|f| f.pattern == "launch_bound"),
+            "{:?} {:?}",
+            d.findings,
+            d.brief
+        );
+        assert!(d.findings.is_empty(), "{:?}", d.findings);
+        let d = run(230.0, 700.0);
+        assert!(has(&d, 0, "launch_bound"), "{:?}", d.findings);
+        // a log without the power limit cannot tell: judged on utilization and SM active alone
+        let d = run(90.0, f32::NAN);
+        assert!(has(&d, 0, "launch_bound"), "{:?}", d.findings);
     }
 }

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use super::compare::Row;
 use super::series::Series;
-use super::{gib, human_duration, AlertSpan, Report, RunSummary};
+use super::{gib, human_duration, AlertSpan, MigSummary, Report, RunSummary};
 use crate::trace::format_time_ms;
 
 /// Chart plot width and height in pixels (one column of the envelope per pixel).
@@ -24,7 +24,8 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}h3{font-siz
 .meta{color:#555}table{border-collapse:collapse;margin:4px 0}th,td{padding:3px 8px;border-bottom:1px solid #e3e3e3;text-align:left;vertical-align:top}\
 th{background:#f5f5f7}td.n{text-align:right;font-variant-numeric:tabular-nums}.worse{color:#c4161c;font-weight:600}\
 .gpu{border:1px solid #ddd;border-radius:6px;padding:8px 12px;margin:12px 0}.charts{display:flex;flex-wrap:wrap;gap:6px}\
-svg.chart{background:#fcfcfd}.none{color:#777}.sev-critical{color:#c4161c}.sev-warning{color:#a86b00}";
+svg.chart{background:#fcfcfd}.none{color:#777}.sev-critical{color:#c4161c}.sev-warning{color:#a86b00}\
+.mig h4{font-size:14px;margin:10px 0 4px}.mig code{font-size:12px}";
 
 /// Renders `report` (and, when given, a comparison with a run named `against`).
 pub fn render(report: &Report, compare: Option<(&str, &[Row])>) -> String {
@@ -149,7 +150,9 @@ pub fn render(report: &Report, compare: Option<(&str, &[Row])>) -> String {
                 (g.interval_s * 2500.0) as i64,
             );
         }
-        h.push_str("</div></section>");
+        h.push_str("</div>");
+        mig_devices(&mut h, r, g.index);
+        h.push_str("</section>");
     }
     alert_timeline(&mut h, r);
     h.push_str("<p class=\"meta\">Made by gpuwatch report. Bands: alerts (yellow warning, red critical); red lines: XIDs; dashed: limits.</p></body></html>");
@@ -180,6 +183,79 @@ fn shown_gpus(r: &RunSummary) -> std::collections::BTreeSet<u32> {
         shown.insert(g);
     }
     shown
+}
+
+/// The MIG devices of GPU `gpu` over the run, when it had MIG on: per MIG device its profile,
+/// `GPU/GI/CI`, UUID, memory peak / total, the processes seen on it and the ticks it was seen
+/// in.
+fn mig_devices(h: &mut String, r: &RunSummary, gpu: u32) {
+    let devices: Vec<&MigSummary> = r.mig.iter().filter(|m| m.gpu == gpu).collect();
+    if devices.is_empty() {
+        return;
+    }
+    // `7 × 1g.10gb`, `1 × 3g.40gb, 1 × 2g.20gb`: the profiles in the order first listed
+    let mut profiles: Vec<(&str, usize)> = Vec::new();
+    for m in &devices {
+        let p = m.profile.as_deref().unwrap_or("?");
+        match profiles.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, n)) => *n += 1,
+            None => profiles.push((p, 1)),
+        }
+    }
+    let split = profiles
+        .iter()
+        .map(|(p, n)| format!("{n} × {p}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let _ = write!(
+        h,
+        "<div class=\"mig\" id=\"gpu-{gpu}-mig\" data-gpu=\"{gpu}\"><h4>MIG on: {} MIG device{} ({})</h4>\
+         <table><tr><th>profile</th><th>GPU/GI/CI</th><th>UUID</th><th>memory peak / total</th><th>processes seen</th><th>ticks</th></tr>",
+        devices.len(),
+        if devices.len() == 1 { "" } else { "s" },
+        esc(&split)
+    );
+    let dash = || "-".to_string();
+    for m in devices {
+        #[expect(clippy::cast_precision_loss, reason = "bytes, for display")]
+        let mem = match (m.mem_peak_bytes, m.mem_total_bytes) {
+            (Some(p), Some(t)) if t > 0 => format!(
+                "{} / {} ({:.0} %)",
+                gib(p as f64),
+                gib(t as f64),
+                p as f64 / t as f64 * 100.0
+            ),
+            (Some(p), Some(t)) => format!("{} / {}", gib(p as f64), gib(t as f64)),
+            (Some(p), None) => gib(p as f64),
+            (None, Some(t)) => format!("- / {}", gib(t as f64)),
+            (None, None) => dash(),
+        };
+        let listed: Vec<String> = m
+            .process_list
+            .iter()
+            .take(8)
+            .map(|p| crate::values::truncate_chars(p, 80))
+            .collect();
+        let procs = match m.processes {
+            0 => "none".to_string(),
+            n if listed.is_empty() => n.to_string(),
+            n if n > listed.len() => format!("{n}: {}, …", listed.join(", ")),
+            n => format!("{n}: {}", listed.join(", ")),
+        };
+        let _ = write!(
+            h,
+            "<tr class=\"mig-device\" data-gpu-instance=\"{}\"><td>{}</td><td>{}/{}/{}</td><td><code>{}</code></td><td class=\"n\">{mem}</td><td>{}</td><td class=\"n\">{}</td></tr>",
+            m.gpu_instance_id,
+            esc(m.profile.as_deref().unwrap_or("?")),
+            m.gpu,
+            m.gpu_instance_id,
+            m.compute_instance_id,
+            esc(&crate::values::escape_control(&m.uuid)),
+            esc(&crate::values::escape_control(&procs)),
+            m.ticks
+        );
+    }
+    h.push_str("</table></div>");
 }
 
 fn summary_table(h: &mut String, r: &RunSummary, shown: &std::collections::BTreeSet<u32>) {
@@ -556,4 +632,60 @@ pub fn chart(
         );
     }
     h.push_str("</svg>");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run summary with no GPUs and the MIG devices `mig`.
+    fn run(mig: serde_json::Value) -> RunSummary {
+        serde_json::from_value(serde_json::json!({
+            "sources": ["x.csv"], "first_ms": 0, "last_ms": 1000, "ticks": 3, "gpus": [],
+            "energy_kwh": null, "cost": null, "currency": "", "co2_kg": null, "findings": [],
+            "alerts": [], "progress": null, "warnings": [], "mig": mig
+        }))
+        .expect("a run summary")
+    }
+
+    #[test]
+    fn a_gpu_with_mig_on_lists_its_mig_devices_with_everything_escaped() {
+        let r = run(serde_json::json!([
+            {"gpu": 0, "gpu_instance_id": 7, "compute_instance_id": 0,
+             "uuid": "MIG-\u{1b}[31m\"}<script>alert(1)</script>", "profile": "1g.10gb",
+             "mem_peak_bytes": 5_u64 << 30, "mem_total_bytes": 10_u64 << 30, "processes": 1,
+             "ticks": 3, "process_list": ["1220 python <b>train</b>.py & co"]},
+            {"gpu": 0, "gpu_instance_id": 8, "compute_instance_id": 0, "uuid": "MIG-b",
+             "profile": "1g.10gb", "mem_peak_bytes": null, "mem_total_bytes": null,
+             "processes": 0, "ticks": 2},
+            {"gpu": 1, "gpu_instance_id": 1, "compute_instance_id": 0, "uuid": "MIG-c",
+             "profile": null, "mem_peak_bytes": 1, "mem_total_bytes": 2, "processes": 0,
+             "ticks": 3}
+        ]));
+        let mut h = String::new();
+        mig_devices(&mut h, &r, 0);
+        assert!(h.contains("MIG on: 2 MIG devices (2 × 1g.10gb)"), "{h}");
+        assert_eq!(h.matches("<tr class=\"mig-device\"").count(), 2, "{h}");
+        assert!(h.contains("<td>0/7/0</td>"), "{h}");
+        assert!(h.contains("5.0 GiB / 10.0 GiB (50 %)"), "{h}");
+        assert!(
+            h.contains("MIG-\\u{1b}[31m&quot;}&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{h}"
+        );
+        assert!(
+            h.contains("1: 1220 python &lt;b&gt;train&lt;/b&gt;.py &amp; co"),
+            "{h}"
+        );
+        assert!(!h.contains("<script") && !h.contains("<b>"), "{h}");
+        assert!(
+            h.contains("<td>0/8/0</td>") && h.contains("<td>none</td>"),
+            "{h}"
+        );
+        let mut other = String::new();
+        mig_devices(&mut other, &r, 1);
+        assert!(other.contains("MIG on: 1 MIG device (1 × ?)"), "{other}");
+        let mut none = String::new();
+        mig_devices(&mut none, &r, 2);
+        assert!(none.is_empty(), "MIG off: no section");
+    }
 }

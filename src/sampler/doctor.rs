@@ -13,7 +13,10 @@
 //!   supports it;
 //! * foreign processes already holding memory on the GPUs `CUDA_VISIBLE_DEVICES` names (every
 //!   GPU when it is unset): another user's, or not the caller's — the caller is the process that
-//!   started gpuwatch (the shell); it and its descendants are yours;
+//!   started gpuwatch (the shell); it and its descendants are yours. An entry that names a MIG
+//!   device (`MIG-<UUID>`, `MIG-GPU-<UUID>/<GI>/<CI>`: read as `gpuwatch devices` reads it,
+//!   [`crate::model::visible::cuda_visible_mig`]) gives the job that MIG device only: a process on
+//!   another MIG device of the same GPU is no finding, one on it is, and the finding names it;
 //! * expected GPUs that NVML does not enumerate ([`super::expected`]);
 //! * GPM (the profiling metrics: SM active, tensor and DRAM activity) failing on a GPU that has
 //!   it — another client holds it, or the driver is in trouble; a GPU without GPM (before
@@ -25,8 +28,8 @@
 
 use serde::Serialize;
 
-use crate::model::visible::cuda_visible;
-use crate::model::{DeviceId, DeviceState, Metric, MissingGpu, ProcSample, Severity};
+use crate::model::visible::cuda_visible_mig;
+use crate::model::{DeviceId, DeviceState, Metric, MigSample, MissingGpu, ProcSample, Severity};
 
 use super::{GpmStatus, Sampler};
 
@@ -79,6 +82,9 @@ pub struct Finding {
     pub gpu: Option<u32>,
     /// The GPU's bus id (empty when unknown).
     pub pci_bus_id: String,
+    /// The MIG device it is about (`MIG 1g.10gb 0/7/0`), when about one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig: Option<String>,
     /// Which check.
     pub check: Check,
     /// How bad: critical when a job should not start, warning when it would run worse.
@@ -90,14 +96,19 @@ pub struct Finding {
 }
 
 impl Finding {
-    /// The line people read: `GPU 2 (00000000:3A:00.0): MESSAGE; FIX`.
+    /// The line people read: `GPU 2 (00000000:3A:00.0): MESSAGE; FIX`, and `GPU 0
+    /// (00000000:18:00.0) MIG 1g.10gb 0/8/0: …` for one about a MIG device.
     pub fn line(&self) -> String {
-        let who = match (self.gpu, self.pci_bus_id.is_empty()) {
+        let mut who = match (self.gpu, self.pci_bus_id.is_empty()) {
             (Some(i), false) => format!("GPU {i} ({})", self.pci_bus_id),
             (Some(i), true) => format!("GPU {i}"),
             (None, false) => format!("GPU {}", self.pci_bus_id),
             (None, true) => "a GPU".to_string(),
         };
+        if let Some(m) = &self.mig {
+            who.push(' ');
+            who.push_str(m);
+        }
         format!("{who}: {}; {}", self.message, self.fix)
     }
 }
@@ -154,6 +165,8 @@ pub struct Inputs {
     pub gpus: Vec<GpuFacts>,
     /// The GPU processes.
     pub processes: Vec<ProcSample>,
+    /// The MIG devices of the GPUs with MIG on (each with the processes on it).
+    pub mig: Vec<MigSample>,
     /// `CUDA_VISIBLE_DEVICES` as set for the job (`None` = unset: every GPU).
     pub cuda_visible_devices: Option<String>,
     /// Expected GPUs NVML does not enumerate.
@@ -169,10 +182,11 @@ fn as_u32(v: Option<f64>) -> Option<u32> {
     v.filter(|x| x.is_finite() && *x >= 0.0).map(|x| x as u32)
 }
 
-/// Reads the facts: one snapshot (values, processes) and, for each GPU that answers, the
-/// one-shot queries the sampler does not make (link, persistence, default power limit,
-/// applications clocks, ECC mode).
-pub fn gather(sampler: &mut Sampler) -> (Vec<GpuFacts>, Vec<ProcSample>) {
+/// Reads the facts: one snapshot (values, processes, MIG devices) and, for each GPU that
+/// answers, the one-shot queries the sampler does not make (link, persistence, default power
+/// limit, applications clocks, ECC mode). `CUDA_VISIBLE_DEVICES` and the missing GPUs are the
+/// caller's to fill in.
+pub fn gather(sampler: &mut Sampler) -> Inputs {
     let snap = sampler.sample();
     let nvml = sampler.nvml();
     let gpm = sampler.gpm();
@@ -204,7 +218,12 @@ pub fn gather(sampler: &mut Sampler) -> (Vec<GpuFacts>, Vec<ProcSample>) {
         }
         gpus.push(f);
     }
-    (gpus, snap.processes.unwrap_or_default())
+    Inputs {
+        gpus,
+        processes: snap.processes.unwrap_or_default(),
+        mig: snap.mig,
+        ..Inputs::default()
+    }
 }
 
 /// The queries only doctor makes, on one device.
@@ -254,6 +273,7 @@ fn finding(
     Finding {
         gpu: Some(g.id.index),
         pci_bus_id: g.id.pci_bus_id.clone(),
+        mig: None,
         check,
         severity,
         message,
@@ -423,40 +443,81 @@ fn clock_findings(g: &GpuFacts, out: &mut Vec<Finding>) {
     }
 }
 
-/// The processes on GPU `g` that `is_own` does not claim, when the job will use `g`.
+/// What of a GPU the job will use: all of it, or one of its MIG devices.
+#[derive(Debug, Clone, Copy)]
+enum Use<'a> {
+    Whole,
+    Mig(&'a MigSample),
+}
+
+/// The processes on GPU `g` that `is_own` does not claim, where the job will use `g`: any on
+/// the GPU when it uses the whole GPU; those on the MIG device when it uses one (a process on
+/// another MIG device of the GPU shares neither its memory nor its compute).
 fn foreign_findings(
     g: &GpuFacts,
     processes: &[ProcSample],
-    visible: &[u32],
+    uses: &[(u32, Use<'_>)],
     is_own: &dyn Fn(&ProcSample) -> bool,
     out: &mut Vec<Finding>,
 ) {
-    if !visible.contains(&g.id.index) {
-        return;
-    }
-    for p in processes {
-        if p.gpu_index != g.id.index || is_own(p) {
-            continue;
+    let mine: Vec<Use<'_>> = uses
+        .iter()
+        .filter(|(i, _)| *i == g.id.index)
+        .map(|(_, u)| *u)
+        .collect();
+    let scope = if mine.iter().any(|u| matches!(u, Use::Whole)) {
+        vec![Use::Whole]
+    } else {
+        mine
+    };
+    for u in scope {
+        for p in processes {
+            if p.gpu_index != g.id.index || is_own(p) {
+                continue;
+            }
+            match u {
+                Use::Whole => out.push(foreign(g, p, None)),
+                Use::Mig(m) if m.pids.contains(&p.pid) => out.push(foreign(g, p, Some(m))),
+                Use::Mig(_) => {}
+            }
         }
-        let mem = p.used_mem_bytes.map_or_else(
-            || "memory".to_string(),
-            |b| format!("{} MiB", b / 1_048_576),
-        );
-        let user = p.user.as_deref().unwrap_or("an unknown user");
-        let cmd = p.command.as_deref().map_or_else(String::new, |c| {
-            format!(
-                ", {}",
-                crate::values::truncate_chars(&crate::values::escape_control(c), 60)
-            )
-        });
-        out.push(finding(g, Check::ForeignProcess, Severity::Warning,
-            format!("pid {} ({user}{cmd}) already holds {mem} on this GPU — your job would share its memory and compute", p.pid),
-            "wait for it, pick another GPU with CUDA_VISIBLE_DEVICES, or ask its owner".into()));
     }
 }
 
-/// The NVLink checks of one GPU: a link down (critical), a link below the speed of the others
-/// (warning); see `model::nvlink::findings`.
+/// The finding of foreign process `p` on GPU `g`, or on its MIG device `mig`.
+fn foreign(g: &GpuFacts, p: &ProcSample, mig: Option<&MigSample>) -> Finding {
+    let mem = p.used_mem_bytes.map_or_else(
+        || "memory".to_string(),
+        |b| format!("{} MiB", b / 1_048_576),
+    );
+    let user = p.user.as_deref().unwrap_or("an unknown user");
+    let cmd = p.command.as_deref().map_or_else(String::new, |c| {
+        format!(
+            ", {}",
+            crate::values::truncate_chars(&crate::values::escape_control(c), 60)
+        )
+    });
+    let Some(m) = mig else {
+        return finding(g, Check::ForeignProcess, Severity::Warning,
+            format!("pid {} ({user}{cmd}) already holds {mem} on this GPU — your job would share its memory and compute", p.pid),
+            "wait for it, pick another GPU with CUDA_VISIBLE_DEVICES, or ask its owner".into());
+    };
+    let of = m
+        .mem_total_bytes
+        .map_or_else(String::new, |t| format!(" of its {} MiB", t / 1_048_576));
+    let uuid = crate::values::truncate_chars(&crate::values::escape_control(&m.uuid), 60);
+    Finding {
+        mig: Some(crate::values::escape_control(&m.describe())),
+        ..finding(g, Check::ForeignProcess, Severity::Warning,
+            format!("pid {} ({user}{cmd}) already holds {mem}{of} on this MIG device ({uuid}), the one CUDA_VISIBLE_DEVICES gives your job — your job would share its memory and compute", p.pid),
+            "wait for it, pick another MIG device with CUDA_VISIBLE_DEVICES=MIG-<UUID> (gpuwatch devices lists them), or ask its owner".into())
+    }
+}
+
+/// The NVLink checks of one GPU: a link down (critical, naming its far end: a GPU, an NVSwitch,
+/// a GPU not visible here, or an unknown device), a link below the speed of its NVLink
+/// generation, or of the GPU's other links where the generation has no one speed (warning); see
+/// `model::nvlink::findings`.
 fn nvlink_findings(g: &GpuFacts, out: &mut Vec<Finding>) {
     let Some(n) = g.nvlink.as_ref().filter(|_| g.state == DeviceState::Ok) else {
         return;
@@ -480,25 +541,36 @@ fn nvlink_findings(g: &GpuFacts, out: &mut Vec<Finding>) {
 /// per GPU in index order, missing GPUs last.
 pub fn findings(inputs: &Inputs, is_own: &dyn Fn(&ProcSample) -> bool) -> Vec<Finding> {
     let ids: Vec<DeviceId> = inputs.gpus.iter().map(|g| g.id.clone()).collect();
-    let visible: Vec<u32> = match &inputs.cuda_visible_devices {
-        None => ids.iter().map(|d| d.index).collect(),
-        Some(spec) => cuda_visible(spec, &ids)
-            .visible
-            .iter()
-            .filter_map(|&pos| ids.get(pos).map(|d| d.index))
-            .collect(),
+    // the GPUs (or MIG devices) the job will use, read as `gpuwatch devices` reads them
+    let uses: Vec<(u32, Use<'_>)> = match &inputs.cuda_visible_devices {
+        None => ids.iter().map(|d| (d.index, Use::Whole)).collect(),
+        Some(spec) => {
+            let c = cuda_visible_mig(spec, &ids, &inputs.mig);
+            c.visible
+                .iter()
+                .zip(&c.mig)
+                .filter_map(|(&pos, m)| {
+                    let used = match m {
+                        Some(k) => Use::Mig(inputs.mig.get(*k)?),
+                        None => Use::Whole,
+                    };
+                    Some((ids.get(pos)?.index, used))
+                })
+                .collect()
+        }
     };
     let mut out = Vec::new();
     for g in &inputs.gpus {
         link_findings(g, &mut out);
         nvlink_findings(g, &mut out);
         state_findings(g, &mut out);
-        foreign_findings(g, &inputs.processes, &visible, is_own, &mut out);
+        foreign_findings(g, &inputs.processes, &uses, is_own, &mut out);
     }
     for m in &inputs.missing {
         out.push(Finding {
             gpu: None,
             pci_bus_id: m.pci_bus_id.clone(),
+            mig: None,
             check: Check::GpuMissing,
             severity: Severity::Critical,
             message: format!("{} — jobs get fewer GPUs than the machine has", missing_phrase(m)),
@@ -582,6 +654,7 @@ mod tests {
             speed_mbps: up.then_some(speed),
             version: Some(4),
             remote_bus_id: None,
+            remote_type: None,
             peer_gpu: Some(peer),
             crc_flit_errors: Some(0),
             crc_data_errors: Some(0),
@@ -778,6 +851,109 @@ mod tests {
             checks(&findings(&inputs, &own)),
             [(Some(3), Check::ForeignProcess)]
         );
+    }
+
+    /// GPU 1 of four split into seven 1g.10gb MIG devices (`MIG-k…`), a process on each of the
+    /// first three: PID 100 + k.
+    fn mig_inputs() -> Inputs {
+        let gpus: Vec<GpuFacts> = (0..4).map(healthy).collect();
+        let mig: Vec<MigSample> = (0..7)
+            .map(|k| MigSample {
+                gpu_uuid: "GPU-1".into(),
+                uuid: format!("MIG-{k}{k}bb{k}-0000-1111-2222-33334444555{k}"),
+                mem_total_bytes: Some(9728 << 20),
+                pids: if k < 3 { vec![100 + k] } else { Vec::new() },
+                ..MigSample::one_g(1, k)
+            })
+            .collect();
+        let mut processes: Vec<ProcSample> = (0..3)
+            .map(|k| ProcSample::compute(100 + k, 1, "GPU-1", Some(u64::from(k + 1) << 30)))
+            .collect();
+        processes.push(ProcSample::compute(200, 3, "GPU-3", Some(1 << 30)));
+        Inputs {
+            gpus,
+            processes,
+            mig,
+            ..Inputs::default()
+        }
+    }
+
+    #[test]
+    fn a_mig_device_is_checked_for_the_processes_on_it_only() {
+        let mut inputs = mig_inputs();
+        let own = |p: &ProcSample| p.pid == 100;
+        // the whole GPU: every foreign process on it, whichever MIG device
+        assert_eq!(
+            checks(&findings(&inputs, &own)),
+            [
+                (Some(1), Check::ForeignProcess),
+                (Some(1), Check::ForeignProcess),
+                (Some(3), Check::ForeignProcess)
+            ]
+        );
+        // the job's MIG device has a foreign process: one finding, naming the MIG device
+        let target = inputs.mig[1].clone();
+        inputs.cuda_visible_devices = Some(target.uuid.clone());
+        let f = findings(&inputs, &own);
+        assert_eq!(checks(&f), [(Some(1), Check::ForeignProcess)]);
+        assert_eq!(f[0].mig.as_deref(), Some("MIG 1g.10gb 1/8/0"));
+        assert!(
+            f[0].message.contains("pid 101")
+                && f[0]
+                    .message
+                    .contains("2048 MiB of its 9728 MiB on this MIG device")
+                && f[0].message.contains(&target.uuid),
+            "{}",
+            f[0].message
+        );
+        assert!(
+            f[0].line()
+                .starts_with("GPU 1 (00000000:19:00.0) MIG 1g.10gb 1/8/0: pid 101"),
+            "{}",
+            f[0].line()
+        );
+        assert!(f[0].fix.contains("MIG-<UUID>"), "{}", f[0].fix);
+        // the legacy form names the same MIG device; a prefix does too
+        for spec in [target.legacy_id(), "MIG-11bb".to_string()] {
+            inputs.cuda_visible_devices = Some(spec.clone());
+            let f = findings(&inputs, &own);
+            assert_eq!(f.len(), 1, "{spec}: {f:?}");
+            assert_eq!(f[0].mig.as_deref(), Some("MIG 1g.10gb 1/8/0"), "{spec}");
+        }
+        // the caller's own MIG device, an idle one: nothing (the others on the GPU are not the
+        // job's); with GPU 3 beside it, GPU 3's process only
+        for k in [0, 5] {
+            inputs.cuda_visible_devices = Some(inputs.mig[k].uuid.clone());
+            assert!(findings(&inputs, &own).is_empty(), "MIG device {k}");
+        }
+        inputs.cuda_visible_devices = Some(format!("{},3", inputs.mig[5].uuid));
+        assert_eq!(
+            checks(&findings(&inputs, &own)),
+            [(Some(3), Check::ForeignProcess)]
+        );
+        // a second MIG device is skipped as CUDA skips it: only the first one counts
+        inputs.cuda_visible_devices = Some(format!("{},{}", inputs.mig[5].uuid, target.uuid));
+        assert!(findings(&inputs, &own).is_empty());
+        // the GPU itself and one of its MIG devices: the whole GPU, each process once
+        inputs.cuda_visible_devices = Some(format!("1,{}", target.uuid));
+        let f = findings(&inputs, &own);
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert!(f.iter().all(|f| f.mig.is_none()));
+        // an unknown MIG device ends the list: no GPU, no finding
+        inputs.cuda_visible_devices = Some("MIG-ffff,1".into());
+        assert!(findings(&inputs, &own).is_empty());
+    }
+
+    #[test]
+    fn a_finding_names_its_mig_device_in_json_only_when_it_has_one() {
+        let mut inputs = mig_inputs();
+        inputs.cuda_visible_devices = Some(inputs.mig[2].uuid.clone());
+        let f = findings(&inputs, &|_| false);
+        let j = serde_json::to_value(&f).unwrap();
+        assert_eq!(j[0]["mig"], "MIG 1g.10gb 1/9/0");
+        inputs.cuda_visible_devices = None;
+        let j = serde_json::to_value(findings(&inputs, &|_| false)).unwrap();
+        assert!(j[0].get("mig").is_none(), "{j}");
     }
 
     #[test]

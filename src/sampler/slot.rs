@@ -819,7 +819,7 @@ impl Gpm {
 
 /// `nvmlGpmSampleAlloc` (nvml-wrapper allocates a new sample at every `gpm_sample()`; here two
 /// are allocated once and refilled).
-fn gpm_sample_alloc(nvml: &'static Nvml) -> Result<GpmSample<'static>, NvmlError> {
+pub fn gpm_sample_alloc(nvml: &'static Nvml) -> Result<GpmSample<'static>, NvmlError> {
     let sym = nvml
         .lib()
         .nvmlGpmSampleAlloc
@@ -835,7 +835,7 @@ fn gpm_sample_alloc(nvml: &'static Nvml) -> Result<GpmSample<'static>, NvmlError
 }
 
 /// `nvmlGpmSampleGet` into an allocated sample.
-fn gpm_sample_get(
+pub fn gpm_sample_get(
     nvml: &'static Nvml,
     dev: &Device<'static>,
     sample: &GpmSample<'static>,
@@ -859,15 +859,15 @@ fn gpm_rows() -> impl Iterator<Item = (Metric, GpmMetric)> {
 }
 
 /// The `nvmlGpmMetricsGet` request of one device, with every id of the table's GPM rows
-/// (allocated once: 8 KiB).
-struct GpmRequest {
+/// (allocated once: 8 KiB; also used for its GPU instances, see `mig`).
+pub(super) struct GpmRequest {
     raw: Box<nvmlGpmMetricsGet_t>,
     /// Per GPM row: its metric, how it scales and the range of its ids in `raw.metrics`.
     rows: Vec<(Metric, f64, std::ops::Range<usize>)>,
 }
 
 impl GpmRequest {
-    fn new() -> GpmRequest {
+    pub(super) fn new() -> GpmRequest {
         // SAFETY: a plain C struct of integers, doubles and pointers; all zeros is valid.
         let mut raw: Box<nvmlGpmMetricsGet_t> = Box::new(unsafe { std::mem::zeroed() });
         let mut rows = Vec::new();
@@ -887,7 +887,7 @@ impl GpmRequest {
     }
 
     /// `nvmlGpmMetricsGet` between two samples.
-    fn get(
+    pub(super) fn get(
         &mut self,
         nvml: &'static Nvml,
         older: &GpmSample<'static>,
@@ -914,8 +914,8 @@ impl GpmRequest {
 
     /// Each GPM row's value from the last answer: the mean of its ids that answered (percentages
     /// kept within 0–100, bandwidths not negative), absent when none did.
-    fn put(&self, values: &mut MetricValues) {
-        for (metric, scale, ids) in &self.rows {
+    pub(super) fn answers(&self) -> impl Iterator<Item = (Metric, Option<f64>)> + '_ {
+        self.rows.iter().map(|(metric, scale, ids)| {
             let mut sum = 0.0;
             let mut n = 0.0;
             for m in &self.raw.metrics[ids.clone()] {
@@ -932,7 +932,14 @@ impl GpmRequest {
                     mean * scale
                 }
             });
-            values.set(*metric, v);
+            (*metric, v)
+        })
+    }
+
+    /// Puts each GPM row's value from the last answer into `values` ([`GpmRequest::answers`]).
+    fn put(&self, values: &mut MetricValues) {
+        for (metric, v) in self.answers() {
+            values.set(metric, v);
         }
     }
 }
@@ -958,16 +965,26 @@ pub(super) struct SlowSlot {
 
 /// Counters the slow path reads on a cadence of their own, slower than the process interval:
 /// a real driver spends CPU on them (H200, driver 580; `tests/fixtures/real/`). Energy costs 3 ms
-/// per read — at the 5 s process cadence eight GPUs would spend 0.5 % of a core on it alone —,
-/// the PCIe replay counter 0.15 ms: both every 12 process intervals (a minute by default). The
-/// PCIe byte counters (0.13 ms each) every 6 (30 s): throughput becomes a 30 s average, and it
-/// feeds no stock rule. A counter is exact over any span longer than its cadence (energy per hour
-/// and per run, replays per hour). `top` and `run` use a 1 s process interval: 6 and 12 s.
-/// (metrics, cadence in process intervals).
-pub(super) const COUNTERS: [(&[Metric], i64); 2] = [
-    (&[Metric::Energy, Metric::PcieReplay], 12),
+/// per read — at the 5 s process cadence eight GPUs would spend 0.5 % of a core on it alone —:
+/// it is read every 720 process intervals (an hour by default) and between reads the energy is
+/// the last reading plus the tick's power readings integrated (`energy`), within 1 % of the
+/// counter. The PCIe replay counter (0.15 ms) every 12 (a minute). The PCIe byte counters
+/// (0.13 ms each) every 6 (30 s): throughput becomes a 30 s average, and it feeds no stock rule.
+/// A counter is exact over any span longer than its cadence (replays per hour). `top` and `run`
+/// use a 1 s process interval: 12 min, 12 s and 6 s. (metrics, cadence in process intervals).
+pub const COUNTERS: [(&[Metric], i64); 3] = [
+    (&[Metric::Energy], ENERGY_EVERY),
+    (&[Metric::PcieReplay], 12),
     (&[Metric::PcieRx, Metric::PcieTx], 6),
 ];
+
+/// The energy counter's cadence, in process intervals (see [`COUNTERS`]).
+pub const ENERGY_EVERY: i64 = 720;
+
+/// How long the energy counter's own reading is shown, in process intervals, when the GPU gives
+/// no power to integrate between readings: twice the minute it was read at before it was
+/// integrated (an hour-old reading is not current).
+const ENERGY_SHOWN_ALONE: i64 = 12;
 
 /// The NVLink rows as a per-metric mask (read together by `nvlink`).
 fn nvlink_mask() -> u64 {
@@ -996,6 +1013,7 @@ pub(super) fn max_ages_ms(process_interval_ms: i64, timeout_ms: i64) -> [i64; ME
             ages[*m as usize] = age(n);
         }
     }
+    ages[Metric::Energy as usize] = age(ENERGY_SHOWN_ALONE);
     ages
 }
 
@@ -1016,6 +1034,8 @@ pub(super) struct SlowAnswer {
     pub mig: Option<Vec<super::mig::MigReading>>,
     /// Its NVLinks when they were read (`None`: no NVLink, not asked, or no answer).
     pub nvlink: Option<Vec<crate::model::nvlink::NvlinkLink>>,
+    /// Its GPU instances' GPM metrics are read (see `mig::MigGpmReader`).
+    pub mig_gpm: bool,
 }
 
 impl SlowSlot {
@@ -1054,6 +1074,12 @@ impl SlowSlot {
             }
             Err(super::mig::Gone) => answer.lost = true,
         }
+        answer.mig_gpm = self.mig.gpm.active();
+    }
+
+    /// Turns GPM per GPU instance on or off (`[daemon] gpm`, `--no-gpm`; on by default).
+    pub(super) fn set_gpm(&mut self, on: bool) {
+        self.mig.gpm.off = !on;
     }
 
     pub(super) fn new(index: u32, busy: Arc<Busy>) -> SlowSlot {
@@ -1183,6 +1209,10 @@ impl SlowSlot {
                 Err(Lost) => answer.lost = true,
             }
         }
+        if answer.lost {
+            // its GPU instances' samples are of a GPU that is gone
+            self.mig.gpm.clear();
+        }
         answer.time_ms = crate::sys::now_ms();
         answer
     }
@@ -1293,26 +1323,34 @@ mod tests {
     fn counters_are_read_on_their_own_cadence() {
         let mut slow = SlowSlot::new(0, Arc::new(Busy::default()));
         let t0 = 1_700_000_000_000;
-        let minute = metric_bit(Metric::Energy) | metric_bit(Metric::PcieReplay);
+        let minute = metric_bit(Metric::PcieReplay);
         let pcie = metric_bit(Metric::PcieRx) | metric_bit(Metric::PcieTx);
-        // process rounds every 5 s (a few ms late or early): which counters each one reads
-        let (mut minutely, mut pcie_reads) = (vec![], vec![]);
-        for k in 0..=24 {
+        let energy = metric_bit(Metric::Energy);
+        // process rounds every 5 s (a few ms late or early) for two hours: which counters each
+        // one reads
+        let (mut minutely, mut pcie_reads, mut hourly) = (vec![], vec![], vec![]);
+        for k in 0..=1440 {
             let t = t0 + k * 5_000 + [3, -2, 0][k as usize % 3];
             let skip = slow.counters_skip(t);
-            if skip & minute == 0 {
+            if skip & minute == 0 && k <= 24 {
                 minutely.push(k * 5);
             }
-            if skip & pcie == 0 {
+            if skip & pcie == 0 && k <= 24 {
                 pcie_reads.push(k * 5);
+            }
+            if skip & energy == 0 {
+                hourly.push(k * 5);
             }
         }
         assert_eq!(minutely, [0, 60, 120]);
         assert_eq!(pcie_reads, [0, 30, 60, 90, 120]);
+        assert_eq!(hourly, [0, 3_600, 7_200]);
         assert_eq!(slow.counters_skip(t0), 0, "the clock went back");
         // shown for twice the cadence (plus the timeout), the others for twice the process interval
         let ages = max_ages_ms(5_000, 1_000);
+        // the energy counter alone (no power to integrate): as when it was read every minute
         assert_eq!(ages[Metric::Energy as usize], 121_000);
+        assert_eq!(ages[Metric::PcieReplay as usize], 121_000);
         assert_eq!(ages[Metric::PcieRx as usize], 61_000);
         assert_eq!(ages[Metric::Fan as usize], 11_000);
     }

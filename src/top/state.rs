@@ -416,6 +416,7 @@ mod tests {
             xids: Vec::new(),
             missing: Vec::new(),
             mig: Vec::new(),
+            nvlink: Vec::new(),
         };
         for (i, u) in [10.0, 90.0, 50.0].iter().enumerate() {
             let mut values = MetricValues::default();

@@ -379,8 +379,9 @@ fn job_lines(st: &TopState, look: Look, w: usize) -> Vec<Line<'static>> {
     out
 }
 
-/// A GPU with MIG on: one line under its row naming its MIG devices, each as `GI:profile` and
-/// the memory used on it (`   MIG  7:1g.10gb 5.3G  8:1g.10gb 4.1G …`).
+/// A GPU with MIG on: one line under its row naming its MIG devices, each as `GI:profile`, the
+/// memory used on it and, where GPM reads its GPU instance (Hopper and later), its SM activity
+/// (`   MIG  7:1g.10gb 5.3G  8:1g.10gb 4.1G …`, `   MIG  1:3g.40gb 29.3G sm 80%  …`).
 fn mig_line(st: &TopState, gpu: u32) -> Option<String> {
     let devices: Vec<&crate::model::MigSample> =
         st.mig.iter().filter(|m| m.gpu_index == gpu).collect();
@@ -398,6 +399,9 @@ fn mig_line(st: &TopState, gpu: u32) -> Option<String> {
             m.gpu_instance_id,
             m.profile.as_deref().unwrap_or("?")
         ));
+        if let Some(sm) = m.gpm.get(crate::model::Metric::SmActive) {
+            line.push_str(&format!(" sm {sm:.0}%"));
+        }
     }
     Some(line)
 }
@@ -615,6 +619,7 @@ mod tests {
                 xids: Vec::new(),
                 missing: Vec::new(),
                 mig: Vec::new(),
+                nvlink: Vec::new(),
             });
         }
         st.alerts.push(AlertView {
@@ -702,6 +707,19 @@ mod tests {
             "{t}"
         );
         assert!(lines[row + 1].contains("13:1g.10gb 7.0G"), "{t}");
+        assert!(
+            !lines[row + 1].contains("sm"),
+            "no GPM, no SM activity: {t}"
+        );
+        // GPU instances read through GPM show their SM activity
+        st.mig[1]
+            .gpm
+            .set(crate::model::Metric::SmActive, Some(79.6));
+        let t = text(&render(&st, look, 160, 30));
+        assert!(
+            t.contains("   MIG  7:1g.10gb 1.0G  8:1g.10gb 2.0G sm 80%  9:1g.10gb 3.0G"),
+            "{t}"
+        );
         assert!(
             lines
                 .iter()

@@ -244,3 +244,66 @@ fn a_gpu_seen_at_an_earlier_start_and_hidden_now_raises_gpu_missing() {
         serde_json::from_str(&std::fs::read_to_string(&recorded[0]).unwrap()).unwrap();
     assert_eq!(again["gpus"].as_array().unwrap().len(), 8);
 }
+
+/// The `foreign_process` findings of `doctor --json` on the `mig` scenario with
+/// `CUDA_VISIBLE_DEVICES` set to `visible` (unset when `None`).
+fn mig_foreign(visible: Option<&str>) -> Vec<serde_json::Value> {
+    let env: Vec<(&str, &str)> = visible
+        .map(|v| ("CUDA_VISIBLE_DEVICES", v))
+        .into_iter()
+        .collect();
+    let run = common::sim("mig", &["doctor", "--json"], &env);
+    let list: Vec<serde_json::Value> = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", run.stdout, run.stderr));
+    list.into_iter()
+        .filter(|f| f["check"] == "foreign_process")
+        .collect()
+}
+
+/// `CUDA_VISIBLE_DEVICES=MIG-…` gives the job one MIG device: doctor looks for foreign processes
+/// on it only (read as `gpuwatch devices` reads the variable, the legacy form too) and names it.
+/// The `mig` scenario's A100 has this test's process on its first 1g.10gb and processes of no
+/// host PID (foreign) on the six others.
+#[test]
+fn doctor_checks_only_the_mig_device_cuda_visible_devices_names() {
+    let devices = common::sim("mig", &["devices", "--json"], &[]).json();
+    let a100 = &devices["devices"][0];
+    let uuid = |k: usize| a100["mig"][k]["uuid"].as_str().unwrap().to_string();
+    // the whole machine: the A100's six foreign processes and the H100's one
+    let all = mig_foreign(None);
+    assert_eq!(all.len(), 7, "{all:?}");
+    assert!(all.iter().all(|f| f.get("mig").is_none()), "{all:?}");
+    // this test's own MIG device: the processes on the six others are not the job's concern
+    assert_eq!(mig_foreign(Some(&uuid(0))), Vec::<serde_json::Value>::new());
+    // a MIG device with another's process on it: that one, named with its MIG device
+    let legacy = a100["mig"][1]["legacy_id"].as_str().unwrap().to_string();
+    for spec in [uuid(1), legacy] {
+        let f = mig_foreign(Some(&spec));
+        assert_eq!(f.len(), 1, "{spec}: {f:?}");
+        assert_eq!(f[0]["gpu"], 0);
+        assert_eq!(f[0]["mig"], "MIG 1g.10gb 0/8/0", "{spec}");
+        let message = f[0]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("pid 4194401 ")
+                && message.contains("of its 9728 MiB on this MIG device")
+                && message.contains(&uuid(1)),
+            "{message}"
+        );
+    }
+    let text = common::sim("mig", &["doctor"], &[("CUDA_VISIBLE_DEVICES", &uuid(1))]);
+    assert_eq!(text.code, 1, "{}{}", text.stdout, text.stderr);
+    let line = text
+        .stdout
+        .lines()
+        .find(|l| l.contains("pid 4194401"))
+        .unwrap_or_else(|| panic!("{}", text.stdout));
+    assert!(
+        line.starts_with("GPU 0 (") && line.contains(") MIG 1g.10gb 0/8/0: pid 4194401 "),
+        "{line}"
+    );
+    assert!(
+        !text.stdout.contains("pid 4194402"),
+        "another MIG device's: {}",
+        text.stdout
+    );
+}

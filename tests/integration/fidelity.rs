@@ -334,3 +334,96 @@ fn gpustat_and_nvitop_agree_on_shipped_scenarios() {
         }
     }
 }
+
+/// gpustat and nvitop on the `mig` scenario (an A100 split 7 × 1g.10gb, an H100 split 3g.40gb +
+/// 2g.20gb + 1g.10gb, an H100 with MIG off): both list the three GPUs without crashing — no
+/// utilization on the GPUs with MIG on, as on real drivers — and nvitop lists every MIG device
+/// under its GPU with its GPU and compute instance, memory and BAR1 (nvitop 1.x failed on a MIG
+/// device whose BAR1 nvml-sim did not answer), and the processes on them.
+#[test]
+fn gpustat_and_nvitop_list_mig_devices() {
+    let Some(peers) = peers() else { return };
+    let lib = lib_dir();
+    let clock = frozen("100");
+    let status = common::sim("mig", &["status", "--json"], &clock).json();
+    let o = ours("mig", &clock);
+    assert_eq!(o.len(), 3);
+
+    let out = run_peer(&peers, lib.path(), "mig", &clock, &["gpustat", "--json"]);
+    let doc: Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("gpustat JSON: {e}\n{out}"));
+    let theirs = doc["gpus"].as_array().expect("gpustat gpus");
+    assert_eq!(theirs.len(), 3, "{out}");
+    let me = u64::from(std::process::id());
+    for (i, (t, g)) in theirs.iter().zip(&o).enumerate() {
+        assert_eq!(t["name"].as_str(), Some(g.name.as_str()), "{t}");
+        assert_eq!(t["memory.total"].as_u64(), Some(g.total_mib), "{t}");
+        assert_eq!(t["memory.used"].as_u64(), Some(g.used_mib), "{t}");
+        if i < 2 {
+            assert_eq!(t["utilization.gpu"], Value::Null, "MIG on: {t}");
+        } else {
+            assert_eq!(t["utilization.gpu"].as_u64(), Some(g.util), "{t}");
+        }
+        // gpustat lists the processes psutil finds: this test process on each GPU (the
+        // others have no host PID)
+        let pids: Vec<u64> = t["processes"]
+            .as_array()
+            .map(|ps| ps.iter().filter_map(|p| p["pid"].as_u64()).collect())
+            .unwrap_or_default();
+        assert_eq!(pids, [me], "{t}");
+    }
+
+    let out = run_peer(&peers, lib.path(), "mig", &clock, &["nvitop", "--once"]);
+    // the GPU with MIG off as in the other scenarios
+    compare_nvitop(&peers, lib.path(), "mig", &clock, &o[2..]);
+    let lines: Vec<&str> = out.lines().collect();
+    for (gpu, g) in status["gpus"].as_array().expect("gpus").iter().enumerate() {
+        let bus = g["pci_bus_id"].as_str().expect("bus id");
+        assert!(out.contains(bus), "nvitop does not show {bus}:\n{out}");
+        for (k, m) in g["mig"].as_array().expect("mig").iter().enumerate() {
+            // `│ 0:3      1g.10gb @ GI/CI:10/0 │   4525MiB /  9728MiB │ BAR1:  4.00MiB /  0% │`
+            let head = format!("│ {gpu}:{k} ");
+            let line = lines
+                .iter()
+                .find(|l| l.starts_with(&head))
+                .unwrap_or_else(|| panic!("nvitop does not list MIG device {gpu}:{k}:\n{out}"));
+            let cells: Vec<&str> = line.split('│').collect();
+            let profile = m["profile"].as_str().expect("profile");
+            let id = |key: &str| m[key].as_u64().expect("an id");
+            let ids = format!(
+                "{profile} @ GI/CI:{:>2}/{}",
+                id("gpu_instance_id"),
+                id("compute_instance_id")
+            );
+            assert!(cells[1].contains(&ids), "{ids:?} in {line}");
+            let (used, total) = cells[2].split_once(" / ").expect("used / total");
+            let (used, total) = (
+                human_mib(used).expect("used"),
+                human_mib(total).expect("total"),
+            );
+            let want = |key: &str| m[key].as_u64().expect("bytes") as f64 / MIB as f64;
+            assert!(
+                (used - want("memory_used_bytes")).abs() <= used * 0.01 + 1.0,
+                "{line}"
+            );
+            assert!(
+                (total - want("memory_total_bytes")).abs() <= total * 0.01 + 1.0,
+                "{line}"
+            );
+            assert!(cells[3].contains("BAR1:"), "{line}");
+            // the processes on it, `GPU:MIG PID`
+            for pid in m["processes"].as_array().expect("pids") {
+                let tag = format!("{gpu}:{k}");
+                assert!(
+                    lines.iter().any(|l| {
+                        let mut w = l.trim_start_matches('│').split_whitespace();
+                        w.next() == Some(tag.as_str()) && w.next() == Some(&pid.to_string())
+                    }),
+                    "nvitop does not list PID {pid} on {tag}:\n{out}"
+                );
+            }
+        }
+    }
+    let mig_rows = lines.iter().filter(|l| l.contains(" @ GI/CI:")).count();
+    assert_eq!(mig_rows, 10, "7 + 3 MIG devices:\n{out}");
+}

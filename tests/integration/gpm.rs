@@ -335,7 +335,8 @@ fn the_daemon_alerts_on_a_launch_bound_job() {
 }
 
 /// Issue 26's check: the report's diagnosis names each GPM pattern on its scenario's recording,
-/// on every GPU — and nothing of the kind on `healthy`.
+/// on every GPU — and nothing of the kind on `healthy`, nor on `nccl-hang` (100 % utilization
+/// with ~12 % of the SMs active, but at near-idle power: a hang, not launch-bound).
 #[test]
 fn the_report_names_launch_bound_no_tensor_cores_and_memory_bound() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -344,6 +345,7 @@ fn the_report_names_launch_bound_no_tensor_cores_and_memory_bound() {
         ("no-tensor-cores", "30", Some("no_tensor_cores")),
         ("memory-bound", "30", Some("memory_bound")),
         ("healthy", "30", None),
+        ("nccl-hang", "90", None),
     ] {
         let csv = dir.path().join(format!("{scenario}.csv"));
         let rec = sim(

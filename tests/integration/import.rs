@@ -519,3 +519,168 @@ fn out_of_range_times_are_malformed_lines() {
     assert_eq!(rows, 4, "header and three ticks: {}", run.stdout);
     assert!(!run.stdout.contains("10000-"), "{}", run.stdout);
 }
+
+/// dcgm-exporter's scrapes saved by a curl loop (tests/fixtures/logs/dcgm-exporter.txt: 10
+/// scrapes of 3 H100s, no timestamps) get the report any log gets: SM active and tensor active
+/// per GPU from DCGM's ratios, the launch-bound GPU diagnosed; without --t0 the error says
+/// what to pass.
+#[test]
+fn dcgm_exporter_scrapes_report() {
+    let log = logs().join("dcgm-exporter.txt");
+    let log = log.to_str().expect("utf-8");
+    let t0 = ["--t0", "2026-12-06T10:00:00Z"];
+    let text = gpuwatch(&["report", log, t0[0], t0[1]], &[]);
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    let line = |gpu: u32| {
+        text.stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("GPU {gpu}: ")))
+            .unwrap_or_else(|| panic!("GPU {gpu} in {}", text.stdout))
+            .to_string()
+    };
+    assert!(
+        line(0).contains("SM active 71 %, tensor active 42 %, DRAM active 38 %"),
+        "{}",
+        line(0)
+    );
+    assert!(
+        line(2).contains("SM active 8 %, tensor active 0 %"),
+        "{}",
+        line(2)
+    );
+    assert!(text.stdout.contains("launch-bound"), "{}", text.stdout);
+    assert!(
+        text.stderr.contains("dcgm-exporter.txt:650:") && text.stderr.contains("line skipped"),
+        "the cut last line, located: {}",
+        text.stderr
+    );
+    assert!(
+        text.stderr.contains("DCGM_FI_DEV_VGPU_LICENSE_STATUS"),
+        "the family not read, named: {}",
+        text.stderr
+    );
+    let json = gpuwatch(&["report", "--json", log, t0[0], t0[1]], &[]).json();
+    let gpus = json["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 3);
+    assert_eq!(gpus[1]["uuid"], "GPU-8a41d0c6-2b7e-4f93-b5c1-0e9d2f7a6b58");
+    assert_eq!(gpus[1]["name"], "NVIDIA H100 80GB HBM3");
+    let sm = gpus[0]["sm_active_mean"].as_f64().expect("SM active");
+    assert!((69.0..=73.0).contains(&sm), "{sm}");
+    let tensor = gpus[1]["tensor_active_mean"]
+        .as_f64()
+        .expect("tensor active");
+    assert!((41.0..=43.0).contains(&tensor), "{tensor}");
+    let found: Vec<(String, u64)> = json["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .map(|f| {
+            (
+                f["pattern"].as_str().unwrap_or("").to_string(),
+                f["gpu"].as_u64().unwrap_or(99),
+            )
+        })
+        .collect();
+    assert_eq!(found, [("launch_bound".to_string(), 2)], "{found:?}");
+    let no_t0 = gpuwatch(&["import", log], &[]);
+    assert_ne!(no_t0.code, 0);
+    assert!(
+        no_t0.stderr.contains("dcgm-exporter.txt:3:1: ")
+            && no_t0.stderr.contains("--t0")
+            && no_t0.stderr.contains("--every"),
+        "{}",
+        no_t0.stderr
+    );
+}
+
+/// gpuwatch's own /metrics (dcgm-exporter's names) scraped by a curl-like loop from the daemon
+/// on nvml-sim's `launch-bound` reads back: the SM active the page showed (a ratio) is the
+/// imported percentage, and the report finds the run launch-bound on every GPU.
+#[test]
+fn gpuwatch_scrapes_round_trip_through_import_and_report() {
+    use std::time::Duration;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let port = crate::notify::servers::free_port();
+    let cfg = tmp.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\ninterval = \"1s\"\nstate_dir = \"state\"\nrules = [{rules:?}]\nhostname = \"simhost\"\n\n\
+             [exporter]\nlisten = \"127.0.0.1:{port}\"\n",
+            rules = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("rules")
+                .display()
+                .to_string(),
+        ),
+    )
+    .expect("config");
+    // launch-bound from 60 s of scenario time: utilization ~100 %, SM active ~10 %
+    let _daemon = crate::daemon::daemon(
+        "launch-bound",
+        &cfg,
+        &tmp.path().join("log"),
+        &[("NVML_SIM_START_S", "90")],
+    );
+    // one page per sample (a new gpuwatch_last_sample_timestamp_seconds), with GPM values
+    let mut pages: Vec<String> = Vec::new();
+    let mut last_sample = String::new();
+    crate::notify::servers::wait_until(Duration::from_secs(60), "8 scrapes", || {
+        let (status, _, page) = crate::exporter::get(port, "/metrics", "text/plain")?;
+        let sample = page
+            .lines()
+            .find(|l| l.starts_with("gpuwatch_last_sample_timestamp_seconds{"))?
+            .to_string();
+        if status == 200 && sample != last_sample && page.contains("\nDCGM_FI_PROF_SM_ACTIVE{") {
+            last_sample = sample;
+            pages.push(page);
+        }
+        (pages.len() >= 8).then_some(())
+    });
+    let scrapes = tmp.path().join("scrapes.txt");
+    std::fs::write(&scrapes, pages.concat()).expect("write");
+    let path = scrapes.to_str().expect("utf-8");
+    let args = ["--t0", "2026-12-06T10:00:00Z", "--every", "1s"];
+    let mut import = vec!["import", path];
+    import.extend(args);
+    let out = gpuwatch(&import, &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("scrapes.txt: dcgm-exporter,"),
+        "{}",
+        out.stderr
+    );
+    let (h, rows) = crate::common::csv_rows(&out.stdout);
+    assert_eq!(rows.len(), 8 * 8, "8 scrapes of 8 GPUs: {}", out.stderr);
+    // the values of the fourth page, GPU by GPU
+    for (gpu, row) in rows[24..32].iter().enumerate() {
+        assert_eq!(crate::common::col(&h, row, "index"), gpu.to_string());
+        let shown: f64 = pages[3]
+            .lines()
+            .find(|l| l.starts_with(&format!("DCGM_FI_PROF_SM_ACTIVE{{gpu=\"{gpu}\",")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .expect("SM active on the page");
+        let imported: f64 = crate::common::col(&h, row, "sm_active")
+            .parse()
+            .expect("a number");
+        assert!(
+            (imported - shown * 100.0).abs() < 1e-9,
+            "GPU {gpu}: page {shown}, imported {imported}"
+        );
+        assert!((5.0..=15.0).contains(&imported), "{imported}");
+        assert!(crate::common::col(&h, row, "uuid").starts_with("GPU-"));
+    }
+    let mut report = vec!["report", "--json", path];
+    report.extend(args);
+    let rep = gpuwatch(&report, &[]);
+    let json = rep.json();
+    let mut launch_bound: Vec<u64> = json["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["pattern"] == "launch_bound")
+        .filter_map(|f| f["gpu"].as_u64())
+        .collect();
+    launch_bound.sort_unstable();
+    assert_eq!(launch_bound, (0..8).collect::<Vec<u64>>(), "{json}");
+}

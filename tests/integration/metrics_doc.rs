@@ -25,7 +25,10 @@ fn render() -> String {
          metric (`nvmlGpmMetricsGet`, Hopper and later: one GPM sample per GPU and tick, the metric computed\n\
          between it and the previous tick's, so it is the average over the interval; absent at the first tick,\n\
          on GPUs without GPM and with `[daemon] gpm = false` / `--no-gpm`, and `status --json` says why under\n\
-         `gpus[].gpm`); `derived` (computed from other metrics); or `host` (not from NVML).\n\n\
+         `gpus[].gpm`); `derived` (computed from other metrics); or `host` (not from NVML). On a GPU with\n\
+         MIG on, each GPU instance also has its own values of the GPM activity rows (`sm_active`,\n\
+         `tensor_active`, `dram_active`, …: `nvmlGpmMigSampleGet` at each process-list read), carried\n\
+         with its MIG devices; see [mig.md](mig.md).\n\n\
          The dcgm-exporter column is the name `/metrics` exports a row under, in dcgm-exporter's unit:\n\
          framebuffer memory in MiB, energy in mJ, the profiling activities (`DCGM_FI_PROF_*` percentages) as\n\
          ratios 0–1, everything else in the unit shown here.\n\n\

@@ -571,3 +571,486 @@ fn report_takes_no_profile_from_a_crafted_mig_name() {
         report.stdout
     );
 }
+
+/// `record` of the `mig` scenario (clock frozen), written into `dir`: its path.
+fn mig_recording(dir: &std::path::Path) -> std::path::PathBuf {
+    let rec = sim(
+        "mig",
+        &["record", "--interval", "200ms", "--duration", "650ms"],
+        &FROZEN,
+    );
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let file = dir.join("mig.csv");
+    std::fs::write(&file, &rec.stdout).expect("write");
+    file
+}
+
+/// The HTML page of `report`: under each GPU with MIG on, a table of its MIG devices (profile,
+/// GPU/GI/CI, UUID, memory peak / total, processes seen), the A100's seven 1g.10gb included;
+/// headless Chromium finds the same rows in the DOM. A recording of driver names with markup
+/// makes a page with none of it.
+#[test]
+fn report_page_lists_each_mig_device_under_its_gpu() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let file = mig_recording(tmp.path());
+    let page_path = tmp.path().join("report.html");
+    let run = common::gpuwatch(
+        &[
+            "report",
+            file.to_str().expect("utf-8"),
+            "--out",
+            page_path.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let page = std::fs::read_to_string(&page_path).expect("the page");
+    let (header, rows) = csv_rows(&std::fs::read_to_string(&file).expect("the recording"));
+    // the A100's section holds its seven 1g.10gb, each with its ids, UUID, memory and process
+    let a100 = page
+        .split("<section class=\"gpu\" id=\"gpu-0\"")
+        .nth(1)
+        .and_then(|s| s.split("</section>").next())
+        .expect("GPU 0's section");
+    assert!(
+        a100.contains("MIG on: 7 MIG devices (7 × 1g.10gb)"),
+        "{a100}"
+    );
+    let devices: Vec<&str> = a100.split("<tr class=\"mig-device\"").skip(1).collect();
+    assert_eq!(devices.len(), 7, "{a100}");
+    for (k, d) in devices.iter().enumerate() {
+        let gi = 7 + k;
+        assert!(
+            d.contains(&format!("<td>1g.10gb</td><td>0/{gi}/0</td>")),
+            "{d}"
+        );
+        let row = rows
+            .iter()
+            .find(|r| col(&header, r, "index") == format!("0/{gi}/0"))
+            .expect("its CSV row");
+        assert!(d.contains(col(&header, row, "uuid")), "{d}");
+        assert!(d.contains(" / 9.5 GiB ("), "memory peak / total: {d}");
+        let pid = col(&header, row, "processes")
+            .split(':')
+            .next()
+            .expect("pid")
+            .to_string();
+        assert!(
+            d.contains(&format!("<td>1: {pid}")),
+            "the process on it: {d}"
+        );
+    }
+    let h100 = page
+        .split("<section class=\"gpu\" id=\"gpu-1\"")
+        .nth(1)
+        .and_then(|s| s.split("</section>").next())
+        .expect("GPU 1's section");
+    assert!(
+        h100.contains("MIG on: 3 MIG devices (1 × 3g.40gb, 1 × 2g.20gb, 1 × 1g.10gb)"),
+        "{h100}"
+    );
+    assert!(h100.contains("<td>1/13/0</td>"), "{h100}");
+    assert!(h100.contains("<td>none</td>"), "the idle 1g.10gb: {h100}");
+    let whole = page
+        .split("<section class=\"gpu\" id=\"gpu-2\"")
+        .nth(1)
+        .and_then(|s| s.split("</section>").next())
+        .expect("GPU 2's section");
+    assert!(!whole.contains("class=\"mig\""), "MIG off: {whole}");
+
+    if let Some(chrome) = common::installed(&["chromium", "chromium-browser", "google-chrome"]) {
+        let dom = std::process::Command::new(&chrome)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+            ])
+            .arg(format!(
+                "--user-data-dir={}",
+                tmp.path().join("chrome").display()
+            ))
+            .arg("--dump-dom")
+            .arg(format!("file://{}", page_path.display()))
+            .output()
+            .expect("chromium --dump-dom");
+        let dom = String::from_utf8_lossy(&dom.stdout);
+        assert_eq!(
+            dom.matches("class=\"mig-device\"").count(),
+            10,
+            "MIG device rows in the DOM: {dom:.3000}"
+        );
+        assert_eq!(dom.matches("id=\"gpu-0-mig\"").count(), 1);
+    }
+
+    // driver names with markup, quotes and escape sequences: escaped on the page
+    let (_, hostile) = hostile_recording(tmp.path());
+    let page_path = tmp.path().join("hostile.html");
+    let run = common::gpuwatch(
+        &[
+            "report",
+            hostile.to_str().expect("utf-8"),
+            "--out",
+            page_path.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let page = std::fs::read_to_string(&page_path).expect("the page");
+    assert!(!page.contains("<script"), "{page}");
+    assert_eq!(raw_controls(&page), Vec::<char>::new());
+    assert!(
+        page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "the UUID, escaped: {page}"
+    );
+    assert!(page.contains("<td>0/7/0</td>"), "{page}");
+}
+
+/// `export --openmetrics` of a recording carries the MIG devices as the live page does
+/// (`DCGM_FI_DEV_FB_USED`, `…_FREE`, `…_TOTAL` in MiB with `GPU_I_PROFILE` and `GPU_I_ID`), so a
+/// backfilled log lines up with live data; promtool turns it into a block with one series per
+/// MIG device.
+#[test]
+fn export_backfills_each_mig_device_as_the_live_page_names_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let file = mig_recording(tmp.path());
+    let om = tmp.path().join("mig.om");
+    let run = common::gpuwatch(
+        &[
+            "export",
+            "--openmetrics",
+            file.to_str().expect("utf-8"),
+            "--hostname",
+            "simhost",
+            "--out",
+            om.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let text = std::fs::read_to_string(&om).expect("the export");
+    let (header, rows) = csv_rows(&std::fs::read_to_string(&file).expect("the recording"));
+    let ticks = rows.len() / 13;
+    for family in [
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_FB_TOTAL",
+    ] {
+        let mig: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains("GPU_I_ID="))
+            .collect();
+        assert_eq!(
+            mig.len(),
+            10 * ticks,
+            "{family}: 7 + 3 MIG devices a tick:\n{text}"
+        );
+        // each series' samples together, in time order
+        let mut series: Vec<&str> = mig
+            .iter()
+            .map(|l| l.split_once('}').map_or(*l, |(s, _)| s))
+            .collect();
+        series.dedup();
+        assert_eq!(series.len(), 10, "{family}: {series:?}");
+    }
+    // the labels of the live page: the GPU's, GPU_I_PROFILE and GPU_I_ID after modelName
+    let a100 = rows
+        .iter()
+        .find(|r| col(&header, r, "index") == "0")
+        .expect("the A100's row");
+    let want = format!(
+        "DCGM_FI_DEV_FB_USED{{gpu=\"0\",UUID=\"{}\",device=\"nvidia0\",modelName=\"NVIDIA A100-SXM4-80GB\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"7\",pci_bus_id=\"{}\",Hostname=\"simhost\",hostname=\"simhost\"}} ",
+        col(&header, a100, "uuid"),
+        col(&header, a100, "pci_bus_id"),
+    );
+    let first = text
+        .lines()
+        .find(|l| l.starts_with(&want))
+        .unwrap_or_else(|| panic!("no {want}:\n{text}"));
+    let used = rows
+        .iter()
+        .find(|r| col(&header, r, "index") == "0/7/0")
+        .map(|r| col(&header, r, "mem_used").parse::<f64>().expect("bytes") / 1_048_576.0)
+        .expect("0/7/0");
+    let shown: f64 = first[want.len()..]
+        .split(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a value");
+    assert!(
+        (shown - used).abs() < 1e-6,
+        "MiB as dcgm-exporter: {first} vs {used}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("DCGM_FI_DEV_FB_TOTAL{")
+            && l.contains("GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"1\"")),
+        "{text}"
+    );
+    // no utilization for the GPUs with MIG on, as live
+    let util: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{"))
+        .collect();
+    assert!(util.iter().all(|l| l.contains("gpu=\"2\"")), "{util:?}");
+    let Some(promtool) = common::installed(&["promtool"]) else {
+        return;
+    };
+    let blocks = tmp.path().join("blocks");
+    let out = std::process::Command::new(&promtool)
+        .args(["tsdb", "create-blocks-from", "openmetrics"])
+        .arg(&om)
+        .arg(&blocks)
+        .output()
+        .expect("promtool tsdb create-blocks-from");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::create_dir_all(blocks.join("wal")).expect("wal dir");
+    let dump = std::process::Command::new(&promtool)
+        .args(["tsdb", "dump"])
+        .arg(&blocks)
+        .output()
+        .expect("promtool tsdb dump");
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    let series: std::collections::BTreeSet<(String, String)> = dump
+        .lines()
+        .filter(|l| l.contains("__name__=\"DCGM_FI_DEV_FB_USED\""))
+        .filter_map(|l| {
+            let gpu = l.split("gpu=\"").nth(1)?.split('"').next()?;
+            let gi = l.split("GPU_I_ID=\"").nth(1)?.split('"').next()?;
+            Some((gpu.to_string(), gi.to_string()))
+        })
+        .collect();
+    assert_eq!(series.len(), 10, "one series per MIG device: {dump:.3000}");
+    assert!(series.contains(&("0".into(), "13".into())), "{series:?}");
+    assert!(series.contains(&("1".into(), "5".into())), "{series:?}");
+}
+
+/// GPM per GPU instance (`nvmlGpmMigSampleGet`, Hopper and later) in `status --json`: the
+/// H100's GPU instances carry their own activity under `mig[].metrics` — the 3g.40gb and the
+/// 2g.20gb run a process (SM active 85 % of the GPU's ~95 % utilization), the idle 1g.10gb reads
+/// 0 — while the A100's (no GPM before Hopper) have none: `null`, never 0. The whole H100's SM
+/// activity is its instances' weighted by compute slices. With the whole GPU's GPM refused by
+/// the driver, the GPU's `sm_active` is `null` and its instances still read theirs.
+#[test]
+fn status_carries_the_gpm_metrics_of_each_gpu_instance() {
+    let s = status();
+    let gpus = s["gpus"].as_array().expect("gpus");
+    for m in gpus[0]["mig"].as_array().expect("A100 mig") {
+        let metrics = m["metrics"].as_object().expect("metrics");
+        assert!(metrics.contains_key("sm_active"), "{m}");
+        assert!(metrics.values().all(Value::is_null), "A100: no GPM: {m}");
+    }
+    let h100 = gpus[1]["mig"].as_array().expect("H100 mig");
+    let sm = |k: usize| h100[k]["metrics"]["sm_active"].as_f64();
+    let gr = |k: usize| h100[k]["metrics"]["gr_engine_active"].as_f64();
+    for k in [0, 1] {
+        let (sm, gr) = (sm(k).expect("sm_active"), gr(k).expect("gr_engine_active"));
+        assert!((90.0..=100.0).contains(&gr), "{}", h100[k]);
+        assert!((sm - 0.85 * gr).abs() < 1e-6, "{}", h100[k]);
+        assert_eq!(
+            h100[k]["metrics"]["pcie_tx_bytes"],
+            Value::Null,
+            "the GPU's"
+        );
+    }
+    assert_eq!(h100[2]["profile"], "1g.10gb");
+    assert_eq!(sm(2), Some(0.0), "the idle 1g.10gb");
+    let whole = gpus[1]["metrics"]["sm_active"].as_f64().expect("H100 SM");
+    let want = (3.0 * sm(0).expect("3g") + 2.0 * sm(1).expect("2g")) / 7.0;
+    assert!((whole - want).abs() < 1e-6, "{whole} vs {want}");
+    assert_eq!(gpus[0]["metrics"]["sm_active"], Value::Null);
+    // the text table shows each H100 instance's SM activity
+    let text = sim(
+        "mig",
+        &["status"],
+        &[("NVML_SIM_TIME_SCALE", "0"), ("NVML_SIM_START_S", "100")],
+    );
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    let line = |gi: &str| {
+        text.stdout
+            .lines()
+            .find(|l| l.contains(&format!(" {gi} ")) && l.contains("MIG "))
+            .unwrap_or_else(|| panic!("{gi}: {}", text.stdout))
+            .to_string()
+    };
+    assert!(line("1/13/0").contains("SM   0 %"), "{}", text.stdout);
+    assert!(line("1/1/0").contains("SM  "), "{}", text.stdout);
+    assert!(!line("0/7/0").contains("SM "), "{}", text.stdout);
+
+    // the driver refuses the whole GPU's GPM: the GPUs' SM activity is absent, the instances'
+    // stays
+    let refused = sim(
+        "mig",
+        &["status", "--json"],
+        &[
+            ("NVML_SIM_TIME_SCALE", "0"),
+            ("NVML_SIM_START_S", "100"),
+            ("NVML_SIM_NOT_SUPPORTED", "nvmlGpmSampleGet"),
+        ],
+    )
+    .json();
+    let g = &refused["gpus"][1];
+    assert_eq!(g["metrics"]["sm_active"], Value::Null, "{g}");
+    assert_eq!(g["gpm"]["state"], "unsupported", "{g}");
+    assert!(
+        g["mig"][0]["metrics"]["sm_active"].as_f64().is_some(),
+        "{g}"
+    );
+}
+
+/// `/metrics`: each H100 GPU instance carries `DCGM_FI_PROF_SM_ACTIVE` (a ratio) with its GPU's
+/// labels plus `GPU_I_PROFILE` and `GPU_I_ID`, as dcgm-exporter exports a GPU instance's
+/// profiling fields; the A100's GPU instances have no profiling series at all (absent, never 0).
+#[test]
+fn metrics_carry_the_profiling_series_of_each_gpu_instance() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let cfg = config(tmp.path(), Some(&format!("127.0.0.1:{port}")));
+    let d = daemon("mig", &cfg, &tmp.path().join("log"), &[]);
+    // a GPU instance's GPM needs two slow reads (the process cadence, 5 s)
+    let (_, _, page) = wait_until(
+        Duration::from_secs(40),
+        "GPU instances' DCGM_FI_PROF_SM_ACTIVE in /metrics",
+        || {
+            get(port, "/metrics", "text/plain").filter(|r| {
+                r.2.lines()
+                    .filter(|l| l.starts_with("DCGM_FI_PROF_SM_ACTIVE{") && l.contains("GPU_I_ID="))
+                    .count()
+                    == 3
+            })
+        },
+    );
+    let sm: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("DCGM_FI_PROF_SM_ACTIVE{") && l.contains("GPU_I_ID="))
+        .collect();
+    assert!(
+        sm.iter().all(|l| l.contains("gpu=\"1\"")),
+        "the H100's GPU instances only: {sm:?}"
+    );
+    let value = |gi: &str, profile: &str| -> f64 {
+        let l = sm
+            .iter()
+            .find(|l| l.contains(&format!("GPU_I_PROFILE=\"{profile}\",GPU_I_ID=\"{gi}\"")))
+            .unwrap_or_else(|| panic!("GI {gi}: {sm:?}"));
+        l.rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("value")
+    };
+    let busy = value("1", "3g.40gb");
+    assert!((0.6..=0.9).contains(&busy), "a ratio of ~0.81: {busy}");
+    assert!(value("5", "2g.20gb") > 0.6);
+    assert_eq!(value("13", "1g.10gb"), 0.0, "the idle 1g.10gb");
+    // the A100 (no GPM) has no profiling series, neither per GPU instance nor for itself
+    assert!(
+        !page
+            .lines()
+            .any(|l| l.starts_with("DCGM_FI_PROF_") && l.contains("gpu=\"0\"")),
+        "{page}"
+    );
+    // the H100 with MIG off keeps its own series, without GPU_I_ID
+    assert!(page
+        .lines()
+        .any(|l| l.starts_with("DCGM_FI_PROF_SM_ACTIVE{")
+            && l.contains("gpu=\"2\"")
+            && !l.contains("GPU_I_ID")));
+    // bandwidths are the GPU's: no GPU instance has PCIe bytes
+    assert!(
+        !page
+            .lines()
+            .any(|l| l.starts_with("DCGM_FI_PROF_PCIE_TX_BYTES{") && l.contains("GPU_I_ID")),
+        "{page}"
+    );
+    let problems = super::exporter::promtool_problems(&page);
+    assert!(problems.is_empty(), "promtool: {problems:?}\n{page}");
+    drop(d);
+}
+
+/// `record` writes a GPU instance's GPM metrics into its MIG device's row (the H100's, once two
+/// slow reads have been made; never on the A100's), `import` reads them back (the same rows),
+/// and `report` averages them per MIG device.
+#[test]
+fn record_import_and_report_carry_the_gpm_metrics_of_gpu_instances() {
+    let rec = sim(
+        "mig",
+        &[
+            "record",
+            "--interval",
+            "200ms",
+            "--duration",
+            "1450ms",
+            "--process-interval",
+            "400ms",
+        ],
+        &[],
+    );
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let (header, rows) = csv_rows(&rec.stdout);
+    let sm = |index: &str| -> Vec<String> {
+        rows.iter()
+            .filter(|r| col(&header, r, "index") == index)
+            .map(|r| col(&header, r, "sm_active").to_string())
+            .collect()
+    };
+    let busy = sm("1/1/0");
+    assert!(
+        busy.last()
+            .is_some_and(|v| v.parse::<f64>().is_ok_and(|v| v > 50.0)),
+        "{busy:?}"
+    );
+    assert!(
+        sm("1/13/0").last().is_some_and(|v| v == "0"),
+        "the idle 1g.10gb"
+    );
+    assert!(sm("0/7/0").iter().all(String::is_empty), "the A100: none");
+    assert!(
+        rows.iter()
+            .filter(|r| col(&header, r, "index").starts_with("1/"))
+            .all(|r| col(&header, r, "pcie_tx_bytes").is_empty()),
+        "no bandwidths per GPU instance"
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let file = tmp.path().join("mig-gpm.csv");
+    std::fs::write(&file, &rec.stdout).expect("write");
+    let file_s = file.to_str().expect("utf-8");
+    let imported = common::gpuwatch(&["import", file_s], &[]);
+    assert_eq!(imported.code, 0, "{}", imported.stderr);
+    let (h2, rows2) = csv_rows(&imported.stdout);
+    assert_eq!(h2, header);
+    assert_eq!(rows2, rows, "import round trip");
+    let report = common::gpuwatch(&["report", file_s], &[]);
+    assert_eq!(report.code, 0, "{}", report.stderr);
+    let line = report
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("MIG 3g.40gb 1/1/0:"))
+        .unwrap_or_else(|| panic!("{}", report.stdout));
+    assert!(line.contains("; SM active "), "{line}");
+    assert!(
+        report
+            .stdout
+            .lines()
+            .filter(|l| l.trim_start().starts_with("MIG 1g.10gb 0/"))
+            .all(|l| !l.contains("SM active")),
+        "{}",
+        report.stdout
+    );
+    let json = common::gpuwatch(&["report", "--json", file_s], &[]).json();
+    let mig = json["mig"].as_array().expect("mig");
+    let h = mig
+        .iter()
+        .find(|m| m["gpu"] == 1 && m["gpu_instance_id"] == 1)
+        .expect("3g.40gb");
+    assert!(
+        h["sm_active_mean"].as_f64().is_some_and(|v| v > 50.0),
+        "{h}"
+    );
+    let a = mig.iter().find(|m| m["gpu"] == 0).expect("an A100 slice");
+    assert_eq!(a["sm_active_mean"], Value::Null, "{a}");
+}

@@ -170,6 +170,9 @@ fn status_json_lists_the_links_and_a_pcie_board_has_none() {
         for l in links.iter().filter(|l| l["up"] == true) {
             assert_eq!(l["speed_mbps"], 26_562, "{l}");
             assert!(l["peer_gpu"].is_u64(), "a mesh: every link to a GPU: {l}");
+            assert_eq!(l["remote_type"], "gpu", "{l}");
+            // the driver's nvmlNvlinkVersion_t 6 (4_0) is NVLink 4
+            assert_eq!(l["version"], 4, "{l}");
         }
     }
     // 40 CRC flit errors a second from 20 s on (the clock runs on a little past 70 s)
@@ -242,4 +245,177 @@ fn error_counters_near_u64_max_on_two_links_saturate() {
     assert_eq!(g["nvlink"].as_array().map(Vec::len), Some(18), "{g}");
     let crc = g["metrics"]["nvlink_crc_flit_errors"].as_f64().unwrap();
     assert_eq!(crc, u64::MAX as f64, "{g}");
+}
+
+/// A scenario file in `dir`: 8 × H100 SXM on an HGX board (every link to an NVSwitch) plus
+/// `extra`.
+fn hgx(dir: &std::path::Path, name: &str, extra: &str) -> String {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "name = \"{name}\"\n[devices]\ncount = 8\nname = \"NVIDIA H100 80GB HBM3\"\n{extra}"
+        ),
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// What is at the far end of a link, from `nvmlDeviceGetNvLinkRemoteDeviceType`: on an HGX board
+/// an NVSwitch (doctor names it), in a mesh whose far GPU NVML does not list (hidden, as in a
+/// container that sees only some GPUs) a GPU not visible to gpuwatch, and on a driver without
+/// the function an unknown device — never a guessed NVSwitch.
+#[test]
+fn the_far_end_of_a_link_is_a_gpu_a_switch_or_unknown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let down = "[[nvlink.event]]\nat_s = 0\ngpu = 2\nlink = 3\nstate = \"down\"\n";
+    let switch = hgx(tmp.path(), "hgx-down", down);
+    let s = common::sim(&switch, &["status", "--json"], &[]).json();
+    for g in s["gpus"].as_array().unwrap() {
+        for l in g["nvlink"].as_array().unwrap() {
+            assert_eq!(l["remote_type"], "switch", "{l}");
+            assert!(l.get("peer_gpu").is_none(), "{l}");
+        }
+    }
+    let out = common::sim(&switch, &["doctor"], &[]);
+    assert!(
+        out.stdout
+            .contains("NVLink 3 (to NVSwitch 00000000:05:00.0) is down"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+
+    // an older driver: FUNCTION_NOT_FOUND
+    let old = hgx(
+        tmp.path(),
+        "hgx-old-driver",
+        &format!(
+            "{down}[[fault]]\nfunction = \"nvmlDeviceGetNvLinkRemoteDeviceType\"\nerror = \"FUNCTION_NOT_FOUND\"\n"
+        ),
+    );
+    let s = common::sim(&old, &["status", "--json"], &[]).json();
+    let links = s["gpus"][2]["nvlink"].as_array().unwrap();
+    assert_eq!(links.len(), 18);
+    assert!(
+        links.iter().all(|l| l.get("remote_type").is_none()),
+        "{links:?}"
+    );
+    let out = common::sim(&old, &["doctor"], &[]);
+    assert!(
+        out.stdout
+            .contains("NVLink 3 (to unknown device 00000000:05:00.0) is down"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(!out.stdout.contains("NVSwitch"), "{}", out.stdout);
+
+    // GPU 5 hidden from NVML: GPU 3's link to it goes to a GPU gpuwatch cannot see
+    let s = common::sim(
+        "nvlink-down",
+        &["status", "--json"],
+        &[("NVML_SIM_START_S", "70"), ("NVML_SIM_HIDE", "5")],
+    )
+    .json();
+    let gpu3 = s["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["index"] == 3)
+        .unwrap();
+    let l5 = &gpu3["nvlink"][5];
+    assert_eq!(l5["up"], false, "{l5}");
+    assert_eq!(l5["remote_type"], "gpu", "{l5}");
+    assert!(l5.get("peer_gpu").is_none(), "{l5}");
+    assert!(l5["remote_bus_id"].is_string(), "{l5}");
+    let out = common::sim(
+        "nvlink-down",
+        &["doctor"],
+        &[("NVML_SIM_START_S", "70"), ("NVML_SIM_HIDE", "5")],
+    );
+    let want = format!(
+        "NVLink 5 (to GPU {} (not visible to gpuwatch)) is down",
+        l5["remote_bus_id"].as_str().unwrap()
+    );
+    assert!(out.stdout.contains(&want), "{want}\n{}", out.stdout);
+}
+
+/// On an HGX board a link down raises `nvlink_errors` naming the link to the NVSwitch (not a
+/// GPU pair), through the daemon: the sampler's per-link reading reaches the rule as
+/// `gpu.nvlinks`.
+#[test]
+fn a_link_down_to_an_nvswitch_names_the_switch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hook = HttpReceiver::start();
+    let cfg = webhook_config(tmp.path(), &hook.url("/hook"));
+    let scenario = hgx(
+        tmp.path(),
+        "hgx-link-down",
+        "[[nvlink.event]]\nat_s = 0\ngpu = 2\nlink = 6\nstate = \"down\"\n",
+    );
+    let mut d = daemon(&scenario, &cfg, &tmp.path().join("log"), &[]);
+    let alert = wait_until(T, "nvlink_errors on GPU 2", || {
+        hook.accepted().iter().find_map(|r| {
+            let body = r.json();
+            body["alerts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find_map(|a| {
+                    (a["labels"]["alertname"] == "nvlink_errors"
+                        && a["status"] == "firing"
+                        && a["labels"]["gpu"] == "2")
+                        .then(|| a.clone())
+                })
+        })
+    });
+    let summary = alert["annotations"]["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("NVLink from GPU 2 to an NVSwitch (00000000:06:00.0) is down (1 link)"),
+        "{summary}"
+    );
+    d.signal(libc::SIGTERM);
+    assert!(d.wait(T).success(), "{}", d.log_text());
+}
+
+/// A mixed box: GPU 0's driver gives no NVLink error counters (NOT_SUPPORTED), GPU 1's does and
+/// they climb: GPU 1's totals stay, GPU 0's are absent. And one link of GPU 4 trained at half
+/// speed shows on that link alone: links 12–17 (read through the common speed) and the others
+/// run NVLink 4's 26,562 MB/s, and doctor names only link 3.
+#[test]
+fn one_gpu_without_counters_hides_no_other_and_one_slow_link_is_one_finding() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = hgx(
+        tmp.path(),
+        "hgx-mixed",
+        "[[nvlink.errors]]\ngpu = 1\nlink = 2\ncrc_flit_per_s = 10\n\
+         [[nvlink.event]]\nat_s = 0\ngpu = 4\nlink = 3\nstate = \"up\"\nspeed_mbps = 13281\n\
+         [[fault]]\nfunction = \"nvmlDeviceGetNvLinkErrorCounter\"\nerror = \"NOT_SUPPORTED\"\ngpus = [0]\n",
+    );
+    let env = [("NVML_SIM_TIME_SCALE", "0"), ("NVML_SIM_START_S", "10")];
+    let s = common::sim(&scenario, &["status", "--json"], &env).json();
+    let gpus = s["gpus"].as_array().unwrap();
+    assert_eq!(gpus[0]["metrics"]["nvlink_crc_flit_errors"], Value::Null);
+    assert!(gpus[0]["nvlink"][0].get("crc_flit_errors").is_none());
+    assert_eq!(gpus[1]["metrics"]["nvlink_crc_flit_errors"], 100.0);
+    assert_eq!(gpus[1]["nvlink"][2]["crc_flit_errors"], 100);
+    assert_eq!(gpus[2]["metrics"]["nvlink_crc_flit_errors"], 0.0);
+    let speeds: Vec<u64> = gpus[4]["nvlink"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["speed_mbps"].as_u64().unwrap())
+        .collect();
+    let mut want = vec![26_562; 18];
+    want[3] = 13_281;
+    assert_eq!(speeds, want);
+    let out = common::sim(&scenario, &["doctor"], &env);
+    let slow: Vec<&str> = out.stdout.lines().filter(|l| l.contains("MB/s")).collect();
+    assert_eq!(slow.len(), 1, "{}", out.stdout);
+    assert!(
+        slow[0].contains("NVLink 3 (to NVSwitch 00000000:05:00.0) runs at 13281 MB/s, below the 26562 MB/s of NVLink 4"),
+        "{}",
+        out.stdout
+    );
 }

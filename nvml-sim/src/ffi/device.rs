@@ -319,16 +319,46 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
-getter!(nvmlDeviceGetBAR1MemoryInfo, nvmlBAR1Memory_t, |d| {
-    let _ = &d;
-    let total: u64 = 128 * 1024 * 1024 * 1024;
-    let used: u64 = 45 * 1024 * 1024;
-    Ok(nvmlBAR1Memory_t {
-        bar1Total: total,
-        bar1Free: total - used,
-        bar1Used: used,
+/// A GPU's BAR1 aperture, bytes.
+const BAR1_TOTAL: u64 = 128 * 1024 * 1024 * 1024;
+
+/// BAR1 of the GPU, or of one of its MIG devices: as real drivers answer (`nvidia-smi`'s MIG
+/// table), a MIG device's aperture is its share of the GPU's by memory slices less 1 MiB
+/// (`32767MiB` for a 3g.20gb of an A100 40GB), 4 MiB of it used while a process runs on it.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetBAR1MemoryInfo(
+    device: nvmlDevice_t,
+    out: *mut nvmlBAR1Memory_t,
+) -> nvmlReturn_t {
+    entry("nvmlDeviceGetBAR1MemoryInfo", || {
+        let (d, on) = dev_or_mig("nvmlDeviceGetBAR1MemoryInfo", device)?;
+        let (total, used) = match on {
+            On::Gpu => (BAR1_TOTAL, 45 * 1024 * 1024),
+            On::Mig(k) => {
+                let slices = d.mig_device(k).map_or(1, |m| m.profile.memory_slices);
+                let total = (BAR1_TOTAL / u64::from(crate::mig::MEMORY_SLICES))
+                    .saturating_mul(u64::from(slices))
+                    .saturating_sub(1024 * 1024);
+                let busy = d
+                    .sim
+                    .processes(d.gpu, d.t, false)
+                    .iter()
+                    .any(|p| p.mig == Some(k as u32));
+                (total, if busy { 4 * 1024 * 1024 } else { 0 })
+            }
+        };
+        unsafe {
+            put(
+                out,
+                nvmlBAR1Memory_t {
+                    bar1Total: total,
+                    bar1Free: total - used,
+                    bar1Used: used,
+                },
+            )
+        }
     })
-});
+}
 
 // --- thermals / power -----------------------------------------------------------------------
 
@@ -1011,6 +1041,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             let fv = unsafe { &mut *values.add(i) };
             fv.timestamp = ts;
             fv.latencyUsec = 0;
+            crate::counts::field(fv.fieldId);
             match field_value(&d, fv.fieldId) {
                 Ok((value_type, value)) => {
                     fv.valueType = value_type;

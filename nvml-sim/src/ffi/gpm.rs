@@ -1,7 +1,8 @@
 //! The GPM exports (`nvmlGpm*`): support query, sample alloc/free/get and the metrics between two
 //! samples (the model is in `crate::gpm`). A GPU answers only when its scenario says `gpm`
 //! (Hopper and later by default); elsewhere `nvmlGpmQueryDeviceSupport` says unsupported and
-//! the other device calls answer `NOT_SUPPORTED`, as a real driver does on an A100.
+//! the other device calls answer `NOT_SUPPORTED`, as a real driver does on an A100. On a GPU with
+//! MIG on, `nvmlGpmMigSampleGet` samples one GPU instance.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -99,6 +100,42 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
             Taken {
                 gpu: d.gpu,
                 t_s: d.t,
+                gpu_instance: None,
+            },
+        )
+    })
+}
+
+/// A sample of one GPU instance of a GPU with MIG on (`device` is the GPU's handle, not a MIG
+/// device's): `NOT_SUPPORTED` without GPM or with MIG off (and for a MIG device handle),
+/// `INVALID_ARGUMENT` for a GPU instance the GPU does not have. Costs what `nvmlGpmSampleGet`
+/// does (`latency.rs`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMigSampleGet(
+    device: nvmlDevice_t,
+    gpu_instance_id: c_uint,
+    sample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
+    const NAME: &str = "nvmlGpmMigSampleGet";
+    entry(NAME, || {
+        let d = dev(NAME, device)?;
+        let mig = &d.spec().mig;
+        if !d.spec().gpm || !mig.active() {
+            return Err(code::NOT_SUPPORTED);
+        }
+        if !mig
+            .devices
+            .iter()
+            .any(|m| m.gpu_instance_id == gpu_instance_id)
+        {
+            return Err(code::INVALID_ARGUMENT);
+        }
+        gpm::fill(
+            sample as usize,
+            Taken {
+                gpu: d.gpu,
+                t_s: d.t,
+                gpu_instance: Some(gpu_instance_id),
             },
         )
     })
@@ -153,7 +190,8 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) ->
         }
         let a = gpm::taken(s1 as usize)?;
         let b = gpm::taken(s2 as usize)?;
-        if a.gpu != b.gpu {
+        // two samples of one GPU, or of one GPU instance
+        if a.gpu != b.gpu || a.gpu_instance != b.gpu_instance {
             return Err(code::INVALID_ARGUMENT);
         }
         CALL_GPU.with(|c| c.set(Some(a.gpu)));
@@ -171,7 +209,7 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) ->
             let m = unsafe { metrics.add(i) };
             // SAFETY: as above.
             let id = unsafe { addr_of!((*m).metricId).read() };
-            let result = gpm::value(&sim, a.gpu, id, (a.t_s, b.t_s), &mut memo);
+            let result = gpm::value(&sim, a.gpu, a.gpu_instance, id, (a.t_s, b.t_s), &mut memo);
             // SAFETY: as above.
             unsafe { answer(m, result, id) };
         }

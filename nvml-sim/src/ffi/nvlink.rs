@@ -89,7 +89,9 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkVersion(
     entry("nvmlDeviceGetNvLinkVersion", || {
         let d = dev("nvmlDeviceGetNvLinkVersion", device)?;
         let spec = link_of(&d, link)?;
-        unsafe { put(version, spec.version) }
+        // a real driver answers nvmlNvlinkVersion_t (6 = NVLINK_VERSION_4_0 on an H100), not
+        // the generation
+        unsafe { put(version, crate::nvlink::nvml_version(spec.version)) }
     })
 }
 
@@ -172,7 +174,8 @@ fn per_link(id: u32, first: u32, second: u32) -> Option<u32> {
 
 /// An NVLink field of `nvmlDeviceGetFieldValues` (ULL unless noted; NOT_SUPPORTED without
 /// NVLink or for a link the GPU lacks): error counters per link and in total (32–59, 96–119),
-/// speeds (84–90, 132–137; UINT, MB/s, 0 for a link that is down), link count (91; UINT) and
+/// speeds (84–89, 132–137: UINT, MB/s, 0 for a link that is down; 90: the speed the links that
+/// are up share, see `Nvlink::common_speed`), link count (91; UINT) and
 /// the throughput counters (138–141, KiB; raw = data here).
 pub(super) fn field_value(d: &Dev, id: u32) -> Result<(nvmlValueType_t, nvmlValue_t), u32> {
     const UINT: nvmlValueType_t = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT;
@@ -237,16 +240,9 @@ pub(super) fn field_value(d: &Dev, id: u32) -> Result<(nvmlValueType_t, nvmlValu
         return ui(nv.state(d.gpu, l, d.t).1);
     }
     match id {
-        NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON => {
-            // the speed every link that is up runs at (the slowest of them)
-            let speed = (0..links)
-                .map(|l| nv.state(d.gpu, l, d.t))
-                .filter(|(up, _)| *up)
-                .map(|(_, s)| s)
-                .min()
-                .unwrap_or(0);
-            ui(speed)
-        }
+        // the speed the links share: one link trained lower (an event) shows in its own
+        // field (links 0–11), not here — on a real H100 every NVLink 4 link runs the same speed
+        NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON => ui(nv.common_speed(d.gpu, d.t)),
         NVML_FI_DEV_NVLINK_LINK_COUNT => ui(links),
         NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX | NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX => {
             ull(crate::nvlink::throughput_kib(&d.sim, d.gpu, d.t, true))

@@ -34,7 +34,6 @@ not_supported!(
     nvmlDeviceGetDetailedEccErrors,
     nvmlDeviceGetViolationStatus,
     nvmlDeviceGetNvLinkUtilizationCounter,
-    nvmlGpmMigSampleGet,
     nvmlDeviceGetFanSpeedRPM,
     nvmlDeviceGetMinMaxFanSpeed,
     nvmlDeviceGetFanControlPolicy_v2,

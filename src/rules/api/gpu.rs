@@ -15,6 +15,7 @@ use std::sync::Arc;
 use rhai::{Array, Dynamic, Engine, ImmutableString, Map};
 
 use super::{duration_ms, nodata, num_arg, number, RhaiResult};
+use crate::model::nvlink::NvlinkView;
 use crate::model::{
     clock_event_mask, DeviceId, DeviceState, Metric, MigSample, NvmlFunction, ProcSample, XidNote,
     METRICS,
@@ -43,6 +44,8 @@ pub enum Input {
     Processes,
     /// `gpu.mig`: the MIG devices of a GPU with MIG on.
     Mig,
+    /// `gpu.nvlinks`: the GPU's NVLinks as last read.
+    Nvlinks,
     /// `gpu.interval`: the observed sampling interval, ms.
     Interval,
     /// `gpu.xids(duration)`: distinct XID codes within the duration (ms).
@@ -71,6 +74,8 @@ pub enum Value {
     Procs(Vec<ProcSample>),
     /// The MIG devices.
     Mig(Vec<MigSample>),
+    /// The NVLinks as last read (none without NVLink or a fresh reading).
+    Nvlinks(Option<Arc<NvlinkView>>),
     /// XID codes.
     Codes(Vec<u64>),
     /// Idle-run statistics.
@@ -112,6 +117,11 @@ impl PartialEq for Value {
             }
             (Value::Codes(a), Value::Codes(b)) => a == b,
             (Value::Mig(a), Value::Mig(b)) => a == b,
+            (Value::Nvlinks(a), Value::Nvlinks(b)) => match (a, b) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+                (None, None) => true,
+                _ => false,
+            },
             (Value::Name(a), Value::Name(b)) => a == b,
             (Value::Notes(a), Value::Notes(b)) => a == b,
             (Value::Runs(a), Value::Runs(b)) => match (a, b) {
@@ -166,6 +176,7 @@ impl Input {
             Input::Stalled => Value::Name(hist.state.stalled_in().map(NvmlFunction::symbol)),
             Input::Processes => Value::Procs(hist.processes.clone()),
             Input::Mig => Value::Mig(hist.mig.clone()),
+            Input::Nvlinks => Value::Nvlinks(hist.nvlink.clone()),
             Input::Interval => Value::Int(hist.interval_ms),
             Input::Xids(dur) => Value::Codes(hist.xids_in(now_ms, dur)),
             Input::XidEvents(dur) => {
@@ -352,6 +363,13 @@ impl GpuHandle {
         }
     }
 
+    fn nvlinks(&self) -> Option<Arc<NvlinkView>> {
+        match self.view.get(Input::Nvlinks) {
+            Value::Nvlinks(v) => v,
+            _ => None,
+        }
+    }
+
     fn series(&self, metric: Metric) -> Series {
         Series {
             gpu: self.clone(),
@@ -448,7 +466,9 @@ fn xid_event(n: XidNote) -> Dynamic {
 /// One MIG device as scripts see it (`gpu.mig`, `p.mig`): `#{ index, uuid, gpu_instance_id,
 /// compute_instance_id, profile, slices, mem_used, mem_total, pids, address, name }` —
 /// `address` is `GPU/GI/CI` (`0/7/0`), `name` `MIG 1g.10gb 0/7/0`, `slices` the profile's
-/// compute slices (of 7); unknown values `()`.
+/// compute slices (of 7) — and its GPU instance's GPM metrics under their table keys
+/// (`sm_active`, `tensor_active`, `dram_active`, … percent; Hopper and later); unknown values
+/// `()`.
 pub fn mig_device(d: &MigSample) -> Dynamic {
     let mut m = Map::new();
     m.insert("index".into(), Dynamic::from_int(i64::from(d.index)));
@@ -488,7 +508,70 @@ pub fn mig_device(d: &MigSample) -> Dynamic {
     );
     m.insert("address".into(), Dynamic::from(d.address()));
     m.insert("name".into(), Dynamic::from(d.describe()));
+    for row in crate::model::METRICS.iter().filter(|r| r.source.is_gpm()) {
+        m.insert(
+            row.key.into(),
+            d.gpm.get(row.id).map_or(Dynamic::UNIT, Dynamic::from_float),
+        );
+    }
     Dynamic::from_map(m)
+}
+
+/// A GPU's NVLinks as scripts see them (`gpu.nvlinks`): one map per link, `#{ index, up,
+/// speed_mbps, full_speed_mbps, version, remote, remote_bus_id, peer_gpu, far_end,
+/// crc_flit_errors, crc_data_errors, replay_errors, recovery_errors, crc_flit_delta,
+/// crc_data_delta, replay_delta, recovery_delta, interval_s }` — `remote` is what the far end is
+/// (`"gpu"`, `"switch"`, `"ibm_npu"`, `"unknown"`, or `()` when the driver cannot say),
+/// `peer_gpu` the NVML index of a GPU at the far end that this machine lists, `far_end` the far
+/// end in words (`GPU 5`, `NVSwitch 00000000:05:00.0`, …), the error counters cumulative and
+/// their `_delta` the rise since the reading before, `interval_s` seconds ago; unknown values
+/// `()`. Built only when a script reads it.
+fn nvlinks(g: &GpuHandle) -> Array {
+    let Some(view) = g.nvlinks() else {
+        return Array::new();
+    };
+    let int = |v: Option<u32>| v.map_or(Dynamic::UNIT, |v| Dynamic::from_int(i64::from(v)));
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "error counts fit f64 exactly below 2^53"
+    )]
+    let count = |v: Option<u64>| v.map_or(Dynamic::UNIT, |v| Dynamic::from_float(v as f64));
+    let interval = view.interval_s.map_or(Dynamic::UNIT, Dynamic::from_float);
+    view.links
+        .iter()
+        .zip(&view.deltas)
+        .map(|(l, d)| {
+            let mut m = Map::new();
+            m.insert("index".into(), Dynamic::from_int(i64::from(l.link)));
+            m.insert("up".into(), Dynamic::from_bool(l.up));
+            m.insert("speed_mbps".into(), int(l.speed_mbps));
+            m.insert("full_speed_mbps".into(), int(l.full_speed_mbps()));
+            m.insert("version".into(), int(l.version));
+            m.insert(
+                "remote".into(),
+                l.remote_type
+                    .map_or(Dynamic::UNIT, |t| Dynamic::from(t.as_str())),
+            );
+            m.insert(
+                "remote_bus_id".into(),
+                l.remote_bus_id.clone().map_or(Dynamic::UNIT, Dynamic::from),
+            );
+            m.insert("peer_gpu".into(), int(l.peer_gpu));
+            m.insert("far_end".into(), Dynamic::from(l.far_end()));
+            let names = [
+                ("crc_flit_errors", "crc_flit_delta"),
+                ("crc_data_errors", "crc_data_delta"),
+                ("replay_errors", "replay_delta"),
+                ("recovery_errors", "recovery_delta"),
+            ];
+            for (((total, delta), v), dv) in names.iter().zip(l.counters()).zip(d) {
+                m.insert((*total).into(), count(v));
+                m.insert((*delta).into(), count(*dv));
+            }
+            m.insert("interval_s".into(), interval.clone());
+            Dynamic::from_map(m)
+        })
+        .collect()
 }
 
 fn processes(g: &GpuHandle) -> Array {
@@ -565,6 +648,7 @@ pub(super) fn register(engine: &mut Engine) {
     engine.register_get("mig", |g: &mut GpuHandle| -> Array {
         g.mig().iter().map(mig_device).collect()
     });
+    engine.register_get("nvlinks", |g: &mut GpuHandle| nvlinks(g));
     engine.register_get("process_count", |g: &mut GpuHandle| {
         i64::try_from(g.processes().len()).unwrap_or(i64::MAX)
     });
