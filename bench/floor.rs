@@ -17,6 +17,8 @@
 //! link, one field-values call for speeds and throughput); the energy / replay and PCIe byte
 //! counters at their own multiples of it. With `NVML_SIM_CALL_COUNTS` set, nvml-sim counts each
 //! function's calls so `bench/sampler.sh` can show that gpuwatch and the floor made the same.
+//! It covers GPUs as `healthy` has them (with or without GPM and NVLink); MIG devices (their
+//! listing and per-instance GPM) are not among its calls, so on a MIG scenario it makes fewer.
 //!
 //! Prints one JSON line: ticks, CPU seconds after start-up (getrusage), CPU per tick and per
 //! device-sample, peak RSS (VmHWM) and the RSS right after `nvmlInit` and the device handles
@@ -131,6 +133,10 @@ fn make(d: &Device<'static>, c: Call) -> Result<(), NvmlError> {
     }
 }
 
+fn bit(m: Metric) -> u64 {
+    1 << (m as u8)
+}
+
 /// An answer that means "not on this GPU": the query is asked no more (as the sampler does).
 fn gone(r: &Result<(), NvmlError>) -> bool {
     matches!(
@@ -148,6 +154,8 @@ fn gone(r: &Result<(), NvmlError>) -> bool {
 struct Plan {
     fields: Vec<(FieldId, Metric)>,
     calls: Vec<(Call, Vec<Metric>)>,
+    /// The field ids asked with each skip set (per counter-class combination), made once.
+    ids: Vec<(u64, Vec<FieldId>)>,
 }
 
 impl Plan {
@@ -158,19 +166,27 @@ impl Plan {
         }
     }
 
-    /// Reads the plan, leaving out the rows in `skip`; drops what the GPU does not answer.
-    fn read(&mut self, d: &Device<'static>, skip: &[Metric]) {
-        let ids: Vec<FieldId> = self
-            .fields
-            .iter()
-            .filter(|(_, m)| !skip.contains(m))
-            .map(|(f, _)| f.clone())
-            .collect();
-        if !ids.is_empty() {
-            let _ = d.field_values_for(&ids);
+    /// Reads the plan, leaving out the rows in `skip` (a per-metric mask); drops what the GPU
+    /// does not answer.
+    fn read(&mut self, d: &Device<'static>, skip: u64) {
+        let pos = match self.ids.iter().position(|(k, _)| *k == skip) {
+            Some(p) => p,
+            None => {
+                let ids = self
+                    .fields
+                    .iter()
+                    .filter(|(_, m)| skip & bit(*m) == 0)
+                    .map(|(f, _)| f.clone())
+                    .collect();
+                self.ids.push((skip, ids));
+                self.ids.len() - 1
+            }
+        };
+        if !self.ids[pos].1.is_empty() {
+            let _ = d.field_values_for(&self.ids[pos].1);
         }
         self.calls.retain(|(c, ms)| {
-            if ms.iter().all(|m| skip.contains(m)) {
+            if ms.iter().all(|m| skip & bit(*m) != 0) {
                 return true;
             }
             !gone(&make(d, *c))
@@ -186,7 +202,8 @@ struct Gpu {
     mig_mode: bool,
     links: Vec<u32>,
     link_fields: Vec<FieldId>,
-    counters_supported: [bool; 4],
+    /// Per link: the error counters it answers (NOT_SUPPORTED or no symbol: asked no more).
+    counters_supported: Vec<[bool; 4]>,
 }
 
 const LINK_COUNTERS: [ErrorCounter; 4] = [
@@ -295,12 +312,12 @@ impl Gpu {
             mig_mode,
             links,
             link_fields,
-            counters_supported: [true; 4],
+            counters_supported: vec![[true; 4]; 18],
         }
     }
 
     fn tick(&mut self, nvml: &'static Nvml, n: u64) {
-        self.fast.read(&self.dev, &[]);
+        self.fast.read(&self.dev, 0);
         if let Some((samples, req)) = self.gpm.as_mut() {
             let cur = (n % 2) as usize;
             if gpm_sample_get(nvml, &self.dev, &samples[cur]).is_ok() && n > 0 {
@@ -317,7 +334,7 @@ impl Gpu {
         }
     }
 
-    fn slow(&mut self, skip: &[Metric]) {
+    fn slow(&mut self, skip: u64) {
         let _ = self.dev.running_compute_processes();
         let _ = self.dev.running_graphics_processes();
         if self.mig_mode {
@@ -327,12 +344,17 @@ impl Gpu {
         for &l in &self.links {
             let link = self.dev.link_wrapper_for(l);
             let _ = link.is_active();
+            let supported = &mut self.counters_supported[l as usize];
             for (i, c) in LINK_COUNTERS.iter().enumerate() {
-                if self.counters_supported[i] {
-                    let r = link.error_counter(*c).map(drop);
-                    if gone(&r) {
-                        self.counters_supported[i] = false;
-                    }
+                if supported[i]
+                    && matches!(
+                        link.error_counter(*c),
+                        Err(NvmlError::NotSupported
+                            | NvmlError::FunctionNotFound
+                            | NvmlError::FailedToLoadSymbol(_))
+                    )
+                {
+                    supported[i] = false;
                 }
             }
         }
@@ -424,16 +446,25 @@ fn main() {
             Err(_) => Some(set),
         };
     }
-    let tick = interval.as_millis().max(1) as u64;
-    let rounds_every = (process_interval.as_millis() as u64 / tick).max(1);
-    let counters: Vec<(&[Metric], u64)> = gpuwatch::sampler::COUNTERS
+    let process_ms = i64::try_from(process_interval.as_millis())
+        .unwrap_or(i64::MAX)
+        .max(1);
+    // per counter class: its metrics as a mask, its cadence, when it was last read
+    let mut counters: Vec<(u64, i64, Option<Instant>)> = gpuwatch::sampler::COUNTERS
         .iter()
-        .map(|(m, n)| (*m, u64::try_from(*n).unwrap_or(1)))
+        .map(|(ms, n)| {
+            let mask = ms.iter().fold(0, |m, x| m | bit(*x));
+            (
+                mask,
+                gpuwatch::sampler::counter_every_ms(*n, process_ms),
+                None,
+            )
+        })
         .collect();
     let start = Instant::now();
     let mut cpu0 = None;
     let (mut n, mut measured) = (0u64, 0u64);
-    let mut round = 0u64;
+    let mut last_round: Option<Instant> = None;
     while start.elapsed() < run_for {
         let due = start + interval * u32::try_from(n).unwrap_or(u32::MAX);
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
@@ -448,16 +479,23 @@ fn main() {
         if let Some(set) = events.as_ref() {
             let _ = set.wait(0);
         }
-        if n % rounds_every == 0 {
-            let skip: Vec<Metric> = counters
-                .iter()
-                .filter(|(_, every)| round % every != 0)
-                .flat_map(|(m, _)| m.iter().copied())
-                .collect();
-            for g in &mut gpus {
-                g.slow(&skip);
+        let now = Instant::now();
+        if last_round.is_none_or(|t| now.duration_since(t) >= process_interval) {
+            last_round = Some(now);
+            let mut skip = 0;
+            for (mask, every_ms, at) in &mut counters {
+                // a little early is due, as in the sampler
+                let every =
+                    Duration::from_millis(u64::try_from(*every_ms - process_ms / 2).unwrap_or(0));
+                if at.is_none_or(|t| now.duration_since(t) >= every) {
+                    *at = Some(now);
+                } else {
+                    skip |= *mask;
+                }
             }
-            round += 1;
+            for g in &mut gpus {
+                g.slow(skip);
+            }
         }
         if cpu0.is_some() {
             measured += 1;

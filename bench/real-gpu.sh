@@ -35,10 +35,12 @@
 #      copy loop under `gpuwatch record` and the medians of util, sm_active, tensor_active and
 #      dram_active per loop (expected: ~100 % util with low SM active, high tensor active, high
 #      DRAM active) into $OUT/gpm-loads.txt;
-#   6. (real driver only) bench/sampler.py without a simulator: `gpuwatch record --stats` beside
-#      gpustat's `new_query()` loop at 100 ms and 1 s, gpuwatch's CPU over a window of
-#      REAL_GPU_BENCH_S seconds each (60: every slow cadence at its own rate; skipped when gpustat
-#      is not importable), and bench/daemon.py: `gpuwatch daemon` with every stock
+#   6. (real driver only) bench/sampler.py without a simulator: `gpuwatch record --stats` and
+#      `gpuwatch daemon` beside the floor (bench/floor.rs: the sampler's NVML calls alone, on this
+#      driver) and, when importable, gpustat's and nvitop's query loops, at 100 ms and 1 s, with
+#      GPM and with --no-gpm; CPU over a window of REAL_GPU_BENCH_S seconds each (60: every slow
+#      cadence at its own rate): gpuwatch's ratio to the floor on real hardware; and
+#      bench/daemon.py: `gpuwatch daemon` with every stock
 #      rule for REAL_GPU_DAEMON_S seconds (60), its CPU and peak RSS.
 #
 # Outputs go to REAL_GPU_OUT (default: a new temporary directory); with --sim nothing is written
@@ -78,7 +80,7 @@ fail() { echo "FAILED: $*"; FAILED=1; }
 if [ -z "${GPUWATCH_BIN:-}" ] || [ -z "${NVML_LATENCY_BIN:-}" ] || { [ "$SIM" = 1 ] && [ -z "${NVML_SIM_LIB:-}" ]; }; then
     step "build (release)"
     { cargo build --release -q -p gpuwatch -p nvml-sim &&
-        cargo build --release -q -p gpuwatch --example nvml_latency; } || { echo "FAILED: build"; exit 1; }
+        cargo build --release -q -p gpuwatch --example nvml_latency --example floor; } || { echo "FAILED: build"; exit 1; }
 fi
 GW="${GPUWATCH_BIN:-$ROOT/target/release/gpuwatch}"
 LAT="${NVML_LATENCY_BIN:-$ROOT/target/release/examples/nvml_latency}"
@@ -291,15 +293,19 @@ PY
 fi
 
 # ---- 6. CPU per device-sample beside gpustat, and the daemon, on this driver -------------------------
-step "gpuwatch record beside gpustat's query loop on this driver"
+step "gpuwatch record and daemon beside the floor (and gpustat, nvitop) on this driver"
 if [ "$SIM" = 1 ]; then
     echo "skipped: side-by-side CPU: bench/sampler.sh measures it on nvml-sim"
-elif ! python3 -c 'import gpustat' 2>/dev/null; then
-    echo "skipped: side-by-side CPU: gpustat is not importable"
 else
-    python3 bench/sampler.py --seconds "${REAL_GPU_BENCH_S:-60}" --gpuwatch "$GW" | tee "$OUT/sampler.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] || fail "side-by-side CPU"
+    PEERS=()
+    python3 -c 'import gpustat, nvitop' 2>/dev/null && PEERS=(--peers)
+    for pass in "${PEERS[@]:-}" --no-gpm; do
+        python3 bench/sampler.py --seconds "${REAL_GPU_BENCH_S:-60}" --gpuwatch "$GW" \
+            --floor target/release/examples/floor $pass | tee -a "$OUT/sampler.txt"
+        [ "${PIPESTATUS[0]}" = 0 ] || fail "side-by-side CPU"
+    done
 fi
+
 step "gpuwatch daemon on this driver: CPU and peak RSS"
 if [ "$SIM" = 1 ]; then
     echo "skipped: daemon CPU and RSS: bench/daemon.sh measures them on nvml-sim"

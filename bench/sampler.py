@@ -1,21 +1,29 @@
 """Side-by-side benchmark driver (run by bench/sampler.sh).
 
-For each interval (100 ms, then 1 s) starts, at the same time, `gpuwatch record --stats` (CSV to
-/dev/null) and a Python process running gpustat's own query loop (`gpustat.new_query()` at the
-same interval), both against the same simulated NVML library playing the `healthy` scenario
-(8 GPUs) with nvml-sim's default call costs (measured on an H200: getters ~1 us, the energy
-counter 3 ms of CPU, PCIe throughput 20 ms, init 10 ms; process lists 3 ms), or — without
-`--sim-lib` — against the system's real driver (bench/real-gpu.sh does that on a GPU machine).
-gpuwatch's steady-state CPU is the CPU time of all its threads (the kernel's per-thread
-schedstat, in ns) over a window of SECONDS (default 60) that starts WARM_S (3 s) after it
-started: start-up (dlopen, nvmlInit, the first read of every counter) is outside it, and a 60 s
-window holds each slow cadence at its own rate (the energy counter once, the PCIe counters
-twice, the process lists twelve times). Its whole-run CPU (wait4, start-up included) is printed
-too. gpustat's loop runs for the same time and measures itself after its imports and a warm-up
-query, which favours gpustat; it keeps fewer ticks than asked on several GPUs because
-`new_query()` sleeps 0.1 s per GPU that has processes (its CPU per query is what is compared).
-Peak RSS is each child's VmHWM. gpuwatch's ticks kept and sample wall times come from its
---stats line; its CPU per tick counts the ticks due in the window less the share it skipped.
+For each interval (100 ms, then 1 s) starts, at the same time and against the same simulated NVML
+library playing the `healthy` scenario (8 GPUs) with nvml-sim's default call costs (measured on an
+H200: getters ~1 us, the energy counter 3 ms of CPU, PCIe byte counters 0.13 ms, process lists
+3 ms of waiting; the GPM sample 200 us, an estimate until measured on a Hopper GPU), or — without
+`--sim-lib` — the system's real driver:
+
+* `gpuwatch record --stats` (CSV to /dev/null),
+* `gpuwatch daemon` (every stock rule, the exporter on a loopback port, no channels),
+* the floor (`bench/floor.rs`): the sampler's NVML calls at its cadences on one thread, nothing
+  else — what the calls cost by themselves,
+* with `--peers`, gpustat's own query loop (`gpustat.new_query()`) and nvitop's
+  (`Device.as_snapshot()` and `processes()` per GPU) at the same interval, for context.
+
+gpuwatch's and the floor's steady-state CPU is the CPU time of all their threads (the kernel's
+per-thread schedstat, in ns) over a window of SECONDS (default 60) that starts WARM_S (3 s) after
+they started: start-up (dlopen, nvmlInit, the first read of every counter) is outside it, and a
+60 s window holds each slow cadence at its own rate (the PCIe byte counters twice, the replay
+counter once, the process lists twelve times; the energy counter is read hourly, so a window of
+an hour holds one read: 8 x 3 ms an hour). The peers measure themselves after their imports and a
+warm-up query, which favours them. The headline is CPU per device-sample over the floor's.
+With `--no-gpm` gpuwatch and the floor run without GPM (the GPM sample's estimated cost dominates
+the floor with it). nvml-sim's call counts (NVML_SIM_CALL_COUNTS) show whether gpuwatch and the
+floor made the same calls (counting is lock-free and the same for both). Peak RSS is each child's
+VmHWM; the floor also reports its RSS right after nvmlInit (the library's own floor).
 """
 
 import argparse
@@ -197,7 +205,9 @@ print(json.dumps({"ticks": ticks, "cpu_s": cpu() - c0, "gpus": len(devices)}))
 
 
 def read_counts(path):
-    """nvml-sim's call counts (NVML_SIM_CALL_COUNTS): {symbol: count}."""
+    """nvml-sim's call counts (NVML_SIM_CALL_COUNTS): {symbol: count}; None without the file."""
+    if not os.path.exists(path):
+        return None
     counts = {}
     try:
         with open(path) as f:
@@ -222,6 +232,9 @@ START_ONLY = ("nvmlInit", "nvmlShutdown", "nvmlSystemGet", "nvmlDeviceGetCount",
 def compare_counts(name, mine, floor, rounds):
     """The calls `name` made that the floor did not (or fewer), beyond a tick's and a slow
     round's worth (the two may start and end a round apart)."""
+    if mine is None or floor is None:
+        print(f"  no call counts from {name if mine is None else 'the floor'} (did it exit cleanly?)")
+        return
     out = []
     for k in sorted(set(mine) | set(floor)):
         if k.startswith(START_ONLY):
@@ -359,6 +372,7 @@ listen = "127.0.0.1:0"
     if a.sim_lib:
         floor_counts = read_counts(paths["floor"]["counts"])
         for n in ("gpuwatch record", "gpuwatch daemon"):
+            # slow rounds in the run, at the default 5 s process interval
             compare_counts(n, read_counts(paths[n]["counts"]), floor_counts, run_s / 5.0)
     for n in paths:
         for p in paths[n].values():

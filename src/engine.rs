@@ -434,14 +434,18 @@ impl Engine {
             {
                 h.mig = snap.mig_of(index).cloned().collect();
             }
-            // a new reading of its links (a slow-path round): the view follows the one before
+            // a new reading of its links (a slow-path round): the view follows the one before,
+            // however many snapshots came without a current reading (kept for the rises, hidden
+            // from rules meanwhile)
             match snap.nvlink.iter().find(|n| n.gpu == index) {
-                Some(n) if h.nvlink.as_ref().is_none_or(|v| v.time_ms != n.time_ms) => {
-                    let view = crate::model::nvlink::NvlinkView::next(h.nvlink.as_deref(), n);
-                    h.nvlink = Some(Arc::new(view));
+                Some(n) => {
+                    if h.nvlink.as_ref().is_none_or(|v| v.time_ms != n.time_ms) {
+                        let view = crate::model::nvlink::NvlinkView::next(h.nvlink.as_deref(), n);
+                        h.nvlink = Some(Arc::new(view));
+                    }
+                    h.nvlink_stale = false;
                 }
-                Some(_) => {}
-                None => h.nvlink = None,
+                None => h.nvlink_stale = true,
             }
             self.present.push(index);
         }

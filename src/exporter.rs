@@ -235,9 +235,10 @@ fn mig_labels(g: &GpuSample, m: &MigSample, host: &str) -> String {
     )
 }
 
-/// A MIG device's value of a metric dcgm-exporter reports per MIG device: its framebuffer
-/// (used, free, total) and its GPU instance's profiling metrics (`DCGM_FI_PROF_*`, from GPM;
-/// utilization and the rest are per GPU, or absent on MIG GPUs).
+/// A GPU instance's value of a metric dcgm-exporter reports per GPU instance: its framebuffer
+/// (used, free, total) and its profiling metrics (`DCGM_FI_PROF_*`, from GPM: the rows a GPU
+/// instance has, `Metric::per_gpu_instance`; utilization and the rest are per GPU, or absent on
+/// MIG GPUs), as its MIG device `m` carries them.
 fn mig_value(m: &MigSample, metric: Metric) -> Option<f64> {
     #[expect(
         clippy::cast_precision_loss,
@@ -248,27 +249,32 @@ fn mig_value(m: &MigSample, metric: Metric) -> Option<f64> {
         Metric::MemUsed => m.mem_used_bytes.map(f),
         Metric::MemTotal => m.mem_total_bytes.map(f),
         Metric::MemFree => Some(f(m.mem_total_bytes?.saturating_sub(m.mem_used_bytes?))),
-        _ => m.gpm.get(metric),
+        _ if metric.per_gpu_instance() => m.gpm.get(metric),
+        _ => None,
     }
 }
 
-/// The values of metric `d` of MIG devices `mig` (each with its GPU's position in the
-/// snapshot), as the page and the backfill carry them: a GPU instance's GPM once, under its
-/// first MIG device (its compute instances share it, and dcgm-exporter's labels name the GPU
-/// instance only).
+/// The GPU instances among MIG devices `mig` (each with its GPU's position in the snapshot):
+/// the first MIG device of each (GPU, GPU instance). dcgm-exporter's labels name the GPU
+/// instance only (`GPU_I_PROFILE`, `GPU_I_ID`), and the compute instances of one GPU instance
+/// share its memory and its GPM, so each series is written once per GPU instance, with what
+/// its first compute instance reports — never twice with the same labels.
+fn gpu_instances<'a>(mig: &[(usize, &'a MigSample)]) -> Vec<(usize, &'a MigSample)> {
+    let mut seen = std::collections::HashSet::with_capacity(mig.len());
+    mig.iter()
+        .filter(|(_, m)| seen.insert((m.gpu_index, m.gpu_instance_id)))
+        .copied()
+        .collect()
+}
+
+/// The values of metric `d` of GPU instances `gis` ([`gpu_instances`]), as the page and the
+/// backfill carry them.
 fn mig_values<'a>(
-    mig: &[(usize, &'a MigSample)],
+    gis: &[(usize, &'a MigSample)],
     d: &MetricDesc,
 ) -> Vec<(usize, &'a MigSample, f64)> {
-    mig.iter()
-        .enumerate()
-        .filter(|(k, (_, m))| {
-            !d.source.is_gpm()
-                || !mig[..*k].iter().any(|(_, o)| {
-                    o.gpu_index == m.gpu_index && o.gpu_instance_id == m.gpu_instance_id
-                })
-        })
-        .filter_map(|(_, (i, m))| mig_value(m, d.id).map(|v| (*i, *m, v)))
+    gis.iter()
+        .filter_map(|(i, m)| mig_value(m, d.id).map(|v| (*i, *m, v)))
         .collect()
 }
 
@@ -288,15 +294,16 @@ pub fn backfill_headers() -> Vec<String> {
         .collect()
 }
 
-/// Which series of a family a backfill sample belongs to: its GPU's index and, for a MIG
-/// device's sample, the MIG device's (GPU instance, compute instance). Ordered GPU first, then
-/// its MIG devices.
-pub type BackfillSeries = (u32, Option<(u32, u32)>);
+/// Which series of a family a backfill sample belongs to: its GPU's index and, for a GPU
+/// instance's sample, its GPU instance id (the labels name no compute instance: see
+/// [`gpu_instances`]). Ordered GPU first, then its GPU instances.
+pub type BackfillSeries = (u32, Option<u32>);
 
 /// A recorded snapshot as timestamped OpenMetrics samples (for `promtool tsdb
 /// create-blocks-from openmetrics`): `emit(family position, series, line)`, the GPUs' samples
-/// and, as on the live page, their MIG devices' (with `GPU_I_PROFILE` and `GPU_I_ID`). Samples
-/// of one family and series come in time order when snapshots do.
+/// and, as on the live page, their GPU instances' (with `GPU_I_PROFILE` and `GPU_I_ID`, once per
+/// GPU instance). Samples of one family and series come in time order when snapshots do: a
+/// series has one sample per snapshot.
 pub fn backfill(
     snap: &Snapshot,
     hostname: &str,
@@ -307,9 +314,10 @@ pub fn backfill(
     let mut line = String::with_capacity(256);
     for (i, g) in snap.gpus.iter().enumerate() {
         let ids = dcgm_labels(g, &host);
-        // its MIG devices, when it answers (as `render` takes them)
-        let mig: Vec<(usize, &MigSample)> = if g.state == crate::model::DeviceState::Ok {
-            snap.mig_of(g.id.index).map(|m| (i, m)).collect()
+        // its GPU instances, when it answers (as `render` takes them)
+        let gis: Vec<(usize, &MigSample)> = if g.state == crate::model::DeviceState::Ok {
+            let mig: Vec<(usize, &MigSample)> = snap.mig_of(g.id.index).map(|m| (i, m)).collect();
+            gpu_instances(&mig)
         } else {
             Vec::new()
         };
@@ -319,12 +327,11 @@ pub fn backfill(
                 let _ = write!(line, "{name}{{{ids}}} {} {ts:.3}", value(scale.of(v)));
                 emit(f, (g.id.index, None), &line);
             }
-            for (_, m, v) in mig_values(&mig, d) {
+            for (_, m, v) in mig_values(&gis, d) {
                 line.clear();
                 let labels = mig_labels(g, m, &host);
                 let _ = write!(line, "{name}{{{labels}}} {} {ts:.3}", value(scale.of(v)));
-                let instance = (m.gpu_instance_id, m.compute_instance_id);
-                emit(f, (g.id.index, Some(instance)), &line);
+                emit(f, (g.id.index, Some(m.gpu_instance_id)), &line);
             }
         }
     }
@@ -386,6 +393,7 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
                 Some((i, m))
             })
             .collect();
+        let gis = gpu_instances(&mig);
         for (d, name, scale, unit) in dcgm_rows() {
             let present: Vec<(usize, f64)> = snap
                 .gpus
@@ -393,7 +401,7 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
                 .enumerate()
                 .filter_map(|(i, g)| g.get(d.id).map(|v| (i, v)))
                 .collect();
-            let per_mig = mig_values(&mig, d);
+            let per_mig = mig_values(&gis, d);
             if present.is_empty() && per_mig.is_empty() {
                 continue;
             }
@@ -854,8 +862,11 @@ mod tests {
         assert!(!text.contains("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), "{text}");
     }
 
-    /// `export --openmetrics` carries a MIG device's series as the live page does: the same
-    /// lines, with the snapshot's time; each series under its own key.
+    /// `export --openmetrics` carries a GPU instance's series as the live page does: the same
+    /// lines, with the snapshot's time; each series under its own key. A GPU instance with two
+    /// compute instances is one series per family (its first compute instance's memory): the
+    /// labels name the GPU instance only, and two samples of one series at one time would be a
+    /// duplicate on the page and out of order in the backfill.
     #[test]
     fn a_backfill_carries_the_mig_series_of_the_live_page() {
         let mut values = MetricValues::default();
@@ -896,6 +907,27 @@ mod tests {
             },
             true,
         );
+        // every series once on the page (its labelset: the line without its value)
+        let mut series = std::collections::HashSet::new();
+        for l in page.lines().filter(|l| !l.starts_with('#')) {
+            let (s, _) = l.rsplit_once(' ').expect("a sample");
+            assert!(series.insert(s), "{s} twice:\n{page}");
+        }
+        let used: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with("DCGM_FI_DEV_FB_USED{") && l.contains("GPU_I_ID="))
+            .collect();
+        assert_eq!(used.len(), 2, "one per GPU instance: {used:?}");
+        assert!(
+            used[0].contains("GPU_I_ID=\"1\"") && used[0].ends_with("} 1024"),
+            "its first compute instance's: {used:?}"
+        );
+        assert!(
+            used[1].contains("GPU_I_ID=\"2\"") && used[1].ends_with("} 3072"),
+            "{used:?}"
+        );
+        // its processes and identity stay per MIG device (gpuwatch's own, with gpu_ci_id)
+        assert_eq!(page.matches("gpuwatch_mig_device_info{").count(), 3);
         let live: Vec<String> = page
             .lines()
             .filter(|l| l.starts_with("DCGM_") && l.contains("GPU_I_ID="))
@@ -906,15 +938,21 @@ mod tests {
         backfill(&snap, "h", |f, series, line| {
             if line.contains("GPU_I_ID=") {
                 lines.push((f, line.to_string()));
-                keys.push(series);
+                keys.push((f, series));
             }
         });
         // the page puts each family's MIG lines together, in family order as the backfill
         lines.sort_by_key(|(f, _)| *f);
         let backfilled: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
-        assert!(live.len() >= 10, "{page}");
+        assert!(live.len() >= 6, "{page}");
         assert_eq!(backfilled, live);
-        assert!(keys.iter().all(|k| k.0 == 1 && k.1.is_some()), "{keys:?}");
-        assert!(keys.contains(&(1, Some((1, 1)))) && keys.contains(&(1, Some((2, 0)))));
+        // one sample per family and series in a snapshot: each spool stays in time order
+        let distinct: std::collections::BTreeSet<_> = keys.iter().copied().collect();
+        assert_eq!(distinct.len(), keys.len(), "{keys:?}");
+        let gis: std::collections::BTreeSet<_> = keys.iter().map(|(_, k)| *k).collect();
+        assert_eq!(
+            gis.into_iter().collect::<Vec<_>>(),
+            [(1, Some(1)), (1, Some(2))]
+        );
     }
 }

@@ -333,6 +333,33 @@ impl GpmMetric {
         }
     }
 
+    /// Whether a GPU instance of a GPU with MIG on has the metric of its own
+    /// (`nvmlGpmMigSampleGet`): the activities of its SMs and memory. The bandwidths (PCIe,
+    /// NVLink) and the video engines are its GPU's and stay absent per instance. (nvml-sim keeps
+    /// the same list as `Metric::per_mig_device`; it cannot depend on gpuwatch.)
+    pub fn per_gpu_instance(self) -> bool {
+        match self {
+            GpmMetric::GraphicsUtil
+            | GpmMetric::SmUtil
+            | GpmMetric::SmOccupancy
+            | GpmMetric::AnyTensorUtil
+            | GpmMetric::DfmaTensorUtil
+            | GpmMetric::HmmaTensorUtil
+            | GpmMetric::ImmaTensorUtil
+            | GpmMetric::DramBwUtil
+            | GpmMetric::Fp64Util
+            | GpmMetric::Fp32Util
+            | GpmMetric::Fp16Util => true,
+            GpmMetric::PcieTxPerSec
+            | GpmMetric::PcieRxPerSec
+            | GpmMetric::NvlinkTotalTxPerSec
+            | GpmMetric::NvlinkTotalRxPerSec
+            | GpmMetric::NvdecUtil
+            | GpmMetric::NvjpgUtil
+            | GpmMetric::NvofaUtil => false,
+        }
+    }
+
     /// Factor from NVML's unit to the canonical one (MiB/s → bytes per second).
     pub fn scale(self) -> f64 {
         match self {
@@ -553,6 +580,14 @@ impl MetricDesc {
             }
     }
 
+    /// Whether a GPU instance (a MIG device's) has a value of this metric of its own: the GPM
+    /// rows of its SMs and memory ([`GpmMetric::per_gpu_instance`]). The one list on gpuwatch's
+    /// side: what [`MigGpm`] keeps, the sampler asks per GPU instance and the scrape importer
+    /// reads from a MIG device's series.
+    pub fn per_gpu_instance(&self) -> bool {
+        matches!(self.source, Source::Gpm(g) if g.per_gpu_instance())
+    }
+
     /// dcgm-exporter's unit of this metric and how a value in gpuwatch's unit reaches it:
     /// `(unit, multiply by, divide by)`: framebuffer memory in MiB, energy in mJ, DCGM's NVLink
     /// bandwidth total in MB/s, the profiling activities (`DCGM_FI_PROF_*`) as ratios 0–1 (its
@@ -642,7 +677,7 @@ metrics! {
         smi: Some("enforced.power.limit"), smi_unit: Same,
         dcgm: Some("DCGM_FI_DEV_ENFORCED_POWER_LIMIT") },
     Energy => { key: "energy", unit: "joules", kind: Counter,
-        help: "Energy consumed since the driver was loaded: the driver's counter, read hourly (it costs the driver milliseconds of CPU), plus the power readings integrated since (within 1 % of the counter)",
+        help: "Energy consumed since the driver was loaded: the driver's counter, read every 720 process intervals and at most hourly (it costs the driver milliseconds of CPU), plus the power readings integrated since",
         source: Source::field(NvmlField::TOTAL_ENERGY_CONSUMPTION)
             .scaled(0.001)
             .slow()
@@ -878,6 +913,12 @@ impl Metric {
     /// Every metric, in table order.
     pub fn all() -> impl Iterator<Item = Metric> {
         METRICS.iter().map(|d| d.id)
+    }
+
+    /// Whether a GPU instance has a value of this metric of its own
+    /// ([`MetricDesc::per_gpu_instance`]).
+    pub fn per_gpu_instance(self) -> bool {
+        self.desc().per_gpu_instance()
     }
 }
 
@@ -1250,11 +1291,12 @@ pub struct MigSample {
     pub gpm: MigGpm,
 }
 
-/// The GPM values of one GPU instance, by metric (rows of the table whose source is GPM): only
-/// those the driver gave — a GPU instance has the activities of its SMs and memory, while the
-/// bandwidths and video engines are its GPU's. Absent values are not stored (never 0). Kept in
-/// table order; serialized as a map of table keys, whose unknown keys and values that are no
-/// reading (`MetricDesc::plausible`) are skipped when read back. Equality compares the values
+/// The GPM values of one GPU instance, by metric (rows of the table a GPU instance has:
+/// [`MetricDesc::per_gpu_instance`]): only those the driver gave — a GPU instance has the
+/// activities of its SMs and memory, while the bandwidths and video engines are its GPU's.
+/// Absent values are not stored (never 0). Kept in table order; serialized as a map of table
+/// keys, whose unknown keys, rows a GPU instance does not have and values that are no reading
+/// (`null`, not a number, not `MetricDesc::plausible`) are skipped when read back. Equality compares the values
 /// bit for bit (a rule's inputs are the same only when the script could not tell them apart).
 #[derive(Debug, Clone, Default)]
 pub struct MigGpm(Vec<(Metric, f64)>);
@@ -1264,7 +1306,7 @@ impl MigGpm {
     /// recording).
     pub fn of(get: impl Fn(Metric) -> Option<f64>) -> MigGpm {
         let mut out = MigGpm::default();
-        for d in METRICS.iter().filter(|d| d.source.is_gpm()) {
+        for d in METRICS.iter().filter(|d| d.per_gpu_instance()) {
             out.set(d.id, get(d.id));
         }
         out
@@ -1275,11 +1317,11 @@ impl MigGpm {
         self.0.iter().find(|(k, _)| *k == m).map(|(_, v)| *v)
     }
 
-    /// Sets (or, with `None`, clears) the value of `m`; only GPM rows and plausible values are
-    /// kept.
+    /// Sets (or, with `None`, clears) the value of `m`; only the rows a GPU instance has
+    /// ([`Metric::per_gpu_instance`]) and plausible values are kept.
     pub fn set(&mut self, m: Metric, v: Option<f64>) {
         self.0.retain(|(k, _)| *k != m);
-        if let Some(v) = v.filter(|v| m.desc().source.is_gpm() && m.desc().plausible(*v)) {
+        if let Some(v) = v.filter(|v| m.per_gpu_instance() && m.desc().plausible(*v)) {
             let at = self.0.partition_point(|(k, _)| *k < m);
             self.0.insert(at, (m, v));
         }
@@ -1322,10 +1364,17 @@ impl Serialize for MigGpm {
 
 impl<'de> Deserialize<'de> for MigGpm {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = std::collections::BTreeMap::<String, f64>::deserialize(d)?;
+        /// A value as written: a number, or anything else (`null`, a string, …), skipped.
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Value {
+            Number(f64),
+            Other(serde::de::IgnoredAny),
+        }
+        let raw = std::collections::BTreeMap::<String, Value>::deserialize(d)?;
         let mut out = MigGpm::default();
         for (k, v) in raw {
-            if let Some(m) = Metric::from_key(&k) {
+            if let (Some(m), Value::Number(v)) = (Metric::from_key(&k), v) {
                 out.set(m, Some(v));
             }
         }
@@ -1908,11 +1957,72 @@ mod tests {
             read.gpm.iter().collect::<Vec<_>>(),
             [(Metric::SmActive, 50.0)]
         );
+        // a value that is no number (`null`, a string, an array) is skipped, not the whole map
+        let mut odd = serde_json::to_value(MigSample::one_g(1, 2)).unwrap();
+        odd["gpm"] = serde_json::json!({"sm_active": null, "tensor_active": "40", "dram_active": [1],
+            "fp32_active": {"a": 1}, "fp16_active": 12, "hmma_active": 7.5});
+        let read: MigSample = serde_json::from_value(odd).unwrap();
+        assert_eq!(
+            read.gpm.iter().collect::<Vec<_>>(),
+            [(Metric::HmmaActive, 7.5), (Metric::Fp16Active, 12.0)]
+        );
         let mut z = MigGpm::default();
         z.set(Metric::SmActive, Some(0.0));
         let mut nz = MigGpm::default();
         nz.set(Metric::SmActive, Some(-0.0));
         assert_ne!(z, nz, "bit for bit");
+    }
+
+    /// A GPU instance has the activities of its SMs and memory; the bandwidths and video
+    /// engines are its GPU's: never kept per instance.
+    #[test]
+    fn a_gpu_instance_has_the_gpm_activities_only() {
+        let per: Vec<&str> = METRICS
+            .iter()
+            .filter(|d| d.per_gpu_instance())
+            .map(|d| d.key)
+            .collect();
+        assert_eq!(
+            per,
+            [
+                "gr_engine_active",
+                "sm_active",
+                "sm_occupancy",
+                "tensor_active",
+                "hmma_active",
+                "imma_active",
+                "dfma_active",
+                "dram_active",
+                "fp64_active",
+                "fp32_active",
+                "fp16_active"
+            ]
+        );
+        assert!(METRICS
+            .iter()
+            .filter(|d| d.per_gpu_instance())
+            .all(|d| d.source.is_gpm()));
+        let mut g = MigGpm::default();
+        for m in [
+            Metric::PcieTxBytes,
+            Metric::PcieRxBytes,
+            Metric::NvlinkTxBytes,
+            Metric::NvlinkRxBytes,
+            Metric::NvdecUtil,
+            Metric::NvjpgUtil,
+            Metric::NvofaUtil,
+        ] {
+            assert!(m.desc().source.is_gpm() && !m.per_gpu_instance(), "{m:?}");
+            g.set(m, Some(5.0));
+        }
+        assert!(g.is_empty(), "{g:?}");
+        assert!(MigGpm::of(|_| Some(1.0))
+            .iter()
+            .all(|(m, _)| m.per_gpu_instance()));
+        let read: MigGpm =
+            serde_json::from_value(serde_json::json!({"pcie_tx_bytes": 1e9, "sm_active": 3.0}))
+                .unwrap();
+        assert_eq!(read.iter().collect::<Vec<_>>(), [(Metric::SmActive, 3.0)]);
     }
 
     #[test]

@@ -154,9 +154,19 @@ type MigSums = [(f64, u64); MIG_MEANS.len()];
 /// Processes a MIG device's summary lists by PID and command (all are counted).
 pub const MIG_PROCESSES_LISTED: usize = 100;
 
+/// The distinct processes seen on one MIG device: the first [`MIG_PROCESSES_LISTED`] with their
+/// commands (when known), the rest only counted.
+#[derive(Debug, Default)]
+struct MigPids {
+    /// Every PID seen (bounded by the PIDs a host has).
+    seen: std::collections::HashSet<u32>,
+    /// The first ones seen, with their commands.
+    listed: Vec<(u32, Option<String>)>,
+}
+
 /// The MIG devices of a run so far, by (GPU, GPU instance, compute instance, UUID): each with the
-/// distinct PIDs seen on it and their commands, when known.
-type MigAcc = BTreeMap<(u32, u32, u32, String), (MigSummary, Vec<(u32, Option<String>)>, MigSums)>;
+/// distinct PIDs seen on it.
+type MigAcc = BTreeMap<(u32, u32, u32, String), (MigSummary, MigPids, MigSums)>;
 
 /// Folds one snapshot's MIG devices into the run's.
 fn observe_mig(acc: &mut MigAcc, s: &Snapshot) {
@@ -184,7 +194,7 @@ fn observe_mig(acc: &mut MigAcc, s: &Snapshot) {
                     tensor_active_mean: None,
                     dram_active_mean: None,
                 },
-                Vec::new(),
+                MigPids::default(),
                 MigSums::default(),
             )
         });
@@ -201,23 +211,26 @@ fn observe_mig(acc: &mut MigAcc, s: &Snapshot) {
         if m.mem_total_bytes.is_some() {
             sum.mem_total_bytes = m.mem_total_bytes;
         }
-        for p in &m.pids {
-            let command = s
-                .processes
+        let command = |pid: u32| {
+            s.processes
                 .iter()
                 .flatten()
-                .find(|q| q.gpu_index == m.gpu_index && q.pid == *p)
-                .and_then(|q| q.command.clone());
-            match pids.iter_mut().find(|(pid, _)| pid == p) {
-                Some((_, known)) => {
-                    if known.is_none() {
-                        *known = command;
-                    }
+                .find(|q| q.gpu_index == m.gpu_index && q.pid == pid)
+                .and_then(|q| q.command.clone())
+        };
+        for &p in &m.pids {
+            if pids.seen.insert(p) {
+                if pids.listed.len() < MIG_PROCESSES_LISTED {
+                    pids.listed.push((p, command(p)));
                 }
-                None => pids.push((*p, command)),
+            } else if let Some((_, known @ None)) =
+                pids.listed.iter_mut().find(|(pid, _)| *pid == p)
+            {
+                // a listed process whose command was not known when first seen
+                *known = command(p);
             }
         }
-        sum.processes = pids.len();
+        sum.processes = pids.seen.len();
     }
 }
 
@@ -229,8 +242,8 @@ fn finish_mig(acc: MigAcc) -> Vec<MigSummary> {
             let means = sums.map(|(total, n)| (n > 0).then(|| total / n as f64));
             [m.sm_active_mean, m.tensor_active_mean, m.dram_active_mean] = means;
             m.process_list = pids
+                .listed
                 .into_iter()
-                .take(MIG_PROCESSES_LISTED)
                 .map(|(pid, command)| match command {
                     Some(c) => format!("{pid} {c}"),
                     None => pid.to_string(),
@@ -695,6 +708,31 @@ mod tests {
         assert_eq!(m.processes, 2);
         assert_eq!(m.process_list, ["1220 python train.py", "1300"]);
         assert_eq!(m.sm_active_mean, None, "no GPM: absent, not 0");
+    }
+
+    /// A MIG device that saw many processes (short jobs one after another): all counted, the
+    /// first MIG_PROCESSES_LISTED listed, in the order seen.
+    #[test]
+    fn mig_devices_count_every_process_and_list_the_first() {
+        let mut acc = MigAcc::new();
+        for t in 0..250u32 {
+            let m = MigSample {
+                pids: vec![1000 + 2 * t, 1001 + 2 * t, 1000],
+                ..MigSample::one_g(0, 0)
+            };
+            observe_mig(
+                &mut acc,
+                &Snapshot {
+                    mig: vec![m],
+                    ..Snapshot::default()
+                },
+            );
+        }
+        let out = finish_mig(acc);
+        assert_eq!(out[0].processes, 500);
+        assert_eq!(out[0].process_list.len(), MIG_PROCESSES_LISTED);
+        assert_eq!(out[0].process_list[..3], ["1000", "1001", "1002"]);
+        assert_eq!(out[0].process_list.last().map(String::as_str), Some("1099"));
     }
 
     /// A GPU instance's mean SM, tensor and DRAM activity over the ticks that carried them.

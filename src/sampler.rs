@@ -72,7 +72,7 @@ use crate::model::{
 };
 /// The counter classes and their cadences, and the GPM sample calls, for `bench/floor.rs` (which
 /// makes the sampler's calls without the sampler).
-pub use slot::{gpm_sample_alloc, gpm_sample_get, COUNTERS};
+pub use slot::{counter_every_ms, gpm_sample_alloc, gpm_sample_get, COUNTERS};
 use slot::{Slot, SlowAnswer, SlowSlot};
 use worker::Pool;
 pub use worker::{call_failures, CallFailures};
@@ -231,6 +231,9 @@ pub struct Sampler {
     process_interval_ms: i64,
     /// By metric, how long a slow value is shown after it was read ([`slot::max_ages_ms`]).
     slow_max_age_ms: [i64; METRIC_COUNT],
+    /// How long the energy counter's last reading is corrected by integrated power: twice its
+    /// cadence plus the call timeout (then the energy is absent until the counter answers).
+    energy_anchor_age_ms: i64,
     /// How long a call may take before its device counts as stalled.
     call_timeout: Duration,
     /// How long a tick waits for the devices' answers.
@@ -502,6 +505,12 @@ impl Sampler {
                 duration_ms(cfg.process_interval),
                 duration_ms(cfg.call_timeout),
             ),
+            energy_anchor_age_ms: slot::counter_every_ms(
+                slot::ENERGY_EVERY,
+                duration_ms(cfg.process_interval).max(1),
+            )
+            .saturating_mul(2)
+            .saturating_add(duration_ms(cfg.call_timeout)),
             call_timeout: cfg.call_timeout,
             tick_budget: cfg.call_timeout,
             round: None,
@@ -608,13 +617,14 @@ impl Sampler {
         self.devices.iter().map(|d| d.gpm.clone()).collect()
     }
 
-    /// The NVLinks of the GPUs that have them, as last read on the slow path (in NVML index
-    /// order; empty on machines without NVLink).
-    pub fn nvlink(&self) -> Vec<crate::model::nvlink::NvlinkStatus> {
-        self.devices
-            .iter()
-            .filter_map(|d| d.nvlink.clone())
-            .collect()
+    /// How long what a slow round read (process lists, MIG devices, NVLinks) is shown: twice
+    /// the process interval plus the call timeout; and the call timeout, ms.
+    fn slow_age_ms(&self) -> (i64, i64) {
+        let timeout_ms = duration_ms(self.call_timeout);
+        (
+            (2 * self.process_interval_ms).saturating_add(timeout_ms),
+            timeout_ms,
+        )
     }
 
     /// Whether any GPU reads GPM (the GPM metrics then need two snapshots a tick apart).
@@ -734,10 +744,24 @@ impl Sampler {
                 // readings, the reading alone while it is current (set above)
                 if let (Some(j), at) = d.slow_values[Metric::Energy as usize] {
                     d.energy.anchor(j, at);
+                    if let Some(e) = d.energy.last_error.take() {
+                        tracing::debug!(
+                            "GPU {}: energy estimate corrected by the counter ({:+.3} % of the \
+                             energy since the reading before)",
+                            d.id.index,
+                            e * 100.0
+                        );
+                    }
                 }
-                if let Some(e) = d.energy.tick(values.get(Metric::Power), time_ms) {
-                    values.set(Metric::Energy, Some(e));
-                }
+                let energy = match d.energy.tick(
+                    values.get(Metric::Power),
+                    time_ms,
+                    self.energy_anchor_age_ms,
+                ) {
+                    Some(e) => Some(e),
+                    None => values.get(Metric::Energy).and_then(|j| d.energy.alone(j)),
+                };
+                values.set(Metric::Energy, energy);
             }
             d.report(state, timeout);
             gpus.push(GpuSample {
@@ -768,8 +792,7 @@ impl Sampler {
         time_ms: i64,
         gpus: &[GpuSample],
     ) -> Vec<crate::model::nvlink::NvlinkStatus> {
-        let timeout_ms = duration_ms(self.call_timeout);
-        let max_age = (2 * self.process_interval_ms).saturating_add(timeout_ms);
+        let (max_age, timeout_ms) = self.slow_age_ms();
         gpus.iter()
             .filter(|g| g.state == DeviceState::Ok)
             .filter_map(|g| self.devices.iter().find(|d| d.id.index == g.id.index))
@@ -782,8 +805,7 @@ impl Sampler {
     /// The MIG devices of the GPUs in this snapshot that answer, while their last read is as
     /// fresh as a process list may be (twice the process interval plus the call timeout).
     fn mig_now(&self, time_ms: i64, gpus: &[GpuSample]) -> Vec<MigSample> {
-        let timeout_ms = duration_ms(self.call_timeout);
-        let max_age = (2 * self.process_interval_ms).saturating_add(timeout_ms);
+        let (max_age, timeout_ms) = self.slow_age_ms();
         let mut out = Vec::new();
         for g in gpus.iter().filter(|g| g.state == DeviceState::Ok) {
             let Some(d) = self.devices.iter().find(|d| d.id.index == g.id.index) else {
@@ -867,8 +889,7 @@ impl Sampler {
         }
         self.round = None;
         let round_ms = self.last_round_ms.unwrap_or(i64::MIN);
-        let timeout_ms = duration_ms(self.call_timeout);
-        let max_age = (2 * self.process_interval_ms).saturating_add(timeout_ms);
+        let (max_age, timeout_ms) = self.slow_age_ms();
         let mut out = Vec::new();
         for pos in 0..self.devices.len() {
             let answer = self.slow.take(pos);
@@ -877,7 +898,13 @@ impl Sampler {
                 Some(a) => {
                     for m in METRICS {
                         if a.read & slot::metric_bit(m.id) != 0 {
-                            d.slow_values[m.id as usize] = (a.values.get(m.id), a.time_ms);
+                            // (the energy counter at the time of its own call: see `energy`)
+                            let at = if m.id == Metric::Energy {
+                                a.energy_ms
+                            } else {
+                                a.time_ms
+                            };
+                            d.slow_values[m.id as usize] = (a.values.get(m.id), at);
                         }
                     }
                     if let Some(links) = a.nvlink {

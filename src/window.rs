@@ -504,9 +504,13 @@ pub struct GpuHistory {
     pub processes: Vec<ProcSample>,
     /// Its MIG devices as of the newest snapshot (empty without MIG).
     pub mig: Vec<MigSample>,
-    /// Its NVLinks as of the newest snapshot, with each link's counter rise since the reading
-    /// before (`None` without NVLink, or no fresh reading: a replayed log has none).
+    /// Its NVLinks as last read, with each link's counter rise since the reading before
+    /// (`None` without NVLink: a replayed log has none). Kept while snapshots carry no current
+    /// reading (`nvlink_stale`), so the next reading's rises follow this one.
     pub nvlink: Option<std::sync::Arc<crate::model::nvlink::NvlinkView>>,
+    /// The newest snapshot had no current reading of the links (the reading stale, the GPU
+    /// lost or stalled): rules do not see `nvlink`.
+    pub nvlink_stale: bool,
     /// Recent sample times, for the interval estimate.
     recent_times: VecDeque<i64>,
     /// Estimated sampling interval, ms (0 = unknown).
@@ -528,6 +532,7 @@ impl Clone for GpuHistory {
             processes: self.processes.clone(),
             mig: self.mig.clone(),
             nvlink: self.nvlink.clone(),
+            nvlink_stale: self.nvlink_stale,
             recent_times: self.recent_times.clone(),
             interval_ms: self.interval_ms,
             cache: Mutex::new((i64::MIN, Vec::new())),

@@ -372,8 +372,9 @@ pub fn status(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<i32> {
         take_mig_gpm(&mut snap.mig, &later.mig);
     }
     let gpm = sampler.gpm();
-    // per-link NVLink details (GPUs with NVLink only; read on the slow path with the processes)
-    let nvlink = sampler.nvlink();
+    // per-link NVLink details (GPUs with NVLink only; read on the slow path with the processes,
+    // in the snapshot while current)
+    let nvlink = std::mem::take(&mut snap.nvlink);
     let procs = snap.processes.clone().unwrap_or_default();
     let time = crate::record::format_timestamp(snap.time_ms);
     let host = hostname();

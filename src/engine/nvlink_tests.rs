@@ -70,6 +70,9 @@ rule(#{ name: "shape", check: |gpu| {
     if gpu.index == 0 && (n.len() != 18 || n[0].speed_mbps != 26562 || n[0].full_speed_mbps != 26562
         || n[0].version != 4 || n[0].peer_gpu != () || n[0].crc_data_errors != ()
         || n[17].remote_bus_id != "00000000:08:00.0") { return "wrong links"; }
+    // each link an object: its properties also by name, as a map, and printed as one
+    if gpu.index == 0 && (n[0]["version"] != 4 || n[0]["no_such"] != () || n[0].to_map().len() != 18
+        || n[3].to_map()["index"] != 3 || !`${n[0]}`.contains("far_end")) { return "wrong link object"; }
 } });
 "#;
 
@@ -96,10 +99,47 @@ fn rules_see_each_link_and_its_counters_rise() {
         f[0].1,
         "NVLink 7 (to NVSwitch 00000000:06:00.0, switch) gained 40.0 CRC errors in 5.0 s (140.0 in all)"
     );
-    // a snapshot without the reading (stale): no links, no rise
+    // a snapshot without the reading (stale): hidden from rules, kept for the next rise
     let mut stale = snap(20, 5, 140);
     stale.nvlink.clear();
     e.observe(&stale);
     let h = e.gpus.get(&0).unwrap();
-    assert!(h.nvlink.is_none());
+    assert!(h.nvlink_stale);
+    assert_eq!(h.nvlink.as_ref().map(|v| v.time_ms), Some(5000));
+}
+
+/// Snapshots without a current reading of the links (the reading stale, a stalled tick): rules
+/// see no links meanwhile, and the next reading's rise is since the last reading before them —
+/// the errors in between are reported, not lost with a `()` rise.
+#[test]
+fn a_rise_spans_the_snapshots_without_a_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{RULES}\nrule(#{{ name: \"hidden\", check: |gpu| if gpu.index == 0 && gpu.nvlinks.len() == 0 {{ \"GPU 0's links hidden\" }} }});\n"
+    );
+    let mut e = Engine::new(rules(dir.path(), &text), EngineOptions::default());
+    let firing = |events: &[AlertEvent]| -> Vec<(String, String)> {
+        events
+            .iter()
+            .filter(|ev| ev.status == AlertStatus::Firing)
+            .map(|ev| (ev.name.clone(), ev.annotations["summary"].clone()))
+            .collect()
+    };
+    assert_eq!(firing(&e.observe(&snap(0, 0, 100))), []);
+    for t in [5, 10] {
+        let mut stale = snap(t, 0, 100);
+        stale.nvlink.clear();
+        let f = firing(&e.observe(&stale));
+        assert_eq!(f.iter().any(|(n, _)| n == "hidden"), t == 5, "{f:?}");
+        assert!(!f.iter().any(|(n, _)| n == "link_crc"), "{f:?}");
+    }
+    let f = firing(&e.observe(&snap(15, 15, 160)));
+    assert_eq!(
+        f,
+        [(
+            "link_crc".to_string(),
+            "NVLink 7 (to NVSwitch 00000000:06:00.0, switch) gained 60.0 CRC errors in 15.0 s (160.0 in all)"
+                .to_string()
+        )]
+    );
 }

@@ -17,16 +17,23 @@
 //! column, in the unit `/metrics` writes it (`MetricDesc::dcgm_unit`, inverted: framebuffer
 //! MiB → bytes, energy mJ → J, the profiling ratios 0–1 → percent, NVLink MB/s → bytes/s).
 //! `DCGM_FI_DEV_XID_ERRORS` (the GPU's last XID) is an XID event when it changes to a code
-//! other than 0 (the same code twice in a row is one event). From gpuwatch's own families,
-//! `gpuwatch_gpu_lost` 1 marks a GPU without values lost (a stalled GPU's 1 comes with some)
-//! and `gpuwatch_mig_device_info` names a MIG device (its UUID and compute instance).
-//! Other families are counted and named in one warning.
+//! other than 0 (the same code twice in a row is one event): a GPU's first value is a baseline,
+//! no event (the XID may be from before the scrapes), unless the GPU had readings before
+//! without one (gpuwatch's page writes the family only from a GPU's first XID on). From
+//! gpuwatch's own families, `gpuwatch_gpu_lost` 1 marks a GPU without values lost: the page
+//! writes 1 for a lost GPU and for a stalled one alike, so a GPU stalled on its fast path (no
+//! values either) reads back lost, and one stalled on its slow path (its tick's values kept)
+//! stays answering. `gpuwatch_mig_device_info` names a MIG device (its UUID and compute
+//! instance). Other families are counted and named in one warning.
 //!
 //! **GPUs.** A sample's GPU is its `gpu` label (else its `UUID`, else its `pci_bus_id`);
 //! `UUID`/`uuid`, `modelName`, `pci_bus_id` and `device` (`nvidia3`: minor 3) fill the GPU's
-//! identity. A series with a `GPU_I_ID` is a MIG device's: its framebuffer (used, free, total)
-//! and profiling activities (the GPM rows) go to the snapshot's MIG device of that GPU
-//! instance; its other series are skipped and counted, never mixed into the GPU's values.
+//! identity. A series with a `GPU_I_ID` is a GPU instance's: its framebuffer (used, free,
+//! total) and profiling activities (the GPM rows a GPU instance has) go to the snapshot's MIG
+//! devices of that GPU instance (its compute instances share them); its other series are
+//! skipped and counted, never mixed into the GPU's values. `gpuwatch_mig_device_info` names a
+//! MIG device by GPU and compute instance (`gpu_i_id`, `gpu_ci_id`): two compute instances of
+//! one GPU instance are two MIG devices, each with its own UUID (the first line of each wins).
 //!
 //! **Time.** A sample with a timestamp (milliseconds since the epoch; seconds in OpenMetrics) is
 //! at that time. Without one, the scrape is the time: a scrape ends where a series, or a family's
@@ -117,26 +124,33 @@ fn family(name: &str) -> Option<Family> {
     map.get(name).copied()
 }
 
-/// One sample line, parsed.
+/// One sample line, parsed. Places in it are byte offsets, turned into the columns a warning
+/// names ([`Sample::col`]) only when something there is wrong.
 #[derive(Debug)]
 struct Sample<'a> {
+    line: &'a str,
     name: Cow<'a, str>,
     /// The series as written (name and labels), for telling scrapes apart.
     series: &'a str,
     labels: Vec<(&'a str, Cow<'a, str>, usize)>,
     value: &'a str,
-    /// 1-based columns of the value and the timestamp.
-    value_col: usize,
+    /// Byte offsets of the value and the timestamp.
+    value_at: usize,
     stamp: Option<(&'a str, usize)>,
 }
 
 impl Sample<'_> {
-    /// A label's value and its column (`None` when absent).
+    /// A label's value and the byte offset of its value (`None` when absent).
     fn label(&self, name: &str) -> Option<(&str, usize)> {
         self.labels
             .iter()
             .find(|(n, _, _)| *n == name)
-            .map(|(_, v, c)| (v.as_ref(), *c))
+            .map(|(_, v, at)| (v.as_ref(), *at))
+    }
+
+    /// The 1-based character column of byte offset `at` of the line.
+    fn col(&self, at: usize) -> usize {
+        column(self.line, at)
     }
 
     /// A label's value, empty when absent.
@@ -239,7 +253,7 @@ fn parse_sample(line: &str) -> Result<Sample<'_>, (usize, String)> {
                 if labels.len() == MAX_LABELS {
                     return Err((at, format!("more than {MAX_LABELS} labels")));
                 }
-                labels.push((label, value, column(line, from)));
+                labels.push((label, value, from));
             }
             match b.get(i) {
                 Some(b',') => i += 1,
@@ -271,7 +285,7 @@ fn parse_sample(line: &str) -> Result<Sample<'_>, (usize, String)> {
     let mut stamp = None;
     if next < b.len() && b[next] != b'#' {
         let (t, end) = words(next);
-        stamp = Some((t, column(line, next)));
+        stamp = Some((t, next));
         let rest = ws(end);
         // an OpenMetrics exemplar (` # {…} value`) may follow
         if rest < b.len() && b[rest] != b'#' {
@@ -279,11 +293,12 @@ fn parse_sample(line: &str) -> Result<Sample<'_>, (usize, String)> {
         }
     }
     Ok(Sample {
+        line,
         name,
         series,
         labels,
         value,
-        value_col: column(line, after),
+        value_at: after,
         stamp,
     })
 }
@@ -322,7 +337,9 @@ fn from_dcgm(raw: &str, v: f64, mul: f64, div: f64) -> f64 {
                 Some(at) => (&raw[..at], raw[at + 1..].parse::<i32>().ok()),
                 None => (raw, Some(0)),
             };
-            if let Some(shifted) = exp.and_then(|e| format!("{mant}e{}", e + d - m).parse().ok()) {
+            // a hostile exponent (`0e2147483647`) must not overflow: it keeps `v`'s reading
+            let e = exp.and_then(|e| e.checked_add(d)?.checked_sub(m));
+            if let Some(shifted) = e.and_then(|e| format!("{mant}e{e}").parse().ok()) {
                 return shifted;
             }
         }
@@ -409,6 +426,8 @@ pub struct ScrapeParser {
     per_time: HashMap<i64, usize>,
     /// The last XID per GPU.
     last_xid: HashMap<GpuId, u64>,
+    /// The earliest time each GPU had a reading (at most [`MAX_PENDING`] GPUs).
+    first_ms: HashMap<GpuId, i64>,
     /// Samples of families not read, the families (hashed), the first few names.
     ignored: u64,
     ignored_families: HashSet<u64>,
@@ -435,6 +454,7 @@ impl Default for ScrapeParser {
             at: HashMap::new(),
             per_time: HashMap::new(),
             last_xid: HashMap::new(),
+            first_ms: HashMap::new(),
             ignored: 0,
             ignored_families: HashSet::new(),
             ignored_names: Vec::new(),
@@ -488,7 +508,7 @@ impl ScrapeParser {
         for p in go {
             let mut r = p.reading;
             let mut mig = p.mig;
-            mig.sort_by_key(|m| m.gi);
+            mig.sort_by_key(|m| (m.gi, m.ci));
             r.mig = mig
                 .into_iter()
                 .enumerate()
@@ -516,8 +536,9 @@ impl ScrapeParser {
             && self.ignored_families.insert(self.hasher.hash_one(name))
             && self.ignored_names.len() < 5
         {
-            self.ignored_names
-                .push(crate::values::truncate_chars(name, 80).to_string());
+            // a name from `{__name__="…"}` may hold anything: its control characters escaped
+            let name = crate::values::escape_control(&crate::values::truncate_chars(name, 80));
+            self.ignored_names.push(name);
         }
     }
 
@@ -552,6 +573,14 @@ impl ScrapeParser {
                     .text("device")
                     .strip_prefix("nvidia")
                     .and_then(|m| m.parse().ok());
+                let room = self.first_ms.len() < MAX_PENDING;
+                match self.first_ms.get_mut(&id) {
+                    Some(t) => *t = (*t).min(time),
+                    None if room => {
+                        self.first_ms.insert(id.clone(), time);
+                    }
+                    None => {}
+                }
                 self.at.insert((id.clone(), time), self.pending.len());
                 self.pending.push(Pending {
                     reading: r,
@@ -564,12 +593,12 @@ impl ScrapeParser {
         };
         let p = &mut self.pending[at];
         let ident = &mut p.reading.sample.id;
-        if let Some((u, col)) = uuid.filter(|(u, _)| !u.is_empty()) {
+        if let Some((u, at)) = uuid.filter(|(u, _)| !u.is_empty()) {
             if ident.uuid.is_empty() {
                 ident.uuid = u.to_string();
             } else if ident.uuid != u {
                 return Err(LineError::SkipAt(
-                    col,
+                    s.col(at),
                     format!(
                         "GPU {} again with another UUID in one scrape (several hosts' scrapes in one file? import each host's on its own)",
                         ident.index
@@ -587,24 +616,57 @@ impl ScrapeParser {
     }
 }
 
-/// The MIG device `gi` of `p`, added on its first series.
-fn mig_of(p: &mut Pending, gi: u32) -> Result<&mut PendingMig, LineError> {
-    let at = match p.mig.iter().position(|m| m.gi == gi) {
-        Some(at) => at,
-        None => {
-            if p.mig.len() >= MAX_MIG {
-                return Err(LineError::Skip(format!(
-                    "more than {MAX_MIG} MIG devices on one GPU"
-                )));
-            }
-            p.mig.push(PendingMig {
-                gi,
-                ..PendingMig::default()
-            });
-            p.mig.len() - 1
-        }
+/// Makes sure GPU instance `gi` of `p` has a MIG device (added on its first series).
+fn gpu_instance(p: &mut Pending, gi: u32) -> Result<(), LineError> {
+    if !p.mig.iter().any(|m| m.gi == gi) {
+        add_mig(p, gi, None)?;
+    }
+    Ok(())
+}
+
+/// Adds MIG device (`gi`, `ci`) to `p`, with what is known of its GPU instance so far (the
+/// compute instances of a GPU instance share its memory and GPM); its position.
+fn add_mig(p: &mut Pending, gi: u32, ci: Option<u32>) -> Result<usize, LineError> {
+    if p.mig.len() >= MAX_MIG {
+        return Err(LineError::Skip(format!(
+            "more than {MAX_MIG} MIG devices on one GPU"
+        )));
+    }
+    let mut mig = PendingMig {
+        gi,
+        ..PendingMig::default()
     };
-    Ok(&mut p.mig[at])
+    if let Some(other) = p.mig.iter().find(|m| m.gi == gi) {
+        mig.profile.clone_from(&other.profile);
+        (mig.used, mig.free, mig.total) = (other.used, other.free, other.total);
+        mig.gpm = other.gpm.clone();
+    }
+    mig.ci = ci;
+    p.mig.push(mig);
+    Ok(p.mig.len() - 1)
+}
+
+/// The MIG device `gpuwatch_mig_device_info` names: GPU instance `gi`, compute instance `ci`
+/// when the line gives one. A MIG device of `gi` whose compute instance is not known yet (made
+/// by its DCGM series, which name the GPU instance only) is taken as it; otherwise another MIG
+/// device of `gi` is added (so two compute instances of one GPU instance keep their own UUIDs).
+fn mig_device(p: &mut Pending, gi: u32, ci: Option<u32>) -> Result<usize, LineError> {
+    let found = match ci {
+        Some(c) => p
+            .mig
+            .iter()
+            .position(|m| m.gi == gi && m.ci == Some(c))
+            .or_else(|| {
+                let at = p.mig.iter().position(|m| m.gi == gi && m.ci.is_none())?;
+                p.mig[at].ci = Some(c);
+                Some(at)
+            }),
+        None => p.mig.iter().position(|m| m.gi == gi),
+    };
+    match found {
+        Some(at) => Ok(at),
+        None => add_mig(p, gi, ci),
+    }
 }
 
 /// A MIG profile as written in a label (`1g.10gb`), when it is one.
@@ -635,8 +697,11 @@ impl super::Parse for ScrapeParser {
             return Ok(());
         };
         let id = match s.label("gpu").filter(|(g, _)| !g.is_empty()) {
-            Some((g, col)) => GpuId::Index(g.parse().map_err(|_| {
-                LineError::SkipAt(col, format!("bad GPU index {}", crate::trace::quoted(g)))
+            Some((g, at)) => GpuId::Index(g.parse().map_err(|_| {
+                LineError::SkipAt(
+                    s.col(at),
+                    format!("bad GPU index {}", crate::trace::quoted(g)),
+                )
             })?),
             None => {
                 let named = [s.text("UUID"), s.text("uuid"), s.text("pci_bus_id")]
@@ -654,9 +719,9 @@ impl super::Parse for ScrapeParser {
             "GPU_I_ID"
         };
         let gi = match s.label(mig_label).filter(|(g, _)| !g.is_empty()) {
-            Some((g, col)) => Some(g.parse::<u32>().map_err(|_| {
+            Some((g, at)) => Some(g.parse::<u32>().map_err(|_| {
                 LineError::SkipAt(
-                    col,
+                    s.col(at),
                     format!("bad GPU instance id {}", crate::trace::quoted(g)),
                 )
             })?),
@@ -664,17 +729,17 @@ impl super::Parse for ScrapeParser {
         };
         if let (Some(_), Family::Metric(m, ..)) = (gi, fam) {
             if !matches!(m, Metric::MemUsed | Metric::MemFree | Metric::MemTotal)
-                && !m.desc().source.is_gpm()
+                && !m.per_gpu_instance()
             {
                 self.mig_other += 1;
                 return Ok(());
             }
         }
         let time = match s.stamp {
-            Some((raw, col)) => {
+            Some((raw, at)) => {
                 let bad = |e: &str| {
                     LineError::SkipAt(
-                        col,
+                        s.col(at),
                         format!("bad timestamp {}: {e}", crate::trace::quoted(raw)),
                     )
                 };
@@ -705,7 +770,7 @@ impl super::Parse for ScrapeParser {
         }
         let raw = s.value;
         let value = raw.parse::<f64>();
-        let col = s.value_col;
+        let col = s.col(s.value_at);
         match fam {
             Family::Metric(m, mul, div) => {
                 let v = value
@@ -714,22 +779,27 @@ impl super::Parse for ScrapeParser {
                 let v = super::csv::checked(m, v, raw, col, ctx);
                 let p = self.reading(&s, id, time)?;
                 if let Some(gi) = gi {
-                    let mig = mig_of(p, gi)?;
-                    if let Some(pr) = s.label("GPU_I_PROFILE").and_then(|(p, _)| profile(p)) {
-                        mig.profile = Some(pr);
-                    }
-                    let slot = match m {
-                        Metric::MemUsed => &mut mig.used,
-                        Metric::MemFree => &mut mig.free,
-                        Metric::MemTotal => &mut mig.total,
-                        _ => {
-                            if mig.gpm.get(m).is_none() {
-                                mig.gpm.set(m, v);
-                            }
-                            return Ok(());
+                    // every MIG device of the GPU instance: they share its memory and GPM (the
+                    // first value wins, as for a GPU)
+                    gpu_instance(p, gi)?;
+                    let pr = s.label("GPU_I_PROFILE").and_then(|(p, _)| profile(p));
+                    for mig in p.mig.iter_mut().filter(|m| m.gi == gi) {
+                        if mig.profile.is_none() {
+                            mig.profile.clone_from(&pr);
                         }
-                    };
-                    *slot = slot.or(v);
+                        let slot = match m {
+                            Metric::MemUsed => &mut mig.used,
+                            Metric::MemFree => &mut mig.free,
+                            Metric::MemTotal => &mut mig.total,
+                            _ => {
+                                if mig.gpm.get(m).is_none() {
+                                    mig.gpm.set(m, v);
+                                }
+                                continue;
+                            }
+                        };
+                        *slot = slot.or(v);
+                    }
                 } else if p.reading.sample.values.get(m).is_none() {
                     // the first series wins (dcgm-exporter repeats a GPU's value per pod)
                     p.reading.sample.values.set(m, v);
@@ -752,8 +822,18 @@ impl super::Parse for ScrapeParser {
                 )]
                 let code = code as u64;
                 let last = self.last_xid.get(&id).copied();
+                // A GPU's first value is where it stands, no event (dcgm-exporter writes its
+                // last XID since the exporter started, 0 when none) — unless the GPU had
+                // readings before without one: gpuwatch's page has the family only from a GPU's
+                // first XID on, so the value before was none.
+                let before = last.or_else(|| {
+                    self.first_ms
+                        .get(&id)
+                        .is_some_and(|t| *t < time.0)
+                        .then_some(0)
+                });
                 let p = self.reading(&s, id.clone(), time)?;
-                if code != 0 && last != Some(code) {
+                if before.is_some_and(|b| code != 0 && b != code) {
                     p.reading.xids.push(code);
                 }
                 if last.is_some() || self.last_xid.len() < MAX_PENDING {
@@ -771,14 +851,16 @@ impl super::Parse for ScrapeParser {
             Family::MigInfo => {
                 let p = self.reading(&s, id, time)?;
                 if let Some(gi) = gi {
-                    let mig = mig_of(p, gi)?;
+                    let ci = s.text("gpu_ci_id").parse().ok();
+                    let at = mig_device(p, gi, ci)?;
+                    let mig = &mut p.mig[at];
+                    // the first line of a MIG device names it
                     let mig_uuid = s.text("mig_uuid");
-                    if !mig_uuid.is_empty() {
+                    if mig.uuid.is_none() && !mig_uuid.is_empty() {
                         mig.uuid = Some(mig_uuid.to_string());
                     }
-                    mig.ci = s.text("gpu_ci_id").parse().ok().or(mig.ci);
-                    if let Some(pr) = profile(s.text("gpu_i_profile")) {
-                        mig.profile = Some(pr);
+                    if mig.profile.is_none() {
+                        mig.profile = profile(s.text("gpu_i_profile"));
                     }
                 }
             }
@@ -937,7 +1019,7 @@ mod tests {
             parse_sample(r#"m{a="x\"y\\z\nw", b = "" ,} -1.5e3 1780000000000"#).expect("parses");
         assert_eq!(s.name, "m");
         assert_eq!(s.labels[0].1, "x\"y\\z\nw");
-        assert_eq!(s.labels[0].2, 6, "column of the value");
+        assert_eq!(s.col(s.labels[0].2), 6, "column of the value");
         assert_eq!(s.text("b"), "");
         assert_eq!(s.value, "-1.5e3");
         assert_eq!(s.stamp.map(|t| t.0), Some("1780000000000"));
@@ -967,6 +1049,11 @@ mod tests {
             assert_eq!(got, at, "{line}: {msg}");
             assert!(msg.contains(why), "{line}: {msg}");
         }
+        // columns count characters, not bytes
+        let s = parse_sample("m{a=\"é€\",b=\"x\"} 1 1780000000000").expect("parses");
+        assert_eq!(s.col(s.label("b").expect("b").1), 13);
+        assert_eq!(s.col(s.value_at), 17);
+        assert_eq!(s.stamp.map(|(_, at)| s.col(at)), Some(19));
         let long = format!("m{{a=\"{}\"}} 1", "x".repeat(MAX_LABEL + 1));
         assert!(parse_sample(&long)
             .expect_err("too long")
@@ -997,6 +1084,11 @@ mod tests {
         assert_eq!(conv(Metric::Util, "87"), 87.0);
         assert_eq!(conv(Metric::PcieTxBytes, "81234567"), 81_234_567.0);
         assert!(conv(Metric::SmActive, "NaN").is_nan());
+        // a hostile exponent overflows no i32: the value as read, converted
+        assert_eq!(conv(Metric::SmActive, "0e2147483647"), 0.0);
+        assert_eq!(conv(Metric::SmActive, "0e2147483646"), 0.0);
+        assert_eq!(conv(Metric::Energy, "0e-2147483647"), 0.0);
+        assert_eq!(conv(Metric::Energy, "0E-2147483648"), 0.0);
         assert!(family("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE").is_some());
         assert_eq!(family("DCGM_FI_DEV_VGPU_LICENSE_STATUS"), None);
         // every dcgm name of the table reads back as its metric
@@ -1063,6 +1155,56 @@ mod tests {
         };
         let (ticks, _) = import(&text, &every).expect("imports");
         assert_eq!(ticks[2].snapshot.time_ms, T0 + 30_000);
+    }
+
+    /// A GPU's first XID value is a baseline: an XID from before the scrapes is no event. A
+    /// GPU seen before without the family (gpuwatch's page writes it from the first XID on)
+    /// has an event at its first value.
+    #[test]
+    fn the_first_xid_value_is_a_baseline() {
+        let mut text = String::new();
+        for xid in [[79, 0], [79, 0], [31, 0]] {
+            text.push_str(&scrape(["0.1", "0.1"], [1, 1], xid));
+        }
+        // gpuwatch's page: GPU 1 without the family in the first scrapes
+        text.push_str(&scrape(["0.1", "0.1"], [1, 1], [31, 0]).replace(
+            &format!("DCGM_FI_DEV_XID_ERRORS{{{}}} 0\n", labels(1)),
+            &format!("DCGM_FI_DEV_XID_ERRORS{{{}}} 48\n", labels(1)),
+        ));
+        let (ticks, _) = import(&text, &opts(true)).expect("imports");
+        let xid: Vec<(i64, u32, u64)> = ticks
+            .iter()
+            .flat_map(|t| t.snapshot.xids.iter())
+            .map(|x| (x.time_ms - T0, x.gpu_index, x.xid))
+            .collect();
+        assert_eq!(xid, [(2000, 0, 31), (3000, 1, 48)]);
+        let first_seen = format!(
+            "DCGM_FI_DEV_GPU_UTIL{{{g}}} 5\n# EOF\nDCGM_FI_DEV_GPU_UTIL{{{g}}} 5\nDCGM_FI_DEV_XID_ERRORS{{{g}}} 79\n# EOF\n",
+            g = labels(0)
+        );
+        let (ticks, _) = import(&first_seen, &opts(true)).expect("imports");
+        let xid: Vec<u64> = ticks
+            .iter()
+            .flat_map(|t| t.snapshot.xids.iter().map(|x| x.xid))
+            .collect();
+        assert_eq!(xid, [79], "seen before without one: an event");
+    }
+
+    /// A family name from `{__name__="…"}` reaches the warning with its control characters
+    /// escaped (no forged log lines, no terminal escapes).
+    #[test]
+    fn ignored_family_names_are_escaped() {
+        let text = format!(
+            "DCGM_FI_DEV_GPU_UTIL{{{g}}} 5\n{{__name__=\"evil\\nwarning: forged\u{1b}[2J\",gpu=\"0\"}} 1\n",
+            g = labels(0)
+        );
+        let (_, warnings) = import(&text, &opts(true)).expect("imports");
+        let w = warnings.join("\n");
+        assert!(w.contains("(evil\\nwarning: forged\\u{1b}[2J)"), "{w}");
+        assert!(
+            !w.contains('\u{1b}') && !w.contains("\nwarning: forged"),
+            "{w}"
+        );
     }
 
     /// Without timestamps and without --t0 the times cannot be known: the import ends, naming
@@ -1336,6 +1478,82 @@ mod tests {
             (m.mem_used_bytes, m.mem_total_bytes),
             (mig.mem_used_bytes, mig.mem_total_bytes)
         );
+    }
+
+    /// A GPU instance with two compute instances: its framebuffer series (once, naming the GPU
+    /// instance) go to both MIG devices, and each `gpuwatch_mig_device_info` line to its own
+    /// compute instance's, whichever comes first; a second line for one MIG device does not
+    /// change who it is.
+    #[test]
+    fn compute_instances_of_one_gpu_instance_keep_their_identity() {
+        use crate::model::{DeviceId, GpuSample, Snapshot};
+        let ci = |ci: u32, uuid: &str| MigSample {
+            uuid: uuid.into(),
+            compute_instance_id: ci,
+            mem_used_bytes: Some(3 << 30),
+            mem_total_bytes: Some(10 << 30),
+            ..MigSample::one_g(0, ci)
+        };
+        let mut a = ci(0, "MIG-a");
+        a.gpu_instance_id = 7;
+        let mut b = ci(1, "MIG-b");
+        b.gpu_instance_id = 7;
+        let snap = Snapshot {
+            time_ms: T0,
+            gpus: vec![GpuSample {
+                time_ms: T0,
+                id: DeviceId {
+                    index: 0,
+                    uuid: "GPU-0".into(),
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    ..DeviceId::default()
+                },
+                state: DeviceState::Ok,
+                values: crate::model::MetricValues::default(),
+            }],
+            mig: vec![a, b],
+            ..Snapshot::default()
+        };
+        let mut state = crate::exporter::ExportState {
+            hostname: "node".into(),
+            ..Default::default()
+        };
+        state.take_snapshot(&snap);
+        let page = crate::exporter::render(&state, false);
+        assert_eq!(page.matches("DCGM_FI_DEV_FB_USED{").count(), 1, "{page}");
+        // as written, then with the identity lines first (a dump sorted otherwise) and one
+        // of them again with another UUID
+        let (info, rest): (Vec<&str>, Vec<&str>) = page
+            .lines()
+            .partition(|l| l.starts_with("gpuwatch_mig_device_info{"));
+        let again = info[0].replace("MIG-a", "MIG-z");
+        let reordered = format!("{}\n{again}\n{}\n", info.join("\n"), rest.join("\n"));
+        for text in [page.clone(), reordered] {
+            let (ticks, warnings) = import(&text, &opts(true)).expect("imports");
+            assert_eq!(ticks.len(), 1, "{warnings:?}");
+            let got: Vec<_> = ticks[0]
+                .snapshot
+                .mig
+                .iter()
+                .map(|m| {
+                    (
+                        m.gpu_instance_id,
+                        m.compute_instance_id,
+                        m.uuid.as_str(),
+                        m.mem_used_bytes,
+                        m.mem_total_bytes,
+                    )
+                })
+                .collect();
+            assert_eq!(
+                got,
+                [
+                    (7, 0, "MIG-a", Some(3_u64 << 30), Some(10_u64 << 30)),
+                    (7, 1, "MIG-b", Some(3_u64 << 30), Some(10_u64 << 30))
+                ],
+                "{text}"
+            );
+        }
     }
 
     /// One scrape holds at most MAX_GPUS GPUs: the rest are skipped lines.

@@ -163,6 +163,9 @@ pub fn render(report: &Report, compare: Option<(&str, &[Row])>) -> String {
 pub const MAX_GPUS_SHOWN: usize = 64;
 /// Findings the page lists one by one.
 const MAX_FINDINGS_SHOWN: usize = 200;
+/// MIG devices a GPU's table lists one by one (a GPU reconfigured again and again over a long
+/// run has seen many).
+const MAX_MIG_SHOWN: usize = 64;
 
 /// The GPUs the page shows: all of them up to [`MAX_GPUS_SHOWN`]; beyond, those with findings
 /// or alerts first, then the lowest indices.
@@ -187,7 +190,7 @@ fn shown_gpus(r: &RunSummary) -> std::collections::BTreeSet<u32> {
 
 /// The MIG devices of GPU `gpu` over the run, when it had MIG on: per MIG device its profile,
 /// `GPU/GI/CI`, UUID, memory peak / total, the processes seen on it and the ticks it was seen
-/// in.
+/// in; the first [`MAX_MIG_SHOWN`], then how many more.
 fn mig_devices(h: &mut String, r: &RunSummary, gpu: u32) {
     let devices: Vec<&MigSummary> = r.mig.iter().filter(|m| m.gpu == gpu).collect();
     if devices.is_empty() {
@@ -216,7 +219,8 @@ fn mig_devices(h: &mut String, r: &RunSummary, gpu: u32) {
         esc(&split)
     );
     let dash = || "-".to_string();
-    for m in devices {
+    let more = devices.len().saturating_sub(MAX_MIG_SHOWN);
+    for m in devices.into_iter().take(MAX_MIG_SHOWN) {
         #[expect(clippy::cast_precision_loss, reason = "bytes, for display")]
         let mem = match (m.mem_peak_bytes, m.mem_total_bytes) {
             (Some(p), Some(t)) if t > 0 => format!(
@@ -253,6 +257,13 @@ fn mig_devices(h: &mut String, r: &RunSummary, gpu: u32) {
             esc(&crate::values::escape_control(&m.uuid)),
             esc(&crate::values::escape_control(&procs)),
             m.ticks
+        );
+    }
+    if more > 0 {
+        let _ = write!(
+            h,
+            "<tr><td colspan=\"6\">… {more} more MIG device{} (see <code>--json</code>)</td></tr>",
+            if more == 1 { "" } else { "s" }
         );
     }
     h.push_str("</table></div>");
@@ -687,5 +698,34 @@ mod tests {
         let mut none = String::new();
         mig_devices(&mut none, &r, 2);
         assert!(none.is_empty(), "MIG off: no section");
+    }
+
+    /// A GPU reconfigured again and again over a run: its table lists the first MAX_MIG_SHOWN
+    /// MIG devices and says how many more there were.
+    #[test]
+    fn a_gpu_s_mig_table_is_bounded() {
+        let many: Vec<serde_json::Value> = (0..MAX_MIG_SHOWN + 10)
+            .map(|k| {
+                serde_json::json!({"gpu": 0, "gpu_instance_id": k, "compute_instance_id": 0,
+                    "uuid": format!("MIG-{k}"), "profile": "1g.10gb", "mem_peak_bytes": null,
+                    "mem_total_bytes": null, "processes": 0, "ticks": 1})
+            })
+            .collect();
+        let r = run(serde_json::Value::Array(many));
+        let mut h = String::new();
+        mig_devices(&mut h, &r, 0);
+        assert!(
+            h.contains(&format!("MIG on: {} MIG devices", MAX_MIG_SHOWN + 10)),
+            "{h}"
+        );
+        assert_eq!(h.matches("<tr class=\"mig-device\"").count(), MAX_MIG_SHOWN);
+        assert!(
+            h.contains("… 10 more MIG devices (see <code>--json</code>)"),
+            "{h}"
+        );
+        assert!(
+            !h.contains(&format!("<code>MIG-{MAX_MIG_SHOWN}</code>")),
+            "{h}"
+        );
     }
 }

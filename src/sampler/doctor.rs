@@ -17,6 +17,8 @@
 //!   device (`MIG-<UUID>`, `MIG-GPU-<UUID>/<GI>/<CI>`: read as `gpuwatch devices` reads it,
 //!   [`crate::model::visible::cuda_visible_mig`]) gives the job that MIG device only: a process on
 //!   another MIG device of the same GPU is no finding, one on it is, and the finding names it;
+//!   one on the GPU that no MIG device lists (NVML places processes for root only on real
+//!   drivers) may be on the job's: a finding that says gpuwatch cannot place it;
 //! * expected GPUs that NVML does not enumerate ([`super::expected`]);
 //! * GPM (the profiling metrics: SM active, tensor and DRAM activity) failing on a GPU that has
 //!   it — another client holds it, or the driver is in trouble; a GPU without GPM (before
@@ -182,7 +184,7 @@ fn as_u32(v: Option<f64>) -> Option<u32> {
     v.filter(|x| x.is_finite() && *x >= 0.0).map(|x| x as u32)
 }
 
-/// Reads the facts: one snapshot (values, processes, MIG devices) and, for each GPU that
+/// Reads the facts: one snapshot (values, processes, MIG devices, NVLinks) and, for each GPU that
 /// answers, the one-shot queries the sampler does not make (link, persistence, default power
 /// limit, applications clocks, ECC mode). `CUDA_VISIBLE_DEVICES` and the missing GPUs are the
 /// caller's to fill in.
@@ -190,7 +192,6 @@ pub fn gather(sampler: &mut Sampler) -> Inputs {
     let snap = sampler.sample();
     let nvml = sampler.nvml();
     let gpm = sampler.gpm();
-    let nvlink = sampler.nvlink();
     let mut gpus = Vec::with_capacity(snap.gpus.len());
     for g in &snap.gpus {
         let mut f = GpuFacts {
@@ -208,7 +209,8 @@ pub fn gather(sampler: &mut Sampler) -> Inputs {
                 reason = "bitmask"
             )]
             clock_event_reasons: g.get(Metric::ClockEventReasons).map(|m| m as u64),
-            nvlink: nvlink.iter().find(|n| n.gpu == g.id.index).cloned(),
+            // the snapshot's: only while current (not a lost or stalled GPU's old reading)
+            nvlink: snap.nvlink.iter().find(|n| n.gpu == g.id.index).cloned(),
             ..GpuFacts::default()
         };
         if g.state == DeviceState::Ok {
@@ -452,10 +454,13 @@ enum Use<'a> {
 
 /// The processes on GPU `g` that `is_own` does not claim, where the job will use `g`: any on
 /// the GPU when it uses the whole GPU; those on the MIG device when it uses one (a process on
-/// another MIG device of the GPU shares neither its memory nor its compute).
+/// another MIG device of the GPU shares neither its memory nor its compute), and those on the
+/// GPU that no MIG device of it (`mig`, every GPU's) lists: where they run is unknown, which is
+/// not "elsewhere".
 fn foreign_findings(
     g: &GpuFacts,
     processes: &[ProcSample],
+    mig: &[MigSample],
     uses: &[(u32, Use<'_>)],
     is_own: &dyn Fn(&ProcSample) -> bool,
     out: &mut Vec<Finding>,
@@ -478,10 +483,43 @@ fn foreign_findings(
             match u {
                 Use::Whole => out.push(foreign(g, p, None)),
                 Use::Mig(m) if m.pids.contains(&p.pid) => out.push(foreign(g, p, Some(m))),
+                Use::Mig(m)
+                    if !mig
+                        .iter()
+                        .any(|o| o.gpu_index == g.id.index && o.pids.contains(&p.pid)) =>
+                {
+                    out.push(unplaced(g, p, m));
+                }
                 Use::Mig(_) => {}
             }
         }
     }
+}
+
+/// `pid N (user, command)` of a foreign process, its command's control characters escaped.
+fn who(p: &ProcSample) -> String {
+    let user = p.user.as_deref().unwrap_or("an unknown user");
+    let cmd = p.command.as_deref().map_or_else(String::new, |c| {
+        format!(
+            ", {}",
+            crate::values::truncate_chars(&crate::values::escape_control(c), 60)
+        )
+    });
+    format!("pid {} ({user}{cmd})", p.pid)
+}
+
+/// The finding of foreign process `p` on GPU `g` whose MIG device no MIG device's process list
+/// gives (NVML places a process for root only on real drivers), where the job gets MIG device
+/// `job`: it may run on the job's.
+fn unplaced(g: &GpuFacts, p: &ProcSample, job: &MigSample) -> Finding {
+    let mem = p.used_mem_bytes.map_or_else(
+        || "memory".to_string(),
+        |b| format!("{} MiB", b / 1_048_576),
+    );
+    let uuid = crate::values::truncate_chars(&crate::values::escape_control(&job.uuid), 60);
+    finding(g, Check::ForeignProcess, Severity::Warning,
+        format!("{} holds {mem} on this GPU, on a MIG device gpuwatch cannot place (no MIG device lists it) — it may be {} ({uuid}), the one CUDA_VISIBLE_DEVICES gives your job", who(p), crate::values::escape_control(&job.describe())),
+        "see where it runs with nvidia-smi as root (its GI and CI columns), or run gpuwatch doctor as root; then wait for it, pick another MIG device, or ask its owner".into())
 }
 
 /// The finding of foreign process `p` on GPU `g`, or on its MIG device `mig`.
@@ -490,16 +528,10 @@ fn foreign(g: &GpuFacts, p: &ProcSample, mig: Option<&MigSample>) -> Finding {
         || "memory".to_string(),
         |b| format!("{} MiB", b / 1_048_576),
     );
-    let user = p.user.as_deref().unwrap_or("an unknown user");
-    let cmd = p.command.as_deref().map_or_else(String::new, |c| {
-        format!(
-            ", {}",
-            crate::values::truncate_chars(&crate::values::escape_control(c), 60)
-        )
-    });
+    let who = who(p);
     let Some(m) = mig else {
         return finding(g, Check::ForeignProcess, Severity::Warning,
-            format!("pid {} ({user}{cmd}) already holds {mem} on this GPU — your job would share its memory and compute", p.pid),
+            format!("{who} already holds {mem} on this GPU — your job would share its memory and compute"),
             "wait for it, pick another GPU with CUDA_VISIBLE_DEVICES, or ask its owner".into());
     };
     let of = m
@@ -509,7 +541,7 @@ fn foreign(g: &GpuFacts, p: &ProcSample, mig: Option<&MigSample>) -> Finding {
     Finding {
         mig: Some(crate::values::escape_control(&m.describe())),
         ..finding(g, Check::ForeignProcess, Severity::Warning,
-            format!("pid {} ({user}{cmd}) already holds {mem}{of} on this MIG device ({uuid}), the one CUDA_VISIBLE_DEVICES gives your job — your job would share its memory and compute", p.pid),
+            format!("{who} already holds {mem}{of} on this MIG device ({uuid}), the one CUDA_VISIBLE_DEVICES gives your job — your job would share its memory and compute"),
             "wait for it, pick another MIG device with CUDA_VISIBLE_DEVICES=MIG-<UUID> (gpuwatch devices lists them), or ask its owner".into())
     }
 }
@@ -564,7 +596,7 @@ pub fn findings(inputs: &Inputs, is_own: &dyn Fn(&ProcSample) -> bool) -> Vec<Fi
         link_findings(g, &mut out);
         nvlink_findings(g, &mut out);
         state_findings(g, &mut out);
-        foreign_findings(g, &inputs.processes, &uses, is_own, &mut out);
+        foreign_findings(g, &inputs.processes, &inputs.mig, &uses, is_own, &mut out);
     }
     for m in &inputs.missing {
         out.push(Finding {
@@ -941,6 +973,38 @@ mod tests {
         assert!(f.iter().all(|f| f.mig.is_none()));
         // an unknown MIG device ends the list: no GPU, no finding
         inputs.cuda_visible_devices = Some("MIG-ffff,1".into());
+        assert!(findings(&inputs, &own).is_empty());
+    }
+
+    /// A foreign process on the GPU of the job's MIG device that no MIG device lists (NVML
+    /// did not place it: not root on a real driver) may be on the job's: a finding saying so,
+    /// not silence; one placed on another MIG device stays no finding.
+    #[test]
+    fn a_process_no_mig_device_places_is_reported_as_unplaced() {
+        let mut inputs = mig_inputs();
+        inputs
+            .processes
+            .push(ProcSample::compute(300, 1, "GPU-1", Some(3 << 30)));
+        let own = |p: &ProcSample| p.pid == 100;
+        inputs.cuda_visible_devices = Some(inputs.mig[5].uuid.clone());
+        let f = findings(&inputs, &own);
+        assert_eq!(checks(&f), [(Some(1), Check::ForeignProcess)], "{f:?}");
+        assert_eq!(f[0].mig, None, "its MIG device is not known");
+        assert!(
+            f[0].message.starts_with("pid 300 (an unknown user) holds 3072 MiB on this GPU, on a MIG device gpuwatch cannot place")
+                && f[0].message.contains("it may be MIG 1g.10gb 1/12/0 (MIG-55bb5"),
+            "{}",
+            f[0].message
+        );
+        // the job's own MIG device with a foreign process on it, and the unplaced one
+        inputs.cuda_visible_devices = Some(inputs.mig[1].uuid.clone());
+        let f = findings(&inputs, &own);
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert!(f[0].message.starts_with("pid 101 ") && f[0].mig.is_some());
+        assert!(f[1].message.starts_with("pid 300 ") && f[1].mig.is_none());
+        // placed on another MIG device: no finding
+        inputs.mig[6].pids.push(300);
+        inputs.cuda_visible_devices = Some(inputs.mig[5].uuid.clone());
         assert!(findings(&inputs, &own).is_empty());
     }
 

@@ -16,9 +16,10 @@
 /// estimate that ran ahead.
 const RESET_FRACTION: f64 = 0.9;
 
-/// Longest span between two power readings that is integrated (a longer one — the GPU did not
-/// answer — is left out: its energy reaches the value shown at the next counter reading).
-pub(super) const MAX_GAP_MS: i64 = 60_000;
+/// Shortest span between two power readings that is left out as a gap: one longer than this
+/// and than three times the span between the two readings before is the GPU not answering, not
+/// the tick interval (its energy reaches the value shown at the next counter reading).
+pub(super) const MIN_GAP_MS: i64 = 60_000;
 
 /// One GPU's energy estimate.
 #[derive(Debug, Clone, Default)]
@@ -29,14 +30,22 @@ pub(super) struct EnergyMeter {
     since: f64,
     /// The last power reading integrated (W) and its time (UTC ms).
     last: Option<(f64, i64)>,
+    /// The span between the last two power readings, ms (the tick interval, as seen).
+    spacing_ms: Option<i64>,
     /// The last value shown, J (never lower than the one before, but for a counter reset).
     shown: Option<f64>,
     /// Relative error of the estimate at the last correction: (estimate − counter) / energy
-    /// since the correction before (for the log and tests).
+    /// since the correction before (logged at debug level; tests).
     pub last_error: Option<f64>,
 }
 
 impl EnergyMeter {
+    /// The longest span between power readings integrated now.
+    fn max_gap_ms(&self) -> i64 {
+        self.spacing_ms
+            .map_or(MIN_GAP_MS, |s| MIN_GAP_MS.max(s.saturating_mul(3)))
+    }
+
     /// A reading of the counter, `joules` at `at_ms`. The same reading given again is ignored.
     pub(super) fn anchor(&mut self, joules: f64, at_ms: i64) {
         if !joules.is_finite() || joules < 0.0 {
@@ -59,7 +68,9 @@ impl EnergyMeter {
         self.anchor = Some((joules, at_ms));
         // what the readings after the counter's time add (a power reading may be newer)
         self.since = match self.last {
-            Some((w, t)) if t > at_ms && t - at_ms <= MAX_GAP_MS => w * (t - at_ms) as f64 / 1e3,
+            Some((w, t)) if t > at_ms && t - at_ms <= self.max_gap_ms() => {
+                w * (t - at_ms) as f64 / 1e3
+            }
             _ => 0.0,
         };
     }
@@ -71,7 +82,7 @@ impl EnergyMeter {
         let mut e = j + self.since;
         if let Some((w, t)) = self.last {
             let dt = at_ms - t;
-            if dt > 0 && dt <= MAX_GAP_MS {
+            if dt > 0 && dt <= self.max_gap_ms() {
                 e += w * dt as f64 / 1e3;
             }
         }
@@ -79,43 +90,79 @@ impl EnergyMeter {
     }
 
     /// A tick's power reading (`None`: the GPU gave none) at `time_ms`; returns the energy to
-    /// show (`None` until the counter has been read once, and while no power reading of the last
-    /// [`MAX_GAP_MS`] came).
-    pub(super) fn tick(&mut self, power_w: Option<f64>, time_ms: i64) -> Option<f64> {
+    /// show: `None` until the counter has been read once, when its last reading is older than
+    /// `max_anchor_age_ms` (a counter that stopped answering is not corrected any more), and
+    /// while no power reading came for longer than a gap.
+    pub(super) fn tick(
+        &mut self,
+        power_w: Option<f64>,
+        time_ms: i64,
+        max_anchor_age_ms: i64,
+    ) -> Option<f64> {
         if let Some(w) = power_w.filter(|w| w.is_finite() && *w >= 0.0) {
             match self.last {
                 // a clock stepped back: start again from here
-                Some((_, t)) if time_ms <= t => {}
-                Some((w0, t)) if time_ms - t <= MAX_GAP_MS => {
-                    let from = match self.anchor {
-                        Some((_, at)) if at > t && at < time_ms => at,
-                        _ => t,
-                    };
-                    if time_ms > from {
-                        // the part after the anchor, at the trapezoid's mean power
-                        self.since += (w0 + w) / 2.0 * (time_ms - from) as f64 / 1e3;
+                Some((_, t)) if time_ms <= t => {
+                    self.spacing_ms = None;
+                    // the counter's reading is before this tick on the new time line
+                    if let Some((_, at)) = self.anchor.as_mut() {
+                        *at = (*at).min(time_ms);
                     }
                 }
-                _ => {}
+                Some((w0, t)) => {
+                    let dt = time_ms - t;
+                    if dt <= self.max_gap_ms() {
+                        // only the part after the anchor (which already counts what came before)
+                        let from = self.anchor.map_or(t, |(_, at)| at.max(t));
+                        if time_ms > from {
+                            self.since += (w0 + w) / 2.0 * (time_ms - from) as f64 / 1e3;
+                        }
+                        self.spacing_ms = Some(dt);
+                    } else if self.spacing_ms.is_none() {
+                        // the first two readings: a tick interval longer than a minute
+                        self.spacing_ms = Some(dt);
+                    }
+                }
+                None => {}
             }
             self.last = Some((w, time_ms));
         }
         // no power reading for long: nothing current to add (the counter's own reading is
-        // shown while it is current)
-        if self.last.is_none_or(|(_, t)| time_ms - t > MAX_GAP_MS) {
+        // shown while it is current, see `alone`)
+        if self
+            .last
+            .is_none_or(|(_, t)| time_ms - t > self.max_gap_ms())
+        {
             return None;
         }
-        let (j, _) = self.anchor?;
+        let (j, at) = self.anchor?;
+        if time_ms - at > max_anchor_age_ms {
+            return None;
+        }
         let value = j + self.since;
         let shown = self.shown.map_or(value, |s| s.max(value));
         self.shown = Some(shown);
         Some(shown)
+    }
+
+    /// The counter's own reading, shown when [`EnergyMeter::tick`] has nothing (no power to
+    /// integrate): never below a value shown before, unless the counter restarted.
+    pub(super) fn alone(&mut self, joules: f64) -> Option<f64> {
+        match self.shown {
+            Some(s) if joules < s && joules >= s * RESET_FRACTION => None,
+            _ => {
+                self.shown = Some(joules);
+                Some(joules)
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const DAY: i64 = 86_400_000;
 
     /// A day of a training run's power at 1 ms resolution, integrated exactly, against the meter
     /// fed 1 s ticks and an hourly counter reading.
@@ -168,7 +215,7 @@ mod tests {
                     assert!(e.abs() < 0.01, "correction of {:.3} % at {s} s", e * 100.0);
                 }
             }
-            let shown = m.tick(Some(reading(ms)), t0 + ms).expect("anchored");
+            let shown = m.tick(Some(reading(ms)), t0 + ms, DAY).expect("anchored");
             let truth = exact(ms);
             if s > 3_600 {
                 // against the energy of the last hour (a harder measure than of the whole day)
@@ -186,44 +233,92 @@ mod tests {
     #[test]
     fn nothing_is_shown_before_the_counter_is_read() {
         let mut m = EnergyMeter::default();
-        assert_eq!(m.tick(Some(500.0), 1_000), None);
+        assert_eq!(m.tick(Some(500.0), 1_000, DAY), None);
         m.anchor(1_000.0, 1_500);
         // 500 W from the anchor at 1.5 s to 2 s: 250 J
-        assert_eq!(m.tick(Some(500.0), 2_000), Some(1_250.0));
-        assert_eq!(m.tick(Some(500.0), 3_000), Some(1_750.0));
+        assert_eq!(m.tick(Some(500.0), 2_000, DAY), Some(1_250.0));
+        assert_eq!(m.tick(Some(500.0), 3_000, DAY), Some(1_750.0));
     }
 
     #[test]
     fn the_value_shown_never_goes_down_but_a_counter_reset_restarts_it() {
         let mut m = EnergyMeter::default();
         m.anchor(10_000.0, 0);
-        m.tick(Some(1_000.0), 0);
-        assert_eq!(m.tick(Some(1_000.0), 10_000), Some(20_000.0));
+        m.tick(Some(1_000.0), 0, DAY);
+        assert_eq!(m.tick(Some(1_000.0), 10_000, DAY), Some(20_000.0));
         // the counter says less than the estimate: held, not lowered
         m.anchor(19_000.0, 10_000);
-        assert_eq!(m.tick(Some(1_000.0), 10_500), Some(20_000.0));
-        assert_eq!(m.tick(Some(1_000.0), 12_000), Some(21_000.0));
+        assert_eq!(m.tick(Some(1_000.0), 10_500, DAY), Some(20_000.0));
+        assert_eq!(m.tick(Some(1_000.0), 12_000, DAY), Some(21_000.0));
         // a driver reload: the counter starts again near 0
         m.anchor(5.0, 12_000);
-        assert_eq!(m.tick(Some(1_000.0), 13_000), Some(1_005.0));
+        assert_eq!(m.tick(Some(1_000.0), 13_000, DAY), Some(1_005.0));
     }
 
     #[test]
     fn gaps_and_clock_steps_are_not_integrated() {
         let mut m = EnergyMeter::default();
         m.anchor(0.0, 0);
-        m.tick(Some(100.0), 0);
-        // two minutes without an answer: not guessed
-        assert_eq!(m.tick(Some(100.0), 120_000), Some(0.0));
-        assert_eq!(m.tick(None, 121_000), Some(0.0));
+        m.tick(Some(100.0), 0, DAY);
+        assert_eq!(m.tick(Some(100.0), 1_000, DAY), Some(100.0));
+        // two minutes without an answer at 1 s ticks: not guessed
+        assert_eq!(m.tick(Some(100.0), 121_000, DAY), Some(100.0));
+        assert_eq!(m.tick(None, 122_000, DAY), Some(100.0));
         assert_eq!(
-            m.tick(None, 181_000),
+            m.tick(None, 182_000, DAY),
             None,
             "no power for a minute: not current"
         );
-        assert_eq!(m.tick(Some(100.0), 122_000), Some(200.0));
+        assert_eq!(m.tick(Some(100.0), 183_000, DAY), Some(100.0));
+        assert_eq!(m.tick(Some(100.0), 184_000, DAY), Some(200.0));
         // the wall clock stepped back an hour
-        assert_eq!(m.tick(Some(100.0), 122_000 - 3_600_000), Some(200.0));
-        assert_eq!(m.tick(Some(100.0), 123_000 - 3_600_000), Some(300.0));
+        assert_eq!(m.tick(Some(100.0), 184_000 - 3_600_000, DAY), Some(200.0));
+        assert_eq!(m.tick(Some(100.0), 185_000 - 3_600_000, DAY), Some(300.0));
+    }
+
+    #[test]
+    fn ticks_minutes_apart_are_integrated() {
+        let mut m = EnergyMeter::default();
+        m.anchor(0.0, 0);
+        m.tick(Some(100.0), 0, DAY);
+        // a 2 min interval: the first span sets the spacing, the next are integrated
+        assert_eq!(m.tick(Some(100.0), 120_000, DAY), Some(0.0));
+        assert_eq!(m.tick(Some(100.0), 240_000, DAY), Some(12_000.0));
+        assert_eq!(m.tick(Some(100.0), 360_000, DAY), Some(24_000.0));
+    }
+
+    #[test]
+    fn a_reading_newer_than_the_last_tick_is_not_counted_twice() {
+        let mut m = EnergyMeter::default();
+        m.anchor(0.0, 0);
+        m.tick(Some(100.0), 0, DAY);
+        m.tick(Some(100.0), 1_000, DAY);
+        // the counter read at 2.5 s, given at the tick of 2 s (a slow read that ended late)
+        m.anchor(250.0, 2_500);
+        assert_eq!(m.tick(Some(100.0), 2_000, DAY), Some(250.0));
+        // from 2.5 s on only
+        assert_eq!(m.tick(Some(100.0), 3_000, DAY), Some(300.0));
+    }
+
+    #[test]
+    fn an_old_reading_is_not_corrected_forever() {
+        let mut m = EnergyMeter::default();
+        m.anchor(0.0, 0);
+        m.tick(Some(100.0), 0, 10_000);
+        assert_eq!(m.tick(Some(100.0), 10_000, 10_000), Some(1_000.0));
+        assert_eq!(m.tick(Some(100.0), 11_000, 10_000), None);
+    }
+
+    #[test]
+    fn the_counter_alone_never_goes_below_the_value_shown() {
+        let mut m = EnergyMeter::default();
+        m.anchor(1_000.0, 0);
+        m.tick(Some(100.0), 0, DAY);
+        assert_eq!(m.tick(Some(100.0), 10_000, DAY), Some(2_000.0));
+        // power stops: the counter's older reading is below what was shown
+        assert_eq!(m.alone(1_900.0), None);
+        assert_eq!(m.alone(2_100.0), Some(2_100.0));
+        // a restarted counter is shown
+        assert_eq!(m.alone(3.0), Some(3.0));
     }
 }

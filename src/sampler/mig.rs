@@ -17,10 +17,12 @@
 //! sample of the previous slow read, so each value is the average over the process interval
 //! between the two reads. On the slow path, not the tick: the MIG devices are known there, the
 //! values ride with them, and a sample costs what the GPU's own does (~200 µs of driver CPU)
-//! for every instance (7 on a GPU split 7 × 1g) — a seventh of the cost at the default 5 s
-//! process cadence, with nothing between the reads missed (the counters integrate).
+//! for every instance: on a GPU split 7 × 1g, 7 × 200 µs every 5 s at the daemon's process
+//! cadence, 280 µs a second — 1.4 × the GPU's own GPM at its 1 s tick (200 µs a second), where
+//! the tick's cadence would cost 7 × — with nothing between the reads missed (the counters
+//! integrate). Only the rows a GPU instance has (`Metric::per_gpu_instance`) are kept.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::error::{nvml_sym, nvml_try, NvmlError};
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
@@ -65,11 +67,77 @@ pub(super) struct MigReader {
     pub(super) gpm: MigGpmReader,
 }
 
+/// Two GPM samples allocated once and filled in turn, and which of them holds the previous
+/// read's snapshot: the alternation of a GPU instance's GPM here and of the GPU's own
+/// (`slot::Gpm`).
+pub(super) struct SamplePair<T> {
+    samples: [T; 2],
+    /// The sample holding the previous read's snapshot and when it was taken (none at the first
+    /// read, or after a failed one).
+    prev: Option<(usize, Instant)>,
+}
+
+impl<T> SamplePair<T> {
+    pub(super) fn new(samples: [T; 2]) -> SamplePair<T> {
+        SamplePair {
+            samples,
+            prev: None,
+        }
+    }
+
+    /// The sample to fill at `now`: the older one; `None` when the previous one was taken less
+    /// than `min_window` before (no sample then: the next read measures from the previous one).
+    pub(super) fn next(&self, now: Instant, min_window: Duration) -> Option<usize> {
+        match self.prev {
+            Some((_, at)) if now.saturating_duration_since(at) < min_window => None,
+            Some((p, _)) => Some(1 - p),
+            None => Some(0),
+        }
+    }
+
+    /// Sample `k`.
+    pub(super) fn sample(&self, k: usize) -> &T {
+        &self.samples[k]
+    }
+
+    /// Sample `cur` was filled at `now` and is the previous one from now on; the one filled
+    /// before it, to measure against (none at the first read).
+    pub(super) fn filled(&mut self, cur: usize, now: Instant) -> Option<usize> {
+        self.prev.replace((cur, now)).map(|(p, _)| p)
+    }
+
+    /// A read failed: the next one takes a first sample again.
+    pub(super) fn forget(&mut self) {
+        self.prev = None;
+    }
+}
+
+/// The spacing of a device's GPM reads, for the shortest span a reading may cover: at most
+/// [`GPM_MIN_WINDOW`], and half the spacing of the reads before once that is less (a scenario
+/// played faster reads every few ms of wall time). The GPU's own GPM (`slot::Gpm`) uses it too.
+#[derive(Debug, Default)]
+pub(super) struct ReadSpacing {
+    last: Option<Instant>,
+    spacing: Option<Duration>,
+}
+
+impl ReadSpacing {
+    /// The shortest span a reading at `now` may cover; notes this read.
+    pub(super) fn min_window(&mut self, now: Instant) -> Duration {
+        let before = self.spacing;
+        if let Some(t) = self.last {
+            self.spacing = Some(now.saturating_duration_since(t));
+        }
+        self.last = Some(now);
+        before.map_or(GPM_MIN_WINDOW, |s| (s / 2).min(GPM_MIN_WINDOW))
+    }
+}
+
 /// GPM per GPU instance on one GPU (`nvmlGpmMigSampleGet`): per instance two samples
 /// allocated once and filled in turn, and one metrics request for all of them. A GPU without
 /// GPM, or whose driver does not sample GPU instances, is not asked again; an instance that
-/// is gone has its samples freed; a failing call leaves the instance's values absent and is
-/// tried again at the next read.
+/// is gone has its samples freed (all of them when MIG goes away or GPM is turned off); a
+/// failing call leaves the instance's values absent and is tried again at the next read.
 #[derive(Default)]
 pub(super) struct MigGpmReader {
     /// `[daemon] gpm = false`, `--no-gpm`.
@@ -80,6 +148,8 @@ pub(super) struct MigGpmReader {
     instances: Vec<InstanceGpm>,
     /// The metrics request (allocated at the first read that needs it).
     request: Option<GpmRequest>,
+    /// The spacing of the reads (their minimum window).
+    spacing: ReadSpacing,
     /// A failing call was logged (once until it answers again).
     warned: bool,
 }
@@ -90,9 +160,7 @@ struct InstanceGpm {
     /// The UUID of its (first) MIG device: a GPU instance destroyed and created again under the
     /// same id between two reads is another instance, whose counters are not the old one's.
     uuid: String,
-    samples: [GpmSample<'static>; 2],
-    /// The sample holding the previous read's snapshot, and when it was taken.
-    prev: Option<(usize, Instant)>,
+    pair: SamplePair<GpmSample<'static>>,
 }
 
 /// `nvmlGpmMigSampleGet` of GPU instance `gi` of `dev` into an allocated sample.
@@ -123,9 +191,17 @@ impl MigGpmReader {
         !self.off && self.supported == Some(true)
     }
 
-    /// Forgets every instance (MIG turned off, the GPU lost): their samples are freed.
+    /// Forgets every instance (MIG turned off or gone, GPM turned off, the GPU lost): their
+    /// samples are freed.
     pub(super) fn clear(&mut self) {
         self.instances.clear();
+        self.spacing = ReadSpacing::default();
+    }
+
+    /// GPU instances whose samples are held.
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        self.instances.len()
     }
 
     /// Reads the GPM metrics of each GPU instance among `devices` into their `gpm`.
@@ -137,6 +213,8 @@ impl MigGpmReader {
         devices: &mut [MigReading],
     ) -> Result<(), Gone> {
         if self.off || self.supported == Some(false) {
+            // GPM turned off since: nothing of it stays allocated
+            self.clear();
             return Ok(());
         }
         if self.supported.is_none() {
@@ -159,6 +237,7 @@ impl MigGpmReader {
         });
         let nvml = dev.nvml();
         let now = Instant::now();
+        let min_window = self.spacing.min_window(now);
         let mut gis: Vec<(u32, String)> = Vec::with_capacity(devices.len());
         for d in devices.iter() {
             if !gis.iter().any(|(g, _)| *g == d.gpu_instance_id) {
@@ -176,8 +255,7 @@ impl MigGpmReader {
                             self.instances.push(InstanceGpm {
                                 gpu_instance_id: gi,
                                 uuid,
-                                samples: [a, b],
-                                prev: None,
+                                pair: SamplePair::new([a, b]),
                             });
                             self.instances.len() - 1
                         }
@@ -192,16 +270,12 @@ impl MigGpmReader {
                 }
             };
             let st = &mut self.instances[pos];
-            if st
-                .prev
-                .is_some_and(|(_, at)| now.duration_since(at) < GPM_MIN_WINDOW)
-            {
+            let Some(cur) = st.pair.next(now, min_window) else {
                 // too soon after the last sample: none taken, the next read measures from it
                 continue;
-            }
-            let cur = st.prev.map_or(0, |(p, _)| 1 - p);
+            };
             match busy.call(NvmlFunction::GpmMigSampleGet, || {
-                mig_sample_get(dev, gi, &st.samples[cur])
+                mig_sample_get(dev, gi, st.pair.sample(cur))
             }) {
                 Ok(()) => {}
                 Err(e) if lost(&e) => return Err(Gone),
@@ -224,18 +298,17 @@ impl MigGpmReader {
                     continue;
                 }
                 Err(e) => {
-                    st.prev = None;
+                    st.pair.forget();
                     self.failed(index, gi, &e);
                     continue;
                 }
             }
-            let prev = st.prev.replace((cur, now));
-            let Some((p, _)) = prev else {
+            let Some(p) = st.pair.filled(cur, now) else {
                 continue;
             };
             let request = self.request.get_or_insert_with(GpmRequest::new);
             let got = busy.call(NvmlFunction::GpmMetricsGet, || {
-                request.get(nvml, &st.samples[p], &st.samples[cur])
+                request.get(nvml, st.pair.sample(p), st.pair.sample(cur))
             });
             match got {
                 Ok(()) => {
@@ -243,8 +316,9 @@ impl MigGpmReader {
                         self.warned = false;
                         tracing::info!("GPU {index}: GPM per GPU instance answers again");
                     }
+                    // the rows a GPU instance has: the bandwidths and video engines are its GPU's
                     let mut values = MigGpm::default();
-                    for (m, v) in request.answers() {
+                    for (m, v) in request.answers().filter(|(m, _)| m.per_gpu_instance()) {
                         values.set(m, v);
                     }
                     for d in devices.iter_mut().filter(|d| d.gpu_instance_id == gi) {
@@ -345,6 +419,8 @@ impl MigReader {
                 if permanent(&e) || matches!(e, NvmlError::InvalidArg) {
                     tracing::debug!("GPU {index}: no MIG ({e}); not asked again");
                     self.no_mig = true;
+                    // MIG was maybe on before: its GPU instances' samples go
+                    self.gpm.clear();
                 }
                 return Ok(None);
             }
@@ -498,4 +574,52 @@ pub(super) fn samples(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two samples in turn: the first read fills one and measures nothing, each later one fills
+    /// the older and measures against the newer; a read too soon takes none; a failed read
+    /// starts again.
+    #[test]
+    fn a_sample_pair_alternates() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut pair = SamplePair::new(["a", "b"]);
+        let w = GPM_MIN_WINDOW;
+        assert_eq!(pair.next(t0, w), Some(0));
+        assert_eq!(pair.filled(0, t0), None, "nothing to measure against");
+        assert_eq!(pair.next(t0 + ms(10), w), None, "too soon");
+        let cur = pair.next(t0 + ms(100), w).expect("a sample");
+        assert_eq!((cur, *pair.sample(cur)), (1, "b"));
+        assert_eq!(pair.filled(cur, t0 + ms(100)), Some(0));
+        assert_eq!(pair.next(t0 + ms(200), w), Some(0));
+        pair.forget();
+        assert_eq!(pair.next(t0 + ms(201), w), Some(0));
+        assert_eq!(pair.filled(0, t0 + ms(201)), None);
+    }
+
+    /// The slow reads' own spacing sets the window once it is known: 50 ms at most, half the
+    /// spacing when that is less (a scenario played fast).
+    #[test]
+    fn the_window_follows_the_slow_reads() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut s = ReadSpacing::default();
+        assert_eq!(s.min_window(t0), GPM_MIN_WINDOW);
+        assert_eq!(s.min_window(t0 + ms(5000)), GPM_MIN_WINDOW);
+        assert_eq!(
+            s.min_window(t0 + ms(5020)),
+            GPM_MIN_WINDOW,
+            "5 s apart before"
+        );
+        assert_eq!(s.min_window(t0 + ms(5040)), ms(10), "20 ms apart before");
+        let mut r = MigGpmReader::default();
+        r.spacing.min_window(t0);
+        r.clear();
+        assert_eq!(r.held(), 0);
+        assert!(r.spacing.last.is_none(), "cleared with the samples");
+    }
 }

@@ -21,6 +21,7 @@ use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_SUCCESS as NVML_SUCCESS, NVML_GPM_METRICS_GET_VERSION,
 };
 
+use super::mig::{ReadSpacing, SamplePair};
 use super::worker::Busy;
 use super::GpmStatus;
 use crate::model::{
@@ -629,25 +630,22 @@ impl Slot {
         let Some(st) = self.gpm.state.as_mut() else {
             return Ok(());
         };
-        if st
-            .prev_at
-            .is_some_and(|t| now.duration_since(t) < min_window)
-        {
-            // too soon after the last sample (the read at the sampler's start, a late tick):
-            // no sample, the rows absent, the next read measures from the last sample
+        // too soon after the last sample (the read at the sampler's start, a late tick): no
+        // sample, the rows absent, the next read measures from the last sample
+        let Some(cur) = st.samples.next(now, min_window) else {
             return Ok(());
-        }
-        let cur = st.prev.map_or(0, |p| 1 - p);
+        };
         let got = self.busy.call(NvmlFunction::GpmSampleGet, || {
-            gpm_sample_get(nvml, dev, &st.samples[cur])
+            gpm_sample_get(nvml, dev, st.samples.sample(cur))
         });
         let answer = got.and_then(|()| {
-            let Some(prev) = st.prev else {
+            let Some(prev) = st.samples.filled(cur, now) else {
                 return Ok(false);
             };
             self.busy
                 .call(NvmlFunction::GpmMetricsGet, || {
-                    st.request.get(nvml, &st.samples[prev], &st.samples[cur])
+                    st.request
+                        .get(nvml, st.samples.sample(prev), st.samples.sample(cur))
                 })
                 .map(|()| true)
         });
@@ -656,8 +654,6 @@ impl Slot {
                 if have {
                     st.request.put(values);
                 }
-                st.prev = Some(cur);
-                st.prev_at = Some(now);
                 if matches!(self.gpm.status, GpmStatus::Failing(_)) {
                     tracing::info!("GPU {index}: GPM answers again");
                 }
@@ -675,8 +671,7 @@ impl Slot {
                 Ok(())
             }
             Err(e) => {
-                st.prev = None;
-                st.prev_at = None;
+                st.samples.forget();
                 if !matches!(self.gpm.status, GpmStatus::Failing(_)) {
                     tracing::warn!(
                         "GPU {index}: GPM failed ({e}; another GPM client, or the driver in \
@@ -714,19 +709,13 @@ pub(super) const GPM_MIN_WINDOW: std::time::Duration = std::time::Duration::from
 pub(super) struct Gpm {
     pub(super) status: GpmStatus,
     state: Option<Box<GpmState>>,
-    /// When the fast path last read the device, and the spacing of the two reads before
-    /// (for [`GPM_MIN_WINDOW`]).
-    last_read: Option<std::time::Instant>,
-    spacing: Option<std::time::Duration>,
+    /// The spacing of the fast path's reads (for [`GPM_MIN_WINDOW`]).
+    spacing: ReadSpacing,
 }
 
 /// Two samples allocated once and filled in turn, and the metrics request reused every read.
 struct GpmState {
-    samples: [GpmSample<'static>; 2],
-    /// The sample holding the previous read's snapshot (none at the first read, or after a
-    /// failed one), and when it was taken.
-    prev: Option<usize>,
-    prev_at: Option<std::time::Instant>,
+    samples: SamplePair<GpmSample<'static>>,
     request: GpmRequest,
 }
 
@@ -736,8 +725,7 @@ impl Gpm {
         Gpm {
             status: GpmStatus::Off,
             state: None,
-            last_read: None,
-            spacing: None,
+            spacing: ReadSpacing::default(),
         }
     }
 
@@ -752,12 +740,7 @@ impl Gpm {
     /// The shortest span a reading at `now` may cover ([`GPM_MIN_WINDOW`], or half the spacing
     /// of the reads before this one when that is less); notes this read.
     fn min_window(&mut self, now: std::time::Instant) -> std::time::Duration {
-        let before = self.spacing;
-        if let Some(t) = self.last_read {
-            self.spacing = Some(now.saturating_duration_since(t));
-        }
-        self.last_read = Some(now);
-        before.map_or(GPM_MIN_WINDOW, |s| (s / 2).min(GPM_MIN_WINDOW))
+        self.spacing.min_window(now)
     }
 
     /// Asks whether the GPU has GPM and, when it does, allocates the two samples.
@@ -786,9 +769,7 @@ impl Gpm {
         match (alloc(), alloc()) {
             (Ok(a), Ok(b)) => {
                 self.state = Some(Box::new(GpmState {
-                    samples: [a, b],
-                    prev: None,
-                    prev_at: None,
+                    samples: SamplePair::new([a, b]),
                     request: GpmRequest::new(),
                 }));
                 self.status = GpmStatus::Active;
@@ -811,8 +792,7 @@ impl Gpm {
     /// sample again.
     fn forget(&mut self) {
         if let Some(st) = self.state.as_mut() {
-            st.prev = None;
-            st.prev_at = None;
+            st.samples.forget();
         }
     }
 }
@@ -967,11 +947,13 @@ pub(super) struct SlowSlot {
 /// a real driver spends CPU on them (H200, driver 580; `tests/fixtures/real/`). Energy costs 3 ms
 /// per read — at the 5 s process cadence eight GPUs would spend 0.5 % of a core on it alone —:
 /// it is read every 720 process intervals (an hour by default) and between reads the energy is
-/// the last reading plus the tick's power readings integrated (`energy`), within 1 % of the
-/// counter. The PCIe replay counter (0.15 ms) every 12 (a minute). The PCIe byte counters
-/// (0.13 ms each) every 6 (30 s): throughput becomes a 30 s average, and it feeds no stock rule.
-/// A counter is exact over any span longer than its cadence (replays per hour). `top` and `run`
-/// use a 1 s process interval: 12 min, 12 s and 6 s. (metrics, cadence in process intervals).
+/// the last reading plus the tick's power readings integrated (`energy`; within 1 % of the
+/// counter over a day of 1 s ticks). The PCIe replay counter (0.15 ms) every 12 (a minute). The
+/// PCIe byte counters (0.13 ms each) every 6 (30 s): throughput becomes a 30 s average, and it
+/// feeds no stock rule. A counter is exact over any span longer than its cadence (replays per
+/// hour). `top` and `run` use a 1 s process interval: 12 min, 12 s and 6 s. No class waits
+/// longer than an hour ([`counter_every_ms`]), and a class that did not answer is asked again at
+/// the next round. (metrics, cadence in process intervals).
 pub const COUNTERS: [(&[Metric], i64); 3] = [
     (&[Metric::Energy], ENERGY_EVERY),
     (&[Metric::PcieReplay], 12),
@@ -980,6 +962,16 @@ pub const COUNTERS: [(&[Metric], i64); 3] = [
 
 /// The energy counter's cadence, in process intervals (see [`COUNTERS`]).
 pub const ENERGY_EVERY: i64 = 720;
+
+/// The longest cadence of any counter class, whatever the process interval: an hour.
+const COUNTER_EVERY_AT_MOST_MS: i64 = 3_600_000;
+
+/// How often a class of [`COUNTERS`] read every `n` process intervals is read, ms: `n` process
+/// intervals, at most an hour (but at least one process interval).
+pub fn counter_every_ms(n: i64, process_interval_ms: i64) -> i64 {
+    n.saturating_mul(process_interval_ms)
+        .min(COUNTER_EVERY_AT_MOST_MS.max(process_interval_ms))
+}
 
 /// How long the energy counter's own reading is shown, in process intervals, when the GPU gives
 /// no power to integrate between readings: twice the minute it was read at before it was
@@ -1003,8 +995,8 @@ fn mask_of(metrics: &[Metric]) -> u64 {
 /// cadence (the process interval, or its counter class's when slower) plus the call timeout.
 pub(super) fn max_ages_ms(process_interval_ms: i64, timeout_ms: i64) -> [i64; METRIC_COUNT] {
     let age = |n: i64| {
-        (2 * n)
-            .saturating_mul(process_interval_ms)
+        counter_every_ms(n, process_interval_ms)
+            .saturating_mul(2)
             .saturating_add(timeout_ms)
     };
     let mut ages = [age(1); METRIC_COUNT];
@@ -1032,6 +1024,8 @@ pub(super) struct SlowAnswer {
     pub lost: bool,
     /// With MIG on: its MIG devices (`None`: MIG off, or not known).
     pub mig: Option<Vec<super::mig::MigReading>>,
+    /// When the energy counter was read, UTC ms (right after the call that read it).
+    pub energy_ms: i64,
     /// Its NVLinks when they were read (`None`: no NVLink, not asked, or no answer).
     pub nvlink: Option<Vec<crate::model::nvlink::NvlinkLink>>,
     /// Its GPU instances' GPM metrics are read (see `mig::MigGpmReader`).
@@ -1106,19 +1100,29 @@ impl SlowSlot {
     }
 
     /// The metrics to leave out of the read at `time_ms`: each class of [`COUNTERS`] until its
-    /// interval has passed since it was last read (or the clock went back).
-    fn counters_skip(&mut self, time_ms: i64) -> u64 {
+    /// cadence has passed since it was last read (or the clock went back).
+    fn counters_skip(&self, time_ms: i64) -> u64 {
         let mut skip = 0;
-        for (at, (metrics, n)) in self.counters_at.iter_mut().zip(COUNTERS) {
+        for (at, (metrics, n)) in self.counters_at.iter().zip(COUNTERS) {
             // a little early is due: a round can start a few ms short of its interval
-            let every = n * self.process_interval_ms - self.process_interval_ms / 2;
-            if at.is_none_or(|t| time_ms - t >= every || time_ms < t) {
-                *at = Some(time_ms);
-            } else {
+            let every =
+                counter_every_ms(n, self.process_interval_ms) - self.process_interval_ms / 2;
+            if !at.is_none_or(|t| time_ms - t >= every || time_ms < t) {
                 skip |= mask_of(metrics);
             }
         }
         skip
+    }
+
+    /// Books the counter classes this read asked for and got (`asked`: a per-metric mask): a
+    /// class that did not answer (an error, a GPU that did not answer) is asked again at the next
+    /// round, not a cadence later.
+    fn counters_read(&mut self, time_ms: i64, asked: u64, values: &MetricValues) {
+        for (at, (metrics, _)) in self.counters_at.iter_mut().zip(COUNTERS) {
+            if asked & mask_of(metrics) != 0 && metrics.iter().any(|m| values.get(*m).is_some()) {
+                *at = Some(time_ms);
+            }
+        }
     }
 
     /// Reads the process lists and the slow metrics in `mask` (the [`COUNTERS`] when their
@@ -1132,6 +1136,7 @@ impl SlowSlot {
         let skip = self.counters_skip(time_ms);
         let mask = mask & !skip;
         answer.read = mask;
+        answer.energy_ms = i64::MIN;
         let mut tick = TickAnswers::default();
         let mut lists: Vec<(ProcessInfo, ProcKind)> = Vec::new();
         let mut ok = true;
@@ -1171,6 +1176,9 @@ impl SlowSlot {
                 .is_err()
         {
             answer.lost = true;
+        }
+        if answer.values.get(Metric::Energy).is_some() {
+            answer.energy_ms = crate::sys::now_ms();
         }
         if !answer.lost && mask & nvlink_mask() != 0 && !self.nvlink.absent() {
             if let Some(dev) = self.slot.handle.as_ref() {
@@ -1212,8 +1220,16 @@ impl SlowSlot {
         if answer.lost {
             // its GPU instances' samples are of a GPU that is gone
             self.mig.gpm.clear();
+            // and its counters are read at once when it answers again (a driver reload starts
+            // them again)
+            self.counters_at = [None; COUNTERS.len()];
+        } else {
+            self.counters_read(time_ms, mask, &answer.values);
         }
         answer.time_ms = crate::sys::now_ms();
+        if answer.energy_ms == i64::MIN {
+            answer.energy_ms = answer.time_ms;
+        }
         answer
     }
 }
@@ -1329,9 +1345,14 @@ mod tests {
         // process rounds every 5 s (a few ms late or early) for two hours: which counters each
         // one reads
         let (mut minutely, mut pcie_reads, mut hourly) = (vec![], vec![], vec![]);
+        let mut values = MetricValues::default();
+        for m in [Metric::Energy, Metric::PcieReplay, Metric::PcieRx] {
+            values.set(m, Some(1.0));
+        }
         for k in 0..=1440 {
             let t = t0 + k * 5_000 + [3, -2, 0][k as usize % 3];
             let skip = slow.counters_skip(t);
+            slow.counters_read(t, !skip, &values);
             if skip & minute == 0 && k <= 24 {
                 minutely.push(k * 5);
             }
@@ -1346,6 +1367,16 @@ mod tests {
         assert_eq!(pcie_reads, [0, 30, 60, 90, 120]);
         assert_eq!(hourly, [0, 3_600, 7_200]);
         assert_eq!(slow.counters_skip(t0), 0, "the clock went back");
+        // a class that did not answer is asked again at the next round
+        let mut slow = SlowSlot::new(0, Arc::new(Busy::default()));
+        slow.counters_read(t0, !0, &MetricValues::default());
+        assert_eq!(
+            slow.counters_skip(t0 + 5_000),
+            0,
+            "nothing answered: all asked again"
+        );
+        slow.counters_read(t0 + 5_000, !0, &values);
+        assert_eq!(slow.counters_skip(t0 + 10_000) & energy, energy);
         // shown for twice the cadence (plus the timeout), the others for twice the process interval
         let ages = max_ages_ms(5_000, 1_000);
         // the energy counter alone (no power to integrate): as when it was read every minute

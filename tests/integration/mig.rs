@@ -825,7 +825,11 @@ fn export_backfills_each_mig_device_as_the_live_page_names_it() {
             Some((gpu.to_string(), gi.to_string()))
         })
         .collect();
-    assert_eq!(series.len(), 10, "one series per MIG device: {dump:.3000}");
+    assert_eq!(
+        series.len(),
+        10,
+        "one series per GPU instance: {dump:.3000}"
+    );
     assert!(series.contains(&("0".into(), "13".into())), "{series:?}");
     assert!(series.contains(&("1".into(), "5".into())), "{series:?}");
 }

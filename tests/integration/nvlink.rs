@@ -372,7 +372,7 @@ fn a_link_down_to_an_nvswitch_names_the_switch() {
     });
     let summary = alert["annotations"]["summary"].as_str().unwrap();
     assert!(
-        summary.contains("NVLink from GPU 2 to an NVSwitch (00000000:06:00.0) is down (1 link)"),
+        summary.contains("NVLink from GPU 2 to NVSwitch 00000000:06:00.0 is down (1 link)"),
         "{summary}"
     );
     d.signal(libc::SIGTERM);
@@ -417,5 +417,65 @@ fn one_gpu_without_counters_hides_no_other_and_one_slow_link_is_one_finding() {
         slow[0].contains("NVLink 3 (to NVSwitch 00000000:05:00.0) runs at 13281 MB/s, below the 26562 MB/s of NVLink 4"),
         "{}",
         out.stdout
+    );
+}
+
+/// Two GPUs joined by NVLink bridges (every link GPU 0 – GPU 1), link 0 down from the start.
+/// For its first 1.5 s GPU 1 cannot be looked up by its bus id (UNKNOWN: a peer slow at that
+/// moment), and around 12 s GPU 0's error counters answer NOT_SUPPORTED for a second. The far
+/// end is looked up again at the next slow round: GPU 0's link down then names GPU 1 (bit 1 of
+/// the down-peers bitmask; it stayed 0 for good when the failed look-up was taken as done). The
+/// links gave their counters before, so the NOT_SUPPORTED is a gap, not "unsupported": GPU 0's
+/// totals are there again after it (they stayed absent for good).
+#[test]
+fn a_peer_that_failed_to_resolve_is_named_later_and_counters_come_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tmp.path().join("bridge.toml");
+    std::fs::write(
+        &scenario,
+        "name = \"bridge\"\n[devices]\ncount = 2\nname = \"NVIDIA H100 80GB HBM3\"\n\
+         [nvlink]\ntopology = \"pairs\"\n\
+         [[nvlink.event]]\nat_s = 0\ngpu = 0\nlink = 0\nstate = \"down\"\n\
+         [[fault]]\nfunction = \"nvmlDeviceGetHandleByPciBusId*\"\nerror = \"UNKNOWN\"\ngpus = [1]\nfrom_s = 0\nuntil_s = 11.5\n\
+         [[fault]]\nfunction = \"nvmlDeviceGetNvLinkErrorCounter\"\nerror = \"NOT_SUPPORTED\"\ngpus = [0]\nfrom_s = 11.5\nuntil_s = 12.5\n",
+    )
+    .unwrap();
+    let rec = common::sim(
+        scenario.to_str().unwrap(),
+        &[
+            "record",
+            "--interval",
+            "250ms",
+            "--process-interval",
+            "1s",
+            "--duration",
+            "4s",
+        ],
+        &[("NVML_SIM_START_S", "10")],
+    );
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let (header, rows) = common::csv_rows(&rec.stdout);
+    let gpu0: Vec<&Vec<String>> = rows
+        .iter()
+        .filter(|r| common::col(&header, r, "index") == "0")
+        .collect();
+    assert!(gpu0.len() >= 8, "{}", rec.stdout);
+    let peers: Vec<&str> = gpu0
+        .iter()
+        .map(|r| common::col(&header, r, "nvlink_down_peers"))
+        .collect();
+    assert_eq!(peers[0], "0", "GPU 1 not looked up yet: {peers:?}");
+    assert_eq!(
+        peers.last(),
+        Some(&"2"),
+        "GPU 1 named once it answers: {peers:?}"
+    );
+    let last = gpu0.last().unwrap();
+    assert_eq!(common::col(&header, last, "nvlink_links_down"), "1");
+    assert_eq!(
+        common::col(&header, last, "nvlink_crc_flit_errors"),
+        "0",
+        "the counters are asked again: {}",
+        rec.stdout
     );
 }

@@ -1004,3 +1004,34 @@ fn xids_of_a_gpu_stalled_at_start_are_reported_once_it_answers() {
         .unwrap();
     assert!(col(&header, last, "uuid").starts_with("GPU-"), "{out}");
 }
+
+/// `NVML_SIM_CALL_COUNTS`: the library counts each function's calls (and each field asked) and
+/// writes them at exit — what `bench/sampler.sh` compares between gpuwatch and the floor.
+#[test]
+fn the_library_counts_the_calls_it_answers() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let counts = tmp.path().join("counts");
+    let run = sim(
+        "healthy",
+        &["record", "--interval", "100ms", "--duration", "1s"],
+        &[("NVML_SIM_CALL_COUNTS", counts.to_str().expect("utf-8"))],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let text = std::fs::read_to_string(&counts).expect("the counts, written at exit");
+    let count = |key: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(count("nvmlInit_v2"), 1, "{text}");
+    // every tick asks each of the 8 GPUs for its power (about 10 ticks)
+    let power = count("nvmlDeviceGetPowerUsage");
+    assert!((8 * 8..=8 * 13).contains(&power), "{power}\n{text}");
+    // the tick's field-values call asks the same fields of every GPU
+    assert!(count("nvmlDeviceGetFieldValues") >= 8 * 8, "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("nvmlDeviceGetFieldValues[")),
+        "{text}"
+    );
+}

@@ -176,7 +176,7 @@ impl Input {
             Input::Stalled => Value::Name(hist.state.stalled_in().map(NvmlFunction::symbol)),
             Input::Processes => Value::Procs(hist.processes.clone()),
             Input::Mig => Value::Mig(hist.mig.clone()),
-            Input::Nvlinks => Value::Nvlinks(hist.nvlink.clone()),
+            Input::Nvlinks => Value::Nvlinks(hist.nvlink.clone().filter(|_| !hist.nvlink_stale)),
             Input::Interval => Value::Int(hist.interval_ms),
             Input::Xids(dur) => Value::Codes(hist.xids_in(now_ms, dur)),
             Input::XidEvents(dur) => {
@@ -517,59 +517,111 @@ pub fn mig_device(d: &MigSample) -> Dynamic {
     Dynamic::from_map(m)
 }
 
-/// A GPU's NVLinks as scripts see them (`gpu.nvlinks`): one map per link, `#{ index, up,
-/// speed_mbps, full_speed_mbps, version, remote, remote_bus_id, peer_gpu, far_end,
-/// crc_flit_errors, crc_data_errors, replay_errors, recovery_errors, crc_flit_delta,
-/// crc_data_delta, replay_delta, recovery_delta, interval_s }` — `remote` is what the far end is
-/// (`"gpu"`, `"switch"`, `"ibm_npu"`, `"unknown"`, or `()` when the driver cannot say),
-/// `peer_gpu` the NVML index of a GPU at the far end that this machine lists, `far_end` the far
-/// end in words (`GPU 5`, `NVSwitch 00000000:05:00.0`, …), the error counters cumulative and
-/// their `_delta` the rise since the reading before, `interval_s` seconds ago; unknown values
-/// `()`. Built only when a script reads it.
+/// The properties of a link of `gpu.nvlinks`, in the order `to_string` shows them.
+const LINK_KEYS: [&str; 18] = [
+    "index",
+    "up",
+    "speed_mbps",
+    "full_speed_mbps",
+    "version",
+    "remote",
+    "remote_bus_id",
+    "peer_gpu",
+    "far_end",
+    "crc_flit_errors",
+    "crc_data_errors",
+    "replay_errors",
+    "recovery_errors",
+    "crc_flit_delta",
+    "crc_data_delta",
+    "replay_delta",
+    "recovery_delta",
+    "interval_s",
+];
+
+/// One link of `gpu.nvlinks` (`NvLink`): the reading it is part of and its position in it.
+/// Reading `gpu.nvlinks` costs one array of these (an `Arc` each); a property is computed when
+/// a script reads it, so no map per link is built and no far end put in words unless asked.
+/// The reading was read through [`Input::Nvlinks`], so a trace covers every property.
+#[derive(Debug, Clone)]
+pub struct LinkHandle {
+    view: Arc<NvlinkView>,
+    pos: usize,
+}
+
+impl LinkHandle {
+    /// Property `key` (one of [`LINK_KEYS`]); unknown values, and an unknown key, `()`.
+    fn get(&self, key: &str) -> Dynamic {
+        let (Some(l), Some(d)) = (
+            self.view.links.get(self.pos),
+            self.view.deltas.get(self.pos),
+        ) else {
+            return Dynamic::UNIT;
+        };
+        let int = |v: Option<u32>| v.map_or(Dynamic::UNIT, |v| Dynamic::from_int(i64::from(v)));
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "error counts fit f64 exactly below 2^53"
+        )]
+        let count = |v: Option<u64>| v.map_or(Dynamic::UNIT, |v| Dynamic::from_float(v as f64));
+        let c = l.counters();
+        match key {
+            "index" => Dynamic::from_int(i64::from(l.link)),
+            "up" => Dynamic::from_bool(l.up),
+            "speed_mbps" => int(l.speed_mbps),
+            "full_speed_mbps" => int(l.full_speed_mbps()),
+            "version" => int(l.version),
+            "remote" => l
+                .remote_type
+                .map_or(Dynamic::UNIT, |t| Dynamic::from(t.as_str())),
+            "remote_bus_id" => l.remote_bus_id.clone().map_or(Dynamic::UNIT, Dynamic::from),
+            "peer_gpu" => int(l.peer_gpu),
+            "far_end" => Dynamic::from(l.far_end()),
+            "crc_flit_errors" => count(c[0]),
+            "crc_data_errors" => count(c[1]),
+            "replay_errors" => count(c[2]),
+            "recovery_errors" => count(c[3]),
+            "crc_flit_delta" => count(d[0]),
+            "crc_data_delta" => count(d[1]),
+            "replay_delta" => count(d[2]),
+            "recovery_delta" => count(d[3]),
+            "interval_s" => self
+                .view
+                .interval_s
+                .map_or(Dynamic::UNIT, Dynamic::from_float),
+            _ => Dynamic::UNIT,
+        }
+    }
+
+    /// Every property as a map (`l.to_map()`, and what `print(l)` shows).
+    fn to_map(&self) -> Map {
+        LINK_KEYS
+            .iter()
+            .map(|k| ((*k).into(), self.get(k)))
+            .collect()
+    }
+}
+
+/// A GPU's NVLinks as scripts see them (`gpu.nvlinks`): one `NvLink` per link with the
+/// properties `index, up, speed_mbps, full_speed_mbps, version, remote, remote_bus_id, peer_gpu,
+/// far_end, crc_flit_errors, crc_data_errors, replay_errors, recovery_errors, crc_flit_delta,
+/// crc_data_delta, replay_delta, recovery_delta, interval_s` (also `l["index"]`, and
+/// `l.to_map()`) — `remote` is what the far end is (`"gpu"`, `"switch"`, `"ibm_npu"`,
+/// `"unknown"`, or `()` when the driver cannot say), `peer_gpu` the NVML index of a GPU at the
+/// far end that this machine lists, `far_end` the far end in words (`GPU 5`, `NVSwitch
+/// 00000000:05:00.0`, …), the error counters cumulative and their `_delta` the rise since the
+/// reading before, `interval_s` seconds ago; unknown values `()`. Each property is computed
+/// when read ([`LinkHandle`]).
 fn nvlinks(g: &GpuHandle) -> Array {
     let Some(view) = g.nvlinks() else {
         return Array::new();
     };
-    let int = |v: Option<u32>| v.map_or(Dynamic::UNIT, |v| Dynamic::from_int(i64::from(v)));
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "error counts fit f64 exactly below 2^53"
-    )]
-    let count = |v: Option<u64>| v.map_or(Dynamic::UNIT, |v| Dynamic::from_float(v as f64));
-    let interval = view.interval_s.map_or(Dynamic::UNIT, Dynamic::from_float);
-    view.links
-        .iter()
-        .zip(&view.deltas)
-        .map(|(l, d)| {
-            let mut m = Map::new();
-            m.insert("index".into(), Dynamic::from_int(i64::from(l.link)));
-            m.insert("up".into(), Dynamic::from_bool(l.up));
-            m.insert("speed_mbps".into(), int(l.speed_mbps));
-            m.insert("full_speed_mbps".into(), int(l.full_speed_mbps()));
-            m.insert("version".into(), int(l.version));
-            m.insert(
-                "remote".into(),
-                l.remote_type
-                    .map_or(Dynamic::UNIT, |t| Dynamic::from(t.as_str())),
-            );
-            m.insert(
-                "remote_bus_id".into(),
-                l.remote_bus_id.clone().map_or(Dynamic::UNIT, Dynamic::from),
-            );
-            m.insert("peer_gpu".into(), int(l.peer_gpu));
-            m.insert("far_end".into(), Dynamic::from(l.far_end()));
-            let names = [
-                ("crc_flit_errors", "crc_flit_delta"),
-                ("crc_data_errors", "crc_data_delta"),
-                ("replay_errors", "replay_delta"),
-                ("recovery_errors", "recovery_delta"),
-            ];
-            for (((total, delta), v), dv) in names.iter().zip(l.counters()).zip(d) {
-                m.insert((*total).into(), count(v));
-                m.insert((*delta).into(), count(*dv));
-            }
-            m.insert("interval_s".into(), interval.clone());
-            Dynamic::from_map(m)
+    (0..view.links.len().min(view.deltas.len()))
+        .map(|pos| {
+            Dynamic::from(LinkHandle {
+                view: view.clone(),
+                pos,
+            })
         })
         .collect()
 }
@@ -649,6 +701,18 @@ pub(super) fn register(engine: &mut Engine) {
         g.mig().iter().map(mig_device).collect()
     });
     engine.register_get("nvlinks", |g: &mut GpuHandle| nvlinks(g));
+    engine.register_type_with_name::<LinkHandle>("NvLink");
+    for key in LINK_KEYS {
+        engine.register_get(key, move |l: &mut LinkHandle| l.get(key));
+    }
+    engine.register_indexer_get(|l: &mut LinkHandle, key: ImmutableString| l.get(&key));
+    engine.register_fn("to_map", |l: &mut LinkHandle| l.to_map());
+    engine.register_fn("to_string", |l: &mut LinkHandle| {
+        Dynamic::from_map(l.to_map()).to_string()
+    });
+    engine.register_fn("to_debug", |l: &mut LinkHandle| {
+        format!("NvLink {}", Dynamic::from_map(l.to_map()))
+    });
     engine.register_get("process_count", |g: &mut GpuHandle| {
         i64::try_from(g.processes().len()).unwrap_or(i64::MAX)
     });
