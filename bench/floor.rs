@@ -12,7 +12,8 @@
 //! field-values call for the table's fields (a field the GPU does not answer is dropped and its
 //! row's fallback call made instead), one call per NVML function however many rows it answers, a
 //! query the GPU does not support asked no more; per tick: the fast rows, a GPM sample and one
-//! metrics call on GPUs with GPM, the XID event set polled once; per process interval: the
+//! metrics call on GPUs with GPM (at its cadence), the XID event set polled (at most once a
+//! second); per process interval: the
 //! process lists, the MIG mode, the slow rows, the NVLinks (state and four error counters per
 //! link, one field-values call for speeds and throughput); the energy / replay and PCIe byte
 //! counters at their own multiples of it. With `NVML_SIM_CALL_COUNTS` set, nvml-sim counts each
@@ -316,9 +317,10 @@ impl Gpu {
         }
     }
 
-    fn tick(&mut self, nvml: &'static Nvml, n: u64) {
+    /// The tick's reads; `gpm`: the number of the GPM sample due at this tick, if one is.
+    fn tick(&mut self, nvml: &'static Nvml, gpm: Option<u64>) {
         self.fast.read(&self.dev, 0);
-        if let Some((samples, req)) = self.gpm.as_mut() {
+        if let (Some((samples, req)), Some(n)) = (self.gpm.as_mut(), gpm) {
             let cur = (n % 2) as usize;
             if gpm_sample_get(nvml, &self.dev, &samples[cur]).is_ok() && n > 0 {
                 if let Ok(sym) = nvml.lib().nvmlGpmMetricsGet.as_ref() {
@@ -407,6 +409,8 @@ fn main() {
     let mut run_for = Duration::from_secs(60);
     let mut warm = Duration::ZERO;
     let mut gpm = true;
+    // as `record --gpm-interval` / `[daemon] gpm_interval`; zero: every tick
+    let mut gpm_every = Duration::ZERO;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
@@ -417,6 +421,7 @@ fn main() {
             "--duration" => run_for = duration(&val()),
             "--warm" => warm = duration(&val()),
             "--no-gpm" => gpm = false,
+            "--gpm-interval" => gpm_every = duration(&val()),
             _ => panic!("unknown argument {a}"),
         }
     }
@@ -465,6 +470,8 @@ fn main() {
     let mut cpu0 = None;
     let (mut n, mut measured) = (0u64, 0u64);
     let mut last_round: Option<Instant> = None;
+    let (mut last_gpm, mut gpm_n): (Option<Instant>, u64) = (None, 0);
+    let mut last_xid: Option<Instant> = None;
     while start.elapsed() < run_for {
         let due = start + interval * u32::try_from(n).unwrap_or(u32::MAX);
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
@@ -473,11 +480,28 @@ fn main() {
         if cpu0.is_none() && start.elapsed() >= warm {
             cpu0 = Some(cpu_s());
         }
-        for g in &mut gpus {
-            g.tick(nvml, n);
+        // a sample due within half a tick (at most 50 ms) of the cadence is taken, as in the
+        // sampler
+        let now = Instant::now();
+        let slack = (interval / 2).min(Duration::from_millis(50));
+        let gpm_due = last_gpm.is_none_or(|t: Instant| {
+            now.duration_since(t) >= gpm_every.saturating_sub(slack).max(slack)
+        });
+        if gpm_due {
+            last_gpm = Some(now);
+            gpm_n += 1;
         }
+        for g in &mut gpus {
+            g.tick(nvml, gpm_due.then_some(gpm_n - 1));
+        }
+        // the XID events, at most once a second (as the sampler's XID thread)
         if let Some(set) = events.as_ref() {
-            let _ = set.wait(0);
+            if last_xid.is_none_or(|t: Instant| {
+                t.elapsed() + Duration::from_millis(50) >= gpuwatch::sampler::XID_DRAIN_EVERY
+            }) {
+                last_xid = Some(Instant::now());
+                let _ = set.wait(0);
+            }
         }
         let now = Instant::now();
         if last_round.is_none_or(|t| now.duration_since(t) >= process_interval) {

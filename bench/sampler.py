@@ -85,6 +85,9 @@ def main():
     ap.add_argument("--no-gpm", action="store_true",
                     help="gpuwatch and the floor without GPM (the GPM sample's cost, an estimate until "
                          "measured on a Hopper GPU, dominates the floor with it)")
+    ap.add_argument("--gpm-interval", default="1s",
+                    help="the GPM cadence of record, daemon and floor alike (record's default; the "
+                         "daemon's own default is 10s)")
     ap.add_argument("--peers", action="store_true", help="also run gpustat's and nvitop's loops (context)")
     ap.add_argument("--gpm", action="store_true",
                     help="instead of gpustat, run `gpuwatch --no-gpm record` beside `gpuwatch record` "
@@ -123,7 +126,8 @@ def run_gpm(a):
     interval_ms = int(round(a.interval * 1000))
     run_s = WARM_S + a.seconds + 2.0
     base = [os.path.abspath(a.gpuwatch), *lib_args]
-    rec = ["record", "--interval", f"{interval_ms}ms", "--duration", f"{run_s}s", "--stats"]
+    rec = ["record", "--interval", f"{interval_ms}ms", "--gpm-interval", "0s", "--duration", f"{run_s}s",
+           "--stats"]
     outdir = tempfile.mkdtemp(prefix="gpuwatch-bench-gpm-")
     sides = {"GPM on ": base + rec, "--no-gpm": base + ["--no-gpm"] + rec}
     pids, errs = {}, {}
@@ -268,6 +272,7 @@ def run(a):
         f.write(f"""
 [daemon]
 interval = "{interval_ms}ms"
+gpm_interval = "{a.gpm_interval}"
 state_dir = "{outdir}/state"
 rules = ["{os.path.abspath('rules')}"]
 
@@ -278,9 +283,11 @@ listen = "127.0.0.1:0"
     no_gpm = ["--no-gpm"] if a.no_gpm else []
     sides = {
         "gpuwatch record": [gw, *lib_args, *no_gpm, "record", "--interval", f"{interval_ms}ms",
+                            "--gpm-interval", a.gpm_interval,
                             "--duration", f"{run_s}s", "--stats"],
         "gpuwatch daemon": [gw, *lib_args, *no_gpm, "daemon", "--config", config],
         "floor": [os.path.abspath(a.floor), *lib_args, *no_gpm, "--interval", f"{interval_ms}ms",
+                  "--gpm-interval", a.gpm_interval,
                   "--duration", f"{run_s}s", "--warm", f"{WARM_S}s"],
     }
     if a.peers:
@@ -332,7 +339,7 @@ listen = "127.0.0.1:0"
         if rc != 0:
             sys.exit(f"{n} failed (exit {rc}):\n{read(n, 'err')[-3000:]}")
     where = f"scenario {a.scenario}, simulated GPUs" if a.sim_lib else "the real driver"
-    print(f"\n{where}, interval {interval_ms} ms, GPM {'off (--no-gpm)' if a.no_gpm else 'on'}, {run_s:g} s side by side, CPU measured over the same {a.seconds:g} s")
+    print(f"\n{where}, interval {interval_ms} ms, GPM {'off (--no-gpm)' if a.no_gpm else 'every ' + a.gpm_interval}, {run_s:g} s side by side, CPU measured over the same {a.seconds:g} s")
     m = STATS.search(read("gpuwatch record", "err"))
     if not m:
         sys.exit(f"no --stats line from gpuwatch record:\n{read('gpuwatch record', 'err')[-3000:]}")

@@ -103,7 +103,8 @@ impl Config {
         self.daemon.interval.as_std()
     }
 
-    /// `sampler` with this file's NVML call timeout and GPM switch (off when either says off).
+    /// `sampler` with this file's NVML call timeout, GPM switch (off when either says off) and
+    /// GPM cadence.
     pub fn sampler_config(
         &self,
         sampler: &crate::sampler::SamplerConfig,
@@ -111,6 +112,7 @@ impl Config {
         crate::sampler::SamplerConfig {
             call_timeout: self.daemon.nvml_timeout.as_std(),
             gpm: sampler.gpm && self.daemon.gpm,
+            gpm_interval: self.daemon.gpm_interval.as_std(),
             ..sampler.clone()
         }
     }
@@ -220,6 +222,9 @@ pub struct DaemonSection {
     /// Read the GPM profiling metrics (SM active, tensor and DRAM activity, …) on GPUs that
     /// have GPM (Hopper and later); `false` leaves them absent and saves the sample each tick.
     pub gpm: bool,
+    /// How often a GPU's GPM sample is taken (each value is the mean between two samples, so a
+    /// longer cadence loses no time, only resolution); `0s` = at every sample.
+    pub gpm_interval: DurationSetting,
 }
 
 impl DaemonSection {
@@ -231,6 +236,12 @@ impl DaemonSection {
             out.push(Problem::at(
                 "daemon.nvml_timeout",
                 "must be between 100ms and 60s (real calls take up to ~20 ms; a longer one is a wedged driver)",
+            ));
+        }
+        if !(0..=3_600_000).contains(&self.gpm_interval.ms) {
+            out.push(Problem::at(
+                "daemon.gpm_interval",
+                "must be between 0s (every sample) and 1h",
             ));
         }
         if self.expected_gpus.is_some_and(|n| !(1..=64).contains(&n)) {
@@ -259,6 +270,7 @@ impl Default for DaemonSection {
             expected_gpus: None,
             control_group: None,
             gpm: true,
+            gpm_interval: DurationSetting::from_ms(10_000),
         }
     }
 }

@@ -72,6 +72,7 @@ use crate::model::{
 };
 /// The counter classes and their cadences, and the GPM sample calls, for `bench/floor.rs` (which
 /// makes the sampler's calls without the sampler).
+pub use events::DRAIN_EVERY as XID_DRAIN_EVERY;
 pub use slot::{counter_every_ms, gpm_sample_alloc, gpm_sample_get, COUNTERS};
 use slot::{Slot, SlowAnswer, SlowSlot};
 use worker::Pool;
@@ -112,6 +113,9 @@ pub struct SamplerConfig {
     /// Read the GPM metrics (SM active, tensor and DRAM activity, …) on GPUs that have GPM
     /// (`[daemon] gpm`, `--no-gpm`).
     pub gpm: bool,
+    /// How often a GPU's GPM sample is taken (`[daemon] gpm_interval`, `record --gpm-interval`;
+    /// zero: at every tick). Between samples the last means are shown while they are current.
+    pub gpm_interval: Duration,
 }
 
 impl Default for SamplerConfig {
@@ -126,6 +130,7 @@ impl Default for SamplerConfig {
             sim_time_scale: None,
             rates_now: false,
             gpm: true,
+            gpm_interval: Duration::ZERO,
         }
     }
 }
@@ -335,7 +340,7 @@ fn fast_pool(
     nvml: &'static Nvml,
     n: usize,
     id_wanted: Arc<Vec<AtomicBool>>,
-    gpm: bool,
+    gpm: Option<Duration>,
 ) -> Pool<FastState, FastAnswer> {
     let factory: worker::Factory<FastState> = Arc::new(move |pos, busy| {
         let mut slot = Slot::new(
@@ -344,8 +349,8 @@ fn fast_pool(
             busy,
             slot::Path::Fast,
         );
-        if gpm {
-            slot.gpm = slot::Gpm::on();
+        if let Some(every) = gpm {
+            slot.gpm = slot::Gpm::on(every);
         }
         FastState {
             slot,
@@ -491,7 +496,12 @@ impl Sampler {
         let mut sampler = Sampler {
             nvml,
             devices,
-            fast: fast_pool(nvml, n, id_wanted.clone(), cfg.gpm),
+            fast: fast_pool(
+                nvml,
+                n,
+                id_wanted.clone(),
+                cfg.gpm.then_some(cfg.gpm_interval),
+            ),
             id_wanted,
             slow: slow_pool(nvml, n, slow_masks.clone(), cfg),
             slow_masks,

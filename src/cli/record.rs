@@ -37,6 +37,11 @@ pub struct RecordArgs {
     /// How often the GPU process list is refreshed (process lists are slow on real drivers).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub process_interval: Duration,
+    /// How often a GPU's GPM sample is taken (Hopper and later; each value is the mean between
+    /// two samples, written at every tick until the next): `0s` = at every tick. A sample costs
+    /// the driver hundreds of µs of CPU per GPU (an estimate until measured on a Hopper GPU).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub gpm_interval: Duration,
     /// At the end, print on stderr how the schedule was kept: ticks taken and skipped, and the
     /// wall time of each sample (median, p99, max).
     #[arg(long)]
@@ -82,6 +87,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
     let mut cfg = global.sampler_config();
     cfg.process_interval = args.process_interval;
+    cfg.gpm_interval = args.gpm_interval;
     let sampler = Sampler::open(&cfg)?;
 
     if args.max_size.is_some() && args.out.as_ref().is_some_and(|p| p.as_os_str() == "-") {

@@ -46,6 +46,8 @@ pub fn top(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<i32> {
     let engine = crate::engine::Engine::new(setup.rules, config.engine_options(&hostname));
     let mut sampler_cfg = config.sampler_config(&global.sampler_config());
     sampler_cfg.process_interval = interval.max(Duration::from_secs(1));
+    // a screen watched by a person: SM activity as fresh as the process lists
+    sampler_cfg.gpm_interval = sampler_cfg.gpm_interval.min(Duration::from_secs(1));
     let sampler = match crate::pipeline::SamplerThread::open(&sampler_cfg, wall, None) {
         Ok(s) => s,
         Err(e) => {

@@ -1,6 +1,7 @@
 //! XID events: one NVML event set with every GPU that supports critical XID events registered,
-//! drained without blocking (`nvmlEventSetWait_v2` with a zero timeout) once per tick, so events
-//! land in the next snapshot.
+//! drained without blocking (`nvmlEventSetWait_v2` with a zero timeout) once per tick, at most
+//! once a second ([`DRAIN_EVERY`]), so events land in the next snapshot (at most a second late at
+//! faster ticks).
 //!
 //! Why not a thread blocked in the wait: the events are only consumed at tick granularity anyway,
 //! a zero-timeout wait returns at once, and a waiting thread costs a wake-up per wait period (the
@@ -229,7 +230,15 @@ pub(crate) struct XidThread {
     /// A blocked wait was said.
     said: bool,
     call_timeout: Duration,
+    /// When the last drain was asked (see [`DRAIN_EVERY`]).
+    last_drain: Option<Instant>,
 }
+
+/// Drains are asked at most this often: at ticks of a second or longer, at every tick; at
+/// faster ticks, the tick at or after each second (an event lands in a snapshot at most a
+/// second late, stamped with the time its drain was asked). A drain costs the sampling thread
+/// and the XID thread a wake-up each — at 100 ms ticks, most of what gpuwatch spent on XIDs.
+pub const DRAIN_EVERY: Duration = Duration::from_secs(1);
 
 impl XidThread {
     /// Starts the thread and registers `devices` (index, UUID), waiting up to `call_timeout`
@@ -256,6 +265,7 @@ impl XidThread {
             ask: ask_tx,
             answers,
             outstanding: None,
+            last_drain: None,
             said: false,
             call_timeout,
         };
@@ -298,7 +308,12 @@ impl XidThread {
         while let Ok(a) = self.answers.try_recv() {
             self.take(a, &mut out);
         }
-        if self.outstanding.is_none() {
+        // a tick a few ms early still drains
+        let due = self
+            .last_drain
+            .is_none_or(|t| t.elapsed() + Duration::from_millis(50) >= DRAIN_EVERY);
+        if self.outstanding.is_none() && due {
+            self.last_drain = Some(Instant::now());
             self.send(Ask::Drain(time_ms));
         }
         while self.outstanding.is_some() {

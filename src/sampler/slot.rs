@@ -627,12 +627,23 @@ impl Slot {
         }
         let now = std::time::Instant::now();
         let min_window = self.gpm.min_window(now);
+        // a read due within half a tick of the cadence takes its sample
+        let window = min_window.max(self.gpm.every.saturating_sub(min_window));
+        let keep = self.gpm.every * 2 + std::time::Duration::from_secs(1);
         let Some(st) = self.gpm.state.as_mut() else {
             return Ok(());
         };
-        // too soon after the last sample (the read at the sampler's start, a late tick): no
-        // sample, the rows absent, the next read measures from the last sample
-        let Some(cur) = st.samples.next(now, min_window) else {
+        // too soon after the last sample (the read at the sampler's start, a late tick, a read
+        // between two samples of a slower cadence): no sample; the last reading while current,
+        // else the rows absent; the next sample measures from the last one
+        let Some(cur) = st.samples.next(now, window) else {
+            if let Some((at, last)) = &st.last {
+                if now.saturating_duration_since(*at) <= keep {
+                    for (metric, _) in gpm_rows() {
+                        values.set(metric, last.get(metric));
+                    }
+                }
+            }
             return Ok(());
         };
         let got = self.busy.call(NvmlFunction::GpmSampleGet, || {
@@ -653,6 +664,13 @@ impl Slot {
             Ok(have) => {
                 if have {
                     st.request.put(values);
+                    if !self.gpm.every.is_zero() {
+                        let mut last = MetricValues::default();
+                        for (metric, _) in gpm_rows() {
+                            last.set(metric, values.get(metric));
+                        }
+                        st.last = Some((now, last));
+                    }
                 }
                 if matches!(self.gpm.status, GpmStatus::Failing(_)) {
                     tracing::info!("GPU {index}: GPM answers again");
@@ -672,6 +690,7 @@ impl Slot {
             }
             Err(e) => {
                 st.samples.forget();
+                st.last = None;
                 if !matches!(self.gpm.status, GpmStatus::Failing(_)) {
                     tracing::warn!(
                         "GPU {index}: GPM failed ({e}; another GPM client, or the driver in \
@@ -711,12 +730,17 @@ pub(super) struct Gpm {
     state: Option<Box<GpmState>>,
     /// The spacing of the fast path's reads (for [`GPM_MIN_WINDOW`]).
     spacing: ReadSpacing,
+    /// How often a sample is taken (zero: at every read); see [`Gpm::on`].
+    every: std::time::Duration,
 }
 
 /// Two samples allocated once and filled in turn, and the metrics request reused every read.
 struct GpmState {
     samples: SamplePair<GpmSample<'static>>,
     request: GpmRequest,
+    /// The GPM rows of the last reading and when it was taken, given again at the reads
+    /// between samples while current (see [`Gpm::on`]).
+    last: Option<(std::time::Instant, MetricValues)>,
 }
 
 impl Gpm {
@@ -726,13 +750,19 @@ impl Gpm {
             status: GpmStatus::Off,
             state: None,
             spacing: ReadSpacing::default(),
+            every: std::time::Duration::ZERO,
         }
     }
 
-    /// GPM to be set up at the first read.
-    pub(super) fn on() -> Gpm {
+    /// GPM to be set up at the first read, a sample taken every `every` (zero: at every read).
+    /// Each reading is the mean over the span between two samples, so a longer cadence loses
+    /// no time, only resolution, and costs the driver's sample (hundreds of µs of CPU, see
+    /// nvml-sim's latency table) that much less often; between samples the reads give the last
+    /// reading again while it is younger than twice the cadence plus a second (then absent).
+    pub(super) fn on(every: std::time::Duration) -> Gpm {
         Gpm {
             status: GpmStatus::Unknown,
+            every,
             ..Gpm::off()
         }
     }
@@ -771,6 +801,7 @@ impl Gpm {
                 self.state = Some(Box::new(GpmState {
                     samples: SamplePair::new([a, b]),
                     request: GpmRequest::new(),
+                    last: None,
                 }));
                 self.status = GpmStatus::Active;
             }
@@ -793,6 +824,7 @@ impl Gpm {
     fn forget(&mut self) {
         if let Some(st) = self.state.as_mut() {
             st.samples.forget();
+            st.last = None;
         }
     }
 }
@@ -1262,7 +1294,7 @@ mod tests {
     fn gpm_min_window_follows_the_reads() {
         use std::time::{Duration, Instant};
         let ms = Duration::from_millis;
-        let mut g = Gpm::on();
+        let mut g = Gpm::on(std::time::Duration::ZERO);
         let t0 = Instant::now();
         assert_eq!(g.min_window(t0), GPM_MIN_WINDOW, "the start");
         assert_eq!(

@@ -62,7 +62,15 @@ fn launch_bound_reads_busy_with_the_sms_idle() {
     assert!(t.stdout.contains(" SM% "), "{}", t.stdout);
     let rec = sim(
         "launch-bound",
-        &["record", "--interval", "200ms", "--duration", "1s"],
+        &[
+            "record",
+            "--interval",
+            "200ms",
+            "--gpm-interval",
+            "0s",
+            "--duration",
+            "1s",
+        ],
         &[("NVML_SIM_START_S", "120")],
     );
     assert_eq!(rec.code, 0, "{}", rec.stderr);
@@ -148,6 +156,8 @@ fn pre_hopper_gpm_columns_are_absent_not_zero() {
             "record",
             "--interval",
             "100ms",
+            "--gpm-interval",
+            "0s",
             "--duration",
             "550ms",
         ],
@@ -459,4 +469,48 @@ fn dcgmi_dmon_logs_import_and_report() {
     assert_eq!(rep.code, 0, "{}", rep.stderr);
     let found = rep.json()["findings"].to_string();
     assert!(found.contains("\"launch_bound\""), "{found}");
+}
+
+/// A GPM cadence slower than the tick (`record --gpm-interval`, `[daemon] gpm_interval`): one
+/// sample per GPU per cadence (nvml-sim counts the calls), each tick between two samples shows
+/// the last means, and the first means come with the second sample.
+#[test]
+fn gpm_is_sampled_at_its_own_cadence() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let counts = tmp.path().join("counts");
+    let rec = sim(
+        "launch-bound",
+        &[
+            "record",
+            "--interval",
+            "100ms",
+            "--gpm-interval",
+            "1s",
+            "--duration",
+            "3s",
+        ],
+        &[
+            ("NVML_SIM_START_S", "120"),
+            ("NVML_SIM_CALL_COUNTS", counts.to_str().expect("utf-8")),
+        ],
+    );
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let (h, rows) = csv_rows(&rec.stdout);
+    let gpu0: Vec<&Vec<String>> = rows.iter().filter(|r| col(&h, r, "index") == "0").collect();
+    assert!(gpu0.len() >= 25, "{}", rec.stdout);
+    let sm: Vec<&str> = gpu0.iter().map(|r| col(&h, r, "sm_active")).collect();
+    // absent until the second sample (about 1 s in), then at every tick
+    assert!(sm[..5].iter().all(|c| c.is_empty()), "{sm:?}");
+    assert!(sm[15..].iter().all(|c| !c.is_empty()), "{sm:?}");
+    // the same means between two samples: a few distinct values, not one per tick
+    let distinct: std::collections::BTreeSet<&str> =
+        sm.iter().copied().filter(|c| !c.is_empty()).collect();
+    assert!(distinct.len() <= 4, "{distinct:?}");
+    let text = std::fs::read_to_string(&counts).expect("call counts");
+    let samples: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("nvmlGpmSampleGet ")?.parse().ok())
+        .unwrap_or(0);
+    // 8 GPUs × (the first sample + one a second): about 32, not 8 × 30
+    assert!((8 * 3..=8 * 5).contains(&samples), "{samples}\n{text}");
 }

@@ -22,8 +22,9 @@ fn render() -> String {
          The source column says where each value comes from, and the sampler reads every row through it:\n\
          a dedicated NVML call; a field of the one `nvmlDeviceGetFieldValues` call per GPU and tick (with the\n\
          factor to the canonical unit, and the dedicated call used instead on GPUs without the field); a GPM\n\
-         metric (`nvmlGpmMetricsGet`, Hopper and later: one GPM sample per GPU and tick, the metric computed\n\
-         between it and the previous tick's, so it is the average over the interval; absent at the first tick,\n\
+         metric (`nvmlGpmMetricsGet`, Hopper and later: one GPM sample per GPU every `[daemon] gpm_interval`\n\
+         (10 s; `record --gpm-interval`, 1 s; `0s`: every tick), the metric computed between it and the sample\n\
+         before, so it is the average over that span, shown at the ticks until the next; absent until the second,\n\
          on GPUs without GPM and with `[daemon] gpm = false` / `--no-gpm`, and `status --json` says why under\n\
          `gpus[].gpm`); `derived` (computed from other metrics); or `host` (not from NVML). On a GPU with\n\
          MIG on, each GPU instance also has its own values of the GPM activity rows (`sm_active`,\n\

@@ -181,7 +181,7 @@ fn config(dir: &std::path::Path, listen: Option<&str>) -> std::path::PathBuf {
     std::fs::write(
         &path,
         format!(
-            "[daemon]\ninterval = \"1s\"\nstate_dir = \"state\"\nrules = [{rules:?}]\nhostname = \"simhost\"\n\n\
+            "[daemon]\ninterval = \"1s\"\ngpm_interval = \"0s\"\nstate_dir = \"state\"\nrules = [{rules:?}]\nhostname = \"simhost\"\n\n\
              [digest]\nschedule = \"daily\"\n{exporter}",
             rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("rules")

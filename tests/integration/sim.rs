@@ -517,6 +517,8 @@ fn every_nvml_metric_gets_a_value() {
             "record",
             "--interval",
             "250ms",
+            "--gpm-interval",
+            "0s",
             "--duration",
             "2s",
             "--process-interval",
