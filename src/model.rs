@@ -1596,7 +1596,7 @@ pub struct Snapshot {
     /// The NVLinks of the GPUs that have them, by GPU index (read on the slow path, carried in
     /// every snapshot while fresh; empty without NVLink). Rules read them as `gpu.nvlinks`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nvlink: Vec<nvlink::NvlinkStatus>,
+    pub nvlink: Vec<std::sync::Arc<nvlink::NvlinkStatus>>,
 }
 
 impl Snapshot {

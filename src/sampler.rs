@@ -275,7 +275,8 @@ struct Dev {
     /// the processes.
     mig: Option<(i64, Vec<MigSample>)>,
     /// Its NVLinks as last read (GPUs with NVLink only).
-    nvlink: Option<crate::model::nvlink::NvlinkStatus>,
+    /// (Shared with the snapshots that carry it: a tick clones a pointer, not 18 links.)
+    nvlink: Option<Arc<crate::model::nvlink::NvlinkStatus>>,
     /// Its GPU instances' GPM metrics are read (MIG on, Hopper and later), as its last slow
     /// answer said.
     mig_gpm: bool,
@@ -801,7 +802,7 @@ impl Sampler {
         &self,
         time_ms: i64,
         gpus: &[GpuSample],
-    ) -> Vec<crate::model::nvlink::NvlinkStatus> {
+    ) -> Vec<Arc<crate::model::nvlink::NvlinkStatus>> {
         let (max_age, timeout_ms) = self.slow_age_ms();
         gpus.iter()
             .filter(|g| g.state == DeviceState::Ok)
@@ -918,11 +919,11 @@ impl Sampler {
                         }
                     }
                     if let Some(links) = a.nvlink {
-                        d.nvlink = Some(crate::model::nvlink::NvlinkStatus {
+                        d.nvlink = Some(Arc::new(crate::model::nvlink::NvlinkStatus {
                             gpu: d.id.index,
                             time_ms: a.time_ms,
                             links,
-                        });
+                        }));
                     }
                     d.mig_gpm = a.mig_gpm;
                     d.mig = a.mig.map(|readings| {

@@ -45,13 +45,13 @@ fn snap(t_s: i64, read_s: i64, crc: u64) -> Snapshot {
     Snapshot {
         time_ms: t_s * 1000,
         gpus: vec![gpu(0), gpu(1)],
-        nvlink: vec![NvlinkStatus {
+        nvlink: vec![std::sync::Arc::new(NvlinkStatus {
             gpu: 0,
             time_ms: read_s * 1000,
             links: (0..18)
                 .map(|n| link(n, if n == 7 { crc } else { 3 }))
                 .collect(),
-        }],
+        })],
         ..Snapshot::default()
     }
 }

@@ -656,11 +656,11 @@ fn snapshot_at(gpus: &[GpuInput], k: usize, interval: i64) -> Snapshot {
                     }
                 })
                 .collect();
-            snap.nvlink.push(NvlinkStatus {
+            snap.nvlink.push(std::sync::Arc::new(NvlinkStatus {
                 gpu: g.index,
                 time_ms: now,
                 links,
-            });
+            }));
         }
         for (from, to, p) in &g.procs {
             if *from <= off && off < *to {

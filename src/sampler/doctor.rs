@@ -210,7 +210,11 @@ pub fn gather(sampler: &mut Sampler) -> Inputs {
             )]
             clock_event_reasons: g.get(Metric::ClockEventReasons).map(|m| m as u64),
             // the snapshot's: only while current (not a lost or stalled GPU's old reading)
-            nvlink: snap.nvlink.iter().find(|n| n.gpu == g.id.index).cloned(),
+            nvlink: snap
+                .nvlink
+                .iter()
+                .find(|n| n.gpu == g.id.index)
+                .map(|n| crate::model::nvlink::NvlinkStatus::clone(n)),
             ..GpuFacts::default()
         };
         if g.state == DeviceState::Ok {
