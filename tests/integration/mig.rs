@@ -193,15 +193,29 @@ fn config(dir: &std::path::Path, listen: Option<&str>) -> std::path::PathBuf {
     path
 }
 
-#[test]
-fn metrics_carry_gpu_i_profile_and_gpu_i_id_per_mig_device() {
+/// The daemon on the `mig` scenario with the exporter on (kept alive by the returned guard and
+/// directory), and its `/metrics` page once `ready` accepts it (within `limit`).
+fn mig_metrics_page(
+    limit: Duration,
+    what: &str,
+    ready: impl Fn(&str) -> bool,
+) -> (tempfile::TempDir, super::notify::servers::Daemon, String) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let cfg = config(tmp.path(), Some(&format!("127.0.0.1:{port}")));
     let d = daemon("mig", &cfg, &tmp.path().join("log"), &[]);
-    let (_, _, page) = wait_until(Duration::from_secs(30), "MIG devices in /metrics", || {
-        get(port, "/metrics", "text/plain").filter(|r| r.2.contains("GPU_I_PROFILE"))
+    let (_, _, page) = wait_until(limit, what, || {
+        get(port, "/metrics", "text/plain").filter(|r| ready(&r.2))
     });
+    (tmp, d, page)
+}
+
+#[test]
+fn metrics_carry_gpu_i_profile_and_gpu_i_id_per_mig_device() {
+    let (_tmp, d, page) =
+        mig_metrics_page(Duration::from_secs(30), "MIG devices in /metrics", |p| {
+            p.contains("GPU_I_PROFILE")
+        });
     let fb_used: Vec<&str> = page
         .lines()
         .filter(|l| l.starts_with("DCGM_FI_DEV_FB_USED{") && l.contains("GPU_I_ID="))
@@ -912,21 +926,15 @@ fn status_carries_the_gpm_metrics_of_each_gpu_instance() {
 /// profiling fields; the A100's GPU instances have no profiling series at all (absent, never 0).
 #[test]
 fn metrics_carry_the_profiling_series_of_each_gpu_instance() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let cfg = config(tmp.path(), Some(&format!("127.0.0.1:{port}")));
-    let d = daemon("mig", &cfg, &tmp.path().join("log"), &[]);
     // a GPU instance's GPM needs two slow reads (the process cadence, 5 s)
-    let (_, _, page) = wait_until(
+    let (_tmp, d, page) = mig_metrics_page(
         Duration::from_secs(40),
         "GPU instances' DCGM_FI_PROF_SM_ACTIVE in /metrics",
-        || {
-            get(port, "/metrics", "text/plain").filter(|r| {
-                r.2.lines()
-                    .filter(|l| l.starts_with("DCGM_FI_PROF_SM_ACTIVE{") && l.contains("GPU_I_ID="))
-                    .count()
-                    == 3
-            })
+        |p| {
+            p.lines()
+                .filter(|l| l.starts_with("DCGM_FI_PROF_SM_ACTIVE{") && l.contains("GPU_I_ID="))
+                .count()
+                == 3
         },
     );
     let sm: Vec<&str> = page
