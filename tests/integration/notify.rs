@@ -1022,6 +1022,21 @@ fn a_job_hands_undelivered_and_held_notices_to_the_daemon() {
         },
     );
     assert_eq!(got["status"], "firing", "{got}");
+    // the receiver has it; the daemon removes it from the outbox once it has read the answer
+    let outbox_json = || {
+        std::fs::read_dir(tmp.path().join("state/outbox"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "the delivered notice leaves the outbox",
+        || (outbox_json() == 0).then_some(()),
+    );
     drop(d);
 
     // Quiet hours around now (UTC): the info notice is held, then handed over for their end.
