@@ -112,6 +112,45 @@ STATS = re.compile(r"(\d+) ticks taken, (\d+) skipped \(([\d.]+) % kept\); sampl
                    r"p99 ([\d.]+) ms, max ([\d.]+) ms(?:; (\d+) GPUs)?")
 
 
+def watch(pids, seconds, stop=None):
+    """Follows the children `pids` ({name: pid}) until each has exited: their peak RSS (VmHWM,
+    polled), their threads' CPU at the start and the end of the measured window (WARM_S after
+    the start, `seconds` long) and their exit codes. `stop` = (name, after_s): that child (one
+    that runs until told) gets SIGTERM `after_s` seconds after the start."""
+    started = time.monotonic()
+    window = {n: [] for n in pids}
+    hwm = {n: 0 for n in pids}
+    done = {}
+    stopped = False
+    while len(done) < len(pids):
+        since = time.monotonic() - started
+        for n, pid in pids.items():
+            if n in done:
+                continue
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            hwm[n] = max(hwm[n], int(line.split()[1]))
+            except OSError:
+                pass
+            w = window[n]
+            if len(w) < 2 and since >= WARM_S + len(w) * seconds:
+                cpu = threads_cpu_ns(pid)
+                if cpu is not None:
+                    w.append((time.monotonic(), *cpu))
+        if stop and not stopped and since >= stop[1] and stop[0] not in done:
+            os.kill(pids[stop[0]], signal.SIGTERM)
+            stopped = True
+        pid, status, _ = os.wait4(-1, os.WNOHANG)
+        if pid:
+            name = next(n for n, p in pids.items() if p == pid)
+            done[name] = os.waitstatus_to_exitcode(status)
+        else:
+            time.sleep(0.01)
+    return window, hwm, done
+
+
 def run_gpm(a):
     """`gpuwatch record --stats` with GPM (every tick on GPUs that have it) and with `--no-gpm`,
     side by side against the same library: ticks kept, sample wall time, CPU per device-sample in
@@ -136,33 +175,7 @@ def run_gpm(a):
         actions = [(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
                    (os.POSIX_SPAWN_OPEN, 2, errs[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
         pids[name] = os.posix_spawn(argv[0], argv, env, file_actions=actions)
-    started = time.monotonic()
-    window = {n: [] for n in pids}
-    hwm = {n: 0 for n in pids}
-    done = {}
-    while len(done) < len(pids):
-        since = time.monotonic() - started
-        for n, pid in pids.items():
-            if n in done:
-                continue
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    for line in f:
-                        if line.startswith("VmHWM:"):
-                            hwm[n] = max(hwm[n], int(line.split()[1]))
-            except OSError:
-                pass
-            w = window[n]
-            if len(w) < 2 and since >= WARM_S + len(w) * a.seconds:
-                cpu = threads_cpu_ns(pid)
-                if cpu is not None:
-                    w.append((time.monotonic(), *cpu))
-        pid, status, _ = os.wait4(-1, os.WNOHANG)
-        if pid:
-            name = next(n for n, p in pids.items() if p == pid)
-            done[name] = os.waitstatus_to_exitcode(status)
-        else:
-            time.sleep(0.01)
+    window, hwm, done = watch(pids, a.seconds)
     where = f"scenario {a.scenario}" if a.sim_lib else "the real driver"
     print(f"{where}, interval {interval_ms} ms, {run_s:g} s side by side, CPU measured over {a.seconds:g} s")
     for n in pids:
@@ -303,37 +316,7 @@ listen = "127.0.0.1:0"
         actions = [(os.POSIX_SPAWN_OPEN, 1, paths[name]["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
                    (os.POSIX_SPAWN_OPEN, 2, paths[name]["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
         pids[name] = os.posix_spawn(argv[0], argv, e, file_actions=actions)
-    started = time.monotonic()
-    window = {n: [] for n in pids}
-    hwm = {n: 0 for n in pids}
-    done = {}
-    stopped = False
-    while len(done) < len(pids):
-        since = time.monotonic() - started
-        for n, pid in pids.items():
-            if n in done:
-                continue
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    for line in f:
-                        if line.startswith("VmHWM:"):
-                            hwm[n] = max(hwm[n], int(line.split()[1]))
-            except OSError:
-                pass
-            w = window[n]
-            if len(w) < 2 and since >= WARM_S + len(w) * a.seconds:
-                cpu = threads_cpu_ns(pid)
-                if cpu is not None:
-                    w.append((time.monotonic(), *cpu))
-        if since >= run_s and not stopped and "gpuwatch daemon" not in done:
-            os.kill(pids["gpuwatch daemon"], signal.SIGTERM)
-            stopped = True
-        pid, status, _ = os.wait4(-1, os.WNOHANG)
-        if pid:
-            name = next(n for n, p in pids.items() if p == pid)
-            done[name] = os.waitstatus_to_exitcode(status)
-        else:
-            time.sleep(0.01)
+    window, hwm, done = watch(pids, a.seconds, stop=("gpuwatch daemon", run_s))
     read = lambda n, k: open(paths[n][k]).read() if os.path.exists(paths[n][k]) else ""
     for n, rc in done.items():
         if rc != 0:
