@@ -118,7 +118,7 @@ pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i
         .spawn(move || read_events(&source, &tx))?;
     loop {
         // The process is alive and reading: that is "healthy" for the dead-man heartbeat.
-        dispatcher.send(Input::Healthy(crate::sys::now_ms()));
+        dispatcher.healthy(crate::sys::now_ms());
         let msg = match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(m) => m,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
@@ -207,13 +207,43 @@ fn read_events(source: &Path, tx: &mpsc::Sender<Control>) {
 struct Rules {
     paths: Vec<PathBuf>,
     signature: crate::rules::FilesSignature,
+    /// Says when the files may have changed, so the signature is taken only then (and every
+    /// [`RULES_RECHECK_EVERY`] in any case).
+    watch: crate::sys::watch::ChangeWatch,
+    /// When the signature was last taken (`None`: not since the watch was made).
+    last_signature: Option<Instant>,
 }
+
+/// How often the rule files' signature is taken even when no change was seen (a file system
+/// without inotify events, e.g. some network mounts).
+const RULES_RECHECK_EVERY: Duration = Duration::from_secs(60);
 
 impl Rules {
     /// The rules of `setup`, with the signature taken before they were loaded (an edit made
     /// while loading is seen at the next check).
     fn new(paths: Vec<PathBuf>, signature: crate::rules::FilesSignature) -> Rules {
-        Rules { paths, signature }
+        Rules {
+            watch: crate::sys::watch::ChangeWatch::new(&paths),
+            paths,
+            signature,
+            // (the first check takes the signature: an edit made before the watch was made)
+            last_signature: None,
+        }
+    }
+
+    /// The files' signature when it changed since the last one.
+    fn changed(&mut self) -> Option<crate::rules::FilesSignature> {
+        let maybe = self.watch.maybe_changed();
+        if !maybe
+            && self
+                .last_signature
+                .is_some_and(|t| t.elapsed() < RULES_RECHECK_EVERY)
+        {
+            return None;
+        }
+        self.last_signature = Some(Instant::now());
+        let sig = crate::rules::files_signature(&self.paths);
+        (sig != self.signature).then_some(sig)
     }
 }
 
@@ -372,7 +402,14 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     };
     // Kill and exec actions of firing rules (`action: "kill"` goes through [actions.kill]).
     let mut pipeline = Pipeline::new(engine, config.action_runner(&hostname));
-    let mut sampler = match crate::sampler::Sampler::open(&config.sampler_config(sampler_cfg)) {
+    let opened = config.sampler_config(sampler_cfg);
+    // (the exporter's reads settled once it listens, below)
+    let unread = opened.unread.clone();
+    unread.store(
+        unread_reads(pipeline.engine(), config.exporter.addr().is_some()),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let mut sampler = match crate::sampler::Sampler::open(&opened) {
         Ok(s) => s,
         Err(e) => {
             error!("{e}");
@@ -461,9 +498,14 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     let usage =
         crate::usage::Ledger::load(&crate::usage::dir(&dir), now_ms() - 2 * 86_400_000, false);
     let digest = digest_plan(&config.digest, &dir);
+    unread.store(
+        unread_reads(pipeline.engine(), export.is_some()),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let mut live = Live {
         silences,
         silences_checked: None,
+        unread,
         export,
         hostname: hostname.clone(),
         pipeline,
@@ -550,6 +592,8 @@ struct Live<'a> {
     silences: crate::silence::Shared,
     /// When the silences' housekeeping last ran (it walks them all: once a second at most).
     silences_checked: Option<Instant>,
+    /// The sampler's reads nothing uses ([`unread_reads`]), set again when the rules change.
+    unread: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// What `/metrics` serves, when the exporter runs.
     export: Option<http::Shared>,
     hostname: String,
@@ -608,7 +652,7 @@ impl Live<'_> {
         );
         self.usage.observe(snap);
         let events = self.pipeline.observe(snap);
-        self.dispatcher.send(Input::Healthy(snap.time_ms));
+        self.dispatcher.healthy(snap.time_ms);
         self.publish_and_save(events);
         self.export(snap, ticks);
     }
@@ -672,6 +716,7 @@ impl Live<'_> {
                     warn!(paths = %display_paths(&new.rule_paths), "the reloaded configuration has no rules: nothing will alert");
                 }
                 let mut events = self.pipeline.engine_mut().reload(new.rules);
+                self.reads_for_rules();
                 events.extend(self.pipeline.cancel_undeclared_kills(now_ms()));
                 info!(
                     rules = self.pipeline.engine().rule_count(),
@@ -714,12 +759,12 @@ impl Live<'_> {
         }
         if self.last_rule_check.elapsed() >= Duration::from_secs(2) {
             self.last_rule_check = Instant::now();
-            let sig = crate::rules::files_signature(&self.rules.paths);
-            if sig != self.rules.signature {
+            if let Some(sig) = self.rules.changed() {
                 info!("rule files changed: reloading");
                 self.rules.signature = sig;
                 let engine = self.pipeline.engine_mut();
                 let mut events = reload_rules(engine, &self.rules.paths, &self.rules_config);
+                self.reads_for_rules();
                 events.extend(self.pipeline.cancel_undeclared_kills(now_ms()));
                 self.publish(events);
             }
@@ -742,6 +787,14 @@ impl Live<'_> {
             self.save.0 = true;
         }
         self.save_engine();
+    }
+
+    /// Sets the sampler's reads for the rules now loaded ([`unread_reads`]).
+    fn reads_for_rules(&self) {
+        self.unread.store(
+            unread_reads(self.pipeline.engine(), self.export.is_some()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Saves the usage ledger, keeping two days of it in memory.
@@ -1069,6 +1122,12 @@ fn publish(dispatcher: &Dispatcher, events: Vec<AlertEvent>) -> bool {
     log_events(&events);
     dispatcher.send(Input::Events(events));
     true
+}
+
+/// Which of the sampler's optional reads ([`crate::sampler::OPTIONAL_READS`]) nothing in this
+/// daemon uses: one is read while a rule names it or `/metrics` serves it.
+fn unread_reads(engine: &Engine, exporting: bool) -> u64 {
+    crate::sampler::unread_mask(|m| exporting || engine.rules().names_metric(m))
 }
 
 fn save_engine(dir: &Path, engine: &Engine) {

@@ -268,6 +268,8 @@ pub struct RuleSet {
     retention_ms: i64,
     /// Per metric: how much history its window keeps (see [`RuleSet::metric_retention_ms`]).
     metric_retention_ms: [i64; METRIC_COUNT],
+    /// Per metric: whether some rule file names it ([`metrics_named`]).
+    named: [bool; METRIC_COUNT],
     budget_ms: i64,
     param_keys: BTreeMap<String, BTreeSet<String>>,
 }
@@ -931,6 +933,7 @@ impl RuleSet {
             configured = configured.max(r.ms);
         }
         retention_ms = retention_ms.max(configured);
+        let named_any = named.map(|n| n.is_some());
         let metric_retention_ms = named.map(|n| match n {
             Some(ms) => ms.max(configured) + RETENTION_MARGIN_MS,
             None => UNREAD_RETENTION_MS,
@@ -945,6 +948,7 @@ impl RuleSet {
             files,
             retention_ms: retention_ms + RETENTION_MARGIN_MS,
             metric_retention_ms,
+            named: named_any,
             budget_ms,
             param_keys: param_keys_by_rule,
         })
@@ -1007,6 +1011,13 @@ impl RuleSet {
     /// that is the difference between ~4 MB and ~14 MB of windows after an hour.
     pub fn metric_retention_ms(&self, metric: Metric) -> i64 {
         self.metric_retention_ms[metric as usize]
+    }
+
+    /// Whether some rule file names `metric` (its key as a word, or `throttled` for the
+    /// clock-event reasons): a rule reaches a metric only through its key, so one no file names
+    /// is never read by the rules.
+    pub fn names_metric(&self, metric: Metric) -> bool {
+        self.named[metric as usize]
     }
 
     /// Evaluates rule `idx` for one GPU at `now_ms`.

@@ -116,6 +116,24 @@ pub struct SamplerConfig {
     /// How often a GPU's GPM sample is taken (`[daemon] gpm_interval`, `record --gpm-interval`;
     /// zero: at every tick). Between samples the last means are shown while they are current.
     pub gpm_interval: Duration,
+    /// Metrics not to read, as a per-metric mask (bit `1 << metric`); only those of
+    /// [`OPTIONAL_READS`] count. Shared, so the daemon can change it when its rules change
+    /// ([`unread_mask`]).
+    pub unread: Arc<AtomicU64>,
+}
+
+/// The reads that cost the driver the most CPU and that nothing but a rule naming them, the
+/// exporter or a recording uses: the PCIe byte counters (0.13 ms each) and the replay counter
+/// (0.15 ms). The daemon leaves them out while no rule names them and `/metrics` is off (no stock
+/// rule does); `record`, `status` and `top` read everything.
+pub const OPTIONAL_READS: [Metric; 3] = [Metric::PcieRx, Metric::PcieTx, Metric::PcieReplay];
+
+/// The mask for [`SamplerConfig::unread`]: the [`OPTIONAL_READS`] that `used` says nothing uses.
+pub fn unread_mask(used: impl Fn(Metric) -> bool) -> u64 {
+    OPTIONAL_READS
+        .iter()
+        .filter(|m| !used(**m))
+        .fold(0, |mask, m| mask | slot::metric_bit(*m))
 }
 
 impl Default for SamplerConfig {
@@ -131,6 +149,7 @@ impl Default for SamplerConfig {
             rates_now: false,
             gpm: true,
             gpm_interval: Duration::ZERO,
+            unread: Arc::default(),
         }
     }
 }
@@ -402,6 +421,7 @@ fn slow_pool(
 ) -> Pool<SlowSlot, SlowAnswer> {
     let rates_now = cfg.rates_now;
     let gpm = cfg.gpm;
+    let unread = cfg.unread.clone();
     let process_interval_ms = duration_ms(cfg.process_interval).max(1);
     let factory: worker::Factory<SlowSlot> = Arc::new(move |pos, busy| {
         let mut slot = SlowSlot::new(u32::try_from(pos).unwrap_or(u32::MAX), busy);
@@ -414,7 +434,7 @@ fn slow_pool(
         slot.ensure_handle(nvml);
         let pos = slot.slot.id.index as usize;
         let mask = masks.get(pos).map_or(0, |m| m.load(Ordering::Relaxed));
-        slot.read(mask, time_ms)
+        slot.read(mask, unread.load(Ordering::Relaxed), time_ms)
     });
     Pool::new("gpuwatch-nvml-slow", n, SLOW_SPLIT, factory, work)
 }

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 
 use super::GlobalArgs;
 use crate::pipeline::SamplerThread;
-use crate::record::{CsvRows, RotatingFile, Sink};
+use crate::record::{Batched, CsvRows, RotatingFile, Sink};
 use crate::sampler::Sampler;
 
 /// Arguments of `record`.
@@ -101,6 +101,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
         None => Sink::Stream(Box::new(std::io::BufWriter::new(std::io::stdout()))),
     };
     sink.start()?;
+    let sink = Batched::new(sink, args.interval);
     // Handlers first: the sampling thread writes the first tick at once, and a signal sent as
     // soon as output appears must end the recording cleanly (signals wait in the iterator).
     let mut signals = signal_hook::iterator::Signals::new([
@@ -111,7 +112,8 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
     let start = Instant::now();
     // Each snapshot is rendered and written on the sampling thread: no hand-off per tick, and
     // a writer that cannot keep up (a full pipe, a stalled disk) makes ticks late (skipped and
-    // counted) instead of queueing snapshots without bound.
+    // counted) instead of queueing snapshots without bound. Short ticks are written together,
+    // none held longer than a second (`Batched`).
     let sink = Arc::new(Mutex::new(sink));
     let failed: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
     let mut thread = {
@@ -126,7 +128,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
                 buf.clear();
                 rows.render(&snap, &mut buf);
                 let written = match sink.lock() {
-                    Ok(mut s) => s.write_tick(&buf).context("writing the recording"),
+                    Ok(mut s) => s.push(&buf).context("writing the recording"),
                     Err(_) => Err(anyhow::anyhow!("the recording's writer failed")),
                 };
                 match written {
@@ -151,6 +153,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
     let handle = signals.handle();
     {
         let stop = thread.stop_signal();
+        let sink_at_exit = sink.clone();
         let stopped_by = stopped_by.clone();
         let ended = ended.clone();
         std::thread::Builder::new()
@@ -165,6 +168,11 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
                             return;
                         }
                         std::thread::sleep(Duration::from_millis(50));
+                    }
+                    // (the sampling thread holds the writer only while it writes, never
+                    // inside NVML)
+                    if let Ok(mut s) = sink_at_exit.lock() {
+                        let _ = s.flush();
                     }
                     eprintln!(
                         "gpuwatch record: the sampler is stuck in an NVML call (a wedged driver); exiting without it, every tick before is written"
@@ -208,7 +216,8 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
     let mut sink = sink
         .lock()
         .map_err(|_| anyhow::anyhow!("the recording's writer failed"))?;
-    if let Sink::File(f) = &mut *sink {
+    sink.flush().context("writing the recording")?;
+    if let Sink::File(f) = sink.sink_mut() {
         f.sync().context("syncing the recording")?;
     }
     match stopped_by.load(Ordering::SeqCst) {

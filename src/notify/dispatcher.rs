@@ -40,8 +40,9 @@ pub enum Input {
         /// The process list, when it was refreshed.
         processes: Option<Vec<ProcSample>>,
     },
-    /// The sampling loop completed a tick at this time (drives the dead-man heartbeat).
-    Healthy(i64),
+    /// Wakes the worker after ticks came while it may have thought the sampling loop dead (see
+    /// [`Dispatcher::healthy`]: the ticks themselves are booked without a message).
+    Healthy,
     /// Where the daemon's silences are read (once, at the start; see [`Grouper::set_silences`]).
     Silences(crate::silence::Feed),
     /// New settings (SIGHUP reload).
@@ -63,6 +64,61 @@ pub struct Dispatcher {
     delivery: Arc<std::sync::Mutex<Delivery>>,
     /// The last mark handed out, and the last one the worker reached (see [`Dispatcher::mark`]).
     marks: (std::sync::atomic::AtomicU64, Arc<Persisted>),
+    /// The sampling loop's completed ticks (the dead-man heartbeat), shared with the worker.
+    beats: Arc<Beats>,
+}
+
+/// When the sampling loop last completed a tick and the spacing of its last two, shared by the
+/// daemon's loop and the worker without a message per tick: at 1 s ticks a message each woke the
+/// worker's thread every second for nothing. A message ([`Input::Healthy`]) wakes the worker at
+/// most every [`Beats::WAKE_EVERY_MS`], so a loop that comes back after a stall is seen (and the
+/// heartbeat pinged again) within that time.
+#[derive(Debug)]
+struct Beats {
+    /// UTC ms of the last completed tick; `i64::MIN`: none yet.
+    last: std::sync::atomic::AtomicI64,
+    /// Time between the last two, ms.
+    gap: std::sync::atomic::AtomicI64,
+    /// When a tick last sent a wake-up; `i64::MIN`: never.
+    woken: std::sync::atomic::AtomicI64,
+}
+
+impl Default for Beats {
+    fn default() -> Beats {
+        Beats {
+            last: std::sync::atomic::AtomicI64::new(i64::MIN),
+            gap: std::sync::atomic::AtomicI64::new(0),
+            woken: std::sync::atomic::AtomicI64::new(i64::MIN),
+        }
+    }
+}
+
+impl Beats {
+    /// How often completed ticks wake the worker at most, ms (well inside the shortest
+    /// heartbeat window, 30 s).
+    const WAKE_EVERY_MS: i64 = 10_000;
+
+    /// Books a tick completed at `t`; whether the worker should be woken.
+    fn beat(&self, t: i64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let prev = self.last.swap(t, Relaxed);
+        if prev != i64::MIN {
+            self.gap.store((t - prev).max(0), Relaxed);
+        }
+        let woken = self.woken.load(Relaxed);
+        let wake = woken == i64::MIN || t < woken || t - woken >= Self::WAKE_EVERY_MS;
+        if wake {
+            self.woken.store(t, Relaxed);
+        }
+        wake
+    }
+
+    /// The last tick's time (if any) and the spacing of the last two, ms.
+    fn read(&self) -> (Option<i64>, i64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let last = self.last.load(Relaxed);
+        ((last != i64::MIN).then_some(last), self.gap.load(Relaxed))
+    }
 }
 
 /// The highest [`Input::Mark`] the worker has reached, and a way to wait for it.
@@ -101,6 +157,8 @@ impl Dispatcher {
         let shared = delivery.clone();
         let persisted = Arc::new(Persisted::default());
         let reached = persisted.clone();
+        let beats = Arc::new(Beats::default());
+        let beaten = beats.clone();
         let thread = std::thread::Builder::new()
             .name("gpuwatch-notify".into())
             .spawn(move || {
@@ -117,6 +175,7 @@ impl Dispatcher {
                 let mut worker = Worker::new(settings, outbox, state_path, state, transport);
                 worker.delivery = shared;
                 worker.persisted = reached;
+                worker.beats = beaten;
                 rt.block_on(worker.run(rx));
             })?;
         Ok(Dispatcher {
@@ -124,6 +183,7 @@ impl Dispatcher {
             thread: Some(thread),
             delivery,
             marks: (std::sync::atomic::AtomicU64::new(0), persisted),
+            beats,
         })
     }
 
@@ -157,6 +217,14 @@ impl Dispatcher {
     /// Delivery counts so far.
     pub fn delivery(&self) -> Delivery {
         self.delivery.lock().map(|d| d.clone()).unwrap_or_default()
+    }
+
+    /// The sampling loop completed a tick at `time_ms` (drives the dead-man heartbeat; no
+    /// message unless the worker is to be woken, see [`Beats`]).
+    pub fn healthy(&self, time_ms: i64) {
+        if self.beats.beat(time_ms) {
+            self.send(Input::Healthy);
+        }
     }
 
     /// Queues an input (never blocks).
@@ -231,9 +299,8 @@ struct Worker {
     /// What each running task holds: a channel's send (`Some`), or the heartbeat ping.
     task_channels: HashMap<tokio::task::Id, Option<String>>,
     health: HashMap<String, Health>,
-    last_healthy_ms: Option<i64>,
-    /// Time between the last two completed ticks, ms.
-    healthy_gap_ms: i64,
+    /// The sampling loop's completed ticks ([`Dispatcher::healthy`]).
+    beats: Arc<Beats>,
     last_ping_ms: i64,
     ping_in_flight: bool,
     drain_deadline_ms: Option<i64>,
@@ -283,8 +350,7 @@ impl Worker {
             tasks: JoinSet::new(),
             task_channels: HashMap::new(),
             health: HashMap::new(),
-            last_healthy_ms: None,
-            healthy_gap_ms: 0,
+            beats: Arc::default(),
             last_ping_ms: 0,
             ping_in_flight: false,
             drain_deadline_ms: None,
@@ -434,12 +500,8 @@ impl Worker {
             }
             Input::Context { devices, processes } => self.grouper.set_context(devices, processes),
             Input::Silences(list) => self.grouper.set_silences(list),
-            Input::Healthy(t) => {
-                if let Some(last) = self.last_healthy_ms {
-                    self.healthy_gap_ms = (t - last).max(0);
-                }
-                self.last_healthy_ms = Some(t);
-            }
+            // (only a wake-up: the tick is in `beats`)
+            Input::Healthy => {}
             Input::Reload(s) => {
                 let s = Arc::new(*s);
                 self.grouper.set_settings(s.clone());
@@ -605,8 +667,9 @@ impl Worker {
     /// heartbeat interval (at least 30 s), or within two of its own tick spacings when it samples
     /// less often than that.
     fn healthy(&self, now: i64, interval_ms: i64) -> bool {
-        let window = interval_ms.max(30_000).max(2 * self.healthy_gap_ms);
-        self.last_healthy_ms.is_some_and(|t| now - t <= window)
+        let (last, gap) = self.beats.read();
+        let window = interval_ms.max(30_000).max(2 * gap);
+        last.is_some_and(|t| now - t <= window)
     }
 
     fn heartbeat(&mut self, now: i64) {
@@ -925,7 +988,7 @@ mod tests {
             "[notify]\nheartbeat_url = \"http://127.0.0.1:9/ping\"\nheartbeat_interval = \"1m\"\n",
         );
         let t0 = 1_800_000_000_000;
-        w.handle(Input::Healthy(t0));
+        w.beats.beat(t0);
         w.last_ping_ms = t0;
         assert_eq!(
             w.next_wakeup(t0 + 1_000),
@@ -935,8 +998,8 @@ mod tests {
         // No tick for 5 minutes (a stalled sampler): no wake-up before an hour.
         assert!(w.next_wakeup(t0 + 300_000) > t0 + 300_000 + 60_000);
         // Ticks every 2 minutes (interval = "2m"): healthy between them.
-        w.handle(Input::Healthy(t0 + 120_000));
-        w.handle(Input::Healthy(t0 + 240_000));
+        w.beats.beat(t0 + 120_000);
+        w.beats.beat(t0 + 240_000);
         assert!(w.healthy(t0 + 330_000, 60_000));
         assert_eq!(w.next_wakeup(t0 + 330_000), t0 + 330_000, "the ping is due");
     }

@@ -1158,14 +1158,15 @@ impl SlowSlot {
     }
 
     /// Reads the process lists and the slow metrics in `mask` (the [`COUNTERS`] when their
-    /// interval has passed since they were last read).
-    pub(super) fn read(&mut self, mask: u64, time_ms: i64) -> SlowAnswer {
+    /// interval has passed since they were last read), leaving out those in `unread` (see
+    /// [`super::SamplerConfig::unread`]).
+    pub(super) fn read(&mut self, mask: u64, unread: u64, time_ms: i64) -> SlowAnswer {
         let mut answer = SlowAnswer::default();
         if self.slot.handle.is_none() {
             answer.time_ms = crate::sys::now_ms();
             return answer;
         }
-        let skip = self.counters_skip(time_ms);
+        let skip = self.counters_skip(time_ms) | unread;
         let mask = mask & !skip;
         answer.read = mask;
         answer.energy_ms = i64::MIN;

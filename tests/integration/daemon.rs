@@ -599,3 +599,79 @@ fn failed_xid_registration_is_said_loudly() {
     d.signal(libc::SIGTERM);
     assert!(d.wait(T).success(), "{}", d.log_text());
 }
+
+/// Issue 27: the daemon leaves out the driver's costliest reads that nothing it runs uses — the
+/// PCIe byte counters and the replay counter, which no stock rule names — and reads them again
+/// for a rule that names one, or for `/metrics` (nvml-sim counts each field's reads).
+#[test]
+fn pcie_counters_are_read_only_when_a_rule_or_the_exporter_uses_them() {
+    // (field ids: 197/198 the PCIe byte counters, 94 the replay counter)
+    let reads = |extra: &str, rule: Option<&str>| -> (u64, u64, u64) {
+        let tmp = tempfile::tempdir().unwrap();
+        let rules = tmp.path().join("rules");
+        std::fs::create_dir(&rules).unwrap();
+        for f in std::fs::read_dir(stock_rules()).unwrap() {
+            let f = f.unwrap().path();
+            if f.extension().is_some_and(|x| x == "rhai") {
+                std::fs::copy(&f, rules.join(f.file_name().unwrap())).unwrap();
+            }
+        }
+        if let Some(r) = rule {
+            std::fs::write(rules.join("mine.rhai"), r).unwrap();
+        }
+        let cfg = tmp.path().join("config.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[daemon]\ninterval = \"1s\"\nstate_dir = \"state\"\nrules = [{rules:?}]\n{extra}",
+                rules = rules.display().to_string()
+            ),
+        )
+        .unwrap();
+        let counts = tmp.path().join("counts");
+        let mut d = daemon(
+            "healthy",
+            &cfg,
+            &tmp.path().join("log"),
+            &[("NVML_SIM_CALL_COUNTS", counts.to_str().unwrap())],
+        );
+        wait_until(T, "start", || {
+            d.log_text()
+                .contains("gpuwatch daemon started")
+                .then_some(())
+        });
+        // the first slow round (at the first tick) reads every counter class that is read
+        std::thread::sleep(Duration::from_secs(3));
+        d.signal(libc::SIGTERM);
+        assert!(d.wait(T).success(), "{}", d.log_text());
+        let text = std::fs::read_to_string(&counts).unwrap();
+        let count = |name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let (tx, rx) = (
+            count("nvmlDeviceGetFieldValues[197] "),
+            count("nvmlDeviceGetFieldValues[198] "),
+        );
+        assert!(
+            count("nvmlDeviceGetFieldValues[3] ") > 0,
+            "the tick's fields are read:\n{text}"
+        );
+        (rx, tx, count("nvmlDeviceGetFieldValues[94] "))
+    };
+    assert_eq!(reads("", None), (0, 0, 0), "stock rules, no /metrics");
+    let rule = "rule(#{ name: \"busy_bus\", severity: \"info\", check: |gpu| { if gpu.pcie_rx.last() > 1e12 { \"busy\" } }, });\n";
+    let (rx, tx, replay) = reads("", Some(rule));
+    assert!(rx >= 8, "a rule names pcie_rx: read on 8 GPUs ({rx})");
+    assert_eq!((tx, replay), (0, 0), "what it does not name is not read");
+    let port = free_port();
+    let (rx, tx, replay) = reads(
+        &format!("[exporter]\nlisten = \"127.0.0.1:{port}\"\n"),
+        None,
+    );
+    assert!(
+        rx >= 8 && tx >= 8 && replay >= 8,
+        "/metrics serves them all ({rx}, {tx}, {replay})"
+    );
+}
