@@ -9,6 +9,12 @@ SECONDS, then SIGTERM.
   engine stamps with the time of the sample that tripped the rule (same host clock).
   Goal: <= one poll interval + 200 ms for rules without `hold`.
 * CPU: user + system time of the daemon from wait4(), divided by wall time (start-up included).
+* The floor (with --floor): `bench/floor.rs` started beside the daemon for the same time, making
+  the NVML calls the daemon's sampler makes at the daemon's cadences (1 s ticks, GPM every 10 s,
+  the PCIe byte and replay counters left out as the daemon leaves them out while no rule names
+  them and /metrics is off) and nothing else: the part of the daemon's CPU the driver's calls
+  cost by themselves. Its CPU is counted from the end of its start-up, like the daemon's
+  steady state; the daemon's figure above includes its start-up.
 * Memory: peak RSS (the kernel's VmHWM of the daemon, read from /proc every second until the stop
   signal) and the last VmRSS. Not ru_maxrss: it also counts the forked Python interpreter
   between fork and exec (~21 MiB here), which is not gpuwatch's memory.
@@ -52,6 +58,8 @@ def main():
     ap.add_argument("--scenario", default="xid-79")
     ap.add_argument("--gpuwatch", required=True)
     ap.add_argument("--rules", required=True)
+    ap.add_argument("--floor", help="bench/floor.rs's executable, run beside the daemon")
+    ap.add_argument("--sim-lib", help="the simulated library the floor loads")
     ap.add_argument("--no-gpm", action="store_true",
                     help="run the daemon with --no-gpm (no GPM profiling sample per tick)")
     a = ap.parse_args()
@@ -93,6 +101,16 @@ group_wait = "0s"
         sim.append("--no-gpm")
     proc = subprocess.Popen([a.gpuwatch, *sim, "daemon", "--config", config],
                             env=env, stderr=log, stdout=subprocess.DEVNULL)
+    floor = None
+    if a.floor and a.scenario != "real":
+        fargs = [a.floor, "--interval", "1s", "--gpm-interval", "10s", "--duration",
+                 f"{a.seconds}s", "--warm", "5s", "--unread", "pcie_rx,pcie_tx,pcie_replay"]
+        if a.sim_lib:
+            fargs += ["--nvml-lib", a.sim_lib]
+        if a.no_gpm:
+            fargs.append("--no-gpm")
+        floor = subprocess.Popen(fargs, env=dict(env, NVML_SIM_SCENARIO=a.scenario),
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     rss_kib = []
     hwm_kib = 0
     while time.time() - start < a.seconds and proc.poll() is None:
@@ -118,6 +136,15 @@ group_wait = "0s"
                 latencies.append((al["labels"].get("alertname"), al["labels"].get("gpu"),
                                   round((t - parse_ts(al["startsAt"])) * 1000)))
     cpu = ru.ru_utime + ru.ru_stime
+    floor_out = {}
+    if floor is not None:
+        out, _ = floor.communicate(timeout=a.seconds + 60)
+        f = json.loads(out.strip().splitlines()[-1])
+        ticks = f["measured_ticks"] or 1
+        floor_out = {
+            "floor_cpu_percent_of_one_core": round(100 * f["cpu_s"] / ticks, 3),
+            "floor_peak_rss_mib": round(f["peak_rss_kib"] / 1024, 1),
+        }
     print(json.dumps({
         "scenario": a.scenario,
         "seconds": round(wall, 1),
@@ -129,6 +156,7 @@ group_wait = "0s"
         "messages": len(ARRIVALS),
         "latency_ms": latencies,
         "log": log.name,
+        **floor_out,
     }, indent=1))
 
 

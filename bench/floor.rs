@@ -411,6 +411,9 @@ fn main() {
     let mut gpm = true;
     // as `record --gpm-interval` / `[daemon] gpm_interval`; zero: every tick
     let mut gpm_every = Duration::ZERO;
+    // metrics not read (the daemon's `SamplerConfig::unread`: the optional reads no rule names
+    // while /metrics is off), e.g. `--unread pcie_rx,pcie_tx,pcie_replay`
+    let mut unread = 0u64;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
@@ -422,6 +425,18 @@ fn main() {
             "--warm" => warm = duration(&val()),
             "--no-gpm" => gpm = false,
             "--gpm-interval" => gpm_every = duration(&val()),
+            "--unread" => {
+                for key in val().split(',').filter(|k| !k.is_empty()) {
+                    let m = gpuwatch::model::Metric::from_key(key)
+                        .unwrap_or_else(|| panic!("--unread: no metric {key:?}"));
+                    assert!(
+                        gpuwatch::sampler::OPTIONAL_READS.contains(&m),
+                        "--unread {key}: only {:?} are left out by the daemon",
+                        gpuwatch::sampler::OPTIONAL_READS
+                    );
+                    unread |= bit(m);
+                }
+            }
             _ => panic!("unknown argument {a}"),
         }
     }
@@ -506,7 +521,7 @@ fn main() {
         let now = Instant::now();
         if last_round.is_none_or(|t| now.duration_since(t) >= process_interval) {
             last_round = Some(now);
-            let mut skip = 0;
+            let mut skip = unread;
             for (mask, every_ms, at) in &mut counters {
                 // a little early is due, as in the sampler
                 let every =

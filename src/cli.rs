@@ -11,19 +11,45 @@ mod digest;
 mod doctor;
 mod export;
 mod import;
+mod init;
 mod inspect;
 mod job;
 mod record;
 mod report;
 mod rules;
+mod service;
 mod top;
 
 /// Exit status for "the NVML library could not be used" (no driver, bad scenario).
 pub use crate::pipeline::EXIT_NO_NVML;
 
+/// `gpuwatch --version`: the version, the commit it was built from, the target, and whether
+/// the simulated NVML library is embedded (`build.rs`).
+macro_rules! version {
+    ($sim:literal) => {
+        concat!(
+            env!("CARGO_PKG_VERSION"),
+            " (commit ",
+            env!("GPUWATCH_GIT_COMMIT"),
+            ", ",
+            env!("GPUWATCH_TARGET"),
+            ", ",
+            $sim,
+            ")"
+        )
+    };
+}
+/// The version line (see [`version!`]).
+#[cfg(gpuwatch_embedded_sim)]
+pub const VERSION: &str = version!("simulated NVML embedded");
+/// The version line (see [`version!`]).
+#[cfg(not(gpuwatch_embedded_sim))]
+pub const VERSION: &str =
+    version!("simulated NVML not embedded: --sim needs libnvml_sim.so beside the executable");
+
 /// gpuwatch — a GPU watchdog for unattended deep-learning training.
 #[derive(Debug, Parser)]
-#[command(name = "gpuwatch", version, about, propagate_version = true)]
+#[command(name = "gpuwatch", version = VERSION, about, propagate_version = true)]
 pub struct Cli {
     /// Options every command shares.
     #[command(flatten)]
@@ -133,6 +159,12 @@ pub enum Command {
     /// Live terminal view: every GPU with the last minutes as sparklines, processes, jobs, and
     /// what is pending and firing (q quits, ? helps).
     Top(top::TopArgs),
+    /// The daemon as a systemd service: `install --user` (no root needed), `status`,
+    /// `uninstall`.
+    Service(service::ServiceArgs),
+    /// Write a first config: where alerts go (ntfy, Slack, Discord, Telegram, e-mail, Feishu,
+    /// DingTalk, WeCom, Teams, a webhook), secrets in 0600 files; then a test message.
+    Init(init::InitArgs),
 }
 
 /// Loads rules for a command that reads logs (`replay`, `report`): every problem in one error.
@@ -189,6 +221,8 @@ pub fn main() -> i32 {
         Command::Attach(a) => job::attach(&cli.global, a),
         Command::Top(a) => top::top(&cli.global, a),
         Command::Digest(a) => digest::digest(&cli.global, a),
+        Command::Service(a) => service::service(&cli.global, a),
+        Command::Init(a) => init::init(&cli.global, a),
     };
     match result {
         Ok(code) => code,

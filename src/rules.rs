@@ -1311,19 +1311,92 @@ pub fn files_signature(paths: &[PathBuf]) -> FilesSignature {
     out
 }
 
-/// The stock `rules/` directory next to the executable's source tree, if findable.
+include!(concat!(env!("OUT_DIR"), "/stock_rules.rs"));
+
+/// The stock rules directory: `rules/` of the source tree the executable was built in (a
+/// development build), `../share/gpuwatch/rules` beside the executable (the .deb's
+/// `/usr/share/gpuwatch/rules`, a wheel's `share/gpuwatch/rules` in its environment), or else the
+/// copy carried inside the executable ([`STOCK_RULES`]), written once per version to a cache
+/// directory ([`embedded_rules_dir`]) — so any install has its stock rules.
 pub fn shipped_rules_dir() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
+    let has_rules = |d: &Path| d.join("gpu_lost.rhai").is_file();
     let mut dir: Option<&Path> = exe.parent();
     for _ in 0..4 {
         let d = dir?;
         let candidate = d.join("rules");
-        if candidate.join("gpu_lost.rhai").is_file() {
+        if has_rules(&candidate) {
             return Some(candidate);
         }
         dir = d.parent();
     }
-    None
+    if let Some(share) = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("share/gpuwatch/rules"))
+        .filter(|d| has_rules(d))
+    {
+        return Some(share);
+    }
+    match embedded_rules_dir() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::warn!("cannot write the built-in stock rules to a cache directory: {e}");
+            None
+        }
+    }
+}
+
+/// Writes the stock rules carried inside the executable to
+/// `$XDG_CACHE_HOME/gpuwatch/stock-rules-VERSION-HASH` (without it `/var/cache/gpuwatch/…` for
+/// root, `~/.cache/gpuwatch/…` for others), unless already there, and returns that directory.
+/// Read-only files: a local change belongs in a copy named in `[daemon] rules`.
+pub fn embedded_rules_dir() -> std::io::Result<PathBuf> {
+    let hash = crate::sys::fnv1a64_hex(
+        STOCK_RULES
+            .iter()
+            .flat_map(|(name, text)| name.bytes().chain([0]).chain(text.bytes()).chain([0])),
+    );
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let cache = match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
+        (Some(x), _) if Path::new(&x).is_absolute() => PathBuf::from(x).join("gpuwatch"),
+        _ if root => PathBuf::from("/var/cache/gpuwatch"),
+        (_, Some(h)) => PathBuf::from(h).join(".cache/gpuwatch"),
+        _ => std::env::temp_dir().join("gpuwatch"),
+    };
+    let dir = cache.join(format!(
+        "stock-rules-{}-{}",
+        env!("CARGO_PKG_VERSION"),
+        &hash[..hash.len().min(12)]
+    ));
+    let complete = STOCK_RULES
+        .iter()
+        .all(|(name, text)| std::fs::read_to_string(dir.join(name)).is_ok_and(|t| t == *text));
+    if complete {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&cache)?;
+    let tmp = cache.join(format!(".stock-rules-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    for (name, text) in STOCK_RULES {
+        let path = tmp.join(name);
+        std::fs::write(&path, text)?;
+        let mut perm = std::fs::metadata(&path)?.permissions();
+        perm.set_readonly(true);
+        std::fs::set_permissions(&path, perm)?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    match std::fs::rename(&tmp, &dir) {
+        Ok(()) => Ok(dir),
+        // another process put it there first
+        Err(_) if dir.join("gpu_lost.rhai").is_file() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(dir)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

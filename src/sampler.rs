@@ -44,6 +44,7 @@
 //! calls blocked in a wedged driver).
 
 pub mod doctor;
+pub mod embedded;
 mod energy;
 mod events;
 pub mod expected;
@@ -205,7 +206,7 @@ pub enum SamplerError {
         detail: String,
     },
     /// `--sim` was given but the simulated library is not where it should be.
-    #[error("simulated NVML library not found at {}: build it with `cargo build -p nvml-sim` (or pass --nvml-lib PATH)", path.display())]
+    #[error("simulated NVML library not found at {}, and this build carries none (release builds embed it): build it with `cargo build -p nvml-sim` (or pass --nvml-lib PATH)", path.display())]
     NoSimLibrary {
         /// Where it was expected.
         path: PathBuf,
@@ -345,10 +346,14 @@ fn library_path(cfg: &SamplerConfig) -> Result<PathBuf, SamplerError> {
             .and_then(Path::parent)
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
         let path = dir.join(SIM_LIB_FILE);
-        if !path.exists() {
-            return Err(SamplerError::NoSimLibrary { path });
+        if path.exists() {
+            return Ok(path);
         }
-        return Ok(path);
+        // (a library beside the executable first: a development build's own)
+        return match embedded::path() {
+            Ok(Some(p)) => Ok(p),
+            _ => Err(SamplerError::NoSimLibrary { path }),
+        };
     }
     Ok(PathBuf::from(DEFAULT_NVML_LIB))
 }
@@ -445,7 +450,11 @@ impl Sampler {
     /// log.
     pub fn open(cfg: &SamplerConfig) -> Result<Sampler, SamplerError> {
         let path = library_path(cfg)?;
-        let lib = path.display().to_string();
+        let lib = if path.starts_with("/proc/self/fd") {
+            format!("{SIM_LIB_FILE} (embedded in gpuwatch)")
+        } else {
+            path.display().to_string()
+        };
         if let Some(s) = &cfg.sim_scenario {
             // Set before init, while no other thread of ours reads the environment.
             std::env::set_var("NVML_SIM_SCENARIO", s);

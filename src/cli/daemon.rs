@@ -9,13 +9,28 @@ use crate::notify::settings::NotifySettings;
 use crate::notify::transport::Transport;
 use crate::notify::{now_ms, Notification, Reason};
 
-/// Default config path.
+/// Default config path (root's, and everyone's when the user has none).
 const DEFAULT_CONFIG: &str = "/etc/gpuwatch/config.toml";
+
+/// The config a command uses when none is named: the user's own
+/// (`$XDG_CONFIG_HOME/gpuwatch/config.toml`, what `gpuwatch init` writes) for a user who is not
+/// root, else `/etc/gpuwatch/config.toml` — the first that exists.
+pub fn default_config() -> Option<PathBuf> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let user = (!root)
+        .then(super::service::user_config_path)
+        .and_then(Result::ok);
+    user.into_iter()
+        .chain([PathBuf::from(DEFAULT_CONFIG)])
+        .find(|p| p.is_file())
+}
 
 /// Arguments of `daemon`.
 #[derive(Debug, clap::Args)]
 pub struct DaemonArgs {
-    /// Configuration file [default: /etc/gpuwatch/config.toml when it exists, else built-in
+    /// Configuration file [default: ~/.config/gpuwatch/config.toml (`gpuwatch init`'s) for a
+    /// user who is not root, else /etc/gpuwatch/config.toml, when it exists; else built-in
     /// defaults: stock rules, no channels (alerts are only logged), state in
     /// ~/.local/state/gpuwatch].
     #[arg(long, short, value_name = "FILE", env = "GPUWATCH_CONFIG")]
@@ -28,10 +43,7 @@ pub struct DaemonArgs {
 
 /// Runs `daemon`.
 pub fn daemon(global: &GlobalArgs, args: &DaemonArgs) -> anyhow::Result<i32> {
-    let config = args
-        .config
-        .clone()
-        .or_else(|| Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.exists()));
+    let config = args.config.clone().or_else(default_config);
     if let Some(events) = &args.events {
         return crate::daemon::run_events(config.as_deref(), events);
     }
@@ -41,9 +53,9 @@ pub fn daemon(global: &GlobalArgs, args: &DaemonArgs) -> anyhow::Result<i32> {
 /// Arguments of `notify-test`.
 #[derive(Debug, clap::Args)]
 pub struct NotifyTestArgs {
-    /// Configuration file.
-    #[arg(long, short, value_name = "FILE", env = "GPUWATCH_CONFIG", default_value = DEFAULT_CONFIG)]
-    pub config: PathBuf,
+    /// Configuration file [default: as `daemon`'s].
+    #[arg(long, short, value_name = "FILE", env = "GPUWATCH_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Test only this channel (repeatable); default: every channel.
     #[arg(long, value_name = "NAME")]
     pub channel: Vec<String>,
@@ -100,11 +112,16 @@ pub fn test_notification(settings: &NotifySettings, channel: &str, now: i64) -> 
 /// failure per channel; exit 1 if any failed.
 #[expect(clippy::print_stdout, reason = "command output")]
 pub fn notify_test(_global: &GlobalArgs, args: &NotifyTestArgs) -> anyhow::Result<i32> {
-    let config = crate::config::load(&args.config)?;
+    let path = args
+        .config
+        .clone()
+        .or_else(default_config)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+    let config = crate::config::load(&path)?;
     let settings = config.notify_settings()?;
     for name in &args.channel {
         if settings.channel(name).is_none() {
-            anyhow::bail!("no channel named {name:?} in {}", args.config.display());
+            anyhow::bail!("no channel named {name:?} in {}", path.display());
         }
     }
     let channels: Vec<_> = settings
@@ -114,7 +131,7 @@ pub fn notify_test(_global: &GlobalArgs, args: &NotifyTestArgs) -> anyhow::Resul
         .cloned()
         .collect();
     if channels.is_empty() {
-        anyhow::bail!("no channels configured in {}", args.config.display());
+        anyhow::bail!("no channels configured in {}", path.display());
     }
     let transport = Transport::new()?;
     let rt = tokio::runtime::Builder::new_current_thread()

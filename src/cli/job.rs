@@ -14,7 +14,8 @@ use crate::pipeline::{Pipeline, SamplerThread};
 /// Flags shared by `run` and `attach`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct JobFlags {
-    /// Configuration file (its `[job]`, `[actions]`, rules and channels apply).
+    /// Configuration file (its `[job]`, `[actions]`, rules and channels apply) [default: as
+    /// `daemon`'s].
     #[arg(long, value_name = "FILE", env = "GPUWATCH_CONFIG")]
     pub config: Option<PathBuf>,
     /// A progress regex (repeatable), tried before the defaults; named groups `step`, `total`,
@@ -233,7 +234,13 @@ fn finish(report: &JobReport, flags: &JobFlags) {
 /// Runs `run`: the job's exit code. A job that a signal ended makes gpuwatch end by the same
 /// signal once its report is out ([`end_like`]).
 pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
-    let path = args.flags.config.as_deref();
+    // (the user's config from `gpuwatch init`, or /etc's, as `daemon` reads)
+    let path = args
+        .flags
+        .config
+        .clone()
+        .or_else(super::daemon::default_config);
+    let path = path.as_deref();
     if let Some(mode) = args.preflight {
         if let Some(code) = preflight(global, mode, path)? {
             return Ok(code);
@@ -363,7 +370,13 @@ fn end_report(recording: &Path, config: &Config, quiet: bool) {
 
 /// Runs `attach`: the process's exit code when the kernel told it, else 0.
 pub fn attach(global: &GlobalArgs, args: &AttachArgs) -> anyhow::Result<i32> {
-    let path = args.flags.config.as_deref();
+    // (the user's config from `gpuwatch init`, or /etc's, as `daemon` reads)
+    let path = args
+        .flags
+        .config
+        .clone()
+        .or_else(super::daemon::default_config);
+    let path = path.as_deref();
     let report = if args.flags.no_rules {
         let config = load_config(path)?;
         let opts = options(&config, &args.flags, None)?;

@@ -16,6 +16,7 @@ mod fidelity;
 mod fleet;
 mod gpm;
 mod import;
+mod install;
 mod job;
 mod layers;
 mod metrics_doc;
