@@ -1321,14 +1321,15 @@ include!(concat!(env!("OUT_DIR"), "/stock_rules.rs"));
 pub fn shipped_rules_dir() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let has_rules = |d: &Path| d.join("gpu_lost.rhai").is_file();
-    let mut dir: Option<&Path> = exe.parent();
-    for _ in 0..4 {
-        let d = dir?;
-        let candidate = d.join("rules");
-        if has_rules(&candidate) {
-            return Some(candidate);
-        }
-        dir = d.parent();
+    // (the source tree: up to 4 levels above the executable, target/release/ and such)
+    if let Some(tree) = exe
+        .ancestors()
+        .skip(1)
+        .take(4)
+        .map(|d| d.join("rules"))
+        .find(|d| has_rules(d))
+    {
+        return Some(tree);
     }
     if let Some(share) = exe
         .parent()
@@ -1357,8 +1358,7 @@ pub fn embedded_rules_dir() -> std::io::Result<PathBuf> {
             .iter()
             .flat_map(|(name, text)| name.bytes().chain([0]).chain(text.bytes()).chain([0])),
     );
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = crate::sys::is_root();
     let cache = match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
         (Some(x), _) if Path::new(&x).is_absolute() => PathBuf::from(x).join("gpuwatch"),
         _ if root => PathBuf::from("/var/cache/gpuwatch"),

@@ -88,6 +88,12 @@ pub fn thread_cpu_ns() -> u64 {
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
+/// Whether this process runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// This host's name (`gethostname`), or `localhost`.
 pub fn hostname() -> String {
     let mut buf = [0u8; 256];

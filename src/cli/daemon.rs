@@ -16,9 +16,7 @@ const DEFAULT_CONFIG: &str = "/etc/gpuwatch/config.toml";
 /// (`$XDG_CONFIG_HOME/gpuwatch/config.toml`, what `gpuwatch init` writes) for a user who is not
 /// root, else `/etc/gpuwatch/config.toml` — the first that exists.
 pub fn default_config() -> Option<PathBuf> {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let user = (!root)
+    let user = (!crate::sys::is_root())
         .then(super::service::user_config_path)
         .and_then(Result::ok);
     user.into_iter()

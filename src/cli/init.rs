@@ -342,14 +342,9 @@ fn config_text(channels: &[(String, &Channel)], state_dir: &Path, digest: bool) 
     t
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// Where the state goes: `/var/lib/gpuwatch` for root, else `$XDG_STATE_HOME/gpuwatch`.
 fn state_dir() -> PathBuf {
-    if is_root() {
+    if crate::sys::is_root() {
         return PathBuf::from("/var/lib/gpuwatch");
     }
     if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| Path::new(x).is_absolute()) {
@@ -378,7 +373,7 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 pub fn init(global: &GlobalArgs, a: &InitArgs) -> anyhow::Result<i32> {
     let path = match &a.config {
         Some(p) => std::path::absolute(p)?,
-        None if is_root() => PathBuf::from("/etc/gpuwatch/config.toml"),
+        None if crate::sys::is_root() => PathBuf::from("/etc/gpuwatch/config.toml"),
         None => super::service::user_config_path()?,
     };
     if path.exists() && !a.force {
@@ -471,7 +466,7 @@ pub fn init(global: &GlobalArgs, a: &InitArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    let cfg = if a.config.is_some() || is_root() {
+    let cfg = if a.config.is_some() || crate::sys::is_root() {
         format!(" --config {}", path.display())
     } else {
         String::new()
@@ -481,7 +476,7 @@ pub fn init(global: &GlobalArgs, a: &InitArgs) -> anyhow::Result<i32> {
          \x20 gpuwatch run{cfg} -- python train.py    watch one job: alerts while it runs, a report when it ends\n\
          \x20 gpuwatch service install{}{cfg}    the watchdog for every job, started at boot\n\
          \x20 gpuwatch --sim overnight --speed 60 daemon{cfg}    a simulated night: see what alerts look like",
-        if is_root() { "" } else { " --user" }
+        if crate::sys::is_root() { "" } else { " --user" }
     );
     Ok(code)
 }

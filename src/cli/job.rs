@@ -231,15 +231,18 @@ fn finish(report: &JobReport, flags: &JobFlags) {
     }
 }
 
+impl JobFlags {
+    /// The config to read: `--config`, else the user's from `gpuwatch init` or /etc's, as
+    /// `daemon` reads.
+    fn config_path(&self) -> Option<PathBuf> {
+        self.config.clone().or_else(super::daemon::default_config)
+    }
+}
+
 /// Runs `run`: the job's exit code. A job that a signal ended makes gpuwatch end by the same
 /// signal once its report is out ([`end_like`]).
 pub fn run(global: &GlobalArgs, args: &RunArgs) -> anyhow::Result<i32> {
-    // (the user's config from `gpuwatch init`, or /etc's, as `daemon` reads)
-    let path = args
-        .flags
-        .config
-        .clone()
-        .or_else(super::daemon::default_config);
+    let path = args.flags.config_path();
     let path = path.as_deref();
     if let Some(mode) = args.preflight {
         if let Some(code) = preflight(global, mode, path)? {
@@ -370,12 +373,7 @@ fn end_report(recording: &Path, config: &Config, quiet: bool) {
 
 /// Runs `attach`: the process's exit code when the kernel told it, else 0.
 pub fn attach(global: &GlobalArgs, args: &AttachArgs) -> anyhow::Result<i32> {
-    // (the user's config from `gpuwatch init`, or /etc's, as `daemon` reads)
-    let path = args
-        .flags
-        .config
-        .clone()
-        .or_else(super::daemon::default_config);
+    let path = args.flags.config_path();
     let path = path.as_deref();
     let report = if args.flags.no_rules {
         let config = load_config(path)?;

@@ -84,11 +84,6 @@ pub fn user_config_path() -> anyhow::Result<PathBuf> {
     Ok(user_config_home()?.join("gpuwatch/config.toml"))
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// Where the unit file goes.
 fn unit_path(user: bool) -> anyhow::Result<PathBuf> {
     Ok(if user {
@@ -221,7 +216,7 @@ pub fn service(_global: &GlobalArgs, args: &ServiceArgs) -> anyhow::Result<i32> 
 }
 
 fn check_scope(user: bool) -> anyhow::Result<()> {
-    if !user && !is_root() {
+    if !user && !crate::sys::is_root() {
         anyhow::bail!(
             "a system service needs root: run `sudo gpuwatch service install`, or \
              `gpuwatch service install --user` for a service of your own (no root needed)"

@@ -148,6 +148,39 @@ fn init_writes_a_private_config_and_sends_a_test_message() {
     assert!(none.stderr.contains("--ntfy"), "{}", none.stderr);
 }
 
+/// On a terminal (tmux) with no channel flag, `init` asks where alerts go, the address, and
+/// whether to add the weekly digest; the answers make the config, and the test message goes out.
+#[test]
+fn init_on_a_terminal_asks_where_alerts_go() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = HttpReceiver::start();
+    let config = tmp.path().join("asked.toml");
+    let line = format!(
+        "env -u GPUWATCH_CONFIG HOME={home} XDG_CACHE_HOME={home}/.cache {exe} init --config {config}; echo EXITED $?; sleep 600",
+        home = tmp.path().display(),
+        exe = crate::common::gpuwatch_exe().display(),
+        config = config.display(),
+    );
+    let t = crate::top::Tmux::start("init", 120, 40, &line);
+    let limit = Duration::from_secs(30);
+    t.wait("the menu", limit, |s| s.contains("Choose 1-10"));
+    t.keys(&["10", "Enter"]);
+    t.wait("the URL", limit, |s| s.contains("URL:"));
+    t.keys(&[&hook.url("/hook"), "Enter"]);
+    t.wait("the digest question", limit, |s| s.contains("[y/N]"));
+    t.keys(&["y", "Enter"]);
+    let screen = t.wait("the end", limit, |s| s.contains("EXITED"));
+    assert!(screen.contains("EXITED 0"), "{screen}");
+    assert_eq!(hook.wait_accepted(1, limit)[0].path, "/hook");
+    let text = std::fs::read_to_string(&config).expect("config");
+    assert!(text.contains("type = \"webhook\""), "{text}");
+    assert!(text.contains("schedule = \"weekly\""), "{text}");
+    assert!(
+        !text.contains(&hook.url("/hook")),
+        "the URL is a secret: {text}"
+    );
+}
+
 #[test]
 fn service_install_user_writes_a_unit_systemd_accepts() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -236,10 +269,62 @@ fn service_install_user_writes_a_unit_systemd_accepts() {
     }
 }
 
-/// What `cargo install` (or the wheel) leaves: the release executable alone. It names its build,
-/// plays a scenario from the library it carries, and finds its stock rules.
+/// The executable copied alone into an empty directory, run with `user`'s environment and
+/// nothing else: (exit code, stdout, stderr).
+fn alone(
+    exe: &Path,
+    dir: &Path,
+    user: &[(String, String)],
+    args: &[&str],
+) -> (i32, String, String) {
+    let copy = dir.join("bin/gpuwatch");
+    if !copy.exists() {
+        std::fs::create_dir_all(copy.parent().expect("dir")).expect("dir");
+        std::fs::copy(exe, &copy).expect("copy the executable");
+    }
+    let out = Command::new(&copy)
+        .args(args)
+        .env_clear()
+        .envs(user.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the copy");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Any build carries the stock rules: the executable alone, far from the source tree, writes
+/// them once to its cache directory and loads them.
 #[test]
-fn a_release_executable_alone_runs_sim_and_has_its_stock_rules() {
+fn an_executable_alone_has_its_stock_rules() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let user = fresh_user(tmp.path());
+    let (code, out, err) = alone(crate::common::gpuwatch_exe(), tmp.path(), &user, &["check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("gpu_lost"), "the stock rules: {out}");
+    let cache = tmp.path().join(".cache/gpuwatch");
+    let written: Vec<String> = std::fs::read_dir(&cache)
+        .expect("the cache directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        written.iter().any(|n| n.starts_with("stock-rules-")),
+        "{written:?}"
+    );
+    // again: the same directory, nothing rewritten
+    let (code, again, _) = alone(crate::common::gpuwatch_exe(), tmp.path(), &user, &["check"]);
+    assert_eq!((code, again), (0, out));
+}
+
+/// What `cargo install` (or the wheel) leaves: the release executable alone. It names its build
+/// and plays a scenario from the simulated library it carries.
+#[test]
+fn a_release_executable_alone_runs_sim() {
     let Some(release) = std::env::var_os("GPUWATCH_RELEASE_BIN") else {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
@@ -249,40 +334,19 @@ fn a_release_executable_alone_runs_sim_and_has_its_stock_rules() {
         return;
     };
     let tmp = tempfile::tempdir().expect("tempdir");
-    let alone = tmp.path().join("bin/gpuwatch");
-    std::fs::create_dir_all(alone.parent().expect("dir")).expect("dir");
-    std::fs::copy(&release, &alone).expect("copy the executable");
     let user = fresh_user(tmp.path());
-    let run = |args: &[&str]| {
-        let out = Command::new(&alone)
-            .args(args)
-            .env_clear()
-            .envs(user.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .current_dir(tmp.path())
-            .stdin(Stdio::null())
-            .output()
-            .expect("run the copy");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
-    let (code, version, _) = run(&["--version"]);
+    let release = PathBuf::from(release);
+    let (code, version, _) = alone(&release, tmp.path(), &user, &["--version"]);
     assert_eq!(code, 0);
     assert!(version.contains("simulated NVML embedded"), "{version}");
     assert!(version.contains("commit "), "{version}");
-    let (code, out, err) = run(&["--sim", "overnight", "status"]);
-    assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("GPU"), "{out}");
-    let (code, out, err) = run(&["check"]);
-    assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("gpu_lost"), "the stock rules: {out}");
-    let cache = tmp.path().join(".cache/gpuwatch");
-    assert!(
-        std::fs::read_dir(&cache).is_ok_and(|mut d| d
-            .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("stock-rules-")))),
-        "the built-in rules written under {}",
-        cache.display()
+    let (code, out, err) = alone(
+        &release,
+        tmp.path(),
+        &user,
+        &["--sim", "overnight", "status"],
     );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("8 GPUs"), "{out}");
+    assert!(out.contains("NVIDIA H100"), "{out}");
 }

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 use super::common;
 
 /// One tmux server of its own per test (`-L`), killed when dropped.
-struct Tmux {
+pub(crate) struct Tmux {
     socket: String,
 }
 
 impl Tmux {
     /// Starts `command` (a shell line) in a `width` × `height` window.
-    fn start(name: &str, width: u16, height: u16, command: &str) -> Tmux {
+    pub(crate) fn start(name: &str, width: u16, height: u16, command: &str) -> Tmux {
         let socket = format!("gpuwatch-{name}-{}", std::process::id());
         let t = Tmux { socket };
         let ok = t
@@ -56,14 +56,14 @@ impl Tmux {
             .success());
     }
 
-    fn keys(&self, keys: &[&str]) {
+    pub(crate) fn keys(&self, keys: &[&str]) {
         let mut args = vec!["send-keys"];
         args.extend_from_slice(keys);
         assert!(self.cmd(&args).status().expect("tmux").success());
     }
 
     /// Waits until the screen satisfies `ok`; panics with the screen after `limit`.
-    fn wait(&self, what: &str, limit: Duration, ok: impl Fn(&str) -> bool) -> String {
+    pub(crate) fn wait(&self, what: &str, limit: Duration, ok: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
         loop {
             let s = self.screen();
