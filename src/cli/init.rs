@@ -22,25 +22,25 @@ pub struct InitArgs {
     #[arg(long, value_name = "URL", default_value = "https://ntfy.sh")]
     pub ntfy_server: String,
     /// Slack incoming-webhook URL.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", alias = "slack-url")]
     pub slack: Option<String>,
     /// Discord webhook URL.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", alias = "discord-url")]
     pub discord: Option<String>,
     /// Microsoft Teams workflow URL ("When a Teams webhook request is received").
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", alias = "teams-url")]
     pub teams: Option<String>,
     /// Feishu / Lark custom bot webhook URL.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", alias = "feishu-url")]
     pub feishu: Option<String>,
     /// DingTalk robot webhook URL.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", alias = "dingtalk-url")]
     pub dingtalk: Option<String>,
     /// WeCom (企业微信) group robot webhook URL.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", alias = "wecom-url")]
     pub wecom: Option<String>,
     /// Generic webhook URL (Alertmanager's webhook format).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", alias = "webhook-url")]
     pub webhook: Option<String>,
     /// Telegram bot token (with --telegram-chat).
     #[arg(long, value_name = "TOKEN", requires = "telegram_chat")]
