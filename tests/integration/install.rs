@@ -350,3 +350,89 @@ fn a_release_executable_alone_runs_sim() {
     assert!(out.contains("8 GPUs"), "{out}");
     assert!(out.contains("NVIDIA H100"), "{out}");
 }
+
+/// The wheel (`GPUWATCH_WHEEL`, built by `.ci/run` with maturin) installed with pip into a
+/// fresh virtualenv, offline: `gpuwatch` on the venv's PATH plays a scenario, `python -m
+/// gpuwatch` runs it too, and `init` sends its test message to a loopback ntfy receiver.
+#[test]
+fn the_wheel_puts_gpuwatch_on_a_virtualenvs_path() {
+    let Some(wheel) = std::env::var_os("GPUWATCH_WHEEL") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "GPUWATCH_WHEEL is not set (.ci/run builds the wheel with maturin and sets it)"
+        );
+        eprintln!("SKIP: GPUWATCH_WHEEL not set (maturin build --release, then set it)");
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let venv = tmp.path().join("venv");
+    let ok = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .expect("python3 -m venv");
+    assert!(ok.success(), "python3 -m venv");
+    let out = Command::new(venv.join("bin/pip"))
+        .args([
+            "install",
+            "--quiet",
+            "--no-index",
+            "--disable-pip-version-check",
+        ])
+        .arg(&wheel)
+        .output()
+        .expect("pip install");
+    assert!(
+        out.status.success(),
+        "pip install {}: {}",
+        Path::new(&wheel).display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let user = fresh_user(tmp.path());
+    // only the venv's bin on PATH, as an activated venv has it first
+    let path = format!("{}", venv.join("bin").display());
+    let run = |program: &Path, args: &[&str]| {
+        let out = Command::new(program)
+            .args(args)
+            .env_clear()
+            .envs(user.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("PATH", &path)
+            .current_dir(tmp.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let gw = venv.join("bin/gpuwatch");
+    let (code, out, err) = run(&gw, &["--sim", "overnight", "status"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("8 GPUs"), "{out}");
+    let (code, out, err) = run(&venv.join("bin/python"), &["-m", "gpuwatch", "--version"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("simulated NVML embedded"), "{out}");
+    let ntfy = HttpReceiver::start();
+    let server = ntfy.url("");
+    let config = tmp.path().join("c.toml");
+    let (code, out, err) = run(
+        &gw,
+        &[
+            "init",
+            "--ntfy",
+            "wheel-topic",
+            "--ntfy-server",
+            server.trim_end_matches('/'),
+            "--non-interactive",
+            "--config",
+            config.to_str().expect("utf-8"),
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        ntfy.wait_accepted(1, Duration::from_secs(30))[0].path,
+        "/wheel-topic"
+    );
+}
