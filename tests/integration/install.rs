@@ -282,19 +282,44 @@ fn alone(
         std::fs::create_dir_all(copy.parent().expect("dir")).expect("dir");
         std::fs::copy(exe, &copy).expect("copy the executable");
     }
-    let out = Command::new(&copy)
+    run_as(&copy, dir, user, args)
+}
+
+/// `program ARGS` in `dir` with `user`'s environment and nothing else: (exit code, stdout,
+/// stderr).
+fn run_as(
+    program: &Path,
+    dir: &Path,
+    user: &[(String, String)],
+    args: &[&str],
+) -> (i32, String, String) {
+    let out = Command::new(program)
         .args(args)
         .env_clear()
         .envs(user.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .current_dir(dir)
         .stdin(Stdio::null())
         .output()
-        .expect("run the copy");
+        .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// What `.ci/run` built and named in `var` (the release executable, the wheel); `None` (a
+/// SKIP line) outside CI when it is not set, a failure under `CI=true`.
+fn built_by_ci(var: &str, how: &str) -> Option<std::ffi::OsString> {
+    let v = std::env::var_os(var);
+    if v.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{var} is not set (.ci/run builds it and sets it)"
+        );
+        eprintln!("SKIP: {var} not set ({how}, then set it)");
+    }
+    v
 }
 
 /// Any build carries the stock rules: the executable alone, far from the source tree, writes
@@ -325,12 +350,7 @@ fn an_executable_alone_has_its_stock_rules() {
 /// and plays a scenario from the simulated library it carries.
 #[test]
 fn a_release_executable_alone_runs_sim() {
-    let Some(release) = std::env::var_os("GPUWATCH_RELEASE_BIN") else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "GPUWATCH_RELEASE_BIN is not set (.ci/run builds the release executable and sets it)"
-        );
-        eprintln!("SKIP: GPUWATCH_RELEASE_BIN not set (cargo build --release, then set it)");
+    let Some(release) = built_by_ci("GPUWATCH_RELEASE_BIN", "cargo build --release") else {
         return;
     };
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -356,12 +376,7 @@ fn a_release_executable_alone_runs_sim() {
 /// gpuwatch` runs it too, and `init` sends its test message to a loopback ntfy receiver.
 #[test]
 fn the_wheel_puts_gpuwatch_on_a_virtualenvs_path() {
-    let Some(wheel) = std::env::var_os("GPUWATCH_WHEEL") else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "GPUWATCH_WHEEL is not set (.ci/run builds the wheel with maturin and sets it)"
-        );
-        eprintln!("SKIP: GPUWATCH_WHEEL not set (maturin build --release, then set it)");
+    let Some(wheel) = built_by_ci("GPUWATCH_WHEEL", "maturin build --release") else {
         return;
     };
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -388,25 +403,14 @@ fn the_wheel_puts_gpuwatch_on_a_virtualenvs_path() {
         Path::new(&wheel).display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    let user = fresh_user(tmp.path());
+    let mut user = fresh_user(tmp.path());
     // only the venv's bin on PATH, as an activated venv has it first
-    let path = format!("{}", venv.join("bin").display());
-    let run = |program: &Path, args: &[&str]| {
-        let out = Command::new(program)
-            .args(args)
-            .env_clear()
-            .envs(user.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env("PATH", &path)
-            .current_dir(tmp.path())
-            .stdin(Stdio::null())
-            .output()
-            .expect("run");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    for (k, v) in &mut user {
+        if k == "PATH" {
+            *v = venv.join("bin").display().to_string();
+        }
+    }
+    let run = |program: &Path, args: &[&str]| run_as(program, tmp.path(), &user, args);
     let gw = venv.join("bin/gpuwatch");
     let (code, out, err) = run(&gw, &["--sim", "overnight", "status"]);
     assert_eq!(code, 0, "{out}{err}");
