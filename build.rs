@@ -115,10 +115,11 @@ fn sim_library(manifest: &Path, out: &Path) -> Result<Option<PathBuf>, String> {
     if !sim.join("Cargo.toml").is_file() {
         return Err(format!("no nvml-sim sources under {}", manifest.display()));
     }
-    println!("cargo:rerun-if-changed={}", sim.join("src").display());
+    // (the whole package: sources, scenarios, its build script) and the lock file
+    println!("cargo:rerun-if-changed={}", sim.display());
     println!(
         "cargo:rerun-if-changed={}",
-        sim.join("Cargo.toml").display()
+        manifest.join("Cargo.lock").display()
     );
     // target/release/build/gpuwatch-HASH/out → target/sim-embed (kept between builds)
     let target_dir = out
@@ -181,7 +182,12 @@ fn git_commit(manifest: &Path) -> String {
             let c = String::from_utf8_lossy(&o.stdout).trim().to_string();
             if o.status.success() && !c.is_empty() {
                 let dirty = Command::new("git")
-                    .args(["status", "--porcelain", "--untracked-files=no"])
+                    .args([
+                        "--no-optional-locks",
+                        "status",
+                        "--porcelain",
+                        "--untracked-files=no",
+                    ])
                     .current_dir(manifest)
                     .output()
                     .is_ok_and(|o| !o.stdout.is_empty());

@@ -1349,54 +1349,124 @@ pub fn shipped_rules_dir() -> Option<PathBuf> {
 }
 
 /// Writes the stock rules carried inside the executable to
-/// `$XDG_CACHE_HOME/gpuwatch/stock-rules-VERSION-HASH` (without it `/var/cache/gpuwatch/…` for
-/// root, `~/.cache/gpuwatch/…` for others), unless already there, and returns that directory.
-/// Read-only files: a local change belongs in a copy named in `[daemon] rules`.
+/// `$XDG_CACHE_HOME/gpuwatch/stock-rules-VERSION-HASH` (without it, or for root when that
+/// directory is not root's own, `/var/cache/gpuwatch/…` for root and `~/.cache/gpuwatch/…` for
+/// others), unless a trusted copy is there ([`trusted_copy`]), and returns that directory.
+/// Read-only files: a local change belongs in a copy named in `[daemon] rules`. Several
+/// processes may do this at once (eight ranks starting after an upgrade): each writes its own
+/// temporary copy and renames it into place; a copy in place is never deleted under a reader,
+/// only a damaged one is moved aside.
 pub fn embedded_rules_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
     let hash = crate::sys::fnv1a64_hex(
         STOCK_RULES
             .iter()
             .flat_map(|(name, text)| name.bytes().chain([0]).chain(text.bytes()).chain([0])),
     );
     let root = crate::sys::is_root();
-    let cache = match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
-        (Some(x), _) if Path::new(&x).is_absolute() => PathBuf::from(x).join("gpuwatch"),
-        _ if root => PathBuf::from("/var/cache/gpuwatch"),
-        (_, Some(h)) => PathBuf::from(h).join(".cache/gpuwatch"),
-        _ => std::env::temp_dir().join("gpuwatch"),
+    let xdg = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|x| x.is_absolute())
+        // root takes no directory another user could change (sudo -E): its nearest existing
+        // ancestor must be root's own
+        .filter(|x| {
+            !root
+                || x.ancestors()
+                    .find(|a| a.exists())
+                    .is_some_and(owned_private)
+        });
+    let cache = match (xdg, std::env::var_os("HOME")) {
+        (Some(x), _) => x.join("gpuwatch"),
+        (None, _) if root => PathBuf::from("/var/cache/gpuwatch"),
+        (None, Some(h)) if !h.is_empty() => PathBuf::from(h).join(".cache/gpuwatch"),
+        _ => {
+            return Err(std::io::Error::other(
+                "neither XDG_CACHE_HOME nor HOME is set: no cache directory of this user's",
+            ))
+        }
     };
     let dir = cache.join(format!(
         "stock-rules-{}-{}",
         env!("CARGO_PKG_VERSION"),
         &hash[..hash.len().min(12)]
     ));
-    let complete = STOCK_RULES
-        .iter()
-        .all(|(name, text)| std::fs::read_to_string(dir.join(name)).is_ok_and(|t| t == *text));
-    if complete {
+    if trusted_copy(&dir) {
         return Ok(dir);
     }
-    std::fs::create_dir_all(&cache)?;
-    let tmp = cache.join(format!(".stock-rules-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
+    crate::sys::create_private_dir(&cache)?;
+    if !owned_private(&cache) {
+        return Err(std::io::Error::other(format!(
+            "{} is not this user's own (or others may write it)",
+            cache.display()
+        )));
+    }
+    let unique = format!(
+        "{}-{}-{}",
+        crate::sys::hostname(),
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let tmp = cache.join(format!(".stock-rules-{unique}"));
+    crate::sys::create_private_dir(&tmp)?;
     for (name, text) in STOCK_RULES {
         let path = tmp.join(name);
         std::fs::write(&path, text)?;
-        let mut perm = std::fs::metadata(&path)?.permissions();
-        perm.set_readonly(true);
-        std::fs::set_permissions(&path, perm)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444))?;
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    match std::fs::rename(&tmp, &dir) {
-        Ok(()) => Ok(dir),
-        // another process put it there first
-        Err(_) if dir.join("gpu_lost.rhai").is_file() => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            Ok(dir)
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    if std::fs::rename(&tmp, &dir).is_ok() {
+        return Ok(dir);
+    }
+    if trusted_copy(&dir) {
+        // another process put its copy there first
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Ok(dir);
+    }
+    // a damaged or foreign copy: moved aside (a reader of it keeps what it opened), then ours
+    let aside = cache.join(format!(".stale-stock-rules-{unique}"));
+    std::fs::rename(&dir, &aside)?;
+    std::fs::rename(&tmp, &dir)?;
+    let _ = std::fs::remove_dir_all(&aside);
+    Ok(dir)
+}
+
+/// Whether `path` is owned by this user and writable by no one else.
+fn owned_private(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.uid() == me && m.mode() & 0o022 == 0)
+}
+
+/// Whether `dir` holds exactly the built-in stock rules, each file and the directory this
+/// user's own and writable by no one else (a rule file slipped in beside them would be loaded).
+fn trusted_copy(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    if !owned_private(dir) || !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+        return false;
+    }
+    let mut seen = 0;
+    for e in entries {
+        let Ok(e) = e else { return false };
+        let name = e.file_name();
+        let Some((_, text)) = STOCK_RULES.iter().find(|(n, _)| name.to_str() == Some(n)) else {
+            return false;
+        };
+        let path = e.path();
+        let regular = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+        if !regular
+            || !owned_private(&path)
+            || std::fs::read_to_string(&path).ok().as_deref() != Some(*text)
+        {
+            return false;
         }
-        Err(e) => Err(e),
+        seen += 1;
     }
+    seen == STOCK_RULES.len()
 }
 
 #[cfg(test)]

@@ -352,7 +352,11 @@ fn library_path(cfg: &SamplerConfig) -> Result<PathBuf, SamplerError> {
         // (a library beside the executable first: a development build's own)
         return match embedded::path() {
             Ok(Some(p)) => Ok(p),
-            _ => Err(SamplerError::NoSimLibrary { path }),
+            Ok(None) => Err(SamplerError::NoSimLibrary { path }),
+            Err(e) => Err(SamplerError::NoDriver {
+                lib: format!("{SIM_LIB_FILE} (embedded in gpuwatch)"),
+                detail: format!("cannot put it in a memory file to load it: {e}"),
+            }),
         };
     }
     Ok(PathBuf::from(DEFAULT_NVML_LIB))

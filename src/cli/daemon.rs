@@ -16,12 +16,27 @@ const DEFAULT_CONFIG: &str = "/etc/gpuwatch/config.toml";
 /// (`$XDG_CONFIG_HOME/gpuwatch/config.toml`, what `gpuwatch init` writes) for a user who is not
 /// root, else `/etc/gpuwatch/config.toml` — the first that exists.
 pub fn default_config() -> Option<PathBuf> {
-    let user = (!crate::sys::is_root())
+    user_config().or_else(|| Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.is_file()))
+}
+
+/// The config of a command a user runs for their own job (`run`, `attach`) when none is named:
+/// the user's own (`gpuwatch init`'s), or for root `/etc/gpuwatch/config.toml` — never the system
+/// daemon's config for another user, whose secrets they cannot read and whose state directory
+/// they cannot write.
+pub fn own_config() -> Option<PathBuf> {
+    if crate::sys::is_root() {
+        Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.is_file())
+    } else {
+        user_config()
+    }
+}
+
+/// A user's own config (not root's): `$XDG_CONFIG_HOME/gpuwatch/config.toml`, when it exists.
+fn user_config() -> Option<PathBuf> {
+    (!crate::sys::is_root())
         .then(super::service::user_config_path)
-        .and_then(Result::ok);
-    user.into_iter()
-        .chain([PathBuf::from(DEFAULT_CONFIG)])
-        .find(|p| p.is_file())
+        .and_then(Result::ok)
+        .filter(|p| p.is_file())
 }
 
 /// Arguments of `daemon`.

@@ -135,10 +135,12 @@ fn url_channel(kind: &'static str, url: String) -> anyhow::Result<Channel> {
     if !(url.starts_with("https://") || url.starts_with("http://")) {
         anyhow::bail!("{kind}: {url:?} is not an http(s) URL");
     }
+    // (the host only: never a user:password@ part, which is as secret as the rest)
     let host = url
         .split("://")
         .nth(1)
         .and_then(|r| r.split('/').next())
+        .map(|h| h.rsplit('@').next().unwrap_or(h))
         .unwrap_or_default()
         .to_string();
     Ok(Channel {

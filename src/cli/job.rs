@@ -14,8 +14,8 @@ use crate::pipeline::{Pipeline, SamplerThread};
 /// Flags shared by `run` and `attach`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct JobFlags {
-    /// Configuration file (its `[job]`, `[actions]`, rules and channels apply) [default: as
-    /// `daemon`'s].
+    /// Configuration file (its `[job]`, `[actions]`, rules and channels apply) [default: yours
+    /// from `gpuwatch init`, ~/.config/gpuwatch/config.toml; root's /etc/gpuwatch/config.toml].
     #[arg(long, value_name = "FILE", env = "GPUWATCH_CONFIG")]
     pub config: Option<PathBuf>,
     /// A progress regex (repeatable), tried before the defaults; named groups `step`, `total`,
@@ -232,10 +232,9 @@ fn finish(report: &JobReport, flags: &JobFlags) {
 }
 
 impl JobFlags {
-    /// The config to read: `--config`, else the user's from `gpuwatch init` or /etc's, as
-    /// `daemon` reads.
+    /// The config to read: `--config`, else the user's own ([`super::daemon::own_config`]).
     fn config_path(&self) -> Option<PathBuf> {
-        self.config.clone().or_else(super::daemon::default_config)
+        self.config.clone().or_else(super::daemon::own_config)
     }
 }
 

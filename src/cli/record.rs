@@ -170,8 +170,9 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
                         std::thread::sleep(Duration::from_millis(50));
                     }
                     // (the sampling thread holds the writer only while it writes, never
-                    // inside NVML)
-                    if let Ok(mut s) = sink_at_exit.lock() {
+                    // inside NVML; a write that blocks — a paused pipe reader, a stalled disk —
+                    // must not keep this exit from happening)
+                    if let Ok(mut s) = sink_at_exit.try_lock() {
                         let _ = s.flush();
                     }
                     eprintln!(

@@ -110,6 +110,24 @@ fn unit_arg(p: &Path) -> anyhow::Result<String> {
     })
 }
 
+/// Whether only root can change `path`: it and every directory above it owned by root and
+/// writable by no one else; else which one is not.
+fn root_only(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    for p in path.ancestors().filter(|p| !p.as_os_str().is_empty()) {
+        let m = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        if m.uid() != 0 || m.mode() & 0o022 != 0 {
+            return Err(format!(
+                "{} is owned by uid {} with mode {:o}",
+                p.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The user unit's text.
 pub fn user_unit(exe: &Path, config: &Path) -> anyhow::Result<String> {
     let secrets = config.with_file_name("secrets.env");
@@ -127,7 +145,7 @@ pub fn user_unit(exe: &Path, config: &Path) -> anyhow::Result<String> {
          Type=simple\n\
          ExecStart={exe} daemon --config {config}\n\
          ExecReload=/bin/kill -HUP $MAINPID\n\
-         EnvironmentFile=-{secrets}\n\
+         EnvironmentFile=-{secrets_file}\n\
          Environment=GPUWATCH_LOG=info\n\
          Restart=on-failure\n\
          RestartSec=5s\n\
@@ -141,6 +159,8 @@ pub fn user_unit(exe: &Path, config: &Path) -> anyhow::Result<String> {
         exe = unit_arg(exe)?,
         config = unit_arg(config)?,
         secrets = unit_arg(&secrets)?,
+        // (EnvironmentFile= takes the rest of the line as the path: no quotes)
+        secrets_file = secrets.display(),
     ))
 }
 
@@ -242,11 +262,24 @@ fn install(a: &InstallArgs) -> anyhow::Result<i32> {
             if user { "" } else { " (as root)" }
         );
     }
-    // The daemon would refuse a bad config at every start: refuse it now.
-    crate::config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The daemon would refuse a bad config or rule at every start: refuse them now (this also
+    // puts the built-in stock rules in place when they come from the executable).
+    if let Err(errors) = crate::config::Setup::load(Some(&config), &[]) {
+        anyhow::bail!("{errors}");
+    }
     let text = if user {
         user_unit(&exe, &config)?
     } else {
+        // systemd would run it as root at every start: only root may be able to change it
+        if let Err(why) = root_only(&exe) {
+            anyhow::bail!(
+                "the unit would run {} as root, but {why}: put gpuwatch where only root writes \
+                 (e.g. `sudo install -m 0755 {} /usr/local/bin/`) and run that one's \
+                 `service install`",
+                exe.display(),
+                exe.display()
+            );
+        }
         system_unit(&exe, &config)?
     };
     let path = unit_path(user)?;
@@ -287,12 +320,24 @@ fn install(a: &InstallArgs) -> anyhow::Result<i32> {
             out.trim()
         );
     }
+    if !a.no_start {
+        // `enable --now` succeeds even when the daemon dies at once (a bad secret file, no
+        // NVML): look again once it had time to fail
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let (active, state) = systemctl(user, &["is-active", UNIT]);
+        if !active {
+            anyhow::bail!(
+                "gpuwatch.service was enabled but is not running ({}): see journalctl{scope} -u gpuwatch",
+                state.trim()
+            );
+        }
+    }
     println!(
         "{} gpuwatch.service{}",
         if a.no_start {
             "enabled"
         } else {
-            "enabled and started"
+            "enabled and running"
         },
         if user { " (user service)" } else { "" }
     );

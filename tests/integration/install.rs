@@ -343,7 +343,25 @@ fn an_executable_alone_has_its_stock_rules() {
     );
     // again: the same directory, nothing rewritten
     let (code, again, _) = alone(crate::common::gpuwatch_exe(), tmp.path(), &user, &["check"]);
-    assert_eq!((code, again), (0, out));
+    assert_eq!((code, again), (0, out.clone()));
+    // A rule slipped in beside them is not loaded: the copy is no longer trusted and is
+    // replaced by a fresh one.
+    let dir = cache.join(
+        written
+            .iter()
+            .find(|n| n.starts_with("stock-rules-"))
+            .expect("the directory"),
+    );
+    std::fs::write(
+        dir.join("slipped.rhai"),
+        "rule(#{ name: \"slipped_in\", check: |gpu| { \"x\" } });\n",
+    )
+    .expect("write beside");
+    let (code, third, err) = alone(crate::common::gpuwatch_exe(), tmp.path(), &user, &["check"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!third.contains("slipped_in"), "{third}");
+    assert_eq!(third, out);
+    assert!(!dir.join("slipped.rhai").exists());
 }
 
 /// What `cargo install` (or the wheel) leaves: the release executable alone. It names its build
