@@ -1,6 +1,6 @@
 //! `gpuwatch record`: a timestamped CSV log of every metric (format in [`crate::record`]), to
 //! stdout or a rotating file, on an absolute tick schedule (late ticks are skipped, never made up
-//! in a burst), flushed every tick, ended cleanly by Ctrl-C or SIGTERM.
+//! in a burst), written at least every second (short ticks together), ended cleanly by Ctrl-C or SIGTERM.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
