@@ -1373,17 +1373,17 @@ pub fn embedded_rules_dir() -> std::io::Result<PathBuf> {
             !root
                 || x.ancestors()
                     .find(|a| a.exists())
-                    .is_some_and(owned_private)
+                    .is_some_and(crate::sys::owned_private)
         });
-    let cache = match (xdg, std::env::var_os("HOME")) {
-        (Some(x), _) => x.join("gpuwatch"),
-        (None, _) if root => PathBuf::from("/var/cache/gpuwatch"),
-        (None, Some(h)) if !h.is_empty() => PathBuf::from(h).join(".cache/gpuwatch"),
-        _ => {
-            return Err(std::io::Error::other(
-                "neither XDG_CACHE_HOME nor HOME is set: no cache directory of this user's",
-            ))
-        }
+    let base = match xdg {
+        Some(x) => Some(x),
+        None if root => Some(PathBuf::from("/var/cache")),
+        None => crate::sys::xdg_home("XDG_CACHE_HOME", ".cache"),
+    };
+    let Some(cache) = base.map(|b| b.join("gpuwatch")) else {
+        return Err(std::io::Error::other(
+            "neither XDG_CACHE_HOME nor HOME is set: no cache directory of this user's",
+        ));
     };
     let dir = cache.join(format!(
         "stock-rules-{}-{}",
@@ -1394,7 +1394,7 @@ pub fn embedded_rules_dir() -> std::io::Result<PathBuf> {
         return Ok(dir);
     }
     crate::sys::create_private_dir(&cache)?;
-    if !owned_private(&cache) {
+    if !crate::sys::owned_private(&cache) {
         return Err(std::io::Error::other(format!(
             "{} is not this user's own (or others may write it)",
             cache.display()
@@ -1432,21 +1432,14 @@ pub fn embedded_rules_dir() -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Whether `path` is owned by this user and writable by no one else.
-fn owned_private(path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.uid() == me && m.mode() & 0o022 == 0)
-}
-
 /// Whether `dir` holds exactly the built-in stock rules, each file and the directory this
 /// user's own and writable by no one else (a rule file slipped in beside them would be loaded).
 fn trusted_copy(dir: &Path) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return false;
     };
-    if !owned_private(dir) || !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+    if !crate::sys::owned_private(dir) || !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
+    {
         return false;
     }
     let mut seen = 0;
@@ -1459,7 +1452,7 @@ fn trusted_copy(dir: &Path) -> bool {
         let path = e.path();
         let regular = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
         if !regular
-            || !owned_private(&path)
+            || !crate::sys::owned_private(&path)
             || std::fs::read_to_string(&path).ok().as_deref() != Some(*text)
         {
             return false;

@@ -88,10 +88,33 @@ pub fn thread_cpu_ns() -> u64 {
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
+/// This process's effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
 /// Whether this process runs as root (effective uid 0).
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    euid() == 0
+}
+
+/// Whether `path` (not following a symbolic link) is owned by this process's user and
+/// writable by no one else.
+pub fn owned_private(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.uid() == euid() && m.mode() & 0o022 == 0)
+}
+
+/// A per-user base directory of the XDG spec: `$VAR` when it is an absolute path, else
+/// `$HOME/UNDER_HOME` (`.config`, `.cache`, `.local/state`); `None` without either.
+pub fn xdg_home(var: &str, under_home: &str) -> Option<std::path::PathBuf> {
+    if let Some(x) = std::env::var_os(var).filter(|x| Path::new(x).is_absolute()) {
+        return Some(x.into());
+    }
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(|h| Path::new(&h).join(under_home))
 }
 
 /// This host's name (`gethostname`), or `localhost`.
@@ -229,9 +252,7 @@ pub fn create_private_subdir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     create_private_dir(dir)?;
     let meta = std::fs::metadata(dir)?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if meta.mode() & 0o077 != 0 && meta.uid() == me {
+    if meta.mode() & 0o077 != 0 && meta.uid() == euid() {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     Ok(())

@@ -300,8 +300,7 @@ pub fn collect(section: &ForensicsSection, req: &Request) -> Bundle {
             .push(format!("cannot create {}: {e}", dir.display()));
         return bundle;
     }
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = crate::sys::euid();
     let mut pids: Vec<u32> = Vec::new();
     for &pid in std::iter::once(&req.job_pid).chain(&req.pids) {
         if pids.contains(&pid) {

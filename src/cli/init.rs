@@ -349,26 +349,8 @@ fn state_dir() -> PathBuf {
     if crate::sys::is_root() {
         return PathBuf::from("/var/lib/gpuwatch");
     }
-    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| Path::new(x).is_absolute()) {
-        return PathBuf::from(x).join("gpuwatch");
-    }
-    std::env::var_os("HOME").map_or_else(
-        || PathBuf::from("gpuwatch-state"),
-        |h| PathBuf::from(h).join(".local/state/gpuwatch"),
-    )
-}
-
-/// Writes `bytes` to `path` with mode 0600 (created so; never readable by others in between).
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let _ = std::fs::remove_file(path);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()
+    crate::sys::xdg_home("XDG_STATE_HOME", ".local/state")
+        .map_or_else(|| PathBuf::from("gpuwatch-state"), |d| d.join("gpuwatch"))
 }
 
 /// Runs `init`.
@@ -429,19 +411,18 @@ pub fn init(global: &GlobalArgs, a: &InitArgs) -> anyhow::Result<i32> {
     for (name, c) in &named {
         for (k, v) in &c.secrets {
             let p = secrets.join(format!("{name}-{k}"));
-            write_private(&p, format!("{v}\n").as_bytes())
+            // (mode 0600 from its creation on)
+            crate::sys::write_atomic(&p, format!("{v}\n").as_bytes())
                 .map_err(|e| anyhow::anyhow!("writing {}: {e}", p.display()))?;
         }
     }
     let text = config_text(&named, &state_dir(), digest);
-    // Checked as every command will read it before it is put in place.
-    let tmp = dir.join(".config.toml.init");
-    write_private(&tmp, text.as_bytes())?;
-    if let Err(e) = crate::config::load(&tmp) {
-        let _ = std::fs::remove_file(&tmp);
+    // Checked as every command will read it before it is put in place (mode 0600).
+    if let Err(e) = crate::config::parse(&text, &path) {
         anyhow::bail!("the config gpuwatch init made does not load (a bug): {e}");
     }
-    std::fs::rename(&tmp, &path)?;
+    crate::sys::write_atomic(&path, text.as_bytes())
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     println!("wrote {}", path.display());
     for (name, c) in &named {
         println!("  channel {name:?}: {}", c.what);

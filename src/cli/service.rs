@@ -68,15 +68,8 @@ const SYSTEM_UNIT: &str = include_str!("../../contrib/gpuwatch.service");
 
 /// The user's configuration directory: `$XDG_CONFIG_HOME`, else `~/.config`.
 pub fn user_config_home() -> anyhow::Result<PathBuf> {
-    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|x| Path::new(x).is_absolute()) {
-        return Ok(PathBuf::from(x));
-    }
-    let home = std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| {
-            anyhow::anyhow!("HOME is not set: cannot find your configuration directory")
-        })?;
-    Ok(PathBuf::from(home).join(".config"))
+    crate::sys::xdg_home("XDG_CONFIG_HOME", ".config")
+        .ok_or_else(|| anyhow::anyhow!("HOME is not set: cannot find your configuration directory"))
 }
 
 /// The user's gpuwatch config: `$XDG_CONFIG_HOME/gpuwatch/config.toml`.
@@ -110,22 +103,27 @@ fn unit_arg(p: &Path) -> anyhow::Result<String> {
     })
 }
 
-/// Whether only root can change `path`: it and every directory above it owned by root and
-/// writable by no one else; else which one is not.
+/// Whether only root can change `path` (asked as root, of this executable's resolved path): it
+/// and every directory above it root's own and writable by no one else
+/// ([`crate::sys::owned_private`]); else which one is not.
 fn root_only(path: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
-    for p in path.ancestors().filter(|p| !p.as_os_str().is_empty()) {
-        let m = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        if m.uid() != 0 || m.mode() & 0o022 != 0 {
-            return Err(format!(
-                "{} is owned by uid {} with mode {:o}",
-                p.display(),
-                m.uid(),
-                m.mode() & 0o7777
-            ));
-        }
-    }
-    Ok(())
+    let Some(open) = path
+        .ancestors()
+        .filter(|p| !p.as_os_str().is_empty())
+        .find(|p| !crate::sys::owned_private(p))
+    else {
+        return Ok(());
+    };
+    Err(match std::fs::symlink_metadata(open) {
+        Ok(m) => format!(
+            "{} is owned by uid {} with mode {:o}",
+            open.display(),
+            m.uid(),
+            m.mode() & 0o7777
+        ),
+        Err(e) => format!("{}: {e}", open.display()),
+    })
 }
 
 /// The user unit's text.

@@ -113,7 +113,8 @@ pub struct Stranded {
 
 /// The `.json` entries of `dir` (none when it is not a real directory of ours).
 fn json_files(dir: &Path) -> Vec<PathBuf> {
-    let ours = std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == euid());
+    let ours =
+        std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == crate::sys::euid());
     if !ours {
         return Vec::new();
     }
@@ -124,11 +125,6 @@ fn json_files(dir: &Path) -> Vec<PathBuf> {
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect()
-}
-
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
 }
 
 /// The directories in `base` that `--speed` daemons no longer running left behind, except
@@ -148,7 +144,8 @@ pub fn stranded(base: &Path, own: &Path) -> Vec<Stranded> {
         };
         // Ours, made as gpuwatch makes them: a real directory, 0700 (0710 when the control
         // socket has a group).
-        let ours = meta.is_dir() && meta.uid() == euid() && meta.mode() & 0o767 == 0o700;
+        let ours =
+            meta.is_dir() && meta.uid() == crate::sys::euid() && meta.mode() & 0o767 == 0o700;
         if !ours || dir == own || maker_runs(&dir, pid, start, &meta) {
             continue;
         }
