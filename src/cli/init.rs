@@ -344,6 +344,42 @@ fn config_text(channels: &[(String, &Channel)], state_dir: &Path, digest: bool) 
     t
 }
 
+/// The group of the `gpuwatch` system user the .deb's unit runs the daemon as.
+const SERVICE_GROUP: &str = "gpuwatch";
+
+/// The system config directory, whose daemon (the .deb's unit) runs as [`SERVICE_GROUP`].
+const SYSTEM_CONFIG_DIR: &str = "/etc/gpuwatch";
+
+/// The group `init` gives its files to so that the packaged daemon can read them: run as root
+/// for the system config directory on a machine with the `gpuwatch` system group (the .deb's);
+/// `None` elsewhere (the files stay 0600, for root's own daemon or the user's).
+fn service_group(dir: &Path) -> Option<u32> {
+    let system = std::fs::canonicalize(dir).ok()? == Path::new(SYSTEM_CONFIG_DIR);
+    (crate::sys::is_root() && system)
+        .then(|| crate::sys::group_id(SERVICE_GROUP))
+        .flatten()
+}
+
+/// Makes `files` (0640) and `dirs` (0750, those root owns that others may not enter) readable
+/// by group `gid`, owner unchanged: the packaged daemon's user reads them, no other user does.
+fn share_with_group(dirs: &[&Path], files: &[PathBuf], gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    for d in dirs {
+        // (a directory others may enter, as the package makes /etc/gpuwatch, stays as it is)
+        if let Ok(m) = std::fs::metadata(d) {
+            if m.uid() == 0 && m.mode() & 0o005 != 0o005 {
+                std::os::unix::fs::chown(d, None, Some(gid))?;
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o750))?;
+            }
+        }
+    }
+    for f in files {
+        std::os::unix::fs::chown(f, None, Some(gid))?;
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o640))?;
+    }
+    Ok(())
+}
+
 /// Where the state goes: `/var/lib/gpuwatch` for root, else `$XDG_STATE_HOME/gpuwatch`.
 fn state_dir() -> PathBuf {
     if crate::sys::is_root() {
@@ -408,12 +444,15 @@ pub fn init(global: &GlobalArgs, a: &InitArgs) -> anyhow::Result<i32> {
         crate::sys::create_private_dir(&secrets)
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", secrets.display()))?;
     }
+    let group = service_group(&dir);
+    let mut written = Vec::new();
     for (name, c) in &named {
         for (k, v) in &c.secrets {
             let p = secrets.join(format!("{name}-{k}"));
             // (mode 0600 from its creation on)
             crate::sys::write_atomic(&p, format!("{v}\n").as_bytes())
                 .map_err(|e| anyhow::anyhow!("writing {}: {e}", p.display()))?;
+            written.push(p);
         }
     }
     let text = config_text(&named, &state_dir(), digest);
@@ -423,12 +462,25 @@ pub fn init(global: &GlobalArgs, a: &InitArgs) -> anyhow::Result<i32> {
     }
     crate::sys::write_atomic(&path, text.as_bytes())
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    written.push(path.clone());
+    if let Some(gid) = group {
+        let dirs = [dir.as_path(), secrets.as_path()];
+        share_with_group(&dirs, &written, gid).map_err(|e| {
+            anyhow::anyhow!("giving {} to group {SERVICE_GROUP}: {e}", dir.display())
+        })?;
+    }
     println!("wrote {}", path.display());
     for (name, c) in &named {
         println!("  channel {name:?}: {}", c.what);
     }
     if !named.iter().all(|(_, c)| c.secrets.is_empty()) {
-        println!("  secrets in {} (mode 0600)", secrets.display());
+        match group {
+            Some(_) => println!(
+                "  secrets in {} (mode 0640, group {SERVICE_GROUP}: the packaged service's user)",
+                secrets.display()
+            ),
+            None => println!("  secrets in {} (mode 0600)", secrets.display()),
+        }
     }
     let mut code = 0;
     if !a.no_test {
@@ -454,6 +506,14 @@ pub fn init(global: &GlobalArgs, a: &InitArgs) -> anyhow::Result<i32> {
     } else {
         String::new()
     };
+    if group.is_some() {
+        println!(
+            "\nNext:\n\
+             \x20 systemctl restart gpuwatch    the packaged service (runs as user {SERVICE_GROUP}) with this config\n\
+             \x20 gpuwatch status    every GPU and its processes"
+        );
+        return Ok(code);
+    }
     println!(
         "\nNext:\n\
          \x20 gpuwatch run{cfg} -- python train.py    watch one job: alerts while it runs, a report when it ends\n\

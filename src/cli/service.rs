@@ -63,6 +63,9 @@ pub struct InstallArgs {
 /// The unit's file name.
 const UNIT: &str = "gpuwatch.service";
 
+/// Where the .deb puts its unit (`contrib/deb/build.sh`).
+const PACKAGED_UNIT: &str = "/usr/lib/systemd/system/gpuwatch.service";
+
 /// The hardened system unit (`contrib/gpuwatch.service`).
 const SYSTEM_UNIT: &str = include_str!("../../contrib/gpuwatch.service");
 
@@ -246,6 +249,15 @@ fn check_scope(user: bool) -> anyhow::Result<()> {
 fn install(a: &InstallArgs) -> anyhow::Result<i32> {
     let user = a.scope.user;
     check_scope(user)?;
+    // The .deb's unit (run as the gpuwatch user) is already there: one written to /etc would
+    // shadow it with a root one.
+    let packaged = Path::new(PACKAGED_UNIT);
+    if !user && packaged.is_file() && !a.force {
+        anyhow::bail!(
+            "the gpuwatch package installed {}: `systemctl enable --now gpuwatch` starts it              (--force writes a root unit to /etc/systemd/system that takes its place)",
+            packaged.display()
+        );
+    }
     let exe = std::env::current_exe()
         .map_err(|e| anyhow::anyhow!("cannot find this executable's path: {e}"))?;
     let config = match &a.config {

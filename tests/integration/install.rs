@@ -222,32 +222,7 @@ fn service_install_user_writes_a_unit_systemd_accepts() {
     // no user manager here (no systemctl on PATH): how to run it without one
     assert!(run.stdout.contains("nohup"), "{}", run.stdout);
     assert!(run.stdout.contains("tmux"), "{}", run.stdout);
-    if let Some(analyze) = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-    {
-        let out = Command::new(analyze)
-            .arg("verify")
-            .arg(&unit)
-            .env("SYSTEMD_PAGER", "cat")
-            .output()
-            .expect("systemd-analyze");
-        let printed = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success() && printed.trim().is_empty(),
-            "{printed}"
-        );
-    } else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "systemd-analyze is missing"
-        );
-    }
+    verify_user_unit(&unit, None);
     // Again: up to date; a changed file is kept unless --force.
     let again = gpuwatch(&["service", "install", "--user"], &env);
     assert!(again.stdout.contains("up to date"), "{}", again.stdout);
@@ -267,6 +242,107 @@ fn service_install_user_writes_a_unit_systemd_accepts() {
         let system = gpuwatch(&["service", "install"], &env);
         assert!(system.stderr.contains("--user"), "{}", system.stderr);
     }
+}
+
+/// `systemd-analyze --user verify UNIT` (as `as_user` when given) prints nothing and succeeds;
+/// skipped without systemd-analyze outside CI.
+fn verify_user_unit(unit: &Path, as_user: Option<&str>) {
+    let Some(analyze) = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+    else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "systemd-analyze is missing"
+        );
+        return;
+    };
+    // (a user manager's runtime directory, which --user needs even offline)
+    let runtime = tempfile::tempdir().expect("tempdir");
+    let mut cmd = match as_user {
+        Some(name) => {
+            chown_to(runtime.path(), name);
+            let mut c = Command::new("runuser");
+            c.args(["-u", name, "--"]).arg(&analyze);
+            c
+        }
+        None => Command::new(&analyze),
+    };
+    let out = cmd
+        .args(["--user", "verify"])
+        .arg(unit)
+        .env("SYSTEMD_PAGER", "cat")
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .expect("systemd-analyze");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && printed.trim().is_empty(),
+        "{printed}"
+    );
+}
+
+/// Gives `path` to user `name` (its own group too).
+fn chown_to(path: &Path, name: &str) {
+    let ok = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{name}:"))
+        .arg(path)
+        .status()
+        .expect("chown")
+        .success();
+    assert!(ok, "chown {name} {}", path.display());
+}
+
+/// As a user without root (`nobody`, when the tests run as root, as in CI): `init` then
+/// `service install --user` write a user unit that `systemd-analyze --user verify` accepts as
+/// that user.
+#[test]
+fn an_unprivileged_user_installs_a_user_service() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // (the test above is this one for a user who is not root)
+        eprintln!("SKIP: not root, so service_install_user_writes_a_unit_systemd_accepts is it");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let user = fresh_user(tmp.path());
+    chown_to(tmp.path(), "nobody");
+    let as_nobody = |args: &[&str]| {
+        let out = Command::new("runuser")
+            .args(["-u", "nobody", "--", "env", "-i"])
+            .args(user.iter().map(|(k, v)| format!("{k}={v}")))
+            .arg(crate::common::gpuwatch_exe())
+            .args(args)
+            .current_dir(tmp.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("runuser");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "gpuwatch {args:?} as nobody: {text}");
+        text
+    };
+    as_nobody(&["init", "--webhook", "http://127.0.0.1:9/hook", "--no-test"]);
+    let config = tmp.path().join(".config/gpuwatch/config.toml");
+    assert!(config.is_file(), "init wrote the user's own config");
+    let said = as_nobody(&["service", "install", "--user"]);
+    assert!(said.contains("nohup"), "{said}");
+    let unit = tmp.path().join(".config/systemd/user/gpuwatch.service");
+    let text = std::fs::read_to_string(&unit).expect("the unit");
+    assert!(
+        text.contains(&format!("--config {}", config.display())),
+        "{text}"
+    );
+    verify_user_unit(&unit, Some("nobody"));
 }
 
 /// The executable copied alone into an empty directory, run with `user`'s environment and
