@@ -3,7 +3,7 @@
 //! `gpuwatch service install --user` writes a user unit systemd verifies (no user manager here:
 //! it says how to run under nohup or tmux instead); and a release executable copied alone into
 //! an empty directory — what `cargo install` or the wheel leaves — runs `--sim` and finds its
-//! stock rules (`GPUWATCH_RELEASE_BIN`, set by `.ci/run` after its release build).
+//! stock rules (`GPUWATCH_RELEASE_BIN`: `.ci/run`'s `cargo install --path . --root …`).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -440,11 +440,15 @@ fn an_executable_alone_has_its_stock_rules() {
     assert!(!dir.join("slipped.rhai").exists());
 }
 
-/// What `cargo install` (or the wheel) leaves: the release executable alone. It names its build
-/// and plays a scenario from the simulated library it carries.
+/// What `cargo install` (or the wheel) leaves: the release executable alone (`.ci/run` installs
+/// it with `cargo install --path . --root target/cargo-install`). It names its build and plays a
+/// scenario from the simulated library it carries.
 #[test]
 fn a_release_executable_alone_runs_sim() {
-    let Some(release) = built_by_ci("GPUWATCH_RELEASE_BIN", "cargo build --release") else {
+    let Some(release) = built_by_ci(
+        "GPUWATCH_RELEASE_BIN",
+        "cargo install --path . --root DIR, DIR/bin/gpuwatch",
+    ) else {
         return;
     };
     let tmp = tempfile::tempdir().expect("tempdir");
