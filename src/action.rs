@@ -6,12 +6,14 @@
 //!   policy before each step; dry-run by default.
 //! * [`audit`]: the append-only JSON-lines audit log of every decision.
 //! * [`pidns`]: mapping NVML's host PIDs into gpuwatch's PID namespace.
+//! * [`drain`]: `[actions.drain]`, draining this node in Slurm on hardware faults.
 //! * [`exec`]: `[[actions.exec]]`, a command run with the alert in its environment and on stdin.
 //! * [`forensics`]: `[actions.forensics]`, the evidence bundle (py-spy stacks, output, GPUs,
 //!   process tree) collected when a watched job hangs.
 //! * [`settings`]: config value types that validate while parsing (regexes, durations).
 
 pub mod audit;
+pub mod drain;
 pub mod exec;
 pub mod forensics;
 pub mod ladder;
@@ -39,6 +41,8 @@ pub struct ActionsSection {
     pub exec: Vec<ExecSection>,
     /// `[actions.forensics]`: hang forensics for watched jobs.
     pub forensics: forensics::ForensicsSection,
+    /// `[actions.drain]`: draining this node in Slurm.
+    pub drain: drain::DrainSection,
 }
 
 impl ActionsSection {
@@ -76,6 +80,7 @@ impl ActionsSection {
             ));
         }
         problems.extend(self.forensics.validate());
+        problems.extend(self.drain.validate());
         problems
     }
 

@@ -1874,15 +1874,18 @@ impl AlertEvent {
 pub enum Action {
     /// Stop the target process through `[actions.kill]` (process and job rules only).
     Kill,
+    /// Drain this node in Slurm through `[actions.drain]` (critical firing events only).
+    Drain,
     /// Run the `[[actions.exec]]` entry with this name.
     Exec(String),
 }
 
 impl Action {
-    /// Parses one part of a rule's `action:` (`"kill"` or `"exec:NAME"`).
+    /// Parses one part of a rule's `action:` (`"kill"`, `"drain"` or `"exec:NAME"`).
     pub fn parse(s: &str) -> Option<Action> {
         match s.trim() {
             "kill" => Some(Action::Kill),
+            "drain" => Some(Action::Drain),
             other => other
                 .strip_prefix("exec:")
                 .map(str::trim)
@@ -1896,6 +1899,7 @@ impl std::fmt::Display for Action {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Action::Kill => f.write_str("kill"),
+            Action::Drain => f.write_str("drain"),
             Action::Exec(name) => write!(f, "exec:{name}"),
         }
     }

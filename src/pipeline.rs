@@ -283,7 +283,8 @@ impl Drop for SamplerThread {
 }
 
 /// The engine and the actions it drives: snapshots (or the clock) in, alert events out —
-/// the engine's own and a `kill_action` event for every audited kill decision.
+/// the engine's own, a `kill_action` event for every audited kill decision and a `node_drain`
+/// event for every drain decision.
 pub struct Pipeline {
     engine: Engine,
     actions: ActionRunner,
@@ -380,6 +381,12 @@ impl Pipeline {
         // monotonic clock, read at the same moment.
         audits.extend(self.actions.tick(crate::sys::now_ms(), processes));
         events.extend(audits.iter().map(AuditRecord::to_alert_event));
+        events.extend(
+            self.actions
+                .drain_records()
+                .iter()
+                .map(crate::action::drain::DrainRecord::to_alert_event),
+        );
         events
     }
 

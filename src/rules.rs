@@ -749,7 +749,8 @@ fn rule_scope(def: &Map) -> Result<RuleScope, String> {
     }
 }
 
-/// `action: "kill"` (process and job scopes only), `"exec:NAME"`, or both comma-separated.
+/// `action: "kill"` (process and job scopes only), `"drain"` (the node, in Slurm), `"exec:NAME"`,
+/// or several comma-separated.
 fn rule_actions(def: &Map, scope: RuleScope) -> Result<Vec<Action>, String> {
     let mut actions = Vec::new();
     let Some(a) = get_str(def, "action")? else {
@@ -764,7 +765,7 @@ fn rule_actions(def: &Map, scope: RuleScope) -> Result<Vec<Action>, String> {
             Some(_) => {}
             None => {
                 return Err(format!(
-                "action {part:?}: expected \"kill\" (process or job rules only) or \"exec:NAME\""
+                "action {part:?}: expected \"kill\" (process or job rules only), \"drain\" or \"exec:NAME\""
             ))
             }
         }

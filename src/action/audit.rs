@@ -231,8 +231,9 @@ impl AuditLog {
         &self.path
     }
 
-    /// Appends one record (a single write, then fsync).
-    pub fn append(&mut self, record: &AuditRecord) -> std::io::Result<()> {
+    /// Appends one record (a single write, then fsync): an [`AuditRecord`], or a drain's
+    /// [`super::drain::DrainRecord`] in its own log.
+    pub fn append(&mut self, record: &impl Serialize) -> std::io::Result<()> {
         let mut line = serde_json::to_vec(record).map_err(std::io::Error::other)?;
         line.push(b'\n');
         self.file.write_all(&line)?;

@@ -187,7 +187,7 @@ fn py_spy(section: &ForensicsSection) -> Option<PathBuf> {
 }
 
 /// Runs `cmd` until it ends or `deadline`; (success, output cut at [`MAX_FILE_BYTES`]).
-fn run_bounded(mut cmd: Command, deadline: Instant) -> (bool, String) {
+pub(crate) fn run_bounded(mut cmd: Command, deadline: Instant) -> (bool, String) {
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

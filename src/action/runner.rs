@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::thread::JoinHandle;
 
 use super::audit::{AuditDecision, AuditLog, AuditRecord};
+use super::drain::{DrainManager, DrainRecord};
 use super::exec::{run_exec, ExecOutcome, ExecSection};
 use super::ladder::{KillManager, KillRequest};
 use super::pidns::PidMapper;
@@ -38,6 +39,10 @@ pub struct ActionRunner {
     /// The firing event behind each kill ladder, by alert fingerprint (what a silence or a
     /// reload is checked against).
     kill_events: HashMap<String, AlertEvent>,
+    /// `[actions.drain]`.
+    drain: DrainManager,
+    /// Drain decisions made since [`ActionRunner::drain_records`] last took them.
+    drained: Vec<DrainRecord>,
 }
 
 impl ActionRunner {
@@ -57,6 +62,8 @@ impl ActionRunner {
             running: Vec::new(),
             gpu_of: HashMap::new(),
             kill_events: HashMap::new(),
+            drain: DrainManager::new(&actions.drain, state_dir, hostname),
+            drained: Vec::new(),
         }
     }
 
@@ -77,6 +84,7 @@ impl ActionRunner {
         }
         self.kill_section = actions.kill.clone();
         self.exec = actions.exec.clone();
+        self.drain.reload(&actions.drain);
         self.policy_version += 1;
         if let Some(k) = &mut self.kill {
             k.set_section(actions.kill.clone(), self.policy_version);
@@ -121,6 +129,7 @@ impl ActionRunner {
     pub fn handle(&mut self, events: &[AlertEvent], now_ms: i64) -> Vec<AuditRecord> {
         let mut out = Vec::new();
         for ev in events {
+            self.drain.observe(ev, now_ms);
             // Only a rule's declared `action:` can ask for a kill, and only a process or job
             // rule's own target can be killed (typed, never read from labels or annotations).
             if ev.status == AlertStatus::Resolved {
@@ -143,7 +152,14 @@ impl ActionRunner {
             }
         }
         self.reap(false);
+        // (on the events' clock, which under --speed is the simulated one)
+        self.drained.extend(self.drain.tick(now_ms));
         out
+    }
+
+    /// The drain decisions made since the last call (each already in the drain audit log).
+    pub fn drain_records(&mut self) -> Vec<DrainRecord> {
+        std::mem::take(&mut self.drained)
     }
 
     fn route_kill(&mut self, ev: &AlertEvent, now_ms: i64) -> Vec<AuditRecord> {

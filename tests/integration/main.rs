@@ -31,4 +31,5 @@ mod report;
 mod restart;
 mod service;
 mod sim;
+mod slurm;
 mod top;

@@ -1,0 +1,836 @@
+//! `[actions.drain]`: take this node out of Slurm's scheduling when a GPU breaks, so that the
+//! next job does not land on a lost GPU.
+//!
+//! A rule asks for it with `action: "drain"` (stock: `gpu_lost`, `gpu_missing`, `nvml_stalled`,
+//! `xid_error`, `ecc_uncorrected`); only its **critical** firing events drain (for `xid_error`
+//! the hardware codes, whose recovery is a GPU reset or a reboot; for `ecc_uncorrected` every
+//! uncorrectable error, row-remap failures included). Off by default, and a dry run when on
+//! until `dry_run = false`.
+//!
+//! What it does, once per condition (an alert instance), on a worker thread (an unreachable
+//! slurmctld blocks `scontrol` for its MessageTimeout; the sampling loop never waits):
+//! 1. `scontrol show node NODE --oneliner`: a node someone else drained (its state has `DRAIN`
+//!    and its reason does not start with `gpuwatch:`) is left as it is, and said so;
+//! 2. else `scontrol update NodeName=NODE State=DRAIN Reason="gpuwatch: ALERT GPU N SUMMARY"`.
+//!
+//! With `resume = true`, once every condition that asked for a drain has been resolved for
+//! `resume_after`, the node is resumed (`State=RESUME`) — only while its drain is still
+//! gpuwatch's (state `DRAIN`, reason starting `gpuwatch:`): an admin who drained it again, or
+//! changed the reason, keeps it drained. After a restart the same check runs once the conditions
+//! have been clear for `resume_after` since the start, so a drain made before it is not forgotten.
+//!
+//! Every decision is a line of `state_dir/drain-audit.jsonl` (append-only, fsynced) and a
+//! one-shot `node_drain` notice through the channels.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::audit::AuditLog;
+use crate::model::{AlertEvent, AlertStatus, Severity};
+use crate::values::DurationSetting;
+
+/// What every drain reason gpuwatch writes starts with: how it knows its own drains.
+pub const REASON_PREFIX: &str = "gpuwatch:";
+
+/// Slurm keeps any reason, but `sinfo -R` and people read it: long summaries are cut (at a
+/// character boundary, with "…").
+const MAX_REASON_CHARS: usize = 200;
+
+/// How long a failed `scontrol` waits before the condition is tried again.
+const RETRY_MS: i64 = 60_000;
+
+/// `[actions.drain]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DrainSection {
+    /// Drain at all (default false).
+    pub enabled: bool,
+    /// Say what would be done, and do nothing (default true).
+    pub dry_run: bool,
+    /// This node's Slurm name (`NodeName`); "" = the host name up to its first dot.
+    pub node: String,
+    /// The `scontrol` to run: a path, or a name looked up on PATH.
+    pub scontrol: PathBuf,
+    /// Resume the node when the conditions have cleared (only a drain gpuwatch made).
+    pub resume: bool,
+    /// How long every condition must have been clear before a resume.
+    pub resume_after: DurationSetting,
+    /// The longest one `scontrol` call may take before it is killed and counted as failed.
+    pub timeout: DurationSetting,
+}
+
+impl Default for DrainSection {
+    fn default() -> Self {
+        DrainSection {
+            enabled: false,
+            dry_run: true,
+            node: String::new(),
+            scontrol: PathBuf::from("scontrol"),
+            resume: false,
+            resume_after: DurationSetting::from_ms(600_000),
+            timeout: DurationSetting::from_ms(30_000),
+        }
+    }
+}
+
+impl DrainSection {
+    /// Every problem, at its `actions.drain.*` key.
+    pub fn validate(&self) -> Vec<crate::values::Problem> {
+        use crate::values::Problem;
+        let mut out = Vec::new();
+        if self.timeout.ms <= 0 {
+            out.push(Problem::at(
+                "actions.drain.timeout",
+                "timeout must be positive",
+            ));
+        }
+        if self.resume_after.ms < 0 {
+            out.push(Problem::at(
+                "actions.drain.resume_after",
+                "resume_after must not be negative",
+            ));
+        }
+        if self
+            .node
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+        {
+            out.push(Problem::at(
+                "actions.drain.node",
+                "a Slurm node name has no spaces or control characters",
+            ));
+        }
+        out
+    }
+
+    /// The node name: `node`, or `hostname` up to its first dot.
+    pub fn node_name(&self, hostname: &str) -> String {
+        if self.node.is_empty() {
+            hostname.split('.').next().unwrap_or(hostname).to_string()
+        } else {
+            self.node.clone()
+        }
+    }
+}
+
+/// What was decided or done about the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainDecision {
+    /// `scontrol update … State=DRAIN` succeeded.
+    Drain,
+    /// Dry run: the drain that would have been made.
+    WouldDrain,
+    /// Someone else's drain (or a changed reason): not touched.
+    LeftAlone,
+    /// `scontrol update … State=RESUME` succeeded.
+    Resume,
+    /// Dry run: the resume that would have been made.
+    WouldResume,
+    /// `scontrol` failed or timed out (see `reason`); tried again later.
+    Error,
+}
+
+impl DrainDecision {
+    /// Snake-case name, as written to the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrainDecision::Drain => "drain",
+            DrainDecision::WouldDrain => "would_drain",
+            DrainDecision::LeftAlone => "left_alone",
+            DrainDecision::Resume => "resume",
+            DrainDecision::WouldResume => "would_resume",
+            DrainDecision::Error => "error",
+        }
+    }
+}
+
+/// One line of the drain audit log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrainRecord {
+    /// RFC 3339 UTC time.
+    pub time: String,
+    /// Same, UTC ms.
+    pub time_ms: i64,
+    /// Host name.
+    pub host: String,
+    /// The Slurm node.
+    pub node: String,
+    /// The decision.
+    pub decision: DrainDecision,
+    /// Whether `[actions.drain]` was a dry run.
+    pub dry_run: bool,
+    /// The alert that asked for it ("" for a resume, which no single alert asks for).
+    pub alert: String,
+    /// Its GPU, when it is about one.
+    pub gpu: Option<u32>,
+    /// That alert's fingerprint.
+    pub fingerprint: String,
+    /// The drain reason written (or that would be), the node's reason left alone, or the error.
+    pub reason: String,
+}
+
+impl DrainRecord {
+    /// One line for humans.
+    pub fn summary(&self) -> String {
+        let node = &self.node;
+        match self.decision {
+            DrainDecision::Drain => format!("Slurm node {node} drained: {}", self.reason),
+            DrainDecision::WouldDrain => {
+                format!("dry run: would drain Slurm node {node}: {}", self.reason)
+            }
+            DrainDecision::LeftAlone => format!("Slurm node {node} left as it is: {}", self.reason),
+            DrainDecision::Resume => format!("Slurm node {node} resumed: {}", self.reason),
+            DrainDecision::WouldResume => {
+                format!("dry run: would resume Slurm node {node}: {}", self.reason)
+            }
+            DrainDecision::Error => format!("draining Slurm node {node} failed: {}", self.reason),
+        }
+    }
+
+    /// The record as a one-shot `node_drain` notice (labels `decision`, `node`, `source_alert`,
+    /// `gpu`): critical for a drain made or failed, info otherwise.
+    pub fn to_alert_event(&self) -> AlertEvent {
+        let mut labels = BTreeMap::new();
+        labels.insert("alertname".to_string(), "node_drain".to_string());
+        labels.insert("decision".to_string(), self.decision.as_str().to_string());
+        labels.insert("node".to_string(), self.node.clone());
+        labels.insert("hostname".to_string(), self.host.clone());
+        if !self.alert.is_empty() {
+            labels.insert("source_alert".to_string(), self.alert.clone());
+        }
+        if let Some(g) = self.gpu {
+            labels.insert("gpu".to_string(), g.to_string());
+        }
+        let severity = match self.decision {
+            DrainDecision::Drain | DrainDecision::Error => Severity::Critical,
+            _ => Severity::Info,
+        };
+        labels.insert("severity".to_string(), severity.as_str().to_string());
+        let mut annotations = BTreeMap::new();
+        annotations.insert("summary".to_string(), self.summary());
+        let fingerprint = super::fingerprint(&[
+            "node_drain",
+            &self.fingerprint,
+            self.decision.as_str(),
+            &self.time_ms.to_string(),
+        ]);
+        AlertEvent {
+            gpu: self.gpu,
+            ..AlertEvent::notice(
+                fingerprint,
+                "node_drain",
+                severity,
+                AlertStatus::Firing,
+                labels,
+                annotations,
+                self.time_ms,
+            )
+            .once()
+        }
+    }
+}
+
+/// A firing alert that asks for a drain.
+#[derive(Debug, Clone)]
+struct Condition {
+    alert: String,
+    gpu: Option<u32>,
+    reason: String,
+}
+
+/// What a worker is doing.
+#[derive(Debug, Clone)]
+enum Op {
+    Drain {
+        fingerprint: String,
+        cond: Condition,
+    },
+    Resume,
+}
+
+/// What a worker found and did.
+struct Done {
+    op: Op,
+    /// The decision and its reason; `None`: nothing to say (our drain already in place, or no
+    /// drain to resume).
+    said: Option<(DrainDecision, String)>,
+    /// Whether the node is (still) drained by gpuwatch.
+    ours: bool,
+}
+
+/// The drain state machine of one daemon.
+#[derive(Debug)]
+pub struct DrainManager {
+    section: DrainSection,
+    node: String,
+    host: String,
+    audit_path: PathBuf,
+    audit: Option<AuditLog>,
+    /// Firing conditions asking for a drain, by alert fingerprint.
+    conditions: BTreeMap<String, Condition>,
+    /// Conditions acted on (the node drained or left alone for them).
+    handled: BTreeSet<String>,
+    /// A condition whose `scontrol` failed is tried again from this time.
+    retry_at: BTreeMap<String, i64>,
+    /// Whether the node may carry a drain of gpuwatch's to resume: one made here, or (with
+    /// `resume` on) one made before a restart.
+    ours: bool,
+    /// Since when no condition has been firing.
+    clear_since: Option<i64>,
+    worker: Option<(Op, JoinHandle<Done>)>,
+}
+
+impl DrainManager {
+    /// A manager for `section` on host `hostname`, auditing to `state_dir/drain-audit.jsonl`.
+    pub fn new(section: &DrainSection, state_dir: &Path, hostname: &str) -> DrainManager {
+        DrainManager {
+            node: section.node_name(hostname),
+            host: hostname.to_string(),
+            audit_path: state_dir.join("drain-audit.jsonl"),
+            audit: None,
+            conditions: BTreeMap::new(),
+            handled: BTreeSet::new(),
+            retry_at: BTreeMap::new(),
+            // (a drain made before a restart is found by the resume check; a dry run made none)
+            ours: section.resume && !section.dry_run,
+            clear_since: None,
+            worker: None,
+            section: section.clone(),
+        }
+    }
+
+    /// Applies a reloaded `[actions.drain]`.
+    pub fn reload(&mut self, section: &DrainSection) {
+        self.node = section.node_name(&self.host);
+        // (resuming turned on: a drain made before is found as after a restart)
+        let resumes = |s: &DrainSection| s.resume && !s.dry_run;
+        if resumes(section) && !resumes(&self.section) {
+            self.ours = true;
+        }
+        self.section = section.clone();
+    }
+
+    /// The audit log's path.
+    pub fn audit_path(&self) -> &Path {
+        &self.audit_path
+    }
+
+    /// Takes note of `ev`: a critical firing event of a rule that declares `drain` is a
+    /// condition; its resolution ends it.
+    pub fn observe(&mut self, ev: &AlertEvent, now_ms: i64) {
+        if !self.section.enabled {
+            return;
+        }
+        match ev.status {
+            AlertStatus::Resolved => {
+                self.conditions.remove(&ev.fingerprint);
+                self.handled.remove(&ev.fingerprint);
+                self.retry_at.remove(&ev.fingerprint);
+                if self.conditions.is_empty() && self.clear_since.is_none() {
+                    self.clear_since = Some(now_ms);
+                }
+            }
+            AlertStatus::Firing
+                if ev.severity == Severity::Critical
+                    && ev.actions.contains(&crate::model::Action::Drain) =>
+            {
+                let cond = Condition {
+                    alert: ev.name.clone(),
+                    gpu: ev.gpu,
+                    reason: drain_reason(ev),
+                };
+                self.conditions.insert(ev.fingerprint.clone(), cond);
+                self.clear_since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Advances: collects a finished `scontrol`, starts the next one that is due. Returns the
+    /// decisions made now (each already in the audit log).
+    pub fn tick(&mut self, now_ms: i64) -> Vec<DrainRecord> {
+        if !self.section.enabled {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if self.worker.as_ref().is_some_and(|(_, h)| h.is_finished()) {
+            if let Some((op, handle)) = self.worker.take() {
+                let done = handle.join().unwrap_or_else(|_| Done {
+                    op,
+                    said: Some((DrainDecision::Error, "the scontrol worker panicked".into())),
+                    ours: self.ours,
+                });
+                out.extend(self.finish(done, now_ms));
+            }
+        }
+        if self.worker.is_none() {
+            out.extend(self.start_next(now_ms));
+        }
+        out
+    }
+
+    /// Records what a worker found.
+    fn finish(&mut self, done: Done, now_ms: i64) -> Option<DrainRecord> {
+        self.ours = done.ours;
+        let (decision, reason) = done.said?;
+        let (alert, gpu, fingerprint) = match &done.op {
+            Op::Drain { fingerprint, cond } => {
+                if decision == DrainDecision::Error {
+                    self.handled.remove(fingerprint);
+                    self.retry_at
+                        .insert(fingerprint.clone(), now_ms.saturating_add(RETRY_MS));
+                }
+                (cond.alert.clone(), cond.gpu, fingerprint.clone())
+            }
+            Op::Resume => {
+                if decision == DrainDecision::Error {
+                    // (tried again after the same wait as a fresh clearance)
+                    self.clear_since = Some(now_ms);
+                }
+                (String::new(), None, String::new())
+            }
+        };
+        Some(self.record(decision, alert, gpu, fingerprint, reason, now_ms))
+    }
+
+    /// Starts the next due operation: a drain for a condition not yet acted on, else a resume
+    /// when every condition has been clear long enough. In a dry run it is decided at once.
+    fn start_next(&mut self, now_ms: i64) -> Option<DrainRecord> {
+        let due = self
+            .conditions
+            .iter()
+            .find(|(fp, _)| {
+                !self.handled.contains(*fp) && self.retry_at.get(*fp).is_none_or(|t| now_ms >= *t)
+            })
+            .map(|(fp, c)| (fp.clone(), c.clone()));
+        if let Some((fingerprint, cond)) = due {
+            self.handled.insert(fingerprint.clone());
+            if self.section.dry_run {
+                // (once per node while it would be drained: more conditions add nothing)
+                if self.ours {
+                    return None;
+                }
+                self.ours = true;
+                return Some(self.record(
+                    DrainDecision::WouldDrain,
+                    cond.alert.clone(),
+                    cond.gpu,
+                    fingerprint,
+                    cond.reason,
+                    now_ms,
+                ));
+            }
+            let op = Op::Drain { fingerprint, cond };
+            self.spawn(op);
+            return None;
+        }
+        let clear_long_enough = self.conditions.is_empty()
+            && self.section.resume
+            && self.ours
+            && self
+                .clear_since
+                .get_or_insert(now_ms)
+                .saturating_add(self.section.resume_after.ms)
+                <= now_ms;
+        if !clear_long_enough {
+            return None;
+        }
+        if self.section.dry_run {
+            self.ours = false;
+            let reason = "every condition that asked for the drain has cleared".to_string();
+            return Some(self.record(
+                DrainDecision::WouldResume,
+                String::new(),
+                None,
+                String::new(),
+                reason,
+                now_ms,
+            ));
+        }
+        self.spawn(Op::Resume);
+        None
+    }
+
+    fn spawn(&mut self, op: Op) {
+        let section = self.section.clone();
+        let node = self.node.clone();
+        let ours = self.ours;
+        let job = op.clone();
+        let started = std::thread::Builder::new()
+            .name("gpuwatch-drain".into())
+            .spawn(move || run_op(&section, &node, job, ours));
+        match started {
+            Ok(h) => self.worker = Some((op, h)),
+            Err(e) => {
+                tracing::error!("cannot start the drain worker thread: {e}");
+                if let Op::Drain { fingerprint, .. } = &op {
+                    self.handled.remove(fingerprint);
+                }
+            }
+        }
+    }
+
+    /// Writes a record to the audit log (opened at the first) and the daemon's log.
+    fn record(
+        &mut self,
+        decision: DrainDecision,
+        alert: String,
+        gpu: Option<u32>,
+        fingerprint: String,
+        reason: String,
+        now_ms: i64,
+    ) -> DrainRecord {
+        let rec = DrainRecord {
+            time: chrono::DateTime::from_timestamp_millis(now_ms)
+                .unwrap_or_default()
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            time_ms: now_ms,
+            host: self.host.clone(),
+            node: self.node.clone(),
+            decision,
+            dry_run: self.section.dry_run,
+            alert,
+            gpu,
+            fingerprint,
+            reason,
+        };
+        if self.audit.is_none() {
+            match AuditLog::open(&self.audit_path) {
+                Ok(log) => self.audit = Some(log),
+                Err(e) => tracing::error!(
+                    "cannot open the drain audit log {}: {e}",
+                    self.audit_path.display()
+                ),
+            }
+        }
+        if let Some(log) = &mut self.audit {
+            if let Err(e) = log.append(&rec) {
+                tracing::error!(
+                    "cannot write the drain audit log {}: {e}",
+                    self.audit_path.display()
+                );
+            }
+        }
+        match decision {
+            DrainDecision::Error => tracing::error!("{}", rec.summary()),
+            _ => tracing::warn!("{}", rec.summary()),
+        }
+        rec
+    }
+}
+
+/// The reason written to Slurm: `gpuwatch: ALERT GPU N SUMMARY` on one line, cut at
+/// [`MAX_REASON_CHARS`].
+fn drain_reason(ev: &AlertEvent) -> String {
+    let summary = ev
+        .annotations
+        .get("summary")
+        .map(String::as_str)
+        .unwrap_or_default();
+    let gpu = ev.gpu.map(|g| format!(" GPU {g}")).unwrap_or_default();
+    let text = format!("{REASON_PREFIX} {}{gpu} {summary}", ev.name);
+    let clean: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let clean = clean.trim();
+    if clean.chars().count() <= MAX_REASON_CHARS {
+        return clean.to_string();
+    }
+    let mut cut: String = clean.chars().take(MAX_REASON_CHARS - 1).collect();
+    cut.push('…');
+    cut
+}
+
+/// The node's state flags and reason, from `scontrol show node NODE --oneliner`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeState {
+    /// `State=` (e.g. `IDLE+DRAIN`, `MIXED`, `DOWN+DRAIN+NOT_RESPONDING`).
+    pub state: String,
+    /// `Reason=` without Slurm's trailing ` [user@time]`; empty when none.
+    pub reason: String,
+}
+
+impl NodeState {
+    /// Parses one line of `scontrol show node --oneliner` (`Reason=` is its last field and may
+    /// hold spaces).
+    pub fn parse(line: &str) -> Option<NodeState> {
+        let state = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("State="))?
+            .to_string();
+        let reason = line
+            .find(" Reason=")
+            .map(|i| &line[i + " Reason=".len()..])
+            .map(|r| {
+                let r = r.trim_end();
+                match r.rfind(" [") {
+                    Some(j) if r.ends_with(']') => &r[..j],
+                    _ => r,
+                }
+            })
+            .unwrap_or_default()
+            .to_string();
+        Some(NodeState { state, reason })
+    }
+
+    /// Whether it is drained or draining (by anyone).
+    pub fn drained(&self) -> bool {
+        self.state.split('+').any(|f| f.starts_with("DRAIN"))
+    }
+
+    /// Whether the drain is gpuwatch's own.
+    pub fn ours(&self) -> bool {
+        self.drained() && self.reason.starts_with(REASON_PREFIX)
+    }
+}
+
+/// Runs `scontrol ARGS` within the section's timeout: its output, or why it failed.
+fn scontrol(section: &DrainSection, args: &[&str]) -> Result<String, String> {
+    let mut cmd = Command::new(&section.scontrol);
+    cmd.args(args);
+    let deadline = Instant::now() + Duration::from_millis(section.timeout.ms.max(1) as u64);
+    let (ok, out) = super::forensics::run_bounded(cmd, deadline);
+    let line = format!("{} {}", section.scontrol.display(), args.join(" "));
+    if ok {
+        Ok(out)
+    } else if Instant::now() >= deadline {
+        Err(format!(
+            "`{line}` took longer than {} (slurmctld unreachable?)",
+            crate::values::format_duration_ms(section.timeout.ms)
+        ))
+    } else {
+        Err(format!("`{line}`: {}", out.trim()))
+    }
+}
+
+/// One operation, on the worker thread.
+fn run_op(section: &DrainSection, node: &str, op: Op, ours: bool) -> Done {
+    let shown = scontrol(section, &["show", "node", node, "--oneliner"]).and_then(|out| {
+        NodeState::parse(out.lines().next().unwrap_or_default())
+            .ok_or_else(|| format!("no State= in scontrol's answer: {}", out.trim()))
+    });
+    let state = match shown {
+        Ok(s) => s,
+        Err(e) => {
+            return Done {
+                op,
+                said: Some((DrainDecision::Error, e)),
+                ours,
+            }
+        }
+    };
+    match &op {
+        Op::Drain { cond, .. } => {
+            if state.ours() {
+                // (another condition drained it already)
+                return Done {
+                    op,
+                    said: None,
+                    ours: true,
+                };
+            }
+            if state.drained() {
+                let why = format!(
+                    "already drained by someone else (state {}, reason {:?}); gpuwatch will not resume it",
+                    state.state, state.reason
+                );
+                return Done {
+                    op,
+                    said: Some((DrainDecision::LeftAlone, why)),
+                    ours: false,
+                };
+            }
+            let nodearg = format!("NodeName={node}");
+            let reasonarg = format!("Reason={}", cond.reason);
+            let said = match scontrol(
+                section,
+                &["update", &nodearg, "State=DRAIN", reasonarg.as_str()],
+            ) {
+                Ok(_) => (DrainDecision::Drain, cond.reason.clone()),
+                Err(e) => (DrainDecision::Error, e),
+            };
+            let ours = said.0 == DrainDecision::Drain || ours;
+            Done {
+                op,
+                said: Some(said),
+                ours,
+            }
+        }
+        Op::Resume => {
+            if !state.drained() {
+                return Done {
+                    op,
+                    said: None,
+                    ours: false,
+                };
+            }
+            if !state.ours() {
+                let why = format!(
+                    "its drain is no longer gpuwatch's (reason {:?}): not resumed",
+                    state.reason
+                );
+                return Done {
+                    op,
+                    said: Some((DrainDecision::LeftAlone, why)),
+                    ours: false,
+                };
+            }
+            let nodearg = format!("NodeName={node}");
+            match scontrol(section, &["update", &nodearg, "State=RESUME"]) {
+                Ok(_) => Done {
+                    op,
+                    said: Some((
+                        DrainDecision::Resume,
+                        format!(
+                            "every condition that asked for the drain cleared {} ago (was: {})",
+                            crate::values::format_duration_ms(section.resume_after.ms),
+                            state.reason
+                        ),
+                    )),
+                    ours: false,
+                },
+                Err(e) => Done {
+                    op,
+                    said: Some((DrainDecision::Error, e)),
+                    ours: true,
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scontrol_lines_parse_with_spaces_in_the_reason() {
+        let line = "NodeName=gpu7 Arch=x86_64 State=IDLE+DRAIN ThreadsPerCore=1 Partitions=debug \
+                    Reason=gpuwatch: xid_error GPU 5 XID 79 — fell off the bus [root@2026-12-06T14:33:04]";
+        let s = NodeState::parse(line).unwrap();
+        assert_eq!(s.state, "IDLE+DRAIN");
+        assert_eq!(
+            s.reason,
+            "gpuwatch: xid_error GPU 5 XID 79 — fell off the bus"
+        );
+        assert!(s.drained() && s.ours());
+        let admin = NodeState::parse(
+            "NodeName=n State=MIXED+DRAIN Reason=bad fan [alice@2026-01-01T00:00:00]",
+        )
+        .unwrap();
+        assert!(admin.drained() && !admin.ours());
+        let idle = NodeState::parse("NodeName=n State=IDLE Weight=1").unwrap();
+        assert!(!idle.drained());
+        assert_eq!(idle.reason, "");
+        let draining =
+            NodeState::parse("NodeName=n State=DRAINING Reason=gpuwatch: x [root@t]").unwrap();
+        assert!(draining.ours());
+        assert_eq!(NodeState::parse("Node nosuch not found"), None);
+    }
+
+    fn event(status: AlertStatus, severity: Severity, summary: &str) -> AlertEvent {
+        let mut annotations = BTreeMap::new();
+        annotations.insert("summary".to_string(), summary.to_string());
+        AlertEvent {
+            gpu: Some(5),
+            actions: vec![crate::model::Action::Drain],
+            ..AlertEvent::notice(
+                "fp5".into(),
+                "xid_error",
+                severity,
+                status,
+                BTreeMap::new(),
+                annotations,
+                0,
+            )
+        }
+    }
+
+    #[test]
+    fn reasons_are_one_line_marked_and_bounded() {
+        let ev = event(
+            AlertStatus::Firing,
+            Severity::Critical,
+            "XID 79\nfell off the bus",
+        );
+        assert_eq!(
+            drain_reason(&ev),
+            "gpuwatch: xid_error GPU 5 XID 79 fell off the bus"
+        );
+        let long = event(AlertStatus::Firing, Severity::Critical, &"é".repeat(500));
+        let r = drain_reason(&long);
+        assert_eq!(r.chars().count(), MAX_REASON_CHARS);
+        assert!(r.ends_with('…') && r.starts_with(REASON_PREFIX));
+    }
+
+    /// Dry run: one `would_drain` per node however many conditions, only for critical events,
+    /// and a `would_resume` once they have cleared for `resume_after`; all audited.
+    #[test]
+    fn a_dry_run_decides_at_once_and_resumes_after_the_clearance() {
+        let dir = tempfile::tempdir().unwrap();
+        let section = DrainSection {
+            enabled: true,
+            resume: true,
+            resume_after: DurationSetting::from_ms(10_000),
+            ..DrainSection::default()
+        };
+        let mut m = DrainManager::new(&section, dir.path(), "gpu7.lab.example");
+        assert_eq!(m.node, "gpu7");
+        m.observe(&event(AlertStatus::Firing, Severity::Warning, "XID 13"), 0);
+        assert!(m.tick(0).is_empty(), "a warning does not drain");
+        m.observe(&event(AlertStatus::Firing, Severity::Critical, "XID 79"), 1);
+        let r = m.tick(1);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].decision, DrainDecision::WouldDrain);
+        assert_eq!(r[0].reason, "gpuwatch: xid_error GPU 5 XID 79");
+        assert!(m.tick(2).is_empty(), "once per condition");
+        let mut other = event(AlertStatus::Firing, Severity::Critical, "lost");
+        other.fingerprint = "fp6".into();
+        m.observe(&other, 3);
+        assert!(m.tick(3).is_empty(), "once per node");
+        m.observe(&event(AlertStatus::Resolved, Severity::Critical, ""), 4);
+        assert!(m.tick(5_000).is_empty(), "fp6 still firing");
+        other.status = AlertStatus::Resolved;
+        m.observe(&other, 6_000);
+        assert!(m.tick(15_000).is_empty(), "not clear for 10 s yet");
+        let r = m.tick(16_000);
+        assert_eq!(r[0].decision, DrainDecision::WouldResume);
+        let log = std::fs::read_to_string(dir.path().join("drain-audit.jsonl")).unwrap();
+        assert_eq!(log.lines().count(), 2, "{log}");
+        assert!(r[0].to_alert_event().once);
+    }
+
+    /// A failing scontrol is an error record, tried again after [`RETRY_MS`], never a panic.
+    #[test]
+    fn a_missing_scontrol_is_an_error_tried_again_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let section = DrainSection {
+            enabled: true,
+            dry_run: false,
+            scontrol: "/nonexistent/scontrol".into(),
+            ..DrainSection::default()
+        };
+        let mut m = DrainManager::new(&section, dir.path(), "n1");
+        m.observe(&event(AlertStatus::Firing, Severity::Critical, "XID 79"), 0);
+        assert!(m.tick(0).is_empty());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = Vec::new();
+        while got.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            got = m.tick(1);
+        }
+        assert_eq!(got[0].decision, DrainDecision::Error, "{got:?}");
+        assert!(got[0].reason.contains("cannot start"), "{}", got[0].reason);
+        assert!(m.tick(2).is_empty(), "not again at once");
+        assert!(m.worker.is_none());
+        m.tick(RETRY_MS + 1);
+        assert!(m.worker.is_some(), "tried again after the wait");
+    }
+}

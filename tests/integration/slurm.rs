@@ -1,0 +1,532 @@
+//! Issue 29: `[actions.drain]` against a real Slurm. The test starts a one-node cluster of its
+//! own — `munged`, `slurmctld` and `slurmd` from Debian's packages, a config it writes, private
+//! ports and sockets, no GPUs in Slurm's view — and runs `gpuwatch daemon` on simulated GPUs
+//! with the drain action on:
+//! * GPU 3 falls off the bus (XID 79): the node is drained with a `gpuwatch:` reason naming the
+//!   alert and the GPU, within the interval + 2 s (measured, with slack for a loaded machine);
+//! * a node an admin drained is left as it is (their reason stays);
+//! * a condition that clears: the drain is resumed after `resume_after`, and `scontrol show
+//!   node` is clean again;
+//! * an admin who re-drains the node (their own reason) while gpuwatch's condition holds keeps
+//!   it drained after the condition clears.
+//!
+//! Needs root (slurmd) and the packages (`.ci/run` installs them); without them it prints SKIP,
+//! except under `CI=true`, where it fails.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common;
+use crate::notify::servers::Daemon;
+
+/// The node's name in the test cluster.
+const NODE: &str = "gpunode1";
+
+/// A one-node Slurm cluster, stopped (every daemon killed) when dropped.
+struct Slurm {
+    dir: tempfile::TempDir,
+    children: Vec<Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+impl Slurm {
+    /// Starts the cluster and waits until the node is idle; `None` (SKIP) without root or the
+    /// packages outside CI.
+    fn start() -> Option<Slurm> {
+        let missing: Vec<&str> = ["munged", "slurmctld", "slurmd", "scontrol", "sinfo"]
+            .into_iter()
+            .filter(|n| which(n).is_none())
+            .collect();
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if !missing.is_empty() || !root {
+            let why = if root {
+                format!(
+                    "{} missing (Debian: apt-get install slurmctld slurmd slurm-client munge)",
+                    missing.join(", ")
+                )
+            } else {
+                "slurmd needs root".to_string()
+            };
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "the Slurm test cannot run: {why}"
+            );
+            eprintln!("SKIP slurm: {why}");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for sub in ["munge", "state", "spool", "log", "run"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        let key: Vec<u8> = (0..1024u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let key_path = d.join("munge/munge.key");
+        std::fs::write(&key_path, key).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o400)).unwrap();
+        std::fs::set_permissions(d.join("munge"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        // munged wants every directory above its socket searchable by all
+        for open in [d, &d.join("run")] {
+            std::fs::set_permissions(open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let mut slurm = Slurm {
+            dir,
+            children: Vec::new(),
+        };
+        let d = slurm.dir.path().to_path_buf();
+        let munge = |f: &str| d.join("munge").join(f).display().to_string();
+        slurm.spawn(
+            Command::new(which("munged").unwrap())
+                .arg("--foreground")
+                .arg(format!("--key-file={}", munge("munge.key")))
+                .arg(format!("--socket={}", d.join("run/munge.sock").display()))
+                .arg(format!("--pid-file={}", munge("pid")))
+                .arg(format!("--log-file={}", munge("log")))
+                .arg(format!("--seed-file={}", munge("seed"))),
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !d.join("run/munge.sock").exists() {
+            assert!(
+                Instant::now() < deadline,
+                "munged did not start: {}",
+                std::fs::read_to_string(d.join("log/stderr.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let p = |s: &str| d.join(s).display().to_string();
+        let conf = format!(
+            "ClusterName=gwtest\n\
+             SlurmctldHost=localhost(127.0.0.1)\n\
+             AuthType=auth/munge\n\
+             AuthInfo=socket={sock}\n\
+             CredType=cred/munge\n\
+             SlurmUser=root\n\
+             SlurmdUser=root\n\
+             SlurmctldPort={ctld}\n\
+             SlurmdPort={slurmd}\n\
+             StateSaveLocation={state}\n\
+             SlurmdSpoolDir={spool}\n\
+             SlurmctldPidFile={run}/slurmctld.pid\n\
+             SlurmdPidFile={run}/slurmd.pid\n\
+             SlurmctldLogFile={log}/slurmctld.log\n\
+             SlurmdLogFile={log}/slurmd.log\n\
+             ProctrackType=proctrack/linuxproc\n\
+             TaskPlugin=task/none\n\
+             JobAcctGatherType=jobacct_gather/none\n\
+             AccountingStorageType=accounting_storage/none\n\
+             SchedulerType=sched/builtin\n\
+             SelectType=select/cons_tres\n\
+             MpiDefault=none\n\
+             ReturnToService=2\n\
+             NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname=localhost CPUs=1 State=UNKNOWN\n\
+             PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP\n",
+            sock = d.join("run/munge.sock").display(),
+            ctld = free_port(),
+            slurmd = free_port(),
+            state = p("state"),
+            spool = p("spool"),
+            run = p("run"),
+            log = p("log"),
+        );
+        std::fs::write(d.join("slurm.conf"), conf).unwrap();
+        let conf = d.join("slurm.conf");
+        slurm.spawn(
+            Command::new(which("slurmctld").unwrap())
+                .arg("-D")
+                .arg("-i")
+                .arg("-f")
+                .arg(&conf),
+        );
+        slurm.spawn(
+            Command::new(which("slurmd").unwrap())
+                .args(["-D", "-N", NODE, "-f"])
+                .arg(&conf),
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let state = slurm.node().0;
+            if state.starts_with("IDLE") && !state.contains("NOT_RESPONDING") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the node did not come up ({state}):\n{}",
+                slurm.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Some(slurm)
+    }
+
+    fn spawn(&mut self, cmd: &mut Command) {
+        let child = cmd
+            .env("SLURM_CONF", self.conf())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.path().join("log/stderr.log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+    }
+
+    fn conf(&self) -> PathBuf {
+        self.dir.path().join("slurm.conf")
+    }
+
+    fn logs(&self) -> String {
+        ["slurmctld.log", "slurmd.log", "stderr.log"]
+            .iter()
+            .map(|f| {
+                std::fs::read_to_string(self.dir.path().join("log").join(f)).unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// `scontrol ARGS` against this cluster: (success, output).
+    fn scontrol(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(which("scontrol").unwrap())
+            .args(args)
+            .env("SLURM_CONF", self.conf())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    /// The node's (state, reason) as `scontrol show node` says.
+    fn node(&self) -> (String, String) {
+        let (_, out) = self.scontrol(&["show", "node", NODE, "--oneliner"]);
+        let state = out
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("State="))
+            .unwrap_or_default()
+            .to_string();
+        let reason = out
+            .find(" Reason=")
+            .map(|i| out[i + 8..].trim().to_string())
+            .unwrap_or_default();
+        (state, reason)
+    }
+
+    fn drain_as_admin(&self, reason: &str) {
+        let r = format!("Reason={reason}");
+        let node = format!("NodeName={NODE}");
+        let (ok, out) = self.scontrol(&["update", &node, "State=DRAIN", &r]);
+        assert!(ok, "{out}");
+    }
+
+    fn resume(&self) {
+        let node = format!("NodeName={NODE}");
+        let (ok, out) = self.scontrol(&["update", &node, "State=RESUME"]);
+        assert!(ok, "{out}");
+        let (state, _) = self.node();
+        assert!(!state.contains("DRAIN"), "{state}");
+    }
+
+    /// Waits until `what` holds of (state, reason); the time it took.
+    fn wait_node(&self, limit: Duration, what: &str, ok: impl Fn(&str, &str) -> bool) -> Duration {
+        let start = Instant::now();
+        loop {
+            let (state, reason) = self.node();
+            if ok(&state, &reason) {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{what} within {limit:?}: state {state}, reason {reason:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut().rev() {
+            // SAFETY: kill(2) on our own child.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for c in self.children.iter_mut().rev() {
+            while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A config in `dir` with the drain action on and `rules` (stock rule names or a directory).
+fn config(dir: &Path, rules: &Path, resume_after: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[daemon]
+interval = "1s"
+state_dir = "{state}"
+rules = ["{rules}"]
+hostname = "{NODE}.lab.example"
+
+[actions.drain]
+enabled = true
+dry_run = false
+scontrol = "{scontrol}"
+resume = true
+resume_after = "{resume_after}"
+timeout = "10s"
+"#,
+            state = dir.join("state").display(),
+            rules = rules.display(),
+            scontrol = which("scontrol").unwrap().display(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// A rules directory in `dir` with stock rules `names`.
+fn stock_rules(dir: &Path, names: &[&str]) -> PathBuf {
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    for name in names {
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("rules/{name}.rhai")),
+            rules.join(format!("{name}.rhai")),
+        )
+        .unwrap();
+    }
+    rules
+}
+
+fn daemon(slurm: &Slurm, scenario: &str, config: &Path, log: &Path, start_s: &str) -> Daemon {
+    common::sim_lib();
+    let cmd = common::command(
+        &[
+            "--sim",
+            scenario,
+            "daemon",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[
+            ("NVML_SIM_START_S", start_s),
+            ("SLURM_CONF", slurm.conf().to_str().unwrap()),
+        ],
+    );
+    Daemon::spawn(cmd, log, &[], false)
+}
+
+/// The decisions in a drain audit log, in order.
+fn decisions(state: &Path) -> Vec<String> {
+    std::fs::read_to_string(state.join("drain-audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["decision"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+fn wait_decision(state: &Path, want: &str, limit: Duration, log: &Path) {
+    let start = Instant::now();
+    while !decisions(state).iter().any(|d| d == want) {
+        assert!(
+            start.elapsed() < limit,
+            "no {want:?} in the drain audit log within {limit:?}: {:?}\n{}",
+            decisions(state),
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn stop(mut d: Daemon) {
+    d.signal(libc::SIGTERM);
+    d.wait(Duration::from_secs(30));
+}
+
+#[test]
+fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let limit = Duration::from_secs(30);
+
+    // 1. XID 79 on GPU 3, 3 s after start: drained with gpuwatch's reason.
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = stock_rules(tmp.path(), &["xid_error", "gpu_lost"]);
+    let cfg = config(tmp.path(), &rules, "1h");
+    let log = tmp.path().join("daemon.log");
+    let d = daemon(&slurm, "xid-79", &cfg, &log, "27");
+    let fault = Instant::now() + Duration::from_secs(3);
+    slurm.wait_node(limit, "gpuwatch's drain", |s, r| {
+        s.contains("DRAIN") && r.starts_with("gpuwatch: ")
+    });
+    let late = Instant::now().saturating_duration_since(fault);
+    eprintln!("drained {late:?} after the fault (at most: the scenario starts after the spawn)");
+    assert!(
+        late <= Duration::from_secs(1 + 2 + 3),
+        "the node was drained {late:?} after the fault: more than the interval + 2 s (+3 s slack)"
+    );
+    let (_, reason) = slurm.node();
+    assert!(reason.contains("GPU 3"), "{reason}");
+    assert!(
+        reason.contains("xid_error") || reason.contains("gpu_lost"),
+        "{reason}"
+    );
+    let state = tmp.path().join("state");
+    wait_decision(&state, "drain", limit, &log);
+    std::thread::sleep(Duration::from_secs(2));
+    stop(d);
+    assert_eq!(
+        decisions(&state),
+        ["drain"],
+        "once per node (xid_error and gpu_lost)"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("Slurm node gpunode1 drained"), "{text}");
+
+    // 2. An admin's drain: left as it is, said once.
+    slurm.resume();
+    slurm.drain_as_admin("maintenance: fan 3 noisy");
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = stock_rules(tmp.path(), &["xid_error", "gpu_lost"]);
+    let cfg = config(tmp.path(), &rules, "1s");
+    let log = tmp.path().join("daemon.log");
+    let d = daemon(&slurm, "xid-79", &cfg, &log, "28");
+    let state = tmp.path().join("state");
+    wait_decision(&state, "left_alone", limit, &log);
+    std::thread::sleep(Duration::from_secs(2));
+    stop(d);
+    let (node_state, reason) = slurm.node();
+    assert!(node_state.contains("DRAIN"), "{node_state}");
+    assert!(reason.starts_with("maintenance: fan 3 noisy"), "{reason}");
+    assert!(!decisions(&state).contains(&"drain".to_string()));
+
+    // 3. A condition that clears: drained, then resumed after resume_after, the node clean.
+    slurm.resume();
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = hot_rule(tmp.path());
+    let scenario = hot_scenario(tmp.path(), 2, 8);
+    let cfg = config(tmp.path(), &rules, "2s");
+    let log = tmp.path().join("daemon.log");
+    let d = daemon(&slurm, scenario.to_str().unwrap(), &cfg, &log, "0");
+    slurm.wait_node(limit, "gpuwatch's drain", |s, r| {
+        s.contains("DRAIN") && r.starts_with("gpuwatch: hot_gpu GPU 0")
+    });
+    slurm.wait_node(limit, "the resume", |s, _| !s.contains("DRAIN"));
+    let state = tmp.path().join("state");
+    wait_decision(&state, "resume", limit, &log);
+    stop(d);
+    assert_eq!(decisions(&state), ["drain", "resume"]);
+    let (node_state, reason) = slurm.node();
+    assert!(
+        !node_state.contains("DRAIN") && reason.is_empty(),
+        "scontrol show node is clean: {node_state} {reason:?}"
+    );
+
+    // 4. An admin re-drains the node while gpuwatch's condition holds: never resumed.
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = hot_rule(tmp.path());
+    let scenario = hot_scenario(tmp.path(), 2, 12);
+    let cfg = config(tmp.path(), &rules, "1s");
+    let log = tmp.path().join("daemon.log");
+    let d = daemon(&slurm, scenario.to_str().unwrap(), &cfg, &log, "0");
+    slurm.wait_node(limit, "gpuwatch's drain", |s, r| {
+        s.contains("DRAIN") && r.starts_with("gpuwatch: ")
+    });
+    slurm.drain_as_admin("admin: keep drained, RMA");
+    let state = tmp.path().join("state");
+    wait_decision(&state, "left_alone", limit, &log);
+    stop(d);
+    let (node_state, reason) = slurm.node();
+    assert!(node_state.contains("DRAIN"), "{node_state}");
+    assert!(reason.starts_with("admin: keep drained, RMA"), "{reason}");
+    assert!(!decisions(&state).contains(&"resume".to_string()));
+}
+
+/// A rule that asks for a drain while GPU 0 is above 80 °C.
+fn hot_rule(dir: &Path) -> PathBuf {
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("hot_gpu.rhai"),
+        r#"rule(#{
+    name: "hot_gpu",
+    severity: "critical",
+    action: "drain",
+    check: |gpu| {
+        let t = gpu.temp.last();
+        if gpu.index == 0 && t != () && t > 80 { `GPU 0 at ${fmt(t, 0)} °C` }
+    },
+});
+"#,
+    )
+    .unwrap();
+    rules
+}
+
+/// 8 GPUs at 60 °C, 90 °C from `from_s` to `to_s`.
+fn hot_scenario(dir: &Path, from_s: u32, to_s: u32) -> PathBuf {
+    let path = dir.join("hot.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"name = "hot"
+description = "90 °C from {from_s} s to {to_s} s"
+
+[devices]
+count = 8
+name = "NVIDIA H100 80GB HBM3"
+memory_total_mib = 81559
+power_limit_w = 700
+
+[devices.metrics]
+gpu_util_pct = 95
+temperature_c = {{ type = "steps", points = [[0, 60], [{from_s}, 90], [{to_s}, 60]] }}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
