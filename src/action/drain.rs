@@ -525,8 +525,7 @@ impl DrainManager {
     }
 }
 
-/// The reason written to Slurm: `gpuwatch: ALERT GPU N SUMMARY` on one line, cut at
-/// [`MAX_REASON_CHARS`].
+/// The reason written to Slurm: `gpuwatch: ALERT GPU N SUMMARY` (see [`reason_line`]).
 fn drain_reason(ev: &AlertEvent) -> String {
     let summary = ev
         .annotations
@@ -534,7 +533,12 @@ fn drain_reason(ev: &AlertEvent) -> String {
         .map(String::as_str)
         .unwrap_or_default();
     let gpu = ev.gpu.map(|g| format!(" GPU {g}")).unwrap_or_default();
-    let text = format!("{REASON_PREFIX} {}{gpu} {summary}", ev.name);
+    reason_line(&format!("{REASON_PREFIX} {}{gpu} {summary}", ev.name))
+}
+
+/// `text` as a Slurm reason: one line (control characters as spaces), trimmed, cut at
+/// [`MAX_REASON_CHARS`] with "…".
+pub fn reason_line(text: &str) -> String {
     let clean: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
@@ -610,100 +614,113 @@ fn scontrol(section: &DrainSection, args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// What [`drain_node`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drained {
+    /// The node is now drained with the reason.
+    Now,
+    /// It already was, by gpuwatch (its reason starts with [`REASON_PREFIX`]).
+    Already,
+    /// Someone else drained it: left as it is (why, with their reason).
+    LeftAlone(String),
+    /// `scontrol` failed (why).
+    Failed(String),
+}
+
+/// What [`resume_node`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resumed {
+    /// Resumed; the reason its drain had.
+    Now(String),
+    /// It was not drained.
+    NotDrained,
+    /// Its drain is not one `ours` accepts: left as it is (why, with the reason).
+    LeftAlone(String),
+    /// `scontrol` failed (why).
+    Failed(String),
+}
+
+/// The node's state through `scontrol show node NODE --oneliner`.
+pub fn node_state(section: &DrainSection, node: &str) -> Result<NodeState, String> {
+    let out = scontrol(section, &["show", "node", node, "--oneliner"])?;
+    NodeState::parse(out.lines().next().unwrap_or_default())
+        .ok_or_else(|| format!("no State= in scontrol's answer: {}", out.trim()))
+}
+
+/// Drains `node` with `reason` unless it is drained already (by gpuwatch, or by someone else,
+/// whose drain is left as it is).
+pub fn drain_node(section: &DrainSection, node: &str, reason: &str) -> Drained {
+    let state = match node_state(section, node) {
+        Ok(s) => s,
+        Err(e) => return Drained::Failed(e),
+    };
+    if state.ours() {
+        return Drained::Already;
+    }
+    if state.drained() {
+        return Drained::LeftAlone(format!(
+            "already drained by someone else (state {}, reason {:?}); gpuwatch will not resume it",
+            state.state, state.reason
+        ));
+    }
+    let nodearg = format!("NodeName={node}");
+    let reasonarg = format!("Reason={reason}");
+    match scontrol(section, &["update", &nodearg, "State=DRAIN", &reasonarg]) {
+        Ok(_) => Drained::Now,
+        Err(e) => Drained::Failed(e),
+    }
+}
+
+/// Resumes `node` when it is drained with a reason `ours` accepts; any other drain is left as
+/// it is.
+pub fn resume_node(section: &DrainSection, node: &str, ours: impl Fn(&str) -> bool) -> Resumed {
+    let state = match node_state(section, node) {
+        Ok(s) => s,
+        Err(e) => return Resumed::Failed(e),
+    };
+    if !state.drained() {
+        return Resumed::NotDrained;
+    }
+    if !ours(&state.reason) {
+        return Resumed::LeftAlone(format!(
+            "its drain is not gpuwatch's (reason {:?}): not resumed",
+            state.reason
+        ));
+    }
+    let nodearg = format!("NodeName={node}");
+    match scontrol(section, &["update", &nodearg, "State=RESUME"]) {
+        Ok(_) => Resumed::Now(state.reason),
+        Err(e) => Resumed::Failed(e),
+    }
+}
+
 /// One operation, on the worker thread.
 fn run_op(section: &DrainSection, node: &str, op: Op, ours: bool) -> Done {
-    let shown = scontrol(section, &["show", "node", node, "--oneliner"]).and_then(|out| {
-        NodeState::parse(out.lines().next().unwrap_or_default())
-            .ok_or_else(|| format!("no State= in scontrol's answer: {}", out.trim()))
-    });
-    let state = match shown {
-        Ok(s) => s,
-        Err(e) => {
-            return Done {
-                op,
-                said: Some((DrainDecision::Error, e)),
-                ours,
-            }
-        }
+    let (said, ours) = match &op {
+        Op::Drain { cond, .. } => match drain_node(section, node, &cond.reason) {
+            Drained::Now => (Some((DrainDecision::Drain, cond.reason.clone())), true),
+            // (another condition drained it already)
+            Drained::Already => (None, true),
+            Drained::LeftAlone(why) => (Some((DrainDecision::LeftAlone, why)), false),
+            Drained::Failed(e) => (Some((DrainDecision::Error, e)), ours),
+        },
+        Op::Resume => match resume_node(section, node, |r| r.starts_with(REASON_PREFIX)) {
+            Resumed::Now(was) => (
+                Some((
+                    DrainDecision::Resume,
+                    format!(
+                        "every condition that asked for the drain cleared {} ago (was: {was})",
+                        crate::values::format_duration_ms(section.resume_after.ms)
+                    ),
+                )),
+                false,
+            ),
+            Resumed::NotDrained => (None, false),
+            Resumed::LeftAlone(why) => (Some((DrainDecision::LeftAlone, why)), false),
+            Resumed::Failed(e) => (Some((DrainDecision::Error, e)), ours),
+        },
     };
-    match &op {
-        Op::Drain { cond, .. } => {
-            if state.ours() {
-                // (another condition drained it already)
-                return Done {
-                    op,
-                    said: None,
-                    ours: true,
-                };
-            }
-            if state.drained() {
-                let why = format!(
-                    "already drained by someone else (state {}, reason {:?}); gpuwatch will not resume it",
-                    state.state, state.reason
-                );
-                return Done {
-                    op,
-                    said: Some((DrainDecision::LeftAlone, why)),
-                    ours: false,
-                };
-            }
-            let nodearg = format!("NodeName={node}");
-            let reasonarg = format!("Reason={}", cond.reason);
-            let said = match scontrol(
-                section,
-                &["update", &nodearg, "State=DRAIN", reasonarg.as_str()],
-            ) {
-                Ok(_) => (DrainDecision::Drain, cond.reason.clone()),
-                Err(e) => (DrainDecision::Error, e),
-            };
-            let ours = said.0 == DrainDecision::Drain || ours;
-            Done {
-                op,
-                said: Some(said),
-                ours,
-            }
-        }
-        Op::Resume => {
-            if !state.drained() {
-                return Done {
-                    op,
-                    said: None,
-                    ours: false,
-                };
-            }
-            if !state.ours() {
-                let why = format!(
-                    "its drain is no longer gpuwatch's (reason {:?}): not resumed",
-                    state.reason
-                );
-                return Done {
-                    op,
-                    said: Some((DrainDecision::LeftAlone, why)),
-                    ours: false,
-                };
-            }
-            let nodearg = format!("NodeName={node}");
-            match scontrol(section, &["update", &nodearg, "State=RESUME"]) {
-                Ok(_) => Done {
-                    op,
-                    said: Some((
-                        DrainDecision::Resume,
-                        format!(
-                            "every condition that asked for the drain cleared {} ago (was: {})",
-                            crate::values::format_duration_ms(section.resume_after.ms),
-                            state.reason
-                        ),
-                    )),
-                    ours: false,
-                },
-                Err(e) => Done {
-                    op,
-                    said: Some((DrainDecision::Error, e)),
-                    ours: true,
-                },
-            }
-        }
-    }
+    Done { op, said, ours }
 }
 
 #[cfg(test)]

@@ -1,6 +1,14 @@
-//! `gpuwatch doctor [--json]` and the preflight of `gpuwatch run --preflight`: open NVML, read
-//! the facts and print the findings of [`crate::sampler::doctor`], one line each with what to
-//! do. Exit 0 when clean, 1 with findings, [`EXIT_NO_NVML`] without NVML.
+//! `gpuwatch doctor [--json] [--slurm]` and the preflight of `gpuwatch run --preflight`: open
+//! NVML, read the facts and print the findings of [`crate::sampler::doctor`], one line each with
+//! what to do. Exit 0 when clean, 1 with findings, [`EXIT_NO_NVML`] without NVML.
+//!
+//! `--slurm` is for Slurm's `HealthCheckProgram` (as NHC is): the node is unfit when a finding
+//! says a job should not start on it (critical: a missing or unusable GPU, a pending row remap or
+//! page retirement, a recovery action other than none, an NVLink down) or a PCIe link trained
+//! narrower than the GPU's width. An unfit node is drained with the first such finding as the
+//! reason (`gpuwatch: doctor …`), unless someone else drained it; a node found fit again is
+//! resumed when its drain is one doctor made. Exit 0 when fit (warnings are printed, not acted
+//! on), 1 when unfit.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -22,6 +30,23 @@ pub struct DoctorArgs {
     /// `[daemon] expected_gpus` count in the missing-GPU check (default: the PCI bus only).
     #[arg(long, value_name = "FILE", env = "GPUWATCH_CONFIG")]
     pub config: Option<PathBuf>,
+    /// As Slurm's HealthCheckProgram: drain this node when a finding makes it unfit (reason
+    /// `gpuwatch: doctor …`), resume it when fit again and the drain was doctor's; never touch
+    /// someone else's drain. Node name, scontrol and its time limit from `[actions.drain]`.
+    #[arg(long)]
+    pub slurm: bool,
+    /// With --slurm: say what would be drained or resumed, and change nothing.
+    #[arg(long, requires = "slurm")]
+    pub dry_run: bool,
+}
+
+/// What every drain reason `doctor --slurm` writes starts with (how it knows its own).
+pub const DOCTOR_REASON: &str = "gpuwatch: doctor";
+
+/// Whether `f` makes the node unfit for jobs (see the module docs).
+pub fn unfit(f: &Finding) -> bool {
+    f.severity == crate::model::Severity::Critical
+        || f.check == crate::sampler::doctor::Check::PcieLinkWidth
 }
 
 /// Opens NVML, compares the GPUs with the expected set (`expected`, read only) and judges
@@ -69,10 +94,13 @@ pub fn render_text(findings: &[Finding]) -> String {
 
 /// Runs `doctor`.
 pub fn doctor(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<i32> {
-    let expected = match &args.config {
-        Some(p) => crate::config::load(p)?.expected_options(false),
-        None => ExpectedOptions::default(),
+    let config = match &args.config {
+        Some(p) => Some(crate::config::load(p)?),
+        None => None,
     };
+    let expected = config
+        .as_ref()
+        .map_or_else(ExpectedOptions::default, |c| c.expected_options(false));
     let findings = match examine(global, &expected) {
         Ok(f) => f,
         Err(e) => {
@@ -88,7 +116,63 @@ pub fn doctor(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<i32> {
         stdout.write_all(render_text(&findings).as_bytes())?;
     }
     stdout.flush()?;
+    if args.slurm {
+        let (section, host) = match &config {
+            Some(c) => (c.actions.drain.clone(), c.hostname()),
+            None => (
+                crate::action::drain::DrainSection::default(),
+                crate::sys::hostname(),
+            ),
+        };
+        return Ok(slurm_health(&findings, &section, &host, args.dry_run));
+    }
     Ok(i32::from(!findings.is_empty()))
+}
+
+/// `--slurm`: drains or resumes the node as the findings say; the exit code.
+fn slurm_health(
+    findings: &[Finding],
+    section: &crate::action::drain::DrainSection,
+    host: &str,
+    dry_run: bool,
+) -> i32 {
+    use crate::action::drain::{drain_node, resume_node, Drained, Resumed};
+    let node = section.node_name(host);
+    let Some(worst) = findings.iter().find(|f| unfit(f)) else {
+        if dry_run {
+            println!("node {node} is fit (dry run: a drain of doctor's would be resumed)");
+            return 0;
+        }
+        match resume_node(section, &node, |r| r.starts_with(DOCTOR_REASON)) {
+            Resumed::Now(was) => println!("node {node} is fit again: resumed (was: {was})"),
+            Resumed::NotDrained => println!("node {node} is fit"),
+            Resumed::LeftAlone(why) => println!("node {node} is fit; {why}"),
+            Resumed::Failed(e) => {
+                eprintln!("gpuwatch: node {node} is fit, but resuming it failed: {e}");
+            }
+        }
+        return 0;
+    };
+    let unfit_count = findings.iter().filter(|f| unfit(f)).count();
+    let more = match unfit_count {
+        1 => String::new(),
+        n => format!(" (+{} more)", n - 1),
+    };
+    let reason =
+        crate::action::drain::reason_line(&format!("{DOCTOR_REASON} {}{more}", worst.line()));
+    if dry_run {
+        println!("node {node} is unfit: would drain it with reason {reason:?}");
+        return 1;
+    }
+    match drain_node(section, &node, &reason) {
+        Drained::Now => println!("node {node} is unfit: drained ({reason})"),
+        Drained::Already => println!("node {node} is unfit: already drained by gpuwatch"),
+        Drained::LeftAlone(why) => println!("node {node} is unfit; {why}"),
+        Drained::Failed(e) => {
+            eprintln!("gpuwatch: node {node} is unfit, but draining it failed: {e}")
+        }
+    }
+    1
 }
 
 #[cfg(test)]

@@ -483,6 +483,44 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     assert!(node_state.contains("DRAIN"), "{node_state}");
     assert!(reason.starts_with("admin: keep drained, RMA"), "{reason}");
     assert!(!decisions(&state).contains(&"resume".to_string()));
+
+    // 5. `doctor --slurm` as HealthCheckProgram: a lost GPU drains the node with doctor's
+    // finding, a fit node is resumed when the drain was doctor's, an admin's drain never is.
+    slurm.resume();
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = stock_rules(tmp.path(), &["gpu_lost"]);
+    let cfg = config(tmp.path(), &rules, "1s");
+    let doctor = |scenario: &str| {
+        let started = Instant::now();
+        let run = common::sim(
+            scenario,
+            &["doctor", "--slurm", "--config", cfg.to_str().unwrap()],
+            &[
+                ("NVML_SIM_START_S", "40"),
+                ("SLURM_CONF", slurm.conf().to_str().unwrap()),
+            ],
+        );
+        eprintln!("doctor --slurm on {scenario}: {:?}", started.elapsed());
+        run
+    };
+    let sick = doctor("xid-79");
+    assert_eq!(sick.code, 1, "{}{}", sick.stdout, sick.stderr);
+    assert!(sick.stdout.contains("is unfit: drained"), "{}", sick.stdout);
+    let (node_state, reason) = slurm.node();
+    assert!(node_state.contains("DRAIN"), "{node_state}");
+    assert!(reason.starts_with("gpuwatch: doctor GPU 3"), "{reason}");
+    let fit = doctor("healthy");
+    assert_eq!(fit.code, 0, "{}{}", fit.stdout, fit.stderr);
+    assert!(fit.stdout.contains("resumed"), "{}", fit.stdout);
+    assert!(!slurm.node().0.contains("DRAIN"));
+    slurm.drain_as_admin("admin: PSU swap");
+    let fit = doctor("healthy");
+    assert_eq!(fit.code, 0);
+    assert!(fit.stdout.contains("not resumed"), "{}", fit.stdout);
+    let sick = doctor("xid-79");
+    assert_eq!(sick.code, 1);
+    assert!(sick.stdout.contains("someone else"), "{}", sick.stdout);
+    assert!(slurm.node().1.starts_with("admin: PSU swap"));
 }
 
 /// A rule that asks for a drain while GPU 0 is above 80 °C.
