@@ -167,6 +167,11 @@ fn main() -> anyhow::Result<()> {
         reused + ran
     );
 
+    // (BENCH_REPLAY_ONLY=1: stop here, e.g. to profile the replay alone)
+    if std::env::var_os("BENCH_REPLAY_ONLY").is_some() {
+        return Ok(());
+    }
+
     // 2b. The same without reusing results (every due rule runs its script for every GPU), side
     //     by side with the run above; the events must be the same.
     let mut plain = Engine::new(rules.clone(), opts.clone());

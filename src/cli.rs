@@ -18,6 +18,7 @@ mod record;
 mod report;
 mod rules;
 mod service;
+mod slurm;
 mod top;
 
 /// Exit status for "the NVML library could not be used" (no driver, bad scenario).
@@ -165,6 +166,8 @@ pub enum Command {
     /// Write a first config: where alerts go (ntfy, Slack, Discord, Telegram, e-mail, Feishu,
     /// DingTalk, WeCom, Teams, a webhook), secrets in 0600 files; then a test message.
     Init(init::InitArgs),
+    /// Slurm: `prolog` refuses a job whose GPUs are unfit (drains the node with the reason).
+    Slurm(slurm::SlurmArgs),
 }
 
 /// Loads rules for a command that reads logs (`replay`, `report`): every problem in one error.
@@ -222,6 +225,7 @@ pub fn main() -> i32 {
         Command::Top(a) => top::top(&cli.global, a),
         Command::Digest(a) => digest::digest(&cli.global, a),
         Command::Service(a) => service::service(&cli.global, a),
+        Command::Slurm(a) => slurm::slurm(&cli.global, a),
         Command::Init(a) => init::init(&cli.global, a),
     };
     match result {

@@ -521,6 +521,43 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     assert_eq!(sick.code, 1);
     assert!(sick.stdout.contains("someone else"), "{}", sick.stdout);
     assert!(slurm.node().1.starts_with("admin: PSU swap"));
+
+    // 6. `slurm prolog`: a job on healthy GPUs (or none) starts; a job given the lost GPU is
+    // refused and the node drained with the job and the finding.
+    slurm.resume();
+    let conf = slurm.conf();
+    let prolog = |gpus: Option<&str>| {
+        let mut env = vec![
+            ("NVML_SIM_START_S", "40"),
+            ("SLURM_CONF", conf.to_str().unwrap()),
+            ("SLURM_JOB_ID", "4242"),
+        ];
+        if let Some(g) = gpus {
+            env.push(("SLURM_JOB_GPUS", g));
+        }
+        common::sim(
+            "xid-79",
+            &["slurm", "prolog", "--config", cfg.to_str().unwrap()],
+            &env,
+        )
+    };
+    assert_eq!(prolog(None).code, 0, "a job without GPUs");
+    let ok = prolog(Some("0,1"));
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+    assert!(!slurm.node().0.contains("DRAIN"));
+    let refused = prolog(Some("2,3"));
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("job 4242 refused"),
+        "{}",
+        refused.stderr
+    );
+    let (node_state, reason) = slurm.node();
+    assert!(node_state.contains("DRAIN"), "{node_state}");
+    assert!(
+        reason.starts_with("gpuwatch: prolog job 4242 GPU 3"),
+        "{reason}"
+    );
 }
 
 /// A rule that asks for a drain while GPU 0 is above 80 °C.
