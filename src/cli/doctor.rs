@@ -92,21 +92,36 @@ pub fn render_text(findings: &[Finding]) -> String {
     out
 }
 
-/// Runs `doctor`.
-pub fn doctor(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<i32> {
-    let config = match &args.config {
+/// A config (when one was named) and the findings made with it.
+pub type Examined = (Option<crate::config::Config>, Vec<Finding>);
+
+/// The config at `path` (if any) and the findings with its expected GPUs; `Err(code)` (said on
+/// stderr) when NVML cannot be opened.
+pub fn load_and_examine(
+    global: &GlobalArgs,
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<Result<Examined, i32>> {
+    let config = match path {
         Some(p) => Some(crate::config::load(p)?),
         None => None,
     };
     let expected = config
         .as_ref()
         .map_or_else(ExpectedOptions::default, |c| c.expected_options(false));
-    let findings = match examine(global, &expected) {
-        Ok(f) => f,
+    Ok(match examine(global, &expected) {
+        Ok(f) => Ok((config, f)),
         Err(e) => {
             eprintln!("gpuwatch: {e}");
-            return Ok(EXIT_NO_NVML);
+            Err(EXIT_NO_NVML)
         }
+    })
+}
+
+/// Runs `doctor`.
+pub fn doctor(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<i32> {
+    let (config, findings) = match load_and_examine(global, args.config.as_deref())? {
+        Ok(found) => found,
+        Err(code) => return Ok(code),
     };
     let mut stdout = std::io::stdout().lock();
     if args.json {

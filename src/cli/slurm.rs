@@ -12,8 +12,6 @@
 use std::path::PathBuf;
 
 use super::GlobalArgs;
-use crate::pipeline::EXIT_NO_NVML;
-use crate::sampler::expected::ExpectedOptions;
 
 /// Arguments of `slurm`.
 #[derive(Debug, clap::Args)]
@@ -71,19 +69,9 @@ fn prolog(global: &GlobalArgs, a: &PrologArgs) -> anyhow::Result<i32> {
     ) else {
         return Ok(0);
     };
-    let config = match &a.config {
-        Some(p) => Some(crate::config::load(p)?),
-        None => None,
-    };
-    let expected = config
-        .as_ref()
-        .map_or_else(ExpectedOptions::default, |c| c.expected_options(false));
-    let findings = match super::doctor::examine(global, &expected) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("gpuwatch: {e}");
-            return Ok(EXIT_NO_NVML);
-        }
+    let (config, findings) = match super::doctor::load_and_examine(global, a.config.as_deref())? {
+        Ok(found) => found,
+        Err(code) => return Ok(code),
     };
     let refusing: Vec<_> = findings
         .iter()

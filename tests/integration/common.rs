@@ -202,3 +202,17 @@ pub fn installed(names: &[&str]) -> Option<PathBuf> {
     );
     found
 }
+
+/// A rules directory `dir/rules` holding copies of the stock rules `names`.
+pub fn stock_rules(dir: &Path, names: &[&str]) -> PathBuf {
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).expect("rules dir");
+    for name in names {
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("rules/{name}.rhai")),
+            rules.join(format!("{name}.rhai")),
+        )
+        .expect("copy a stock rule");
+    }
+    rules
+}

@@ -17,15 +17,7 @@ fn config(dir: &Path, webhook_url: &str) -> PathBuf {
 }
 
 fn config_with(dir: &Path, webhook_url: &str, stock_rules: &[&str]) -> PathBuf {
-    let rules = dir.join("rules");
-    std::fs::create_dir_all(&rules).unwrap();
-    for rule in stock_rules {
-        std::fs::copy(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("rules/{rule}.rhai")),
-            rules.join(format!("{rule}.rhai")),
-        )
-        .unwrap();
-    }
+    let rules = common::stock_rules(dir, stock_rules);
     let path = dir.join("config.toml");
     std::fs::write(
         &path,

@@ -323,36 +323,17 @@ timeout = "10s"
     path
 }
 
-/// A rules directory in `dir` with stock rules `names`.
-fn stock_rules(dir: &Path, names: &[&str]) -> PathBuf {
-    let rules = dir.join("rules");
-    std::fs::create_dir_all(&rules).unwrap();
-    for name in names {
-        std::fs::copy(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("rules/{name}.rhai")),
-            rules.join(format!("{name}.rhai")),
-        )
-        .unwrap();
-    }
-    rules
-}
-
 fn daemon(slurm: &Slurm, scenario: &str, config: &Path, log: &Path, start_s: &str) -> Daemon {
-    common::sim_lib();
-    let cmd = common::command(
-        &[
-            "--sim",
-            scenario,
-            "daemon",
-            "--config",
-            config.to_str().unwrap(),
-        ],
+    let conf = slurm.conf();
+    crate::daemon::daemon(
+        scenario,
+        config,
+        log,
         &[
             ("NVML_SIM_START_S", start_s),
-            ("SLURM_CONF", slurm.conf().to_str().unwrap()),
+            ("SLURM_CONF", conf.to_str().unwrap()),
         ],
-    );
-    Daemon::spawn(cmd, log, &[], false)
+    )
 }
 
 /// The decisions in a drain audit log, in order.
@@ -394,7 +375,7 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
 
     // 1. XID 79 on GPU 3, 3 s after start: drained with gpuwatch's reason.
     let tmp = tempfile::tempdir().unwrap();
-    let rules = stock_rules(tmp.path(), &["xid_error", "gpu_lost"]);
+    let rules = common::stock_rules(tmp.path(), &["xid_error", "gpu_lost"]);
     let cfg = config(tmp.path(), &rules, "1h");
     let log = tmp.path().join("daemon.log");
     let d = daemon(&slurm, "xid-79", &cfg, &log, "27");
@@ -430,7 +411,7 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     slurm.resume();
     slurm.drain_as_admin("maintenance: fan 3 noisy");
     let tmp = tempfile::tempdir().unwrap();
-    let rules = stock_rules(tmp.path(), &["xid_error", "gpu_lost"]);
+    let rules = common::stock_rules(tmp.path(), &["xid_error", "gpu_lost"]);
     let cfg = config(tmp.path(), &rules, "1s");
     let log = tmp.path().join("daemon.log");
     let d = daemon(&slurm, "xid-79", &cfg, &log, "28");
@@ -488,7 +469,7 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     // finding, a fit node is resumed when the drain was doctor's, an admin's drain never is.
     slurm.resume();
     let tmp = tempfile::tempdir().unwrap();
-    let rules = stock_rules(tmp.path(), &["gpu_lost"]);
+    let rules = common::stock_rules(tmp.path(), &["gpu_lost"]);
     let cfg = config(tmp.path(), &rules, "1s");
     let doctor = |scenario: &str| {
         let started = Instant::now();
