@@ -1111,6 +1111,10 @@ fn labels(hostname: &str, spec: &AlertSpec, gpu: Option<&GpuHistory>) -> BTreeMa
         if !h.id.uuid.is_empty() {
             labels.insert("uuid".into(), h.id.uuid.clone());
         }
+        // the Slurm job(s) on the GPU when the alert starts (dcgm-exporter's label)
+        if let Some(jobs) = crate::model::hpc_jobs(h.processes.iter()) {
+            labels.insert("hpc_job".into(), jobs);
+        }
     }
     labels
 }

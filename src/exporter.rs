@@ -208,16 +208,21 @@ fn kind(d: &MetricDesc, openmetrics: bool) -> &'static str {
 }
 
 /// dcgm-exporter's labels of a GPU (`gpu`, `UUID`, `device`, `modelName`, `pci_bus_id`,
-/// `Hostname`, `hostname`); `host` already escaped.
-fn dcgm_labels(g: &GpuSample, host: &str) -> String {
-    format!(
+/// `Hostname`, `hostname`, and `hpc_job` while Slurm jobs have processes on it); `host` already
+/// escaped.
+fn dcgm_labels(g: &GpuSample, host: &str, jobs: Option<&str>) -> String {
+    let mut l = format!(
         "gpu=\"{}\",UUID=\"{}\",device=\"nvidia{}\",modelName=\"{}\",pci_bus_id=\"{}\",Hostname=\"{host}\",hostname=\"{host}\"",
         g.id.index,
         label(&g.id.uuid),
         g.id.minor.unwrap_or(g.id.index),
         label(&g.id.name),
         label(&g.id.pci_bus_id),
-    )
+    );
+    if let Some(j) = jobs {
+        l.push_str(&format!(",hpc_job=\"{}\"", label(j)));
+    }
+    l
 }
 
 /// dcgm-exporter's labels of a MIG device: its GPU's, with `GPU_I_PROFILE` and `GPU_I_ID`
@@ -313,7 +318,8 @@ pub fn backfill(
     let ts = snap.time_ms as f64 / 1000.0;
     let mut line = String::with_capacity(256);
     for (i, g) in snap.gpus.iter().enumerate() {
-        let ids = dcgm_labels(g, &host);
+        // (no hpc_job: a series is one label set for the whole log)
+        let ids = dcgm_labels(g, &host, None);
         // its GPU instances, when it answers (as `render` takes them)
         let gis: Vec<(usize, &MigSample)> = if g.state == crate::model::DeviceState::Ok {
             let mig: Vec<(usize, &MigSample)> = snap.mig_of(g.id.index).map(|m| (i, m)).collect();
@@ -367,7 +373,15 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
     let mut out = String::with_capacity(16 * 1024);
     let host = label(&state.hostname);
     if let Some(snap) = state.snapshot.as_ref().filter(|_| !state.stale) {
-        let ids: Vec<String> = snap.gpus.iter().map(|g| dcgm_labels(g, &host)).collect();
+        let procs = snap.processes.as_deref().unwrap_or_default();
+        let ids: Vec<String> = snap
+            .gpus
+            .iter()
+            .map(|g| {
+                let on_gpu = procs.iter().filter(|p| p.gpu_index == g.id.index);
+                dcgm_labels(g, &host, crate::model::hpc_jobs(on_gpu).as_deref())
+            })
+            .collect();
         // gpuwatch's own families use snake_case labels (promtool's style); the DCGM ones keep
         // dcgm-exporter's (`UUID`, `modelName`, `Hostname`) for its dashboards.
         let own: Vec<String> = snap

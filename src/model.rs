@@ -1208,7 +1208,24 @@ pub struct ProcSample {
     pub start_ticks: Option<u64>,
 }
 
+/// How [`ProcSample::container`] names a Slurm job: `slurm job 77`.
+pub const SLURM_JOB_PREFIX: &str = "slurm job ";
+
+/// The Slurm jobs of `procs` (their cgroups' `job_N`), distinct, in numeric order and joined
+/// with commas: the `hpc_job` label of a GPU, as dcgm-exporter names it. `None` without any.
+pub fn hpc_jobs<'a>(procs: impl Iterator<Item = &'a ProcSample>) -> Option<String> {
+    let mut jobs: Vec<&str> = procs.filter_map(ProcSample::slurm_job).collect();
+    jobs.sort_by_key(|j| (j.len(), *j));
+    jobs.dedup();
+    (!jobs.is_empty()).then(|| jobs.join(","))
+}
+
 impl ProcSample {
+    /// The Slurm job the process runs in (from its cgroup), e.g. `77`.
+    pub fn slurm_job(&self) -> Option<&str> {
+        self.container.as_deref()?.strip_prefix(SLURM_JOB_PREFIX)
+    }
+
     /// A compute process known only by what NVML says (pid, GPU, used memory); the `/proc`
     /// details (user, command, container, runtime) are unknown.
     pub fn compute(

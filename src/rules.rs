@@ -50,6 +50,7 @@ pub const RESERVED_LABELS: &[&str] = &[
     "rule",
     "pid",
     "action",
+    "hpc_job",
 ];
 
 /// Keys a check's returned map may not contain: control decisions travel only as the rule's
@@ -68,6 +69,7 @@ pub const BUILTIN_LABELS: &[&str] = &[
     "user",
     "rule",
     "action",
+    "hpc_job",
 ];
 
 /// Longest accepted `every` of a rule.

@@ -79,7 +79,7 @@ fn slurm_job(cgroup: &str) -> Option<String> {
             path.split('/').find_map(|seg| {
                 let id = seg.strip_prefix("job_")?;
                 (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-                    .then(|| format!("slurm job {id}"))
+                    .then(|| format!("{}{id}", crate::model::SLURM_JOB_PREFIX))
             })
         })
 }

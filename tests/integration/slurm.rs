@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common;
-use crate::notify::servers::Daemon;
+use crate::notify::servers::{free_port, Daemon};
 
 /// The node's name in the test cluster.
 const NODE: &str = "gpunode1";
@@ -29,14 +29,6 @@ const NODE: &str = "gpunode1";
 struct Slurm {
     dir: tempfile::TempDir,
     children: Vec<Child>,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -585,4 +577,164 @@ temperature_c = {{ type = "steps", points = [[0, 60], [{from_s}, 90], [{to_s}, 6
     )
     .unwrap();
     path
+}
+
+/// A `sleep` moved into a cgroup shaped as Slurm makes a job step's
+/// (`…slurm…/job_77/step_0`, on cgroup v2 or on v1's pids hierarchy); removed when dropped.
+struct JobStep {
+    child: Child,
+    dirs: Vec<PathBuf>,
+    root_procs: PathBuf,
+}
+
+impl JobStep {
+    /// `None` (SKIP) where cgroups cannot be made: not root, or a read-only cgroupfs.
+    fn start(job: u32) -> Option<JobStep> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI runs as root"
+            );
+            eprintln!("SKIP: making cgroups needs root");
+            return None;
+        }
+        let base = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            PathBuf::from("/sys/fs/cgroup")
+        } else {
+            PathBuf::from("/sys/fs/cgroup/pids")
+        };
+        let child = Command::new("sleep").arg("600").spawn().unwrap();
+        let top = base.join(format!("gwtest_slurm_{}", child.id()));
+        let leaf = top.join(format!("job_{job}")).join("step_0");
+        let step = JobStep {
+            dirs: vec![leaf.clone(), leaf.parent().unwrap().to_path_buf(), top],
+            root_procs: base.join("cgroup.procs"),
+            child,
+        };
+        if let Err(e) = std::fs::create_dir_all(&leaf) {
+            eprintln!("SKIP: cannot make a cgroup under {}: {e}", base.display());
+            return None;
+        }
+        std::fs::write(leaf.join("cgroup.procs"), step.child.id().to_string()).unwrap();
+        let seen = std::fs::read_to_string(format!("/proc/{}/cgroup", step.child.id())).unwrap();
+        assert!(seen.contains(&format!("job_{job}/step_0")), "{seen}");
+        Some(step)
+    }
+}
+
+impl Drop for JobStep {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.root_procs, self.child.id().to_string());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// The processes of a Slurm job (found by their cgroup) name it: `hpc_job="77"` on the DCGM
+/// series of their GPU on `/metrics` (not on the other GPUs'), and on the alerts about that GPU.
+#[test]
+fn a_slurm_jobs_gpu_carries_hpc_job_on_metrics_and_alerts() {
+    use crate::notify::servers::{wait_until, HttpReceiver};
+    let Some(step) = JobStep::start(77) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tmp.path().join("job.toml");
+    std::fs::write(
+        &scenario,
+        format!(
+            r#"name = "job"
+description = "a Slurm job's process on GPU 0"
+
+[devices]
+count = 2
+name = "NVIDIA H100 80GB HBM3"
+memory_total_mib = 81559
+
+[devices.metrics]
+gpu_util_pct = 95
+temperature_c = 60
+
+[[process]]
+gpu = 0
+pid = {pid}
+used_memory_mib = 30000
+"#,
+            pid = step.child.id()
+        ),
+    )
+    .unwrap();
+    let rules = tmp.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("busy_gpu.rhai"),
+        "rule(#{ name: \"busy_gpu\", severity: \"info\", check: |gpu| { if gpu.process_count > 0 { `GPU ${gpu.index} busy` } } });\n",
+    )
+    .unwrap();
+    let hook = HttpReceiver::start();
+    let port = free_port();
+    let cfg = tmp.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[daemon]
+interval = "1s"
+state_dir = "{state}"
+rules = ["{rules}"]
+
+[exporter]
+listen = "127.0.0.1:{port}"
+
+[[channel]]
+name = "ops"
+type = "webhook"
+url = "{url}"
+
+[[route]]
+severity = ["info", "warning", "critical"]
+channels = ["ops"]
+group_wait = "0s"
+"#,
+            state = tmp.path().join("state").display(),
+            rules = rules.display(),
+            url = hook.url("/hook"),
+        ),
+    )
+    .unwrap();
+    let d = crate::daemon::daemon(
+        scenario.to_str().unwrap(),
+        &cfg,
+        &tmp.path().join("log"),
+        &[],
+    );
+    let page = wait_until(Duration::from_secs(30), "hpc_job on /metrics", || {
+        crate::exporter::get(port, "/metrics", "text/plain")
+            .map(|r| r.2)
+            .filter(|p| p.contains("hpc_job"))
+    });
+    let util: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{"))
+        .collect();
+    assert!(
+        util.iter()
+            .any(|l| l.contains("gpu=\"0\"") && l.contains(",hpc_job=\"77\"}")),
+        "{util:?}"
+    );
+    assert!(
+        util.iter()
+            .any(|l| l.contains("gpu=\"1\"") && !l.contains("hpc_job")),
+        "{util:?}"
+    );
+    let sent = hook.wait_accepted(1, Duration::from_secs(30));
+    assert!(
+        sent[0].body.contains("\"hpc_job\":\"77\""),
+        "{}",
+        sent[0].body
+    );
+    stop(d);
 }
