@@ -539,6 +539,13 @@ fn repeat_due(inst: &mut AlertInstanceState, spec: &AlertSpec, now_ms: i64) -> O
     None
 }
 
+impl AlertInstanceState {
+    /// The instance as a firing event at `now_ms` (what silences are matched against).
+    pub fn as_event(&self, now_ms: i64) -> AlertEvent {
+        event(self, AlertStatus::Firing, now_ms, false)
+    }
+}
+
 fn event(inst: &AlertInstanceState, status: AlertStatus, now_ms: i64, repeat: bool) -> AlertEvent {
     AlertEvent {
         fingerprint: inst.fingerprint.clone(),

@@ -403,6 +403,7 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     // Kill and exec actions of firing rules (`action: "kill"` goes through [actions.kill]).
     let mut pipeline = Pipeline::new(engine, config.action_runner(&hostname));
     let opened = config.sampler_config(sampler_cfg);
+    pipeline.set_simulated(opened.sim_scenario.is_some());
     // (the exporter's reads settled once it listens, below)
     let unread = opened.unread.clone();
     unread.store(

@@ -282,6 +282,29 @@ impl Drop for SamplerThread {
     }
 }
 
+/// What in `snap` forbids resuming a drained node: a GPU lost, missing, waiting for NVIDIA's
+/// recovery action (a reset or a reboot) or with a row remap pending.
+fn resume_blocker(snap: &Snapshot) -> Option<String> {
+    use crate::model::{DeviceState, Metric};
+    if let Some(m) = snap.missing.first() {
+        return Some(format!("a GPU is missing ({})", m.pci_bus_id));
+    }
+    snap.gpus.iter().find_map(|g| {
+        let i = g.id.index;
+        if g.state == DeviceState::Lost {
+            Some(format!("GPU {i} is lost"))
+        } else if g.get(Metric::RecoveryAction).is_some_and(|v| v > 0.0) {
+            Some(format!("GPU {i} waits for NVIDIA's recovery action"))
+        } else if g.get(Metric::RemapPending).is_some_and(|v| v > 0.0) {
+            Some(format!(
+                "GPU {i} has a row remap pending (a reset applies it)"
+            ))
+        } else {
+            None
+        }
+    })
+}
+
 /// The engine and the actions it drives: snapshots (or the clock) in, alert events out —
 /// the engine's own, a `kill_action` event for every audited kill decision and a `node_drain`
 /// event for every drain decision.
@@ -326,6 +349,9 @@ impl Pipeline {
     /// Ingests a snapshot: the engine's events at its time, then the actions they ask for.
     pub fn observe(&mut self, snap: &Snapshot) -> Vec<AlertEvent> {
         let events = self.engine.observe(snap);
+        if self.actions.drain_mut().enabled() {
+            self.actions.drain_mut().note_gpus(resume_blocker(snap));
+        }
         self.act(events, snap.time_ms, snap.processes.as_deref())
     }
 
@@ -350,6 +376,10 @@ impl Pipeline {
         now_ms: i64,
         processes: Option<&[ProcSample]>,
     ) -> Vec<AlertEvent> {
+        if self.actions.drain_mut().enabled() {
+            let firing = self.drain_conditions(now_ms);
+            self.actions.drain_mut().sync(firing, now_ms);
+        }
         // A silence holds what a firing alert asks for; a resolution always reaches the runner
         // (it only stops things).
         let mut audits = match &self.hold {
@@ -385,9 +415,52 @@ impl Pipeline {
             self.actions
                 .drain_records()
                 .iter()
+                .filter(|r| r.notify)
                 .map(crate::action::drain::DrainRecord::to_alert_event),
         );
         events
+    }
+
+    /// The conditions for `[actions.drain]` as they stand: the engine's firing critical alerts
+    /// whose rule (as loaded now) declares `drain` and that no silence holds.
+    fn drain_conditions(
+        &self,
+        now_ms: i64,
+    ) -> std::collections::BTreeMap<String, crate::action::drain::Condition> {
+        use crate::model::Action;
+        let rules = self.engine.rules().rules();
+        self.engine
+            .alerts()
+            .filter(|i| {
+                i.phase == crate::alert::Phase::Firing
+                    && i.severity == crate::model::Severity::Critical
+                    && i.actions.contains(&Action::Drain)
+            })
+            .filter_map(|i| {
+                let name = i.labels.get("alertname").unwrap_or(&i.key);
+                let declared = rules
+                    .iter()
+                    .any(|r| r.spec.name == *name && r.spec.actions.contains(&Action::Drain));
+                let held = self
+                    .hold
+                    .as_ref()
+                    .is_some_and(|hold| hold(&i.as_event(now_ms)));
+                (declared && !held).then(|| {
+                    let summary = i.annotations.get("summary").map_or("", String::as_str);
+                    (
+                        i.fingerprint.clone(),
+                        crate::action::drain::Condition::new(name, i.gpu, summary),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Simulated GPUs: the drain is a dry run (see [`crate::action::drain::simulated_dry_run`]).
+    pub fn set_simulated(&mut self, sim: bool) {
+        self.actions
+            .drain_mut()
+            .set_simulated(crate::action::drain::simulated_dry_run(sim));
     }
 
     /// Stops the kill ladders whose rule no longer declares `action: kill` (after a rules

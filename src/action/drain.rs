@@ -2,22 +2,31 @@
 //! next job does not land on a lost GPU.
 //!
 //! A rule asks for it with `action: "drain"` (stock: `gpu_lost`, `gpu_missing`, `nvml_stalled`,
-//! `xid_error`, `ecc_uncorrected`); only its **critical** firing events drain (for `xid_error`
-//! the hardware codes, whose recovery is a GPU reset or a reboot; for `ecc_uncorrected` every
-//! uncorrectable error, row-remap failures included). Off by default, and a dry run when on
-//! until `dry_run = false`.
+//! `xid_error`, `ecc_uncorrected`); only its **critical** firing alerts drain (for `xid_error`
+//! the hardware codes; for `ecc_uncorrected` every uncorrectable error, row-remap failures
+//! included). Off by default, and a dry run when on until `dry_run = false`; always a dry run on
+//! simulated GPUs (`--sim`), unless `GPUWATCH_SIM_REAL_DRAIN=1` (tests against a test cluster).
+//!
+//! The conditions are the engine's firing alerts, read at every evaluation
+//! ([`DrainManager::sync`]): alerts restored after a restart, a reload that drops a rule or its
+//! `drain`, a silence, all count as they stand — not as events that might be missed.
 //!
 //! What it does, once per condition (an alert instance), on a worker thread (an unreachable
 //! slurmctld blocks `scontrol` for its MessageTimeout; the sampling loop never waits):
-//! 1. `scontrol show node NODE --oneliner`: a node someone else drained (its state has `DRAIN`
-//!    and its reason does not start with `gpuwatch:`) is left as it is, and said so;
+//! 1. `scontrol show node NODE --oneliner`: a node someone else took out of service — drained,
+//!    down, failed, in maintenance or rebooting, or with a reason gpuwatch's daemon did not
+//!    write — is left as it is, and said so;
 //! 2. else `scontrol update NodeName=NODE State=DRAIN Reason="gpuwatch: ALERT GPU N SUMMARY"`.
 //!
-//! With `resume = true`, once every condition that asked for a drain has been resolved for
-//! `resume_after`, the node is resumed (`State=RESUME`) — only while its drain is still
-//! gpuwatch's (state `DRAIN`, reason starting `gpuwatch:`): an admin who drained it again, or
-//! changed the reason, keeps it drained. After a restart the same check runs once the conditions
-//! have been clear for `resume_after` since the start, so a drain made before it is not forgotten.
+//! A failed `scontrol` is tried again after 1, 2, 4 … minutes (at most an hour); the first
+//! failure per condition is notified, the later ones only logged and audited.
+//!
+//! With `resume = true`, once every condition has been clear for `resume_after` and no GPU is
+//! lost, waits for a reset (NVIDIA's recovery action) or has a row remap pending, the node is
+//! resumed (`State=RESUME`) — only while its drain is still the daemon's (reason starting
+//! `gpuwatch: ` and not `gpuwatch: doctor` or `gpuwatch: prolog`): an admin who drained it
+//! again, or changed the reason, keeps it drained. After a restart the same check runs once the
+//! conditions have been clear for `resume_after`, so a drain made before it is not forgotten.
 //!
 //! Every decision is a line of `state_dir/drain-audit.jsonl` (append-only, fsynced) and a
 //! one-shot `node_drain` notice through the channels.
@@ -34,15 +43,52 @@ use super::audit::AuditLog;
 use crate::model::{AlertEvent, AlertStatus, Severity};
 use crate::values::DurationSetting;
 
-/// What every drain reason gpuwatch writes starts with: how it knows its own drains.
+/// What every drain reason gpuwatch writes starts with.
 pub const REASON_PREFIX: &str = "gpuwatch:";
+
+/// The reasons `gpuwatch doctor --slurm` writes (it resumes only these).
+pub const DOCTOR_REASON: &str = "gpuwatch: doctor";
+
+/// The reasons `gpuwatch slurm prolog` writes (nothing resumes these: a person does).
+pub const PROLOG_REASON: &str = "gpuwatch: prolog";
+
+/// Set (to anything) in the environment, simulated GPUs drain for real: for tests against a
+/// test cluster only.
+pub const SIM_REAL_DRAIN_ENV: &str = "GPUWATCH_SIM_REAL_DRAIN";
+
+/// Whether drains must be dry runs: the GPUs are simulated (`sim`) and
+/// [`SIM_REAL_DRAIN_ENV`] is not set.
+pub fn simulated_dry_run(sim: bool) -> bool {
+    sim && std::env::var_os(SIM_REAL_DRAIN_ENV).is_none()
+}
+
+/// Whether `reason` is a drain the daemon wrote (not doctor's, not the prolog's).
+pub fn daemon_reason(reason: &str) -> bool {
+    reason.starts_with(REASON_PREFIX)
+        && !reason.starts_with(DOCTOR_REASON)
+        && !reason.starts_with(PROLOG_REASON)
+}
+
+/// Whether `reason` is a drain `doctor --slurm` wrote.
+pub fn doctor_reason(reason: &str) -> bool {
+    reason.starts_with(DOCTOR_REASON)
+}
+
+/// Whether `reason` is a drain the prolog wrote.
+pub fn prolog_reason(reason: &str) -> bool {
+    reason.starts_with(PROLOG_REASON)
+}
 
 /// Slurm keeps any reason, but `sinfo -R` and people read it: long summaries are cut (at a
 /// character boundary, with "…").
 const MAX_REASON_CHARS: usize = 200;
 
-/// How long a failed `scontrol` waits before the condition is tried again.
+/// How long a failed `scontrol` waits before the condition is tried again, doubled at each
+/// further failure up to [`MAX_RETRY_MS`].
 const RETRY_MS: i64 = 60_000;
+
+/// The longest wait between two tries.
+const MAX_RETRY_MS: i64 = 3_600_000;
 
 /// `[actions.drain]`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -98,11 +144,11 @@ impl DrainSection {
         if self
             .node
             .chars()
-            .any(|c| c.is_whitespace() || c.is_control())
+            .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '[' | ']' | ','))
         {
             out.push(Problem::at(
                 "actions.drain.node",
-                "a Slurm node name has no spaces or control characters",
+                "one Slurm node name: no spaces, control characters, lists (,) or ranges ([…])",
             ));
         }
         out
@@ -173,6 +219,9 @@ pub struct DrainRecord {
     pub fingerprint: String,
     /// The drain reason written (or that would be), the node's reason left alone, or the error.
     pub reason: String,
+    /// Whether it goes out as a notice (a repeated failure is only logged and audited).
+    #[serde(skip)]
+    pub notify: bool,
 }
 
 impl DrainRecord {
@@ -237,11 +286,26 @@ impl DrainRecord {
 }
 
 /// A firing alert that asks for a drain.
-#[derive(Debug, Clone)]
-struct Condition {
-    alert: String,
-    gpu: Option<u32>,
-    reason: String,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    /// The alert (rule) name.
+    pub alert: String,
+    /// Its GPU, when it is about one.
+    pub gpu: Option<u32>,
+    /// The reason to write: `gpuwatch: ALERT GPU N SUMMARY`.
+    pub reason: String,
+}
+
+impl Condition {
+    /// The condition of alert `name` about `gpu` with `summary`.
+    pub fn new(name: &str, gpu: Option<u32>, summary: &str) -> Condition {
+        let on_gpu = gpu.map(|g| format!(" GPU {g}")).unwrap_or_default();
+        Condition {
+            alert: name.to_string(),
+            gpu,
+            reason: reason_line(&format!("{REASON_PREFIX} {name}{on_gpu} {summary}")),
+        }
+    }
 }
 
 /// What a worker is doing.
@@ -257,10 +321,10 @@ enum Op {
 /// What a worker found and did.
 struct Done {
     op: Op,
-    /// The decision and its reason; `None`: nothing to say (our drain already in place, or no
-    /// drain to resume).
+    /// The decision and its reason; `None`: nothing to say (the daemon's drain already in
+    /// place, or no drain to resume).
     said: Option<(DrainDecision, String)>,
-    /// Whether the node is (still) drained by gpuwatch.
+    /// Whether the node is (still) drained by the daemon.
     ours: bool,
 }
 
@@ -272,48 +336,83 @@ pub struct DrainManager {
     host: String,
     audit_path: PathBuf,
     audit: Option<AuditLog>,
-    /// Firing conditions asking for a drain, by alert fingerprint.
+    /// Simulated GPUs: a dry run whatever the config says.
+    simulated: bool,
+    /// The firing conditions asking for a drain, by alert fingerprint, as of the last sync.
     conditions: BTreeMap<String, Condition>,
     /// Conditions acted on (the node drained or left alone for them).
     handled: BTreeSet<String>,
-    /// A condition whose `scontrol` failed is tried again from this time.
-    retry_at: BTreeMap<String, i64>,
-    /// Whether the node may carry a drain of gpuwatch's to resume: one made here, or (with
-    /// `resume` on) one made before a restart.
+    /// A condition whose `scontrol` failed: when it is tried again, and how often it failed.
+    retry: BTreeMap<String, (i64, u32)>,
+    /// Whether the node may carry a drain of the daemon's to resume (in a dry run: whether one
+    /// would have been made).
     ours: bool,
     /// Since when no condition has been firing.
     clear_since: Option<i64>,
+    /// Why a resume must wait (from the newest sample): a GPU lost, awaiting a reset, or with a
+    /// row remap pending.
+    blocked: Option<String>,
+    /// The newest time seen: the timers' clock never goes back.
+    now_ms: i64,
     worker: Option<(Op, JoinHandle<Done>)>,
 }
 
 impl DrainManager {
     /// A manager for `section` on host `hostname`, auditing to `state_dir/drain-audit.jsonl`.
     pub fn new(section: &DrainSection, state_dir: &Path, hostname: &str) -> DrainManager {
-        DrainManager {
+        let mut m = DrainManager {
             node: section.node_name(hostname),
             host: hostname.to_string(),
             audit_path: state_dir.join("drain-audit.jsonl"),
             audit: None,
+            simulated: false,
             conditions: BTreeMap::new(),
             handled: BTreeSet::new(),
-            retry_at: BTreeMap::new(),
-            // (a drain made before a restart is found by the resume check; a dry run made none)
-            ours: section.resume && !section.dry_run,
+            retry: BTreeMap::new(),
+            ours: false,
             clear_since: None,
+            blocked: None,
+            now_ms: i64::MIN,
             worker: None,
             section: section.clone(),
+        };
+        m.start_over();
+        m
+    }
+
+    /// Whether nothing is done for real (a dry run, or simulated GPUs).
+    fn dry_run(&self) -> bool {
+        self.section.dry_run || self.simulated
+    }
+
+    /// Simulated GPUs (`--sim`): a dry run from now on.
+    pub fn set_simulated(&mut self, simulated: bool) {
+        if simulated != self.simulated {
+            self.simulated = simulated;
+            self.start_over();
         }
+    }
+
+    /// Forgets what was acted on, so every firing condition is acted on again (at a start, a
+    /// switch of dry run or resume, turning the action on). A drain made before is found by
+    /// the resume check, as after a restart.
+    fn start_over(&mut self) {
+        self.handled.clear();
+        self.retry.clear();
+        self.ours = self.section.enabled && self.section.resume && !self.dry_run();
+        self.clear_since = None;
     }
 
     /// Applies a reloaded `[actions.drain]`.
     pub fn reload(&mut self, section: &DrainSection) {
         self.node = section.node_name(&self.host);
-        // (resuming turned on: a drain made before is found as after a restart)
-        let resumes = |s: &DrainSection| s.resume && !s.dry_run;
-        if resumes(section) && !resumes(&self.section) {
-            self.ours = true;
-        }
+        let changed = section.enabled != self.section.enabled
+            || section.dry_run != self.section.dry_run
+            || section.resume != self.section.resume;
         self.section = section.clone();
+        if changed {
+            self.start_over();
+        }
     }
 
     /// The audit log's path.
@@ -321,35 +420,39 @@ impl DrainManager {
         &self.audit_path
     }
 
-    /// Takes note of `ev`: a critical firing event of a rule that declares `drain` is a
-    /// condition; its resolution ends it.
-    pub fn observe(&mut self, ev: &AlertEvent, now_ms: i64) {
+    /// Whether the action is on (conditions are worth gathering).
+    pub fn enabled(&self) -> bool {
+        self.section.enabled
+    }
+
+    /// Takes the conditions as they stand now: the engine's firing critical alerts whose rule
+    /// declares `drain` (and that no silence holds), by fingerprint. Those gone end.
+    pub fn sync(&mut self, firing: BTreeMap<String, Condition>, now_ms: i64) {
+        let now = self.clock(now_ms);
         if !self.section.enabled {
+            self.conditions.clear();
             return;
         }
-        match ev.status {
-            AlertStatus::Resolved => {
-                self.conditions.remove(&ev.fingerprint);
-                self.handled.remove(&ev.fingerprint);
-                self.retry_at.remove(&ev.fingerprint);
-                if self.conditions.is_empty() && self.clear_since.is_none() {
-                    self.clear_since = Some(now_ms);
-                }
-            }
-            AlertStatus::Firing
-                if ev.severity == Severity::Critical
-                    && ev.actions.contains(&crate::model::Action::Drain) =>
-            {
-                let cond = Condition {
-                    alert: ev.name.clone(),
-                    gpu: ev.gpu,
-                    reason: drain_reason(ev),
-                };
-                self.conditions.insert(ev.fingerprint.clone(), cond);
-                self.clear_since = None;
-            }
-            _ => {}
+        self.handled.retain(|fp| firing.contains_key(fp));
+        self.retry.retain(|fp, _| firing.contains_key(fp));
+        if firing.is_empty() {
+            self.clear_since.get_or_insert(now);
+        } else {
+            self.clear_since = None;
         }
+        self.conditions = firing;
+    }
+
+    /// What the newest sample says about resuming: `Some(why)` while a GPU is lost, waits for a
+    /// reset or has a row remap pending.
+    pub fn note_gpus(&mut self, blocked: Option<String>) {
+        self.blocked = blocked;
+    }
+
+    /// `now_ms`, never before a time already seen.
+    fn clock(&mut self, now_ms: i64) -> i64 {
+        self.now_ms = self.now_ms.max(now_ms);
+        self.now_ms
     }
 
     /// Advances: collects a finished `scontrol`, starts the next one that is due. Returns the
@@ -358,6 +461,7 @@ impl DrainManager {
         if !self.section.enabled {
             return Vec::new();
         }
+        let now = self.clock(now_ms);
         let mut out = Vec::new();
         if self.worker.as_ref().is_some_and(|(_, h)| h.is_finished()) {
             if let Some((op, handle)) = self.worker.take() {
@@ -366,11 +470,11 @@ impl DrainManager {
                     said: Some((DrainDecision::Error, "the scontrol worker panicked".into())),
                     ours: self.ours,
                 });
-                out.extend(self.finish(done, now_ms));
+                out.extend(self.finish(done, now));
             }
         }
         if self.worker.is_none() {
-            out.extend(self.start_next(now_ms));
+            out.extend(self.start_next(now));
         }
         out
     }
@@ -379,12 +483,18 @@ impl DrainManager {
     fn finish(&mut self, done: Done, now_ms: i64) -> Option<DrainRecord> {
         self.ours = done.ours;
         let (decision, reason) = done.said?;
+        let mut notify = true;
         let (alert, gpu, fingerprint) = match &done.op {
             Op::Drain { fingerprint, cond } => {
                 if decision == DrainDecision::Error {
                     self.handled.remove(fingerprint);
-                    self.retry_at
-                        .insert(fingerprint.clone(), now_ms.saturating_add(RETRY_MS));
+                    let failures = self.retry.get(fingerprint).map_or(0, |r| r.1) + 1;
+                    notify = failures == 1;
+                    let wait = RETRY_MS
+                        .saturating_mul(1_i64 << (failures - 1).min(20))
+                        .min(MAX_RETRY_MS);
+                    self.retry
+                        .insert(fingerprint.clone(), (now_ms.saturating_add(wait), failures));
                 }
                 (cond.alert.clone(), cond.gpu, fingerprint.clone())
             }
@@ -396,23 +506,27 @@ impl DrainManager {
                 (String::new(), None, String::new())
             }
         };
-        Some(self.record(decision, alert, gpu, fingerprint, reason, now_ms))
+        let mut rec = self.record(decision, alert, gpu, fingerprint, reason, now_ms);
+        rec.notify = notify;
+        Some(rec)
     }
 
     /// Starts the next due operation: a drain for a condition not yet acted on, else a resume
-    /// when every condition has been clear long enough. In a dry run it is decided at once.
+    /// when every condition has been clear long enough and no GPU forbids it. In a dry run it is
+    /// decided at once.
     fn start_next(&mut self, now_ms: i64) -> Option<DrainRecord> {
         let due = self
             .conditions
             .iter()
             .find(|(fp, _)| {
-                !self.handled.contains(*fp) && self.retry_at.get(*fp).is_none_or(|t| now_ms >= *t)
+                !self.handled.contains(*fp)
+                    && self.retry.get(*fp).is_none_or(|(at, _)| now_ms >= *at)
             })
             .map(|(fp, c)| (fp.clone(), c.clone()));
         if let Some((fingerprint, cond)) = due {
             self.handled.insert(fingerprint.clone());
-            if self.section.dry_run {
-                // (once per node while it would be drained: more conditions add nothing)
+            if self.dry_run() {
+                // (once while the node would be drained: more conditions add nothing)
                 if self.ours {
                     return None;
                 }
@@ -426,22 +540,24 @@ impl DrainManager {
                     now_ms,
                 ));
             }
-            let op = Op::Drain { fingerprint, cond };
-            self.spawn(op);
+            self.spawn(Op::Drain { fingerprint, cond });
             return None;
         }
-        let clear_long_enough = self.conditions.is_empty()
-            && self.section.resume
-            && self.ours
-            && self
-                .clear_since
-                .get_or_insert(now_ms)
-                .saturating_add(self.section.resume_after.ms)
-                <= now_ms;
-        if !clear_long_enough {
+        if !self.conditions.is_empty() || !self.ours {
             return None;
         }
-        if self.section.dry_run {
+        if !self.section.resume {
+            // (a dry run without resume: a later condition is said again)
+            if self.dry_run() {
+                self.ours = false;
+            }
+            return None;
+        }
+        let since = *self.clear_since.get_or_insert(now_ms);
+        if since.saturating_add(self.section.resume_after.ms) > now_ms || self.blocked.is_some() {
+            return None;
+        }
+        if self.dry_run() {
             self.ours = false;
             let reason = "every condition that asked for the drain has cleared".to_string();
             return Some(self.record(
@@ -494,11 +610,12 @@ impl DrainManager {
             host: self.host.clone(),
             node: self.node.clone(),
             decision,
-            dry_run: self.section.dry_run,
+            dry_run: self.dry_run(),
             alert,
             gpu,
             fingerprint,
             reason,
+            notify: true,
         };
         if self.audit.is_none() {
             match AuditLog::open(&self.audit_path) {
@@ -523,17 +640,6 @@ impl DrainManager {
         }
         rec
     }
-}
-
-/// The reason written to Slurm: `gpuwatch: ALERT GPU N SUMMARY` (see [`reason_line`]).
-fn drain_reason(ev: &AlertEvent) -> String {
-    let summary = ev
-        .annotations
-        .get("summary")
-        .map(String::as_str)
-        .unwrap_or_default();
-    let gpu = ev.gpu.map(|g| format!(" GPU {g}")).unwrap_or_default();
-    reason_line(&format!("{REASON_PREFIX} {}{gpu} {summary}", ev.name))
 }
 
 /// `text` as a Slurm reason: one line (control characters as spaces), trimmed, cut at
@@ -589,9 +695,14 @@ impl NodeState {
         self.state.split('+').any(|f| f.starts_with("DRAIN"))
     }
 
-    /// Whether the drain is gpuwatch's own.
-    pub fn ours(&self) -> bool {
-        self.drained() && self.reason.starts_with(REASON_PREFIX)
+    /// Whether it is out of service in any way: drained, down, failed, in maintenance or
+    /// rebooting.
+    pub fn out_of_service(&self) -> bool {
+        self.state.split('+').any(|f| {
+            ["DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT"]
+                .iter()
+                .any(|s| f.starts_with(s))
+        })
     }
 }
 
@@ -647,19 +758,25 @@ pub fn node_state(section: &DrainSection, node: &str) -> Result<NodeState, Strin
         .ok_or_else(|| format!("no State= in scontrol's answer: {}", out.trim()))
 }
 
-/// Drains `node` with `reason` unless it is drained already (by gpuwatch, or by someone else,
-/// whose drain is left as it is).
-pub fn drain_node(section: &DrainSection, node: &str, reason: &str) -> Drained {
+/// Drains `node` with `reason` unless it is drained already by the same hand (`mine` says
+/// which reasons are) or someone else took it out of service (drained, down, failed, in
+/// maintenance, rebooting, or carrying a reason that is not `mine`): that is left as it is.
+pub fn drain_node(
+    section: &DrainSection,
+    node: &str,
+    reason: &str,
+    mine: impl Fn(&str) -> bool,
+) -> Drained {
     let state = match node_state(section, node) {
         Ok(s) => s,
         Err(e) => return Drained::Failed(e),
     };
-    if state.ours() {
+    if state.drained() && mine(&state.reason) {
         return Drained::Already;
     }
-    if state.drained() {
+    if state.out_of_service() || (!state.reason.is_empty() && !mine(&state.reason)) {
         return Drained::LeftAlone(format!(
-            "already drained by someone else (state {}, reason {:?}); gpuwatch will not resume it",
+            "already out of service by someone else's hand (state {}, reason {:?}); gpuwatch will not resume it",
             state.state, state.reason
         ));
     }
@@ -671,9 +788,9 @@ pub fn drain_node(section: &DrainSection, node: &str, reason: &str) -> Drained {
     }
 }
 
-/// Resumes `node` when it is drained with a reason `ours` accepts; any other drain is left as
+/// Resumes `node` when it is drained with a reason `mine` accepts; any other drain is left as
 /// it is.
-pub fn resume_node(section: &DrainSection, node: &str, ours: impl Fn(&str) -> bool) -> Resumed {
+pub fn resume_node(section: &DrainSection, node: &str, mine: impl Fn(&str) -> bool) -> Resumed {
     let state = match node_state(section, node) {
         Ok(s) => s,
         Err(e) => return Resumed::Failed(e),
@@ -681,9 +798,9 @@ pub fn resume_node(section: &DrainSection, node: &str, ours: impl Fn(&str) -> bo
     if !state.drained() {
         return Resumed::NotDrained;
     }
-    if !ours(&state.reason) {
+    if !mine(&state.reason) {
         return Resumed::LeftAlone(format!(
-            "its drain is not gpuwatch's (reason {:?}): not resumed",
+            "its drain is not gpuwatch's to undo (reason {:?}): not resumed",
             state.reason
         ));
     }
@@ -697,14 +814,14 @@ pub fn resume_node(section: &DrainSection, node: &str, ours: impl Fn(&str) -> bo
 /// One operation, on the worker thread.
 fn run_op(section: &DrainSection, node: &str, op: Op, ours: bool) -> Done {
     let (said, ours) = match &op {
-        Op::Drain { cond, .. } => match drain_node(section, node, &cond.reason) {
+        Op::Drain { cond, .. } => match drain_node(section, node, &cond.reason, daemon_reason) {
             Drained::Now => (Some((DrainDecision::Drain, cond.reason.clone())), true),
             // (another condition drained it already)
             Drained::Already => (None, true),
             Drained::LeftAlone(why) => (Some((DrainDecision::LeftAlone, why)), false),
             Drained::Failed(e) => (Some((DrainDecision::Error, e)), ours),
         },
-        Op::Resume => match resume_node(section, node, |r| r.starts_with(REASON_PREFIX)) {
+        Op::Resume => match resume_node(section, node, daemon_reason) {
             Resumed::Now(was) => (
                 Some((
                     DrainDecision::Resume,
@@ -737,58 +854,64 @@ mod tests {
             s.reason,
             "gpuwatch: xid_error GPU 5 XID 79 — fell off the bus"
         );
-        assert!(s.drained() && s.ours());
+        assert!(s.drained() && daemon_reason(&s.reason));
         let admin = NodeState::parse(
             "NodeName=n State=MIXED+DRAIN Reason=bad fan [alice@2026-01-01T00:00:00]",
         )
         .unwrap();
-        assert!(admin.drained() && !admin.ours());
+        assert!(admin.drained() && !daemon_reason(&admin.reason));
         let idle = NodeState::parse("NodeName=n State=IDLE Weight=1").unwrap();
-        assert!(!idle.drained());
+        assert!(!idle.drained() && !idle.out_of_service());
         assert_eq!(idle.reason, "");
+        let down = NodeState::parse(
+            "NodeName=n State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@t]",
+        )
+        .unwrap();
+        assert!(!down.drained() && down.out_of_service());
         let draining =
             NodeState::parse("NodeName=n State=DRAINING Reason=gpuwatch: x [root@t]").unwrap();
-        assert!(draining.ours());
+        assert!(draining.drained());
         assert_eq!(NodeState::parse("Node nosuch not found"), None);
     }
 
-    fn event(status: AlertStatus, severity: Severity, summary: &str) -> AlertEvent {
-        let mut annotations = BTreeMap::new();
-        annotations.insert("summary".to_string(), summary.to_string());
-        AlertEvent {
-            gpu: Some(5),
-            actions: vec![crate::model::Action::Drain],
-            ..AlertEvent::notice(
-                "fp5".into(),
-                "xid_error",
-                severity,
-                status,
-                BTreeMap::new(),
-                annotations,
-                0,
-            )
-        }
+    #[test]
+    fn each_hand_knows_its_own_drains() {
+        let daemon = "gpuwatch: xid_error GPU 5 XID 79";
+        let doctor = "gpuwatch: doctor GPU 3 (…): lost";
+        let prolog = "gpuwatch: prolog job 42 GPU 3 (…): lost";
+        assert!(daemon_reason(daemon) && !daemon_reason(doctor) && !daemon_reason(prolog));
+        assert!(doctor_reason(doctor) && !doctor_reason(daemon) && !doctor_reason(prolog));
+        assert!(prolog_reason(prolog) && !prolog_reason(doctor));
+        assert!(!daemon_reason("maintenance"));
     }
 
     #[test]
     fn reasons_are_one_line_marked_and_bounded() {
-        let ev = event(
-            AlertStatus::Firing,
-            Severity::Critical,
-            "XID 79\nfell off the bus",
-        );
+        let c = Condition::new("xid_error", Some(5), "XID 79\nfell off the bus");
         assert_eq!(
-            drain_reason(&ev),
+            c.reason,
             "gpuwatch: xid_error GPU 5 XID 79 fell off the bus"
         );
-        let long = event(AlertStatus::Firing, Severity::Critical, &"é".repeat(500));
-        let r = drain_reason(&long);
-        assert_eq!(r.chars().count(), MAX_REASON_CHARS);
-        assert!(r.ends_with('…') && r.starts_with(REASON_PREFIX));
+        let long = Condition::new("xid_error", Some(5), &"é".repeat(500));
+        assert_eq!(long.reason.chars().count(), MAX_REASON_CHARS);
+        assert!(long.reason.ends_with('…') && long.reason.starts_with(REASON_PREFIX));
+        let host = Condition::new("gpu_missing", None, "1 GPU missing");
+        assert_eq!(host.reason, "gpuwatch: gpu_missing 1 GPU missing");
     }
 
-    /// Dry run: one `would_drain` per node however many conditions, only for critical events,
-    /// and a `would_resume` once they have cleared for `resume_after`; all audited.
+    fn firing(fps: &[&str]) -> BTreeMap<String, Condition> {
+        fps.iter()
+            .map(|fp| {
+                (
+                    (*fp).to_string(),
+                    Condition::new("xid_error", Some(5), "XID 79"),
+                )
+            })
+            .collect()
+    }
+
+    /// Dry run: one `would_drain` per node however many conditions, a `would_resume` once they
+    /// have been clear for `resume_after` and no GPU forbids it; all audited.
     #[test]
     fn a_dry_run_decides_at_once_and_resumes_after_the_clearance() {
         let dir = tempfile::tempdir().unwrap();
@@ -800,31 +923,66 @@ mod tests {
         };
         let mut m = DrainManager::new(&section, dir.path(), "gpu7.lab.example");
         assert_eq!(m.node, "gpu7");
-        m.observe(&event(AlertStatus::Firing, Severity::Warning, "XID 13"), 0);
-        assert!(m.tick(0).is_empty(), "a warning does not drain");
-        m.observe(&event(AlertStatus::Firing, Severity::Critical, "XID 79"), 1);
+        m.sync(firing(&[]), 0);
+        assert!(m.tick(0).is_empty(), "nothing firing, nothing of ours");
+        m.sync(firing(&["fp5"]), 1);
         let r = m.tick(1);
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].decision, DrainDecision::WouldDrain);
         assert_eq!(r[0].reason, "gpuwatch: xid_error GPU 5 XID 79");
         assert!(m.tick(2).is_empty(), "once per condition");
-        let mut other = event(AlertStatus::Firing, Severity::Critical, "lost");
-        other.fingerprint = "fp6".into();
-        m.observe(&other, 3);
+        m.sync(firing(&["fp5", "fp6"]), 3);
         assert!(m.tick(3).is_empty(), "once per node");
-        m.observe(&event(AlertStatus::Resolved, Severity::Critical, ""), 4);
+        m.sync(firing(&["fp6"]), 4);
         assert!(m.tick(5_000).is_empty(), "fp6 still firing");
-        other.status = AlertStatus::Resolved;
-        m.observe(&other, 6_000);
+        m.sync(firing(&[]), 6_000);
         assert!(m.tick(15_000).is_empty(), "not clear for 10 s yet");
-        let r = m.tick(16_000);
+        m.note_gpus(Some("GPU 5 is lost".into()));
+        assert!(m.tick(16_000).is_empty(), "a lost GPU holds the resume");
+        m.note_gpus(None);
+        // (the clock never goes back: a late sample's time does not undo the wait)
+        let r = m.tick(12_000);
         assert_eq!(r[0].decision, DrainDecision::WouldResume);
         let log = std::fs::read_to_string(dir.path().join("drain-audit.jsonl")).unwrap();
         assert_eq!(log.lines().count(), 2, "{log}");
         assert!(r[0].to_alert_event().once);
+        // a new condition is said again
+        m.sync(firing(&["fp7"]), 17_000);
+        assert_eq!(m.tick(17_000)[0].decision, DrainDecision::WouldDrain);
     }
 
-    /// A failing scontrol is an error record, tried again after [`RETRY_MS`], never a panic.
+    /// Turning the dry run off acts on what is firing already; simulated GPUs stay a dry run.
+    #[test]
+    fn switching_the_dry_run_off_acts_on_alerts_already_firing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut section = DrainSection {
+            enabled: true,
+            scontrol: "/nonexistent/scontrol".into(),
+            ..DrainSection::default()
+        };
+        let mut m = DrainManager::new(&section, dir.path(), "n1");
+        m.sync(firing(&["fp5"]), 0);
+        assert_eq!(m.tick(0)[0].decision, DrainDecision::WouldDrain);
+        m.set_simulated(true);
+        section.dry_run = false;
+        m.reload(&section);
+        m.sync(firing(&["fp5"]), 1);
+        assert_eq!(
+            m.tick(1)[0].decision,
+            DrainDecision::WouldDrain,
+            "simulated"
+        );
+        m.set_simulated(false);
+        m.sync(firing(&["fp5"]), 2);
+        assert!(m.tick(2).is_empty());
+        assert!(
+            m.worker.is_some(),
+            "scontrol runs for the alert firing since before"
+        );
+    }
+
+    /// A failing scontrol is an error record, notified once, tried again after 1, 2, 4 …
+    /// minutes, never a panic.
     #[test]
     fn a_missing_scontrol_is_an_error_tried_again_later() {
         let dir = tempfile::tempdir().unwrap();
@@ -835,19 +993,42 @@ mod tests {
             ..DrainSection::default()
         };
         let mut m = DrainManager::new(&section, dir.path(), "n1");
-        m.observe(&event(AlertStatus::Firing, Severity::Critical, "XID 79"), 0);
+        let wait_record = |m: &mut DrainManager, now: i64| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                std::thread::sleep(Duration::from_millis(10));
+                let got = m.tick(now);
+                if !got.is_empty() || Instant::now() > deadline {
+                    return got;
+                }
+            }
+        };
+        m.sync(firing(&["fp5"]), 0);
         assert!(m.tick(0).is_empty());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut got = Vec::new();
-        while got.is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-            got = m.tick(1);
-        }
+        let got = wait_record(&mut m, 1);
         assert_eq!(got[0].decision, DrainDecision::Error, "{got:?}");
         assert!(got[0].reason.contains("cannot start"), "{}", got[0].reason);
+        assert!(got[0].notify);
         assert!(m.tick(2).is_empty(), "not again at once");
         assert!(m.worker.is_none());
         m.tick(RETRY_MS + 1);
-        assert!(m.worker.is_some(), "tried again after the wait");
+        assert!(m.worker.is_some(), "tried again after a minute");
+        let again = wait_record(&mut m, RETRY_MS + 2);
+        assert!(!again[0].notify, "a repeated failure is not notified again");
+        m.tick(RETRY_MS + 2 + RETRY_MS);
+        assert!(m.worker.is_none(), "the second wait is two minutes");
+        m.tick(RETRY_MS + 2 + 2 * RETRY_MS);
+        assert!(m.worker.is_some());
+    }
+
+    #[test]
+    fn a_node_list_or_range_is_refused() {
+        for bad in ["gpu[01-08]", "a,b", "a b"] {
+            let s = DrainSection {
+                node: bad.into(),
+                ..DrainSection::default()
+            };
+            assert_eq!(s.validate().len(), 1, "{bad}");
+        }
     }
 }

@@ -186,9 +186,14 @@ fn py_spy(section: &ForensicsSection) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Runs `cmd` until it ends or `deadline`; (success, output cut at [`MAX_FILE_BYTES`]).
+/// Runs `cmd` until it ends or `deadline`; (success, output cut at [`MAX_FILE_BYTES`]). The
+/// command runs in a process group of its own, killed whole at the deadline, and its output is
+/// waited for at most a second more: a grandchild that keeps the pipe open never holds the
+/// caller.
 pub(crate) fn run_bounded(mut cmd: Command, deadline: Instant) -> (bool, String) {
+    use std::os::unix::process::CommandExt as _;
     let child = cmd
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -199,7 +204,8 @@ pub(crate) fn run_bounded(mut cmd: Command, deadline: Instant) -> (bool, String)
     };
     let mut out = child.stdout.take();
     let mut err = child.stderr.take();
-    let reader = std::thread::spawn(move || {
+    let (done, output) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut buf = Vec::new();
         if let Some(o) = out.as_mut() {
             let _ = o.take(MAX_FILE_BYTES as u64).read_to_end(&mut buf);
@@ -209,12 +215,16 @@ pub(crate) fn run_bounded(mut cmd: Command, deadline: Instant) -> (bool, String)
             let _ = x.take(64 * 1024).read_to_end(&mut e);
         }
         buf.extend_from_slice(&e);
-        buf
+        let _ = done.send(buf);
     });
     let ok = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status.success(),
             Ok(None) if Instant::now() >= deadline => {
+                // SAFETY: kill(2) of the process group the child leads (`process_group(0)`).
+                unsafe {
+                    libc::kill(-(child.id() as i32), libc::SIGKILL);
+                }
                 let _ = child.kill();
                 let _ = child.wait();
                 break false;
@@ -223,7 +233,11 @@ pub(crate) fn run_bounded(mut cmd: Command, deadline: Instant) -> (bool, String)
             Err(_) => break false,
         }
     };
-    let text = reader.join().unwrap_or_default();
+    let text = output
+        .recv_timeout(
+            Duration::from_secs(1).max(deadline.saturating_duration_since(Instant::now())),
+        )
+        .unwrap_or_default();
     (ok, String::from_utf8_lossy(&text).into_owned())
 }
 

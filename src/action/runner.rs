@@ -129,7 +129,6 @@ impl ActionRunner {
     pub fn handle(&mut self, events: &[AlertEvent], now_ms: i64) -> Vec<AuditRecord> {
         let mut out = Vec::new();
         for ev in events {
-            self.drain.observe(ev, now_ms);
             // Only a rule's declared `action:` can ask for a kill, and only a process or job
             // rule's own target can be killed (typed, never read from labels or annotations).
             if ev.status == AlertStatus::Resolved {
@@ -160,6 +159,11 @@ impl ActionRunner {
     /// The drain decisions made since the last call (each already in the drain audit log).
     pub fn drain_records(&mut self) -> Vec<DrainRecord> {
         std::mem::take(&mut self.drained)
+    }
+
+    /// `[actions.drain]`'s state machine (its conditions, the GPUs' state, simulated GPUs).
+    pub fn drain_mut(&mut self) -> &mut DrainManager {
+        &mut self.drain
     }
 
     fn route_kill(&mut self, ev: &AlertEvent, now_ms: i64) -> Vec<AuditRecord> {

@@ -14,6 +14,11 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use super::GlobalArgs;
+use crate::action::drain::{
+    doctor_reason, drain_node, reason_line, resume_node, DrainSection, Drained, Resumed,
+    DOCTOR_REASON,
+};
+use crate::config::Config;
 use crate::pipeline::EXIT_NO_NVML;
 use crate::sampler::doctor::{self, Finding, Inputs};
 use crate::sampler::expected::ExpectedOptions;
@@ -39,9 +44,6 @@ pub struct DoctorArgs {
     #[arg(long, requires = "slurm")]
     pub dry_run: bool,
 }
-
-/// What every drain reason `doctor --slurm` writes starts with (how it knows its own).
-pub const DOCTOR_REASON: &str = "gpuwatch: doctor";
 
 /// Whether `f` makes the node unfit for jobs (see the module docs).
 pub fn unfit(f: &Finding) -> bool {
@@ -92,36 +94,76 @@ pub fn render_text(findings: &[Finding]) -> String {
     out
 }
 
-/// A config (when one was named) and the findings made with it.
-pub type Examined = (Option<crate::config::Config>, Vec<Finding>);
+/// The config at `path`, when one is named.
+pub fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<Option<Config>> {
+    path.map(crate::config::load).transpose()
+}
 
-/// The config at `path` (if any) and the findings with its expected GPUs; `Err(code)` (said on
-/// stderr) when NVML cannot be opened.
-pub fn load_and_examine(
+/// The findings, with the expected GPUs of `config` when there is one.
+pub fn examine_with(
     global: &GlobalArgs,
-    path: Option<&std::path::Path>,
-) -> anyhow::Result<Result<Examined, i32>> {
-    let config = match path {
-        Some(p) => Some(crate::config::load(p)?),
-        None => None,
-    };
-    let expected = config
-        .as_ref()
-        .map_or_else(ExpectedOptions::default, |c| c.expected_options(false));
-    Ok(match examine(global, &expected) {
-        Ok(f) => Ok((config, f)),
-        Err(e) => {
-            eprintln!("gpuwatch: {e}");
-            Err(EXIT_NO_NVML)
+    config: Option<&Config>,
+) -> Result<Vec<Finding>, SamplerError> {
+    let expected = config.map_or_else(ExpectedOptions::default, |c| c.expected_options(false));
+    examine(global, &expected)
+}
+
+/// What `doctor --slurm` and `slurm prolog` act with.
+pub struct SlurmHand {
+    /// `[actions.drain]`, each `scontrol` call held to at most 10 s (slurmd kills a health
+    /// check after 60 s; a node has two calls to make).
+    pub section: DrainSection,
+    /// This node's Slurm name.
+    pub node: String,
+    /// Say, do not act: asked for, or simulated GPUs (unless `GPUWATCH_SIM_REAL_DRAIN`).
+    pub dry_run: bool,
+}
+
+impl SlurmHand {
+    /// The hand for `config` (or the defaults); a dry run when `dry_run`.
+    pub fn new(global: &GlobalArgs, config: Option<&Config>, dry_run: bool) -> SlurmHand {
+        let (mut section, host) = match config {
+            Some(c) => (c.actions.drain.clone(), c.hostname()),
+            None => (DrainSection::default(), crate::sys::hostname()),
+        };
+        section.timeout.ms = section.timeout.ms.min(10_000);
+        SlurmHand {
+            node: section.node_name(&host),
+            section,
+            dry_run: dry_run || crate::action::drain::simulated_dry_run(global.sim.is_some()),
         }
-    })
+    }
+
+    /// Drains the node with `reason` (its own earlier drain, `mine`, or someone else's are left
+    /// as they are); says what happened on stderr.
+    pub fn drain(&self, reason: &str, mine: impl Fn(&str) -> bool) {
+        let node = &self.node;
+        if self.dry_run {
+            eprintln!("gpuwatch: dry run: would drain node {node} with reason {reason:?}");
+            return;
+        }
+        match drain_node(&self.section, node, reason, mine) {
+            Drained::Now => eprintln!("gpuwatch: node {node} drained ({reason})"),
+            Drained::Already => eprintln!("gpuwatch: node {node} already drained by this check"),
+            Drained::LeftAlone(why) => eprintln!("gpuwatch: node {node} left alone: {why}"),
+            Drained::Failed(e) => eprintln!("gpuwatch: draining node {node} failed: {e}"),
+        }
+    }
 }
 
 /// Runs `doctor`.
 pub fn doctor(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<i32> {
-    let (config, findings) = match load_and_examine(global, args.config.as_deref())? {
-        Ok(found) => found,
-        Err(code) => return Ok(code),
+    let config = load_config(args.config.as_deref())?;
+    let findings = match examine_with(global, config.as_ref()) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("gpuwatch: {e}");
+            if args.slurm {
+                let hand = SlurmHand::new(global, config.as_ref(), args.dry_run);
+                return Ok(slurm_unreadable(&hand, &e));
+            }
+            return Ok(EXIT_NO_NVML);
+        }
     };
     let mut stdout = std::io::stdout().lock();
     if args.json {
@@ -132,33 +174,34 @@ pub fn doctor(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<i32> {
     }
     stdout.flush()?;
     if args.slurm {
-        let (section, host) = match &config {
-            Some(c) => (c.actions.drain.clone(), c.hostname()),
-            None => (
-                crate::action::drain::DrainSection::default(),
-                crate::sys::hostname(),
-            ),
-        };
-        return Ok(slurm_health(&findings, &section, &host, args.dry_run));
+        let hand = SlurmHand::new(global, config.as_ref(), args.dry_run);
+        return Ok(slurm_health(&findings, &hand));
     }
     Ok(i32::from(!findings.is_empty()))
 }
 
+/// `--slurm` when NVML does not open: a node without NVIDIA's driver has nothing to check
+/// (exit 0: a CPU node under a cluster-wide health check); a driver that is there but does not
+/// start makes the node unfit.
+fn slurm_unreadable(hand: &SlurmHand, e: &SamplerError) -> i32 {
+    if matches!(e, SamplerError::NoDriver { .. }) {
+        println!("node {}: no NVIDIA driver, nothing to check", hand.node);
+        return 0;
+    }
+    let reason = reason_line(&format!("{DOCTOR_REASON} NVML does not start: {e}"));
+    hand.drain(&reason, doctor_reason);
+    1
+}
+
 /// `--slurm`: drains or resumes the node as the findings say; the exit code.
-fn slurm_health(
-    findings: &[Finding],
-    section: &crate::action::drain::DrainSection,
-    host: &str,
-    dry_run: bool,
-) -> i32 {
-    use crate::action::drain::{drain_node, resume_node, Drained, Resumed};
-    let node = section.node_name(host);
+fn slurm_health(findings: &[Finding], hand: &SlurmHand) -> i32 {
+    let node = &hand.node;
     let Some(worst) = findings.iter().find(|f| unfit(f)) else {
-        if dry_run {
+        if hand.dry_run {
             println!("node {node} is fit (dry run: a drain of doctor's would be resumed)");
             return 0;
         }
-        match resume_node(section, &node, |r| r.starts_with(DOCTOR_REASON)) {
+        match resume_node(&hand.section, node, doctor_reason) {
             Resumed::Now(was) => println!("node {node} is fit again: resumed (was: {was})"),
             Resumed::NotDrained => println!("node {node} is fit"),
             Resumed::LeftAlone(why) => println!("node {node} is fit; {why}"),
@@ -173,20 +216,9 @@ fn slurm_health(
         1 => String::new(),
         n => format!(" (+{} more)", n - 1),
     };
-    let reason =
-        crate::action::drain::reason_line(&format!("{DOCTOR_REASON} {}{more}", worst.line()));
-    if dry_run {
-        println!("node {node} is unfit: would drain it with reason {reason:?}");
-        return 1;
-    }
-    match drain_node(section, &node, &reason) {
-        Drained::Now => println!("node {node} is unfit: drained ({reason})"),
-        Drained::Already => println!("node {node} is unfit: already drained by gpuwatch"),
-        Drained::LeftAlone(why) => println!("node {node} is unfit; {why}"),
-        Drained::Failed(e) => {
-            eprintln!("gpuwatch: node {node} is unfit, but draining it failed: {e}")
-        }
-    }
+    let reason = reason_line(&format!("{DOCTOR_REASON} {}{more}", worst.line()));
+    println!("node {node} is unfit: {}", worst.line());
+    hand.drain(&reason, doctor_reason);
     1
 }
 

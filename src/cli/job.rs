@@ -129,9 +129,10 @@ fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<
     let config = &setup.config;
     let hostname = config.hostname();
     let engine = crate::engine::Engine::new(setup.rules, config.engine_options(&hostname));
-    let pipeline = Pipeline::new(engine, config.action_runner(&hostname));
+    let mut pipeline = Pipeline::new(engine, config.action_runner(&hostname));
     let interval = config.interval();
     let mut sampler_cfg = config.sampler_config(&global.sampler_config());
+    pipeline.set_simulated(sampler_cfg.sim_scenario.is_some());
     sampler_cfg.process_interval = interval.max(std::time::Duration::from_secs(1));
     let opened = crate::sampler::Sampler::open(&sampler_cfg).map(|mut s| {
         s.check_expected(&config.expected_options(true));

@@ -254,7 +254,7 @@ fn install(a: &InstallArgs) -> anyhow::Result<i32> {
     let packaged = Path::new(PACKAGED_UNIT);
     if !user && packaged.is_file() && !a.force {
         anyhow::bail!(
-            "the gpuwatch package installed {}: `systemctl enable --now gpuwatch` starts it              (--force writes a root unit to /etc/systemd/system that takes its place)",
+            "the gpuwatch package installed {}: `systemctl enable --now gpuwatch` starts it       (--force writes a root unit to /etc/systemd/system that takes its place)",
             packaged.display()
         );
     }

@@ -62,6 +62,7 @@ fn job_gpus(slurm: Option<&str>, cuda: Option<&str>) -> Option<Vec<u32>> {
 }
 
 fn prolog(global: &GlobalArgs, a: &PrologArgs) -> anyhow::Result<i32> {
+    use crate::action::drain::{prolog_reason, reason_line, PROLOG_REASON};
     let job = std::env::var("SLURM_JOB_ID").unwrap_or_else(|_| "?".into());
     let Some(gpus) = job_gpus(
         std::env::var("SLURM_JOB_GPUS").ok().as_deref(),
@@ -69,9 +70,32 @@ fn prolog(global: &GlobalArgs, a: &PrologArgs) -> anyhow::Result<i32> {
     ) else {
         return Ok(0);
     };
-    let (config, findings) = match super::doctor::load_and_examine(global, a.config.as_deref())? {
-        Ok(found) => found,
-        Err(code) => return Ok(code),
+    // gpuwatch's own config mistake must not take the node out (a failing prolog drains it)
+    let config = match super::doctor::load_config(a.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("gpuwatch: job {job} not checked: {e:#}");
+            return Ok(0);
+        }
+    };
+    let hand = super::doctor::SlurmHand::new(global, config.as_ref(), a.dry_run);
+    let findings = match super::doctor::examine_with(global, config.as_ref()) {
+        Ok(f) => f,
+        Err(crate::sampler::SamplerError::NoDriver { .. }) => {
+            eprintln!(
+                "gpuwatch: job {job} asks for GPUs {gpus:?}, but this node has no NVIDIA driver"
+            );
+            return Ok(0);
+        }
+        Err(e) => {
+            let why = format!("NVML does not start: {e}");
+            eprintln!("gpuwatch: job {job} refused: {why}");
+            hand.drain(
+                &reason_line(&format!("{PROLOG_REASON} job {job} {why}")),
+                prolog_reason,
+            );
+            return Ok(1);
+        }
     };
     let refusing: Vec<_> = findings
         .iter()
@@ -84,36 +108,14 @@ fn prolog(global: &GlobalArgs, a: &PrologArgs) -> anyhow::Result<i32> {
         1 => String::new(),
         n => format!(" (+{} more)", n - 1),
     };
-    let reason = crate::action::drain::reason_line(&format!(
-        "{PROLOG_REASON} job {job} {}{more}",
-        first.line()
-    ));
     // (on stderr: slurmd logs it)
     eprintln!("gpuwatch: job {job} refused: {}", first.line());
-    let (section, host) = match &config {
-        Some(c) => (c.actions.drain.clone(), c.hostname()),
-        None => (
-            crate::action::drain::DrainSection::default(),
-            crate::sys::hostname(),
-        ),
-    };
-    let node = section.node_name(&host);
-    if a.dry_run {
-        eprintln!("gpuwatch: would drain node {node} with reason {reason:?}");
-        return Ok(1);
-    }
-    use crate::action::drain::{drain_node, Drained};
-    match drain_node(&section, &node, &reason) {
-        Drained::Now => eprintln!("gpuwatch: node {node} drained ({reason})"),
-        Drained::Already => eprintln!("gpuwatch: node {node} already drained by gpuwatch"),
-        Drained::LeftAlone(why) => eprintln!("gpuwatch: node {node}: {why}"),
-        Drained::Failed(e) => eprintln!("gpuwatch: draining node {node} failed: {e}"),
-    }
+    hand.drain(
+        &reason_line(&format!("{PROLOG_REASON} job {job} {}{more}", first.line())),
+        prolog_reason,
+    );
     Ok(1)
 }
-
-/// What every drain reason the prolog writes starts with.
-pub const PROLOG_REASON: &str = "gpuwatch: prolog";
 
 #[cfg(test)]
 mod tests {
