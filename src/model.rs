@@ -1877,6 +1877,31 @@ impl AlertEvent {
         }
     }
 
+    /// A firing one-shot notice about `gpu` (an action's record: `kill_action`, `node_drain`).
+    pub fn action_notice(
+        fingerprint: String,
+        name: &str,
+        severity: Severity,
+        labels: std::collections::BTreeMap<String, String>,
+        annotations: std::collections::BTreeMap<String, String>,
+        now_ms: i64,
+        gpu: Option<u32>,
+    ) -> AlertEvent {
+        AlertEvent {
+            gpu,
+            ..AlertEvent::notice(
+                fingerprint,
+                name,
+                severity,
+                AlertStatus::Firing,
+                labels,
+                annotations,
+                now_ms,
+            )
+            .once()
+        }
+    }
+
     /// The same event as a one-shot notice (see [`AlertEvent::once`]).
     #[must_use]
     pub fn once(self) -> AlertEvent {

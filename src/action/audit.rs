@@ -103,7 +103,7 @@ impl AuditRecord {
     /// The record as the notification event the dispatcher sends: alert name `kill_action`,
     /// labels `decision`, `pid`, `user`, `gpu`, `source_alert`; annotations summary/description.
     pub fn to_alert_event(&self) -> crate::model::AlertEvent {
-        use crate::model::{AlertEvent, AlertStatus, Severity};
+        use crate::model::{AlertEvent, Severity};
         let mut labels = std::collections::BTreeMap::new();
         labels.insert("alertname".to_string(), "kill_action".to_string());
         labels.insert("decision".to_string(), self.decision.as_str().to_string());
@@ -140,19 +140,15 @@ impl AuditRecord {
             &self.host_pid.to_string(),
             self.decision.as_str(),
         ]);
-        AlertEvent {
-            gpu: self.gpu,
-            ..AlertEvent::notice(
-                fingerprint,
-                "kill_action",
-                severity,
-                AlertStatus::Firing,
-                labels,
-                annotations,
-                self.time_ms,
-            )
-            .once()
-        }
+        AlertEvent::action_notice(
+            fingerprint,
+            "kill_action",
+            severity,
+            labels,
+            annotations,
+            self.time_ms,
+            self.gpu,
+        )
     }
 
     /// One line for humans, e.g. `SIGTERM sent to group 4242 (alice: python train.py) for

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::audit::AuditLog;
-use crate::model::{AlertEvent, AlertStatus, Severity};
+use crate::model::{AlertEvent, Severity};
 use crate::values::DurationSetting;
 
 /// What every drain reason gpuwatch writes starts with.
@@ -269,19 +269,15 @@ impl DrainRecord {
             self.decision.as_str(),
             &self.time_ms.to_string(),
         ]);
-        AlertEvent {
-            gpu: self.gpu,
-            ..AlertEvent::notice(
-                fingerprint,
-                "node_drain",
-                severity,
-                AlertStatus::Firing,
-                labels,
-                annotations,
-                self.time_ms,
-            )
-            .once()
-        }
+        AlertEvent::action_notice(
+            fingerprint,
+            "node_drain",
+            severity,
+            labels,
+            annotations,
+            self.time_ms,
+            self.gpu,
+        )
     }
 }
 
