@@ -411,11 +411,6 @@ impl DrainManager {
         }
     }
 
-    /// The audit log's path.
-    pub fn audit_path(&self) -> &Path {
-        &self.audit_path
-    }
-
     /// Whether the action is on (conditions are worth gathering).
     pub fn enabled(&self) -> bool {
         self.section.enabled

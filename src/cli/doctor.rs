@@ -193,6 +193,17 @@ fn slurm_unreadable(hand: &SlurmHand, e: &SamplerError) -> i32 {
     1
 }
 
+/// The drain reason for `unfit` findings (not empty): `PREFIX FIRST-FINDING (+N more)`, on one
+/// line within Slurm's bound.
+pub fn unfit_reason(prefix: &str, unfit: &[&Finding]) -> String {
+    let more = match unfit.len() {
+        0 | 1 => String::new(),
+        n => format!(" (+{} more)", n - 1),
+    };
+    let first = unfit.first().map(|f| f.line()).unwrap_or_default();
+    reason_line(&format!("{prefix} {first}{more}"))
+}
+
 /// `--slurm`: drains or resumes the node as the findings say; the exit code.
 fn slurm_health(findings: &[Finding], hand: &SlurmHand) -> i32 {
     let node = &hand.node;
@@ -211,12 +222,8 @@ fn slurm_health(findings: &[Finding], hand: &SlurmHand) -> i32 {
         }
         return 0;
     };
-    let unfit_count = findings.iter().filter(|f| unfit(f)).count();
-    let more = match unfit_count {
-        1 => String::new(),
-        n => format!(" (+{} more)", n - 1),
-    };
-    let reason = reason_line(&format!("{DOCTOR_REASON} {}{more}", worst.line()));
+    let unfit_ones: Vec<&Finding> = findings.iter().filter(|f| unfit(f)).collect();
+    let reason = unfit_reason(DOCTOR_REASON, &unfit_ones);
     println!("node {node} is unfit: {}", worst.line());
     hand.drain(&reason, doctor_reason);
     1

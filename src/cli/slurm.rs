@@ -104,14 +104,10 @@ fn prolog(global: &GlobalArgs, a: &PrologArgs) -> anyhow::Result<i32> {
     let Some(first) = refusing.first() else {
         return Ok(0);
     };
-    let more = match refusing.len() {
-        1 => String::new(),
-        n => format!(" (+{} more)", n - 1),
-    };
     // (on stderr: slurmd logs it)
     eprintln!("gpuwatch: job {job} refused: {}", first.line());
     hand.drain(
-        &reason_line(&format!("{PROLOG_REASON} job {job} {}{more}", first.line())),
+        &super::doctor::unfit_reason(&format!("{PROLOG_REASON} job {job}"), &refusing),
         prolog_reason,
     );
     Ok(1)

@@ -29,42 +29,36 @@ const NODE: &str = "gpunode1";
 struct Slurm {
     dir: tempfile::TempDir,
     children: Vec<Child>,
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+    /// The `scontrol` on the PATH.
+    scontrol: PathBuf,
 }
 
 impl Slurm {
     /// Starts the cluster and waits until the node is idle; `None` (SKIP) without root or the
     /// packages outside CI.
     fn start() -> Option<Slurm> {
-        let missing: Vec<&str> = ["munged", "slurmctld", "slurmd", "scontrol", "sinfo"]
-            .into_iter()
-            .filter(|n| which(n).is_none())
-            .collect();
         // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        if !missing.is_empty() || !root {
-            let why = if root {
-                format!(
-                    "{} missing (Debian: apt-get install slurmctld slurmd slurm-client munge)",
-                    missing.join(", ")
-                )
-            } else {
-                "slurmd needs root".to_string()
-            };
+        if unsafe { libc::geteuid() } != 0 {
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
-                "the Slurm test cannot run: {why}"
+                "the Slurm test cannot run: slurmd needs root"
             );
-            eprintln!("SKIP slurm: {why}");
+            eprintln!("SKIP slurm: slurmd needs root");
             return None;
         }
+        // (under CI a missing one fails here: .ci/run installs slurmctld slurmd slurm-client munge)
+        let found: Option<Vec<PathBuf>> = ["munged", "slurmctld", "slurmd", "scontrol"]
+            .iter()
+            .map(|n| common::installed(&[n]))
+            .collect();
+        let Some([munged, slurmctld, slurmd, scontrol]) =
+            found.and_then(|f| <[PathBuf; 4]>::try_from(f).ok())
+        else {
+            eprintln!(
+                "SKIP slurm: munged, slurmctld, slurmd or scontrol missing (Debian: apt-get install slurmctld slurmd slurm-client munge)"
+            );
+            return None;
+        };
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         for sub in ["munge", "state", "spool", "log", "run"] {
@@ -85,11 +79,12 @@ impl Slurm {
         let mut slurm = Slurm {
             dir,
             children: Vec::new(),
+            scontrol,
         };
         let d = slurm.dir.path().to_path_buf();
         let munge = |f: &str| d.join("munge").join(f).display().to_string();
         slurm.spawn(
-            Command::new(which("munged").unwrap())
+            Command::new(munged)
                 .arg("--foreground")
                 .arg(format!("--key-file={}", munge("munge.key")))
                 .arg(format!("--socket={}", d.join("run/munge.sock").display()))
@@ -144,14 +139,14 @@ impl Slurm {
         std::fs::write(d.join("slurm.conf"), conf).unwrap();
         let conf = d.join("slurm.conf");
         slurm.spawn(
-            Command::new(which("slurmctld").unwrap())
+            Command::new(slurmctld)
                 .arg("-D")
                 .arg("-i")
                 .arg("-f")
                 .arg(&conf),
         );
         slurm.spawn(
-            Command::new(which("slurmd").unwrap())
+            Command::new(slurmd)
                 .args(["-D", "-N", NODE, "-f"])
                 .arg(&conf),
         );
@@ -204,7 +199,7 @@ impl Slurm {
 
     /// `scontrol ARGS` against this cluster: (success, output).
     fn scontrol(&self, args: &[&str]) -> (bool, String) {
-        let out = Command::new(which("scontrol").unwrap())
+        let out = Command::new(&self.scontrol)
             .args(args)
             .env("SLURM_CONF", self.conf())
             .output()
@@ -286,7 +281,7 @@ impl Drop for Slurm {
 }
 
 /// A config in `dir` with the drain action on and `rules` (stock rule names or a directory).
-fn config(dir: &Path, rules: &Path, resume_after: &str) -> PathBuf {
+fn config(slurm: &Slurm, dir: &Path, rules: &Path, resume_after: &str) -> PathBuf {
     let path = dir.join("config.toml");
     std::fs::write(
         &path,
@@ -308,7 +303,7 @@ timeout = "10s"
 "#,
             state = dir.join("state").display(),
             rules = rules.display(),
-            scontrol = which("scontrol").unwrap().display(),
+            scontrol = slurm.scontrol.display(),
         ),
     )
     .unwrap();
@@ -370,7 +365,7 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     // 1. XID 79 on GPU 3, 3 s after start: drained with gpuwatch's reason.
     let tmp = tempfile::tempdir().unwrap();
     let rules = common::stock_rules(tmp.path(), &["xid_error", "gpu_lost"]);
-    let cfg = config(tmp.path(), &rules, "2s");
+    let cfg = config(&slurm, tmp.path(), &rules, "2s");
     let log = tmp.path().join("daemon.log");
     let d = daemon(&slurm, "xid-79", &cfg, &log, "27");
     let fault = Instant::now() + Duration::from_secs(3);
@@ -419,7 +414,7 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     slurm.drain_as_admin("maintenance: fan 3 noisy");
     let tmp = tempfile::tempdir().unwrap();
     let rules = common::stock_rules(tmp.path(), &["xid_error", "gpu_lost"]);
-    let cfg = config(tmp.path(), &rules, "1s");
+    let cfg = config(&slurm, tmp.path(), &rules, "1s");
     let log = tmp.path().join("daemon.log");
     let d = daemon(&slurm, "xid-79", &cfg, &log, "28");
     let state = tmp.path().join("state");
@@ -436,7 +431,7 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     let tmp = tempfile::tempdir().unwrap();
     let rules = hot_rule(tmp.path());
     let scenario = hot_scenario(tmp.path(), 2, 8);
-    let cfg = config(tmp.path(), &rules, "2s");
+    let cfg = config(&slurm, tmp.path(), &rules, "2s");
     let log = tmp.path().join("daemon.log");
     let d = daemon(&slurm, scenario.to_str().unwrap(), &cfg, &log, "0");
     slurm.wait_node(limit, "gpuwatch's drain", |s, r| {
@@ -457,7 +452,7 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     let tmp = tempfile::tempdir().unwrap();
     let rules = hot_rule(tmp.path());
     let scenario = hot_scenario(tmp.path(), 2, 12);
-    let cfg = config(tmp.path(), &rules, "1s");
+    let cfg = config(&slurm, tmp.path(), &rules, "1s");
     let log = tmp.path().join("daemon.log");
     let d = daemon(&slurm, scenario.to_str().unwrap(), &cfg, &log, "0");
     slurm.wait_node(limit, "gpuwatch's drain", |s, r| {
@@ -477,7 +472,7 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     slurm.resume();
     let tmp = tempfile::tempdir().unwrap();
     let rules = common::stock_rules(tmp.path(), &["gpu_lost"]);
-    let cfg = config(tmp.path(), &rules, "1s");
+    let cfg = config(&slurm, tmp.path(), &rules, "1s");
     let doctor = |scenario: &str| {
         let started = Instant::now();
         let run = common::sim(
