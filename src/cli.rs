@@ -168,6 +168,9 @@ pub enum Command {
     Init(init::InitArgs),
     /// Slurm: `prolog` refuses a job whose GPUs are unfit (drains the node with the reason).
     Slurm(slurm::SlurmArgs),
+    /// A Slurm job's GPU summary (utilization, memory peak, energy, diagnosis), as its epilog
+    /// wrote it or from the daemon's recording.
+    Job(slurm::JobArgs),
 }
 
 /// Loads rules for a command that reads logs (`replay`, `report`): every problem in one error.
@@ -226,6 +229,7 @@ pub fn main() -> i32 {
         Command::Digest(a) => digest::digest(&cli.global, a),
         Command::Service(a) => service::service(&cli.global, a),
         Command::Slurm(a) => slurm::slurm(&cli.global, a),
+        Command::Job(a) => slurm::job(a),
         Command::Init(a) => init::init(&cli.global, a),
     };
     match result {

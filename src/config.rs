@@ -51,6 +51,10 @@ pub struct Config {
     pub exporter: crate::exporter::ExporterSection,
     /// `[digest]`: who used the GPUs, sent on a schedule (owned by `usage`).
     pub digest: crate::usage::DigestSection,
+    /// `[recording]`: the daemon's own metric log (owned by `record`).
+    pub recording: crate::record::RecordingSection,
+    /// `[kubernetes]`: the kubelet's PodResources socket (owned by `sys::podresources`).
+    pub kubernetes: crate::sys::podresources::KubernetesSection,
     /// Directory the config file lives in; relative paths in it resolve against this.
     pub base_dir: PathBuf,
     /// The config file's path (for messages).
@@ -61,8 +65,17 @@ pub struct Config {
 
 /// The top-level sections, in the order `config.example.toml` documents them.
 const SECTIONS: &[&str] = &[
-    "daemon", "rules", "notify", "channel", "route", "actions", "job", "report", "exporter",
+    "daemon",
+    "rules",
+    "notify",
+    "channel",
+    "route",
+    "actions",
+    "job",
+    "report",
+    "exporter",
     "digest",
+    "recording",
 ];
 
 impl Config {
@@ -76,10 +89,16 @@ impl Config {
         c
     }
 
-    /// `[daemon] hostname`, or the machine's host name when unset.
+    /// `[daemon] hostname`, or when unset: in a Kubernetes pod (`KUBERNETES_SERVICE_HOST` set)
+    /// the node's name from `NODE_NAME` (the DaemonSet sets it from `spec.nodeName`: a pod's
+    /// own host name is the pod's name), else the machine's host name.
     pub fn hostname(&self) -> String {
         if !self.daemon.hostname.is_empty() {
             return self.daemon.hostname.clone();
+        }
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        if let (Some(_), Some(node)) = (env("KUBERNETES_SERVICE_HOST"), env("NODE_NAME")) {
+            return node.trim().to_string();
         }
         crate::sys::hostname()
     }
@@ -87,6 +106,15 @@ impl Config {
     /// The state directory (a relative path resolves against the config file's directory).
     pub fn state_dir(&self) -> PathBuf {
         self.resolve(&self.daemon.state_dir)
+    }
+
+    /// Where the daemon's recording lives: `[recording] dir`, else `state_dir/recording`.
+    pub fn recording_dir(&self) -> PathBuf {
+        if self.recording.dir.as_os_str().is_empty() {
+            self.state_dir().join("recording")
+        } else {
+            self.resolve(&self.recording.dir)
+        }
     }
 
     /// `p` resolved against the config file's directory when relative.
@@ -113,6 +141,7 @@ impl Config {
             call_timeout: self.daemon.nvml_timeout.as_std(),
             gpm: sampler.gpm && self.daemon.gpm,
             gpm_interval: self.daemon.gpm_interval.as_std(),
+            pod_resources: self.kubernetes.socket().map(|p| self.resolve(p)),
             ..sampler.clone()
         }
     }
@@ -418,6 +447,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
             "report" => section(value, &loc).map(|s| config.report = s),
             "exporter" => section(value, &loc).map(|s| config.exporter = s),
             "digest" => section(value, &loc).map(|s| config.digest = s),
+            "recording" => section(value, &loc).map(|s| config.recording = s),
+            "kubernetes" => section(value, &loc).map(|s| config.kubernetes = s),
             "channel" => {
                 config.channel = entries(value, &loc, &mut errors);
                 Ok(())
@@ -452,7 +483,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
         .chain(config.job.validate())
         .chain(config.report.validate())
         .chain(config.exporter.validate())
-        .chain(config.digest.validate());
+        .chain(config.digest.validate())
+        .chain(config.recording.validate());
     for p in problems {
         errors.push(loc.at(crate::values::key_offset(&root, &p.key), p.message));
     }

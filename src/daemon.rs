@@ -499,6 +499,8 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     let usage =
         crate::usage::Ledger::load(&crate::usage::dir(&dir), now_ms() - 2 * 86_400_000, false);
     let digest = digest_plan(&config.digest, &dir);
+    let recorder = open_recorder(config, sim_dir.as_deref(), interval);
+    let dir_for_jobs = dir.clone();
     unread.store(
         unread_reads(pipeline.engine(), export.is_some()),
         std::sync::atomic::Ordering::Relaxed,
@@ -531,6 +533,10 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
         usage,
         last_usage_save: Instant::now(),
         digest,
+        recorder,
+        recording: config.recording.clone(),
+        sim_dir: sim_dir.clone(),
+        jobs_seen: crate::usage::JobsSeen::load(&dir_for_jobs),
     };
     live.sync_silences();
     let mut code = 0;
@@ -568,6 +574,9 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     // A sampler stuck in a slow NVML call must not hold up the stop.
     sampler.stop(Duration::from_secs(2));
     live.save_usage();
+    if let Some(r) = &mut live.recorder {
+        r.flush();
+    }
     live.pipeline.finish();
     // The dispatcher handles (and saves) everything sent before its stop; the engine's state is
     // saved after it, never ahead of it (see `Live::save_engine`).
@@ -621,6 +630,14 @@ struct Live<'a> {
     last_usage_save: Instant,
     /// `[digest] schedule`: when the next digest is due (UTC ms), and how many alerts it lists.
     digest: Option<(crate::usage::Schedule, i64, usize)>,
+    /// `[recording]`: every snapshot into the daemon's own metric log, and the section it was
+    /// opened with (a reload that changes it reopens it).
+    recorder: Option<crate::record::Recorder>,
+    recording: crate::record::RecordingSection,
+    /// `--speed`'s private state directory, where the recording then lives.
+    sim_dir: Option<PathBuf>,
+    /// The Slurm jobs seen on the GPUs (`state_dir/slurm-jobs.json`, for `slurm epilog`).
+    jobs_seen: crate::usage::JobsSeen,
 }
 
 /// How often the silences' housekeeping runs (jobs ended, ended silences dropped, the journal
@@ -652,6 +669,12 @@ impl Live<'_> {
                 .count(),
         );
         self.usage.observe(snap);
+        if let Some(r) = &mut self.recorder {
+            r.record(snap);
+        }
+        if self.jobs_seen.observe(snap) {
+            self.save_jobs_seen(snap.time_ms);
+        }
         let events = self.pipeline.observe(snap);
         self.dispatcher.healthy(snap.time_ms);
         self.publish_and_save(events);
@@ -725,6 +748,15 @@ impl Live<'_> {
                 );
                 self.publish(events);
                 self.rules = Rules::new(new.rule_paths, new.rules_signature);
+                if new.config.recording != self.recording {
+                    if let Some(r) = &mut self.recorder {
+                        r.flush();
+                    }
+                    self.recorder =
+                        open_recorder(&new.config, self.sim_dir.as_deref(), self.interval);
+                    self.recording = new.config.recording.clone();
+                    info!(on = self.recorder.is_some(), "[recording] reloaded");
+                }
                 self.rules_config = new.config.rules;
                 Ok(())
             }
@@ -806,6 +838,17 @@ impl Live<'_> {
             warn!("usage accounting: {e}");
         }
         self.usage.forget_before(now - 2 * 86_400_000);
+        self.save_jobs_seen(now);
+    }
+
+    /// Saves the Slurm jobs seen (`slurm epilog` reads them).
+    fn save_jobs_seen(&mut self, now: i64) {
+        if self.jobs_seen.jobs.is_empty() && !crate::usage::JobsSeen::path(&self.dir).exists() {
+            return;
+        }
+        if let Err(e) = self.jobs_seen.save(&self.dir, now) {
+            warn!("Slurm jobs seen: {e}");
+        }
     }
 
     /// Sends the usage digest of the period ending `now` (one notice through the routes).
@@ -1079,6 +1122,35 @@ impl Live<'_> {
 
 /// The `collector_degraded` alert (info): what the sampler cannot watch, e.g. GPUs whose XID
 /// events could not be registered.
+/// The recorder `[recording]` asks for (in `--speed`'s private state directory under a faster
+/// clock), `None` when it is off or cannot be opened (said).
+fn open_recorder(
+    config: &crate::config::Config,
+    sim_dir: Option<&Path>,
+    interval: Duration,
+) -> Option<crate::record::Recorder> {
+    if !config.recording.enabled {
+        return None;
+    }
+    let dir = match sim_dir {
+        Some(d) => d.join("recording"),
+        None => config.recording_dir(),
+    };
+    match crate::record::Recorder::open(&dir, &config.recording, interval) {
+        Ok(r) => {
+            info!(dir = %dir.display(), "recording every tick");
+            Some(r)
+        }
+        Err(e) => {
+            error!(
+                "recording in {}: {e}; the daemon runs without it",
+                dir.display()
+            );
+            None
+        }
+    }
+}
+
 fn degraded_event(hostname: &str, missing: &[String], now: i64) -> AlertEvent {
     let labels: std::collections::BTreeMap<String, String> = [
         ("alertname", "collector_degraded"),

@@ -434,6 +434,12 @@ impl Engine {
             {
                 h.mig = snap.mig_of(index).cloned().collect();
             }
+            if !(snap.pods.is_empty() && h.pods.is_none()) {
+                let pods = crate::model::pod_labels(&snap.pods, index);
+                if pods != h.pods {
+                    h.pods = pods;
+                }
+            }
             // a new reading of its links (a slow-path round): the view follows the one before,
             // however many snapshots came without a current reading (kept for the rises, hidden
             // from rules meanwhile)
@@ -1114,6 +1120,12 @@ fn labels(hostname: &str, spec: &AlertSpec, gpu: Option<&GpuHistory>) -> BTreeMa
         // the Slurm job(s) on the GPU when the alert starts (dcgm-exporter's label)
         if let Some(jobs) = crate::model::hpc_jobs(h.processes.iter()) {
             labels.insert("hpc_job".into(), jobs);
+        }
+        // the Kubernetes pod(s) it is allocated to (dcgm-exporter's labels)
+        if let Some([pod, namespace, container]) = &h.pods {
+            labels.insert("pod".into(), pod.clone());
+            labels.insert("namespace".into(), namespace.clone());
+            labels.insert("container".into(), container.clone());
         }
     }
     labels

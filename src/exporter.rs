@@ -208,9 +208,15 @@ fn kind(d: &MetricDesc, openmetrics: bool) -> &'static str {
 }
 
 /// dcgm-exporter's labels of a GPU (`gpu`, `UUID`, `device`, `modelName`, `pci_bus_id`,
-/// `Hostname`, `hostname`, and `hpc_job` while Slurm jobs have processes on it); `host` already
+/// `Hostname`, `hostname`, `hpc_job` while Slurm jobs have processes on it, `pod`, `namespace`
+/// and `container` while Kubernetes allocates it to a pod); `host` already
 /// escaped.
-fn dcgm_labels(g: &GpuSample, host: &str, jobs: Option<&str>) -> String {
+fn dcgm_labels(
+    g: &GpuSample,
+    host: &str,
+    jobs: Option<&str>,
+    pods: Option<&[String; 3]>,
+) -> String {
     let mut l = format!(
         "gpu=\"{}\",UUID=\"{}\",device=\"nvidia{}\",modelName=\"{}\",pci_bus_id=\"{}\",Hostname=\"{host}\",hostname=\"{host}\"",
         g.id.index,
@@ -221,6 +227,14 @@ fn dcgm_labels(g: &GpuSample, host: &str, jobs: Option<&str>) -> String {
     );
     if let Some(j) = jobs {
         l.push_str(&format!(",hpc_job=\"{}\"", label(j)));
+    }
+    if let Some([pod, namespace, container]) = pods {
+        l.push_str(&format!(
+            ",pod=\"{}\",namespace=\"{}\",container=\"{}\"",
+            label(pod),
+            label(namespace),
+            label(container)
+        ));
     }
     l
 }
@@ -319,7 +333,7 @@ pub fn backfill(
     let mut line = String::with_capacity(256);
     for (i, g) in snap.gpus.iter().enumerate() {
         // (no hpc_job: a series is one label set for the whole log)
-        let ids = dcgm_labels(g, &host, None);
+        let ids = dcgm_labels(g, &host, None, None);
         // its GPU instances, when it answers (as `render` takes them)
         let gis: Vec<(usize, &MigSample)> = if g.state == crate::model::DeviceState::Ok {
             let mig: Vec<(usize, &MigSample)> = snap.mig_of(g.id.index).map(|m| (i, m)).collect();
@@ -379,7 +393,13 @@ pub fn render(state: &ExportState, openmetrics: bool) -> String {
             .iter()
             .map(|g| {
                 let on_gpu = procs.iter().filter(|p| p.gpu_index == g.id.index);
-                dcgm_labels(g, &host, crate::model::hpc_jobs(on_gpu).as_deref())
+                let pods = crate::model::pod_labels(&snap.pods, g.id.index);
+                dcgm_labels(
+                    g,
+                    &host,
+                    crate::model::hpc_jobs(on_gpu).as_deref(),
+                    pods.as_ref(),
+                )
             })
             .collect();
         // gpuwatch's own families use snake_case labels (promtool's style); the DCGM ones keep

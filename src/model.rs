@@ -1614,6 +1614,48 @@ pub struct Snapshot {
     /// every snapshot while fresh; empty without NVLink). Rules read them as `gpu.nvlinks`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvlink: Vec<std::sync::Arc<nvlink::NvlinkStatus>>,
+    /// The Kubernetes containers the GPUs are allocated to (the kubelet's PodResources API,
+    /// carried in every snapshot while it answers; empty elsewhere).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<GpuPod>,
+}
+
+/// A Kubernetes container a GPU, or one of its MIG devices, is allocated to (the kubelet's
+/// PodResources API): dcgm-exporter's `pod`, `namespace` and `container` labels.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct GpuPod {
+    pub gpu_index: u32,
+    /// The MIG device's UUID when the allocation is one MIG device of the GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_uuid: Option<String>,
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+/// How [`ProcSample::container`] names a Kubernetes pod: `k8s pod <uid>` from the cgroup, `k8s
+/// pod <namespace>/<name>` once the kubelet named it.
+pub const K8S_POD_PREFIX: &str = "k8s pod ";
+
+/// The `pod`, `namespace` and `container` labels of GPU `gpu`: each one's distinct values in
+/// order, joined with commas (several only on a shared GPU: time-slicing, MPS, MIG). `None`
+/// when it is allocated to no container.
+pub fn pod_labels(pods: &[GpuPod], gpu: u32) -> Option<[String; 3]> {
+    let mine: Vec<&GpuPod> = pods.iter().filter(|p| p.gpu_index == gpu).collect();
+    if mine.is_empty() {
+        return None;
+    }
+    let join = |f: fn(&GpuPod) -> &str| {
+        let mut v: Vec<&str> = mine.iter().map(|p| f(p)).collect();
+        v.sort_unstable();
+        v.dedup();
+        v.join(",")
+    };
+    Some([
+        join(|p| p.pod.as_str()),
+        join(|p| p.namespace.as_str()),
+        join(|p| p.container.as_str()),
+    ])
 }
 
 impl Snapshot {

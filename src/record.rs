@@ -576,6 +576,152 @@ fn shift(path: &Path, keep: usize) -> io::Result<()> {
     std::fs::rename(path, rotated(path, 1))
 }
 
+/// `[recording]` in the config file: the daemon's own metric log, in this file's format, which
+/// `gpuwatch slurm epilog` and `gpuwatch job` read a job's span from (and `report` reads as any
+/// log).
+#[derive(Debug, Clone, serde::Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RecordingSection {
+    /// Whether the daemon records every tick.
+    pub enabled: bool,
+    /// Where (`metrics.csv` and its rotated files); `""` = `state_dir/recording`.
+    pub dir: PathBuf,
+    /// Size of one file before it rotates, e.g. `"64MiB"`.
+    pub max_size: String,
+    /// Rotated files kept (`metrics.csv.1` … `.N`); the oldest goes.
+    pub keep: usize,
+}
+
+impl Default for RecordingSection {
+    fn default() -> Self {
+        RecordingSection {
+            enabled: false,
+            dir: PathBuf::new(),
+            max_size: "64MiB".into(),
+            keep: 15,
+        }
+    }
+}
+
+impl RecordingSection {
+    /// The file size limit in bytes.
+    pub fn max_bytes(&self) -> Result<u64, String> {
+        let b = crate::values::parse_size(&self.max_size)?;
+        if b < 1_048_576 {
+            return Err(format!("`{}` is under 1MiB", self.max_size));
+        }
+        Ok(b)
+    }
+
+    /// Checks the values serde cannot.
+    pub fn validate(&self) -> Vec<crate::values::Problem> {
+        let mut out = Vec::new();
+        if let Err(e) = self.max_bytes() {
+            out.push(crate::values::Problem::at("recording.max_size", e));
+        }
+        if !(1..=1000).contains(&self.keep) {
+            out.push(crate::values::Problem::at(
+                "recording.keep",
+                "must be 1 to 1000",
+            ));
+        }
+        out
+    }
+}
+
+/// The recording's current file in `dir`.
+pub const RECORDING_FILE: &str = "metrics.csv";
+
+/// The files of the recording in `dir`, oldest first (`metrics.csv.N` … `metrics.csv.1`,
+/// `metrics.csv`), each with when it was last written; only those that exist.
+pub fn recording_files(dir: &Path) -> Vec<(PathBuf, std::time::SystemTime)> {
+    let current = dir.join(RECORDING_FILE);
+    let mut rotated: Vec<(usize, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let n = name
+                .to_str()?
+                .strip_prefix(RECORDING_FILE)?
+                .strip_prefix('.')?;
+            Some((n.parse().ok()?, e.path()))
+        })
+        .collect();
+    rotated.sort_by_key(|r| std::cmp::Reverse(r.0));
+    rotated
+        .into_iter()
+        .map(|(_, p)| p)
+        .chain(std::iter::once(current))
+        .filter_map(|p| {
+            let m = std::fs::symlink_metadata(&p).ok()?;
+            (m.is_file()).then(|| (p, m.modified().unwrap_or(std::time::UNIX_EPOCH)))
+        })
+        .collect()
+}
+
+/// The daemon's recorder: every snapshot as CSV rows, batched, into the rotating
+/// `metrics.csv` of `[recording] dir` (mode 0600, like the rest of the state).
+pub struct Recorder {
+    rows: CsvRows,
+    buf: String,
+    out: Batched,
+    /// Whether the last write failed (said once until one succeeds again).
+    failing: bool,
+}
+
+impl Recorder {
+    /// Opens the recording in `dir` (made 0700 when missing), sampled every `interval`.
+    pub fn open(
+        dir: &Path,
+        section: &RecordingSection,
+        interval: std::time::Duration,
+    ) -> io::Result<Recorder> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let max = section
+            .max_bytes()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let file = RotatingFile::open_private(&dir.join(RECORDING_FILE), Some(max), section.keep)?;
+        Ok(Recorder {
+            rows: CsvRows::new(),
+            buf: String::new(),
+            out: Batched::new(Sink::File(file), interval),
+            failing: false,
+        })
+    }
+
+    /// Records one snapshot. A failed write (a full disk) is said once, and the daemon goes on:
+    /// the recording is a side output.
+    pub fn record(&mut self, snap: &Snapshot) {
+        self.buf.clear();
+        self.rows.render(snap, &mut self.buf);
+        let r = self.out.push(&self.buf);
+        self.said(r);
+    }
+
+    /// Writes what is held (at a stop, and before a job's summary is read).
+    pub fn flush(&mut self) {
+        let r = self.out.flush();
+        self.said(r);
+    }
+
+    fn said(&mut self, r: io::Result<()>) {
+        match r {
+            Err(e) if !self.failing => {
+                self.failing = true;
+                tracing::warn!("the recording could not be written: {e}; the daemon goes on");
+            }
+            Err(_) => {}
+            Ok(()) => self.failing = false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,7 @@
 //! — so it does not depend on a stock rule's hold having elapsed; the alert timeline from
 //! replaying the rules is its own section.
 
+pub mod batch;
 pub mod compare;
 pub mod diagnose;
 pub mod html;

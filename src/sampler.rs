@@ -121,6 +121,9 @@ pub struct SamplerConfig {
     /// [`OPTIONAL_READS`] count. Shared, so the daemon can change it when its rules change
     /// ([`unread_mask`]).
     pub unread: Arc<AtomicU64>,
+    /// The kubelet's PodResources socket (`[kubernetes] pod_resources`), asked while it exists:
+    /// the pods the GPUs are allocated to. `None` = never.
+    pub pod_resources: Option<PathBuf>,
 }
 
 /// The reads that cost the driver the most CPU and that nothing but a rule naming them, the
@@ -151,6 +154,7 @@ impl Default for SamplerConfig {
             gpm: true,
             gpm_interval: Duration::ZERO,
             unread: Arc::default(),
+            pod_resources: Some(PathBuf::from(crate::sys::podresources::DEFAULT_SOCKET)),
         }
     }
 }
@@ -238,6 +242,8 @@ pub use crate::sys::now_ms;
 pub struct Sampler {
     nvml: &'static Nvml,
     devices: Vec<Dev>,
+    /// The kubelet's allocations, when a PodResources socket is watched.
+    pods: Option<crate::sys::podresources::Watcher>,
     fast: Pool<FastState, FastAnswer>,
     slow: Pool<SlowSlot, SlowAnswer>,
     /// Per device, the slow metrics to read (from the fast path's answers), shared with the
@@ -324,6 +330,72 @@ struct FastAnswer {
 const FAST_SPLIT: Duration = Duration::from_millis(25);
 /// The same for the slow path (`nvmlDeviceGetPcieThroughput` takes 20 ms per call).
 const SLOW_SPLIT: Duration = Duration::from_millis(250);
+
+/// The kubelet's allocations of the GPUs in `gpus` and their MIG devices in `mig`, by UUID.
+fn gpu_pods(
+    allocations: &[crate::sys::podresources::Allocation],
+    gpus: &[GpuSample],
+    mig: &[crate::model::MigSample],
+) -> Vec<crate::model::GpuPod> {
+    let mut out: Vec<crate::model::GpuPod> = allocations
+        .iter()
+        .filter_map(|a| {
+            let (gpu_index, mig_uuid) = match gpus.iter().find(|g| g.id.uuid == a.uuid) {
+                Some(g) => (g.id.index, None),
+                None => {
+                    let m = mig.iter().find(|m| m.uuid == a.uuid)?;
+                    (m.gpu_index, Some(m.uuid.clone()))
+                }
+            };
+            Some(crate::model::GpuPod {
+                gpu_index,
+                mig_uuid,
+                namespace: a.namespace.clone(),
+                pod: a.pod.clone(),
+                container: a.container.clone(),
+            })
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Names the pod of each process in a pod (`k8s pod <uid>` from its cgroup) whose GPU, or MIG
+/// device, is allocated to one pod only: `k8s pod <namespace>/<name>`. A host process on an
+/// allocated GPU stays a host process; on a shared GPU the pod uid is all there is.
+fn name_pods(
+    procs: &mut [ProcSample],
+    pods: &[crate::model::GpuPod],
+    mig: &[crate::model::MigSample],
+) {
+    use crate::model::K8S_POD_PREFIX;
+    for p in procs {
+        let Some(uid) = p
+            .container
+            .as_deref()
+            .and_then(|c| c.strip_prefix(K8S_POD_PREFIX))
+        else {
+            continue;
+        };
+        if uid.contains('/') {
+            continue; // named already
+        }
+        let on_mig = mig
+            .iter()
+            .find(|m| m.gpu_index == p.gpu_index && m.pids.contains(&p.pid))
+            .map(|m| m.uuid.as_str());
+        let mut holders = pods.iter().filter(|a| {
+            a.gpu_index == p.gpu_index && (a.mig_uuid.is_none() || a.mig_uuid.as_deref() == on_mig)
+        });
+        let Some(first) = holders.next() else {
+            continue;
+        };
+        if holders.all(|a| a.namespace == first.namespace && a.pod == first.pod) {
+            p.container = Some(format!("{K8S_POD_PREFIX}{}/{}", first.namespace, first.pod));
+        }
+    }
+}
 
 impl std::fmt::Debug for Sampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -530,6 +602,10 @@ impl Sampler {
         let mut sampler = Sampler {
             nvml,
             devices,
+            pods: cfg
+                .pod_resources
+                .clone()
+                .map(crate::sys::podresources::Watcher::start),
             fast: fast_pool(
                 nvml,
                 n,
@@ -818,6 +894,17 @@ impl Sampler {
         self.register_late_xids();
         let mig = self.mig_now(time_ms, &gpus);
         let nvlink = self.nvlink_now(time_ms, &gpus);
+        let mut processes = processes;
+        let pods = match self.pods.as_ref().and_then(|w| w.current()) {
+            Some(allocations) => {
+                let pods = gpu_pods(&allocations, &gpus, &mig);
+                if let Some(procs) = &mut processes {
+                    name_pods(procs, &pods, &mig);
+                }
+                pods
+            }
+            None => Vec::new(),
+        };
         Snapshot {
             time_ms,
             gpus,
@@ -826,6 +913,7 @@ impl Sampler {
             missing: self.missing.clone(),
             mig,
             nvlink,
+            pods,
         }
     }
 

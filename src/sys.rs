@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::Path;
 
 pub mod output;
+pub mod podresources;
 pub mod watch;
 
 fn wall_ms() -> i64 {

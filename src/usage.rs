@@ -397,6 +397,73 @@ fn prune_job_ends(dir: &Path, cutoff_ms: i64) {
     }
 }
 
+/// The Slurm jobs whose processes were seen on the GPUs (their cgroups' `job_N`): on which GPUs
+/// and when. `gpuwatch slurm epilog` reads it to find a job's GPUs when Slurm did not allocate
+/// them as GRES (no `SLURM_JOB_GPUS`) and when its span started. Kept in
+/// `state_dir/slurm-jobs.json`, [`JobsSeen::KEEP_MS`] after a job was last seen.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobsSeen {
+    pub jobs: BTreeMap<String, JobSeen>,
+}
+
+/// One job in [`JobsSeen`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobSeen {
+    /// GPU indices its processes used.
+    pub gpus: std::collections::BTreeSet<u32>,
+    /// When a process of it was first and last seen on a GPU (UTC ms).
+    pub first_ms: i64,
+    pub last_ms: i64,
+}
+
+impl JobsSeen {
+    /// How long a job is kept after it was last seen.
+    pub const KEEP_MS: i64 = 7 * 86_400_000;
+
+    /// The file in a state directory.
+    pub fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join("slurm-jobs.json")
+    }
+
+    /// What `state_dir` holds (empty when nothing or something unreadable is there).
+    pub fn load(state_dir: &Path) -> JobsSeen {
+        std::fs::read(Self::path(state_dir))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// Takes a snapshot's process list (when it has one); true when a job or one of its GPUs
+    /// is new (worth saving at once: the job may be short).
+    pub fn observe(&mut self, snap: &Snapshot) -> bool {
+        let Some(procs) = &snap.processes else {
+            return false;
+        };
+        let mut new = false;
+        for p in procs {
+            let Some(job) = p.slurm_job() else { continue };
+            let seen = self.jobs.entry(job.to_string()).or_insert_with(|| {
+                new = true;
+                JobSeen {
+                    first_ms: snap.time_ms,
+                    ..JobSeen::default()
+                }
+            });
+            new |= seen.gpus.insert(p.gpu_index);
+            seen.last_ms = seen.last_ms.max(snap.time_ms);
+        }
+        new
+    }
+
+    /// Writes it (atomically, 0600) to `state_dir`, without the jobs last seen before
+    /// [`JobsSeen::KEEP_MS`] ago.
+    pub fn save(&mut self, state_dir: &Path, now_ms: i64) -> std::io::Result<()> {
+        self.jobs.retain(|_, j| j.last_ms >= now_ms - Self::KEEP_MS);
+        let bytes = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        crate::sys::write_atomic(&Self::path(state_dir), &bytes)
+    }
+}
+
 /// The usage directory of a state directory.
 pub fn dir(state_dir: &Path) -> PathBuf {
     state_dir.join("usage")
@@ -718,6 +785,7 @@ mod tests {
                 missing: Vec::new(),
                 mig: Vec::new(),
                 nvlink: Vec::new(),
+                pods: Vec::new(),
             });
         }
         l.job_end(
@@ -826,5 +894,34 @@ mod tests {
         let s = Schedule::parse("daily 00:00").unwrap();
         let next = s.next_after(1_764_547_200_000);
         assert!(next > 1_764_547_200_000 && next <= 1_764_547_200_000 + 86_400_000);
+    }
+
+    #[test]
+    fn slurm_jobs_are_seen_on_their_gpus_and_forgotten_after_a_week() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut seen = JobsSeen::default();
+        let mut snap = Snapshot {
+            time_ms: 1_000,
+            processes: Some(vec![
+                proc_(10, 2, "ann", Some("slurm job 77"), 1),
+                proc_(11, 3, "bob", Some("docker abc"), 1),
+            ]),
+            ..Snapshot::default()
+        };
+        assert!(seen.observe(&snap), "a new job is saved at once");
+        snap.time_ms = 2_000;
+        assert!(!seen.observe(&snap), "nothing new");
+        snap.processes = Some(vec![proc_(12, 5, "ann", Some("slurm job 77"), 1)]);
+        snap.time_ms = 3_000;
+        assert!(seen.observe(&snap), "a new GPU of the job");
+        let j = &seen.jobs["77"];
+        assert_eq!(j.gpus.iter().copied().collect::<Vec<_>>(), vec![2, 5]);
+        assert_eq!((j.first_ms, j.last_ms), (1_000, 3_000));
+        assert_eq!(seen.jobs.len(), 1);
+        seen.save(dir.path(), 3_000).unwrap();
+        assert_eq!(JobsSeen::load(dir.path()), seen);
+        seen.save(dir.path(), 3_000 + JobsSeen::KEEP_MS + 1)
+            .unwrap();
+        assert!(JobsSeen::load(dir.path()).jobs.is_empty());
     }
 }

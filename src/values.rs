@@ -64,6 +64,34 @@ pub fn parse_interval_ms(s: &str) -> Result<i64, String> {
     Ok(ms)
 }
 
+/// Parses a size: bytes, or with `K`/`KB` (1000), `KiB` (1024), `M`/`MB`, `MiB`, `G`/`GB`,
+/// `GiB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (try 100MB or 1048576)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1_048_576.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1_073_741_824.0,
+        u => return Err(format!("unknown size unit `{u}` in `{s}`")),
+    };
+    let bytes = n * mult;
+    if !(1.0..1e18).contains(&bytes) {
+        return Err(format!("`{s}` is not a usable size"));
+    }
+    Ok(bytes as u64)
+}
+
 /// `1h 2m 3s`, `4.2s`.
 pub fn format_duration_ms(ms: i64) -> String {
     let ms = ms.max(0);

@@ -504,6 +504,9 @@ pub struct GpuHistory {
     pub processes: Vec<ProcSample>,
     /// Its MIG devices as of the newest snapshot (empty without MIG).
     pub mig: Vec<MigSample>,
+    /// The `pod`, `namespace` and `container` it is allocated to as of the newest snapshot
+    /// (Kubernetes: [`crate::model::pod_labels`]).
+    pub pods: Option<[String; 3]>,
     /// Its NVLinks as last read, with each link's counter rise since the reading before
     /// (`None` without NVLink: a replayed log has none). Kept while snapshots carry no current
     /// reading (`nvlink_stale`), so the next reading's rises follow this one.
@@ -531,6 +534,7 @@ impl Clone for GpuHistory {
             xids: self.xids.clone(),
             processes: self.processes.clone(),
             mig: self.mig.clone(),
+            pods: self.pods.clone(),
             nvlink: self.nvlink.clone(),
             nvlink_stale: self.nvlink_stale,
             recent_times: self.recent_times.clone(),

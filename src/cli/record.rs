@@ -29,7 +29,7 @@ pub struct RecordArgs {
     pub out: Option<PathBuf>,
     /// Start a new file (FILE → FILE.1 → FILE.2 …) before FILE would grow past this size
     /// (bytes, or `100MB`, `64MiB`, `1G`, …). Needs --out.
-    #[arg(long, value_parser = parse_size, requires = "out")]
+    #[arg(long, value_parser = crate::values::parse_size, requires = "out")]
     pub max_size: Option<u64>,
     /// How many rotated files to keep.
     #[arg(long, default_value_t = 5)]
@@ -53,34 +53,6 @@ use crate::values::parse_duration;
 /// A sampling interval for `--interval`: the config's grammar and bounds (100 ms to 1 h).
 fn parse_interval(s: &str) -> Result<Duration, String> {
     crate::values::parse_interval_ms(s).map(|ms| Duration::from_millis(ms.unsigned_abs()))
-}
-
-/// Parses a size: bytes, or with `K`/`KB` (1000), `KiB` (1024), `M`/`MB`, `MiB`, `G`/`GB`,
-/// `GiB`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (try 100MB or 1048576)"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "kib" => 1024.0,
-        "m" | "mb" => 1e6,
-        "mib" => 1_048_576.0,
-        "g" | "gb" => 1e9,
-        "gib" => 1_073_741_824.0,
-        u => return Err(format!("unknown size unit `{u}` in `{s}`")),
-    };
-    let bytes = n * mult;
-    if !(1.0..1e18).contains(&bytes) {
-        return Err(format!("`{s}` is not a usable size"));
-    }
-    Ok(bytes as u64)
 }
 
 /// Runs `record`: the pipeline's sampler thread, each snapshot written as one CSV tick.
@@ -231,6 +203,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::values::parse_size;
 
     #[test]
     fn durations() {

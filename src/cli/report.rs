@@ -55,6 +55,26 @@ pub(super) fn build(
     let importer = crate::import::Importer::open(path, log)?;
     let stats = importer.stats();
     let name = path.display().to_string();
+    let mut report = build_from(
+        vec![name.clone()],
+        crate::import::read_ahead(importer),
+        rules,
+        config,
+    )?;
+    report.summary.warnings = stats.warnings(&name);
+    if report.summary.ticks == 0 {
+        bail!("{name}: no samples in the log");
+    }
+    Ok(report)
+}
+
+/// A report of `ticks` (read from `sources`), replaying `rules` (default as for `check`).
+pub(super) fn build_from(
+    sources: Vec<String>,
+    ticks: impl Iterator<Item = anyhow::Result<crate::import::Imported>>,
+    rules: &[PathBuf],
+    config: &Config,
+) -> anyhow::Result<Report> {
     let paths = crate::config::rule_paths(rules, Some(config));
     let rules_config = config.rules.clone();
     let opts = EngineOptions {
@@ -69,17 +89,7 @@ pub(super) fn build(
             opts.clone(),
         ))
     };
-    let mut report = crate::report::build(
-        vec![name.clone()],
-        crate::import::read_ahead(importer),
-        fresh,
-        &config.report,
-    )?;
-    report.summary.warnings = stats.warnings(&name);
-    if report.summary.ticks == 0 {
-        bail!("{name}: no samples in the log");
-    }
-    Ok(report)
+    crate::report::build(sources, ticks, fresh, &config.report)
 }
 
 /// Runs `report`.

@@ -417,6 +417,7 @@ mod tests {
             missing: Vec::new(),
             mig: Vec::new(),
             nvlink: Vec::new(),
+            pods: Vec::new(),
         };
         for (i, u) in [10.0, 90.0, 50.0].iter().enumerate() {
             let mut values = MetricValues::default();

@@ -620,6 +620,7 @@ mod tests {
                 missing: Vec::new(),
                 mig: Vec::new(),
                 nvlink: Vec::new(),
+                pods: Vec::new(),
             });
         }
         st.alerts.push(AlertView {

@@ -216,3 +216,80 @@ pub fn stock_rules(dir: &Path, names: &[&str]) -> PathBuf {
     }
     rules
 }
+
+/// A `sleep` moved into a cgroup of the test's own, `BASE/NAME_PID/INNER` (on cgroup v2, or on
+/// v1's pids hierarchy), shaped as a scheduler makes them (`…slurm…/job_77/step_0`,
+/// `…kubepods…/pod<uid>`); moved back and removed when dropped.
+pub struct InCgroup {
+    pub child: std::process::Child,
+    dirs: Vec<PathBuf>,
+    root_procs: PathBuf,
+}
+
+impl InCgroup {
+    /// `None` (SKIP) where cgroups cannot be made: not root, or a read-only cgroupfs.
+    pub fn start(name: &str, inner: &str) -> Option<InCgroup> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI runs as root"
+            );
+            eprintln!("SKIP: making cgroups needs root");
+            return None;
+        }
+        let base = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            PathBuf::from("/sys/fs/cgroup")
+        } else {
+            PathBuf::from("/sys/fs/cgroup/pids")
+        };
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("sleep");
+        let top = base.join(format!("{name}_{}", child.id()));
+        let leaf = top.join(inner);
+        let dirs: Vec<PathBuf> = leaf
+            .ancestors()
+            .take_while(|d| d.starts_with(&top))
+            .map(Path::to_path_buf)
+            .collect();
+        let held = InCgroup {
+            dirs,
+            root_procs: base.join("cgroup.procs"),
+            child,
+        };
+        if let Err(e) = std::fs::create_dir_all(&leaf) {
+            eprintln!("SKIP: cannot make a cgroup under {}: {e}", base.display());
+            return None;
+        }
+        std::fs::write(leaf.join("cgroup.procs"), held.child.id().to_string())
+            .expect("move into the cgroup");
+        let seen = std::fs::read_to_string(format!("/proc/{}/cgroup", held.child.id()))
+            .expect("its cgroup");
+        assert!(seen.contains(inner), "{seen}");
+        Some(held)
+    }
+}
+
+impl Drop for InCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.root_procs, self.child.id().to_string());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// The Python of the test virtualenv: `$GPUWATCH_PEERS/bin/python` (`.ci/run` sets it), else
+/// `<repo>/.venv-ci/bin/python`.
+pub fn peers_python() -> PathBuf {
+    std::env::var_os("GPUWATCH_PEERS")
+        .map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-ci"),
+            PathBuf::from,
+        )
+        .join("bin/python")
+}

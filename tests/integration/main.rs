@@ -18,6 +18,7 @@ mod gpm;
 mod import;
 mod install;
 mod job;
+mod kubernetes;
 mod layers;
 mod metrics_doc;
 mod mig;

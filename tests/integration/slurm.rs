@@ -37,6 +37,13 @@ impl Slurm {
     /// Starts the cluster and waits until the node is idle; `None` (SKIP) without root or the
     /// packages outside CI.
     fn start() -> Option<Slurm> {
+        Slurm::start_with(None)
+    }
+
+    /// [`Slurm::start`]; with `epilog`, the node has two GPUs as GRES (`gres.conf` naming two
+    /// device files of the test's own) and runs `gpuwatch slurm epilog` with that config as its
+    /// Epilog.
+    fn start_with(epilog: Option<&Path>) -> Option<Slurm> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             assert!(
@@ -126,7 +133,8 @@ impl Slurm {
              SelectType=select/cons_tres\n\
              MpiDefault=none\n\
              ReturnToService=2\n\
-             NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname=localhost CPUs=1 State=UNKNOWN\n\
+             {gres_types}\
+             NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname=localhost CPUs=1 {gres}State=UNKNOWN\n\
              PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP\n",
             sock = d.join("run/munge.sock").display(),
             ctld = free_port(),
@@ -135,7 +143,48 @@ impl Slurm {
             spool = p("spool"),
             run = p("run"),
             log = p("log"),
+            gres_types = if epilog.is_some() {
+                "GresTypes=gpu\n"
+            } else {
+                ""
+            },
+            gres = if epilog.is_some() { "Gres=gpu:2 " } else { "" },
         );
+        let conf = match epilog {
+            Some(config) => {
+                // two device files of our own (char devices, as /dev/nvidiaN are)
+                std::fs::create_dir_all(d.join("dev")).unwrap();
+                for n in 0..2 {
+                    let dev = d.join(format!("dev/nvidia{n}"));
+                    let c = std::ffi::CString::new(dev.to_str().unwrap()).unwrap();
+                    // SAFETY: a valid path; makes a char device like /dev/null (1, 3).
+                    let rc = unsafe {
+                        libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3))
+                    };
+                    assert_eq!(rc, 0, "mknod {}", dev.display());
+                }
+                std::fs::write(
+                    d.join("gres.conf"),
+                    format!("NodeName={NODE} Name=gpu File={}\n", p("dev/nvidia[0-1]")),
+                )
+                .unwrap();
+                let script = d.join("epilog.sh");
+                std::fs::write(
+                    &script,
+                    format!(
+                        "#!/bin/sh\nexport SLURM_CONF={}\nexec {} slurm epilog --config {} 2>>{}\n",
+                        d.join("slurm.conf").display(),
+                        common::gpuwatch_exe().display(),
+                        config.display(),
+                        p("log/epilog.log"),
+                    ),
+                )
+                .unwrap();
+                std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+                format!("{conf}Epilog={}\n", script.display())
+            }
+            None => conf,
+        };
         std::fs::write(d.join("slurm.conf"), conf).unwrap();
         let conf = d.join("slurm.conf");
         slurm.spawn(
@@ -614,67 +663,13 @@ temperature_c = {{ type = "steps", points = [[0, 60], [{from_s}, 90], [{to_s}, 6
     path
 }
 
-/// A `sleep` moved into a cgroup shaped as Slurm makes a job step's
-/// (`…slurm…/job_77/step_0`, on cgroup v2 or on v1's pids hierarchy); removed when dropped.
-struct JobStep {
-    child: Child,
-    dirs: Vec<PathBuf>,
-    root_procs: PathBuf,
-}
-
-impl JobStep {
-    /// `None` (SKIP) where cgroups cannot be made: not root, or a read-only cgroupfs.
-    fn start(job: u32) -> Option<JobStep> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI runs as root"
-            );
-            eprintln!("SKIP: making cgroups needs root");
-            return None;
-        }
-        let base = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-            PathBuf::from("/sys/fs/cgroup")
-        } else {
-            PathBuf::from("/sys/fs/cgroup/pids")
-        };
-        let child = Command::new("sleep").arg("600").spawn().unwrap();
-        let top = base.join(format!("gwtest_slurm_{}", child.id()));
-        let leaf = top.join(format!("job_{job}")).join("step_0");
-        let step = JobStep {
-            dirs: vec![leaf.clone(), leaf.parent().unwrap().to_path_buf(), top],
-            root_procs: base.join("cgroup.procs"),
-            child,
-        };
-        if let Err(e) = std::fs::create_dir_all(&leaf) {
-            eprintln!("SKIP: cannot make a cgroup under {}: {e}", base.display());
-            return None;
-        }
-        std::fs::write(leaf.join("cgroup.procs"), step.child.id().to_string()).unwrap();
-        let seen = std::fs::read_to_string(format!("/proc/{}/cgroup", step.child.id())).unwrap();
-        assert!(seen.contains(&format!("job_{job}/step_0")), "{seen}");
-        Some(step)
-    }
-}
-
-impl Drop for JobStep {
-    fn drop(&mut self) {
-        let _ = std::fs::write(&self.root_procs, self.child.id().to_string());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        for d in &self.dirs {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
-}
-
 /// The processes of a Slurm job (found by their cgroup) name it: `hpc_job="77"` on the DCGM
 /// series of their GPU on `/metrics` (not on the other GPUs'), and on the alerts about that GPU.
 #[test]
 fn a_slurm_jobs_gpu_carries_hpc_job_on_metrics_and_alerts() {
     use crate::notify::servers::{wait_until, HttpReceiver};
-    let Some(step) = JobStep::start(77) else {
+    // a cgroup shaped as Slurm makes a job step's (`…slurm…/job_77/step_0`)
+    let Some(step) = common::InCgroup::start("gwtest_slurm", "job_77/step_0") else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -770,6 +765,138 @@ group_wait = "0s"
         sent[0].body.contains("\"hpc_job\":\"77\""),
         "{}",
         sent[0].body
+    );
+    stop(d);
+}
+
+/// The epilog's summary: an `sbatch` job on one of the node's two GPUs (GRES) ends, and the
+/// Epilog (`gpuwatch slurm epilog`) writes its GPU summary from the daemon's recording into the
+/// job's working directory and `state_dir/jobs/`; `gpuwatch job` prints it later.
+#[test]
+fn an_sbatch_jobs_epilog_writes_its_gpu_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    let Some(slurm) = Slurm::start_with(Some(&config)) else {
+        return;
+    };
+    let state = dir.path().join("state");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[daemon]
+interval = "1s"
+state_dir = "{state}"
+rules = ["{rules}"]
+hostname = "{NODE}.lab.example"
+
+[recording]
+enabled = true
+
+[actions.drain]
+scontrol = "{scontrol}"
+timeout = "10s"
+"#,
+            state = state.display(),
+            rules = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("rules")
+                .display(),
+            scontrol = slurm.scontrol.display(),
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("daemon.log");
+    let d = daemon(&slurm, "healthy", &config, &log, "0");
+    let recording = state.join("recording/metrics.csv");
+    let start = Instant::now();
+    while std::fs::read_to_string(&recording)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 1 + 2 * 8
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the daemon did not record:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let sbatch = common::installed(&["sbatch"]).expect("sbatch (slurm-client)");
+    let out = Command::new(sbatch)
+        .args(["--parsable", "--gres=gpu:1", "--wrap", "sleep 3", "-o"])
+        .arg(work.join("out.txt"))
+        .arg("-D")
+        .arg(&work)
+        .env("SLURM_CONF", slurm.conf())
+        .output()
+        .unwrap();
+    let job = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        out.status.success() && !job.is_empty(),
+        "sbatch: {}{}",
+        job,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = work.join(format!("gpuwatch-job-{job}.txt"));
+    let start = Instant::now();
+    while !file.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no {} within 60 s; epilog log:\n{}\n{}",
+            file.display(),
+            std::fs::read_to_string(slurm.dir.path().join("log/epilog.log")).unwrap_or_default(),
+            slurm.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text = std::fs::read_to_string(&file).unwrap();
+    eprintln!("{text}");
+    assert!(
+        text.starts_with(&format!(
+            "gpuwatch: job {job} of root on {NODE}, GPU 0 (SLURM_JOB_GPUS)"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("  GPU 0: utilization mean"), "{text}");
+    assert!(!text.contains("  GPU 1:"), "only the job's GPU: {text}");
+    assert!(text.contains("diagnosis:"), "{text}");
+    // the saved summary, and `gpuwatch job` printing it later
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state.join(format!("jobs/{job}.json"))).unwrap())
+            .unwrap();
+    assert_eq!(saved["gpus"], serde_json::json!([0]));
+    assert!(saved["run"]["gpus"][0]["util"]["mean"].as_f64().unwrap() > 50.0);
+    let later = common::gpuwatch(&["job", &job, "--config", config.to_str().unwrap()], &[]);
+    assert_eq!(later.code, 0, "{}", later.stderr);
+    assert_eq!(later.stdout, text);
+    // AdminComment goes through the accounting database (sacctmgr): this cluster has none, so
+    // the epilog says why it could not, and still exits 0 (a failing epilog drains the node)
+    let again = common::gpuwatch(
+        &[
+            "slurm",
+            "epilog",
+            "--config",
+            config.to_str().unwrap(),
+            "--to",
+            "admin-comment",
+        ],
+        &[
+            ("SLURM_JOB_ID", job.as_str()),
+            ("SLURM_JOB_GPUS", "0"),
+            ("SLURM_CONF", slurm.conf().to_str().unwrap()),
+        ],
+    );
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert!(
+        again
+            .stderr
+            .contains(&format!("job {job}: AdminComment: `"))
+            && again.stderr.contains("sacctmgr -i modify job where JobID="),
+        "{}",
+        again.stderr
     );
     stop(d);
 }

