@@ -293,3 +293,14 @@ pub fn peers_python() -> PathBuf {
         )
         .join("bin/python")
 }
+
+/// Waits for the first line `child` prints on its piped stdout and returns it (a server saying
+/// `ready`); the rest of its output is not read.
+pub fn first_line(child: &mut std::process::Child) -> String {
+    use std::io::BufRead as _;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("a piped stdout"))
+        .read_line(&mut line)
+        .expect("its first line");
+    line.trim_end().to_string()
+}

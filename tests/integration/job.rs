@@ -732,7 +732,6 @@ fn my_user() -> String {
 
 /// A process in its own process group that ignores SIGTERM.
 fn runaway() -> Child {
-    use std::io::BufRead;
     // The shell says when its trap is in place, so a slow machine cannot TERM it too early.
     let mut child = Command::new("sh")
         .args([
@@ -743,11 +742,7 @@ fn runaway() -> Child {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
+    assert_eq!(common::first_line(&mut child), "ready");
     child
 }
 

@@ -21,13 +21,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::BufRead as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::common;
-use crate::notify::servers::{free_port, wait_until, HttpReceiver};
+use crate::notify::servers::wait_until;
+use crate::slurm::WatchedProcess;
 
 /// The test "kubelet", stopped when dropped.
 struct Kubelet(Child);
@@ -62,12 +62,8 @@ impl Kubelet {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
         assert_eq!(
-            line.trim(),
+            common::first_line(&mut child),
             "ready",
             "the PodResources server did not start"
         );
@@ -114,31 +110,7 @@ fn a_pods_gpu_carries_pod_namespace_and_container_on_metrics_and_alerts() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let scenario = tmp.path().join("pod.toml");
-    std::fs::write(
-        &scenario,
-        format!(
-            r#"name = "pod"
-description = "a pod's process on GPU 0"
-
-[devices]
-count = 3
-name = "NVIDIA H100 80GB HBM3"
-memory_total_mib = 81559
-
-[devices.metrics]
-gpu_util_pct = 95
-temperature_c = 60
-
-[[process]]
-gpu = 0
-pid = {pid}
-used_memory_mib = 30000
-"#,
-            pid = proc_.child.id()
-        ),
-    )
-    .unwrap();
+    let scenario = WatchedProcess::scenario(tmp.path(), proc_.child.id(), 3);
     let gpu = uuids(&scenario);
     let allocation = tmp.path().join("allocation.json");
     let device = |resource: &str, id: &str| {
@@ -169,55 +141,17 @@ used_memory_mib = 30000
     let Some(_kubelet) = Kubelet::start(&socket, &allocation) else {
         return;
     };
-    let rules = tmp.path().join("rules");
-    std::fs::create_dir_all(&rules).unwrap();
-    std::fs::write(
-        rules.join("busy_gpu.rhai"),
-        "rule(#{ name: \"busy_gpu\", severity: \"info\", check: |gpu| { if gpu.process_count > 0 { `GPU ${gpu.index} busy` } } });\n",
-    )
-    .unwrap();
     // a process rule that says what the process's container is
-    std::fs::write(
-        rules.join("pod_process.rhai"),
-        "rule(#{ name: \"pod_process\", scope: \"process\", severity: \"info\", check: |p| { `process ${p.pid} in ${p.container}` } });\n",
-    )
-    .unwrap();
-    let hook = HttpReceiver::start();
-    let port = free_port();
-    let cfg = tmp.path().join("config.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"[daemon]
-interval = "1s"
-state_dir = "{state}"
-rules = ["{rules}"]
-
-[exporter]
-listen = "127.0.0.1:{port}"
-
-[kubernetes]
-pod_resources = "{socket}"
-
-[[channel]]
-name = "ops"
-type = "webhook"
-url = "{url}"
-
-[[route]]
-severity = ["info", "warning", "critical"]
-channels = ["ops"]
-group_wait = "0s"
-"#,
-            state = tmp.path().join("state").display(),
-            rules = rules.display(),
-            socket = socket.display(),
-            url = hook.url("/hook"),
-        ),
-    )
-    .unwrap();
-    let log = tmp.path().join("log");
-    let d = crate::daemon::daemon(scenario.to_str().unwrap(), &cfg, &log, &[]);
+    let watched = WatchedProcess::start(
+        tmp.path(),
+        &scenario,
+        &[(
+            "pod_process.rhai",
+            "rule(#{ name: \"pod_process\", scope: \"process\", severity: \"info\", check: |p| { `process ${p.pid} in ${p.container}` } });\n",
+        )],
+        &format!("[kubernetes]\npod_resources = \"{}\"\n", socket.display()),
+    );
+    let (port, hook) = (watched.port, &watched.hook);
     let page = wait_until(Duration::from_secs(30), "pod labels on /metrics", || {
         crate::exporter::get(port, "/metrics", "text/plain")
             .map(|r| r.2)
@@ -269,7 +203,8 @@ group_wait = "0s"
                 .find(|r| r.body.contains(&named))
         },
     );
-    drop(d);
+    let log = watched.log.clone();
+    drop(watched);
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("naming pods through the kubelet's PodResources API"),

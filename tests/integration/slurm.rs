@@ -663,25 +663,28 @@ temperature_c = {{ type = "steps", points = [[0, 60], [{from_s}, 90], [{to_s}, 6
     path
 }
 
-/// The processes of a Slurm job (found by their cgroup) name it: `hpc_job="77"` on the DCGM
-/// series of their GPU on `/metrics` (not on the other GPUs'), and on the alerts about that GPU.
-#[test]
-fn a_slurm_jobs_gpu_carries_hpc_job_on_metrics_and_alerts() {
-    use crate::notify::servers::{wait_until, HttpReceiver};
-    // a cgroup shaped as Slurm makes a job step's (`…slurm…/job_77/step_0`)
-    let Some(step) = common::InCgroup::start("gwtest_slurm", "job_77/step_0") else {
-        return;
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let scenario = tmp.path().join("job.toml");
-    std::fs::write(
-        &scenario,
-        format!(
-            r#"name = "job"
-description = "a Slurm job's process on GPU 0"
+/// A daemon on `gpus` simulated GPUs at 95 % with the process `pid` on GPU 0 (30000 MiB), the
+/// rule `busy_gpu` (info, a GPU with processes) and `rules` (file name, source) beside it, every
+/// alert to a webhook at once, `/metrics` on a free port and `config` appended to its config.
+pub(crate) struct WatchedProcess {
+    pub daemon: Daemon,
+    pub hook: crate::notify::servers::HttpReceiver,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl WatchedProcess {
+    /// The scenario: `gpus` GPUs at 95 %, `pid` on GPU 0.
+    pub fn scenario(dir: &Path, pid: u32, gpus: u32) -> PathBuf {
+        let scenario = dir.join("watched.toml");
+        std::fs::write(
+            &scenario,
+            format!(
+                r#"name = "watched"
+description = "a process on GPU 0"
 
 [devices]
-count = 2
+count = {gpus}
 name = "NVIDIA H100 80GB HBM3"
 memory_total_mib = 81559
 
@@ -693,25 +696,37 @@ temperature_c = 60
 gpu = 0
 pid = {pid}
 used_memory_mib = 30000
-"#,
-            pid = step.child.id()
-        ),
-    )
-    .unwrap();
-    let rules = tmp.path().join("rules");
-    std::fs::create_dir_all(&rules).unwrap();
-    std::fs::write(
-        rules.join("busy_gpu.rhai"),
-        "rule(#{ name: \"busy_gpu\", severity: \"info\", check: |gpu| { if gpu.process_count > 0 { `GPU ${gpu.index} busy` } } });\n",
-    )
-    .unwrap();
-    let hook = HttpReceiver::start();
-    let port = free_port();
-    let cfg = tmp.path().join("config.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"[daemon]
+"#
+            ),
+        )
+        .unwrap();
+        scenario
+    }
+
+    /// Starts the daemon on `scenario` ([`WatchedProcess::scenario`]).
+    pub fn start(
+        dir: &Path,
+        scenario: &Path,
+        rules: &[(&str, &str)],
+        config: &str,
+    ) -> WatchedProcess {
+        let rule_dir = dir.join("rules");
+        std::fs::create_dir_all(&rule_dir).unwrap();
+        std::fs::write(
+            rule_dir.join("busy_gpu.rhai"),
+            "rule(#{ name: \"busy_gpu\", severity: \"info\", check: |gpu| { if gpu.process_count > 0 { `GPU ${gpu.index} busy` } } });\n",
+        )
+        .unwrap();
+        for (name, source) in rules {
+            std::fs::write(rule_dir.join(name), source).unwrap();
+        }
+        let hook = crate::notify::servers::HttpReceiver::start();
+        let port = free_port();
+        let cfg = dir.join("config.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                r#"[daemon]
 interval = "1s"
 state_dir = "{state}"
 rules = ["{rules}"]
@@ -728,19 +743,39 @@ url = "{url}"
 severity = ["info", "warning", "critical"]
 channels = ["ops"]
 group_wait = "0s"
+
+{config}
 "#,
-            state = tmp.path().join("state").display(),
-            rules = rules.display(),
-            url = hook.url("/hook"),
-        ),
-    )
-    .unwrap();
-    let d = crate::daemon::daemon(
-        scenario.to_str().unwrap(),
-        &cfg,
-        &tmp.path().join("log"),
-        &[],
-    );
+                state = dir.join("state").display(),
+                rules = rule_dir.display(),
+                url = hook.url("/hook"),
+            ),
+        )
+        .unwrap();
+        let log = dir.join("log");
+        let daemon = crate::daemon::daemon(scenario.to_str().unwrap(), &cfg, &log, &[]);
+        WatchedProcess {
+            daemon,
+            hook,
+            port,
+            log,
+        }
+    }
+}
+
+/// The processes of a Slurm job (found by their cgroup) name it: `hpc_job="77"` on the DCGM
+/// series of their GPU on `/metrics` (not on the other GPUs'), and on the alerts about that GPU.
+#[test]
+fn a_slurm_jobs_gpu_carries_hpc_job_on_metrics_and_alerts() {
+    use crate::notify::servers::wait_until;
+    // a cgroup shaped as Slurm makes a job step's (`…slurm…/job_77/step_0`)
+    let Some(step) = common::InCgroup::start("gwtest_slurm", "job_77/step_0") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = WatchedProcess::scenario(tmp.path(), step.child.id(), 2);
+    let watched = WatchedProcess::start(tmp.path(), &scenario, &[], "");
+    let (port, hook) = (watched.port, &watched.hook);
     let page = wait_until(Duration::from_secs(30), "hpc_job on /metrics", || {
         crate::exporter::get(port, "/metrics", "text/plain")
             .map(|r| r.2)
@@ -766,7 +801,7 @@ group_wait = "0s"
         "{}",
         sent[0].body
     );
-    stop(d);
+    stop(watched.daemon);
 }
 
 /// The epilog's summary: an `sbatch` job on one of the node's two GPUs (GRES) ends, and the
@@ -775,36 +810,18 @@ group_wait = "0s"
 #[test]
 fn an_sbatch_jobs_epilog_writes_its_gpu_summary() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.toml");
-    let Some(slurm) = Slurm::start_with(Some(&config)) else {
+    let config_path = dir.path().join("config.toml");
+    let Some(slurm) = Slurm::start_with(Some(&config_path)) else {
         return;
     };
     let state = dir.path().join("state");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[daemon]
-interval = "1s"
-state_dir = "{state}"
-rules = ["{rules}"]
-hostname = "{NODE}.lab.example"
-
-[recording]
-enabled = true
-
-[actions.drain]
-scontrol = "{scontrol}"
-timeout = "10s"
-"#,
-            state = state.display(),
-            rules = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("rules")
-                .display(),
-            scontrol = slurm.scontrol.display(),
-        ),
-    )
-    .unwrap();
+    // the drain action's config (nothing drains on healthy GPUs), recording every tick
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    assert_eq!(config(&slurm, dir.path(), &rules, "1m"), config_path);
+    let mut text = std::fs::read_to_string(&config_path).unwrap();
+    text.push_str("\n[recording]\nenabled = true\n");
+    std::fs::write(&config_path, text).unwrap();
+    let config = config_path;
     let log = dir.path().join("daemon.log");
     let d = daemon(&slurm, "healthy", &config, &log, "0");
     let recording = state.join("recording/metrics.csv");
