@@ -76,6 +76,7 @@ const SECTIONS: &[&str] = &[
     "exporter",
     "digest",
     "recording",
+    "kubernetes",
 ];
 
 impl Config {

@@ -748,7 +748,10 @@ impl Live<'_> {
                 );
                 self.publish(events);
                 self.rules = Rules::new(new.rule_paths, new.rules_signature);
-                if new.config.recording != self.recording {
+                // (a recorder that could not be opened is tried again)
+                if new.config.recording != self.recording
+                    || (self.recorder.is_none() && new.config.recording.enabled)
+                {
                     if let Some(r) = &mut self.recorder {
                         r.flush();
                     }
@@ -1120,8 +1123,6 @@ impl Live<'_> {
     }
 }
 
-/// The `collector_degraded` alert (info): what the sampler cannot watch, e.g. GPUs whose XID
-/// events could not be registered.
 /// The recorder `[recording]` asks for (in `--speed`'s private state directory under a faster
 /// clock), `None` when it is off or cannot be opened (said).
 fn open_recorder(
@@ -1151,6 +1152,8 @@ fn open_recorder(
     }
 }
 
+/// The `collector_degraded` alert (info): what the sampler cannot watch, e.g. GPUs whose XID
+/// events could not be registered.
 fn degraded_event(hostname: &str, missing: &[String], now: i64) -> AlertEvent {
     let labels: std::collections::BTreeMap<String, String> = [
         ("alertname", "collector_degraded"),

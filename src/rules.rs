@@ -51,9 +51,6 @@ pub const RESERVED_LABELS: &[&str] = &[
     "pid",
     "action",
     "hpc_job",
-    "pod",
-    "namespace",
-    "container",
 ];
 
 /// Keys a check's returned map may not contain: control decisions travel only as the rule's
@@ -73,9 +70,6 @@ pub const BUILTIN_LABELS: &[&str] = &[
     "rule",
     "action",
     "hpc_job",
-    "pod",
-    "namespace",
-    "container",
 ];
 
 /// Longest accepted `every` of a rule.

@@ -122,7 +122,7 @@ pub struct SamplerConfig {
     /// ([`unread_mask`]).
     pub unread: Arc<AtomicU64>,
     /// The kubelet's PodResources socket (`[kubernetes] pod_resources`), asked while it exists:
-    /// the pods the GPUs are allocated to. `None` = never.
+    /// the pods the GPUs are allocated to. `None` = never (commands that show no pods).
     pub pod_resources: Option<PathBuf>,
 }
 
@@ -154,7 +154,7 @@ impl Default for SamplerConfig {
             gpm: true,
             gpm_interval: Duration::ZERO,
             unread: Arc::default(),
-            pod_resources: Some(PathBuf::from(crate::sys::podresources::DEFAULT_SOCKET)),
+            pod_resources: None,
         }
     }
 }
@@ -361,38 +361,60 @@ fn gpu_pods(
     out
 }
 
-/// Names the pod of each process in a pod (`k8s pod <uid>` from its cgroup) whose GPU, or MIG
-/// device, is allocated to one pod only: `k8s pod <namespace>/<name>`. A host process on an
-/// allocated GPU stays a host process; on a shared GPU the pod uid is all there is.
+/// Names the pod of each process in a pod (`k8s pod <uid>` from its cgroup) on a GPU, or MIG
+/// device, allocated to one pod only, when the processes in pods there all have one pod uid:
+/// `k8s pod <namespace>/<name>`. The API gives no uid, so a second pod's process on the device
+/// (one that bypasses the device plugin, as monitors do with NVIDIA_VISIBLE_DEVICES=all) leaves
+/// them all by uid; a host process on an allocated GPU stays a host process.
 fn name_pods(
     procs: &mut [ProcSample],
     pods: &[crate::model::GpuPod],
     mig: &[crate::model::MigSample],
 ) {
     use crate::model::K8S_POD_PREFIX;
-    for p in procs {
-        let Some(uid) = p
-            .container
+    let uid_of = |p: &ProcSample| {
+        p.container
             .as_deref()
             .and_then(|c| c.strip_prefix(K8S_POD_PREFIX))
-        else {
-            continue;
-        };
-        if uid.contains('/') {
-            continue; // named already
-        }
+            .filter(|uid| !uid.contains('/'))
+            .map(str::to_string)
+    };
+    let device_of = |p: &ProcSample| {
         let on_mig = mig
             .iter()
             .find(|m| m.gpu_index == p.gpu_index && m.pids.contains(&p.pid))
-            .map(|m| m.uuid.as_str());
+            .map(|m| m.uuid.clone());
+        (p.gpu_index, on_mig)
+    };
+    // per device (GPU index, MIG UUID): the name its pod processes take, if any
+    type Device = (u32, Option<String>);
+    let mut names: Vec<(Device, Option<String>)> = Vec::new();
+    for p in procs.iter() {
+        let Some(uid) = uid_of(p) else { continue };
+        let device = device_of(p);
         let mut holders = pods.iter().filter(|a| {
-            a.gpu_index == p.gpu_index && (a.mig_uuid.is_none() || a.mig_uuid.as_deref() == on_mig)
+            a.gpu_index == device.0 && (a.mig_uuid.is_none() || a.mig_uuid == device.1)
         });
         let Some(first) = holders.next() else {
             continue;
         };
-        if holders.all(|a| a.namespace == first.namespace && a.pod == first.pod) {
-            p.container = Some(format!("{K8S_POD_PREFIX}{}/{}", first.namespace, first.pod));
+        let one_pod = holders.all(|a| a.namespace == first.namespace && a.pod == first.pod);
+        let name = one_pod.then(|| format!("{K8S_POD_PREFIX}{}/{}", first.namespace, first.pod));
+        // every process in a pod on the device must have the same uid
+        let same_uid = procs
+            .iter()
+            .filter(|q| device_of(q) == device)
+            .filter_map(uid_of)
+            .all(|u| u == uid);
+        names.push((device, name.filter(|_| same_uid)));
+    }
+    for p in procs.iter_mut() {
+        if uid_of(p).is_none() {
+            continue;
+        }
+        let device = device_of(p);
+        if let Some((_, Some(name))) = names.iter().find(|(d, _)| *d == device) {
+            p.container = Some(name.clone());
         }
     }
 }
@@ -1312,5 +1334,52 @@ mod tests {
         let line = err.to_string();
         assert!(!line.contains('\n'));
         assert!(line.contains("--sim overnight"), "{line}");
+    }
+
+    #[test]
+    fn pod_processes_are_named_only_when_one_pod_uid_is_on_the_device() {
+        let pod = |gpu: u32, name: &str| crate::model::GpuPod {
+            gpu_index: gpu,
+            mig_uuid: None,
+            namespace: "ml".into(),
+            pod: name.into(),
+            container: "c".into(),
+        };
+        let proc_in = |pid: u32, gpu: u32, container: Option<&str>| ProcSample {
+            container: container.map(str::to_string),
+            ..ProcSample::compute(pid, gpu, format!("GPU-{gpu}"), None)
+        };
+        let pods = vec![
+            pod(0, "trainer-0"),
+            pod(1, "a"),
+            pod(1, "b"),
+            pod(2, "solo"),
+        ];
+        let mut procs = vec![
+            proc_in(10, 0, Some("k8s pod u1")),
+            proc_in(11, 0, Some("k8s pod u1")),
+            proc_in(12, 0, None),               // a host process on the GPU
+            proc_in(20, 1, Some("k8s pod u2")), // GPU 1 shared by two pods
+            proc_in(30, 2, Some("k8s pod u3")),
+            proc_in(31, 2, Some("k8s pod u4")), // a second pod on GPU 2 bypassing the plugin
+            proc_in(40, 3, Some("k8s pod u5")), // GPU 3 allocated to no pod
+        ];
+        name_pods(&mut procs, &pods, &[]);
+        let got: Vec<Option<&str>> = procs.iter().map(|p| p.container.as_deref()).collect();
+        assert_eq!(
+            got,
+            vec![
+                Some("k8s pod ml/trainer-0"),
+                Some("k8s pod ml/trainer-0"),
+                None,
+                Some("k8s pod u2"),
+                Some("k8s pod u3"),
+                Some("k8s pod u4"),
+                Some("k8s pod u5"),
+            ]
+        );
+        // named already: left as it is
+        name_pods(&mut procs, &pods, &[]);
+        assert_eq!(procs[0].container.as_deref(), Some("k8s pod ml/trainer-0"));
     }
 }

@@ -161,6 +161,49 @@ pub fn user_name(uid: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
+/// The primary group of `uid` from the system's user database.
+pub fn user_gid(uid: u32) -> Option<u32> {
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: a zeroed passwd is a valid out-parameter for getpwuid_r.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: all pointers are valid for the call; getpwuid_r writes at most `buf.len()` bytes
+    // into `buf`; only the gid (a plain integer) is read afterwards.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    (rc == 0 && !result.is_null()).then_some(pwd.pw_gid)
+}
+
+/// The groups of user `name` with primary group `gid` (getgrouplist): what a login gives it.
+/// `[gid]` when the database cannot tell.
+pub fn user_groups(name: &str, gid: u32) -> Vec<libc::gid_t> {
+    let Ok(cname) = std::ffi::CString::new(name) else {
+        return vec![gid];
+    };
+    let mut n: libc::c_int = 64;
+    for _ in 0..4 {
+        let mut groups: Vec<libc::gid_t> = vec![0; usize::try_from(n).unwrap_or(64)];
+        let mut count = n;
+        // SAFETY: `groups` holds `count` entries; getgrouplist writes at most that many and
+        // sets `count` to the number found (or needed, when it returns -1).
+        let rc =
+            unsafe { libc::getgrouplist(cname.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
+        if rc >= 0 {
+            groups.truncate(usize::try_from(count).unwrap_or(0));
+            return groups;
+        }
+        n = count.max(n * 2);
+    }
+    vec![gid]
+}
+
 /// The id of group `name` from the system's group database (NSS).
 pub fn group_id(name: &str) -> Option<u32> {
     let cname = std::ffi::CString::new(name).ok()?;

@@ -716,12 +716,6 @@ fn scontrol(section: &DrainSection, args: &[&str]) -> Result<String, String> {
     }
 }
 
-/// The job's record through `scontrol show job JOB --oneliner` (its first line).
-pub fn show_job(section: &DrainSection, job: &str) -> Result<String, String> {
-    let out = scontrol(section, &["show", "job", job, "--oneliner"])?;
-    Ok(out.lines().next().unwrap_or_default().to_string())
-}
-
 /// Sets a finished job's `AdminComment` in Slurm's accounting database (`sacctmgr -i modify
 /// job where JobID=JOB set AdminComment=TEXT`, as jobstats does: slurmctld refuses to update a
 /// job that ended, and an epilog runs after the end). Needs slurmdbd; `sacctmgr` is looked for
@@ -753,39 +747,6 @@ pub fn set_admin_comment(section: &DrainSection, job: &str, text: &str) -> Resul
             out.trim()
         ))
     }
-}
-
-/// The `KEY=VALUE` fields of a `scontrol show … --oneliner` line. A value runs up to the next
-/// word that looks like a key (`Word=`), so values with spaces (`WorkDir=/data/my runs`) stay
-/// whole.
-pub fn oneliner_fields(line: &str) -> std::collections::BTreeMap<String, String> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut current: Option<(String, String)> = None;
-    for word in line.split(' ') {
-        let key = word.split_once('=').map(|(k, _)| k).filter(|k| {
-            k.chars().next().is_some_and(|c| c.is_ascii_uppercase())
-                && k.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '/' || c == ':')
-        });
-        match key {
-            Some(k) => {
-                if let Some((k, v)) = current.take() {
-                    out.insert(k, v);
-                }
-                current = Some((k.to_string(), word[k.len() + 1..].to_string()));
-            }
-            None => {
-                if let Some((_, v)) = &mut current {
-                    v.push(' ');
-                    v.push_str(word);
-                }
-            }
-        }
-    }
-    if let Some((k, v)) = current {
-        out.insert(k, v);
-    }
-    out
 }
 
 /// What [`drain_node`] did.
@@ -906,18 +867,6 @@ fn run_op(section: &DrainSection, node: &str, op: Op, ours: bool) -> Done {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn oneliner_fields_keep_values_with_spaces_whole() {
-        let f = oneliner_fields(
-            "JobId=7 UserId=ann(1001) GroupId=lab(2000) StartTime=2026-12-06T16:40:01 WorkDir=/data/my runs/a=b StdErr=/data/e.txt TresPerNode=gres:gpu:1",
-        );
-        assert_eq!(f["JobId"], "7");
-        assert_eq!(f["UserId"], "ann(1001)");
-        assert_eq!(f["StartTime"], "2026-12-06T16:40:01");
-        assert_eq!(f["WorkDir"], "/data/my runs/a=b");
-        assert_eq!(f["TresPerNode"], "gres:gpu:1");
-    }
 
     #[test]
     fn scontrol_lines_parse_with_spaces_in_the_reason() {

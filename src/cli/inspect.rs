@@ -353,6 +353,8 @@ pub fn status(global: &GlobalArgs, args: &StatusArgs) -> anyhow::Result<i32> {
     cfg.xid_events = false;
     // one snapshot: PCIe throughput from its 20 ms window, the counters have no second reading
     cfg.rates_now = true;
+    // processes named by pod where the kubelet's socket is where it is by default
+    cfg.pod_resources = Some(crate::sys::podresources::DEFAULT_SOCKET.into());
     let mut sampler = Sampler::open(&cfg)?;
     // The bus only: `status` keeps no history (the daemon's `gpu_missing` also knows the GPUs
     // seen before and `expected_gpus`).

@@ -20,6 +20,10 @@
 //! admin-comment`). It always exits 0: a failing epilog drains the node.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::report::batch::JobSummary;
 
 use super::GlobalArgs;
 
@@ -41,6 +45,12 @@ pub enum SlurmAction {
     /// from the daemon's recording, into state_dir/jobs/, the job's working directory and its
     /// AdminComment. Always exits 0 (a failing epilog drains the node).
     Epilog(EpilogArgs),
+    /// (internal) Standard input into a regular file: what the epilog runs as the job's user.
+    #[command(hide = true)]
+    WriteFile {
+        /// The file.
+        path: PathBuf,
+    },
 }
 
 /// Where `slurm epilog` writes the summary besides `state_dir/jobs/JOBID.json`.
@@ -68,6 +78,10 @@ pub struct EpilogArgs {
     /// Print the summary; write nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// (internal) Make and save the summary, print it as JSON: what the epilog runs as the
+    /// state directory's owner.
+    #[arg(long, hide = true)]
+    pub summary_only: bool,
 }
 
 /// Arguments of `job`.
@@ -98,13 +112,33 @@ pub struct PrologArgs {
 /// Runs `slurm`.
 pub fn slurm(global: &GlobalArgs, args: &SlurmArgs) -> anyhow::Result<i32> {
     match &args.action {
-        SlurmAction::Prolog(a) => prolog(global, a),
+        // gpuwatch's own fault (a panic included) never fails a job nor drains the node
+        SlurmAction::Prolog(a) => {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prolog(global, a))) {
+                Ok(r) => r,
+                Err(_) => {
+                    eprintln!("gpuwatch: the prolog failed (a bug in gpuwatch); the job goes on");
+                    Ok(0)
+                }
+            }
+        }
         SlurmAction::Epilog(a) => {
             let job = std::env::var("SLURM_JOB_ID").unwrap_or_default();
-            if let Err(e) = epilog(a, &job) {
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| epilog(a, &job)));
+            let ok = matches!(run, Ok(Ok(())));
+            match run {
+                Ok(Ok(())) => {}
                 // (on stderr: slurmd logs it; the exit stays 0)
-                eprintln!("gpuwatch: no GPU summary for job {job}: {e:#}");
+                Ok(Err(e)) => eprintln!("gpuwatch: no GPU summary for job {job}: {e:#}"),
+                Err(_) => eprintln!("gpuwatch: no GPU summary for job {job}: a bug in gpuwatch"),
             }
+            if a.summary_only && !ok {
+                return Ok(1);
+            }
+            Ok(0)
+        }
+        SlurmAction::WriteFile { path } => {
+            write_file(path)?;
             Ok(0)
         }
     }
@@ -179,125 +213,418 @@ fn prolog(global: &GlobalArgs, a: &PrologArgs) -> anyhow::Result<i32> {
 /// The longest `AdminComment` the epilog writes.
 const ADMIN_COMMENT_BYTES: usize = 1000;
 
+/// How long the summary (reading the recording) may take, and writing one file as the user.
+const SUMMARY_LIMIT: Duration = Duration::from_secs(60);
+const WRITE_LIMIT: Duration = Duration::from_secs(10);
+
 /// The directory of the saved summaries in a state directory.
 fn jobs_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("jobs")
 }
 
-/// A job id as a file name: digits, `_` and `+` (array and het jobs) only.
+/// A Slurm job id as the scheduler gives it to prologs and epilogs (`SLURM_JOB_ID`: the raw
+/// numeric id, also for array tasks and het job components): digits only, so it is a file
+/// name too.
 fn job_id_ok(job: &str) -> bool {
-    !job.is_empty()
-        && job.len() <= 32
-        && job
-            .chars()
-            .all(|c| c.is_ascii_digit() || c == '_' || c == '+')
+    !job.is_empty() && job.len() <= 20 && job.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// The variables of the epilog's environment (empty ones as absent).
+fn env(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// `slurm epilog`. Root (slurmd) never reads or writes in a directory another user controls:
+/// the summary is made, and saved in the state directory, by a child running as the state
+/// directory's owner (`--summary-only`, the daemon's user); the work-directory copy is written
+/// by a child running as the job's user. Both are held to a time limit.
 fn epilog(a: &EpilogArgs, job: &str) -> anyhow::Result<()> {
     use anyhow::Context as _;
     anyhow::ensure!(job_id_ok(job), "SLURM_JOB_ID {job:?} is not a job id");
     let config = super::doctor::load_config(a.config.as_deref())?
         .unwrap_or_else(crate::config::Config::builtin);
-    let drain = &config.actions.drain;
-    let fields = match crate::action::drain::show_job(drain, job) {
-        Ok(line) => crate::action::drain::oneliner_fields(&line),
-        Err(e) => {
-            eprintln!("gpuwatch: job {job}: {e}; its start is taken from the processes seen");
-            Default::default()
+    if a.summary_only {
+        let summary = summary_of(&config, job)?;
+        if let Some(s) = &summary {
+            save_summary(&config, s)?;
         }
-    };
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    let seen = crate::usage::JobsSeen::load(&config.state_dir())
-        .jobs
-        .remove(job);
-    let (gpus, gpus_from) = match (env("SLURM_JOB_GPUS"), env("CUDA_VISIBLE_DEVICES"), &seen) {
-        (Some(g), _, _) => (job_gpus(Some(&g), None), "SLURM_JOB_GPUS"),
-        (None, Some(g), _) => (job_gpus(None, Some(&g)), "CUDA_VISIBLE_DEVICES"),
-        (None, None, Some(s)) => (Some(s.gpus.iter().copied().collect()), "processes seen"),
-        (None, None, None) => (None, ""),
-    };
-    let Some(mut gpus) = gpus.filter(|g| !g.is_empty()) else {
-        // a job without GPUs gets no GPU summary
-        return Ok(());
-    };
-    gpus.sort_unstable();
-    gpus.dedup();
-    let end_ms = crate::sys::now_ms();
-    let start_ms = fields
-        .get("StartTime")
-        .and_then(|t| slurm_time_ms(t))
-        .or_else(|| seen.as_ref().map(|s| s.first_ms))
-        .context("no start time: `scontrol show job` failed and no process of the job was seen")?;
-    let node = drain.node_name(&config.hostname());
-    let user = env("SLURM_JOB_USER").or_else(|| {
-        fields
-            .get("UserId")
-            .map(|u| u.split('(').next().unwrap_or(u).to_string())
-    });
-    let summary = summarize(
-        &config,
-        job,
-        user,
-        node,
-        (start_ms, end_ms),
-        gpus,
-        gpus_from,
-    );
-    if a.dry_run {
-        print!("{}", summary.text());
-        println!("AdminComment: {}", summary.compact(ADMIN_COMMENT_BYTES));
+        println!("{}", serde_json::to_string(&summary)?);
         return Ok(());
     }
-    let dir = jobs_dir(&config.state_dir());
-    crate::sys::create_private_dir(&dir)?;
-    let path = dir.join(format!("{job}.json"));
-    crate::sys::write_atomic(&path, &serde_json::to_vec_pretty(&summary)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    prune_summaries(&dir, end_ms);
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let summary = if root && !a.dry_run {
+        let state = config.state_dir();
+        let owner = std::fs::metadata(&state)
+            .with_context(|| format!("the state directory {}", state.display()))?;
+        use std::os::unix::fs::MetadataExt as _;
+        let mut cmd = Command::new(std::env::current_exe().context("gpuwatch's own path")?);
+        cmd.args(["slurm", "epilog", "--summary-only"]);
+        if let Some(c) = &a.config {
+            cmd.arg("--config").arg(std::path::absolute(c)?);
+        }
+        let out = run_as(
+            cmd,
+            Identity::of(owner.uid(), owner.gid()),
+            &[],
+            SUMMARY_LIMIT,
+        )
+        .map_err(|e| anyhow::anyhow!("the summary (as uid {}): {e}", owner.uid()))?;
+        serde_json::from_slice::<Option<JobSummary>>(&out).context("the summary's answer")?
+    } else {
+        let s = summary_of(&config, job)?;
+        if let (Some(s), false) = (&s, a.dry_run) {
+            save_summary(&config, s)?;
+        }
+        s
+    };
+    // a job without GPUs gets no GPU summary
+    let Some(summary) = summary else {
+        return Ok(());
+    };
+    if a.dry_run {
+        print!("{}", summary.text());
+        println!("AdminComment: {}", admin_comment(&summary));
+        return Ok(());
+    }
+    let nodes: u32 = env("SLURM_JOB_NUM_NODES")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
     for to in &a.to {
         match to {
             EpilogTo::WorkDir => {
-                let Some(work) =
-                    env("SLURM_JOB_WORK_DIR").or_else(|| fields.get("WorkDir").cloned())
-                else {
-                    eprintln!(
-                        "gpuwatch: job {job}: no working directory known; its summary is in {}",
-                        path.display()
-                    );
+                // a job without numbers leaves nothing in the user's directory
+                if summary.run.is_none() {
                     continue;
-                };
-                let uid = env("SLURM_JOB_UID")
-                    .and_then(|u| u.parse().ok())
-                    .or_else(|| {
-                        fields
-                            .get("UserId")
-                            .and_then(|u| u.split_once('(')?.1.trim_end_matches(')').parse().ok())
-                    });
-                let gid = env("SLURM_JOB_GID")
-                    .and_then(|g| g.parse().ok())
-                    .or_else(|| {
-                        fields
-                            .get("GroupId")
-                            .and_then(|g| g.split_once('(')?.1.trim_end_matches(')').parse().ok())
-                    });
-                let (Some(uid), Some(gid)) = (uid, gid) else {
-                    eprintln!("gpuwatch: job {job}: its user is unknown; not writing into {work}");
-                    continue;
-                };
-                let file = Path::new(&work).join(format!("gpuwatch-job-{job}.txt"));
-                if let Err(e) = write_as(uid, gid, &file, summary.text().as_bytes()) {
-                    eprintln!("gpuwatch: job {job}: {}: {e}", file.display());
+                }
+                if let Err(e) = to_work_dir(&config, &summary, nodes) {
+                    eprintln!("gpuwatch: job {job}: {e}");
                 }
             }
             EpilogTo::AdminComment => {
-                let line = summary.compact(ADMIN_COMMENT_BYTES);
-                if let Err(e) = crate::action::drain::set_admin_comment(drain, job, &line) {
+                if nodes > 1 {
+                    eprintln!(
+                        "gpuwatch: job {job}: on {nodes} nodes: no AdminComment (one node's summary would replace another's)"
+                    );
+                    continue;
+                }
+                // an array task is named by its array's id and its index: the array's own id
+                // would select every task
+                let id = match (env("SLURM_ARRAY_JOB_ID"), env("SLURM_ARRAY_TASK_ID")) {
+                    (Some(array), Some(task)) => format!("{array}_{task}"),
+                    _ => job.to_string(),
+                };
+                let line = admin_comment(&summary);
+                let drain = &config.actions.drain;
+                if let Err(e) = crate::action::drain::set_admin_comment(drain, &id, &line) {
                     eprintln!("gpuwatch: job {job}: AdminComment: {e}");
                 }
             }
             EpilogTo::None => {}
         }
     }
+    Ok(())
+}
+
+/// The summary as the AdminComment holds it: `GW1:` and the compact JSON gzipped and in base64
+/// (sacctmgr turns quotes into backticks, so JSON would not survive; jobstats does the same
+/// with `JS1:`), at most [`ADMIN_COMMENT_BYTES`].
+pub fn admin_comment(summary: &JobSummary) -> String {
+    use base64::Engine as _;
+    let encode = |json: &str| {
+        use std::io::Write as _;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let _ = gz.write_all(json.as_bytes());
+        let bytes = gz.finish().unwrap_or_default();
+        format!(
+            "{ADMIN_COMMENT_PREFIX}{}",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        )
+    };
+    let mut limit = 4 * ADMIN_COMMENT_BYTES;
+    loop {
+        let line = encode(&summary.compact(limit));
+        if line.len() <= ADMIN_COMMENT_BYTES || limit <= 200 {
+            return line;
+        }
+        limit = limit * 3 / 4;
+    }
+}
+
+/// What starts an AdminComment gpuwatch wrote.
+pub const ADMIN_COMMENT_PREFIX: &str = "GW1:";
+
+/// The compact JSON of an AdminComment gpuwatch wrote.
+pub fn decode_admin_comment(text: &str) -> Option<String> {
+    use base64::Engine as _;
+    use std::io::Read as _;
+    let b64 = text.trim().strip_prefix(ADMIN_COMMENT_PREFIX)?;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+    let mut json = String::new();
+    flate2::read::GzDecoder::new(bytes.as_slice())
+        .take(1 << 20)
+        .read_to_string(&mut json)
+        .ok()?;
+    Some(json)
+}
+
+/// `gpuwatch-job-JOBID.txt` (`gpuwatch-job-JOBID-NODE.txt` for a job on several nodes, whose
+/// work directory is usually shared) in the job's working directory, written as the job's user.
+fn to_work_dir(
+    config: &crate::config::Config,
+    summary: &JobSummary,
+    nodes: u32,
+) -> Result<(), String> {
+    let job = &summary.job;
+    let work = env("SLURM_JOB_WORK_DIR")
+        .or_else(|| squeue_field(config, job, "%Z"))
+        .ok_or("no working directory known")?;
+    // the user from slurmd's environment only, never from text a user could shape
+    let uid: u32 = env("SLURM_JOB_UID")
+        .and_then(|u| u.parse().ok())
+        .ok_or("no SLURM_JOB_UID")?;
+    let gid: u32 = env("SLURM_JOB_GID")
+        .and_then(|g| g.parse().ok())
+        .or_else(|| crate::sys::user_gid(uid))
+        .ok_or("no SLURM_JOB_GID")?;
+    let name = if nodes > 1 {
+        format!("gpuwatch-job-{job}-{}.txt", summary.node)
+    } else {
+        format!("gpuwatch-job-{job}.txt")
+    };
+    let file = Path::new(&work).join(name);
+    let mut cmd = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
+    cmd.args(["slurm", "write-file"]).arg(&file);
+    run_as(
+        cmd,
+        Identity::of(uid, gid),
+        summary.text().as_bytes(),
+        WRITE_LIMIT,
+    )
+    .map(|_| ())
+    .map_err(|e| format!("{}: {e}", file.display()))
+}
+
+/// `squeue -h -t all -j JOB -o FORMAT`: one field of the job, beside `scontrol`; each field
+/// asked alone, so no text of the job's (its name, its paths) can pass for another field.
+fn squeue_field(config: &crate::config::Config, job: &str, format: &str) -> Option<String> {
+    let drain = &config.actions.drain;
+    let squeue = drain
+        .scontrol
+        .parent()
+        .map_or_else(|| PathBuf::from("squeue"), |d| d.join("squeue"));
+    let mut cmd = Command::new(squeue);
+    cmd.args(["-h", "-t", "all", "-j", job, "-o", format]);
+    let deadline =
+        std::time::Instant::now() + Duration::from_millis(drain.timeout.ms.max(1) as u64);
+    let (ok, out) = crate::action::forensics::run_bounded(cmd, deadline);
+    let line = out.lines().next()?.trim().to_string();
+    (ok && !line.is_empty() && line != "N/A").then_some(line)
+}
+
+/// The job's GPU summary from the recording; `None` for a job without GPUs.
+fn summary_of(config: &crate::config::Config, job: &str) -> anyhow::Result<Option<JobSummary>> {
+    use anyhow::Context as _;
+    let seen = crate::usage::JobsSeen::load(&config.state_dir())
+        .jobs
+        .remove(job);
+    // Slurm's GPU indices are gres.conf's /dev/nvidiaN: the device minor numbers
+    let (gpus, gpus_from) = match (env("SLURM_JOB_GPUS"), env("CUDA_VISIBLE_DEVICES"), &seen) {
+        (Some(g), _, _) => (job_gpus(Some(&g), None), GpusFrom::Minors("SLURM_JOB_GPUS")),
+        (None, Some(g), _) => (
+            job_gpus(None, Some(&g)),
+            GpusFrom::Minors("CUDA_VISIBLE_DEVICES"),
+        ),
+        (None, None, Some(s)) => (
+            Some(s.gpus.iter().copied().collect()),
+            GpusFrom::Indices("processes seen"),
+        ),
+        (None, None, None) => (None, GpusFrom::Indices("")),
+    };
+    let Some(mut gpus) = gpus.filter(|g| !g.is_empty()) else {
+        return Ok(None);
+    };
+    gpus.sort_unstable();
+    gpus.dedup();
+    let end_ms = crate::sys::now_ms();
+    let start_ms = env("SLURM_JOB_START_TIME")
+        .and_then(|t| t.trim().parse::<i64>().ok())
+        .map(|s| s * 1000)
+        .or_else(|| squeue_field(config, job, "%S").and_then(|t| slurm_time_ms(&t)))
+        .or_else(|| seen.as_ref().map(|s| s.first_ms))
+        .context("no start time: not in the environment, not from squeue, and no process of the job was seen")?;
+    let node = config.actions.drain.node_name(&config.hostname());
+    Ok(Some(summarize(
+        config,
+        job,
+        env("SLURM_JOB_USER"),
+        node,
+        (start_ms, end_ms),
+        (gpus, gpus_from),
+    )))
+}
+
+/// Saves a summary in `state_dir/jobs/` (made 0700 when missing) and prunes the old ones.
+fn save_summary(config: &crate::config::Config, summary: &JobSummary) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let dir = jobs_dir(&config.state_dir());
+    crate::sys::create_private_dir(&dir)?;
+    let path = dir.join(format!("{}.json", summary.job));
+    crate::sys::write_atomic(&path, &serde_json::to_vec_pretty(summary)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    prune_summaries(&dir, summary.end_ms);
+    Ok(())
+}
+
+/// How the job's GPUs are named: by device minor (`/dev/nvidiaN`, Slurm's GRES indices) or by
+/// NVML index (the processes seen); the text says where they come from.
+#[derive(Debug, Clone, Copy)]
+enum GpusFrom {
+    Minors(&'static str),
+    Indices(&'static str),
+}
+
+impl GpusFrom {
+    fn says(self) -> &'static str {
+        match self {
+            GpusFrom::Minors(s) | GpusFrom::Indices(s) => s,
+        }
+    }
+
+    /// Whether GPU `id` is one of `gpus`.
+    fn has(self, gpus: &[u32], id: &crate::model::DeviceId) -> bool {
+        match self {
+            GpusFrom::Minors(_) => gpus.contains(&id.minor.unwrap_or(id.index)),
+            GpusFrom::Indices(_) => gpus.contains(&id.index),
+        }
+    }
+}
+
+/// A user to run a child as: ids and supplementary groups.
+struct Identity {
+    uid: u32,
+    gid: u32,
+    groups: Vec<libc::gid_t>,
+}
+
+impl Identity {
+    /// `uid` with primary group `gid` and the groups the system's group database gives its name.
+    fn of(uid: u32, gid: u32) -> Identity {
+        let groups = crate::sys::user_name(uid)
+            .map(|n| crate::sys::user_groups(&n, gid))
+            .unwrap_or_else(|| vec![gid]);
+        Identity { uid, gid, groups }
+    }
+}
+
+/// Runs `cmd` as `who` (its groups, then its gid, then its uid), in a process group of its own,
+/// with `input` on its standard input: its standard output (at most 16 MiB), or why it failed.
+/// Past `limit` the whole group is killed.
+fn run_as(
+    mut cmd: Command,
+    who: Identity,
+    input: &[u8],
+    limit: Duration,
+) -> Result<Vec<u8>, String> {
+    use std::io::{Read as _, Write as _};
+    use std::os::unix::process::CommandExt as _;
+    let Identity { uid, gid, groups } = who;
+    cmd.process_group(0)
+        .current_dir("/")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: between fork and exec only async-signal-safe calls (setgroups, setgid, setuid) on
+    // memory prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start: {e}"))?;
+    let pid = child.id();
+    let mut stdin = child.stdin.take();
+    let data = input.to_vec();
+    std::thread::spawn(move || {
+        if let Some(i) = stdin.as_mut() {
+            let _ = i.write_all(&data);
+        }
+    });
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let (done, output) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut o = Vec::new();
+        if let Some(s) = out.as_mut() {
+            let _ = s.take(16 << 20).read_to_end(&mut o);
+        }
+        let mut e = Vec::new();
+        if let Some(s) = err.as_mut() {
+            let _ = s.take(64 << 10).read_to_end(&mut e);
+        }
+        let _ = done.send((o, e));
+    });
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if std::time::Instant::now() >= deadline => break None,
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(e.to_string()),
+        }
+    };
+    let Some(status) = status else {
+        // SAFETY: kill has no memory preconditions; the group is the child's own.
+        unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+        let _ = child.wait();
+        return Err(format!("took longer than {} s: stopped", limit.as_secs()));
+    };
+    let (o, e) = output
+        .recv_timeout(Duration::from_secs(1))
+        .unwrap_or_default();
+    if status.success() {
+        Ok(o)
+    } else {
+        Err(String::from_utf8_lossy(&e).trim().to_string())
+    }
+}
+
+/// `slurm write-file PATH` (run as the job's user): standard input (at most 1 MiB) into PATH, a
+/// regular file made 0600 or truncated. A link, a FIFO or a device there is refused, never
+/// followed nor waited on.
+fn write_file(path: &Path) -> anyhow::Result<()> {
+    use std::io::Read as _;
+    let mut text = Vec::new();
+    std::io::stdin().take(1 << 20).read_to_end(&mut text)?;
+    write_regular(path, &text)
+}
+
+/// `text` into `path`, a regular file (see [`write_file`]).
+fn write_regular(path: &Path, text: &[u8]) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("{}", path.display()))?;
+    anyhow::ensure!(
+        f.metadata()?.file_type().is_file(),
+        "{} is not a regular file",
+        path.display()
+    );
+    f.set_len(0)?;
+    f.write_all(text)?;
     Ok(())
 }
 
@@ -318,17 +645,16 @@ fn summarize(
     user: Option<String>,
     node: String,
     (start_ms, end_ms): (i64, i64),
-    gpus: Vec<u32>,
-    gpus_from: &str,
-) -> crate::report::batch::JobSummary {
-    let mut summary = crate::report::batch::JobSummary {
+    (gpus, gpus_from): (Vec<u32>, GpusFrom),
+) -> JobSummary {
+    let mut summary = JobSummary {
         job: job.to_string(),
         user,
         node,
         start_ms,
         end_ms,
         gpus,
-        gpus_from: gpus_from.to_string(),
+        gpus_from: gpus_from.says().to_string(),
         run: None,
         missing: None,
     };
@@ -356,8 +682,12 @@ fn summarize(
         return summary;
     }
     let keep = summary.gpus.clone();
-    let ticks = files.clone().into_iter().flat_map(move |f| {
-        let opened = crate::import::Importer::open(&f, &crate::import::ImportOptions::default());
+    // every file opened before any is read: a rotation meanwhile renames, it does not swap
+    let opened: Vec<anyhow::Result<crate::import::Importer>> = files
+        .iter()
+        .map(|f| crate::import::Importer::open(f, &crate::import::ImportOptions::default()))
+        .collect();
+    let ticks = opened.into_iter().flat_map(|opened| {
         let ticks: Box<dyn Iterator<Item = anyhow::Result<crate::import::Imported>>> = match opened
         {
             Ok(i) => Box::new(crate::import::read_ahead(i)),
@@ -371,13 +701,15 @@ fn summarize(
             if s.time_ms < start_ms || s.time_ms > end_ms {
                 return None;
             }
-            s.gpus.retain(|g| keep.contains(&g.id.index));
+            s.gpus.retain(|g| gpus_from.has(&keep, &g.id));
+            let indices: Vec<u32> = s.gpus.iter().map(|g| g.id.index).collect();
             if let Some(p) = &mut s.processes {
-                p.retain(|p| keep.contains(&p.gpu_index));
+                p.retain(|p| indices.contains(&p.gpu_index));
             }
-            s.xids.retain(|x| keep.contains(&x.gpu_index));
-            s.mig.retain(|m| keep.contains(&m.gpu_index));
-            s.nvlink.retain(|n| keep.contains(&n.gpu));
+            s.xids.retain(|x| indices.contains(&x.gpu_index));
+            s.mig.retain(|m| indices.contains(&m.gpu_index));
+            s.nvlink.retain(|n| indices.contains(&n.gpu));
+            s.pods.retain(|p| indices.contains(&p.gpu_index));
             s.missing.clear();
             Some(Ok(t))
         }
@@ -398,34 +730,23 @@ fn summarize(
     summary
 }
 
-/// Writes `bytes` to `path` as `uid`:`gid` (a child process with that identity and no
-/// supplementary groups): a path in a user's directory is the user's to name, links included,
-/// and root must not follow them.
-fn write_as(uid: u32, gid: u32, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::process::CommandExt as _;
-    let mut child = std::process::Command::new("/bin/sh")
-        .args(["-c", "umask 077 && cat > \"$1\"", "sh"])
-        .arg(path)
-        .uid(uid)
-        .gid(gid)
-        .env_clear()
-        .current_dir("/")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    if let Some(mut i) = child.stdin.take() {
-        i.write_all(bytes)?;
+/// The compact summary of `job` in its AdminComment (`sacct -n -X -j JOB -o AdminComment%4000`,
+/// `sacct` beside `scontrol`), when gpuwatch wrote one.
+fn sacct_admin_comment(config: &crate::config::Config, job: &str) -> Option<String> {
+    let drain = &config.actions.drain;
+    let sacct = drain
+        .scontrol
+        .parent()
+        .map_or_else(|| PathBuf::from("sacct"), |d| d.join("sacct"));
+    let mut cmd = Command::new(sacct);
+    cmd.args(["-n", "-X", "-j", job, "-o", "AdminComment%4000"]);
+    let deadline =
+        std::time::Instant::now() + Duration::from_millis(drain.timeout.ms.max(1) as u64);
+    let (ok, out) = crate::action::forensics::run_bounded(cmd, deadline);
+    if !ok {
+        return None;
     }
-    let out = child.wait_with_output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ))
-    }
+    out.lines().find_map(decode_admin_comment)
 }
 
 /// Removes summaries older than 35 days.
@@ -433,10 +754,15 @@ fn prune_summaries(dir: &Path, now_ms: i64) {
     let cutoff = std::time::UNIX_EPOCH
         + std::time::Duration::from_millis(u64::try_from(now_ms - 35 * 86_400_000).unwrap_or(0));
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if e.metadata()
-            .and_then(|m| m.modified())
-            .is_ok_and(|m| m < cutoff)
-        {
+        // only the summaries themselves: regular files named JOBID.json, never through a link
+        let name = e.file_name();
+        let ours = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".json"))
+            .is_some_and(job_id_ok);
+        let old = std::fs::symlink_metadata(e.path())
+            .is_ok_and(|m| m.file_type().is_file() && m.modified().is_ok_and(|t| t < cutoff));
+        if ours && old {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -451,12 +777,18 @@ pub fn job(a: &JobArgs) -> anyhow::Result<i32> {
         .unwrap_or_else(crate::config::Config::builtin);
     let state = config.state_dir();
     let path = jobs_dir(&state).join(format!("{}.json", a.job));
-    let summary: crate::report::batch::JobSummary = match std::fs::read(&path) {
+    let summary: JobSummary = match std::fs::read(&path) {
         Ok(b) => serde_json::from_slice(&b).with_context(|| format!("{}", path.display()))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let Some(seen) = crate::usage::JobsSeen::load(&state).jobs.remove(&a.job) else {
+                // another node's job: its AdminComment in the accounting database
+                if let Some(json) = sacct_admin_comment(&config, &a.job) {
+                    let v: serde_json::Value = serde_json::from_str(&json)?;
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                    return Ok(0);
+                }
                 anyhow::bail!(
-                    "no summary of job {} in {} (`gpuwatch slurm epilog` writes one when a job ends) and no process of it seen in {}",
+                    "no summary of job {} in {} (`gpuwatch slurm epilog` writes one when a job ends), no process of it seen in {}, and no AdminComment of gpuwatch's in sacct",
                     a.job,
                     jobs_dir(&state).display(),
                     crate::usage::JobsSeen::path(&state).display()
@@ -469,8 +801,10 @@ pub fn job(a: &JobArgs) -> anyhow::Result<i32> {
                 None,
                 node,
                 (seen.first_ms - 5_000, seen.last_ms + 5_000),
-                seen.gpus.iter().copied().collect(),
-                "processes seen",
+                (
+                    seen.gpus.iter().copied().collect(),
+                    GpusFrom::Indices("processes seen"),
+                ),
             )
         }
         Err(e) => return Err(e).with_context(|| format!("{}", path.display())),
@@ -497,8 +831,8 @@ mod tests {
 
     #[test]
     fn job_ids_are_file_names_and_slurm_times_are_local() {
-        assert!(job_id_ok("77") && job_id_ok("77_3") && job_id_ok("12+1"));
-        for bad in ["", "../x", "7 7", "a", &"9".repeat(33)] {
+        assert!(job_id_ok("77") && job_id_ok("4294967294"));
+        for bad in ["", "../x", "7 7", "a", "77_3", "12+1", &"9".repeat(21)] {
             assert!(!job_id_ok(bad), "{bad:?}");
         }
         let ms = slurm_time_ms("2026-12-06T16:40:01").unwrap();
@@ -510,5 +844,46 @@ mod tests {
             "2026-12-06T16:40:01"
         );
         assert_eq!(slurm_time_ms("Unknown"), None);
+    }
+
+    #[test]
+    fn the_admin_comment_survives_sacctmgr_and_fits() {
+        let summary: JobSummary = serde_json::from_value(serde_json::json!({
+            "job": "77", "user": "ann", "node": "gpu07", "start_ms": 0, "end_ms": 60_000,
+            "gpus": [0], "gpus_from": "SLURM_JOB_GPUS", "run": null,
+            "missing": "x".repeat(5000)
+        }))
+        .unwrap();
+        let line = admin_comment(&summary);
+        assert!(line.starts_with(ADMIN_COMMENT_PREFIX) && line.len() <= ADMIN_COMMENT_BYTES);
+        // no character sacctmgr rewrites (quotes) or splits on (spaces)
+        assert!(!line.contains(['"', '\'', ' ', '`']), "{line}");
+        let json: serde_json::Value =
+            serde_json::from_str(&decode_admin_comment(&line).unwrap()).unwrap();
+        assert_eq!(json["job"], "77");
+        assert_eq!(decode_admin_comment("{\"job\":1}"), None);
+    }
+
+    #[test]
+    fn write_file_refuses_links_and_fifos_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "keep").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(write_regular(&link, b"x").is_err());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(
+            write_regular(&fifo, b"x").is_err(),
+            "a FIFO without a reader is refused at once"
+        );
+        let file = dir.path().join("summary.txt");
+        write_regular(&file, b"long text").unwrap();
+        write_regular(&file, b"short").unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "short");
     }
 }

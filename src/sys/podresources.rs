@@ -228,7 +228,15 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// The longest name or id read (Kubernetes names are at most 253 bytes).
+const MAX_TEXT: usize = 1024;
+/// The most GPU and MIG devices read from one answer.
+const MAX_DEVICES: usize = 65_536;
+
 fn text(b: &[u8]) -> Result<String, String> {
+    if b.len() > MAX_TEXT {
+        return Err(format!("a name of {} bytes", b.len()));
+    }
     String::from_utf8(b.to_vec()).map_err(|_| "a string that is not UTF-8".to_string())
 }
 
@@ -286,6 +294,9 @@ fn decode_pod(message: &[u8], out: &mut Vec<Allocation>) -> Result<(), String> {
             for id in ids {
                 let uuid = id.split_once("::").map_or(id.as_str(), |(u, _)| u);
                 if uuid.starts_with("GPU-") || uuid.starts_with("MIG-") {
+                    if out.len() >= MAX_DEVICES {
+                        return Err(format!("over {MAX_DEVICES} GPU devices"));
+                    }
                     out.push(Allocation {
                         namespace: namespace.clone(),
                         pod: name.clone(),
@@ -449,6 +460,9 @@ mod tests {
         assert!(decode_list(&[0x0a, 0x05, 1]).is_err(), "cut short");
         assert!(decode_list(&[0x0b]).is_err(), "a group");
         assert_eq!(decode_list(&[]).unwrap(), Vec::new());
+        // a hostile answer: a name far over Kubernetes' limits is refused, not copied per device
+        let huge = [field(1, &vec![b'a'; 4096]), field(3, &container)].concat();
+        assert!(decode_list(&field(1, &huge)).is_err());
     }
 
     #[test]

@@ -294,13 +294,19 @@ pub fn peers_python() -> PathBuf {
         .join("bin/python")
 }
 
-/// Waits for the first line `child` prints on its piped stdout and returns it (a server saying
-/// `ready`); the rest of its output is not read.
+/// Waits (at most a minute) for the first line `child` prints on its piped stdout and returns it
+/// (a server saying `ready`); the rest of its output is not read.
 pub fn first_line(child: &mut std::process::Child) -> String {
     use std::io::BufRead as _;
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("a piped stdout"))
-        .read_line(&mut line)
-        .expect("its first line");
-    line.trim_end().to_string()
+    let out = child.stdout.take().expect("a piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("no first line within a minute")
+        .trim_end()
+        .to_string()
 }

@@ -889,6 +889,54 @@ fn an_sbatch_jobs_epilog_writes_its_gpu_summary() {
     let later = common::gpuwatch(&["job", &job, "--config", config.to_str().unwrap()], &[]);
     assert_eq!(later.code, 0, "{}", later.stderr);
     assert_eq!(later.stdout, text);
+    // The work-directory copy is written as the job's user, never through what the user left
+    // there: a job of `nobody` gets a file owned by nobody; a link in its place is refused and
+    // what it points to is left alone.
+    let users_dir = dir.path().join("nobody-work");
+    std::fs::create_dir(&users_dir).unwrap();
+    std::os::unix::fs::chown(&users_dir, Some(65534), Some(65534)).unwrap();
+    let start = (std::time::SystemTime::now() - Duration::from_secs(3))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let by_hand = |id: &str| {
+        common::gpuwatch(
+            &["slurm", "epilog", "--config", config.to_str().unwrap()],
+            &[
+                ("SLURM_JOB_ID", id),
+                ("SLURM_JOB_GPUS", "1"),
+                ("SLURM_JOB_UID", "65534"),
+                ("SLURM_JOB_GID", "65534"),
+                ("SLURM_JOB_USER", "nobody"),
+                ("SLURM_JOB_START_TIME", &start),
+                ("SLURM_JOB_WORK_DIR", users_dir.to_str().unwrap()),
+                ("SLURM_CONF", slurm.conf().to_str().unwrap()),
+            ],
+        )
+    };
+    let run = by_hand("90001");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let written = users_dir.join("gpuwatch-job-90001.txt");
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(&written).unwrap_or_else(|e| panic!("{e}: {}", run.stderr));
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (65534, 0o600));
+    let text = std::fs::read_to_string(&written).unwrap();
+    assert!(
+        text.starts_with("gpuwatch: job 90001 of nobody on gpunode1, GPU 1 (SLURM_JOB_GPUS)"),
+        "{text}"
+    );
+    let precious = dir.path().join("precious");
+    std::fs::write(&precious, "root's").unwrap();
+    std::os::unix::fs::symlink(&precious, users_dir.join("gpuwatch-job-90002.txt")).unwrap();
+    let run = by_hand("90002");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("gpuwatch-job-90002.txt"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "root's");
     // AdminComment goes through the accounting database (sacctmgr): this cluster has none, so
     // the epilog says why it could not, and still exits 0 (a failing epilog drains the node)
     let again = common::gpuwatch(
