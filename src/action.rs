@@ -21,6 +21,7 @@ pub mod pidns;
 pub mod policy;
 pub mod runner;
 pub mod settings;
+pub mod taint;
 
 use serde::Deserialize;
 
@@ -43,6 +44,8 @@ pub struct ActionsSection {
     pub forensics: forensics::ForensicsSection,
     /// `[actions.drain]`: draining this node in Slurm.
     pub drain: drain::DrainSection,
+    /// `[actions.taint]`: tainting this node in Kubernetes.
+    pub taint: taint::TaintSection,
 }
 
 impl ActionsSection {
@@ -81,6 +84,7 @@ impl ActionsSection {
         }
         problems.extend(self.forensics.validate());
         problems.extend(self.drain.validate());
+        problems.extend(self.taint.validate());
         problems
     }
 

@@ -1960,6 +1960,8 @@ pub enum Action {
     Kill,
     /// Drain this node in Slurm through `[actions.drain]` (critical firing events only).
     Drain,
+    /// Taint this node in Kubernetes through `[actions.taint]` (critical firing events only).
+    Taint,
     /// Run the `[[actions.exec]]` entry with this name.
     Exec(String),
 }
@@ -1970,6 +1972,7 @@ impl Action {
         match s.trim() {
             "kill" => Some(Action::Kill),
             "drain" => Some(Action::Drain),
+            "taint" => Some(Action::Taint),
             other => other
                 .strip_prefix("exec:")
                 .map(str::trim)
@@ -1984,6 +1987,7 @@ impl std::fmt::Display for Action {
         match self {
             Action::Kill => f.write_str("kill"),
             Action::Drain => f.write_str("drain"),
+            Action::Taint => f.write_str("taint"),
             Action::Exec(name) => write!(f, "exec:{name}"),
         }
     }

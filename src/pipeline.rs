@@ -349,8 +349,10 @@ impl Pipeline {
     /// Ingests a snapshot: the engine's events at its time, then the actions they ask for.
     pub fn observe(&mut self, snap: &Snapshot) -> Vec<AlertEvent> {
         let events = self.engine.observe(snap);
-        if self.actions.drain_mut().enabled() {
-            self.actions.drain_mut().note_gpus(resume_blocker(snap));
+        if self.actions.drain_mut().enabled() || self.actions.taint_mut().enabled() {
+            let blocker = resume_blocker(snap);
+            self.actions.drain_mut().note_gpus(blocker.clone());
+            self.actions.taint_mut().note_gpus(blocker);
         }
         self.act(events, snap.time_ms, snap.processes.as_deref())
     }
@@ -377,8 +379,12 @@ impl Pipeline {
         processes: Option<&[ProcSample]>,
     ) -> Vec<AlertEvent> {
         if self.actions.drain_mut().enabled() {
-            let firing = self.drain_conditions(now_ms);
+            let firing = self.node_conditions(now_ms, &crate::model::Action::Drain);
             self.actions.drain_mut().sync(firing, now_ms);
+        }
+        if self.actions.taint_mut().enabled() {
+            let firing = self.node_conditions(now_ms, &crate::model::Action::Taint);
+            self.actions.taint_mut().sync(firing, now_ms);
         }
         // A silence holds what a firing alert asks for; a resolution always reaches the runner
         // (it only stops things).
@@ -421,26 +427,27 @@ impl Pipeline {
         events
     }
 
-    /// The conditions for `[actions.drain]` as they stand: the engine's firing critical alerts
-    /// whose rule (as loaded now) declares `drain` and that no silence holds.
-    fn drain_conditions(
+    /// The conditions for `[actions.drain]` (`action` drain) or `[actions.taint]` (taint) as
+    /// they stand: the engine's firing critical alerts whose rule (as loaded now) declares
+    /// `action` and that no silence holds.
+    fn node_conditions(
         &self,
         now_ms: i64,
+        action: &crate::model::Action,
     ) -> std::collections::BTreeMap<String, crate::action::drain::Condition> {
-        use crate::model::Action;
         let rules = self.engine.rules().rules();
         self.engine
             .alerts()
             .filter(|i| {
                 i.phase == crate::alert::Phase::Firing
                     && i.severity == crate::model::Severity::Critical
-                    && i.actions.contains(&Action::Drain)
+                    && i.actions.contains(action)
             })
             .filter_map(|i| {
                 let name = i.labels.get("alertname").unwrap_or(&i.key);
                 let declared = rules
                     .iter()
-                    .any(|r| r.spec.name == *name && r.spec.actions.contains(&Action::Drain));
+                    .any(|r| r.spec.name == *name && r.spec.actions.contains(action));
                 let held = self
                     .hold
                     .as_ref()
@@ -458,9 +465,9 @@ impl Pipeline {
 
     /// Simulated GPUs: the drain is a dry run (see [`crate::action::drain::simulated_dry_run`]).
     pub fn set_simulated(&mut self, sim: bool) {
-        self.actions
-            .drain_mut()
-            .set_simulated(crate::action::drain::simulated_dry_run(sim));
+        let dry = crate::action::drain::simulated_dry_run(sim);
+        self.actions.drain_mut().set_simulated(dry);
+        self.actions.taint_mut().set_simulated(dry);
     }
 
     /// Stops the kill ladders whose rule no longer declares `action: kill` (after a rules

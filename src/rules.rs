@@ -751,7 +751,8 @@ fn rule_scope(def: &Map) -> Result<RuleScope, String> {
     }
 }
 
-/// `action: "kill"` (process and job scopes only), `"drain"` (the node, in Slurm), `"exec:NAME"`,
+/// `action: "kill"` (process and job scopes only), `"drain"` (the node, in Slurm), `"taint"` (the
+/// node, in Kubernetes), `"exec:NAME"`,
 /// or several comma-separated.
 fn rule_actions(def: &Map, scope: RuleScope) -> Result<Vec<Action>, String> {
     let mut actions = Vec::new();
@@ -767,7 +768,7 @@ fn rule_actions(def: &Map, scope: RuleScope) -> Result<Vec<Action>, String> {
             Some(_) => {}
             None => {
                 return Err(format!(
-                "action {part:?}: expected \"kill\" (process or job rules only), \"drain\" or \"exec:NAME\""
+                "action {part:?}: expected \"kill\" (process or job rules only), \"drain\", \"taint\" or \"exec:NAME\""
             ))
             }
         }

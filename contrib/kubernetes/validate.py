@@ -2,11 +2,14 @@
 """Validates gpuwatch's Kubernetes deployment files: the plain manifests (contrib/kubernetes/)
 and the Helm chart (contrib/helm/gpuwatch/), as CI runs it (tests/integration/kubernetes.rs).
 
-1. `helm lint --strict` and `helm template` of the chart: default values, ci/all-values.yaml, and
-   variants (an existing Secret with the exporter, kernel log and pod-resources off; privileged),
-   once per target Kubernetes version (`--kube-version`); `helm install --dry-run=client` for
-   NOTES.txt; values the chart must refuse are refused, with its message; awkward config values
-   read back (tomllib) as given.
+1. `helm lint --strict` and `helm template` of the chart: default values, ci/all-values.yaml (with
+   the taint action), and variants (an existing Secret with the exporter, kernel log and
+   pod-resources off; privileged with the taint action out of its dry run), once per target
+   Kubernetes version (`--kube-version`); `helm install --dry-run=client` for NOTES.txt; values
+   the chart must refuse are refused, with its message; awkward config values read back
+   (tomllib) as given, and so does [actions.taint] from the taint values. The plain manifests
+   are checked as they are and with the optional taint/ directory, after the edits its comment
+   asks for (config.yaml's [actions.taint] and daemonset.yaml's token lines uncommented).
 2. Every object, rendered or plain, against the OpenAPI schemas of each target version with
    kubernetes-validate in strict mode (unknown fields are errors). ServiceMonitor and
    PrometheusRule, which it does not know, against ci/*.schema.json (written from the Prometheus
@@ -15,6 +18,9 @@ and the Helm chart (contrib/helm/gpuwatch/), as CI runs it (tests/integration/ku
 3. Cross-references a schema cannot see: selectors match labels, every mount has its volume and
    every ConfigMap its object, probe and Service ports exist, the ServiceMonitor selects the
    Service, no nvidia.com/gpu is requested, config.toml's exporter port is the container's.
+   API access: with [actions.taint] enabled the pod mounts its own ServiceAccount's token, has
+   NODE_NAME from spec.nodeName, and the roles bound to that account grant exactly what the
+   action needs (TAINT_RULES); without it, no token is mounted and there is no RBAC object.
 4. The PrometheusRule groups: chart and plain manifest equal, `promtool check rules`, and the
    unit tests of ci/prometheusrule.test.yml (`promtool test rules`).
 5. With GPUWATCH_BIN (a gpuwatch executable): every config.toml the DaemonSets mount passes
@@ -77,6 +83,21 @@ HELM_VERSION = "v4.3.1"
 HELM_SHA256 = "b66cb19f2b31f9d427632ea6c4b4a1ff89b74ecaeaee323cd166da41a7af53bd"
 
 SKIP = 77
+
+# The plain manifests with the optional taint/ directory and the edits it asks for.
+PLAIN_TAINT = "contrib/kubernetes with taint/"
+
+# [actions.taint]: what the roles bound to the DaemonSet's service account must grant, exactly
+# ((API group, resource) → verbs): GET and PATCH of the node, PATCH of its status.
+TAINT_RULES = {("", "nodes"): {"get", "patch"}, ("", "nodes/status"): {"patch"}}
+# Where the kubelet mounts the service account's token, CA and namespace (the action's defaults).
+SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+RBAC_ROLES = {"Role", "ClusterRole"}
+RBAC_BINDINGS = {"RoleBinding", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+# Every pod's environment has the API server's address (kubelet; enableServiceLinks: false keeps
+# it), which the action's api_server = "" reads. The address of a typical cluster.
+POD_API_ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 
 # The API's hostPath types (a string in the OpenAPI schema, checked by the API server).
 HOSTPATH_TYPES = {"", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"}
@@ -176,6 +197,35 @@ def plain_objects():
     return objs
 
 
+def plain_taint_objects():
+    """The plain manifests with [actions.taint] on, made as taint/rbac.yaml tells a user to:
+    config.yaml's commented [actions.taint] example and daemonset.yaml's commented
+    serviceAccountName and automountServiceAccountToken lines (in place of
+    `automountServiceAccountToken: false`) uncommented, and taint/*.yaml added. None (after a
+    failure) when a file no longer has what the edit needs."""
+    texts = {f: f.read_text() for f in sorted(HERE.glob("*.yaml")) + sorted((HERE / "monitoring").glob("*.yaml"))}
+    cfg, ds = HERE / "config.yaml", HERE / "daemonset.yaml"
+    texts[cfg], n = re.subn(
+        r"^([ \t]*)# (\[actions\.taint\]\n)((?:\1# [a-z_]+ = .*\n)+)",
+        lambda m: m.group(1) + m.group(2) + re.sub(r"^([ \t]*)# ", r"\1", m.group(3), flags=re.M),
+        texts[cfg], flags=re.M)
+    if n != 1:
+        fail(f"contrib/kubernetes/config.yaml: {n} commented [actions.taint] examples (`# [actions.taint]` and `# key = value` lines), expected 1")
+        return None
+    texts[ds], n = re.subn(
+        r"^([ \t]*)#[ \t]+(serviceAccountName: \S+)\n\1#[ \t]+(automountServiceAccountToken: true)\n\1automountServiceAccountToken: false\n",
+        r"\1\2\n\1\3\n", texts[ds], flags=re.M)
+    if n != 1:
+        fail("contrib/kubernetes/daemonset.yaml: no commented `serviceAccountName: …` and `automountServiceAccountToken: true` right above `automountServiceAccountToken: false`")
+        return None
+    files = sorted((HERE / "taint").glob("*.yaml"))
+    if not files:
+        fail("contrib/kubernetes/taint/: no manifests")
+        return None
+    texts.update({f: f.read_text() for f in files})
+    return [o for f, text in texts.items() for o in load_docs(text, str(f.relative_to(REPO)))]
+
+
 def name_of(o):
     return f"{o.get('kind')}/{(o.get('metadata') or {}).get('name')}"
 
@@ -251,7 +301,10 @@ def cross_check(where, objs, external_secrets=()):
     problems = []
     for o in objs:
         ns = o["metadata"].get("namespace")
-        if o["kind"] != "Namespace" and ns != NAMESPACE:
+        if o["kind"] in CLUSTER_SCOPED:
+            if ns is not None:
+                problems.append(f"{name_of(o)} is cluster-scoped but names namespace {ns!r}")
+        elif ns != NAMESPACE:
             problems.append(f"{name_of(o)} is in namespace {ns!r}, not {NAMESPACE!r}")
     daemonsets = by_kind.get("DaemonSet", [])
     if len(daemonsets) != 1:
@@ -326,7 +379,9 @@ def cross_check(where, objs, external_secrets=()):
                         problems.append(f"{name_of(ds)}: [actions.kill] dry_run is off but CAP_KILL is not added")
                     if "/dev/kmsg" in mounts and "SYSLOG" not in caps:
                         problems.append(f"{name_of(ds)}: /dev/kmsg is mounted but CAP_SYSLOG is not added")
-                configs.append({"daemonset": ds, "container": c, "mounts": mounts, "config_path": cfg_path, "objects": objs})
+                access, token = api_access(ds, c, conf, mounts, objs)
+                problems += access
+                configs.append({"daemonset": ds, "container": c, "mounts": mounts, "config_path": cfg_path, "objects": objs, "token": token})
         for v in volumes.values():
             if "hostPath" in v and v["hostPath"].get("type", "") not in HOSTPATH_TYPES:
                 problems.append(f"{name_of(ds)}: volume {v['name']}: hostPath type {v['hostPath']['type']!r} is not one of {sorted(HOSTPATH_TYPES)}")
@@ -365,6 +420,78 @@ def cross_check(where, objs, external_secrets=()):
     return configs
 
 
+def api_access(ds, c, conf, mounts, objs):
+    """([problem], token mounted?): the service-account token and RBAC against [actions.taint]."""
+    problems = []
+    pod = ds["spec"]["template"]["spec"]
+    taint = (conf.get("actions") or {}).get("taint") or {}
+    on = taint.get("enabled") is True
+    sa_name = pod.get("serviceAccountName") or "default"
+    sa = next((o for o in objs if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == sa_name), None)
+    token = pod.get("automountServiceAccountToken")
+    if token is None:  # the pod's field wins; unset, the account's; unset too, Kubernetes mounts it
+        token = (sa or {}).get("automountServiceAccountToken", True)
+    roles = [o for o in objs if o["kind"] in RBAC_ROLES]
+    bindings = [o for o in objs if o["kind"] in RBAC_BINDINGS]
+    if not on:
+        if token:
+            problems.append(f"{name_of(ds)}: the service-account token is mounted, but [actions.taint] is not enabled (nothing else talks to the API server)")
+        for o in roles + bindings:
+            problems.append(f"{name_of(o)}: RBAC, but [actions.taint] is not enabled")
+        return problems, bool(token)
+    if not token:
+        problems.append(f"{name_of(ds)}: [actions.taint] is enabled, but the service-account token is not mounted (automountServiceAccountToken)")
+    if sa is None:
+        problems.append(f"{name_of(ds)}: [actions.taint] is enabled, but the pod's ServiceAccount {sa_name} is not among the objects")
+    granted, bound = {}, set()
+    for b in bindings:
+        b_ns = b["metadata"].get("namespace")
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == sa_name and s.get("namespace", b_ns) == NAMESPACE
+                   for s in b.get("subjects") or []):
+            problems.append(f"{name_of(b)}: binds {b.get('subjects')}, not the DaemonSet's ServiceAccount {NAMESPACE}/{sa_name}")
+            continue
+        ref = b.get("roleRef") or {}
+        if ref.get("apiGroup") != "rbac.authorization.k8s.io" or ref.get("kind") not in RBAC_ROLES:
+            problems.append(f"{name_of(b)}: roleRef {ref} is not an RBAC role")
+            continue
+        if b["kind"] == "ClusterRoleBinding" and ref["kind"] == "Role":
+            problems.append(f"{name_of(b)}: a ClusterRoleBinding cannot refer to a Role")
+            continue
+        role = next((o for o in roles if o["kind"] == ref["kind"] and o["metadata"]["name"] == ref.get("name")
+                     and (ref["kind"] == "ClusterRole" or o["metadata"].get("namespace") == b_ns)), None)
+        if role is None:
+            problems.append(f"{name_of(b)}: its {ref['kind']} {ref.get('name')} is not among the objects")
+            continue
+        bound.add((role["kind"], role["metadata"]["name"]))
+        for rule in role.get("rules") or []:
+            if rule.get("nonResourceURLs") or rule.get("resourceNames"):
+                problems.append(f"{name_of(role)}: a rule with nonResourceURLs or resourceNames: {rule}")
+            for group in rule.get("apiGroups") or []:
+                for res in rule.get("resources") or []:
+                    if b["kind"] == "RoleBinding" and res.split("/")[0] == "nodes":
+                        problems.append(f"{name_of(b)}: nodes are cluster-scoped, a RoleBinding grants nothing on them")
+                    granted.setdefault((group, res), set()).update(rule.get("verbs") or [])
+    for o in roles:
+        if (o["kind"], o["metadata"]["name"]) not in bound:
+            problems.append(f"{name_of(o)}: not bound to the DaemonSet's ServiceAccount")
+
+    def show(rules):
+        return "; ".join(f"{g or 'core'}/{r}: {', '.join(sorted(v))}" for (g, r), v in sorted(rules.items())) or "nothing"
+
+    if granted != TAINT_RULES:
+        problems.append(f"{name_of(ds)}: the roles bound to ServiceAccount {sa_name} grant {show(granted)}; [actions.taint] needs exactly {show(TAINT_RULES)}")
+    # The action's node is NODE_NAME unless set, and its token and CA the mounted account's.
+    env = {e["name"]: e for e in c.get("env", [])}
+    node_env = ((env.get("NODE_NAME") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+    if not taint.get("node") and node_env != "spec.nodeName":
+        problems.append(f"{name_of(ds)}: [actions.taint] node is the default, NODE_NAME, but NODE_NAME is not the pod's spec.nodeName")
+    for key in ("token_file", "ca_file"):
+        path = taint.get(key) or ""
+        if path and not (path.startswith(SA_TOKEN_DIR + "/") or any(path.startswith(m.rstrip("/") + "/") for m in mounts)):
+            problems.append(f"{name_of(ds)}: [actions.taint] {key} = {path!r} is neither the service account's nor under a mount")
+    return problems, bool(token)
+
+
 # ---------------------------------------------------------------------------------------------
 # gpuwatch check in the container's file layout
 
@@ -397,6 +524,14 @@ def gpuwatch_check(where, cfg, gpuwatch):
             else:
                 continue
             prefixes[mount] = target
+        if cfg.get("token"):
+            # The kubelet's projected service-account volume (placeholders).
+            sa_dir = root / SA_TOKEN_DIR.lstrip("/")
+            sa_dir.mkdir(parents=True)
+            (sa_dir / "token").write_text("placeholder.service-account.token")
+            (sa_dir / "namespace").write_text(NAMESPACE)
+            (sa_dir / "ca.crt").write_text("")
+            prefixes[SA_TOKEN_DIR] = sa_dir
         image_rules = root / IMAGE_STOCK_RULES.lstrip("/")
         image_rules.mkdir(parents=True)
         for r in STOCK_RULES.glob("*.rhai"):
@@ -421,7 +556,7 @@ def gpuwatch_check(where, cfg, gpuwatch):
                 f.write_text("https://example.invalid/placeholder" if key == "url" else "placeholder")
                 note(f"{where}: {cfg['config_path']}: placeholder for {f.name} (a Secret not among the objects)")
         cfg_file.write_text(text)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "XDG_CACHE_HOME": str(Path(tmp) / "cache"), **POD_API_ENV}
         for e in cfg["container"].get("env", []):
             if "value" in e:
                 env[e["name"]] = str(e["value"])
@@ -533,6 +668,10 @@ def checks(helm, helm_from, promtool, gpuwatch, start):
     plain = plain_objects()
     sets = [("contrib/kubernetes", [o for _, o in plain], ())]
     ok(f"contrib/kubernetes: {len(plain)} objects in {len({f for f, _ in plain})} files")
+    with_taint = plain_taint_objects()
+    if with_taint is not None:
+        sets.append((PLAIN_TAINT, with_taint, ()))
+        ok(f"{PLAIN_TAINT}: {len(with_taint)} objects")
 
     chart_cases = [
         ("chart (default values)", [], ()),
@@ -549,7 +688,8 @@ def checks(helm, helm_from, promtool, gpuwatch, start):
             ],
             ("gpuwatch-channels",),
         ),
-        ("chart (ci/all-values.yaml, privileged)", ["-f", str(ALL_VALUES), "--set", "privileged=true"], ()),
+        ("chart (ci/all-values.yaml, privileged, taint not a dry run)",
+         ["-f", str(ALL_VALUES), "--set", "privileged=true", "--set", "taint.dryRun=false"], ()),
     ]
     for values in ([], ["-f", str(ALL_VALUES)]):
         res = run([str(helm), "lint", "--strict", str(CHART), *values])
@@ -607,12 +747,30 @@ def checks(helm, helm_from, promtool, gpuwatch, start):
     else:
         ok("config.toml rendering: strings, integers, floats, nested tables and arrays of tables read back as given")
 
+    # [actions.taint] from the taint values, the action's other keys from config.actions.taint;
+    # node, api_server, token_file and ca_file left to their in-pod defaults.
+    res = run([str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--show-only", "templates/configmap.yaml",
+               "--set", "taint.enabled=true", "--set", "taint.dryRun=false", "--set", "taint.resumeAfter=30m",
+               "--set", "config.actions.taint.timeout=5s", "--set", "config.actions.taint.resume=false"])
+    try:
+        back = tomllib.loads(load_docs(res.stdout, "taint")[0]["data"]["config.toml"]).get("actions", {}).get("taint") if res.returncode == 0 else None
+    except (tomllib.TOMLDecodeError, IndexError, KeyError) as e:
+        back = f"not TOML: {e}"
+    want = {"enabled": True, "dry_run": False, "resume_after": "30m", "timeout": "5s", "resume": False}
+    if back != want:
+        fail(f"[actions.taint] from taint values does not read back as given:\n  given {want}\n  read  {back or res.stderr.strip()}")
+    else:
+        ok("config.toml rendering: [actions.taint] from taint.enabled, dryRun and resumeAfter, other keys from config.actions.taint")
+
     # Values the chart must refuse, each with its own message.
     refusals = [
         (["--set", "serviceMonitor.enabled=true", "--set", "exporter.enabled=false"], "serviceMonitor.enabled needs exporter.enabled"),
         (["--set-json", 'channels=[{"name":"s","type":"slack","secretFiles":{"url":"slack-url"}}]'], "set secrets.existingSecret"),
         (["--set-json", 'channels=[{"name":"s","type":"slack","secretFiles":{"url":"nope"}}]', "--set", "secrets.data.other=x"], "which secrets.data does not have"),
         (["--set", "config.actions.kill.dry_run=false"], "kill.enabled is not"),
+        (["--set", "config.actions.taint.enabled=true"], "set taint.enabled instead"),
+        (["--set", "taint.enabled=true", "--set", "config.actions.taint.dry_run=false"], "set taint.dryRun instead"),
+        (["--set", "taint.resumeAfter=1h30m"], "resumeAfter"),
         (["--set", "exporter.enabeld=true"], "enabeld"),
         (["--set", "config.daemon.state_dir=/tmp/x"], "state_dir"),
         (["--set", "stockRules.enabled=false"], "no rules"),
@@ -627,7 +785,7 @@ def checks(helm, helm_from, promtool, gpuwatch, start):
     # Schemas, for each target version.
     count = 0
     for version in TARGET_VERSIONS:
-        todo = [("contrib/kubernetes", sets[0][1])] + [
+        todo = [(where, objs) for where, objs, _ in sets] + [
             (label, objs) for (label, v), (objs, _) in rendered.items() if v == version
         ]
         bad = 0
@@ -643,7 +801,8 @@ def checks(helm, helm_from, promtool, gpuwatch, start):
 
     # Cross-references and gpuwatch check (once per value set: the files do not depend on the version).
     configs = []
-    configs += [("contrib/kubernetes", c) for c in cross_check("contrib/kubernetes", sets[0][1])]
+    for where, objs, external in sets:
+        configs += [(where, c) for c in cross_check(where, objs, external)]
     for label, _, _ in chart_cases:
         objs, external = rendered.get((label, TARGET_VERSIONS[-1]), ([], ()))
         if objs:

@@ -222,32 +222,140 @@ pub struct DrainRecord {
     /// Whether it goes out as a notice (a repeated failure is only logged and audited).
     #[serde(skip)]
     pub notify: bool,
+    /// The scheduler's words (Slurm's drain, Kubernetes' taint).
+    #[serde(skip, default = "slurm_words")]
+    pub words: &'static Words,
+}
+
+fn slurm_words() -> &'static Words {
+    &SLURM
+}
+
+/// How one scheduler's records say things.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Words {
+    /// `Slurm`, `Kubernetes`.
+    pub scheduler: &'static str,
+    /// `drain`, `taint`; `draining`, `tainting`; `drained`, `tainted`.
+    pub act: &'static str,
+    pub acting: &'static str,
+    pub done: &'static str,
+    /// `resume`, `untaint`; `resumed`, `untainted`.
+    pub undo: &'static str,
+    pub undone: &'static str,
+    /// The notice's alert name.
+    pub notice: &'static str,
+    /// The audit log's file name in the state directory.
+    pub audit: &'static str,
+}
+
+impl Words {
+    /// A decision's name in the audit log and the notice's `decision` label.
+    pub fn decision(&self, d: DrainDecision) -> String {
+        match d {
+            DrainDecision::Drain => self.act.to_string(),
+            DrainDecision::WouldDrain => format!("would_{}", self.act),
+            DrainDecision::LeftAlone => "left_alone".into(),
+            DrainDecision::Resume => self.undo.to_string(),
+            DrainDecision::WouldResume => format!("would_{}", self.undo),
+            DrainDecision::Error => "error".into(),
+        }
+    }
+}
+
+/// Slurm's words.
+pub static SLURM: Words = Words {
+    scheduler: "Slurm",
+    act: "drain",
+    acting: "draining",
+    done: "drained",
+    undo: "resume",
+    undone: "resumed",
+    notice: "node_drain",
+    audit: "drain-audit.jsonl",
+};
+
+/// How one scheduler takes this node out of service and puts it back (Slurm's drain,
+/// Kubernetes' taint): what a [`NodeManager`]'s worker runs, and the settings it reads.
+pub trait NodeHand: Clone + Send + std::fmt::Debug + 'static {
+    /// Its words.
+    fn words() -> &'static Words;
+    /// The action is on.
+    fn enabled(&self) -> bool;
+    /// Say what would be done, do nothing.
+    fn dry_run(&self) -> bool;
+    /// Put the node back once the conditions have cleared.
+    fn resume(&self) -> bool;
+    /// How long they must have been clear.
+    fn resume_after_ms(&self) -> i64;
+    /// The node's name in the scheduler.
+    fn node(&self, hostname: &str) -> String;
+    /// Takes the node out with `reason` (never over someone else's).
+    fn take_out(&self, node: &str, reason: &str) -> Drained;
+    /// Puts it back (only when it is out by this hand).
+    fn put_back(&self, node: &str) -> Resumed;
+}
+
+impl NodeHand for DrainSection {
+    fn words() -> &'static Words {
+        &SLURM
+    }
+    fn enabled(&self) -> bool {
+        self.enabled
+    }
+    fn dry_run(&self) -> bool {
+        self.dry_run
+    }
+    fn resume(&self) -> bool {
+        self.resume
+    }
+    fn resume_after_ms(&self) -> i64 {
+        self.resume_after.ms
+    }
+    fn node(&self, hostname: &str) -> String {
+        self.node_name(hostname)
+    }
+    fn take_out(&self, node: &str, reason: &str) -> Drained {
+        drain_node(self, node, reason, daemon_reason)
+    }
+    fn put_back(&self, node: &str) -> Resumed {
+        resume_node(self, node, daemon_reason)
+    }
 }
 
 impl DrainRecord {
     /// One line for humans.
     pub fn summary(&self) -> String {
-        let node = &self.node;
+        let w = self.words;
+        let node = format!("{} node {}", w.scheduler, self.node);
+        let r = &self.reason;
         match self.decision {
-            DrainDecision::Drain => format!("Slurm node {node} drained: {}", self.reason),
-            DrainDecision::WouldDrain => {
-                format!("dry run: would drain Slurm node {node}: {}", self.reason)
-            }
-            DrainDecision::LeftAlone => format!("Slurm node {node} left as it is: {}", self.reason),
-            DrainDecision::Resume => format!("Slurm node {node} resumed: {}", self.reason),
-            DrainDecision::WouldResume => {
-                format!("dry run: would resume Slurm node {node}: {}", self.reason)
-            }
-            DrainDecision::Error => format!("draining Slurm node {node} failed: {}", self.reason),
+            DrainDecision::Drain => format!("{node} {}: {r}", w.done),
+            DrainDecision::WouldDrain => format!("dry run: would {} {node}: {r}", w.act),
+            DrainDecision::LeftAlone => format!("{node} left as it is: {r}"),
+            DrainDecision::Resume => format!("{node} {}: {r}", w.undone),
+            DrainDecision::WouldResume => format!("dry run: would {} {node}: {r}", w.undo),
+            DrainDecision::Error => format!("{} {node} failed: {r}", w.acting),
         }
+    }
+
+    /// The record as an audit line: the decision in the scheduler's words.
+    pub fn audit_line(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        v["decision"] = serde_json::Value::from(self.words.decision(self.decision));
+        v
     }
 
     /// The record as a one-shot `node_drain` notice (labels `decision`, `node`, `source_alert`,
     /// `gpu`): critical for a drain made or failed, info otherwise.
     pub fn to_alert_event(&self) -> AlertEvent {
         let mut labels = BTreeMap::new();
-        labels.insert("alertname".to_string(), "node_drain".to_string());
-        labels.insert("decision".to_string(), self.decision.as_str().to_string());
+        let notice = self.words.notice;
+        labels.insert("alertname".to_string(), notice.to_string());
+        labels.insert(
+            "decision".to_string(),
+            self.words.decision(self.decision).to_string(),
+        );
         labels.insert("node".to_string(), self.node.clone());
         labels.insert("hostname".to_string(), self.host.clone());
         if !self.alert.is_empty() {
@@ -264,14 +372,14 @@ impl DrainRecord {
         let mut annotations = BTreeMap::new();
         annotations.insert("summary".to_string(), self.summary());
         let fingerprint = super::fingerprint(&[
-            "node_drain",
+            notice,
             &self.fingerprint,
             self.decision.as_str(),
             &self.time_ms.to_string(),
         ]);
         AlertEvent::action_notice(
             fingerprint,
-            "node_drain",
+            notice,
             severity,
             labels,
             annotations,
@@ -324,10 +432,14 @@ struct Done {
     ours: bool,
 }
 
-/// The drain state machine of one daemon.
+/// Slurm's drain state machine.
+pub type DrainManager = NodeManager<DrainSection>;
+
+/// The state machine of one daemon taking its node out of service and back, for one scheduler
+/// (`H`: Slurm's drain, Kubernetes' taint).
 #[derive(Debug)]
-pub struct DrainManager {
-    section: DrainSection,
+pub struct NodeManager<H: NodeHand> {
+    section: H,
     node: String,
     host: String,
     audit_path: PathBuf,
@@ -353,13 +465,14 @@ pub struct DrainManager {
     worker: Option<(Op, JoinHandle<Done>)>,
 }
 
-impl DrainManager {
-    /// A manager for `section` on host `hostname`, auditing to `state_dir/drain-audit.jsonl`.
-    pub fn new(section: &DrainSection, state_dir: &Path, hostname: &str) -> DrainManager {
-        let mut m = DrainManager {
-            node: section.node_name(hostname),
+impl<H: NodeHand> NodeManager<H> {
+    /// A manager for `section` on host `hostname`, auditing to `state_dir/drain-audit.jsonl`
+    /// (Slurm; `taint-audit.jsonl` for Kubernetes).
+    pub fn new(section: &H, state_dir: &Path, hostname: &str) -> NodeManager<H> {
+        let mut m = NodeManager {
+            node: section.node(hostname),
             host: hostname.to_string(),
-            audit_path: state_dir.join("drain-audit.jsonl"),
+            audit_path: state_dir.join(H::words().audit),
             audit: None,
             simulated: false,
             conditions: BTreeMap::new(),
@@ -378,7 +491,7 @@ impl DrainManager {
 
     /// Whether nothing is done for real (a dry run, or simulated GPUs).
     fn dry_run(&self) -> bool {
-        self.section.dry_run || self.simulated
+        self.section.dry_run() || self.simulated
     }
 
     /// Simulated GPUs (`--sim`): a dry run from now on.
@@ -395,16 +508,16 @@ impl DrainManager {
     fn start_over(&mut self) {
         self.handled.clear();
         self.retry.clear();
-        self.ours = self.section.enabled && self.section.resume && !self.dry_run();
+        self.ours = self.section.enabled() && self.section.resume() && !self.dry_run();
         self.clear_since = None;
     }
 
     /// Applies a reloaded `[actions.drain]`.
-    pub fn reload(&mut self, section: &DrainSection) {
-        self.node = section.node_name(&self.host);
-        let changed = section.enabled != self.section.enabled
-            || section.dry_run != self.section.dry_run
-            || section.resume != self.section.resume;
+    pub fn reload(&mut self, section: &H) {
+        self.node = section.node(&self.host);
+        let changed = section.enabled() != self.section.enabled()
+            || section.dry_run() != self.section.dry_run()
+            || section.resume() != self.section.resume();
         self.section = section.clone();
         if changed {
             self.start_over();
@@ -413,14 +526,14 @@ impl DrainManager {
 
     /// Whether the action is on (conditions are worth gathering).
     pub fn enabled(&self) -> bool {
-        self.section.enabled
+        self.section.enabled()
     }
 
     /// Takes the conditions as they stand now: the engine's firing critical alerts whose rule
     /// declares `drain` (and that no silence holds), by fingerprint. Those gone end.
     pub fn sync(&mut self, firing: BTreeMap<String, Condition>, now_ms: i64) {
         let now = self.clock(now_ms);
-        if !self.section.enabled {
+        if !self.section.enabled() {
             self.conditions.clear();
             return;
         }
@@ -449,7 +562,7 @@ impl DrainManager {
     /// Advances: collects a finished `scontrol`, starts the next one that is due. Returns the
     /// decisions made now (each already in the audit log).
     pub fn tick(&mut self, now_ms: i64) -> Vec<DrainRecord> {
-        if !self.section.enabled {
+        if !self.section.enabled() {
             return Vec::new();
         }
         let now = self.clock(now_ms);
@@ -458,7 +571,10 @@ impl DrainManager {
             if let Some((op, handle)) = self.worker.take() {
                 let done = handle.join().unwrap_or_else(|_| Done {
                     op,
-                    said: Some((DrainDecision::Error, "the scontrol worker panicked".into())),
+                    said: Some((
+                        DrainDecision::Error,
+                        format!("the {} worker panicked", H::words().act),
+                    )),
                     ours: self.ours,
                 });
                 out.extend(self.finish(done, now));
@@ -537,7 +653,7 @@ impl DrainManager {
         if !self.conditions.is_empty() || !self.ours {
             return None;
         }
-        if !self.section.resume {
+        if !self.section.resume() {
             // (a dry run without resume: a later condition is said again)
             if self.dry_run() {
                 self.ours = false;
@@ -545,12 +661,15 @@ impl DrainManager {
             return None;
         }
         let since = *self.clear_since.get_or_insert(now_ms);
-        if since.saturating_add(self.section.resume_after.ms) > now_ms || self.blocked.is_some() {
+        if since.saturating_add(self.section.resume_after_ms()) > now_ms || self.blocked.is_some() {
             return None;
         }
         if self.dry_run() {
             self.ours = false;
-            let reason = "every condition that asked for the drain has cleared".to_string();
+            let reason = format!(
+                "every condition that asked for the {} has cleared",
+                H::words().act
+            );
             return Some(self.record(
                 DrainDecision::WouldResume,
                 String::new(),
@@ -570,12 +689,12 @@ impl DrainManager {
         let ours = self.ours;
         let job = op.clone();
         let started = std::thread::Builder::new()
-            .name("gpuwatch-drain".into())
+            .name(format!("gpuwatch-{}", H::words().act))
             .spawn(move || run_op(&section, &node, job, ours));
         match started {
             Ok(h) => self.worker = Some((op, h)),
             Err(e) => {
-                tracing::error!("cannot start the drain worker thread: {e}");
+                tracing::error!("cannot start the {} worker thread: {e}", H::words().act);
                 if let Op::Drain { fingerprint, .. } = &op {
                     self.handled.remove(fingerprint);
                 }
@@ -607,20 +726,23 @@ impl DrainManager {
             fingerprint,
             reason,
             notify: true,
+            words: H::words(),
         };
         if self.audit.is_none() {
             match AuditLog::open(&self.audit_path) {
                 Ok(log) => self.audit = Some(log),
                 Err(e) => tracing::error!(
-                    "cannot open the drain audit log {}: {e}",
+                    "cannot open the {} audit log {}: {e}",
+                    H::words().act,
                     self.audit_path.display()
                 ),
             }
         }
         if let Some(log) = &mut self.audit {
-            if let Err(e) = log.append(&rec) {
+            if let Err(e) = log.append(&rec.audit_line()) {
                 tracing::error!(
-                    "cannot write the drain audit log {}: {e}",
+                    "cannot write the {} audit log {}: {e}",
+                    H::words().act,
                     self.audit_path.display()
                 );
             }
@@ -836,22 +958,23 @@ pub fn resume_node(section: &DrainSection, node: &str, mine: impl Fn(&str) -> bo
 }
 
 /// One operation, on the worker thread.
-fn run_op(section: &DrainSection, node: &str, op: Op, ours: bool) -> Done {
+fn run_op<H: NodeHand>(section: &H, node: &str, op: Op, ours: bool) -> Done {
     let (said, ours) = match &op {
-        Op::Drain { cond, .. } => match drain_node(section, node, &cond.reason, daemon_reason) {
+        Op::Drain { cond, .. } => match section.take_out(node, &cond.reason) {
             Drained::Now => (Some((DrainDecision::Drain, cond.reason.clone())), true),
-            // (another condition drained it already)
+            // (another condition took it out already)
             Drained::Already => (None, true),
             Drained::LeftAlone(why) => (Some((DrainDecision::LeftAlone, why)), false),
             Drained::Failed(e) => (Some((DrainDecision::Error, e)), ours),
         },
-        Op::Resume => match resume_node(section, node, daemon_reason) {
+        Op::Resume => match section.put_back(node) {
             Resumed::Now(was) => (
                 Some((
                     DrainDecision::Resume,
                     format!(
-                        "every condition that asked for the drain cleared {} ago (was: {was})",
-                        crate::values::format_duration_ms(section.resume_after.ms)
+                        "every condition that asked for the {} cleared {} ago (was: {was})",
+                        H::words().act,
+                        crate::values::format_duration_ms(section.resume_after_ms())
                     ),
                 )),
                 false,

@@ -43,6 +43,8 @@ pub struct ActionRunner {
     drain: DrainManager,
     /// Drain decisions made since [`ActionRunner::drain_records`] last took them.
     drained: Vec<DrainRecord>,
+    /// `[actions.taint]`; its records go with the drain's.
+    taint: super::taint::TaintManager,
 }
 
 impl ActionRunner {
@@ -64,6 +66,7 @@ impl ActionRunner {
             kill_events: HashMap::new(),
             drain: DrainManager::new(&actions.drain, state_dir, hostname),
             drained: Vec::new(),
+            taint: super::taint::TaintManager::new(&actions.taint, state_dir, hostname),
         }
     }
 
@@ -85,6 +88,7 @@ impl ActionRunner {
         self.kill_section = actions.kill.clone();
         self.exec = actions.exec.clone();
         self.drain.reload(&actions.drain);
+        self.taint.reload(&actions.taint);
         self.policy_version += 1;
         if let Some(k) = &mut self.kill {
             k.set_section(actions.kill.clone(), self.policy_version);
@@ -153,10 +157,11 @@ impl ActionRunner {
         self.reap(false);
         // (on the events' clock, which under --speed is the simulated one)
         self.drained.extend(self.drain.tick(now_ms));
+        self.drained.extend(self.taint.tick(now_ms));
         out
     }
 
-    /// The drain decisions made since the last call (each already in the drain audit log).
+    /// The drain and taint decisions made since the last call (each already in its audit log).
     pub fn drain_records(&mut self) -> Vec<DrainRecord> {
         std::mem::take(&mut self.drained)
     }
@@ -164,6 +169,11 @@ impl ActionRunner {
     /// `[actions.drain]`'s state machine (its conditions, the GPUs' state, simulated GPUs).
     pub fn drain_mut(&mut self) -> &mut DrainManager {
         &mut self.drain
+    }
+
+    /// `[actions.taint]`'s state machine.
+    pub fn taint_mut(&mut self) -> &mut super::taint::TaintManager {
+        &mut self.taint
     }
 
     fn route_kill(&mut self, ev: &AlertEvent, now_ms: i64) -> Vec<AuditRecord> {

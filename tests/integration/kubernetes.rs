@@ -266,3 +266,260 @@ fn manifests_and_chart_validate_against_the_schemas() {
         assert!(text.contains(part), "no {part:?} in:\n{text}");
     }
 }
+
+/// The stand-in Kubernetes API server for one Node (`tests/support/kube_api_server.py`): it
+/// checks each request's token, method, path and content type, applies the patch, and refuses
+/// (422) any change after which the Node fails Kubernetes' OpenAPI schema (kubernetes-validate,
+/// strict) or that touches more than the taints and the status conditions. Stopped when dropped.
+struct ApiServer {
+    child: Child,
+    port: u16,
+}
+
+impl ApiServer {
+    /// `None` (SKIP) without kubernetes-validate outside CI.
+    fn start(dir: &Path, pki: &crate::notify::tls::Pki, node: &Path) -> Option<ApiServer> {
+        let python = common::peers_python();
+        let has = Command::new(&python)
+            .args(["-c", "import kubernetes_validate"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !has {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{} has no kubernetes-validate (.ci/run installs it)",
+                python.display()
+            );
+            eprintln!("SKIP taint: no kubernetes-validate in {}", python.display());
+            return None;
+        }
+        let mut child = Command::new(&python)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/kube_api_server.py"))
+            .args(["--port", "0", "--cert"])
+            .arg(pki.cert("good"))
+            .arg("--key")
+            .arg(pki.key("good"))
+            .arg("--token")
+            .arg(dir.join("token"))
+            .arg("--node")
+            .arg(node)
+            .arg("--log")
+            .arg(dir.join("api.log"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let line = common::first_line(&mut child);
+        let port = line
+            .strip_prefix("ready ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the API server did not start: {line:?}"));
+        Some(ApiServer { child, port })
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory preconditions; the pid is our child's.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// The node's taints as `key=value:effect`, and its GPUHealthy condition's status.
+fn node_state(node: &Path) -> (Vec<String>, Option<String>) {
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(node).unwrap_or_default()).unwrap_or_default();
+    let taints = v["spec"]["taints"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| {
+                    format!(
+                        "{}={}:{}",
+                        t["key"].as_str().unwrap_or(""),
+                        t["value"].as_str().unwrap_or(""),
+                        t["effect"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let cond = v["status"]["conditions"].as_array().and_then(|c| {
+        c.iter()
+            .find(|c| c["type"] == "GPUHealthy")
+            .and_then(|c| c["status"].as_str().map(str::to_string))
+    });
+    (taints, cond)
+}
+
+/// A daemon with `[actions.taint]` against the stand-in API server, a rule that asks for the
+/// taint while GPU 0 is above 80 °C, on a scenario 90 °C from 2 s to `to_s`.
+fn taint_daemon(
+    dir: &Path,
+    port: u16,
+    pki: &crate::notify::tls::Pki,
+    to_s: u32,
+) -> crate::notify::servers::Daemon {
+    let rules = crate::slurm::hot_rule(dir, "taint");
+    let scenario = crate::slurm::hot_scenario(dir, 2, to_s);
+    let cfg = dir.join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[daemon]
+interval = "1s"
+state_dir = "{state}"
+rules = ["{rules}"]
+
+[actions.taint]
+enabled = true
+dry_run = false
+node = "gpu-node-1"
+api_server = "https://127.0.0.1:{port}"
+token_file = "{token}"
+ca_file = "{ca}"
+resume = true
+resume_after = "2s"
+timeout = "5s"
+"#,
+            state = dir.join("state").display(),
+            rules = rules.display(),
+            token = dir.join("token").display(),
+            ca = pki.cert("ca").display(),
+        ),
+    )
+    .unwrap();
+    crate::daemon::daemon(
+        scenario.to_str().unwrap(),
+        &cfg,
+        &dir.join("daemon.log"),
+        &[
+            ("NVML_SIM_START_S", "0"),
+            // (simulated GPUs only do a dry run without it)
+            ("GPUWATCH_SIM_REAL_DRAIN", "1"),
+        ],
+    )
+}
+
+/// The decisions in a taint audit log, in order.
+fn taint_decisions(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("state/taint-audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["decision"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// `[actions.taint]` against a stand-in API server that checks every request against the
+/// Kubernetes API (token, path, patch type, and the patched Node against the OpenAPI schema):
+/// GPU 0 overheats, the node gets `GPUHealthy=False` and `nvidia.com/gpu-unhealthy=gpuwatch:
+/// NoSchedule` beside the taint an admin set; once the condition has cleared for
+/// `resume_after`, gpuwatch's taint goes and `GPUHealthy=True`, the admin's stays. A
+/// `nvidia.com/gpu-unhealthy` taint someone else set is left alone, and never removed.
+#[test]
+fn a_broken_gpu_taints_the_node_and_only_gpuwatchs_taint_is_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let pki = crate::notify::tls::Pki::make(&dir.join("pki"));
+    std::fs::write(dir.join("token"), "gpuwatch-test-token-7f3a\n").unwrap();
+    let node = dir.join("node.json");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube/node.json"),
+        &node,
+    )
+    .unwrap();
+    let Some(api) = ApiServer::start(dir, &pki, &node) else {
+        return;
+    };
+    let admins = "dedicated=ml:NoSchedule".to_string();
+    assert_eq!(node_state(&node).0, vec![admins.clone()]);
+    let d = taint_daemon(dir, api.port, &pki, 12);
+    let ours = "nvidia.com/gpu-unhealthy=gpuwatch:NoSchedule".to_string();
+    let start = std::time::Instant::now();
+    let said = || {
+        format!(
+            "audit: {:?}\napi log:\n{}\ndaemon log:\n{}",
+            taint_decisions(dir),
+            std::fs::read_to_string(dir.join("api.log")).unwrap_or_default(),
+            std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default()
+        )
+    };
+    while !{
+        let (taints, cond) = node_state(&node);
+        taints.contains(&ours) && cond.as_deref() == Some("False")
+    } {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no taint within 30 s: {:?}\n{}",
+            node_state(&node),
+            said()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("tainted after {:?}", start.elapsed());
+    assert_eq!(node_state(&node).0, vec![admins.clone(), ours.clone()]);
+    wait_until(Duration::from_secs(40), "the taint removed", || {
+        let (taints, cond) = node_state(&node);
+        (!taints.contains(&ours) && cond.as_deref() == Some("True")).then_some(())
+    });
+    assert_eq!(
+        node_state(&node).0,
+        vec![admins.clone()],
+        "the admin's taint stays"
+    );
+    // (recorded when the daemon next looks at its worker: within a tick)
+    wait_until(Duration::from_secs(10), "the untaint audited", || {
+        (taint_decisions(dir).len() >= 2).then_some(())
+    });
+    assert_eq!(taint_decisions(dir), vec!["taint", "untaint"]);
+    // every request was one the API server accepted
+    let log = std::fs::read_to_string(dir.join("api.log")).unwrap();
+    for line in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(v["status"].as_u64().unwrap() < 400, "refused: {line}");
+    }
+    assert!(log.contains("application/json-patch+json"), "{log}");
+    assert!(
+        log.contains("application/strategic-merge-patch+json"),
+        "{log}"
+    );
+    drop(d);
+    drop(api);
+
+    // someone else's nvidia.com/gpu-unhealthy taint: left alone
+    let other = tempfile::tempdir().unwrap();
+    let dir = other.path();
+    std::fs::write(dir.join("token"), "gpuwatch-test-token-7f3a\n").unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube/node.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    v["spec"]["taints"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"key": "nvidia.com/gpu-unhealthy", "value": "admin", "effect": "NoSchedule"}));
+    let node = dir.join("node.json");
+    std::fs::write(&node, v.to_string()).unwrap();
+    let api = ApiServer::start(dir, &pki, &node).unwrap();
+    let d = taint_daemon(dir, api.port, &pki, 600);
+    wait_until(Duration::from_secs(30), "left_alone", || {
+        taint_decisions(dir)
+            .contains(&"left_alone".to_string())
+            .then_some(())
+    });
+    let (taints, cond) = node_state(&node);
+    assert_eq!(
+        taints,
+        vec![
+            admins,
+            "nvidia.com/gpu-unhealthy=admin:NoSchedule".to_string()
+        ]
+    );
+    assert_eq!(cond, None, "nothing written");
+    drop(d);
+}

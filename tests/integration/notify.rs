@@ -6,7 +6,7 @@
 
 mod channels;
 pub mod servers;
-mod tls;
+pub(crate) mod tls;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -478,7 +478,7 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     // 3. A condition that clears: drained, then resumed after resume_after, the node clean.
     slurm.resume();
     let tmp = tempfile::tempdir().unwrap();
-    let rules = hot_rule(tmp.path());
+    let rules = hot_rule(tmp.path(), "drain");
     let scenario = hot_scenario(tmp.path(), 2, 8);
     let cfg = config(&slurm, tmp.path(), &rules, "2s");
     let log = tmp.path().join("daemon.log");
@@ -499,7 +499,7 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
 
     // 4. An admin re-drains the node while gpuwatch's condition holds: never resumed.
     let tmp = tempfile::tempdir().unwrap();
-    let rules = hot_rule(tmp.path());
+    let rules = hot_rule(tmp.path(), "drain");
     let scenario = hot_scenario(tmp.path(), 2, 12);
     let cfg = config(&slurm, tmp.path(), &rules, "1s");
     let log = tmp.path().join("daemon.log");
@@ -617,8 +617,8 @@ fn a_lost_gpu_drains_the_node_and_only_gpuwatchs_own_drain_is_resumed() {
     assert!(!slurm.node().0.contains("DRAIN"));
 }
 
-/// A rule that asks for a drain while GPU 0 is above 80 °C.
-fn hot_rule(dir: &Path) -> PathBuf {
+/// A rule that asks for `action` (a drain, a taint) while GPU 0 is above 80 °C.
+pub(crate) fn hot_rule(dir: &Path, action: &str) -> PathBuf {
     let rules = dir.join("rules");
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::write(
@@ -626,20 +626,21 @@ fn hot_rule(dir: &Path) -> PathBuf {
         r#"rule(#{
     name: "hot_gpu",
     severity: "critical",
-    action: "drain",
+    action: "ACTION",
     check: |gpu| {
         let t = gpu.temp.last();
         if gpu.index == 0 && t != () && t > 80 { `GPU 0 at ${fmt(t, 0)} °C` }
     },
 });
-"#,
+"#
+        .replace("ACTION", action),
     )
     .unwrap();
     rules
 }
 
 /// 8 GPUs at 60 °C, 90 °C from `from_s` to `to_s`.
-fn hot_scenario(dir: &Path, from_s: u32, to_s: u32) -> PathBuf {
+pub(crate) fn hot_scenario(dir: &Path, from_s: u32, to_s: u32) -> PathBuf {
     let path = dir.join("hot.toml");
     std::fs::write(
         &path,

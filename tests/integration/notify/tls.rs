@@ -72,7 +72,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// The test PKI in `dir`: `ca.pem`, and for each server certificate NAME `NAME.pem` + `NAME.key`.
-struct Pki {
+pub(crate) struct Pki {
     dir: PathBuf,
 }
 
@@ -80,7 +80,7 @@ impl Pki {
     /// Makes a CA and three server certificates signed by it (P-256 keys: quick on slow CI):
     /// `good` (127.0.0.1 and localhost, valid now), `wrong` (only wrong.example.org) and
     /// `expired` (127.0.0.1, valid only on 1-2 January 2020).
-    fn make(dir: &Path) -> Pki {
+    pub(crate) fn make(dir: &Path) -> Pki {
         std::fs::create_dir_all(dir.join("issued")).unwrap();
         std::fs::write(dir.join("openssl.cnf"), OPENSSL_CNF).unwrap();
         std::fs::write(dir.join("index.txt"), "").unwrap();
@@ -144,11 +144,11 @@ impl Pki {
         }
     }
 
-    fn cert(&self, name: &str) -> PathBuf {
+    pub(crate) fn cert(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.pem"))
     }
 
-    fn key(&self, name: &str) -> PathBuf {
+    pub(crate) fn key(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.key"))
     }
 

@@ -44,6 +44,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end -}}
 {{- end -}}
 
+{{/* taint.enabled: the DaemonSet's service account and the ClusterRole (and binding) of [actions.taint]. */}}
+{{- define "gpuwatch.serviceAccountName" -}}{{ include "gpuwatch.fullname" . }}{{- end -}}
+{{- define "gpuwatch.taintRoleName" -}}{{ include "gpuwatch.fullname" . }}-taint{{- end -}}
+
 {{/* Mount points in the container. */}}
 {{- define "gpuwatch.configDir" -}}/etc/gpuwatch{{- end -}}
 {{- define "gpuwatch.rulesDir" -}}/etc/gpuwatch-rules{{- end -}}
@@ -151,6 +155,26 @@ channels with their secret files, routes) and the sections of .Values.config.
 {{- $_ := unset $config "daemon" -}}
 {{- if and (not .Values.kill.enabled) (eq (toString (dig "actions" "kill" "dry_run" true $config)) "false") -}}
 {{- fail "gpuwatch: config.actions.kill.dry_run is false but kill.enabled is not: without CAP_KILL no kill of another user's process can succeed" -}}
+{{- end -}}
+{{- /*
+[actions.taint] comes from taint.*, which also gives the pod its service account, token and RBAC;
+its other keys (resume, timeout, node …) may come from config.actions.taint. node, api_server,
+token_file and ca_file are left to their in-pod defaults: NODE_NAME, KUBERNETES_SERVICE_HOST/PORT
+and the mounted token.
+*/ -}}
+{{- $taint := deepCopy (default dict (dig "actions" "taint" dict $config)) -}}
+{{- range $key, $value := dict "enabled" "enabled" "dry_run" "dryRun" "resume_after" "resumeAfter" -}}
+{{- if hasKey $taint $key -}}
+{{- fail (printf "gpuwatch: config.actions.taint.%s: set taint.%s instead (taint.enabled also adds the service account, its token and the RBAC the action needs)" $key $value) -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.taint.enabled -}}
+{{- $_ := set $taint "enabled" true -}}
+{{- $_ := set $taint "dry_run" .Values.taint.dryRun -}}
+{{- $_ := set $taint "resume_after" .Values.taint.resumeAfter -}}
+{{- $actions := default dict (get $config "actions") -}}
+{{- $_ := set $actions "taint" $taint -}}
+{{- $_ := set $config "actions" $actions -}}
 {{- end -}}
 # gpuwatch configuration, rendered by the gpuwatch chart from its values (config, channels,
 # routes); every key is documented in config.example.toml.
