@@ -136,8 +136,8 @@ pub fn hostname() -> String {
     }
 }
 
-/// The name of `uid` from the system's user database (NSS, so LDAP users work).
-pub fn user_name(uid: u32) -> Option<String> {
+/// `f` of `uid`'s entry in the system's user database (NSS, so LDAP users work).
+fn with_passwd<T>(uid: u32, f: impl FnOnce(&libc::passwd) -> Option<T>) -> Option<T> {
     let mut buf = vec![0u8; 16 * 1024];
     // SAFETY: a zeroed passwd is a valid out-parameter for getpwuid_r.
     let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
@@ -153,32 +153,28 @@ pub fn user_name(uid: u32) -> Option<String> {
             &mut result,
         )
     };
-    if rc != 0 || result.is_null() || pwd.pw_name.is_null() {
+    if rc != 0 || result.is_null() {
         return None;
     }
-    // SAFETY: pw_name points into buf, NUL-terminated by getpwuid_r.
-    let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
-    Some(name.to_string_lossy().into_owned())
+    f(&pwd)
+}
+
+/// The name of `uid` from the system's user database (NSS, so LDAP users work).
+pub fn user_name(uid: u32) -> Option<String> {
+    with_passwd(uid, |pwd| {
+        if pwd.pw_name.is_null() {
+            return None;
+        }
+        // SAFETY: pw_name points into the buffer with_passwd keeps alive for this call,
+        // NUL-terminated by getpwuid_r.
+        let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
+        Some(name.to_string_lossy().into_owned())
+    })
 }
 
 /// The primary group of `uid` from the system's user database.
 pub fn user_gid(uid: u32) -> Option<u32> {
-    let mut buf = vec![0u8; 16 * 1024];
-    // SAFETY: a zeroed passwd is a valid out-parameter for getpwuid_r.
-    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: all pointers are valid for the call; getpwuid_r writes at most `buf.len()` bytes
-    // into `buf`; only the gid (a plain integer) is read afterwards.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    (rc == 0 && !result.is_null()).then_some(pwd.pw_gid)
+    with_passwd(uid, |pwd| Some(pwd.pw_gid))
 }
 
 /// The groups of user `name` with primary group `gid` (getgrouplist): what a login gives it.

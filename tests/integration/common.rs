@@ -310,3 +310,15 @@ pub fn first_line(child: &mut std::process::Child) -> String {
         .trim_end()
         .to_string()
 }
+
+/// The `decision` of each line of an audit log (the drain's, the taint's), in order.
+pub fn audit_decisions(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("an audit line");
+            v["decision"].as_str().expect("a decision").to_string()
+        })
+        .collect()
+}

@@ -404,14 +404,7 @@ timeout = "5s"
 
 /// The decisions in a taint audit log, in order.
 fn taint_decisions(dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("state/taint-audit.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v["decision"].as_str().unwrap().to_string()
-        })
-        .collect()
+    common::audit_decisions(&dir.join("state/taint-audit.jsonl"))
 }
 
 /// `[actions.taint]` against a stand-in API server that checks every request against the

@@ -376,14 +376,7 @@ fn daemon(slurm: &Slurm, scenario: &str, config: &Path, log: &Path, start_s: &st
 
 /// The decisions in a drain audit log, in order.
 fn decisions(state: &Path) -> Vec<String> {
-    std::fs::read_to_string(state.join("drain-audit.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v["decision"].as_str().unwrap().to_string()
-        })
-        .collect()
+    common::audit_decisions(&state.join("drain-audit.jsonl"))
 }
 
 fn wait_decision(state: &Path, want: &str, limit: Duration, log: &Path) {
