@@ -225,6 +225,9 @@ pub struct DrainRecord {
     /// The scheduler's words (Slurm's drain, Kubernetes' taint).
     #[serde(skip, default = "slurm_words")]
     pub words: &'static Words,
+    /// Whether it is about putting the node back (a failed resume is not a failed drain).
+    #[serde(skip)]
+    pub undoing: bool,
 }
 
 fn slurm_words() -> &'static Words {
@@ -240,8 +243,9 @@ pub struct Words {
     pub act: &'static str,
     pub acting: &'static str,
     pub done: &'static str,
-    /// `resume`, `untaint`; `resumed`, `untainted`.
+    /// `resume`, `untaint`; `resuming`, `untainting`; `resumed`, `untainted`.
     pub undo: &'static str,
+    pub undoing: &'static str,
     pub undone: &'static str,
     /// The notice's alert name.
     pub notice: &'static str,
@@ -270,6 +274,7 @@ pub static SLURM: Words = Words {
     acting: "draining",
     done: "drained",
     undo: "resume",
+    undoing: "resuming",
     undone: "resumed",
     notice: "node_drain",
     audit: "drain-audit.jsonl",
@@ -335,6 +340,7 @@ impl DrainRecord {
             DrainDecision::LeftAlone => format!("{node} left as it is: {r}"),
             DrainDecision::Resume => format!("{node} {}: {r}", w.undone),
             DrainDecision::WouldResume => format!("dry run: would {} {node}: {r}", w.undo),
+            DrainDecision::Error if self.undoing => format!("{} {node} failed: {r}", w.undoing),
             DrainDecision::Error => format!("{} {node} failed: {r}", w.acting),
         }
     }
@@ -613,8 +619,10 @@ impl<H: NodeHand> NodeManager<H> {
                 (String::new(), None, String::new())
             }
         };
+        let undoing = matches!(done.op, Op::Resume);
         let mut rec = self.record(decision, alert, gpu, fingerprint, reason, now_ms);
         rec.notify = notify;
+        rec.undoing = undoing;
         Some(rec)
     }
 
@@ -727,6 +735,7 @@ impl<H: NodeHand> NodeManager<H> {
             reason,
             notify: true,
             words: H::words(),
+            undoing: false,
         };
         if self.audit.is_none() {
             match AuditLog::open(&self.audit_path) {
@@ -965,7 +974,8 @@ fn run_op<H: NodeHand>(section: &H, node: &str, op: Op, ours: bool) -> Done {
             // (another condition took it out already)
             Drained::Already => (None, true),
             Drained::LeftAlone(why) => (Some((DrainDecision::LeftAlone, why)), false),
-            Drained::Failed(e) => (Some((DrainDecision::Error, e)), ours),
+            // (it may have landed: a timed-out call; the put-back checks ownership anyway)
+            Drained::Failed(e) => (Some((DrainDecision::Error, e)), true),
         },
         Op::Resume => match section.put_back(node) {
             Resumed::Now(was) => (

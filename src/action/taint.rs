@@ -147,6 +147,7 @@ pub static KUBERNETES: Words = Words {
     acting: "tainting",
     done: "tainted",
     undo: "untaint",
+    undoing: "untainting",
     undone: "untainted",
     notice: "node_taint",
     audit: "taint-audit.jsonl",
@@ -212,18 +213,32 @@ impl Api {
             .map_err(|e| format!("ca_file {}: {e}", section.ca_file.display()))?;
         let roots = reqwest::Certificate::from_pem_bundle(&ca)
             .map_err(|e| format!("ca_file {}: {e}", section.ca_file.display()))?;
+        if roots.is_empty() {
+            return Err(format!(
+                "ca_file {} holds no certificate",
+                section.ca_file.display()
+            ));
+        }
         let token = std::fs::read_to_string(&section.token_file)
             .map_err(|e| format!("token_file {}: {e}", section.token_file.display()))?
             .trim()
             .to_string();
+        if token.is_empty() {
+            return Err(format!(
+                "token_file {} is empty",
+                section.token_file.display()
+            ));
+        }
         let timeout = Duration::from_millis(section.timeout.ms.max(1).unsigned_abs());
         let client = reqwest::Client::builder()
             .user_agent(concat!("gpuwatch/", env!("CARGO_PKG_VERSION")))
             .tls_certs_only(roots)
             .redirect(reqwest::redirect::Policy::none())
+            // (the API server is reached directly: a pod's HTTPS_PROXY is for the outside)
+            .no_proxy()
             .timeout(timeout)
             .build()
-            .map_err(|e| format!("HTTP client: {e}"))?;
+            .map_err(|e| format!("HTTP client: {}", chain(&e)))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -258,18 +273,33 @@ impl Api {
         let what = format!("{method} {path}");
         self.rt.block_on(async {
             let sent = tokio::time::timeout(self.timeout, async {
-                let resp = req.send().await.map_err(|e| format!("{what}: {e}"))?;
+                let resp = req
+                    .send()
+                    .await
+                    .map_err(|e| format!("{what}: {}", chain(&e)))?;
                 let status = resp.status();
-                let bytes = resp.bytes().await.map_err(|e| format!("{what}: {e}"))?;
-                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let bytes = read_bounded(resp)
+                    .await
+                    .map_err(|e| format!("{what}: {e}"))?;
+                let body: Option<Value> = serde_json::from_slice(&bytes).ok();
                 if status.is_success() {
-                    Ok(body)
-                } else {
-                    let message = body["message"].as_str().unwrap_or("");
-                    Err(format!("{what}: HTTP {status} {message}")
-                        .trim_end()
-                        .to_string())
+                    return body.ok_or_else(|| format!("{what}: an answer that is not JSON"));
                 }
+                let body = body.unwrap_or(Value::Null);
+                // kube-apiserver puts the reason of a failed patch in details.causes
+                let mut message = body["message"].as_str().unwrap_or("").to_string();
+                for cause in body["details"]["causes"].as_array().into_iter().flatten() {
+                    if let Some(m) = cause["message"].as_str().filter(|m| !message.contains(m)) {
+                        message.push_str("; ");
+                        message.push_str(m);
+                    }
+                }
+                let conflict =
+                    status.as_u16() == 409 || (status.as_u16() == 422 && message.contains("test"));
+                Err(format!(
+                    "{}{what}: HTTP {status}: {message}",
+                    if conflict { CONFLICT } else { "" }
+                ))
             })
             .await;
             sent.unwrap_or_else(|_| Err(format!("{what}: no answer within the timeout")))
@@ -319,14 +349,77 @@ impl Api {
     }
 }
 
-/// The node's taints, and gpuwatch's key among them.
-fn taints_of(node: &Value) -> (Vec<Value>, Option<Value>) {
+/// What starts the error of a write that lost a race (the Node changed since it was read).
+const CONFLICT: &str = "the Node changed between read and write: ";
+
+/// How often a write that lost a race is tried again at once (read, then write).
+const CONFLICT_TRIES: usize = 3;
+
+/// An error with its sources (reqwest's own text names only the URL), without the URL.
+fn chain(e: &reqwest::Error) -> String {
+    let mut out = e.to_string();
+    if let Some(url) = e.url() {
+        out = out
+            .replace(&format!(" ({url})"), "")
+            .replace(url.as_str(), "");
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// The answer's body, at most 16 MiB.
+async fn read_bounded(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| chain(&e))? {
+        out.extend_from_slice(&chunk);
+        if out.len() > 16 << 20 {
+            return Err("an answer over 16 MiB".into());
+        }
+    }
+    Ok(out)
+}
+
+/// The Node's `resourceVersion`, which a guarded write tests.
+fn version_of(node: &Value) -> Result<Value, String> {
+    node["metadata"]["resourceVersion"]
+        .as_str()
+        .filter(|v| !v.is_empty())
+        .map(Value::from)
+        .ok_or_else(|| "the Node has no resourceVersion".to_string())
+}
+
+/// The node's taints; gpuwatch's own (key and value); another taint of gpuwatch's key.
+fn taints_of(node: &Value) -> (Vec<Value>, bool, Option<Value>) {
     let taints = node["spec"]["taints"]
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let mine = taints.iter().find(|t| t["key"] == TAINT_KEY).cloned();
-    (taints, mine)
+    let own = |t: &Value| t["key"] == TAINT_KEY && t["value"] == TAINT_VALUE;
+    let mine = taints.iter().any(own);
+    let other = taints
+        .iter()
+        .find(|t| t["key"] == TAINT_KEY && !own(t))
+        .cloned();
+    (taints, mine, other)
+}
+
+/// `op`, tried again at once (up to [`CONFLICT_TRIES`]) while it loses a race.
+fn with_retries<T>(mut op: impl FnMut() -> Result<T, String>) -> Result<T, String> {
+    let mut tries = 0;
+    loop {
+        match op() {
+            Err(e) if e.starts_with(CONFLICT) && tries + 1 < CONFLICT_TRIES => tries += 1,
+            other => return other,
+        }
+    }
 }
 
 /// The node's `GPUHealthy` condition: its status and message.
@@ -345,68 +438,94 @@ fn condition_of(node: &Value) -> (Option<String>, String) {
 /// Takes the node out: the taint, then the condition (see the module docs).
 pub fn taint_node(section: &TaintSection, node: &str, reason: &str) -> Drained {
     let run = || -> Result<Drained, String> {
+        if !node_name_ok(node) {
+            return Err(format!("{node:?} is not a Kubernetes node name"));
+        }
         let api = Api::new(section)?;
-        let n = api.node(node)?;
-        let (mut taints, key) = taints_of(&n);
-        if let Some(t) = key {
-            if t["value"] == TAINT_VALUE {
+        with_retries(|| {
+            let n = api.node(node)?;
+            let (mut taints, mine, other) = taints_of(&n);
+            if let Some(t) = other {
+                return Ok(Drained::LeftAlone(format!(
+                    "it carries a {TAINT_KEY} taint gpuwatch did not set (value {}, effect {})",
+                    t["value"], t["effect"]
+                )));
+            }
+            if mine {
                 // (a condition a failed call left unset is set now)
                 if condition_of(&n).0.as_deref() != Some("False") {
                     api.condition(node, false, reason)?;
                 }
                 return Ok(Drained::Already);
             }
-            return Ok(Drained::LeftAlone(format!(
-                "it carries a {TAINT_KEY} taint gpuwatch did not set (value {})",
-                t["value"]
-            )));
-        }
-        // the taint first, on the version read: any write to the node, its status included,
-        // makes a new version
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-        taints.push(json!({
-            "key": TAINT_KEY,
-            "value": TAINT_VALUE,
-            "effect": "NoSchedule",
-            "timeAdded": now,
-        }));
-        api.taints(node, &n["metadata"]["resourceVersion"], taints)?;
-        api.condition(node, false, reason)?;
-        Ok(Drained::Now)
+            // the taint first, on the version read: any write to the node, its status included,
+            // makes a new version
+            let version = version_of(&n)?;
+            let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            taints.push(json!({
+                "key": TAINT_KEY,
+                "value": TAINT_VALUE,
+                "effect": "NoSchedule",
+                "timeAdded": now,
+            }));
+            api.taints(node, &version, taints)?;
+            // (the taint is in place: a condition that fails now is set at the next try)
+            if let Err(e) = api.condition(node, false, reason) {
+                tracing::warn!("{node}: the GPUHealthy condition: {e}");
+            }
+            Ok(Drained::Now)
+        })
     };
     run().unwrap_or_else(Drained::Failed)
 }
 
 /// Puts the node back: removes gpuwatch's own taint (never another's) and sets the condition
-/// healthy.
+/// healthy; a `GPUHealthy=False` of gpuwatch's left without its taint (a failed call, the taint
+/// removed by hand) is set healthy too.
 pub fn untaint_node(section: &TaintSection, node: &str) -> Resumed {
     let run = || -> Result<Resumed, String> {
-        let api = Api::new(section)?;
-        let n = api.node(node)?;
-        let (taints, key) = taints_of(&n);
-        let was = condition_of(&n).1;
-        match key {
-            None => Ok(Resumed::NotDrained),
-            Some(t) if t["value"] != TAINT_VALUE => Ok(Resumed::LeftAlone(format!(
-                "its {TAINT_KEY} taint is not gpuwatch's (value {})",
-                t["value"]
-            ))),
-            Some(_) => {
-                let kept: Vec<Value> = taints
-                    .into_iter()
-                    .filter(|t| !(t["key"] == TAINT_KEY && t["value"] == TAINT_VALUE))
-                    .collect();
-                api.taints(node, &n["metadata"]["resourceVersion"], kept)?;
-                api.condition(
-                    node,
-                    true,
-                    "every condition that asked for the taint has cleared",
-                )?;
-                Ok(Resumed::Now(was))
-            }
+        if !node_name_ok(node) {
+            return Err(format!("{node:?} is not a Kubernetes node name"));
         }
+        let api = Api::new(section)?;
+        with_retries(|| {
+            let n = api.node(node)?;
+            let (taints, mine, _) = taints_of(&n);
+            let (status, was) = condition_of(&n);
+            let ours_unhealthy = status.as_deref() == Some("False")
+                && condition_reason(&n).as_deref() == Some("GPUFault");
+            if !mine {
+                if ours_unhealthy {
+                    api.condition(node, true, "no GPU fault holds now")?;
+                    return Ok(Resumed::Now(was));
+                }
+                return Ok(Resumed::NotDrained);
+            }
+            let version = version_of(&n)?;
+            let kept: Vec<Value> = taints
+                .into_iter()
+                .filter(|t| !(t["key"] == TAINT_KEY && t["value"] == TAINT_VALUE))
+                .collect();
+            api.taints(node, &version, kept)?;
+            api.condition(
+                node,
+                true,
+                "every condition that asked for the taint has cleared",
+            )?;
+            Ok(Resumed::Now(was))
+        })
     };
     run().unwrap_or_else(Resumed::Failed)
+}
+
+/// The `GPUHealthy` condition's reason.
+fn condition_reason(node: &Value) -> Option<String> {
+    node["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == CONDITION_TYPE)?["reason"]
+        .as_str()
+        .map(str::to_string)
 }
 
 #[cfg(test)]
@@ -431,5 +550,30 @@ mod tests {
             ..TaintSection::default()
         };
         assert_eq!(s.server().unwrap(), "https://10.0.0.1:6443");
+    }
+
+    #[test]
+    fn own_taints_are_told_from_others_of_the_same_key() {
+        let node = json!({"metadata": {"resourceVersion": "7"}, "spec": {"taints": [
+            {"key": TAINT_KEY, "value": "admin", "effect": "NoExecute"},
+            {"key": TAINT_KEY, "value": TAINT_VALUE, "effect": "NoSchedule"},
+            {"key": "dedicated", "value": "ml", "effect": "NoSchedule"},
+        ]}});
+        let (taints, mine, other) = taints_of(&node);
+        assert_eq!(taints.len(), 3);
+        assert!(mine);
+        assert_eq!(other.unwrap()["value"], "admin");
+        assert_eq!(version_of(&node).unwrap(), json!("7"));
+        // no version: no guarded write (a test of null could pass on an absent member)
+        assert!(version_of(&json!({"metadata": {}})).is_err());
+        let bare = json!({"metadata": {"resourceVersion": "1"}, "spec": {}});
+        assert_eq!(taints_of(&bare), (Vec::new(), false, None));
+        let mut tries = 0;
+        let r: Result<(), String> = with_retries(|| {
+            tries += 1;
+            Err(format!("{CONFLICT}PATCH /api/v1/nodes/n: HTTP 422"))
+        });
+        assert!(r.is_err());
+        assert_eq!(tries, CONFLICT_TRIES);
     }
 }

@@ -75,6 +75,10 @@ pub struct EpilogArgs {
     /// Where the summary goes (repeatable) besides state_dir/jobs/JOBID.json.
     #[arg(long = "to", value_enum, default_values_t = [EpilogTo::WorkDir])]
     pub to: Vec<EpilogTo>,
+    /// Also mail the summary to the job's user, `$SLURM_JOB_USER@DOMAIN`, through every e-mail
+    /// channel of the config (its server and sender).
+    #[arg(long, value_name = "DOMAIN")]
+    pub mail_domain: Option<String>,
     /// Print the summary; write nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -323,6 +327,63 @@ fn epilog(a: &EpilogArgs, job: &str) -> anyhow::Result<()> {
             EpilogTo::None => {}
         }
     }
+    if let (Some(domain), Some(_)) = (&a.mail_domain, &summary.run) {
+        if let Err(e) = mail_user(&config, &summary, domain) {
+            eprintln!("gpuwatch: job {job}: mail: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// Mails the summary to `$SLURM_JOB_USER@domain` through each e-mail channel of `config`.
+fn mail_user(
+    config: &crate::config::Config,
+    summary: &JobSummary,
+    domain: &str,
+) -> anyhow::Result<()> {
+    let user = env("SLURM_JOB_USER").ok_or_else(|| anyhow::anyhow!("no SLURM_JOB_USER"))?;
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'+'))
+    };
+    anyhow::ensure!(
+        ok(&user) && ok(domain),
+        "{user}@{domain} is not an address gpuwatch writes"
+    );
+    let to = format!("{user}@{domain}");
+    let settings = config.notify_settings()?;
+    let channels: Vec<_> = settings
+        .channels
+        .iter()
+        .filter(|c| c.channel.letter(&to, "", "").is_some())
+        .cloned()
+        .collect();
+    anyhow::ensure!(
+        !channels.is_empty(),
+        "no e-mail channel in {}",
+        config.path.display()
+    );
+    let subject = format!("GPU summary of job {} on {}", summary.job, summary.node);
+    let text = summary.text();
+    let transport = crate::notify::transport::Transport::new()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut sent = false;
+    for spec in &channels {
+        match rt.block_on(transport.send_letter(spec, &to, &subject, &text)) {
+            Ok(()) => sent = true,
+            Err(e) => eprintln!(
+                "gpuwatch: job {}: mail to {to} through {:?}: {}",
+                summary.job, spec.name, e.message
+            ),
+        }
+        if sent {
+            break;
+        }
+    }
+    anyhow::ensure!(sent, "not sent to {to}");
     Ok(())
 }
 

@@ -59,6 +59,18 @@ pub trait Channel: fmt::Debug + Send + Sync {
     fn judge(&self, response: &Response) -> Result<(), SendError> {
         judge_status(response).map(drop)
     }
+
+    /// A plain-text letter to one person (`to`) through this channel's server and sender:
+    /// e-mail channels only (`None` elsewhere). `slurm epilog --mail-domain` sends a job's
+    /// summary to its user this way.
+    fn letter(
+        &self,
+        _to: &str,
+        _subject: &str,
+        _text: &str,
+    ) -> Option<Result<Vec<Request>, String>> {
+        None
+    }
 }
 
 /// A channel type: its `type` name and its config parser.

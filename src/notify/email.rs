@@ -292,17 +292,52 @@ impl Channel for Email {
 
     fn render(&self, n: &Notification, _env: &RenderEnv) -> Result<Vec<Request>, String> {
         Ok(vec![Request::Smtp(SmtpRequest {
-            server: SmtpServer {
-                host: self.host.clone(),
-                port: self.port,
-                tls: self.tls,
-                username: self.username.clone(),
-                password: self.password.clone(),
-                ca_certs: self.ca_certs.clone(),
-            },
+            server: self.server(),
             message: message(self, n)?,
         })])
     }
+
+    fn letter(&self, to: &str, subject: &str, text: &str) -> Option<Result<Vec<Request>, String>> {
+        Some(letter_message(self, to, subject, text).map(|message| {
+            vec![Request::Smtp(SmtpRequest {
+                server: self.server(),
+                message,
+            })]
+        }))
+    }
+}
+
+impl Email {
+    /// Where and how it sends.
+    fn server(&self) -> SmtpServer {
+        SmtpServer {
+            host: self.host.clone(),
+            port: self.port,
+            tls: self.tls,
+            username: self.username.clone(),
+            password: self.password.clone(),
+            ca_certs: self.ca_certs.clone(),
+        }
+    }
+}
+
+/// A plain-text message from `spec`'s sender to `to`.
+fn letter_message(spec: &Email, to: &str, subject: &str, text: &str) -> Result<Message, String> {
+    let from: Mailbox = spec
+        .from
+        .parse()
+        .map_err(|e| format!("bad from address: {e}"))?;
+    let to: Mailbox = to
+        .parse()
+        .map_err(|e| format!("bad to address {to:?}: {e}"))?;
+    Message::builder()
+        .from(from)
+        .to(to)
+        .subject(subject)
+        .user_agent("gpuwatch".into())
+        .date_now()
+        .singlepart(SinglePart::plain(text.to_string()))
+        .map_err(|e| format!("cannot build email: {e}"))
 }
 
 /// The lettre message for `spec`'s sender and recipients.

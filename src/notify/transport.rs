@@ -105,9 +105,38 @@ impl Transport {
         n: &Notification,
         env: &RenderEnv,
     ) -> Result<(), SendError> {
+        let requests = spec.channel.render(n, env).map_err(SendError::permanent);
+        self.carry(spec, requests).await
+    }
+
+    /// Sends a plain-text letter to one person through e-mail channel `spec`
+    /// ([`super::channel::Channel::letter`]).
+    pub async fn send_letter(
+        &self,
+        spec: &ChannelSpec,
+        to: &str,
+        subject: &str,
+        text: &str,
+    ) -> Result<(), SendError> {
+        let requests = match spec.channel.letter(to, subject, text) {
+            Some(r) => r.map_err(SendError::permanent),
+            None => Err(SendError::permanent(format!(
+                "channel {:?} is not an e-mail channel",
+                spec.name
+            ))),
+        };
+        self.carry(spec, requests).await
+    }
+
+    /// Carries what a channel rendered, within its timeout; errors redacted of its secrets.
+    async fn carry(
+        &self,
+        spec: &ChannelSpec,
+        requests: Result<Vec<Request>, SendError>,
+    ) -> Result<(), SendError> {
         let timeout = Duration::from_millis(u64::try_from(spec.timeout_ms).unwrap_or(10_000));
         let result = async {
-            let requests = spec.channel.render(n, env).map_err(SendError::permanent)?;
+            let requests = requests?;
             for req in &requests {
                 match req {
                     Request::Smtp(mail) => {

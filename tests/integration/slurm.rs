@@ -812,8 +812,14 @@ fn an_sbatch_jobs_epilog_writes_its_gpu_summary() {
     // the drain action's config (nothing drains on healthy GPUs), recording every tick
     let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
     assert_eq!(config(&slurm, dir.path(), &rules, "1m"), config_path);
+    let smtp = crate::notify::servers::SmtpServer::start(&dir.path().join("mail"), None);
     let mut text = std::fs::read_to_string(&config_path).unwrap();
     text.push_str("\n[recording]\nenabled = true\n");
+    // the e-mail channel the epilog mails a job's user through (its server and sender)
+    text.push_str(&format!(
+        "\n[[channel]]\nname = \"mail\"\ntype = \"email\"\nsmtp = \"127.0.0.1:{}\"\ntls = \"none\"\nfrom = \"gpuwatch@lab.example\"\nto = [\"oncall@lab.example\"]\n",
+        smtp.port
+    ));
     std::fs::write(&config_path, text).unwrap();
     let config = config_path;
     let log = dir.path().join("daemon.log");
@@ -896,7 +902,14 @@ fn an_sbatch_jobs_epilog_writes_its_gpu_summary() {
         .to_string();
     let by_hand = |id: &str| {
         common::gpuwatch(
-            &["slurm", "epilog", "--config", config.to_str().unwrap()],
+            &[
+                "slurm",
+                "epilog",
+                "--config",
+                config.to_str().unwrap(),
+                "--mail-domain",
+                "lab.example",
+            ],
             &[
                 ("SLURM_JOB_ID", id),
                 ("SLURM_JOB_GPUS", "1"),
@@ -920,6 +933,19 @@ fn an_sbatch_jobs_epilog_writes_its_gpu_summary() {
         text.starts_with("gpuwatch: job 90001 of nobody on gpunode1, GPU 1 (SLURM_JOB_GPUS)"),
         "{text}"
     );
+    // and mailed to the job's user
+    let mails = smtp.wait_messages(1, Duration::from_secs(20));
+    assert_eq!(
+        mails[0]["rcpt_tos"][0], "nobody@lab.example",
+        "{:?}",
+        mails[0]
+    );
+    let mail = crate::notify::servers::unfold_email(mails[0]["data"].as_str().unwrap());
+    assert!(
+        mail.contains("Subject: GPU summary of job 90001 on gpunode1"),
+        "{mail}"
+    );
+    assert!(mail.contains("GPU 1: utilization mean"), "{mail}");
     let precious = dir.path().join("precious");
     std::fs::write(&precious, "root's").unwrap();
     std::os::unix::fs::symlink(&precious, users_dir.join("gpuwatch-job-90002.txt")).unwrap();
