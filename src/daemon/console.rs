@@ -116,9 +116,41 @@ pub fn init(default_filter: &str, format: LogFormat) {
     };
 }
 
+/// The width of the terminal standard error is, when it is one.
+fn terminal_width() -> Option<usize> {
+    // SAFETY: a zeroed winsize is a valid out-parameter; TIOCGWINSZ writes only into it.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: fd 2 and a valid pointer to `ws`; the call fails harmlessly on a non-terminal.
+    let rc = unsafe { libc::ioctl(2, libc::TIOCGWINSZ, &mut ws) };
+    (rc == 0 && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
+}
+
+/// `text` in lines of at most `width` characters, broken between words (a word longer than a
+/// line gets a line of its own, whole): nothing is cut.
+fn wrap_words(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        let needed = line.chars().count() + usize::from(!line.is_empty()) + word.chars().count();
+        if !line.is_empty() && needed > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
 /// One alert transition as a person reads it:
-/// `22:14:05  FIRING    critical  GPU 5  gpu_lost — GPU 5 has fallen off the bus …`.
-pub fn alert_line(ev: &AlertEvent, color: bool) -> String {
+/// `22:14:05  FIRING    critical  GPU 5  gpu_lost — GPU 5 has fallen off the bus …`. The
+/// summary is never cut: on a terminal of `width` columns it is wrapped between words, the
+/// following lines indented under it; elsewhere it is one line, whole.
+pub fn alert_line(ev: &AlertEvent, color: bool, width: Option<usize>) -> String {
     let state = match ev.status {
         AlertStatus::Firing if ev.repeat => "STILL",
         AlertStatus::Firing => "FIRING",
@@ -135,7 +167,6 @@ pub fn alert_line(ev: &AlertEvent, color: bool) -> String {
     );
     let summary =
         crate::values::escape_control(ev.annotations.get("summary").map_or("", String::as_str));
-    let summary = crate::values::truncate_chars(&summary, 160);
     let (on, off) = if color {
         let code = match (ev.status, ev.severity) {
             (AlertStatus::Resolved, _) => "32",
@@ -147,10 +178,26 @@ pub fn alert_line(ev: &AlertEvent, color: bool) -> String {
     } else {
         (String::new(), "")
     };
+    let head = format!(
+        "{}  {state:<8}  {severity:<8}  {place:<6}  ",
+        clock(ev.at_ms)
+    );
+    let text = format!("{} — {summary}", ev.name);
+    let indent = head.chars().count();
+    let body = match width {
+        // (a pane too narrow for the columns: the text under them, slightly indented)
+        Some(w) if w >= indent + 30 => {
+            wrap_words(&text, w - indent).join(&format!("\n{:indent$}", ""))
+        }
+        Some(w) => {
+            let lines = wrap_words(&text, w.saturating_sub(4).max(20));
+            format!("\n    {}", lines.join("\n    "))
+        }
+        None => text,
+    };
     format!(
-        "{}  {on}{state:<8}  {severity:<8}{off}  {place:<6}  {} — {summary}",
-        clock(ev.at_ms),
-        ev.name
+        "{}  {on}{state:<8}  {severity:<8}{off}  {place:<6}  {body}",
+        clock(ev.at_ms)
     )
 }
 
@@ -159,7 +206,7 @@ pub fn alert_line(ev: &AlertEvent, color: bool) -> String {
 pub fn print_alerts(events: &[AlertEvent]) {
     if let Console::Human { color } = console() {
         for ev in events {
-            eprintln!("{}", alert_line(ev, color));
+            eprintln!("{}", alert_line(ev, color, terminal_width()));
         }
     }
 }
@@ -205,19 +252,57 @@ mod tests {
 
     #[test]
     fn an_alert_is_one_line_without_debug_formatting() {
-        let line = alert_line(&event(AlertStatus::Firing, Some(5)), false);
+        let line = alert_line(&event(AlertStatus::Firing, Some(5)), false, None);
         assert!(
             line.contains("  FIRING    critical  GPU 5   gpu_lost — GPU 5 has fallen off the bus"),
             "{line}"
         );
         assert!(!line.contains("Some(") && !line.contains('\n'), "{line}");
-        let host = alert_line(&event(AlertStatus::Resolved, None), false);
+        let host = alert_line(&event(AlertStatus::Resolved, None), false, None);
         assert!(
             host.contains("RESOLVED  critical  host    gpu_lost"),
             "{host}"
         );
-        let colored = alert_line(&event(AlertStatus::Firing, Some(5)), true);
+        let colored = alert_line(&event(AlertStatus::Firing, Some(5)), true, None);
         assert!(colored.contains("\x1b[1;31mFIRING"), "{colored}");
+    }
+
+    #[test]
+    fn a_long_summary_is_wrapped_on_a_terminal_and_never_cut() {
+        let mut ev = event(AlertStatus::Firing, None);
+        let summary = "GPU 3 runs at 41 % while its 7 peers run at 96 %: a rank doing extra work \
+                       (synchronous checkpoint or logging on rank 0) or a slower GPU; GPU 6 too, \
+                       at 44 %: the same job's ranks wait for both at every step";
+        ev.annotations.insert("summary".into(), summary.into());
+        // piped: one line, whole
+        let line = alert_line(&ev, false, None);
+        assert!(
+            !line.contains('\n') && line.ends_with("at every step"),
+            "{line}"
+        );
+        // an 80-column pane: every line fits, every word is there, in order
+        let wrapped = alert_line(&ev, false, Some(80));
+        assert!(wrapped.lines().count() > 2, "{wrapped}");
+        for l in wrapped.lines() {
+            assert!(l.chars().count() <= 80, "{l:?}");
+        }
+        let words: Vec<&str> = wrapped.split_whitespace().collect();
+        let expected: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words, expected);
+        assert!(!wrapped.contains('…'), "{wrapped}");
+        // the continuation lines start under the text
+        let indent = wrapped.lines().nth(1).unwrap().len()
+            - wrapped.lines().nth(1).unwrap().trim_start().len();
+        assert_eq!(
+            indent,
+            wrapped.lines().next().unwrap().find("gpu_lost").unwrap()
+        );
+        // too narrow for the columns: the text under them, still whole
+        let narrow = alert_line(&ev, false, Some(40));
+        assert_eq!(narrow.split_whitespace().count(), expected.len());
+        for l in narrow.lines() {
+            assert!(l.chars().count() <= 40, "{l:?}");
+        }
     }
 
     #[test]
