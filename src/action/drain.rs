@@ -830,16 +830,41 @@ impl NodeState {
 
 /// Runs `scontrol ARGS` within the section's timeout: its output, or why it failed.
 fn scontrol(section: &DrainSection, args: &[&str]) -> Result<String, String> {
-    let mut cmd = Command::new(&section.scontrol);
+    slurm_tool(section, "scontrol", args)
+}
+
+/// Runs Slurm's `tool` with `args` within the section's timeout: `scontrol` is the one the
+/// section names; `sacctmgr`, `squeue`, `sacct` are looked for beside it (on PATH when it is a
+/// bare name). Its output, or why it failed (an argument over 60 characters shown cut).
+pub fn slurm_tool(section: &DrainSection, tool: &str, args: &[&str]) -> Result<String, String> {
+    let path = if tool == "scontrol" {
+        section.scontrol.clone()
+    } else {
+        section
+            .scontrol
+            .parent()
+            .map_or_else(|| PathBuf::from(tool), |d| d.join(tool))
+    };
+    let mut cmd = Command::new(&path);
     cmd.args(args);
     let deadline = Instant::now() + Duration::from_millis(section.timeout.ms.max(1) as u64);
     let (ok, out) = super::forensics::run_bounded(cmd, deadline);
-    let line = format!("{} {}", section.scontrol.display(), args.join(" "));
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| crate::values::truncate_chars(a, 60))
+        .collect();
+    let line = format!("{} {}", path.display(), shown.join(" "));
     if ok {
         Ok(out)
     } else if Instant::now() >= deadline {
+        // (the accounting tools wait for slurmdbd, the others for slurmctld)
+        let daemon = if tool.starts_with("sacct") {
+            "slurmdbd"
+        } else {
+            "slurmctld"
+        };
         Err(format!(
-            "`{line}` took longer than {} (slurmctld unreachable?)",
+            "`{line}` took longer than {} ({daemon} unreachable?)",
             crate::values::format_duration_ms(section.timeout.ms)
         ))
     } else {
@@ -852,10 +877,6 @@ fn scontrol(section: &DrainSection, args: &[&str]) -> Result<String, String> {
 /// job that ended, and an epilog runs after the end). Needs slurmdbd; `sacctmgr` is looked for
 /// beside `scontrol`.
 pub fn set_admin_comment(section: &DrainSection, job: &str, text: &str) -> Result<(), String> {
-    let sacctmgr = section
-        .scontrol
-        .parent()
-        .map_or_else(|| PathBuf::from("sacctmgr"), |d| d.join("sacctmgr"));
     let args = [
         "-i",
         "modify",
@@ -865,19 +886,7 @@ pub fn set_admin_comment(section: &DrainSection, job: &str, text: &str) -> Resul
         "set",
         &format!("AdminComment={text}"),
     ];
-    let mut cmd = Command::new(&sacctmgr);
-    cmd.args(args);
-    let deadline = Instant::now() + Duration::from_millis(section.timeout.ms.max(1) as u64);
-    let (ok, out) = super::forensics::run_bounded(cmd, deadline);
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{} -i modify job where JobID={job} set AdminComment=…`: {}",
-            sacctmgr.display(),
-            out.trim()
-        ))
-    }
+    slurm_tool(section, "sacctmgr", &args).map(|_| ())
 }
 
 /// What [`drain_node`] did.

@@ -353,11 +353,11 @@ fn mail_user(
     );
     let to = format!("{user}@{domain}");
     let settings = config.notify_settings()?;
+    use crate::notify::channel::ChannelType as _;
     let channels: Vec<_> = settings
         .channels
         .iter()
-        .filter(|c| c.channel.letter(&to, "", "").is_some())
-        .cloned()
+        .filter(|c| c.kind.as_str() == crate::notify::email::Email::TYPE)
         .collect();
     anyhow::ensure!(
         !channels.is_empty(),
@@ -370,19 +370,19 @@ fn mail_user(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut sent = false;
-    for spec in &channels {
+    // the first channel that takes it
+    let sent = channels.iter().any(|spec| {
         match rt.block_on(transport.send_letter(spec, &to, &subject, &text)) {
-            Ok(()) => sent = true,
-            Err(e) => eprintln!(
-                "gpuwatch: job {}: mail to {to} through {:?}: {}",
-                summary.job, spec.name, e.message
-            ),
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!(
+                    "gpuwatch: job {}: mail to {to} through {:?}: {}",
+                    summary.job, spec.name, e.message
+                );
+                false
+            }
         }
-        if sent {
-            break;
-        }
-    }
+    });
     anyhow::ensure!(sent, "not sent to {to}");
     Ok(())
 }
@@ -469,18 +469,10 @@ fn to_work_dir(
 /// `squeue -h -t all -j JOB -o FORMAT`: one field of the job, beside `scontrol`; each field
 /// asked alone, so no text of the job's (its name, its paths) can pass for another field.
 fn squeue_field(config: &crate::config::Config, job: &str, format: &str) -> Option<String> {
-    let drain = &config.actions.drain;
-    let squeue = drain
-        .scontrol
-        .parent()
-        .map_or_else(|| PathBuf::from("squeue"), |d| d.join("squeue"));
-    let mut cmd = Command::new(squeue);
-    cmd.args(["-h", "-t", "all", "-j", job, "-o", format]);
-    let deadline =
-        std::time::Instant::now() + Duration::from_millis(drain.timeout.ms.max(1) as u64);
-    let (ok, out) = crate::action::forensics::run_bounded(cmd, deadline);
+    let args = ["-h", "-t", "all", "-j", job, "-o", format];
+    let out = crate::action::drain::slurm_tool(&config.actions.drain, "squeue", &args).ok()?;
     let line = out.lines().next()?.trim().to_string();
-    (ok && !line.is_empty() && line != "N/A").then_some(line)
+    (!line.is_empty() && line != "N/A").then_some(line)
 }
 
 /// The job's GPU summary from the recording; `None` for a job without GPUs.
@@ -794,19 +786,8 @@ fn summarize(
 /// The compact summary of `job` in its AdminComment (`sacct -n -X -j JOB -o AdminComment%4000`,
 /// `sacct` beside `scontrol`), when gpuwatch wrote one.
 fn sacct_admin_comment(config: &crate::config::Config, job: &str) -> Option<String> {
-    let drain = &config.actions.drain;
-    let sacct = drain
-        .scontrol
-        .parent()
-        .map_or_else(|| PathBuf::from("sacct"), |d| d.join("sacct"));
-    let mut cmd = Command::new(sacct);
-    cmd.args(["-n", "-X", "-j", job, "-o", "AdminComment%4000"]);
-    let deadline =
-        std::time::Instant::now() + Duration::from_millis(drain.timeout.ms.max(1) as u64);
-    let (ok, out) = crate::action::forensics::run_bounded(cmd, deadline);
-    if !ok {
-        return None;
-    }
+    let args = ["-n", "-X", "-j", job, "-o", "AdminComment%4000"];
+    let out = crate::action::drain::slurm_tool(&config.actions.drain, "sacct", &args).ok()?;
     out.lines().find_map(decode_admin_comment)
 }
 
