@@ -37,7 +37,7 @@ use crate::alert::{
 use crate::model::{
     AlertEvent, AlertStatus, GpuSample, Metric, MetricKind, MissingGpu, Severity, Snapshot,
 };
-use crate::rules::api::{JobHandle, ProcessHandle};
+use crate::rules::api::{host::HostTrace, JobHandle, ProcessHandle};
 use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet, Trace};
 use crate::window::GpuHistory;
 use std::borrow::Cow;
@@ -104,9 +104,13 @@ pub struct Engine {
     /// Per rule (same order as `rules`), per GPU index: the inputs its last GPU-scope evaluation
     /// read and what it returned, reused while the inputs read the same (see below).
     memo: Vec<BTreeMap<u32, (Trace, EvalResult)>>,
+    /// Per rule: the host fields its last host-scope evaluation read and what it returned, when
+    /// it read no GPU (reused the same way).
+    host_memo: Vec<Option<(HostTrace, EvalResult)>>,
     /// Whether results are reused (always, except to prove that reuse changes nothing).
     reuse: bool,
-    /// GPU-scope evaluations answered from `memo`, and those that ran their script.
+    /// GPU- and host-scope evaluations answered from `memo`/`host_memo`, and those that ran
+    /// their script.
     reused: u64,
     ran: u64,
     /// Wall time spent evaluating rules at snapshots.
@@ -120,6 +124,7 @@ impl Engine {
             last_eval_ms: vec![None; rules.len()],
             overrun: vec![Overrun::default(); rules.len()],
             memo: vec![BTreeMap::new(); rules.len()],
+            host_memo: vec![None; rules.len()],
             reuse: true,
             reused: 0,
             ran: 0,
@@ -209,6 +214,7 @@ impl Engine {
         self.reuse = reuse;
         if !reuse {
             self.memo.iter_mut().for_each(BTreeMap::clear);
+            self.host_memo.iter_mut().for_each(|m| *m = None);
         }
     }
 
@@ -260,6 +266,7 @@ impl Engine {
             .collect();
         self.overrun = vec![Overrun::default(); rules.len()];
         self.memo = vec![BTreeMap::new(); rules.len()];
+        self.host_memo = vec![None; rules.len()];
         self.order = evaluation_order(&rules);
         self.rule_errors = rule_error_specs(&rules);
         self.rules = rules;
@@ -428,7 +435,9 @@ impl Engine {
                 }
             }
             h.push(sample);
-            h.evict_before(cutoff, now, retention);
+            if h.evict_due(now) {
+                h.evict_before(cutoff, now, retention);
+            }
             if h.mig.len() != snap.mig_of(index).count()
                 || !snap.mig_of(index).zip(&h.mig).all(|(a, b)| a == b)
             {
@@ -630,7 +639,7 @@ impl Engine {
                 RuleScope::Process => self.evaluate_processes(idx, now, &present, &mut events),
                 RuleScope::Host => {
                     let host = self.host_handle(now);
-                    let result = self.rules.eval_host(idx, host);
+                    let result = self.eval_host(idx, host);
                     self.step_host(idx, now, result, &present, &mut events)
                 }
                 RuleScope::Job => continue,
@@ -783,6 +792,25 @@ impl Engine {
                 Some(trace) => memo.insert(index, (trace, result.clone())),
                 None => memo.remove(&index),
             };
+        }
+        result
+    }
+
+    /// Host-scope rule `idx`'s result: the previous one when it read no GPU and the host fields
+    /// it read are the same, else a fresh evaluation (see `eval_gpu`).
+    fn eval_host(&mut self, idx: usize, host: HostHandle) -> EvalResult {
+        if self.reuse {
+            if let Some(Some((trace, result))) = self.host_memo.get(idx) {
+                if trace.holds(&host) {
+                    self.reused += 1;
+                    return result.clone();
+                }
+            }
+        }
+        self.ran += 1;
+        let (result, trace) = self.rules.eval_host_traced(idx, host);
+        if let Some(memo) = self.host_memo.get_mut(idx) {
+            *memo = trace.map(|t| (t, result.clone()));
         }
         result
     }

@@ -1046,6 +1046,22 @@ impl RuleSet {
         (result, trace)
     }
 
+    /// Evaluates host-scope rule `idx`, tracing the host fields it reads: the trace is returned
+    /// when the result can be reused while those fields read the same (see
+    /// [`api::host::HostTrace`]).
+    pub fn eval_host_traced(
+        &self,
+        idx: usize,
+        host: HostHandle,
+    ) -> (EvalResult, Option<api::host::HostTrace>) {
+        let fields = host.clone_fields();
+        api::host::start_trace();
+        let result = self.eval_host(idx, host);
+        let trace = api::host::finish_trace(fields);
+        let trace = trace.filter(|_| !matches!(result, EvalResult::Error(_)));
+        (result, trace)
+    }
+
     /// Evaluates host-scope rule `idx`.
     pub fn eval_host(&self, idx: usize, host: HostHandle) -> EvalResult {
         let default = || format!("{} on {}", self.rules[idx].spec.name, host.hostname);

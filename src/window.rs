@@ -32,6 +32,8 @@ pub const RETENTION_MARGIN_MS: i64 = 60_000;
 
 /// Points per summary block.
 const BLOCK: u64 = 64;
+/// Points per small summary block (a block is eight of them).
+const SMALL: u64 = 8;
 
 /// Min, max and sum of one aligned block of [`BLOCK`] points.
 #[derive(Debug, Clone, Copy)]
@@ -57,8 +59,9 @@ impl Block {
 
 /// Timestamped values of one metric of one GPU, oldest first.
 ///
-/// Besides the points, the window keeps min/max/sum per aligned block of 64 points, so `min`,
-/// `max` and `mean` over an hour cost ~60 block reads plus at most 128 point reads.
+/// Besides the points, the window keeps min/max/sum per aligned block of 64 points and per
+/// aligned small block of 8, so `min`, `max` and `mean` over an hour cost ~60 block reads plus at
+/// most 14 small-block and 14 point reads (a minute: at most 21 reads, not 60).
 #[derive(Debug, Clone, Default)]
 pub struct Window {
     points: VecDeque<(i64, f64)>,
@@ -67,6 +70,9 @@ pub struct Window {
     /// Block summaries; `blocks[0]` is block number `first_block`.
     blocks: VecDeque<Block>,
     first_block: u64,
+    /// Small block summaries; `small[0]` is small block number `first_small`.
+    small: VecDeque<Block>,
+    first_small: u64,
     /// Sequence numbers of points lower than their predecessor (counter resets), so `increase`
     /// over a range without one is `last - first`.
     drops: VecDeque<u64>,
@@ -143,6 +149,16 @@ impl Window {
                 if let Some(b) = self.blocks.back_mut() {
                     b.add(value);
                 }
+                let small = seq / SMALL;
+                if self.small.is_empty() {
+                    self.first_small = small;
+                }
+                if self.first_small + self.small.len() as u64 <= small {
+                    self.small.push_back(Block::EMPTY);
+                }
+                if let Some(b) = self.small.back_mut() {
+                    b.add(value);
+                }
             }
         }
     }
@@ -165,13 +181,20 @@ impl Window {
             return;
         }
         let last_seq = self.evicted + len - 1;
-        let start_seq = (last_seq / BLOCK * BLOCK).max(self.evicted);
-        let mut b = Block::EMPTY;
-        for i in (start_seq - self.evicted)..len {
-            b.add(self.points[i as usize].1);
-        }
+        let summary = |size: u64| {
+            let start_seq = (last_seq / size * size).max(self.evicted);
+            let mut b = Block::EMPTY;
+            for i in (start_seq - self.evicted)..len {
+                b.add(self.points[i as usize].1);
+            }
+            b
+        };
+        let (big, small) = (summary(BLOCK), summary(SMALL));
         if let Some(last) = self.blocks.back_mut() {
-            *last = b;
+            *last = big;
+        }
+        if let Some(last) = self.small.back_mut() {
+            *last = small;
         }
     }
 
@@ -187,37 +210,49 @@ impl Window {
                 self.blocks.pop_front();
                 self.first_block += 1;
             }
+            while self.first_small < self.evicted / SMALL && !self.small.is_empty() {
+                self.small.pop_front();
+                self.first_small += 1;
+            }
         }
     }
 
-    /// Min, max and sum of points `lo..hi`, using block summaries for whole blocks.
+    /// Min, max and sum of points `lo..hi`: whole blocks from their summaries, the small blocks
+    /// before and after them from theirs, the points at the two ends one by one. (A block whose
+    /// first points were evicted is never read: `lo` is at or after the oldest point kept.)
     fn fold(&self, lo: usize, hi: usize) -> Block {
         let mut acc = Block::EMPTY;
         let (s_lo, s_hi) = (self.evicted + lo as u64, self.evicted + hi as u64);
-        let first_full = s_lo.div_ceil(BLOCK);
-        let end_full = s_hi / BLOCK;
-        if first_full >= end_full || first_full < self.first_block {
-            for p in self.points.range(lo..hi) {
+        let points = |acc: &mut Block, from: u64, to: u64| {
+            let range = (from - self.evicted) as usize..(to - self.evicted) as usize;
+            for p in self.points.range(range) {
                 acc.add(p.1);
             }
+        };
+        let merge = |acc: &mut Block, blocks: &VecDeque<Block>, first: u64, from: u64, to: u64| {
+            for b in blocks.range((from - first) as usize..(to - first) as usize) {
+                acc.min = acc.min.min(b.min);
+                acc.max = acc.max.max(b.max);
+                acc.sum += b.sum;
+            }
+        };
+        // small blocks a..b (numbers) lie wholly inside the range
+        let (a, b) = (s_lo.div_ceil(SMALL), s_hi / SMALL);
+        if a >= b || a < self.first_small {
+            points(&mut acc, s_lo, s_hi);
             return acc;
         }
-        let head_end = (first_full * BLOCK - self.evicted) as usize;
-        let tail_start = (end_full * BLOCK - self.evicted) as usize;
-        for p in self.points.range(lo..head_end) {
-            acc.add(p.1);
+        points(&mut acc, s_lo, a * SMALL);
+        let per = BLOCK / SMALL;
+        let (big_a, big_b) = ((a * SMALL).div_ceil(BLOCK), b * SMALL / BLOCK);
+        if big_a < big_b && big_a >= self.first_block {
+            merge(&mut acc, &self.small, self.first_small, a, big_a * per);
+            merge(&mut acc, &self.blocks, self.first_block, big_a, big_b);
+            merge(&mut acc, &self.small, self.first_small, big_b * per, b);
+        } else {
+            merge(&mut acc, &self.small, self.first_small, a, b);
         }
-        for b in self
-            .blocks
-            .range((first_full - self.first_block) as usize..(end_full - self.first_block) as usize)
-        {
-            acc.min = acc.min.min(b.min);
-            acc.max = acc.max.max(b.max);
-            acc.sum += b.sum;
-        }
-        for p in self.points.range(tail_start..hi) {
-            acc.add(p.1);
-        }
+        points(&mut acc, b * SMALL, s_hi);
         acc
     }
 
@@ -519,6 +554,8 @@ pub struct GpuHistory {
     /// Estimated sampling interval, ms (0 = unknown).
     pub interval_ms: i64,
     cache: Mutex<AggCache>,
+    /// The newest sample's time at the last eviction (see [`GpuHistory::evict_due`]).
+    evicted_at_ms: i64,
     /// Per metric, the longest duration a rule asked of its window (ms): the window keeps at
     /// least that (see [`GpuHistory::evict_before`]), however the rule wrote it.
     asked_ms: Vec<AtomicI64>,
@@ -540,6 +577,7 @@ impl Clone for GpuHistory {
             recent_times: self.recent_times.clone(),
             interval_ms: self.interval_ms,
             cache: Mutex::new((i64::MIN, Vec::new())),
+            evicted_at_ms: self.evicted_at_ms,
             asked_ms: self
                 .asked_ms
                 .iter()
@@ -581,14 +619,20 @@ impl GpuHistory {
             self.recent_times.pop_front();
         }
         if self.recent_times.len() >= 2 {
-            let mut gaps: Vec<i64> = self
+            // (at most 15 gaps: sorted on the stack, once a sample for every GPU)
+            let mut gaps = [0i64; 16];
+            let mut n = 0;
+            for (a, b) in self
                 .recent_times
                 .iter()
                 .zip(self.recent_times.iter().skip(1))
-                .map(|(a, b)| b - a)
-                .collect();
+            {
+                gaps[n] = b - a;
+                n += 1;
+            }
+            let gaps = &mut gaps[..n];
             gaps.sort_unstable();
-            self.interval_ms = gaps[gaps.len() / 2];
+            self.interval_ms = gaps[n / 2];
         }
     }
 
@@ -619,6 +663,19 @@ impl GpuHistory {
         while self.xids.front().is_some_and(|e| e.time_ms < cutoff_ms) {
             self.xids.pop_front();
         }
+    }
+
+    /// Whether old points are due to leave at `now_ms`: once per minute of the samples' own
+    /// time (a window then holds up to a minute beyond its retention, which no aggregate reads).
+    /// Touching every metric's window of every GPU at every tick cost a tenth of a replay; the
+    /// cadence follows the samples' times, so a replay evicts exactly as the daemon did.
+    pub fn evict_due(&mut self, now_ms: i64) -> bool {
+        const EVERY_MS: i64 = 60_000;
+        if now_ms.div_euclid(EVERY_MS) == self.evicted_at_ms.div_euclid(EVERY_MS) {
+            return false;
+        }
+        self.evicted_at_ms = now_ms;
+        true
     }
 
     /// Notes that a rule asked `metric`'s window for `duration_ms` (see `evict_before`).
@@ -793,6 +850,29 @@ mod tests {
             Some(vec![199.0, 399.0, 599.0])
         );
         assert_eq!(w.maxima(599_000, 1_200_000, 2, 1000), None);
+    }
+
+    #[test]
+    fn every_range_folds_as_a_scan() {
+        let mut w = Window::default();
+        for k in 0..300i64 {
+            w.push(k * 1000, ((k * 7919) % 101) as f64);
+        }
+        w.push(299_000, 3.0); // a replaced last point
+        w.evict_before(37_500); // evicted up to an odd sequence number
+        let n = w.points.len();
+        for lo in 0..n {
+            for hi in lo..=n {
+                let vals: Vec<f64> = w.points.range(lo..hi).map(|p| p.1).collect();
+                let b = w.fold(lo, hi);
+                assert_eq!(b.min, vals.iter().copied().fold(f64::INFINITY, f64::min));
+                assert_eq!(
+                    b.max,
+                    vals.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+                );
+                assert_eq!(b.sum, vals.iter().sum::<f64>(), "{lo}..{hi}");
+            }
+        }
     }
 
     #[test]

@@ -221,3 +221,34 @@ rule(#{ name: "count", check: |gpu| { inc.call() + fns[0].call() > 4 } });"#,
     }
     assert!(events.is_empty(), "{events:?}");
 }
+
+#[test]
+fn a_host_result_is_reused_only_while_it_read_no_gpu_and_no_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let snaps = scenario();
+    let stats = |script: &str| {
+        let path = dir.path().join("host.rhai");
+        std::fs::write(&path, script).unwrap();
+        let rules = RuleSet::load(&[path], &RulesConfig::default()).unwrap();
+        let mut engine = Engine::new(rules, EngineOptions::default());
+        let mut fired = 0;
+        for s in snaps.iter().take(10) {
+            fired += engine.observe(s).len();
+        }
+        (engine.reuse_stats(), fired)
+    };
+    // The host name and the missing GPUs stay the same: evaluated once, reused nine times.
+    let fields = r#"rule(#{ name: "h", scope: "host",
+        check: |host| host.hostname == "nowhere" || host.missing_gpus.len() > 0 });"#;
+    assert_eq!(stats(fields), ((9, 1), 0));
+    // A GPU read (its values change) or an effect: evaluated every time.
+    let gpus = r#"rule(#{ name: "h", scope: "host",
+        check: |host| host.gpus.len() > 8 });"#;
+    assert_eq!(stats(gpus), ((0, 10), 0));
+    let effect = r#"rule(#{ name: "h", scope: "host",
+        check: |host| { print("x"); host.hostname == "nowhere" } });"#;
+    assert_eq!(stats(effect), ((0, 10), 0));
+    // `now` changes at every snapshot.
+    let now = r#"rule(#{ name: "h", scope: "host", check: |host| host.now < 0 });"#;
+    assert_eq!(stats(now), ((0, 10), 0));
+}

@@ -109,12 +109,7 @@ impl PartialEq for Value {
             (Value::Flag(a), Value::Flag(b)) => a == b,
             (Value::Int(a), Value::Int(b)) => a == b,
             (Value::Device(a), Value::Device(b)) => a == b,
-            (Value::Procs(a), Value::Procs(b)) => {
-                a.len() == b.len()
-                    && a.iter()
-                        .zip(b)
-                        .all(|(p, q)| p == q && same_opt(p.runtime_s, q.runtime_s))
-            }
+            (Value::Procs(a), Value::Procs(b)) => same_procs(a, b),
             (Value::Codes(a), Value::Codes(b)) => a == b,
             (Value::Mig(a), Value::Mig(b)) => a == b,
             (Value::Nvlinks(a), Value::Nvlinks(b)) => match (a, b) {
@@ -195,6 +190,28 @@ impl Input {
     }
 }
 
+impl Input {
+    /// Whether this input still reads `value` from `hist` at `now_ms` (what `eval` would give,
+    /// compared in place: no list is copied to be compared).
+    fn reads(self, hist: &GpuHistory, now_ms: i64, value: &Value) -> bool {
+        match (self, value) {
+            (Input::Device, Value::Device(d)) => hist.id == *d,
+            (Input::Processes, Value::Procs(p)) => same_procs(&hist.processes, p),
+            (Input::Mig, Value::Mig(m)) => hist.mig == *m,
+            (Input::XidEvents(dur), Value::Notes(n)) => hist.xid_notes_in(now_ms, dur).eq(n.iter()),
+            _ => self.eval(hist, now_ms) == *value,
+        }
+    }
+}
+
+/// Process lists compared as [`Value`]'s equality does.
+fn same_procs(a: &[ProcSample], b: &[ProcSample]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(p, q)| p == q && same_opt(p.runtime_s, q.runtime_s))
+}
+
 /// The inputs one evaluation read, each with the value it got.
 #[derive(Debug, Clone, Default)]
 pub struct Trace(Vec<(Input, Value)>);
@@ -202,7 +219,7 @@ pub struct Trace(Vec<(Input, Value)>);
 impl Trace {
     /// Whether every input still reads the same value from `hist` at `now_ms`.
     pub fn holds(&self, hist: &GpuHistory, now_ms: i64) -> bool {
-        self.0.iter().all(|(i, v)| i.eval(hist, now_ms) == *v)
+        self.0.iter().all(|(i, v)| i.reads(hist, now_ms, v))
     }
 
     /// The metric the evaluation looked at over the longest window, and that window (ms):
@@ -259,6 +276,7 @@ pub(crate) fn finish_trace() -> Option<Trace> {
 
 /// Marks the evaluation being recorded as not reusable (it had an effect: `print`, `debug`).
 pub(crate) fn opaque_trace() {
+    super::host::opaque_trace();
     RECORDING.with(|r| {
         if let Some(rec) = r.borrow_mut().as_mut() {
             rec.opaque = true;

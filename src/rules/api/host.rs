@@ -1,6 +1,8 @@
 //! The `host` object of `scope: "host"` rules: every present GPU, the host name, how fresh
 //! the samples are, and the expected GPUs NVML does not enumerate (`host.missing_gpus`).
 
+use std::cell::Cell;
+
 use rhai::{Array, Dynamic, Engine, Map};
 
 use crate::model::MissingGpu;
@@ -26,6 +28,87 @@ pub struct HostHandle {
     pub missing: Vec<MissingGpu>,
 }
 
+/// The host fields a host-scope evaluation can read, one bit each.
+const HOSTNAME: u8 = 1;
+const MISSING: u8 = 2;
+const CLOCK_SPEED: u8 = 4;
+const SAMPLE_AGE: u8 = 8;
+const INTERVAL: u8 = 16;
+const NOW: u8 = 32;
+/// The evaluation read a GPU (`host.gpus`) or had an effect (`print`): not reusable.
+const OPAQUE: u8 = 128;
+
+thread_local! {
+    /// The fields read by the host-scope evaluation being traced on this thread.
+    static READ: Cell<Option<u8>> = const { Cell::new(None) };
+}
+
+fn read(field: u8) {
+    READ.with(|r| {
+        if let Some(m) = r.get() {
+            r.set(Some(m | field));
+        }
+    });
+}
+
+/// Starts tracing the host fields the evaluation about to run reads.
+pub(crate) fn start_trace() {
+    READ.with(|r| r.set(Some(0)));
+}
+
+/// Marks the host-scope evaluation being traced as not reusable (see `gpu::opaque_trace`).
+pub(crate) fn opaque_trace() {
+    read(OPAQUE);
+}
+
+/// Stops tracing: what the evaluation of `host` read, unless it read a GPU or had an effect.
+/// (`seen`: the host's fields, [`HostHandle::clone_fields`].)
+pub(crate) fn finish_trace(seen: HostHandle) -> Option<HostTrace> {
+    let read = READ.with(Cell::take)?;
+    (read & OPAQUE == 0).then_some(HostTrace { read, seen })
+}
+
+/// The host fields one host-scope evaluation read, with their values. Such an evaluation is a
+/// function of them alone (it read no GPU, had no effect: see `gpu::Trace`), so while they read
+/// the same its result can be reused — `collector_stale` and `gpu_missing` run at every sample.
+#[derive(Debug, Clone)]
+pub struct HostTrace {
+    read: u8,
+    seen: HostHandle,
+}
+
+fn same(a: Option<f64>, b: Option<f64>) -> bool {
+    a.map(f64::to_bits) == b.map(f64::to_bits)
+}
+
+impl HostTrace {
+    /// Whether every field the evaluation read still has the same value in `host`.
+    pub fn holds(&self, host: &HostHandle) -> bool {
+        let (r, s) = (self.read, &self.seen);
+        (r & HOSTNAME == 0 || s.hostname == host.hostname)
+            && (r & MISSING == 0 || s.missing == host.missing)
+            && (r & CLOCK_SPEED == 0 || s.clock_speed.to_bits() == host.clock_speed.to_bits())
+            && (r & SAMPLE_AGE == 0 || same(s.sample_age_s, host.sample_age_s))
+            && (r & INTERVAL == 0 || same(s.interval_s, host.interval_s))
+            && (r & NOW == 0 || s.now_ms == host.now_ms)
+    }
+}
+
+impl HostHandle {
+    /// A copy without the GPUs.
+    pub(crate) fn clone_fields(&self) -> HostHandle {
+        HostHandle {
+            gpus: Vec::new(),
+            hostname: self.hostname.clone(),
+            now_ms: self.now_ms,
+            sample_age_s: self.sample_age_s,
+            interval_s: self.interval_s,
+            clock_speed: self.clock_speed,
+            missing: self.missing.clone(),
+        }
+    }
+}
+
 /// One missing GPU as a script sees it: `#{ pci_bus_id, uuid, name, why, description }`
 /// (`uuid` and `name` are `""` when unknown, `why` is `on_bus`, `seen_before` or
 /// `expected_count`).
@@ -46,20 +129,31 @@ fn missing_map(m: &MissingGpu) -> Dynamic {
 pub(super) fn register(engine: &mut Engine) {
     engine.register_type_with_name::<HostHandle>("Host");
     engine.register_get("gpus", |h: &mut HostHandle| -> Array {
+        read(OPAQUE);
         h.gpus.iter().cloned().map(Dynamic::from).collect()
     });
-    engine.register_get("hostname", |h: &mut HostHandle| h.hostname.clone());
+    engine.register_get("hostname", |h: &mut HostHandle| {
+        read(HOSTNAME);
+        h.hostname.clone()
+    });
     engine.register_get("missing_gpus", |h: &mut HostHandle| -> Array {
+        read(MISSING);
         h.missing.iter().map(missing_map).collect()
     });
-    engine.register_get("clock_speed", |h: &mut HostHandle| h.clock_speed);
+    engine.register_get("clock_speed", |h: &mut HostHandle| {
+        read(CLOCK_SPEED);
+        h.clock_speed
+    });
     engine.register_get("sample_age", |h: &mut HostHandle| {
+        read(SAMPLE_AGE);
         h.sample_age_s.map_or(Dynamic::UNIT, Dynamic::from_float)
     });
     engine.register_get("interval", |h: &mut HostHandle| {
+        read(INTERVAL);
         h.interval_s.map_or(Dynamic::UNIT, Dynamic::from_float)
     });
     engine.register_get("now", |h: &mut HostHandle| {
+        read(NOW);
         #[expect(clippy::cast_precision_loss, reason = "ms")]
         Dynamic::from_float(h.now_ms as f64 / 1000.0)
     });
