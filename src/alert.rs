@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{AlertEvent, AlertStatus, Severity};
+use crate::model::{AlertEvent, AlertStatus, EndReason, Severity};
 
 /// How long a firing (or pending) alert survives continuous no-data before it resolves.
 pub const NODATA_RESOLVE_MS: i64 = 10 * 60 * 1000;
@@ -72,6 +72,9 @@ pub enum Outcome {
     },
     /// The condition does not hold.
     Inactive,
+    /// The condition does not hold, and the rule said what that means (`#{ cleared: "…" }`,
+    /// `#{ stopped: "…" }`): the end a firing instance gets.
+    Ended(EndReason),
     /// The rule did not fire but could not see enough data to say so.
     NoData,
 }
@@ -228,6 +231,8 @@ pub struct InstanceId<'a> {
     pub target_start: Option<u64>,
     /// Whether `target_pid` is a PID of gpuwatch's own namespace (a watched job).
     pub target_local: bool,
+    /// Whether the instance's GPU is lost (no data then ends it as [`EndReason::GpuLost`]).
+    pub gpu_lost: bool,
 }
 
 impl AlertBook {
@@ -334,7 +339,7 @@ impl AlertBook {
             self.restored.remove(&(key.clone(), gpu));
             if let Some(inst) = self.remove(&key, gpu) {
                 if inst.phase == Phase::Firing {
-                    events.push(event(&inst, AlertStatus::Resolved, now_ms, false));
+                    events.push(ended(&inst, now_ms, EndReason::GpuGone));
                 }
             }
         }
@@ -345,10 +350,11 @@ impl AlertBook {
     }
 
     /// Keeps only instances for which `keep(key)` holds; returns the removed firing ones as
-    /// resolved events at `now_ms`.
+    /// resolved events at `now_ms`, ended for `why`.
     pub fn retain_keys(
         &mut self,
         now_ms: i64,
+        why: &EndReason,
         mut keep: impl FnMut(&str) -> bool,
     ) -> Vec<AlertEvent> {
         let mut events = Vec::new();
@@ -366,7 +372,7 @@ impl AlertBook {
                 .flat_map(BTreeMap::into_values)
             {
                 if inst.phase == Phase::Firing {
-                    events.push(event(&inst, AlertStatus::Resolved, now_ms, false));
+                    events.push(ended(&inst, now_ms, why.clone()));
                 }
             }
         }
@@ -397,8 +403,7 @@ impl AlertBook {
             Some(_) => {
                 self.restored.remove(&(key.to_string(), gpu));
                 let inst = self.remove(key, gpu)?;
-                (inst.phase == Phase::Firing)
-                    .then(|| event(&inst, AlertStatus::Resolved, now_ms, false))
+                (inst.phase == Phase::Firing).then(|| ended(&inst, now_ms, EndReason::ProcessGone))
             }
         }
     }
@@ -486,7 +491,11 @@ impl AlertBook {
                     Phase::Firing => repeat_due(inst, spec, now_ms),
                 }
             }
-            Outcome::Inactive => {
+            Outcome::Inactive | Outcome::Ended(_) => {
+                let why = match outcome {
+                    Outcome::Ended(why) => why,
+                    _ => EndReason::Cleared { note: None },
+                };
                 let inst = self.get_mut(id.key, id.gpu)?;
                 inst.nodata_since_ms = None;
                 match inst.phase {
@@ -496,7 +505,7 @@ impl AlertBook {
                     }
                     Phase::Firing => {
                         if now_ms - inst.last_active_ms >= spec.keep_firing_for_ms {
-                            let ev = event(inst, AlertStatus::Resolved, now_ms, false);
+                            let ev = ended(inst, now_ms, why);
                             self.remove(id.key, id.gpu);
                             Some(ev)
                         } else {
@@ -523,8 +532,12 @@ impl AlertBook {
                     };
                 }
                 let inst = self.remove(id.key, id.gpu)?;
-                (inst.phase == Phase::Firing)
-                    .then(|| event(&inst, AlertStatus::Resolved, now_ms, false))
+                let why = if id.gpu_lost {
+                    EndReason::GpuLost
+                } else {
+                    EndReason::NoData
+                };
+                (inst.phase == Phase::Firing).then(|| ended(&inst, now_ms, why))
             }
         }
     }
@@ -544,6 +557,18 @@ impl AlertInstanceState {
     pub fn as_event(&self, now_ms: i64) -> AlertEvent {
         event(self, AlertStatus::Firing, now_ms, false)
     }
+}
+
+/// The instance's resolved event at `now_ms`, ended for `why`: the reason is typed on the event
+/// and, where it adds something, in its `ended` annotation (what webhooks and Alertmanager see).
+fn ended(inst: &AlertInstanceState, now_ms: i64, why: EndReason) -> AlertEvent {
+    let mut ev = event(inst, AlertStatus::Resolved, now_ms, false);
+    if let Some(text) = why.describe() {
+        ev.annotations
+            .insert("ended".into(), crate::values::escape_control(&text));
+    }
+    ev.ended = Some(why);
+    ev
 }
 
 fn event(inst: &AlertInstanceState, status: AlertStatus, now_ms: i64, repeat: bool) -> AlertEvent {
@@ -569,6 +594,7 @@ fn event(inst: &AlertInstanceState, status: AlertStatus, now_ms: i64, repeat: bo
         target_local: inst.target_local,
         chart: None,
         once: false,
+        ended: None,
     }
 }
 
@@ -656,6 +682,7 @@ mod tests {
             target_pid: None,
             target_start: None,
             target_local: false,
+            gpu_lost: false,
         };
         let mut out = Vec::new();
         for (i, c) in pattern.chars().enumerate() {
@@ -684,6 +711,7 @@ mod tests {
             target_pid: None,
             target_start: None,
             target_local: false,
+            gpu_lost: false,
         };
         let warning = spec(0, 0, 3600);
         let first = b.step(1_000, &warning, &id, active()).unwrap();
@@ -712,6 +740,7 @@ mod tests {
             target_pid: None,
             target_start: None,
             target_local: false,
+            gpu_lost: false,
         };
         let forged = "python3 train.py\n2026-12-03T00:00:00Z ERROR forged \u{1b}[31mred";
         let outcome = Outcome::Active {
@@ -862,5 +891,55 @@ mod tests {
         std::fs::write(state_path(dir.path()), "{ nope").unwrap();
         let err = load_state(dir.path()).unwrap_err().to_string();
         assert!(err.contains("alerts.json:1:"), "{err}");
+    }
+
+    /// Issue 30 §1: only a cleared condition reads RESOLVED; a lost GPU's no data, the rule's
+    /// own "stopped repeating" and a plain clearing each end with their reason.
+    #[test]
+    fn an_end_carries_its_reason() {
+        let spec = spec(0, 0, 0);
+        let end = |gpu_lost: bool, last: Outcome, t: i64| {
+            let mut book = AlertBook::new();
+            let id = InstanceId {
+                key: "gpu_hot",
+                gpu: Some(0),
+                labels: &labels,
+                target_pid: None,
+                target_start: None,
+                target_local: false,
+                gpu_lost,
+            };
+            assert!(book.step(0, &spec, &id, active()).is_some());
+            let mut got = None;
+            for s in 1..=t {
+                got = got.or(book.step(s * 1000, &spec, &id, last.clone()));
+            }
+            got.expect("an end")
+        };
+        let lost = end(true, Outcome::NoData, 700);
+        assert_eq!(lost.ended, Some(EndReason::GpuLost));
+        assert_eq!(lost.state_word(), "ENDED");
+        assert!(lost.annotations["ended"].contains("its GPU is lost"));
+        assert!(lost.told_summary().ends_with("it said: hot"));
+        assert_eq!(
+            end(false, Outcome::NoData, 700).ended,
+            Some(EndReason::NoData)
+        );
+        let stopped = end(
+            false,
+            Outcome::Ended(EndReason::StoppedRepeating {
+                note: "no new XID for 5m".into(),
+            }),
+            1,
+        );
+        assert_eq!(stopped.state_word(), "ENDED");
+        assert_eq!(
+            stopped.told_summary(),
+            "stopped repeating: no new XID for 5m; it said: hot"
+        );
+        let cleared = end(false, Outcome::Inactive, 1);
+        assert_eq!(cleared.state_word(), "RESOLVED");
+        assert_eq!(cleared.told_summary(), "hot");
+        assert!(!cleared.annotations.contains_key("ended"));
     }
 }

@@ -259,10 +259,9 @@ fn log_events(events: &[AlertEvent]) {
             gpu = %e.gpu.map_or_else(String::new, |g| g.to_string()),
             status = %e.status.as_str(),
             repeat = e.repeat,
+            ended = e.ended.as_ref().map(crate::model::EndReason::word),
             "{}",
-            crate::values::escape_control(
-                e.annotations.get("summary").map_or("", String::as_str)
-            )
+            e.told_summary()
         );
     }
 }

@@ -35,7 +35,8 @@ use crate::alert::{
     AlertBook, AlertSpec, AlertStateFile, CounterPoint, GpuCarry, InstanceId, Outcome,
 };
 use crate::model::{
-    AlertEvent, AlertStatus, GpuSample, Metric, MetricKind, MissingGpu, Severity, Snapshot,
+    AlertEvent, AlertStatus, DeviceState, EndReason, GpuSample, Metric, MetricKind, MissingGpu,
+    Severity, Snapshot,
 };
 use crate::rules::api::{host::HostTrace, JobHandle, ProcessHandle};
 use crate::rules::{EvalResult, GpuHandle, HostHandle, RuleError, RuleScope, RuleSet, Trace};
@@ -273,7 +274,7 @@ impl Engine {
         let now = self.last_now_ms;
         // Instance keys are `rule`, `rule/gpuN/pid:P` (process scope) or `rule/job:PID`, and
         // `rule_error/rule`; rule names cannot contain `/`.
-        self.book.retain_keys(now, |key| {
+        self.book.retain_keys(now, &EndReason::RuleRemoved, |key| {
             let key = key
                 .strip_prefix(RULE_ERROR)
                 .and_then(|k| k.strip_prefix('/'))
@@ -670,7 +671,9 @@ impl Engine {
         let (items, host_result) = match result {
             EvalResult::PerGpu(items) => (Some(items), EvalResult::Quiet),
             EvalResult::Error(e) => return Some(e),
-            other @ (EvalResult::Quiet | EvalResult::NoData) if per_gpu_live(&self.book) => {
+            other @ (EvalResult::Quiet | EvalResult::NoData | EvalResult::Ended(_))
+                if per_gpu_live(&self.book) =>
+            {
                 (Some(Vec::new()), other)
             }
             other => (None, other),
@@ -722,6 +725,7 @@ impl Engine {
                 )
             }
             EvalResult::Quiet => (Outcome::Inactive, None),
+            EvalResult::Ended(why) => (Outcome::Ended(why), None),
             EvalResult::NoData => (Outcome::NoData, None),
             // Only host rules return per-GPU results, and `step_host` splits them.
             EvalResult::PerGpu(_) => (Outcome::Inactive, None),
@@ -895,10 +899,9 @@ impl Engine {
             })
             .collect();
         seen.extend(absent);
-        events.extend(
-            self.book
-                .retain_keys(now, |k| !k.starts_with(&prefix) || seen.contains(k)),
-        );
+        events.extend(self.book.retain_keys(now, &EndReason::ProcessGone, |k| {
+            !k.starts_with(&prefix) || seen.contains(k)
+        }));
         error
     }
 
@@ -971,6 +974,24 @@ impl Engine {
             let error = self.step_result(idx, now_ms, result, subject, &mut events);
             let error = self.note_budget(idx, now_ms, error);
             self.step_rule_error(idx, now_ms, error, &mut events);
+        }
+        if !job.alive {
+            // What the job's end made quiet ended with the job, not because its condition
+            // cleared ("no progress for 108 s" did not resume): say so.
+            let exit = job
+                .exit
+                .filter(|e| !matches!(e, crate::model::job::JobExit::Ended))
+                .map(crate::model::job::JobExit::describe);
+            for ev in &mut events {
+                let plain = matches!(ev.ended, Some(EndReason::Cleared { note: None }));
+                if ev.status == AlertStatus::Resolved && plain && ev.target_pid == Some(job.pid) {
+                    let why = EndReason::JobEnded { exit: exit.clone() };
+                    if let Some(text) = why.describe() {
+                        ev.annotations.insert("ended".into(), text);
+                    }
+                    ev.ended = Some(why);
+                }
+            }
         }
         events
     }
@@ -1099,6 +1120,7 @@ fn step(
         target_pid: subject.target_pid,
         target_start: subject.target_start,
         target_local: subject.target_local,
+        gpu_lost: subject.gpu.is_some_and(|h| h.state == DeviceState::Lost),
     };
     book.step(now, &spec, &id, outcome)
 }

@@ -1847,6 +1847,72 @@ pub struct AlertEvent {
     /// never repeated, never resolved, and no inhibition source.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub once: bool,
+    /// Why a resolved alert ended (`None` on firing events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<EndReason>,
+}
+
+/// Why an alert ended. Only [`EndReason::Cleared`] means the condition went away; the others
+/// say what stopped it instead (its events stopped, its GPU or process went, the job ended), so
+/// no line calls a fault that is still there resolved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "why")]
+pub enum EndReason {
+    /// The condition cleared; `note`: what the rule said of it (`#{ cleared: "…" }`).
+    Cleared {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
+    /// An event alert (XID, ECC) whose events stopped coming; the fault itself may remain, and
+    /// `note` (the rule's `#{ stopped: "…" }`) says what is known of it.
+    StoppedRepeating { note: String },
+    /// The rule saw no data for 10 minutes: it can no longer tell.
+    NoData,
+    /// Its GPU is lost: nothing can be read from it (`gpu_lost` tells of that).
+    GpuLost,
+    /// After a restart, its GPU is no longer at that index (another board, or none).
+    GpuGone,
+    /// The process it was about left the GPU, or its PID now names another process.
+    ProcessGone,
+    /// The job `run`/`attach` watched ended; `exit`: how.
+    JobEnded {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit: Option<String>,
+    },
+    /// A reload removed its rule.
+    RuleRemoved,
+}
+
+impl EndReason {
+    /// The word for the end in a state column: `RESOLVED` only when the condition cleared.
+    pub fn word(&self) -> &'static str {
+        match self {
+            EndReason::Cleared { .. } => "RESOLVED",
+            _ => "ENDED",
+        }
+    }
+
+    /// Why, in words; `None` for a plain clearing (nothing to add to "resolved").
+    pub fn describe(&self) -> Option<String> {
+        Some(match self {
+            EndReason::Cleared { note: None } => return None,
+            EndReason::Cleared { note: Some(n) } => format!("cleared: {n}"),
+            EndReason::StoppedRepeating { note } => format!("stopped repeating: {note}"),
+            EndReason::NoData => {
+                "no data for 10 min: the rule can no longer tell (not a recovery)".into()
+            }
+            EndReason::GpuLost => {
+                "its GPU is lost: nothing can be read from it (gpu_lost stays firing); not a \
+                 recovery"
+                    .into()
+            }
+            EndReason::GpuGone => "its GPU is no longer at this index since the restart".into(),
+            EndReason::ProcessGone => "its process left the GPU".into(),
+            EndReason::JobEnded { exit: Some(e) } => format!("the job ended ({e})"),
+            EndReason::JobEnded { exit: None } => "the job ended".into(),
+            EndReason::RuleRemoved => "its rule was removed by a reload".into(),
+        })
+    }
 }
 
 /// A metric's recent history attached to a firing alert: what its chart draws.
@@ -1916,6 +1982,7 @@ impl AlertEvent {
             target_local: false,
             chart: None,
             once: false,
+            ended: None,
         }
     }
 
@@ -1948,6 +2015,35 @@ impl AlertEvent {
     #[must_use]
     pub fn once(self) -> AlertEvent {
         AlertEvent { once: true, ..self }
+    }
+
+    /// Its state as a person reads it: `FIRING`, `STILL` (a repeat), `RESOLVED` (the condition
+    /// cleared) or `ENDED` (it ended for another reason: [`EndReason`]).
+    pub fn state_word(&self) -> &'static str {
+        match self.status {
+            AlertStatus::Firing if self.repeat => "STILL",
+            AlertStatus::Firing => "FIRING",
+            AlertStatus::Resolved => self.ended.as_ref().map_or("RESOLVED", EndReason::word),
+        }
+    }
+
+    /// Its summary as a person reads it (control characters escaped): on an end with a reason,
+    /// the reason first, then what the alert had said — "stopped repeating: no new XID for 1 h;
+    /// GPU 3 is still lost; it said: GPU 3: XID 79 …", never the firing text alone as if it
+    /// were still news, or as if the fault were gone.
+    pub fn told_summary(&self) -> String {
+        let summary = crate::values::escape_control(
+            self.annotations.get("summary").map_or("", String::as_str),
+        );
+        match self.ended.as_ref().and_then(EndReason::describe) {
+            Some(why) if self.status == AlertStatus::Resolved => {
+                format!(
+                    "{}; it said: {summary}",
+                    crate::values::escape_control(&why)
+                )
+            }
+            _ => summary,
+        }
     }
 }
 

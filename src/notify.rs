@@ -284,6 +284,7 @@ pub(crate) mod testdata {
             target_local: false,
             chart: None,
             once: false,
+            ended: None,
         }
     }
 

@@ -250,6 +250,11 @@ pub enum EvalResult {
     },
     /// It does not.
     Quiet,
+    /// It does not, and the check said what that means should it end a firing alert: a map
+    /// with `cleared` (the cause is gone: "the GPU was reset") or `stopped` (an event alert's
+    /// events stopped but the fault may remain: "no new XID for 1 h; GPU 3 is still lost") and
+    /// no `summary`.
+    Ended(crate::model::EndReason),
     /// It did not fire, and a window it read had too little data.
     NoData,
     /// The script failed.
@@ -1165,6 +1170,38 @@ fn interpret(
         };
     }
     if let Some(map) = value.read_lock::<Map>() {
+        if !map.contains_key("summary") {
+            let text = |k: &str| map.get(k).map(ToString::to_string);
+            let why = match (text("cleared"), text("stopped")) {
+                (Some(_), Some(_)) => {
+                    return EvalResult::Error(RuleError::at(
+                        &rule.file,
+                        rule_pos,
+                        "check returned both `cleared` and `stopped`: an end is one or the other"
+                            .to_string(),
+                    ))
+                }
+                (Some(note), None) => Some(crate::model::EndReason::Cleared { note: Some(note) }),
+                (None, Some(note)) => Some(crate::model::EndReason::StoppedRepeating { note }),
+                (None, None) => None,
+            };
+            if let Some(why) = why {
+                if map.len() > 1 {
+                    return EvalResult::Error(RuleError::at(
+                        &rule.file,
+                        rule_pos,
+                        "check returned `cleared` or `stopped` with other keys: that map says \
+                         why the alert is quiet, and holds nothing else"
+                            .to_string(),
+                    ));
+                }
+                return if nodata {
+                    EvalResult::NoData
+                } else {
+                    EvalResult::Ended(why)
+                };
+            }
+        }
         let mut annotations = BTreeMap::new();
         let mut summary = None;
         let mut severity = None;

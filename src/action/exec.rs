@@ -156,7 +156,7 @@ pub fn alert_env(event: &AlertEvent, hostname: &str) -> Vec<(String, String)> {
     if let Some(gpu) = event.gpu {
         env.push(("GPUWATCH_ALERT_GPU".into(), gpu.to_string()));
     }
-    for key in ["summary", "description"] {
+    for key in ["summary", "description", "ended"] {
         if let Some(v) = event.annotations.get(key) {
             env.push((
                 format!("GPUWATCH_ALERT_{}", key.to_ascii_uppercase()),
@@ -387,6 +387,7 @@ mod tests {
             target_local: false,
             chart: None,
             once: false,
+            ended: None,
         }
     }
 

@@ -330,6 +330,7 @@ mod tests {
             target_local: false,
             chart: None,
             once: false,
+            ended: None,
         }
     }
 

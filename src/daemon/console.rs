@@ -151,11 +151,7 @@ fn wrap_words(text: &str, width: usize) -> Vec<String> {
 /// summary is never cut: on a terminal of `width` columns it is wrapped between words, the
 /// following lines indented under it; elsewhere it is one line, whole.
 pub fn alert_line(ev: &AlertEvent, color: bool, width: Option<usize>) -> String {
-    let state = match ev.status {
-        AlertStatus::Firing if ev.repeat => "STILL",
-        AlertStatus::Firing => "FIRING",
-        AlertStatus::Resolved => "RESOLVED",
-    };
+    let state = ev.state_word();
     let severity = ev.severity.as_str();
     let place = ev.gpu.map_or_else(
         || {
@@ -165,11 +161,12 @@ pub fn alert_line(ev: &AlertEvent, color: bool, width: Option<usize>) -> String 
         },
         |g| format!("GPU {g}"),
     );
-    let summary =
-        crate::values::escape_control(ev.annotations.get("summary").map_or("", String::as_str));
+    let summary = ev.told_summary();
     let (on, off) = if color {
         let code = match (ev.status, ev.severity) {
-            (AlertStatus::Resolved, _) => "32",
+            // green only where the condition cleared; an end for another reason is dim
+            (AlertStatus::Resolved, _) if state == "RESOLVED" => "32",
+            (AlertStatus::Resolved, _) => "2",
             (_, Severity::Critical) => "1;31",
             (_, Severity::Warning) => "33",
             _ => "36",
@@ -247,6 +244,7 @@ mod tests {
             target_local: false,
             chart: None,
             once: false,
+            ended: None,
         }
     }
 

@@ -183,6 +183,22 @@ fn job_stalled_fires_when_progress_stops_and_resolves_at_the_end() {
             ("job_stalled".to_string(), AlertStatus::Resolved)
         ]
     );
+    // ... and says that the job's end is why, not a resumed progress (issue 30 §1).
+    let stall = end.iter().find(|e| e.name == "job_stalled").unwrap();
+    assert_eq!(
+        stall.ended,
+        Some(crate::model::EndReason::JobEnded {
+            exit: Some("exit code 0".into())
+        })
+    );
+    assert_eq!(stall.state_word(), "ENDED");
+    assert!(
+        stall
+            .told_summary()
+            .starts_with("the job ended (exit code 0); it said: job 4242 made no progress"),
+        "{}",
+        stall.told_summary()
+    );
 }
 
 /// A job instance is about one process: a job sample whose PID now names another process
@@ -219,6 +235,7 @@ fn a_job_alert_ends_when_its_pid_names_another_process() {
         ]
     );
     assert_eq!(events[0].target_pid, Some(4242));
+    assert_eq!(events[0].ended, Some(crate::model::EndReason::ProcessGone));
     assert_eq!(events[1].starts_at_ms, t);
 }
 

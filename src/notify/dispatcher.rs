@@ -969,6 +969,7 @@ mod tests {
             target_local: false,
             chart: None,
             once: false,
+            ended: None,
         };
         d.send(Input::Events(vec![event]));
         let mark = d.mark();

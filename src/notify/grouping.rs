@@ -676,6 +676,7 @@ mod tests {
             target_local: false,
             chart: None,
             once: false,
+            ended: None,
         }
     }
 

@@ -22,7 +22,15 @@ pub fn title(n: &Notification) -> String {
     names.dedup();
     let tag = match (n.reason, n.status) {
         (Reason::Test, _) => "TEST".to_string(),
-        (_, AlertStatus::Resolved) => "RESOLVED".to_string(),
+        // RESOLVED only when every alert's condition cleared; ENDED when one ended otherwise
+        // (its XIDs stopped while the GPU stays lost, its job ended)
+        (_, AlertStatus::Resolved) => {
+            if n.alerts.iter().all(|a| a.state_word() != "ENDED") {
+                "RESOLVED".to_string()
+            } else {
+                "ENDED".to_string()
+            }
+        }
         (_, AlertStatus::Firing) => n.severity().as_str().to_uppercase(),
     };
     let mut gpus: Vec<u32> = n.alerts.iter().filter_map(|a| a.gpu).collect();
@@ -96,8 +104,21 @@ pub fn summary(a: &AlertEvent) -> String {
 
 /// What to do next: the rule's `next_steps` annotation or a default by severity.
 pub fn next_steps(a: &AlertEvent) -> String {
+    if a.status == AlertStatus::Resolved && a.state_word() == "ENDED" {
+        let why = a
+            .ended
+            .as_ref()
+            .and_then(crate::model::EndReason::describe)
+            .unwrap_or_default();
+        return match a.annotations.get("next_steps") {
+            Some(steps) => format!("The alert ended ({why}), which is not a repair: {steps}"),
+            None => format!("The alert ended ({why}); check that nothing is left to repair."),
+        };
+    }
     if let Some(steps) = a.annotations.get("next_steps") {
-        return steps.clone();
+        if a.status == AlertStatus::Firing {
+            return steps.clone();
+        }
     }
     if a.status == AlertStatus::Resolved {
         return "Nothing: the condition cleared. Check the job's output if it was affected.".into();
@@ -140,7 +161,15 @@ pub fn alert_fields(n: &Notification, a: &AlertEvent) -> Vec<(&'static str, Stri
     }
     f.push(("Started", rfc3339_ms(a.starts_at_ms)));
     if let Some(end) = a.ends_at_ms {
-        f.push(("Resolved", rfc3339_ms(end)));
+        let word = if a.state_word() == "ENDED" {
+            "Ended"
+        } else {
+            "Resolved"
+        };
+        f.push((word, rfc3339_ms(end)));
+    }
+    if let Some(why) = a.ended.as_ref().and_then(crate::model::EndReason::describe) {
+        f.push(("Why", why));
     }
     if let Some(d) = a.annotations.get("description") {
         f.push(("Details", d.clone()));

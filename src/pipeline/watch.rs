@@ -37,13 +37,13 @@ pub struct StderrSink;
 
 impl AlertSink for StderrSink {
     fn send(&mut self, ev: &AlertEvent) {
-        let status = match ev.status {
-            AlertStatus::Firing if ev.repeat => "still firing",
-            AlertStatus::Firing => "firing",
-            AlertStatus::Resolved => "resolved",
+        let status = match ev.state_word() {
+            "STILL" => "still firing",
+            "FIRING" => "firing",
+            "RESOLVED" => "resolved",
+            _ => "ended",
         };
-        let summary =
-            crate::values::escape_control(ev.annotations.get("summary").map_or("", String::as_str));
+        let summary = ev.told_summary();
         crate::say!(
             "gpuwatch: [{status}] {} ({}): {summary}",
             ev.name,
