@@ -70,9 +70,10 @@ pub struct GlobalArgs {
     /// Path of the NVML library to load (default: libnvidia-ml.so.1 from the loader path).
     #[arg(long, global = true, value_name = "PATH", env = "GPUWATCH_NVML_LIB")]
     pub nvml_lib: Option<PathBuf>,
-    /// With --sim: play the scenario N times faster (1–3600). The whole daemon follows the
-    /// faster clock — sampling, rule windows and holds, notification timing — so a simulated
-    /// night is told in minutes; its state is kept apart from the real one, in a private
+    /// With --sim: play the scenario N times faster (1–3600). Every command follows the
+    /// faster clock — sampling at its interval of the scenario's time (`record`'s --interval and
+    /// --duration, `top`, `run`; an interval under 10 ms of wall time is refused), rule windows
+    /// and holds, notification timing — so a simulated night is told in minutes; its state is kept apart from the real one, in a private
     /// `$TMPDIR/gpuwatch-sim-*` directory removed when it stops (one left by a daemon killed
     /// with `kill -9` is reported, its undelivered messages dropped, and removed by the next).
     #[arg(long, global = true, value_name = "N", requires = "sim")]

@@ -381,10 +381,8 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     }
     // Sampling follows the (possibly faster) clock: at --speed 60 a 1 s interval is 1 s of
     // the scenario, 1/60 s of wall time.
-    let interval = config
-        .interval()
-        .div_f64(speed)
-        .max(Duration::from_millis(10));
+    let interval = crate::sys::wall_interval(config.interval(), "[daemon] interval")
+        .map_err(anyhow::Error::msg)?;
     let dir = config.state_dir();
     let hostname = config.hostname();
     let opts = config.engine_options(&hostname);

@@ -35,6 +35,43 @@ pub fn clock_speed() -> f64 {
     SPEED.get().map_or(1.0, |(_, s)| *s)
 }
 
+/// The shortest wall-clock time between ticks a command keeps under `--speed` (a tick of eight
+/// simulated GPUs takes about a millisecond of wall time, and a schedule much finer than the
+/// scheduler's own granularity is not kept).
+pub const MIN_WALL_TICK: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How long `interval` of the clock ([`now_ms`]) lasts on the wall clock: itself, or
+/// `interval / speed` under `--speed` (a 1 s interval at `--speed 30` is 1/30 s: every command
+/// samples at its interval in simulated time). An error naming the numbers when that is
+/// shorter than [`MIN_WALL_TICK`]; `setting` names where the interval is set.
+pub fn wall_interval(
+    interval: std::time::Duration,
+    setting: &str,
+) -> Result<std::time::Duration, String> {
+    let speed = clock_speed();
+    let wall = interval.div_f64(speed);
+    if wall >= MIN_WALL_TICK {
+        return Ok(wall);
+    }
+    // as a setting is written: `36s`, `250ms`
+    let written = |ms: u128| {
+        if ms % 1000 == 0 {
+            format!("{}s", ms / 1000)
+        } else {
+            format!("{ms}ms")
+        }
+    };
+    let least = MIN_WALL_TICK.mul_f64(speed).as_millis().div_ceil(1000) * 1000;
+    Err(format!(
+        "at --speed {speed}, an interval of {} passes in {:.2} ms of wall time, shorter than \
+         the {} ms a tick needs: set {setting} to {} or more, or use a lower --speed",
+        written(interval.as_millis()),
+        wall.as_secs_f64() * 1000.0,
+        MIN_WALL_TICK.as_millis(),
+        written(least),
+    ))
+}
+
 /// The time in UTC milliseconds since the Unix epoch: the wall clock, or the faster clock of a
 /// simulated scenario played with `--speed`.
 pub fn now_ms() -> i64 {

@@ -131,12 +131,15 @@ fn watch(global: &GlobalArgs, setup: Setup, flags: &JobFlags) -> anyhow::Result<
     let engine = crate::engine::Engine::new(setup.rules, config.engine_options(&hostname));
     let mut pipeline = Pipeline::new(engine, config.action_runner(&hostname));
     let interval = config.interval();
+    // (under --speed, the interval of the scenario's clock)
+    let wall =
+        crate::sys::wall_interval(interval, "[daemon] interval").map_err(anyhow::Error::msg)?;
     let mut sampler_cfg = config.sampler_config(&global.sampler_config());
     pipeline.set_simulated(sampler_cfg.sim_scenario.is_some());
     sampler_cfg.process_interval = interval.max(std::time::Duration::from_secs(1));
     let opened = crate::sampler::Sampler::open(&sampler_cfg).map(|mut s| {
         s.check_expected(&config.expected_options(true));
-        SamplerThread::start(s, interval, None)
+        SamplerThread::start(s, wall, None)
     });
     let snapshots = match opened {
         Ok(t) => Some(t),

@@ -20,7 +20,8 @@ pub struct RecordArgs {
     /// Time between ticks (`100ms` at least; `1s`, `2.5s`, `1m`, …).
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
-    /// Stop after this long (default: until Ctrl-C / SIGTERM).
+    /// Stop after this long (default: until Ctrl-C / SIGTERM). With --speed, time of the
+    /// scenario, as --interval is.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Write to this file instead of stdout (`-`: stdout). A symbolic link is followed; a
@@ -73,7 +74,13 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
         None => Sink::Stream(Box::new(std::io::BufWriter::new(std::io::stdout()))),
     };
     sink.start()?;
-    let sink = Batched::new(sink, args.interval);
+    // Under --speed the interval and the duration are the scenario's: a 1 s interval at
+    // --speed 30 is a tick every 1/30 s of wall time (a 3 s stall is seen as it is, not aliased
+    // by 30 s steps).
+    let interval =
+        crate::sys::wall_interval(args.interval, "--interval").map_err(anyhow::Error::msg)?;
+    let duration = args.duration.map(|d| d.div_f64(crate::sys::clock_speed()));
+    let sink = Batched::new(sink, interval);
     // Handlers first: the sampling thread writes the first tick at once, and a signal sent as
     // soon as output appears must end the recording cleanly (signals wait in the iterator).
     let mut signals = signal_hook::iterator::Signals::new([
@@ -94,8 +101,8 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
         let mut buf = String::with_capacity(4096);
         SamplerThread::start_with(
             sampler,
-            args.interval,
-            args.duration.map(|d| start + d),
+            interval,
+            duration.map(|d| start + d),
             move |snap| {
                 buf.clear();
                 rows.render(&snap, &mut buf);

@@ -40,9 +40,7 @@ pub fn top(global: &GlobalArgs, args: &TopArgs) -> anyhow::Result<i32> {
     let config = &setup.config;
     let hostname = config.hostname();
     let interval = args.interval.unwrap_or(Duration::from_secs(1));
-    let wall = interval
-        .div_f64(crate::sys::clock_speed())
-        .max(Duration::from_millis(10));
+    let wall = crate::sys::wall_interval(interval, "--interval").map_err(anyhow::Error::msg)?;
     let engine = crate::engine::Engine::new(setup.rules, config.engine_options(&hostname));
     let mut sampler_cfg = config.sampler_config(&global.sampler_config());
     sampler_cfg.process_interval = interval.max(Duration::from_secs(1));

@@ -174,6 +174,11 @@ fn speed_needs_a_simulation() {
 /// stuck collector — `collector_stale` keeps a floor of 5 s of wall time.
 #[test]
 fn a_fast_clock_does_not_call_the_start_up_a_stale_collector() {
+    // (a tick a minute of the scenario: at --speed 3600 a 1 s tick would be 0.3 ms of wall
+    // time, which the daemon refuses)
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(&config, "[daemon]\ninterval = \"1m\"\n").expect("config");
     let lines = lines_until(
         &[
             "--sim".into(),
@@ -181,6 +186,8 @@ fn a_fast_clock_does_not_call_the_start_up_a_stale_collector() {
             "--speed".into(),
             "3600".into(),
             "daemon".into(),
+            "--config".into(),
+            config.display().to_string(),
         ],
         Duration::from_secs(4),
         |_| false,

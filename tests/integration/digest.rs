@@ -114,7 +114,8 @@ fn a_scheduled_digest_is_sent_through_the_channels() {
     std::fs::write(
         &cfg,
         format!(
-            "[daemon]\nstate_dir = \"state\"\nrules = [{:?}]\nhostname = \"simhost\"\n\n\
+            "[daemon]\nstate_dir = \"state\"\nrules = [{:?}]\nhostname = \"simhost\"\n\
+             interval = \"1m\"\n\n\
              [digest]\nschedule = \"daily {at}\"\n\n\
              [[channel]]\nname = \"ops\"\ntype = \"webhook\"\nurl = \"{}\"\n\n\
              [[route]]\nchannels = [\"ops\"]\ngroup_wait = \"0s\"\n",

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::acceptance::{file_name, record_all, rescale, Rec};
-use super::common::gpuwatch;
+use super::common::{self, gpuwatch};
 
 /// Records the scenarios and returns the rescaled recordings' paths.
 fn recordings(dir: &Path) -> Vec<PathBuf> {
@@ -461,4 +461,56 @@ fn huge_logs_are_summarised_and_a_line_without_end_is_named() {
     assert_ne!(run.code, 0);
     assert!(run.stderr.contains("no line break"), "{}", run.stderr);
     assert!(!run.stderr.contains("empty file"), "{}", run.stderr);
+}
+
+/// Issue 30 §3: under `--speed`, `record` samples at its interval in simulated time. A 3 s
+/// DataLoader stall recorded at `--speed 30` for a minute of the scenario is sixty 1 s ticks
+/// (two seconds of wall time), not two ticks 30 s apart, and the report names the periodic
+/// stall; an interval the machine cannot keep is refused, saying why.
+#[test]
+fn a_recording_at_speed_samples_in_simulated_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("stall.csv");
+    let started = std::time::Instant::now();
+    let r = common::sim(
+        "dataloader-stall",
+        &[
+            "--speed",
+            "30",
+            "record",
+            "--duration",
+            "60s",
+            "--out",
+            out.to_str().expect("path"),
+        ],
+        &[],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let text = std::fs::read_to_string(&out).expect("recording");
+    let (_, rows) = common::csv_rows(&text);
+    let ticks: std::collections::BTreeSet<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert!((55..=61).contains(&ticks.len()), "{} ticks", ticks.len());
+    let report = common::gpuwatch(&["report", out.to_str().expect("path")], &[]);
+    assert_eq!(report.code, 0, "{}", report.stderr);
+    assert!(
+        report.stdout.contains("periodically dropping to zero")
+            && report.stdout.contains("every 3s"),
+        "{}",
+        report.stdout
+    );
+    let refused = common::sim(
+        "healthy",
+        &["--speed", "3600", "record", "--duration", "1h"],
+        &[],
+    );
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused
+            .stderr
+            .contains("at --speed 3600, an interval of 1s passes in 0.28 ms")
+            && refused.stderr.contains("set --interval to 36s or more"),
+        "{}",
+        refused.stderr
+    );
 }
