@@ -1221,6 +1221,22 @@ pub fn hpc_jobs<'a>(procs: impl Iterator<Item = &'a ProcSample>) -> Option<Strin
 }
 
 impl ProcSample {
+    /// The job the process belongs to, as far as gpuwatch can tell: its container (a Docker or
+    /// Kubernetes container, a Slurm job's cgroup: `slurm job 77`), else its user (`user
+    /// alice`, or `uid 1000`); `None` when neither is known (a log that names no owner). Two
+    /// processes with different keys are not ranks of one job: another user's run, another
+    /// container (`gpu_straggler` compares a GPU only with GPUs of its own job).
+    pub fn job_key(&self) -> Option<String> {
+        if let Some(c) = &self.container {
+            return Some(c.clone());
+        }
+        match (&self.user, self.uid) {
+            (Some(u), _) => Some(format!("user {u}")),
+            (None, Some(uid)) => Some(format!("uid {uid}")),
+            (None, None) => None,
+        }
+    }
+
     /// The Slurm job the process runs in (from its cgroup), e.g. `77`.
     pub fn slurm_job(&self) -> Option<&str> {
         self.container.as_deref()?.strip_prefix(SLURM_JOB_PREFIX)

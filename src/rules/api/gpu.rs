@@ -666,6 +666,10 @@ fn processes(g: &GpuHandle) -> Array {
                 p.used_mem_bytes
                     .map_or(Dynamic::UNIT, |b| Dynamic::from_float(b as f64)),
             );
+            m.insert(
+                "job".into(),
+                p.job_key().map_or(Dynamic::UNIT, Dynamic::from),
+            );
             m.insert("user".into(), p.user.map_or(Dynamic::UNIT, Dynamic::from));
             m.insert(
                 "command".into(),
