@@ -73,9 +73,11 @@ pub struct GlobalArgs {
     /// With --sim: play the scenario N times faster (1–3600). Every command follows the
     /// faster clock — sampling at its interval of the scenario's time (`record`'s --interval and
     /// --duration, `top`, `run`; an interval under 10 ms of wall time is refused), rule windows
-    /// and holds, notification timing — so a simulated night is told in minutes; its state is kept apart from the real one, in a private
-    /// `$TMPDIR/gpuwatch-sim-*` directory removed when it stops (one left by a daemon killed
-    /// with `kill -9` is reported, its undelivered messages dropped, and removed by the next).
+    /// and holds, notification timing — so a simulated night is told in minutes. The daemon's
+    /// state is kept apart from the real one, in `daemon --state-dir` or a new private
+    /// `$TMPDIR/gpuwatch-sim-*` directory, kept when it stops (it says where; `gpuwatch digest
+    /// --state-dir DIR` reads it); one left by a daemon killed with `kill -9` is reported, its
+    /// undelivered messages dropped, and removed by the next.
     #[arg(long, global = true, value_name = "N", requires = "sim")]
     pub speed: Option<f64>,
     /// How logs and alerts are printed: `auto` (human lines on a terminal, text records under

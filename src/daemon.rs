@@ -348,7 +348,11 @@ fn display_paths(paths: &[PathBuf]) -> String {
 /// `gpuwatch daemon`: the [`SamplerThread`] → [`Pipeline`] (engine, actions) → dispatcher.
 /// Configuration problems (the same as `gpuwatch check` reports) are printed one per line and
 /// exit 1; no NVML exits [`EXIT_NO_NVML`].
-pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::Result<i32> {
+pub fn run(
+    sampler_cfg: &SamplerConfig,
+    config_path: Option<&Path>,
+    state_dir: Option<&Path>,
+) -> anyhow::Result<i32> {
     let mut setup = match Setup::load(config_path, &[]) {
         Ok(s) => s,
         Err(errors) => {
@@ -358,16 +362,25 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
             return Ok(1);
         }
     };
+    // `--state-dir`: the state lives there instead of the config's `state_dir`.
+    if let Some(d) = state_dir {
+        crate::sys::create_private_dir(d)
+            .map_err(|e| anyhow::anyhow!("--state-dir {}: {e}", d.display()))?;
+        setup.config.daemon.state_dir = d.to_path_buf();
+    }
     // A scenario played faster (`--sim … --speed N`) starts at its beginning: its alert state,
-    // outbox and silences live apart from the real ones, in a directory removed at the end
-    // (`sim`); what earlier ones killed before their end left there is said and removed.
+    // outbox, silences and usage live apart from the real ones, in `--state-dir` or a new
+    // private directory (`sim`), kept when it stops (said then, with how to read it); what
+    // earlier ones killed before their end left there is said and removed.
     let speed = crate::sys::clock_speed();
-    let sim_dir = if speed > 1.0 {
-        let dir = sim::create()?;
-        sim::sweep(&dir);
-        Some(dir)
-    } else {
-        None
+    let sim_dir = match (speed > 1.0, state_dir) {
+        (false, _) => None,
+        (true, Some(d)) => Some(d.to_path_buf()),
+        (true, None) => {
+            let dir = sim::create()?;
+            sim::sweep(&dir);
+            Some(dir)
+        }
     };
     if let Some(d) = &sim_dir {
         setup.config.daemon.state_dir.clone_from(d);
@@ -586,7 +599,12 @@ pub fn run(sampler_cfg: &SamplerConfig, config_path: Option<&Path>) -> anyhow::R
     dispatcher.stop();
     save_engine(&dir, pipeline.engine());
     if let Some(d) = &sim_dir {
-        let _ = std::fs::remove_dir_all(d);
+        sim::keep(d);
+        let shown = d.display();
+        console::say(&format!(
+            "the simulated run's state stays in {shown} (alerts, outbox, usage): `gpuwatch \
+             digest --state-dir {shown}` says who used the GPUs; `rm -r {shown}` removes it"
+        ));
     }
     info!("gpuwatch daemon stopped");
     Ok(code)
@@ -802,7 +820,8 @@ impl Live<'_> {
                 self.publish(events);
             }
         }
-        if self.last_usage_save.elapsed() >= USAGE_SAVE_EVERY {
+        // (in the scenario's time under --speed: a simulated night saves as a real one would)
+        if self.last_usage_save.elapsed() >= USAGE_SAVE_EVERY.div_f64(crate::sys::clock_speed()) {
             self.save_usage();
         }
         if let Some((schedule, due, top)) = self.digest {

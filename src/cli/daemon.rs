@@ -52,6 +52,11 @@ pub struct DaemonArgs {
     /// through the configured channels; stops at end of input. For scripts and channel tests.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
+    /// Keep the alert state, outbox, silences and usage accounting in this directory instead of
+    /// the config's `state_dir` (made 0700 when missing). With --speed: where the simulated
+    /// run's state stays (by default a new `$TMPDIR/gpuwatch-sim-*` directory, also kept).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Runs `daemon`.
@@ -60,7 +65,11 @@ pub fn daemon(global: &GlobalArgs, args: &DaemonArgs) -> anyhow::Result<i32> {
     if let Some(events) = &args.events {
         return crate::daemon::run_events(config.as_deref(), events);
     }
-    crate::daemon::run(&global.sampler_config(), config.as_deref())
+    crate::daemon::run(
+        &global.sampler_config(),
+        config.as_deref(),
+        args.state_dir.as_deref(),
+    )
 }
 
 /// Arguments of `notify-test`.

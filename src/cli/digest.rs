@@ -18,6 +18,10 @@ pub struct DigestArgs {
     /// One JSON document.
     #[arg(long)]
     pub json: bool,
+    /// Read the accounting in this state directory instead of the config's `state_dir` (e.g.
+    /// one a `--speed` daemon kept).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Runs `digest`.
@@ -38,13 +42,16 @@ pub fn digest(_global: &GlobalArgs, args: &DigestArgs) -> anyhow::Result<i32> {
         }
     };
     let now = crate::sys::now_ms();
-    let dir = crate::usage::dir(&config.state_dir());
-    // Up to the end of the current hour: the hour in progress is the newest bucket.
-    let digest = crate::usage::Ledger::load(&dir, now - period, true).digest(
-        now - period,
-        now + 3_600_000,
-        config.digest.top_alerts.unwrap_or(5),
-    );
+    let dir = crate::usage::dir(&args.state_dir.clone().unwrap_or_else(|| config.state_dir()));
+    let ledger = crate::usage::Ledger::load(&dir, now - period, true);
+    // Up to now (the hour in progress is the newest bucket) — or, for the state a `--speed`
+    // daemon kept, whose simulated clock ran ahead of the wall clock, up to the end of its
+    // newest hour.
+    let until = match ledger.hours.keys().next_back() {
+        Some(h) if *h > now => h + 3_600_000,
+        _ => now,
+    };
+    let digest = ledger.digest(until - period, until, config.digest.top_alerts.unwrap_or(5));
     for s in &digest.skipped {
         eprintln!("warning: {s}");
     }

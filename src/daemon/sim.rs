@@ -1,10 +1,11 @@
 //! The state directory of a daemon that plays a simulated scenario faster (`--sim … --speed
 //! N`): its alert state, outbox and silences live apart from the real ones, in a new private
 //! directory `gpuwatch-sim-PID-START-SALT` under the temporary directory (`$TMPDIR`, else
-//! `/tmp`), removed when the daemon stops. PID and START (its start time, clock ticks since
+//! `/tmp`), kept when the daemon stops cleanly (marked [`KEPT`]; it says where, and how
+//! `gpuwatch digest --state-dir` reads it) until the user removes it. PID and START (its start time, clock ticks since
 //! boot) name the daemon that made it.
 //!
-//! A daemon killed with `kill -9` cannot remove its directory, nor deliver what its outbox still
+//! A daemon killed with `kill -9` cannot mark its directory kept, nor deliver what its outbox still
 //! held. The next `--speed` daemon finds such directories ([`stranded`]): ours (this user's, a
 //! real directory of mode 0700 — 0710 with `control_group` —, not a link) whose daemon no longer
 //! runs — its PID is gone or is another process now (another start time; for a directory named
@@ -22,6 +23,22 @@ use tracing::{info, warn};
 
 /// The directories' name prefix.
 pub const PREFIX: &str = "gpuwatch-sim";
+
+/// The file a daemon that stopped cleanly leaves in its directory: the directory is kept for
+/// the user (`gpuwatch digest --state-dir`), never swept as stranded.
+pub const KEPT: &str = "KEPT";
+
+/// Marks `dir` as kept at a clean stop (see [`KEPT`]).
+pub fn keep(dir: &Path) {
+    let note = "A gpuwatch --speed daemon stopped cleanly here; its state is kept until you \
+                remove this directory (`gpuwatch digest --state-dir` reads it).\n";
+    if let Err(e) = std::fs::write(dir.join(KEPT), note) {
+        warn!(
+            "cannot mark {} as kept: {e}; the next --speed run may remove it",
+            dir.display()
+        );
+    }
+}
 
 /// Makes this daemon's directory: new (never one that was there before: another user could have
 /// planted links in it), mode 0700, named `PREFIX-PID-START-SALT`.
@@ -146,7 +163,7 @@ pub fn stranded(base: &Path, own: &Path) -> Vec<Stranded> {
         // socket has a group).
         let ours =
             meta.is_dir() && meta.uid() == crate::sys::euid() && meta.mode() & 0o767 == 0o700;
-        if !ours || dir == own || maker_runs(&dir, pid, start, &meta) {
+        if !ours || dir == own || dir.join(KEPT).exists() || maker_runs(&dir, pid, start, &meta) {
             continue;
         }
         let outbox = dir.join("outbox");

@@ -183,7 +183,8 @@ impl XidListener {
                 Some(XidError::Value(v)) => v,
                 Some(XidError::Unknown) | None => 999,
             };
-            tracing::info!("GPU {}: XID {xid}", dev.index);
+            // (the xid_error alert that follows tells it to a person)
+            tracing::debug!("GPU {}: XID {xid}", dev.index);
             out.push(XidEvent::new(time_ms, dev.index, dev.uuid.clone(), xid));
         }
         out

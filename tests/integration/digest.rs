@@ -170,3 +170,56 @@ fn a_scheduled_digest_is_sent_through_the_channels() {
         .count();
     assert_eq!(digests, 1, "one message per channel");
 }
+
+/// Issue 30 §4: a `--speed` daemon's state is kept when it stops (it says where), usage
+/// included, so `digest --state-dir` after a simulated run lists who used the GPUs.
+#[test]
+fn a_speed_run_keeps_its_state_for_the_digest() {
+    common::sim_lib();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let state = tmp.path().join("sim-state");
+    let state_arg = state.to_str().expect("utf-8");
+    let d = common::command(
+        &[
+            "--log-format",
+            "human",
+            "--sim",
+            "overnight",
+            "--speed",
+            "60",
+            "daemon",
+            "--state-dir",
+            state_arg,
+        ],
+        &[],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("gpuwatch");
+    // Eight minutes of the scenario.
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+    let out = d.wait_with_output().expect("daemon output");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("the simulated run's state stays in {state_arg}")),
+        "{said}"
+    );
+    assert!(state.join("KEPT").exists());
+    let r = common::gpuwatch(&["digest", "--state-dir", state_arg, "--since", "24h"], &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stdout.contains("no GPU processes"), "{}", r.stdout);
+    let total = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("total"))
+        .unwrap_or_else(|| panic!("{}", r.stdout));
+    let gpu_h: f64 = total
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{total}"));
+    assert!(gpu_h > 0.2, "{}", r.stdout);
+}

@@ -1405,6 +1405,14 @@ fn job_eta_fires_on_a_slowed_down_job_with_a_deadline() {
     common::sim_lib();
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "");
+    // A sample a second of the scenario's time (30 a second of wall time): at --speed 30 the
+    // helper's 200 ms would be 6.7 ms of wall time, which is refused.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace("interval = \"200ms\"", "interval = \"1s\""),
+    )
+    .unwrap();
     // Five minutes of the job's (faster) clock from now, as a local time of day.
     let at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
