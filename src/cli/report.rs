@@ -143,6 +143,7 @@ pub fn run(_global: &GlobalArgs, args: &ReportArgs) -> anyhow::Result<i32> {
                 "after": after.summary,
                 "compare": rows.iter().map(|r| serde_json::json!({
                     "what": r.what, "before": r.before, "after": r.after,
+                    "before_value": r.before_value, "after_value": r.after_value,
                     "change": r.change, "worse": r.worse,
                 })).collect::<Vec<_>>(),
             }),
@@ -151,18 +152,17 @@ pub fn run(_global: &GlobalArgs, args: &ReportArgs) -> anyhow::Result<i32> {
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         let mut text = String::new();
-        if let Some(b) = &before {
+        let last = args.files[args.files.len() - 1].display().to_string();
+        if let (Some(b), Some(a)) = (&before, &against) {
+            text.push_str(&format!("== before: {a}\n"));
             text.push_str(&crate::report::text(b));
             text.push('\n');
+            text.push_str(&format!("== after: {last}\n"));
         }
         text.push_str(&crate::report::text(&after.summary));
         if let Some(a) = &against {
             text.push('\n');
-            text.push_str(&compare::text(
-                &rows,
-                a,
-                &args.files[args.files.len() - 1].display().to_string(),
-            ));
+            text.push_str(&compare::text(&rows, a, &last));
         }
         // With the page on standard output, the summary goes to standard error.
         if page_to_stdout {

@@ -65,11 +65,43 @@ pub fn is_human() -> bool {
 }
 
 /// Local wall time as `HH:MM:SS` for log lines.
-struct LocalClock;
+/// A log record as a person reads it, in the columns of the alert lines:
+/// `20:49:10  ERROR     GPU 5 (…) is lost …` under `20:44:00  FIRING    warning   GPU 1 …`.
+struct HumanRecord {
+    color: bool,
+}
 
-impl tracing_subscriber::fmt::time::FormatTime for LocalClock {
-    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
-        write!(w, "{}", clock(crate::sys::now_ms()))
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for HumanRecord
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut w: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let level = *event.metadata().level();
+        let (on, off) = match level {
+            _ if !self.color => ("", ""),
+            tracing::Level::ERROR => ("\x1b[1;31m", "\x1b[0m"),
+            tracing::Level::WARN => ("\x1b[33m", "\x1b[0m"),
+            _ => ("\x1b[2m", "\x1b[0m"),
+        };
+        let head = format!("{}  {:<8}  ", clock(crate::sys::now_ms()), level.as_str());
+        let mut text = String::new();
+        ctx.field_format().format_fields(
+            tracing_subscriber::fmt::format::Writer::new(&mut text),
+            event,
+        )?;
+        let body = layout(head.chars().count(), &text, terminal_width());
+        writeln!(
+            w,
+            "{}  {on}{:<8}{off}  {body}",
+            clock(crate::sys::now_ms()),
+            level.as_str()
+        )
     }
 }
 
@@ -104,8 +136,7 @@ pub fn init(default_filter: &str, format: LogFormat) {
     let _ = match console {
         Console::Human { color } => base
             .with_ansi(color)
-            .with_timer(LocalClock)
-            .compact()
+            .event_format(HumanRecord { color })
             .try_init(),
         Console::Text => base.with_ansi(false).try_init(),
         Console::Json => base
@@ -180,18 +211,7 @@ pub fn alert_line(ev: &AlertEvent, color: bool, width: Option<usize>) -> String 
         clock(ev.at_ms)
     );
     let text = format!("{} — {summary}", ev.name);
-    let indent = head.chars().count();
-    let body = match width {
-        // (a pane too narrow for the columns: the text under them, slightly indented)
-        Some(w) if w >= indent + 30 => {
-            wrap_words(&text, w - indent).join(&format!("\n{:indent$}", ""))
-        }
-        Some(w) => {
-            let lines = wrap_words(&text, w.saturating_sub(4).max(20));
-            format!("\n    {}", lines.join("\n    "))
-        }
-        None => text,
-    };
+    let body = layout(head.chars().count(), &text, width);
     format!(
         "{}  {on}{state:<8}  {severity:<8}{off}  {place:<6}  {body}",
         clock(ev.at_ms)
@@ -208,10 +228,31 @@ pub fn print_alerts(events: &[AlertEvent]) {
     }
 }
 
-/// Prints a line for a person (human console), else logs it as an info record.
+/// `text` after a head of `indent` columns on a terminal of `width` columns: wrapped between
+/// words, the following lines indented under its start (a pane too narrow for the columns: the
+/// text under them, slightly indented); elsewhere one line, whole. Nothing is ever cut.
+fn layout(indent: usize, text: &str, width: Option<usize>) -> String {
+    match width {
+        Some(w) if w >= indent + 30 => {
+            wrap_words(text, w - indent).join(&format!("\n{:indent$}", ""))
+        }
+        Some(w) => {
+            let lines = wrap_words(text, w.saturating_sub(4).max(20));
+            format!("\n    {}", lines.join("\n    "))
+        }
+        None => text.to_string(),
+    }
+}
+
+/// Prints a line for a person (human console: wrapped to the terminal like alert lines), else
+/// logs it as an info record.
 pub fn say(line: &str) {
     match console() {
-        Console::Human { .. } => eprintln!("{}  {line}", clock(crate::sys::now_ms())),
+        Console::Human { .. } => {
+            let head = format!("{}  ", clock(crate::sys::now_ms()));
+            let body = layout(head.chars().count(), line, terminal_width());
+            eprintln!("{head}{body}");
+        }
         _ => tracing::info!("{line}"),
     }
 }

@@ -14,7 +14,10 @@ pub struct Row {
     pub what: &'static str,
     pub before: String,
     pub after: String,
-    /// `+33 %`, `± 50 MiB`.
+    /// The two values as numbers (seconds, percent, bytes, °C, W, kWh, Wh, counts), for JSON.
+    pub before_value: Option<f64>,
+    pub after_value: Option<f64>,
+    /// `+33 %`, `+1.2 GiB`, `-0.5 GiB`.
     pub change: String,
     /// It moved more than 5 % in the bad direction.
     pub worse: bool,
@@ -99,7 +102,8 @@ fn quantities(r: &RunSummary) -> Vec<Quantity> {
             Better::Lower,
         ),
         (
-            "time in problem patterns",
+            // (GPU-time: summed over the GPUs and the patterns; `text` says so)
+            "GPU-time in problem patterns",
             Some(r.findings.iter().map(|f| f.seconds).sum()),
             human_duration,
             Better::Lower,
@@ -131,7 +135,7 @@ pub fn compare(before: &RunSummary, after: &RunSummary) -> Vec<Row> {
         let dash = || "-".to_string();
         let change = match (x, y) {
             (Some(x), Some(y)) if what == "memory peak" => {
-                format!("± {:.0} MiB", (y - x).abs() / 1_048_576.0)
+                format!("{:+.1} GiB", (y - x) / 1_073_741_824.0)
             }
             (Some(x), Some(y)) if x.abs() > 1e-9 => format!("{:+.0} %", (y - x) / x.abs() * 100.0),
             (Some(x), Some(y)) if (y - x).abs() <= 1e-9 => "=".into(),
@@ -146,6 +150,8 @@ pub fn compare(before: &RunSummary, after: &RunSummary) -> Vec<Row> {
             what,
             before: x.map_or_else(dash, show),
             after: y.map_or_else(dash, show),
+            before_value: x,
+            after_value: y,
             change,
             worse,
         });
@@ -156,7 +162,7 @@ pub fn compare(before: &RunSummary, after: &RunSummary) -> Vec<Row> {
 /// The comparison as text: one line per quantity, `WORSE` where it got worse.
 pub fn text(rows: &[Row], before: &str, after: &str) -> String {
     use std::fmt::Write as _;
-    let mut out = format!("{before} → {after}\n");
+    let mut out = format!("compared: {before} → {after}\n");
     for r in rows {
         let _ = writeln!(
             out,
@@ -166,6 +172,15 @@ pub fn text(rows: &[Row], before: &str, after: &str) -> String {
             r.after,
             r.change,
             if r.worse { "  WORSE" } else { "" }
+        );
+    }
+    if rows
+        .iter()
+        .any(|r| r.what == "GPU-time in problem patterns")
+    {
+        out.push_str(
+            "  (GPU-time in problem patterns: each pattern's time on each GPU, added up — \
+             8 GPUs in one pattern for 20 min make 2 h 40 min)\n",
         );
     }
     out

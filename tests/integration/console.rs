@@ -378,3 +378,53 @@ fn an_xid_on_a_lost_gpu_never_reads_resolved() {
         );
     }
 }
+
+/// Issue 30 §2: the README's main command in an 80-column terminal (tmux) prints every alert
+/// whole: summaries wrapped between words under their text, never cut ("…") and never broken
+/// mid-word by the terminal (no line wider than the pane); log records share the columns.
+#[test]
+fn an_80_column_terminal_gets_every_alert_whole() {
+    if super::common::installed(&["tmux"]).is_none() {
+        return;
+    }
+    super::common::sim_lib();
+    let exe = super::common::gpuwatch_exe().display().to_string();
+    let args = readme_main_command().join(" ");
+    let t = super::top::Tmux::start(
+        "console80",
+        80,
+        300,
+        &format!("HOME=/nonexistent {exe} {args}; sleep 600"),
+    );
+    t.wait("gpu_straggler and gpu_lost", Duration::from_secs(90), |s| {
+        s.contains("gpu_straggler") && s.contains("gpu_lost —")
+    });
+    // Another few seconds, for what follows them.
+    std::thread::sleep(Duration::from_secs(3));
+    let screen = t.screen_joined();
+    for l in screen.lines() {
+        assert!(
+            l.chars().count() <= 80,
+            "wider than the pane: {l}\n{screen}"
+        );
+        assert!(!l.trim_end().ends_with('…'), "cut: {l}\n{screen}");
+    }
+    // The straggler's summary, joined again from its lines, is whole to its last words.
+    let lines: Vec<&str> = screen.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.contains("gpu_straggler —"))
+        .unwrap_or_else(|| panic!("{screen}"));
+    let mut text = lines[start].trim_end().to_string();
+    for l in &lines[start + 1..] {
+        if !l.starts_with(' ') || l.trim().is_empty() {
+            break;
+        }
+        text.push(' ');
+        text.push_str(l.trim());
+    }
+    assert!(
+        text.contains("FIRING    warning   GPU ") && text.ends_with("while the others wait"),
+        "{text}\n{screen}"
+    );
+}

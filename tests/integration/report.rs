@@ -268,6 +268,47 @@ fn report_renders_in_chromium_compares_runs_and_keeps_baselines() {
         "both runs: {}",
         run.stdout
     );
+    // Issue 30 §5: each run's block names its file; a memory change has its sign, in GiB like
+    // the columns; the summed pattern time says it is summed; JSON rows carry numbers.
+    assert!(
+        run.stdout
+            .contains(&format!("== before: {}", overnight.display()))
+            && run
+                .stdout
+                .contains(&format!("== after: {}", stall.display())),
+        "{}",
+        run.stdout
+    );
+    let memory = run
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("memory peak"))
+        .unwrap_or_else(|| panic!("{}", run.stdout));
+    assert!(
+        !memory.contains("MiB") && !memory.contains('±') && memory.contains("GiB"),
+        "{memory}"
+    );
+    assert!(
+        run.stdout.contains("GPU-time in problem patterns"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("added up"), "{}", run.stdout);
+    let json = report(&[
+        overnight.to_str().expect("utf-8"),
+        stall.to_str().expect("utf-8"),
+        "--json",
+    ])
+    .json();
+    let rows = json["compare"].as_array().expect("compare rows");
+    let util = rows
+        .iter()
+        .find(|r| r["what"] == "utilization mean")
+        .expect("utilization row");
+    assert!(
+        util["before_value"].is_f64() && util["after_value"].is_f64(),
+        "{util}"
+    );
     let run = report(&[stall.to_str().expect("utf-8"), "--baseline", "overnight"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("baseline overnight"), "{}", run.stdout);

@@ -42,7 +42,17 @@ impl Tmux {
         c
     }
 
-    fn screen(&self) -> String {
+    /// The screen with the lines the terminal wrapped joined again (`capture-pane -J`): a line
+    /// wider than the pane is one the program did not wrap itself.
+    pub(crate) fn screen_joined(&self) -> String {
+        let out = self
+            .cmd(&["capture-pane", "-p", "-J"])
+            .output()
+            .expect("tmux");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub(crate) fn screen(&self) -> String {
         let out = self.cmd(&["capture-pane", "-p"]).output().expect("tmux");
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
