@@ -660,6 +660,19 @@ mod tests {
             .collect()
     }
 
+    /// The test instance: GPU 0 of `gpu_hot`.
+    fn instance(gpu_lost: bool) -> InstanceId<'static> {
+        InstanceId {
+            key: "gpu_hot",
+            gpu: Some(0),
+            labels: &labels,
+            target_pid: None,
+            target_start: None,
+            target_local: false,
+            gpu_lost,
+        }
+    }
+
     fn active() -> Outcome {
         Outcome::Active {
             summary: "hot".into(),
@@ -675,15 +688,7 @@ mod tests {
         pattern: &str,
         t0: i64,
     ) -> Vec<(i64, AlertStatus, bool)> {
-        let id = InstanceId {
-            key: "gpu_hot",
-            gpu: Some(0),
-            labels: &labels,
-            target_pid: None,
-            target_start: None,
-            target_local: false,
-            gpu_lost: false,
-        };
+        let id = instance(false);
         let mut out = Vec::new();
         for (i, c) in pattern.chars().enumerate() {
             let t = t0 + i as i64;
@@ -704,15 +709,7 @@ mod tests {
     #[test]
     fn a_higher_severity_is_announced_at_once() {
         let mut b = AlertBook::new();
-        let id = InstanceId {
-            key: "gpu_hot",
-            gpu: Some(0),
-            labels: &labels,
-            target_pid: None,
-            target_start: None,
-            target_local: false,
-            gpu_lost: false,
-        };
+        let id = instance(false);
         let warning = spec(0, 0, 3600);
         let first = b.step(1_000, &warning, &id, active()).unwrap();
         assert_eq!(first.severity, Severity::Warning);
@@ -900,15 +897,7 @@ mod tests {
         let spec = spec(0, 0, 0);
         let end = |gpu_lost: bool, last: Outcome, t: i64| {
             let mut book = AlertBook::new();
-            let id = InstanceId {
-                key: "gpu_hot",
-                gpu: Some(0),
-                labels: &labels,
-                target_pid: None,
-                target_start: None,
-                target_local: false,
-                gpu_lost,
-            };
+            let id = instance(gpu_lost);
             assert!(book.step(0, &spec, &id, active()).is_some());
             let mut got = None;
             for s in 1..=t {

@@ -430,7 +430,10 @@ pub fn run(
     // GPUs on the bus or seen before that NVML does not list: `gpu_missing` (host rule).
     sampler.check_expected(&config.expected_options(true));
     let devices = sampler.devices();
-    let devices_count = devices.len();
+    let gpu_states = devices
+        .iter()
+        .map(|d| (d.index, crate::model::DeviceState::Ok))
+        .collect();
     if !console::is_human() {
         info!(
             config = %describe(config_path),
@@ -539,7 +542,7 @@ pub fn run(
         } else {
             Duration::from_secs(600)
         },
-        gpus: (devices_count, 0),
+        gpu_states,
         usage,
         last_usage_save: Instant::now(),
         digest,
@@ -638,8 +641,9 @@ struct Live<'a> {
     /// When the last status line was printed, and how often one is.
     last_status: Instant,
     status_every: Duration,
-    /// GPUs in the last snapshot, and how many of them are lost or stalled.
-    gpus: (usize, usize),
+    /// Each GPU's state as last sampled (by index): a tick some GPUs missed (late: a gap)
+    /// leaves theirs as they were, so the status line counts every GPU watched.
+    gpu_states: std::collections::BTreeMap<u32, crate::model::DeviceState>,
     /// Who used the GPUs (`state_dir/usage/`), saved every few minutes.
     usage: crate::usage::Ledger,
     last_usage_save: Instant,
@@ -676,13 +680,9 @@ impl Live<'_> {
             });
             self.last_devices = devices;
         }
-        self.gpus = (
-            snap.gpus.len(),
-            snap.gpus
-                .iter()
-                .filter(|g| g.state != crate::model::DeviceState::Ok)
-                .count(),
-        );
+        for g in &snap.gpus {
+            self.gpu_states.insert(g.id.index, g.state);
+        }
         self.usage.observe(snap);
         if let Some(r) = &mut self.recorder {
             r.record(snap);
@@ -940,14 +940,19 @@ impl Live<'_> {
             .channels
             .values()
             .fold((0, 0), |(s, f), (a, b)| (s + a, f + b));
-        let lost = if self.gpus.1 > 0 {
-            format!(" ({} lost or stalled)", self.gpus.1)
+        let bad = self
+            .gpu_states
+            .values()
+            .filter(|s| **s != crate::model::DeviceState::Ok)
+            .count();
+        let lost = if bad > 0 {
+            format!(" ({bad} lost or stalled)")
         } else {
             String::new()
         };
         format!(
             "status: {} GPUs{lost}, {firing} alert{} firing ({critical} critical), {pending} pending; {sent} notification{} sent, {failed} failed, {} queued",
-            self.gpus.0,
+            self.gpu_states.len(),
             if firing == 1 { "" } else { "s" },
             if sent == 1 { "" } else { "s" },
             d.queued

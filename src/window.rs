@@ -57,6 +57,20 @@ impl Block {
     }
 }
 
+/// Adds the value of a new point to the summary of its block `number` in `blocks` (whose first
+/// is number `first`), starting that block when the point is its first.
+fn add_point(blocks: &mut VecDeque<Block>, first: &mut u64, number: u64, value: f64) {
+    if blocks.is_empty() {
+        *first = number;
+    }
+    if *first + blocks.len() as u64 <= number {
+        blocks.push_back(Block::EMPTY);
+    }
+    if let Some(b) = blocks.back_mut() {
+        b.add(value);
+    }
+}
+
 /// Timestamped values of one metric of one GPU, oldest first.
 ///
 /// Besides the points, the window keeps min/max/sum per aligned block of 64 points and per
@@ -139,26 +153,8 @@ impl Window {
                     self.drops.push_back(seq);
                 }
                 self.points.push_back((time_ms, value));
-                let block = seq / BLOCK;
-                if self.blocks.is_empty() {
-                    self.first_block = block;
-                }
-                if self.first_block + self.blocks.len() as u64 <= block {
-                    self.blocks.push_back(Block::EMPTY);
-                }
-                if let Some(b) = self.blocks.back_mut() {
-                    b.add(value);
-                }
-                let small = seq / SMALL;
-                if self.small.is_empty() {
-                    self.first_small = small;
-                }
-                if self.first_small + self.small.len() as u64 <= small {
-                    self.small.push_back(Block::EMPTY);
-                }
-                if let Some(b) = self.small.back_mut() {
-                    b.add(value);
-                }
+                add_point(&mut self.blocks, &mut self.first_block, seq / BLOCK, value);
+                add_point(&mut self.small, &mut self.first_small, seq / SMALL, value);
             }
         }
     }

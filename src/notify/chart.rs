@@ -15,7 +15,9 @@ const GRID: [u8; 3] = [232, 232, 236];
 const AREA: [u8; 3] = [214, 226, 250];
 const LINE: [u8; 3] = [47, 111, 222];
 
-/// The caption: `temp over 10 min: min 61, max 88, now 88 celsius`.
+/// The caption: `temp over the last 10 min: min 61, max 88, now 88 °C`, naming the span the
+/// points cover (`over the last 5 min (the rule looks at 10 min)` while sampling has not filled
+/// the rule's window).
 pub fn caption(c: &AlertChart) -> String {
     let values = c.points.iter().map(|p| p.1);
     let min = values.clone().fold(f64::INFINITY, f64::min);
@@ -24,7 +26,34 @@ pub fn caption(c: &AlertChart) -> String {
     let (scale, unit) = match c.unit.as_str() {
         "bytes" => (1.0 / 1_073_741_824.0, "GiB"),
         "bytes_per_second" => (1.0 / 1_048_576.0, "MiB/s"),
+        "celsius" => (1.0, "°C"),
+        "percent" => (1.0, "%"),
+        "watts" => (1.0, "W"),
         u => (1.0, u),
+    };
+    let minutes = |ms: i64| {
+        if ms < 120_000 {
+            format!("{} s", (ms + 500) / 1000)
+        } else {
+            format!("{} min", (ms + 30_000) / 60_000)
+        }
+    };
+    // (a point stands for the interval up to it: n points of 1 s cover n seconds)
+    let covered = match (c.points.first(), c.points.last()) {
+        (Some(a), Some(b)) if c.points.len() > 1 => {
+            let n = c.points.len() as i64;
+            (b.0 - a.0) * n / (n - 1)
+        }
+        _ => 0,
+    };
+    let span = if covered + 60_000 < c.window_ms {
+        format!(
+            "{} (the rule looks at {})",
+            minutes(covered),
+            minutes(c.window_ms)
+        )
+    } else {
+        minutes(c.window_ms)
     };
     let f = |v: f64| {
         let v = v * scale;
@@ -35,9 +64,8 @@ pub fn caption(c: &AlertChart) -> String {
         }
     };
     format!(
-        "{} over the last {} min: min {}, max {}, now {} {unit}",
+        "{} over the last {span}: min {}, max {}, now {} {unit}",
         c.metric,
-        c.window_ms / 60_000,
         f(min),
         f(max),
         f(last)
@@ -169,6 +197,14 @@ mod tests {
         assert_eq!(crc, check.sum());
         assert!(
             caption(&c).starts_with("temp over the last 10 min: min 60."),
+            "{}",
+            caption(&c)
+        );
+        assert!(caption(&c).ends_with(" °C"), "{}", caption(&c));
+        // Five minutes of data in a 10-minute window: the caption says so.
+        let c = AlertChart::new(Metric::Temp, 600_000, &pts[..300]);
+        assert!(
+            caption(&c).starts_with("temp over the last 5 min (the rule looks at 10 min): "),
             "{}",
             caption(&c)
         );
