@@ -362,7 +362,21 @@ pub fn run(
             return Ok(1);
         }
     };
-    // `--state-dir`: the state lives there instead of the config's `state_dir`.
+    // Sampling follows the (possibly faster) clock: at --speed 60 a 1 s interval is 1 s of
+    // the scenario, 1/60 s of wall time. (Checked before any directory is made.)
+    let interval = crate::sys::wall_interval(setup.config.interval(), "[daemon] interval")
+        .map_err(anyhow::Error::msg)?;
+    // `--state-dir`: the state lives there instead of the config's `state_dir` (as given,
+    // from the current directory — not from the config file's, as a relative `state_dir` in
+    // the file is).
+    let state_dir = match state_dir {
+        Some(d) => Some(
+            std::path::absolute(d)
+                .map_err(|e| anyhow::anyhow!("--state-dir {}: {e}", d.display()))?,
+        ),
+        None => None,
+    };
+    let state_dir = state_dir.as_deref();
     if let Some(d) = state_dir {
         crate::sys::create_private_dir(d)
             .map_err(|e| anyhow::anyhow!("--state-dir {}: {e}", d.display()))?;
@@ -392,14 +406,20 @@ pub fn run(
             "no rules loaded: gpuwatch only samples; nothing will alert"
         );
     }
-    // Sampling follows the (possibly faster) clock: at --speed 60 a 1 s interval is 1 s of
-    // the scenario, 1/60 s of wall time.
-    let interval = crate::sys::wall_interval(config.interval(), "[daemon] interval")
-        .map_err(anyhow::Error::msg)?;
     let dir = config.state_dir();
     let hostname = config.hostname();
     let opts = config.engine_options(&hostname);
     let engine = match alert::load_state(&dir) {
+        // A simulated run's clock ran ahead of the wall clock: its state is dated in what is
+        // still the future here, and resuming it would freeze every timer until then.
+        Ok(Some(state)) if state.saved_at_ms > crate::sys::now_ms() + 60_000 => {
+            anyhow::bail!(
+                "the state in {} was saved at {} by a --speed run whose clock ran ahead; it \
+                 cannot be resumed before then: use a new --state-dir (or remove it)",
+                dir.display(),
+                crate::trace::format_time_ms(state.saved_at_ms)
+            );
+        }
         Ok(Some(state)) => {
             info!(state_dir = %dir.display(), "resuming alert state");
             Engine::with_state(setup.rules, opts, &state)
@@ -543,6 +563,7 @@ pub fn run(
             Duration::from_secs(600)
         },
         gpu_states,
+        missing_gpus: 0,
         usage,
         last_usage_save: Instant::now(),
         digest,
@@ -644,6 +665,8 @@ struct Live<'a> {
     /// Each GPU's state as last sampled (by index): a tick some GPUs missed (late: a gap)
     /// leaves theirs as they were, so the status line counts every GPU watched.
     gpu_states: std::collections::BTreeMap<u32, crate::model::DeviceState>,
+    /// Expected GPUs the last snapshot says NVML no longer lists (`gpu_missing`).
+    missing_gpus: usize,
     /// Who used the GPUs (`state_dir/usage/`), saved every few minutes.
     usage: crate::usage::Ledger,
     last_usage_save: Instant,
@@ -683,6 +706,7 @@ impl Live<'_> {
         for g in &snap.gpus {
             self.gpu_states.insert(g.id.index, g.state);
         }
+        self.missing_gpus = snap.missing.len();
         self.usage.observe(snap);
         if let Some(r) = &mut self.recorder {
             r.record(snap);
@@ -944,7 +968,8 @@ impl Live<'_> {
             .gpu_states
             .values()
             .filter(|s| **s != crate::model::DeviceState::Ok)
-            .count();
+            .count()
+            + self.missing_gpus;
         let lost = if bad > 0 {
             format!(" ({bad} lost or stalled)")
         } else {

@@ -899,6 +899,22 @@ impl Engine {
             })
             .collect();
         seen.extend(absent);
+        // A lost GPU lists no processes: its process alerts end because the GPU is lost, not
+        // because their processes left it.
+        let on_lost: Vec<String> = self
+            .book
+            .instances()
+            .filter(|i| i.key.starts_with(&prefix) && !seen.contains(&i.key))
+            .filter(|i| {
+                i.gpu
+                    .and_then(|g| self.gpus.get(&g))
+                    .is_some_and(|h| h.state == DeviceState::Lost)
+            })
+            .map(|i| i.key.clone())
+            .collect();
+        events.extend(self.book.retain_keys(now, &EndReason::GpuLost, |k| {
+            !on_lost.iter().any(|l| l == k)
+        }));
         events.extend(self.book.retain_keys(now, &EndReason::ProcessGone, |k| {
             !k.starts_with(&prefix) || seen.contains(k)
         }));

@@ -1923,7 +1923,9 @@ impl EndReason {
                     .into()
             }
             EndReason::GpuGone => "its GPU is no longer at this index since the restart".into(),
-            EndReason::ProcessGone => "its process left the GPU".into(),
+            EndReason::ProcessGone => {
+                "its process left the GPU or ended, or its PID now names another process".into()
+            }
             EndReason::JobEnded { exit: Some(e) } => format!("the job ended ({e})"),
             EndReason::JobEnded { exit: None } => "the job ended".into(),
             EndReason::RuleRemoved => "its rule was removed by a reload".into(),

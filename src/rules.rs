@@ -1171,7 +1171,14 @@ fn interpret(
     }
     if let Some(map) = value.read_lock::<Map>() {
         if !map.contains_key("summary") {
-            let text = |k: &str| map.get(k).map(ToString::to_string);
+            // (a `()` or empty note is none)
+            let text = |k: &str| {
+                map.get(k)
+                    .filter(|v| !v.is_unit())
+                    .map(ToString::to_string)
+                    .filter(|t| !t.is_empty())
+            };
+            let has = |k: &str| map.contains_key(k);
             let why = match (text("cleared"), text("stopped")) {
                 (Some(_), Some(_)) => {
                     return EvalResult::Error(RuleError::at(
@@ -1183,18 +1190,14 @@ fn interpret(
                 }
                 (Some(note), None) => Some(crate::model::EndReason::Cleared { note: Some(note) }),
                 (None, Some(note)) => Some(crate::model::EndReason::StoppedRepeating { note }),
+                (None, None) if has("cleared") => {
+                    Some(crate::model::EndReason::Cleared { note: None })
+                }
                 (None, None) => None,
             };
-            if let Some(why) = why {
-                if map.len() > 1 {
-                    return EvalResult::Error(RuleError::at(
-                        &rule.file,
-                        rule_pos,
-                        "check returned `cleared` or `stopped` with other keys: that map says \
-                         why the alert is quiet, and holds nothing else"
-                            .to_string(),
-                    ));
-                }
+            // Only a map of `cleared` or `stopped` alone is an end; with other keys it fires as
+            // any map without a summary does (its keys become annotations).
+            if let Some(why) = why.filter(|_| map.len() == 1) {
                 return if nodata {
                     EvalResult::NoData
                 } else {

@@ -49,6 +49,9 @@ pub fn wall_interval(
     setting: &str,
 ) -> Result<std::time::Duration, String> {
     let speed = clock_speed();
+    if speed <= 1.0 {
+        return Ok(interval.max(MIN_WALL_TICK));
+    }
     let wall = interval.div_f64(speed);
     if wall >= MIN_WALL_TICK {
         return Ok(wall);
@@ -61,7 +64,7 @@ pub fn wall_interval(
             format!("{ms}ms")
         }
     };
-    let least = MIN_WALL_TICK.mul_f64(speed).as_millis().div_ceil(1000) * 1000;
+    let least = MIN_WALL_TICK.mul_f64(speed).as_millis();
     Err(format!(
         "at --speed {speed}, an interval of {} passes in {:.2} ms of wall time, shorter than \
          the {} ms a tick needs: set {setting} to {} or more, or use a lower --speed",

@@ -148,6 +148,7 @@ pub fn event_json(ev: &AlertEvent) -> serde_json::Value {
         "state": match ev.status { AlertStatus::Firing => "firing", AlertStatus::Resolved => "resolved" },
         "severity": ev.severity.as_str(),
         "summary": ev.annotations.get("summary").cloned().unwrap_or_default(),
+        "ended": ev.ended,
     })
 }
 
@@ -190,10 +191,9 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
         let r = if args.json {
             writeln!(out, "{}", event_json(ev))
         } else {
-            let state = match (ev.status, ev.repeat) {
-                (AlertStatus::Firing, false) => "FIRING",
-                (AlertStatus::Firing, true) => "REPEAT",
-                (AlertStatus::Resolved, _) => "RESOLVED",
+            let state = match ev.state_word() {
+                "STILL" => "REPEAT",
+                w => w,
             };
             let gpu = ev
                 .gpu
@@ -204,7 +204,7 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
                 format_time_ms(ev.at_ms),
                 ev.name,
                 ev.severity.as_str(),
-                ev.annotations.get("summary").map_or("", String::as_str)
+                ev.told_summary()
             )
         };
         if let Err(e) = r {

@@ -232,14 +232,11 @@ pub fn print_alerts(events: &[AlertEvent]) {
 /// words, the following lines indented under its start (a pane too narrow for the columns: the
 /// text under them, slightly indented); elsewhere one line, whole. Nothing is ever cut.
 fn layout(indent: usize, text: &str, width: Option<usize>) -> String {
+    // (a text of several lines — an error's causes — keeps them, each wrapped)
+    let wrap = |w: usize| -> Vec<String> { text.lines().flat_map(|l| wrap_words(l, w)).collect() };
     match width {
-        Some(w) if w >= indent + 30 => {
-            wrap_words(text, w - indent).join(&format!("\n{:indent$}", ""))
-        }
-        Some(w) => {
-            let lines = wrap_words(text, w.saturating_sub(4).max(20));
-            format!("\n    {}", lines.join("\n    "))
-        }
+        Some(w) if w >= indent + 30 => wrap(w - indent).join(&format!("\n{:indent$}", "")),
+        Some(w) => format!("\n    {}", wrap(w.saturating_sub(4).max(20)).join("\n    ")),
         None => text.to_string(),
     }
 }

@@ -99,7 +99,14 @@ pub fn gpu_line(n: &Notification, a: &AlertEvent) -> Option<String> {
 
 /// The summary of an alert (annotation `summary`, else its name).
 pub fn summary(a: &AlertEvent) -> String {
-    escape_control_lines(a.annotations.get("summary").unwrap_or(&a.name))
+    let said = escape_control_lines(a.annotations.get("summary").unwrap_or(&a.name));
+    // an end for a reason other than a clearing: the reason first (see `AlertEvent::told_summary`)
+    match a.ended.as_ref().and_then(crate::model::EndReason::describe) {
+        Some(why) if a.status == AlertStatus::Resolved => {
+            format!("{}; it said: {said}", escape_control_lines(&why))
+        }
+        _ => said,
+    }
 }
 
 /// What to do next: the rule's `next_steps` annotation or a default by severity.
@@ -149,7 +156,7 @@ pub fn alert_fields(n: &Notification, a: &AlertEvent) -> Vec<(&'static str, Stri
     let mut f = Vec::new();
     f.push((
         "Status",
-        format!("{} ({})", status_word(a.status), a.severity.as_str()),
+        format!("{} ({})", status_word(a), a.severity.as_str()),
     ));
     f.push(("Rule", a.name.clone()));
     if let Some(g) = gpu_line(n, a) {
@@ -191,10 +198,11 @@ pub fn alert_fields(n: &Notification, a: &AlertEvent) -> Vec<(&'static str, Stri
         .collect()
 }
 
-fn status_word(s: AlertStatus) -> &'static str {
-    match s {
-        AlertStatus::Firing => "FIRING",
-        AlertStatus::Resolved => "RESOLVED",
+/// FIRING, RESOLVED (the condition cleared) or ENDED (for another reason).
+fn status_word(a: &AlertEvent) -> &'static str {
+    match a.state_word() {
+        "STILL" => "FIRING",
+        w => w,
     }
 }
 
@@ -300,6 +308,40 @@ pub fn truncate_bytes(s: &str, max: usize) -> String {
 mod tests {
     use super::super::testdata::*;
     use super::*;
+
+    /// Issue 30 §1: an alert that ended for another reason than a clearing is not called
+    /// resolved in a message: the title says ENDED, the status ENDED, and its summary gives
+    /// the reason before what it had said; its firing next step is not offered as done.
+    #[test]
+    fn an_ended_alert_is_not_called_resolved() {
+        let mut a = alert(1, AlertStatus::Resolved);
+        a.ended = Some(crate::model::EndReason::GpuLost);
+        let n = Notification {
+            status: AlertStatus::Resolved,
+            ..notification(vec![a.clone()])
+        };
+        assert!(title(&n).starts_with("[ENDED] "), "{}", title(&n));
+        let body = text(&n);
+        assert!(body.contains("Status: ENDED (critical)"), "{body}");
+        assert!(body.contains("Why: its GPU is lost"), "{body}");
+        assert!(
+            summary(&a).starts_with("its GPU is lost")
+                && summary(&a).ends_with("it said: GPU 1 reported XID 79 (fallen off the bus)"),
+            "{}",
+            summary(&a)
+        );
+        assert!(
+            next_steps(&a).starts_with("The alert ended ("),
+            "{}",
+            next_steps(&a)
+        );
+        // A plain clearing stays RESOLVED.
+        let n = Notification {
+            status: AlertStatus::Resolved,
+            ..notification(vec![alert(1, AlertStatus::Resolved)])
+        };
+        assert!(title(&n).starts_with("[RESOLVED] "), "{}", title(&n));
+    }
 
     #[test]
     fn text_golden() {

@@ -94,7 +94,10 @@ pub fn short_text(n: &Notification) -> String {
 fn short_line(n: &Notification) -> String {
     let tag = match (n.reason, n.status, n.severity()) {
         (Reason::Test, _, _) => "TEST",
-        (_, AlertStatus::Resolved, _) => "OK",
+        (_, AlertStatus::Resolved, _) if n.alerts.iter().all(|a| a.state_word() != "ENDED") => {
+            "OK"
+        }
+        (_, AlertStatus::Resolved, _) => "ENDED",
         (_, _, Severity::Critical) => "CRIT",
         (_, _, Severity::Warning) => "WARN",
         (_, _, Severity::Info) => "INFO",

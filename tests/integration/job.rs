@@ -1647,3 +1647,99 @@ fn run_records_start_times_and_removes_the_job_file_of_a_reused_pid() {
         "removed at the end"
     );
 }
+
+/// Issue 30 §9: what the docs promise about `run`'s files holds — read from the docs
+/// themselves: the report's path as docs/jobs.md shows it (`…/runs/run-<start>-<pid>.csv.html`),
+/// the modes it gives `runs/` and the files in it, and those docs/notifications.md gives the
+/// directories gpuwatch creates in the state directory and the files it writes there
+/// (`baselines/` among them).
+#[test]
+fn the_docs_promised_paths_and_modes_hold() {
+    use std::os::unix::fs::PermissionsExt;
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let jobs = std::fs::read_to_string(docs.join("jobs.md")).unwrap();
+    let notifications = std::fs::read_to_string(docs.join("notifications.md")).unwrap();
+    // "gpuwatch: report: /var/lib/gpuwatch/runs/run-20261203T175440Z-4242.csv.html": its name,
+    // digits standing for digits.
+    let shown = jobs
+        .lines()
+        .find_map(|l| l.strip_prefix("gpuwatch: report: "))
+        .expect("docs/jobs.md shows the report's path");
+    let shown_name = shown.rsplit('/').next().unwrap();
+    let shape = |s: &str| -> String {
+        s.chars()
+            .map(|c| if c.is_ascii_digit() { '9' } else { c })
+            .collect::<String>()
+    };
+    let squeeze = |s: String| -> String {
+        let mut out = String::new();
+        for c in s.chars() {
+            if !(c == '9' && out.ends_with('9')) {
+                out.push(c);
+            }
+        }
+        out
+    };
+    // "`runs/` is mode 0700 and the recordings and pages in it 0600"
+    let octal = |text: &str, before: &str, n: usize| -> u32 {
+        let at = text
+            .find(before)
+            .unwrap_or_else(|| panic!("the docs say {before:?}"));
+        let word = text[at + before.len()..]
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|w| w.len() == 4)
+            .nth(n)
+            .unwrap_or_else(|| panic!("a mode after {before:?}"));
+        u32::from_str_radix(word, 8).unwrap()
+    };
+    let runs_mode = octal(&jobs, "`runs/` is mode ", 0);
+    let runs_file_mode = octal(&jobs, "`runs/` is mode ", 1);
+    let dir_mode = octal(&notifications, "Directories gpuwatch creates for", 0);
+    let file_mode = octal(&notifications, "Directories gpuwatch creates for", 1);
+
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "");
+    let state = dir.path().join("state");
+    let out = gpuwatch()
+        .args(["--sim", "healthy", "run", "--config", cfg.to_str().unwrap()])
+        .args(["--", "sh", "-c", "sleep 1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("gpuwatch: report: "))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let report = PathBuf::from(report);
+    assert!(report.exists(), "{}", report.display());
+    assert_eq!(report.parent(), Some(state.join("runs").as_path()));
+    let name = report.file_name().unwrap().to_str().unwrap();
+    assert_eq!(
+        squeeze(shape(name)),
+        squeeze(shape(shown_name)),
+        "the report is {name}; docs/jobs.md shows {shown_name}"
+    );
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&state.join("runs")), runs_mode, "runs/");
+    for e in std::fs::read_dir(state.join("runs")).unwrap() {
+        let p = e.unwrap().path();
+        assert_eq!(mode(&p), runs_file_mode, "{}", p.display());
+    }
+    let csv = report.with_extension("csv");
+    let out = gpuwatch()
+        .arg("report")
+        .arg(&csv)
+        .args(["--config", cfg.to_str().unwrap(), "--save-baseline", "b1"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(mode(&state.join("baselines")), dir_mode, "baselines/");
+    assert_eq!(mode(&state.join("baselines/b1.json")), file_mode);
+}
