@@ -592,66 +592,6 @@ fn the_report_and_the_end_notice_escape_the_jobs_control_characters() {
     );
 }
 
-/// Issue 25 §4: `run`'s recording directory and files, and saved baselines, are the owner's
-/// only (0700 / 0600) like the rest of the state directory; directories an older gpuwatch left
-/// 0755 are narrowed.
-#[test]
-fn run_recordings_and_baselines_are_private() {
-    use std::os::unix::fs::PermissionsExt;
-    common::sim_lib();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), "");
-    let state = dir.path().join("state");
-    let (runs, baselines) = (state.join("runs"), state.join("baselines"));
-    for d in [&runs, &baselines] {
-        std::fs::create_dir_all(d).unwrap();
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let out = gpuwatch()
-        .args(["--sim", "healthy", "run", "--config", cfg.to_str().unwrap()])
-        .args(["--", "sh", "-c", "sleep 1"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(&runs), 0o700, "runs/");
-    let files: Vec<PathBuf> = std::fs::read_dir(&runs)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert!(
-        files
-            .iter()
-            .any(|p| p.extension().is_some_and(|x| x == "csv"))
-            && files
-                .iter()
-                .any(|p| p.extension().is_some_and(|x| x == "html")),
-        "{files:?}"
-    );
-    for f in &files {
-        assert_eq!(mode(f), 0o600, "{}", f.display());
-    }
-    let csv = files
-        .iter()
-        .find(|p| p.extension().is_some_and(|x| x == "csv"))
-        .unwrap();
-    let out = gpuwatch()
-        .arg("report")
-        .arg(csv)
-        .args(["--config", cfg.to_str().unwrap(), "--save-baseline", "b1"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(mode(&baselines), 0o700, "baselines/");
-    assert_eq!(mode(&baselines.join("b1.json")), 0o600);
-}
-
 /// Runs a job that prints steps for ~1 s and then hangs, on `scenario` at 60× time (the
 /// nccl-hang scenario hangs its GPUs at scenario time 30 s, i.e. after 0.5 s).
 fn hang_run(scenario: &str) -> serde_json::Value {
@@ -1648,8 +1588,8 @@ fn run_records_start_times_and_removes_the_job_file_of_a_reused_pid() {
     );
 }
 
-/// Issue 30 §9: what the docs promise about `run`'s files holds — read from the docs
-/// themselves: the report's path as docs/jobs.md shows it (`…/runs/run-<start>-<pid>.csv.html`),
+/// Issue 30 §9 (and issue 25 §4): what the docs promise about `run`'s files holds — read from
+/// the docs themselves, 0755 directories an older gpuwatch left included: the report's path as docs/jobs.md shows it (`…/runs/run-<start>-<pid>.csv.html`),
 /// the modes it gives `runs/` and the files in it, and those docs/notifications.md gives the
 /// directories gpuwatch creates in the state directory and the files it writes there
 /// (`baselines/` among them).
@@ -1701,6 +1641,11 @@ fn the_docs_promised_paths_and_modes_hold() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "");
     let state = dir.path().join("state");
+    // (issue 25 §4: directories an older gpuwatch left 0755 are narrowed)
+    for d in ["runs", "baselines"] {
+        std::fs::create_dir_all(state.join(d)).unwrap();
+        std::fs::set_permissions(state.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let out = gpuwatch()
         .args(["--sim", "healthy", "run", "--config", cfg.to_str().unwrap()])
         .args(["--", "sh", "-c", "sleep 1"])
