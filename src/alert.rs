@@ -563,11 +563,7 @@ impl AlertInstanceState {
 /// and, where it adds something, in its `ended` annotation (what webhooks and Alertmanager see).
 fn ended(inst: &AlertInstanceState, now_ms: i64, why: EndReason) -> AlertEvent {
     let mut ev = event(inst, AlertStatus::Resolved, now_ms, false);
-    if let Some(text) = why.describe() {
-        ev.annotations
-            .insert("ended".into(), crate::values::escape_control(&text));
-    }
-    ev.ended = Some(why);
+    ev.set_ended(why);
     ev
 }
 

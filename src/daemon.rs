@@ -259,7 +259,7 @@ fn log_events(events: &[AlertEvent]) {
             gpu = %e.gpu.map_or_else(String::new, |g| g.to_string()),
             status = %e.status.as_str(),
             repeat = e.repeat,
-            ended = e.ended.as_ref().map(crate::model::EndReason::word),
+            ended = e.ended.as_ref().map(|_| e.state_word()),
             "{}",
             e.told_summary()
         );

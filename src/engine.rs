@@ -1001,11 +1001,7 @@ impl Engine {
             for ev in &mut events {
                 let plain = matches!(ev.ended, Some(EndReason::Cleared { note: None }));
                 if ev.status == AlertStatus::Resolved && plain && ev.target_pid == Some(job.pid) {
-                    let why = EndReason::JobEnded { exit: exit.clone() };
-                    if let Some(text) = why.describe() {
-                        ev.annotations.insert("ended".into(), text);
-                    }
-                    ev.ended = Some(why);
+                    ev.set_ended(EndReason::JobEnded { exit: exit.clone() });
                 }
             }
         }

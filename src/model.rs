@@ -1900,14 +1900,6 @@ pub enum EndReason {
 }
 
 impl EndReason {
-    /// The word for the end in a state column: `RESOLVED` only when the condition cleared.
-    pub fn word(&self) -> &'static str {
-        match self {
-            EndReason::Cleared { .. } => "RESOLVED",
-            _ => "ENDED",
-        }
-    }
-
     /// Why, in words; `None` for a plain clearing (nothing to add to "resolved").
     pub fn describe(&self) -> Option<String> {
         Some(match self {
@@ -2035,13 +2027,33 @@ impl AlertEvent {
         AlertEvent { once: true, ..self }
     }
 
+    /// Marks this resolved event as ended for `why`: typed, and where the reason adds
+    /// something, in its `ended` annotation (what webhooks, Alertmanager and exec actions see).
+    pub fn set_ended(&mut self, why: EndReason) {
+        if let Some(text) = why.describe() {
+            self.annotations
+                .insert("ended".into(), crate::values::escape_control(&text));
+        }
+        self.ended = Some(why);
+    }
+
+    /// Whether it is an end for another reason than a clearing (read ENDED, not RESOLVED).
+    pub fn ended_otherwise(&self) -> bool {
+        self.status == AlertStatus::Resolved
+            && self
+                .ended
+                .as_ref()
+                .is_some_and(|e| !matches!(e, EndReason::Cleared { .. }))
+    }
+
     /// Its state as a person reads it: `FIRING`, `STILL` (a repeat), `RESOLVED` (the condition
     /// cleared) or `ENDED` (it ended for another reason: [`EndReason`]).
     pub fn state_word(&self) -> &'static str {
         match self.status {
             AlertStatus::Firing if self.repeat => "STILL",
             AlertStatus::Firing => "FIRING",
-            AlertStatus::Resolved => self.ended.as_ref().map_or("RESOLVED", EndReason::word),
+            AlertStatus::Resolved if self.ended_otherwise() => "ENDED",
+            AlertStatus::Resolved => "RESOLVED",
         }
     }
 
@@ -2050,17 +2062,21 @@ impl AlertEvent {
     /// GPU 3 is still lost; it said: GPU 3: XID 79 …", never the firing text alone as if it
     /// were still news, or as if the fault were gone.
     pub fn told_summary(&self) -> String {
-        let summary = crate::values::escape_control(
+        self.told(
             self.annotations.get("summary").map_or("", String::as_str),
-        );
+            crate::values::escape_control,
+        )
+    }
+
+    /// `said` (its summary, or what stands for it) as [`AlertEvent::told_summary`] tells it,
+    /// escaped by `escape`.
+    pub fn told(&self, said: &str, escape: fn(&str) -> String) -> String {
+        let said = escape(said);
         match self.ended.as_ref().and_then(EndReason::describe) {
             Some(why) if self.status == AlertStatus::Resolved => {
-                format!(
-                    "{}; it said: {summary}",
-                    crate::values::escape_control(&why)
-                )
+                format!("{}; it said: {said}", escape(&why))
             }
-            _ => summary,
+            _ => said,
         }
     }
 }

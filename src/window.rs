@@ -71,6 +71,14 @@ fn add_point(blocks: &mut VecDeque<Block>, first: &mut u64, number: u64, value: 
     }
 }
 
+/// Drops the summaries in `blocks` (whose first is number `first`) before block `number`.
+fn drop_blocks(blocks: &mut VecDeque<Block>, first: &mut u64, number: u64) {
+    while *first < number && !blocks.is_empty() {
+        blocks.pop_front();
+        *first += 1;
+    }
+}
+
 /// Timestamped values of one metric of one GPU, oldest first.
 ///
 /// Besides the points, the window keeps min/max/sum per aligned block of 64 points and per
@@ -202,14 +210,12 @@ impl Window {
             while self.drops.front().is_some_and(|d| *d <= self.evicted) {
                 self.drops.pop_front();
             }
-            while self.first_block < self.evicted / BLOCK && !self.blocks.is_empty() {
-                self.blocks.pop_front();
-                self.first_block += 1;
-            }
-            while self.first_small < self.evicted / SMALL && !self.small.is_empty() {
-                self.small.pop_front();
-                self.first_small += 1;
-            }
+            drop_blocks(
+                &mut self.blocks,
+                &mut self.first_block,
+                self.evicted / BLOCK,
+            );
+            drop_blocks(&mut self.small, &mut self.first_small, self.evicted / SMALL);
         }
     }
 

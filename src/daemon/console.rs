@@ -89,19 +89,15 @@ where
             tracing::Level::WARN => ("\x1b[33m", "\x1b[0m"),
             _ => ("\x1b[2m", "\x1b[0m"),
         };
-        let head = format!("{}  {:<8}  ", clock(crate::sys::now_ms()), level.as_str());
+        let stamp = clock(crate::sys::now_ms());
         let mut text = String::new();
         ctx.field_format().format_fields(
             tracing_subscriber::fmt::format::Writer::new(&mut text),
             event,
         )?;
-        let body = layout(head.chars().count(), &text, terminal_width());
-        writeln!(
-            w,
-            "{}  {on}{:<8}{off}  {body}",
-            clock(crate::sys::now_ms()),
-            level.as_str()
-        )
+        // (the head: the stamp, two spaces, the level in 8 columns, two spaces)
+        let body = layout(stamp.chars().count() + 12, &text, terminal_width());
+        writeln!(w, "{stamp}  {on}{:<8}{off}  {body}", level.as_str())
     }
 }
 

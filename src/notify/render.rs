@@ -24,13 +24,10 @@ pub fn title(n: &Notification) -> String {
         (Reason::Test, _) => "TEST".to_string(),
         // RESOLVED only when every alert's condition cleared; ENDED when one ended otherwise
         // (its XIDs stopped while the GPU stays lost, its job ended)
-        (_, AlertStatus::Resolved) => {
-            if n.alerts.iter().all(|a| a.state_word() != "ENDED") {
-                "RESOLVED".to_string()
-            } else {
-                "ENDED".to_string()
-            }
+        (_, AlertStatus::Resolved) if n.alerts.iter().any(AlertEvent::ended_otherwise) => {
+            "ENDED".to_string()
         }
+        (_, AlertStatus::Resolved) => "RESOLVED".to_string(),
         (_, AlertStatus::Firing) => n.severity().as_str().to_uppercase(),
     };
     let mut gpus: Vec<u32> = n.alerts.iter().filter_map(|a| a.gpu).collect();
@@ -99,19 +96,16 @@ pub fn gpu_line(n: &Notification, a: &AlertEvent) -> Option<String> {
 
 /// The summary of an alert (annotation `summary`, else its name).
 pub fn summary(a: &AlertEvent) -> String {
-    let said = escape_control_lines(a.annotations.get("summary").unwrap_or(&a.name));
-    // an end for a reason other than a clearing: the reason first (see `AlertEvent::told_summary`)
-    match a.ended.as_ref().and_then(crate::model::EndReason::describe) {
-        Some(why) if a.status == AlertStatus::Resolved => {
-            format!("{}; it said: {said}", escape_control_lines(&why))
-        }
-        _ => said,
-    }
+    // (an end for a reason other than a clearing: the reason first)
+    a.told(
+        a.annotations.get("summary").unwrap_or(&a.name),
+        escape_control_lines,
+    )
 }
 
 /// What to do next: the rule's `next_steps` annotation or a default by severity.
 pub fn next_steps(a: &AlertEvent) -> String {
-    if a.status == AlertStatus::Resolved && a.state_word() == "ENDED" {
+    if a.ended_otherwise() {
         let why = a
             .ended
             .as_ref()
@@ -168,7 +162,7 @@ pub fn alert_fields(n: &Notification, a: &AlertEvent) -> Vec<(&'static str, Stri
     }
     f.push(("Started", rfc3339_ms(a.starts_at_ms)));
     if let Some(end) = a.ends_at_ms {
-        let word = if a.state_word() == "ENDED" {
+        let word = if a.ended_otherwise() {
             "Ended"
         } else {
             "Resolved"

@@ -15,7 +15,7 @@ use super::render::summary;
 use super::secret::Secret;
 use super::transport::SendError;
 use super::{Notification, Reason};
-use crate::model::{AlertStatus, Severity};
+use crate::model::{AlertEvent, AlertStatus, Severity};
 
 pub use aliyun::Aliyun;
 pub use twilio::Twilio;
@@ -94,10 +94,10 @@ pub fn short_text(n: &Notification) -> String {
 fn short_line(n: &Notification) -> String {
     let tag = match (n.reason, n.status, n.severity()) {
         (Reason::Test, _, _) => "TEST",
-        (_, AlertStatus::Resolved, _) if n.alerts.iter().all(|a| a.state_word() != "ENDED") => {
-            "OK"
+        (_, AlertStatus::Resolved, _) if n.alerts.iter().any(AlertEvent::ended_otherwise) => {
+            "ENDED"
         }
-        (_, AlertStatus::Resolved, _) => "ENDED",
+        (_, AlertStatus::Resolved, _) => "OK",
         (_, _, Severity::Critical) => "CRIT",
         (_, _, Severity::Warning) => "WARN",
         (_, _, Severity::Info) => "INFO",
