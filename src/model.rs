@@ -1107,6 +1107,7 @@ nvml_functions! {
     DecoderUtilization => "nvmlDeviceGetDecoderUtilization",
     ComputeRunningProcesses => "nvmlDeviceGetComputeRunningProcesses",
     GraphicsRunningProcesses => "nvmlDeviceGetGraphicsRunningProcesses",
+    ProcessName => "nvmlSystemGetProcessName",
     MigMode => "nvmlDeviceGetMigMode",
     MaxMigDeviceCount => "nvmlDeviceGetMaxMigDeviceCount",
     MigDeviceHandleByIndex => "nvmlDeviceGetMigDeviceHandleByIndex",

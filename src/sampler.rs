@@ -1073,11 +1073,11 @@ impl Sampler {
                         let procs = a.processes.as_deref().unwrap_or_default();
                         (a.time_ms, mig::samples(&d.id, readings, procs))
                     });
-                    a.processes.map(|list| (a.time_ms, list))
+                    a.processes.map(|list| (a.time_ms, list, a.names))
                 }
                 None => None,
             };
-            let Some((read_ms, list)) = list else {
+            let Some((read_ms, list, names)) = list else {
                 // No list this round: the last one while fresh (not for a lost GPU: its
                 // processes are gone with it).
                 if let Some((at, carried)) = &d.procs {
@@ -1101,7 +1101,17 @@ impl Sampler {
                         runtime_s: q.runtime_s,
                         start_ticks: q.start_ticks,
                     },
-                    None => self.proc_cache.lookup(p.pid),
+                    None => {
+                        let mut det = self.proc_cache.lookup(p.pid);
+                        // not in this PID namespace: the name NVML gives
+                        if det.command.is_none() {
+                            det.command = names
+                                .iter()
+                                .find(|(pid, _)| *pid == p.pid)
+                                .map(|(_, n)| n.clone());
+                        }
+                        det
+                    }
                 };
                 out.push(ProcSample {
                     pid: p.pid,

@@ -271,7 +271,10 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
     length: c_uint,
 ) -> nvmlReturn_t {
     entry("nvmlSystemGetProcessName", || {
-        system("nvmlSystemGetProcessName")?;
+        let sim = system("nvmlSystemGetProcessName")?;
+        if let Some(n) = sim.process_name(pid) {
+            return unsafe { put_str(name, length, n) };
+        }
         let comm =
             std::fs::read_to_string(format!("/proc/{pid}/comm")).map_err(|_| code::NOT_FOUND)?;
         unsafe { put_str(name, length, comm.trim_end()) }

@@ -113,6 +113,12 @@ fn xid_line(sim: &Sim, gpu: usize, x: &Xid) -> Option<String> {
             .unwrap_or(0),
     };
     let name = x.process_name.clone().unwrap_or_else(|| {
+        // the kernel prints the task's comm: the program's file name, at most 15 bytes
+        if let Some(n) = sim.process_name(pid) {
+            let program = n.split_whitespace().next().unwrap_or(n);
+            let base = program.rsplit('/').next().unwrap_or(program);
+            return base.chars().take(15).collect();
+        }
         std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .ok()
             .map(|c| c.trim_end().to_string())

@@ -541,7 +541,19 @@ pub enum PidSpec {
     SelfPid,
     /// Its parent.
     Parent,
+    /// A training job's rank that is no host process: a PID above the kernel's largest
+    /// ([`JOB_PID_BASE`] + the rank's number in the scenario), so no signal can reach it, like a
+    /// process in another PID namespace. NVML names it (`nvmlSystemGetProcessName`).
+    Job(u32),
 }
+
+/// The first PID of `pid = "job"` processes: above `PID_MAX_LIMIT` (4194304), the largest PID
+/// a Linux kernel hands out.
+pub const JOB_PID_BASE: u32 = 4_195_001;
+const _: () = assert!(JOB_PID_BASE > 4_194_304);
+
+/// The name NVML gives a `pid = "job"` process without `name`.
+pub const JOB_NAME: &str = "python train.py";
 
 /// How much memory a process entry reports.
 #[derive(Debug, Clone)]
@@ -567,6 +579,8 @@ pub struct ProcessSpec {
     pub sm_util_pct: Option<f64>,
     /// On a MIG GPU: the MIG device (index on its GPU) the process runs on.
     pub mig: Option<u32>,
+    /// What `nvmlSystemGetProcessName` answers for the pid (`None`: the pid's `/proc` comm).
+    pub name: Option<String>,
 }
 
 /// A resolved scenario.
@@ -823,7 +837,7 @@ struct RawFault {
     until_s: Option<f64>,
 }
 
-/// `pid = 1234`, `"self"` or `"parent"`.
+/// `pid = 1234`, `"self"`, `"parent"` or `"job"`.
 #[derive(Debug, Deserialize, Clone)]
 #[serde(untagged)]
 pub(crate) enum RawPid {
@@ -844,6 +858,7 @@ struct RawProcess {
     until_s: Option<f64>,
     sm_util_pct: Option<f64>,
     mig: Option<RawGpus>,
+    name: Option<String>,
 }
 
 /// A MIG device: `"1g.10gb"` or a table.
@@ -1120,6 +1135,7 @@ fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError
     }
 
     let mut processes = Vec::new();
+    let mut ranks = 0;
     for p in &raw.process {
         let span = p.span();
         let r = p.get_ref();
@@ -1175,9 +1191,22 @@ fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError
                 }
             };
             for mig in on {
+                let pid = match pid {
+                    PidSpec::Job(_) => {
+                        ranks += 1;
+                        PidSpec::Job(JOB_PID_BASE + ranks - 1)
+                    }
+                    other => other,
+                };
+                let name = match (&r.name, pid) {
+                    (Some(n), _) => Some(n.clone()),
+                    (None, PidSpec::Job(_)) => Some(JOB_NAME.to_string()),
+                    (None, _) => None,
+                };
                 processes.push(ProcessSpec {
                     gpu,
                     pid,
+                    name,
                     memory: memory.clone(),
                     graphics,
                     from_s: r.from_s.unwrap_or(0.0),
@@ -1318,9 +1347,22 @@ pub(crate) fn resolve_pid(raw: &RawPid) -> Result<PidSpec, String> {
         RawPid::Number(n) => Ok(PidSpec::Fixed(*n)),
         RawPid::Word(w) if w == "self" => Ok(PidSpec::SelfPid),
         RawPid::Word(w) if w == "parent" => Ok(PidSpec::Parent),
+        // numbered when the process entries are expanded (one rank per GPU)
+        RawPid::Word(w) if w == "job" => Ok(PidSpec::Job(0)),
         RawPid::Word(w) => Err(format!(
-            "pid `{w}`: expected a number, \"self\" or \"parent\""
+            "pid `{w}`: expected a number, \"self\", \"parent\" or \"job\""
         )),
+    }
+}
+
+/// Parses a `pid` value that names a process (an XID's, a control file's): not `"job"`, which
+/// makes a new rank.
+pub(crate) fn resolve_named_pid(raw: &RawPid) -> Result<PidSpec, String> {
+    match resolve_pid(raw)? {
+        PidSpec::Job(_) => Err(
+            "pid \"job\" makes a new rank and belongs in a [[process]] entry of a scenario; here give a number, \"self\" or \"parent\"".into(),
+        ),
+        other => Ok(other),
     }
 }
 
@@ -1396,7 +1438,7 @@ fn resolve_event_kind(
             };
             let pid = match &e.pid {
                 None => None,
-                Some(p) => Some(resolve_pid(p).map_err(|m| src.err(span.clone(), m))?),
+                Some(p) => Some(resolve_named_pid(p).map_err(|m| src.err(span.clone(), m))?),
             };
             EventKind::Xid(Box::new(Xid {
                 code: need(e.code, "code")?,
@@ -2146,6 +2188,45 @@ used_memory_mib = 512
         assert!(!s.faults[0].matches("nvmlDeviceGetPowerUsage", Some(0), 0.0));
         assert_eq!(s.processes.len(), 2);
         assert_eq!(s.processes[0].pid, PidSpec::SelfPid);
+    }
+
+    /// `pid = "job"` makes one rank per GPU at PIDs no kernel hands out, named by NVML as a
+    /// training job; a process's own `name` wins; an XID cannot name a rank that way.
+    #[test]
+    fn job_processes_are_ranks_above_the_largest_pid() {
+        let s = parse(
+            "name = \"x\"\n[devices]\ncount = 3\n\
+             [[process]]\ngpu = \"all\"\npid = \"job\"\n\
+             [[process]]\ngpu = 1\npid = \"job\"\nname = \"torchrun eval.py\"\n\
+             [[process]]\ngpu = 2\npid = \"self\"\n",
+            "job.toml",
+            None,
+        )
+        .unwrap();
+        let pids: Vec<PidSpec> = s.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(
+            pids,
+            [
+                PidSpec::Job(4_195_001),
+                PidSpec::Job(4_195_002),
+                PidSpec::Job(4_195_003),
+                PidSpec::Job(4_195_004),
+                PidSpec::SelfPid
+            ]
+        );
+        let names: Vec<Option<&str>> = s.processes.iter().map(|p| p.name.as_deref()).collect();
+        assert_eq!(
+            names,
+            [
+                Some(JOB_NAME),
+                Some(JOB_NAME),
+                Some(JOB_NAME),
+                Some("torchrun eval.py"),
+                None
+            ]
+        );
+        let e = err("name = \"x\"\n[devices]\ncount = 1\n[[event]]\ngpu = 0\nat_s = 1\nkind = \"xid\"\ncode = 13\npid = \"job\"\n");
+        assert!(e.message.contains("[[process]]"), "{e}");
     }
 
     #[test]

@@ -675,7 +675,18 @@ impl Sim {
             PidSpec::Fixed(p) => p,
             PidSpec::SelfPid => self.self_pid,
             PidSpec::Parent => self.parent_pid,
+            PidSpec::Job(p) => p,
         }
+    }
+
+    /// What NVML names `pid`: the `name` of a scenario process at that pid, else `None` (the
+    /// caller reads the host's `/proc`).
+    pub fn process_name(&self, pid: u32) -> Option<&str> {
+        self.scenario
+            .processes
+            .iter()
+            .find(|p| self.resolve_pid(p.pid) == pid)
+            .and_then(|p| p.name.as_deref())
     }
 
     /// Processes on `gpu` at `t_s`: compute (scenario + control file) or graphics.
@@ -789,7 +800,7 @@ pub(crate) fn parse_control(
                 p.gpu, device_count
             ));
         }
-        let pid = crate::scenario::resolve_pid(&p.pid).map_err(|m| format!("{file}: {m}"))?;
+        let pid = crate::scenario::resolve_named_pid(&p.pid).map_err(|m| format!("{file}: {m}"))?;
         let mig = match (migs[p.gpu as usize], p.mig) {
             (None, None) => None,
             (None, Some(_)) => {

@@ -151,7 +151,6 @@ fn check_healthy() {
     assert_eq!(nvml.sys_nvml_version().unwrap(), "12.550.54.15");
     assert_eq!(nvml.sys_cuda_driver_version().unwrap(), 12040);
     assert_eq!(nvml.device_count().unwrap(), 8);
-    let parent = std::os::unix::process::parent_id();
     let mut uuids = Vec::new();
     for i in 0..8u32 {
         let d = nvml.device_by_index(i).unwrap();
@@ -226,9 +225,12 @@ fn check_healthy() {
             Err(NvmlError::NotSupported)
         ));
         assert!(!d.mig_is_mig_device_handle().unwrap());
+        // one rank of a training job per GPU, at a PID no kernel hands out, named by NVML
+        let rank = 4_195_001 + i;
         let procs = d.running_compute_processes().unwrap();
         assert_eq!(procs.len(), 1);
-        assert_eq!(procs[0].pid, parent);
+        assert_eq!(procs[0].pid, rank);
+        assert_eq!(nvml.sys_process_name(rank, 64).unwrap(), "python train.py");
         // the process follows the GPU's memory signal (which moves a little between calls)
         assert!(matches!(procs[0].used_gpu_memory,
             UsedGpuMemory::Used(b) if b.abs_diff(mem.used) < 1024 * 1024 * 1024));
@@ -236,7 +238,7 @@ fn check_healthy() {
         assert!(d.mps_running_compute_processes().unwrap().is_empty());
         let pu = d.process_utilization_stats(None).unwrap();
         assert_eq!(pu.len(), 1);
-        assert_eq!(pu[0].pid, parent);
+        assert_eq!(pu[0].pid, rank);
         let fields = d
             .field_values_for(&[
                 FieldId(82),
@@ -1563,8 +1565,9 @@ fn python_peers_read_the_library_without_errors() {
         "{json}"
     );
     assert!(json.contains("\"driver_version\": \"550.54.15\""), "{json}");
-    let parent = std::process::id().to_string();
-    assert!(json.contains(&format!("\"pid\": {parent}")), "{json}");
+    // the training job's ranks (`pid = "job"`) are no host process: gpustat, listing what
+    // psutil finds, lists none of them
+    assert_eq!(json.matches("\"processes\": []").count(), 8, "{json}");
     let plain = run(&["-m", "gpustat", "-a"]);
     assert_eq!(plain.matches("H100").count(), 8, "{plain}");
     let top = run(&["-m", "nvitop", "--once"]);
@@ -1592,7 +1595,6 @@ fn check_mig() {
     const MIB: u64 = 1024 * 1024;
     let nvml = nvml();
     let lib = nvml.lib();
-    let parent = std::os::unix::process::parent_id();
     assert_eq!(nvml.device_count().unwrap(), 3);
     let a100 = nvml.device_by_index(0).unwrap();
     assert_eq!(a100.name().unwrap(), "NVIDIA A100-SXM4-80GB");
@@ -1633,8 +1635,14 @@ fn check_mig() {
         used += mem.used;
         let procs = m.running_compute_processes().unwrap();
         assert_eq!(procs.len(), 1);
-        let pid = if k == 0 { parent } else { 4_194_400 + k };
+        // a training rank on the first, inference servers on the others
+        let (pid, name) = if k == 0 {
+            (4_195_001, "python train.py")
+        } else {
+            (4_194_400 + k, "python serve.py")
+        };
         assert_eq!(procs[0].pid, pid);
+        assert_eq!(nvml.sys_process_name(pid, 64).unwrap(), name);
         assert_eq!(procs[0].gpu_instance_id, Some(7 + k));
         assert_eq!(procs[0].compute_instance_id, Some(0));
         assert!(matches!(

@@ -973,6 +973,9 @@ pub(super) struct SlowSlot {
     mig: super::mig::MigReader,
     /// The NVLinks' reads (see `nvlink`).
     nvlink: super::nvlink::NvlinkReader,
+    /// NVML's names of the listed processes `/proc` does not show (`None`: NVML gave none),
+    /// kept while they are listed: asked once per process.
+    names: Vec<(u32, Option<String>)>,
 }
 
 /// Counters the slow path reads on a cadence of their own, slower than the process interval:
@@ -1062,9 +1065,47 @@ pub(super) struct SlowAnswer {
     pub nvlink: Option<Vec<crate::model::nvlink::NvlinkLink>>,
     /// Its GPU instances' GPM metrics are read (see `mig::MigGpmReader`).
     pub mig_gpm: bool,
+    /// What NVML names the listed processes `/proc` does not show (another PID namespace):
+    /// `(pid, name)`, for the command they would otherwise lack.
+    pub names: Vec<(u32, String)>,
 }
 
 impl SlowSlot {
+    /// Names the listed processes that `/proc` does not show — processes in another PID
+    /// namespace (gpuwatch in a container, a job in one without the host's PIDs) — by NVML's
+    /// `nvmlSystemGetProcessName`, once per process while it is listed; a process `/proc` shows
+    /// costs one `stat` when it first appears.
+    fn name_hidden(&mut self, lists: &[(ProcessInfo, ProcKind)], answer: &mut SlowAnswer) {
+        self.names
+            .retain(|(pid, _)| lists.iter().any(|(p, _)| p.pid == *pid));
+        for (p, _) in lists {
+            let known = self.names.iter().find(|(pid, _)| *pid == p.pid);
+            let name = match known {
+                Some((_, name)) => name.clone(),
+                None => {
+                    let shown = std::fs::symlink_metadata(format!("/proc/{}", p.pid)).is_ok();
+                    let name = match (&self.slot.handle, shown) {
+                        (Some(dev), false) => self
+                            .slot
+                            .busy
+                            .call(NvmlFunction::ProcessName, || {
+                                dev.nvml().sys_process_name(p.pid, 256)
+                            })
+                            .ok()
+                            .map(|n| n.trim().to_string())
+                            .filter(|n| !n.is_empty()),
+                        _ => None,
+                    };
+                    self.names.push((p.pid, name.clone()));
+                    name
+                }
+            };
+            if let Some(name) = name {
+                answer.names.push((p.pid, name));
+            }
+        }
+    }
+
     /// Reads the MIG devices into `answer` (see `mig`); processes that only a MIG device's own
     /// list shows join the GPU's `lists`.
     fn read_mig(
@@ -1114,6 +1155,7 @@ impl SlowSlot {
             rates_now: false,
             counters_at: [None; COUNTERS.len()],
             process_interval_ms: 5_000,
+            names: Vec::new(),
             mig: super::mig::MigReader::default(),
             nvlink: super::nvlink::NvlinkReader::default(),
         }
@@ -1200,6 +1242,9 @@ impl SlowSlot {
         }
         if !answer.lost {
             self.read_mig(&mut answer, ok.then_some(&mut lists));
+        }
+        if ok {
+            self.name_hidden(&lists, &mut answer);
         }
         answer.processes = ok.then_some(lists);
         if !answer.lost

@@ -94,8 +94,10 @@ pub fn command(args: &[&str], envs: &[(&str, &str)]) -> Command {
         cmd.env_remove(k);
     }
     // State that defaults under $HOME (the end-of-run recordings of `run`) goes to a directory
-    // of this test process, never the caller's home.
+    // of this test process, never the caller's home; so does what goes under $TMPDIR (the kept
+    // state directories of `--sim --speed` daemons), one directory per test run.
     cmd.env("HOME", test_home());
+    cmd.env("TMPDIR", test_home().join("tmp"));
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -122,6 +124,23 @@ pub fn sim(scenario: &str, args: &[&str], envs: &[(&str, &str)]) -> Run {
 
 /// Splits a gpuwatch CSV recording into its header and rows, checking every row has as many
 /// fields as the header (a cut-off line would not).
+/// A shipped scenario whose training job is the client's parent (`pid = "parent"` for `"job"`),
+/// written to `dir`: for the tests that need GPU processes `/proc` shows — this test process
+/// when it starts gpuwatch — with an owner to account by.
+pub fn scenario_with_parent(name: &str, dir: &Path) -> PathBuf {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("nvml-sim/scenarios")
+        .join(format!("{name}.toml"));
+    let text = std::fs::read_to_string(&shipped).expect("shipped scenario");
+    assert!(
+        text.contains("pid = \"job\""),
+        "{name} has no job processes"
+    );
+    let path = dir.join(format!("{name}-parent.toml"));
+    std::fs::write(&path, text.replace("pid = \"job\"", "pid = \"parent\"")).expect("write");
+    path
+}
+
 pub fn csv_rows(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
     let mut lines = text.lines();
     let header: Vec<String> = lines
@@ -177,7 +196,7 @@ pub fn test_home() -> &'static Path {
     static HOME: OnceLock<PathBuf> = OnceLock::new();
     HOME.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("gpuwatch-test-home-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("test home");
+        std::fs::create_dir_all(dir.join("tmp")).expect("test home");
         dir
     })
 }

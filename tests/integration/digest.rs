@@ -42,8 +42,11 @@ fn the_daemon_accounts_usage_and_digest_prints_it() {
         &[],
     );
     assert_eq!(r.code, 3, "{r:?}");
-    // The overnight scenario (GPU 6 holds 20 GiB at 0 %) for a few seconds.
-    let mut real = common::command(&["--sim", "overnight", "daemon", "--config", cfg_s], &[])
+    // The overnight scenario (GPU 6 holds 20 GiB at 0 %) for a few seconds, its training job
+    // this test process (so that `/proc` names the owner).
+    let overnight = common::scenario_with_parent("overnight", tmp.path());
+    let overnight = overnight.to_str().expect("utf-8");
+    let mut real = common::command(&["--sim", overnight, "daemon", "--config", cfg_s], &[])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -24,11 +24,28 @@ fn fixture() -> String {
 
 #[test]
 fn doctor_is_clean_on_healthy() {
-    let run = common::sim("healthy", &["doctor"], &[]);
+    // the training job this test's own (the client's parent, same user): nothing to report
+    let tmp = tempfile::tempdir().unwrap();
+    let own = common::scenario_with_parent("healthy", tmp.path());
+    let own = own.to_str().unwrap();
+    let run = common::sim(own, &["doctor"], &[]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     assert_eq!(run.stdout, "no findings\n");
-    let json = common::sim("healthy", &["doctor", "--json"], &[]).json();
+    let json = common::sim(own, &["doctor", "--json"], &[]).json();
     assert_eq!(json, serde_json::json!([]));
+    // as shipped, a training job of no host PID (someone else's) holds every GPU
+    let run = common::sim("healthy", &["doctor", "--json"], &[]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let json: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    let found = json.as_array().unwrap();
+    assert_eq!(found.len(), 8, "{json}");
+    assert!(
+        found.iter().all(|f| f["check"] == "foreign_process"
+            && f["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("(an unknown user, python train.py)"))),
+        "{json}"
+    );
 }
 
 #[test]
@@ -142,8 +159,10 @@ fn run_preflight_refuses_a_job_with_findings_unless_warn() {
     assert!(warned.stderr.contains("13 findings"), "{}", warned.stderr);
     // (A fresh fake sysfs: the one above still lists the fixture's 15 GPUs.)
     let fresh = tmp.path().join("sys2").display().to_string();
+    // healthy GPUs whose training job is this test's own (the same user): nothing to report
+    let own = common::scenario_with_parent("healthy", tmp.path());
     let clean = common::sim(
-        "healthy",
+        own.to_str().unwrap(),
         &["run", "--no-rules", "--preflight", "--", "true"],
         &[
             ("NVML_SIM_SYSFS", fresh.as_str()),
@@ -252,7 +271,9 @@ fn mig_foreign(visible: Option<&str>) -> Vec<serde_json::Value> {
         .map(|v| ("CUDA_VISIBLE_DEVICES", v))
         .into_iter()
         .collect();
-    let run = common::sim("mig", &["doctor", "--json"], &env);
+    let tmp = tempfile::tempdir().unwrap();
+    let own = common::scenario_with_parent("mig", tmp.path());
+    let run = common::sim(own.to_str().unwrap(), &["doctor", "--json"], &env);
     let list: Vec<serde_json::Value> = serde_json::from_str(&run.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}{}", run.stdout, run.stderr));
     list.into_iter()
@@ -262,8 +283,8 @@ fn mig_foreign(visible: Option<&str>) -> Vec<serde_json::Value> {
 
 /// `CUDA_VISIBLE_DEVICES=MIG-…` gives the job one MIG device: doctor looks for foreign processes
 /// on it only (read as `gpuwatch devices` reads the variable, the legacy form too) and names it.
-/// The `mig` scenario's A100 has this test's process on its first 1g.10gb and processes of no
-/// host PID (foreign) on the six others.
+/// The `mig` scenario with its training ranks made this test's process: the A100 has this
+/// test's process on its first 1g.10gb and processes of no host PID (foreign) on the six others.
 #[test]
 fn doctor_checks_only_the_mig_device_cuda_visible_devices_names() {
     let devices = common::sim("mig", &["devices", "--json"], &[]).json();

@@ -24,9 +24,8 @@ fn status() -> Value {
     .json()
 }
 
-fn parent_pid() -> u64 {
-    u64::from(std::process::id())
-}
+/// The PID nvml-sim gives the first rank of a scenario's training job (`pid = "job"`).
+const FIRST_RANK: u64 = 4_195_001;
 
 #[test]
 fn status_lists_seven_1g_mig_devices_with_memory_and_processes() {
@@ -57,7 +56,7 @@ fn status_lists_seven_1g_mig_devices_with_memory_and_processes() {
         let pids = m["processes"].as_array().expect("pids");
         assert_eq!(pids.len(), 1, "{m}");
         let want = if k == 0 {
-            parent_pid()
+            FIRST_RANK
         } else {
             4_194_400 + k as u64
         };
@@ -343,7 +342,8 @@ fn record_writes_a_row_per_mig_device_that_import_and_report_read_back() {
     assert_eq!(mig[0]["processes"], 1);
 }
 
-/// The daemon's usage ledger on the `mig` scenario: this test process owns the first MIG
+/// The daemon's usage ledger on the `mig` scenario with its training ranks made this test
+/// process (the daemon's parent, so `/proc` names the owner): this test process owns the first MIG
 /// device of the A100 (1/7 of it), the H100's 3g.40gb (3/7) and the whole third GPU; the
 /// processes it cannot see (`?`) the A100's six other 1g.10gb (6/7) and the H100's 2g.20gb
 /// (2/7). Their GPU-hours stand 11 : 8.
@@ -353,7 +353,9 @@ fn usage_counts_each_mig_device_for_its_share() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let cfg = config(tmp.path(), None);
     let cfg_s = cfg.to_str().expect("utf-8");
-    let mut real = common::command(&["--sim", "mig", "daemon", "--config", cfg_s], &[])
+    let scenario = common::scenario_with_parent("mig", tmp.path());
+    let scenario = scenario.to_str().expect("utf-8");
+    let mut real = common::command(&["--sim", scenario, "daemon", "--config", cfg_s], &[])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -53,7 +53,12 @@ fn real_gpu_script_runs_against_the_simulator() {
         text.contains("8 GPUs, driver 550.54.15, 0 missing"),
         "{text}"
     );
-    assert!(text.contains("no findings"), "{text}");
+    // the simulated training job (no host PID: someone else's) holds every GPU
+    assert!(text.contains("8 findings"), "{text}");
+    assert!(
+        text.contains("(an unknown user, python train.py)"),
+        "{text}"
+    );
     assert!(text.contains("skipped: nvidia-smi comparison"), "{text}");
     assert!(text.contains("0 out of tolerance"), "{text}");
     assert!(text.contains("skipped: PyTorch trace"), "{text}");

@@ -660,6 +660,42 @@ used_memory_mib = 1024
     assert_eq!(col(&h, &rows[0], "processes"), "");
 }
 
+/// Issue 30 §8: without a control file the shipped scenarios' GPU processes look like a training
+/// job — one rank per GPU, named by NVML (`nvmlSystemGetProcessName`) as `python train.py` — and
+/// are no host process: their PIDs are above the largest a kernel hands out, `/proc` knows them
+/// not (so no owner is made up), and no signal reaches them. Before, they were the shell that
+/// started gpuwatch.
+#[test]
+fn shipped_processes_look_like_a_training_job_no_signal_reaches() {
+    let s = sim(
+        "overnight",
+        &["status", "--json"],
+        &[("NVML_SIM_TIME_SCALE", "0"), ("NVML_SIM_START_S", "700")],
+    )
+    .json();
+    let mut pids = Vec::new();
+    // (GPU 5 fell off the bus at 600 s: no processes)
+    for g in gpus(&s).iter().filter(|g| g["state"] != "lost") {
+        let procs = g["processes"].as_array().expect("processes");
+        assert_eq!(procs.len(), 1, "{g}");
+        let p = &procs[0];
+        assert_eq!(p["command"], "python train.py", "{p}");
+        assert_eq!(p["user"], Value::Null, "{p}");
+        let pid = p["pid"].as_u64().expect("pid");
+        assert!(pid > 4_194_304, "{p}");
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+        // SAFETY: signal 0 only checks that the process exists.
+        let r = unsafe { libc::kill(pid as i32, 0) };
+        assert_eq!(
+            (r, std::io::Error::last_os_error().raw_os_error()),
+            (-1, Some(libc::ESRCH))
+        );
+        pids.push(pid);
+    }
+    pids.dedup();
+    assert_eq!(pids.len(), 7, "one rank per GPU: {pids:?}");
+}
+
 #[test]
 fn cuda_visible_devices_mapping() {
     let all = sim("healthy", &["devices", "--json"], &[]).json();
