@@ -205,6 +205,9 @@ struct Gpu {
     link_fields: Vec<FieldId>,
     /// Per link: the error counters it answers (NOT_SUPPORTED or no symbol: asked no more).
     counters_supported: Vec<[bool; 4]>,
+    /// The listed processes seen so far: one `/proc` look each, and for one `/proc` does not
+    /// show, one `nvmlSystemGetProcessName` (as the sampler names it).
+    seen: Vec<u32>,
 }
 
 const LINK_COUNTERS: [ErrorCounter; 4] = [
@@ -314,6 +317,7 @@ impl Gpu {
             links,
             link_fields,
             counters_supported: vec![[true; 4]; 18],
+            seen: Vec::new(),
         }
     }
 
@@ -337,8 +341,25 @@ impl Gpu {
     }
 
     fn slow(&mut self, skip: u64) {
-        let _ = self.dev.running_compute_processes();
-        let _ = self.dev.running_graphics_processes();
+        let mut pids: Vec<u32> = Vec::new();
+        for list in [
+            self.dev.running_compute_processes(),
+            self.dev.running_graphics_processes(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            pids.extend(list.iter().map(|p| p.pid));
+        }
+        self.seen.retain(|p| pids.contains(p));
+        for pid in pids {
+            if !self.seen.contains(&pid) {
+                self.seen.push(pid);
+                if std::fs::symlink_metadata(format!("/proc/{pid}")).is_err() {
+                    let _ = self.dev.nvml().sys_process_name(pid, 256);
+                }
+            }
+        }
         if self.mig_mode {
             let _ = self.dev.mig_mode();
         }
