@@ -165,19 +165,11 @@ impl SamplerThread {
             .name("gpuwatch-sampler".into())
             .spawn(move || {
                 let mut ticker = Ticker::new(Instant::now(), interval);
-                let mut standing = false;
-                let mut first = true;
                 loop {
                     let due = ticker.next(Instant::now());
                     if until.is_some_and(|u| due >= u) {
                         break;
                     }
-                    // From the second tick on, the GPUs are read on the ticks' schedule.
-                    if !standing && !first {
-                        sampler.keep_reading(due, interval);
-                        standing = true;
-                    }
-                    first = false;
                     // One sleep per tick; a stop wakes it at once.
                     if !signal.sleep_until(due) {
                         break;

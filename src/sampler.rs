@@ -816,15 +816,6 @@ impl Sampler {
         self.tick_budget = budget.min(self.call_timeout);
     }
 
-    /// For a periodic sampler whose ticks come every `every` from `first` on: the fast path
-    /// reads each tick's GPUs on its own clock, just before the tick is due, instead of being
-    /// asked at the tick (no hand-off between threads; see `worker`). The ticks still stamp
-    /// and assemble the snapshots; a tick that comes at another time gets what was read for
-    /// the nearest period.
-    pub fn keep_reading(&mut self, first: Instant, every: Duration) {
-        self.fast.stand(first, every);
-    }
-
     /// Takes one snapshot now.
     pub fn sample(&mut self) -> Snapshot {
         self.sample_at(now_ms())

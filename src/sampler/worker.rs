@@ -1,10 +1,6 @@
 //! Worker threads for NVML calls, so that a call that blocks — for ever in a wedged driver —
 //! delays only its own GPU. A [`Pool`] starts with one thread reading every GPU in turn (one
-//! hand-off per tick: the cheapest way to sample) and answers per GPU as it goes. A periodic
-//! sampler gives the pool a standing order instead ([`Pool::stand`]): the thread reads on its
-//! own clock, each tick's GPUs just before the tick is due, so that a tick costs each thread
-//! one timer wake-up and no hand-off at all (waking another thread and waiting for it was half
-//! of the sampling thread's CPU). When a call has
+//! hand-off per tick: the cheapest way to sample) and answers per GPU as it goes. When a call has
 //! been blocked longer than the pool's split time, the GPUs after it are moved to a new thread at
 //! once (asked again within the same tick), and the blocked thread keeps only the GPU it is stuck
 //! on; each thread's [`Busy`] marker tells which GPU and function it is in, and since when.
@@ -220,52 +216,11 @@ impl CallFailures {
     }
 }
 
-/// One request to a thread: the ask it belongs to, the tick time, the GPUs to read in order;
-/// or, with `standing`, a standing order to read them every period from now on.
+/// One request to a thread: the ask it belongs to, the tick time, the GPUs to read in order.
 struct Request {
     seq: u64,
     time_ms: i64,
     positions: Vec<usize>,
-    standing: Option<Standing>,
-}
-
-/// A standing order (see [`Pool::stand`]): period `j` is due at `first + j × every`, its
-/// answers belong to ask `seq0 + j`.
-#[derive(Debug, Clone, Copy)]
-struct Standing {
-    first: Instant,
-    every: Duration,
-    seq0: u64,
-}
-
-impl Standing {
-    fn due(&self, j: u64) -> Instant {
-        let nanos = self.every.as_nanos().saturating_mul(u128::from(j));
-        self.first + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
-    }
-
-    /// The period whose due time is nearest `now` (a tick wakes a little after its due time).
-    fn nearest(&self, now: Instant) -> u64 {
-        let since = now.saturating_duration_since(self.first);
-        let every = self.every.as_nanos().max(1);
-        u64::try_from((since.as_nanos() + every / 2) / every).unwrap_or(u64::MAX)
-    }
-
-    /// The first period not before `next` whose due time is still ahead at `now`.
-    fn upcoming(&self, next: u64, now: Instant) -> u64 {
-        if now < self.first {
-            return next;
-        }
-        let every = self.every.as_nanos().max(1);
-        let passed = now.duration_since(self.first).as_nanos() / every + 1;
-        next.max(u64::try_from(passed).unwrap_or(u64::MAX))
-    }
-}
-
-/// How early a standing read starts before its period is due: the last read's duration and a
-/// quarter more, plus 200 µs, at most a quarter of the period.
-fn lead(last_read: Duration, every: Duration) -> Duration {
-    (last_read + last_read / 4 + Duration::from_micros(200)).min(every / 4)
 }
 
 /// One message from a thread: an answer for a GPU, or (`None`) the end of a request. Answers are
@@ -288,8 +243,6 @@ struct Group {
     alive: bool,
     /// While not alive: the failed tries to start its thread, and when to try again.
     restart: Option<(u32, Instant)>,
-    /// Its thread reads on the pool's standing order (it is sent no requests).
-    standing: bool,
 }
 
 /// Per-GPU state of a pool thread, created on first use.
@@ -316,8 +269,6 @@ pub(crate) struct Pool<S, R> {
     next_group: usize,
     seq: u64,
     time_ms: i64,
-    /// The standing order its first threads read on, once given.
-    standing: Option<Standing>,
     /// Per GPU: wanted in the current ask, asked, answered.
     wanted: Vec<bool>,
     pending: Vec<bool>,
@@ -348,7 +299,6 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
             next_group: 0,
             seq: 0,
             time_ms: 0,
-            standing: None,
             wanted: vec![false; n],
             pending: vec![false; n],
             got: (0..n).map(|_| None).collect(),
@@ -386,7 +336,6 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
             outstanding: None,
             alive,
             restart,
-            standing: false,
         });
         id
     }
@@ -431,7 +380,6 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
                         outstanding: None,
                         alive: true,
                         restart: None,
-                        standing: false,
                     };
                 }
                 Err(e) => {
@@ -467,47 +415,7 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
             .stack_size(STACK_BYTES);
         start_thread(builder, move || {
             let mut states: Vec<Option<S>> = (0..n).map(|_| None).collect();
-            // the standing order, its GPUs, the next period to read, the last read's duration
-            let mut order: Option<(Standing, Vec<usize>)> = None;
-            let mut next = 0_u64;
-            let mut took = Duration::ZERO;
-            loop {
-                let req = match &order {
-                    None => match rx.recv() {
-                        Ok(r) => r,
-                        Err(_) => return,
-                    },
-                    Some((s, positions)) => {
-                        // One timer wake-up per period; a request that came meanwhile (none
-                        // does while the order stands, unless the pool goes) is seen then.
-                        let j = s.upcoming(next, Instant::now());
-                        let start = s.due(j).checked_sub(lead(took, s.every));
-                        if let Some(wait) =
-                            start.and_then(|t| t.checked_duration_since(Instant::now()))
-                        {
-                            std::thread::sleep(wait);
-                        }
-                        match rx.try_recv() {
-                            Ok(r) => r,
-                            Err(mpsc::TryRecvError::Disconnected) => return,
-                            Err(mpsc::TryRecvError::Empty) => {
-                                next = j + 1;
-                                Request {
-                                    seq: s.seq0 + j,
-                                    time_ms: crate::sys::now_ms(),
-                                    positions: positions.clone(),
-                                    standing: None,
-                                }
-                            }
-                        }
-                    }
-                };
-                if let Some(s) = req.standing {
-                    order = Some((s, req.positions));
-                    next = 0;
-                    continue;
-                }
-                let began = Instant::now();
+            while let Ok(req) = rx.recv() {
                 for pos in req.positions {
                     if !marker.reads(pos) {
                         continue;
@@ -547,7 +455,6 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
                 if replies.send(done).is_err() {
                     return;
                 }
-                took = began.elapsed();
             }
         })?;
         Ok(tx)
@@ -556,53 +463,9 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
     /// Starts a new ask at `time_ms` for the GPUs `want` selects: every thread that is free
     /// is sent its wanted GPUs. (Answers to an earlier ask still coming are discarded.)
     pub(crate) fn ask(&mut self, time_ms: i64, want: impl Fn(usize) -> bool) {
-        let Some(order) = self.standing else {
-            self.drain_stale();
-            self.restart_dead();
-            self.seq += 1;
-            self.start_ask(time_ms, want);
-            return;
-        };
-        // The threads on the standing order read this tick's period on their own (usually
-        // before now): its answers are booked under the period's ask.
-        // (a tick so late that it is nearer the next period's due time takes that period; the
-        // following tick then finds its period taken — a gap — and the ticks are in step again)
-        self.seq = (order.seq0 + order.nearest(Instant::now())).max(self.seq);
-        self.time_ms = time_ms;
-        for pos in 0..self.n {
-            self.wanted[pos] = want(pos);
-            self.pending[pos] = false;
-            self.got[pos] = None;
-        }
-        for g in &mut self.groups {
-            if !(g.standing && g.alive) {
-                continue;
-            }
-            let mut count = 0;
-            for p in g.members.iter().filter(|p| self.wanted[**p]) {
-                self.pending[*p] = true;
-                count += 1;
-            }
-            g.outstanding = (count > 0).then_some((self.seq, count));
-        }
         self.drain_stale();
         self.restart_dead();
-        for g in 0..self.groups.len() {
-            if self.groups[g].standing {
-                continue;
-            }
-            let positions: Vec<usize> = self.groups[g]
-                .members
-                .iter()
-                .copied()
-                .filter(|p| self.wanted[*p])
-                .collect();
-            self.send(g, positions);
-        }
-    }
-
-    /// Books a new ask (`self.seq` set) at `time_ms` and sends every free thread its GPUs.
-    fn start_ask(&mut self, time_ms: i64, want: impl Fn(usize) -> bool) {
+        self.seq += 1;
         self.time_ms = time_ms;
         for pos in 0..self.n {
             self.wanted[pos] = want(pos);
@@ -618,36 +481,6 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
                 .collect();
             self.send(g, positions);
         }
-    }
-
-    /// Gives the threads a standing order: read every GPU each `every`, the first period due at
-    /// `first`, each read started just early enough (the last one's duration and a quarter
-    /// more) to be done when its period is due; [`Pool::ask`] then only books what they read.
-    /// Threads started later (a split, a restart) are asked at each tick as before. For a
-    /// periodic sampler whose ticks are `every` apart from `first`; once per pool.
-    pub(crate) fn stand(&mut self, first: Instant, every: Duration) {
-        if self.standing.is_some() || every.is_zero() {
-            return;
-        }
-        self.drain_stale();
-        let order = Standing {
-            first,
-            every,
-            seq0: self.seq + 1,
-        };
-        for g in &mut self.groups {
-            if !g.alive || g.outstanding.is_some() || g.members.is_empty() {
-                continue;
-            }
-            let req = Request {
-                seq: 0,
-                time_ms: 0,
-                positions: g.members.clone(),
-                standing: Some(order),
-            };
-            g.standing = g.tx.send(req).is_ok();
-        }
-        self.standing = Some(order);
     }
 
     /// Sends group `g` the current ask for `positions` unless it is busy.
@@ -661,7 +494,6 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
             seq: self.seq,
             time_ms: self.time_ms,
             positions: positions.clone(),
-            standing: None,
         };
         if group.tx.send(req).is_err() {
             // The thread ended (it never does unless the pool is broken): a new one is started
@@ -917,80 +749,6 @@ mod tests {
         assert_eq!(pool.take(2), Some((2, 3)));
         assert!(pool.stalled(2, Instant::now(), Duration::ZERO).is_none());
         assert!(!pool.waiting());
-    }
-
-    /// On a standing order the thread reads each period's GPUs before the period is due, on its
-    /// own clock: a tick at the due time finds every answer there (nothing waited for), one
-    /// read per GPU and period, none for a period no tick asked; a GPU that blocks is split
-    /// off as before and the others are asked at each tick on their new thread.
-    #[test]
-    fn a_standing_order_reads_before_each_tick_and_still_splits() {
-        use std::sync::atomic::AtomicBool;
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let release_rx = Arc::new(std::sync::Mutex::new(release_rx));
-        let reads: Arc<Vec<AtomicU64>> = Arc::new((0..3).map(|_| AtomicU64::new(0)).collect());
-        let counted = reads.clone();
-        let block = Arc::new(AtomicBool::new(false));
-        let blocks = block.clone();
-        let factory: Factory<usize> = Arc::new(|pos, _| pos);
-        let work: Work<usize, (usize, ())> = Arc::new(move |st, busy, _t| {
-            counted[*st].fetch_add(1, Ordering::SeqCst);
-            if *st == 1 && blocks.swap(false, Ordering::SeqCst) {
-                busy.around(NvmlFunction::PowerUsage, || {
-                    let _ = release_rx.lock().map(|r| r.recv());
-                });
-            }
-            (*st, ())
-        });
-        let mut pool = Pool::new("test", 3, Duration::from_millis(20), factory, work);
-        let every = Duration::from_millis(100);
-        let first = Instant::now() + every;
-        pool.stand(first, every);
-        let mut ready = 0;
-        for k in 0..4_u32 {
-            let due = first + every * k;
-            std::thread::sleep(due.saturating_duration_since(Instant::now()));
-            pool.ask(i64::from(k), |_| true);
-            // already answered: collecting waits for nothing (on a loaded machine the thread
-            // may be late now and then)
-            ready += u32::from(!pool.waiting());
-            pool.collect(Instant::now() + Duration::from_secs(1), None);
-            for p in 0..3 {
-                let (pos, _) = pool.take(p).expect("an answer");
-                assert_eq!(pos, p);
-            }
-        }
-        assert!(ready >= 2, "answers ready at {ready} of 4 ticks");
-        // one read per GPU and period asked (none ahead of the next period yet)
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(reads.iter().all(|r| r.load(Ordering::SeqCst) == 4));
-        // GPU 1 blocks in period 4: the others answer, on a new thread from then on
-        block.store(true, Ordering::SeqCst);
-        let due = first + every * 4;
-        std::thread::sleep(due.saturating_duration_since(Instant::now()));
-        pool.ask(4, |_| true);
-        pool.collect(Instant::now() + Duration::from_millis(60), None);
-        assert!(pool.take(0).is_some());
-        assert_eq!(pool.take(1), None);
-        assert!(
-            pool.take(2).is_some(),
-            "moved to a new thread and asked at once"
-        );
-        assert_eq!(pool.threads(), 2);
-        let due = first + every * 5;
-        std::thread::sleep(due.saturating_duration_since(Instant::now()));
-        pool.ask(5, |_| true);
-        pool.collect(Instant::now() + Duration::from_millis(60), None);
-        assert!(pool.take(0).is_some() && pool.take(2).is_some());
-        assert_eq!(pool.take(1), None, "still blocked");
-        // released: GPU 1 is read on its standing order again
-        release_tx.send(()).unwrap();
-        let due = first + every * 7;
-        std::thread::sleep(due.saturating_duration_since(Instant::now()));
-        pool.ask(7, |_| true);
-        pool.collect(Instant::now() + Duration::from_millis(60), None);
-        assert!(pool.take(1).is_some());
-        assert!(pool.take(2).is_some());
     }
 
     /// After a split, the blocked thread does not read the GPUs that moved to another thread
