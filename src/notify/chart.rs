@@ -14,7 +14,7 @@ pub const HEIGHT: usize = TOP + PLOT_H + BOTTOM;
 
 /// The plot's place in the image: labels left of it and under it, room above for the top
 /// label's upper half.
-const LEFT: usize = 6 * ADVANCE + 4;
+const LEFT: usize = LABEL_CHARS * ADVANCE + 4;
 const TOP: usize = GLYPH_H;
 const BOTTOM: usize = GLYPH_H / 2 + 4 + GLYPH_H + 2;
 const PLOT_W: usize = WIDTH - LEFT - 4;
@@ -48,6 +48,10 @@ const GLYPHS: &[(char, [u8; 7])] = &[
     ('G', [0x0E, 0x11, 0x10, 0x17, 0x11, 0x11, 0x0F]),
     ('M', [0x11, 0x1B, 0x15, 0x15, 0x11, 0x11, 0x11]),
     ('W', [0x11, 0x11, 0x11, 0x15, 0x15, 0x15, 0x0A]),
+    ('P', [0x1E, 0x11, 0x11, 0x1E, 0x10, 0x10, 0x10]),
+    ('T', [0x1F, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04]),
+    ('k', [0x10, 0x10, 0x12, 0x14, 0x18, 0x14, 0x12]),
+    ('e', [0x00, 0x00, 0x0E, 0x11, 0x1F, 0x10, 0x0E]),
     ('h', [0x10, 0x10, 0x16, 0x19, 0x11, 0x11, 0x11]),
     ('i', [0x04, 0x00, 0x0C, 0x04, 0x04, 0x04, 0x0E]),
     ('m', [0x00, 0x00, 0x1A, 0x15, 0x15, 0x11, 0x11]),
@@ -113,6 +117,34 @@ fn number(v: f64) -> String {
         format!("{v:.0}")
     } else {
         format!("{v:.1}")
+    }
+}
+
+/// The longest value label that fits left of the plot.
+const LABEL_CHARS: usize = 6;
+
+/// A value label for the axis: as [`number`] gives it while it fits left of the plot, else
+/// with the decimal prefix that leaves 1 to 999 (`85.5M` for 85,520,809), else in powers of
+/// ten (`1e300`).
+fn axis_number(v: f64) -> String {
+    let fits = |t: &String| t.chars().count() <= LABEL_CHARS;
+    let plain = number(v);
+    if fits(&plain) || !v.is_finite() {
+        return plain;
+    }
+    let mut scaled = v;
+    for prefix in ["k", "M", "G", "T", "P"] {
+        scaled /= 1000.0;
+        let text = format!("{}{prefix}", number(scaled));
+        if scaled.abs() < 999.5 && fits(&text) {
+            return text;
+        }
+    }
+    let one = format!("{v:.1e}");
+    if fits(&one) {
+        one
+    } else {
+        format!("{v:.0e}")
     }
 }
 
@@ -247,7 +279,7 @@ fn axis_labels(c: &AlertChart, lo: f64, hi: f64) -> Vec<(String, (usize, usize))
     let mut out = Vec::new();
     let grid_y = |k: usize| TOP + k * (PLOT_H - 1) / 4;
     for (k, v) in [(0, hi), (2, (hi + lo) / 2.0), (4, lo)] {
-        let text = number(v * scale);
+        let text = axis_number(v * scale);
         let x = (LEFT - 4).saturating_sub(text_width(&text));
         out.push((text, (x, grid_y(k) - GLYPH_H / 2)));
     }
@@ -395,6 +427,16 @@ mod tests {
         c.unit = "errors".into();
         assert!(!axis_labels(&c, 0.0, 4.0).iter().any(|l| l.0.contains('e')));
         assert!(GLYPHS.iter().all(|(ch, _)| drawable(&ch.to_string())));
+        // a value too wide for the margin is shortened, never drawn over the plot
+        assert_eq!(axis_number(85_520_809.0), "85.5M");
+        assert_eq!(axis_number(-1_234_567.0), "-1.2M");
+        assert_eq!(axis_number(123_456.0), "123456");
+        assert_eq!(axis_number(99.95), "100.0");
+        assert_eq!(axis_number(1e300), "1e300");
+        for v in [1e300, -1e15, 123_456_789.0, -0.000_1, 5e-300] {
+            let t = axis_number(v);
+            assert!(drawable(&t) && text_width(&t) <= LEFT - 4, "{v}: {t}");
+        }
     }
 
     #[test]
