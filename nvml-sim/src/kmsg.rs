@@ -117,7 +117,12 @@ fn xid_line(sim: &Sim, gpu: usize, x: &Xid) -> Option<String> {
         if let Some(n) = sim.process_name(pid) {
             let program = n.split_whitespace().next().unwrap_or(n);
             let base = program.rsplit('/').next().unwrap_or(program);
-            return base.chars().take(15).collect();
+            // (TASK_COMM_LEN: 15 bytes and the NUL)
+            let mut end = base.len().min(15);
+            while !base.is_char_boundary(end) {
+                end -= 1;
+            }
+            return base[..end].to_string();
         }
         std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .ok()

@@ -1199,6 +1199,12 @@ fn resolve(raw: RawScenario, src: &Source<'_>) -> Result<Scenario, ScenarioError
                     other => other,
                 };
                 let name = match (&r.name, pid) {
+                    (Some(n), _) if n.trim().is_empty() || n.len() >= 256 => {
+                        return Err(src.err(
+                            span,
+                            "`name`: NVML names a process in 1 to 255 bytes".to_string(),
+                        ))
+                    }
                     (Some(n), _) => Some(n.clone()),
                     (None, PidSpec::Job(_)) => Some(JOB_NAME.to_string()),
                     (None, _) => None,
@@ -2227,6 +2233,13 @@ used_memory_mib = 512
         );
         let e = err("name = \"x\"\n[devices]\ncount = 1\n[[event]]\ngpu = 0\nat_s = 1\nkind = \"xid\"\ncode = 13\npid = \"job\"\n");
         assert!(e.message.contains("[[process]]"), "{e}");
+        let long = "x".repeat(256);
+        for name in ["", long.as_str()] {
+            let e = err(&format!(
+                "name = \"x\"\n[devices]\ncount = 1\n[[process]]\ngpu = 0\npid = \"job\"\nname = \"{name}\"\n"
+            ));
+            assert!(e.message.contains("1 to 255 bytes"), "{e}");
+        }
     }
 
     #[test]

@@ -682,11 +682,12 @@ impl Sim {
     /// What NVML names `pid`: the `name` of a scenario process at that pid, else `None` (the
     /// caller reads the host's `/proc`).
     pub fn process_name(&self, pid: u32) -> Option<&str> {
+        let t = self.now_s();
         self.scenario
             .processes
             .iter()
-            .find(|p| self.resolve_pid(p.pid) == pid)
-            .and_then(|p| p.name.as_deref())
+            .filter(|p| t >= p.from_s && t < p.until_s && self.resolve_pid(p.pid) == pid)
+            .find_map(|p| p.name.as_deref())
     }
 
     /// Processes on `gpu` at `t_s`: compute (scenario + control file) or graphics.

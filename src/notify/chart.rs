@@ -219,7 +219,12 @@ pub fn png(c: &AlertChart) -> Option<Vec<u8>> {
         .map(|p| p.1)
         .fold(f64::NEG_INFINITY, f64::max);
     let (lo, hi) = if hi - lo < 1e-9 {
-        (lo - 1.0, hi + 1.0)
+        // a flat line: one display unit (1 GiB, 1 °C, …) either side, not below 0 when it is not
+        let pad = 1.0 / display_unit(&c.unit).0;
+        (
+            (lo - pad).max(if lo >= 0.0 { 0.0 } else { f64::MIN }),
+            hi + pad,
+        )
     } else {
         let pad = (hi - lo) * 0.1;
         (
@@ -293,19 +298,25 @@ fn axis_labels(c: &AlertChart, lo: f64, hi: f64) -> Vec<(String, (usize, usize))
     let (t0, t1) = (c.points[0].0, c.points[c.points.len() - 1].0);
     let span = (t1 - t0).max(0);
     let right = LEFT + PLOT_W;
-    let starts = [
+    let mut starts = vec![
         (format!("-{}", span_words(span)), LEFT),
         (format!("-{}", span_words(span / 2)), LEFT + PLOT_W / 2),
         ("now".to_string(), right),
     ];
-    for (k, (text, at)) in starts.into_iter().enumerate() {
+    if span < 2_000 {
+        // (a span of a second or two reads `-1 s`, `-0 s`: only the end is labelled)
+        starts.drain(..2);
+    }
+    for (text, at) in starts {
         let w = text_width(&text);
         // the first starts at the plot's left edge, the middle one is centred, the last ends
         // at the right edge
-        let x = match k {
-            0 => at,
-            1 => at.saturating_sub(w / 2),
-            _ => at.saturating_sub(w),
+        let x = if at == LEFT {
+            at
+        } else if at == right {
+            at.saturating_sub(w)
+        } else {
+            at.saturating_sub(w / 2)
         };
         out.push((text, (x, under)));
     }
@@ -433,6 +444,15 @@ mod tests {
         assert_eq!(axis_number(123_456.0), "123456");
         assert_eq!(axis_number(99.95), "100.0");
         assert_eq!(axis_number(1e300), "1e300");
+        // a flat line is padded by a display unit, not a byte; a short span labels only `now`
+        let flat: Vec<(i64, f64)> = (0..3).map(|i| (i * 500, 20.0 * 1_073_741_824.0)).collect();
+        let c = AlertChart::new(Metric::MemUsed, 600_000, &flat);
+        assert!(png(&c).is_some());
+        let labels: Vec<String> = axis_labels(&c, 19.0 * 1_073_741_824.0, 21.0 * 1_073_741_824.0)
+            .into_iter()
+            .map(|l| l.0)
+            .collect();
+        assert_eq!(labels, ["21.0", "20.0", "19.0", "GiB", "now"]);
         for v in [1e300, -1e15, 123_456_789.0, -0.000_1, 5e-300] {
             let t = axis_number(v);
             assert!(drawable(&t) && text_width(&t) <= LEFT - 4, "{v}: {t}");

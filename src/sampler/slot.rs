@@ -1084,19 +1084,32 @@ impl SlowSlot {
                 Some((_, name)) => name.clone(),
                 None => {
                     let shown = std::fs::symlink_metadata(format!("/proc/{}", p.pid)).is_ok();
-                    let name = match (&self.slot.handle, shown) {
-                        (Some(dev), false) => self
-                            .slot
-                            .busy
-                            .call(NvmlFunction::ProcessName, || {
+                    let asked = match (&self.slot.handle, shown) {
+                        (Some(dev), false) => {
+                            self.slot.busy.call(NvmlFunction::ProcessName, || {
                                 dev.nvml().sys_process_name(p.pid, 256)
                             })
-                            .ok()
-                            .map(|n| n.trim().to_string())
-                            .filter(|n| !n.is_empty()),
-                        _ => None,
+                        }
+                        _ => Ok(String::new()),
                     };
-                    self.names.push((p.pid, name.clone()));
+                    let name = asked
+                        .as_ref()
+                        .ok()
+                        .map(|n| n.trim().to_string())
+                        .filter(|n| !n.is_empty());
+                    // An answer, or one that will not change, is kept; another error (a
+                    // timeout, UNKNOWN) is asked again at the next round.
+                    if matches!(
+                        asked,
+                        Ok(_)
+                            | Err(NvmlError::NotFound
+                                | NvmlError::NoPermission
+                                | NvmlError::NotSupported
+                                | NvmlError::FunctionNotFound
+                                | NvmlError::FailedToLoadSymbol(_))
+                    ) {
+                        self.names.push((p.pid, name.clone()));
+                    }
                     name
                 }
             };

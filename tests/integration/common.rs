@@ -122,8 +122,6 @@ pub fn sim(scenario: &str, args: &[&str], envs: &[(&str, &str)]) -> Run {
     gpuwatch(&all, envs)
 }
 
-/// Splits a gpuwatch CSV recording into its header and rows, checking every row has as many
-/// fields as the header (a cut-off line would not).
 /// A shipped scenario whose training job is the client's parent (`pid = "parent"` for `"job"`),
 /// written to `dir`: for the tests that need GPU processes `/proc` shows — this test process
 /// when it starts gpuwatch — with an owner to account by.
@@ -141,6 +139,8 @@ pub fn scenario_with_parent(name: &str, dir: &Path) -> PathBuf {
     path
 }
 
+/// Splits a gpuwatch CSV recording into its header and rows, checking every row has as many
+/// fields as the header (a cut-off line would not).
 pub fn csv_rows(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
     let mut lines = text.lines();
     let header: Vec<String> = lines

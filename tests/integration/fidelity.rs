@@ -310,8 +310,9 @@ fn gpustat_and_nvitop_agree_with_status_json() {
     compare_nvitop(&peers, lib.path(), &scenario, &[], &o);
 }
 
-/// Every shipped scenario, frozen at an interesting moment (shipped processes are the ranks of a
-/// training job at PIDs no host process has, one per GPU, the same for gpuwatch and the peers).
+/// Every shipped scenario, frozen at an interesting moment, its training job made the client's
+/// parent (this test process: shipped, the ranks have PIDs no host process has, which gpustat
+/// and nvitop, listing what psutil finds, would leave out) so that the PIDs are compared too.
 #[test]
 fn gpustat_and_nvitop_agree_on_shipped_scenarios() {
     let Some(peers) = peers() else { return };
@@ -329,17 +330,20 @@ fn gpustat_and_nvitop_agree_on_shipped_scenarios() {
         ("nccl-hang", "90"),
         ("overnight", "700"),
     ];
-    for (scenario, at) in moments {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, at) in moments {
         let clock = frozen(at);
+        let own = common::scenario_with_parent(name, dir.path());
+        let scenario = own.to_str().expect("utf-8");
         let o = ours(scenario, &clock);
         assert!(
             o.iter()
                 .filter(|g| !g.lost)
-                .all(|g| g.pids.len() == 1 && g.pids[0] > 4_194_304),
-            "{scenario}"
+                .all(|g| g.pids == [u64::from(std::process::id())]),
+            "{name}"
         );
         compare_gpustat(&peers, lib.path(), scenario, &clock, &o);
-        if ["healthy", "overnight"].contains(&scenario) {
+        if ["healthy", "overnight"].contains(&name) {
             compare_nvitop(&peers, lib.path(), scenario, &clock, &o);
         }
     }

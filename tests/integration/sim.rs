@@ -692,6 +692,7 @@ fn shipped_processes_look_like_a_training_job_no_signal_reaches() {
         );
         pids.push(pid);
     }
+    pids.sort_unstable();
     pids.dedup();
     assert_eq!(pids.len(), 7, "one rank per GPU: {pids:?}");
 }
