@@ -64,7 +64,6 @@ pub fn is_human() -> bool {
     matches!(console(), Console::Human { .. })
 }
 
-/// Local wall time as `HH:MM:SS` for log lines.
 /// A log record as a person reads it, in the columns of the alert lines:
 /// `20:49:10  ERROR     GPU 5 (…) is lost …` under `20:44:00  FIRING    warning   GPU 1 …`.
 struct HumanRecord {

@@ -349,7 +349,7 @@ fn lost(e: &NvmlError) -> bool {
 }
 
 /// A failure that will not change by asking again.
-fn permanent(e: &NvmlError) -> bool {
+pub(super) fn permanent(e: &NvmlError) -> bool {
     matches!(
         e,
         NvmlError::NotSupported

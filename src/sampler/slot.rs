@@ -1099,15 +1099,11 @@ impl SlowSlot {
                         .filter(|n| !n.is_empty());
                     // An answer, or one that will not change, is kept; another error (a
                     // timeout, UNKNOWN) is asked again at the next round.
-                    if matches!(
-                        asked,
-                        Ok(_)
-                            | Err(NvmlError::NotFound
-                                | NvmlError::NoPermission
-                                | NvmlError::NotSupported
-                                | NvmlError::FunctionNotFound
-                                | NvmlError::FailedToLoadSymbol(_))
-                    ) {
+                    let last = asked.as_ref().map_or_else(
+                        |e| super::mig::permanent(e) || matches!(e, NvmlError::NotFound),
+                        |_| true,
+                    );
+                    if last {
                         self.names.push((p.pid, name.clone()));
                     }
                     name

@@ -1592,8 +1592,9 @@ fn run_records_start_times_and_removes_the_job_file_of_a_reused_pid() {
 }
 
 /// Issue 30 §9 (and issue 25 §4): what the docs promise about `run`'s files holds — read from
-/// the docs themselves, 0755 directories an older gpuwatch left included: the report's path as docs/jobs.md shows it (`…/runs/run-<start>-<pid>.csv.html`),
-/// the modes it gives `runs/` and the files in it, and those docs/notifications.md gives the
+/// the docs themselves, 0755 directories an older gpuwatch left included: the report's path as
+/// docs/jobs.md shows it (`…/runs/run-<start>-<pid>.html`), the modes it gives `runs/` and the
+/// files in it, and those docs/notifications.md gives the
 /// directories gpuwatch creates in the state directory and the files it writes there
 /// (`baselines/` among them).
 #[test]
@@ -1602,7 +1603,7 @@ fn the_docs_promised_paths_and_modes_hold() {
     let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
     let jobs = std::fs::read_to_string(docs.join("jobs.md")).unwrap();
     let notifications = std::fs::read_to_string(docs.join("notifications.md")).unwrap();
-    // "gpuwatch: report: /var/lib/gpuwatch/runs/run-20261203T175440Z-4242.csv.html": its name,
+    // "gpuwatch: report: /var/lib/gpuwatch/runs/run-20261203T175440Z-4242.html": its name,
     // digits standing for digits.
     let shown = jobs
         .lines()
