@@ -16,8 +16,14 @@ SECONDS, then SIGTERM.
   cost by themselves. Its CPU is counted from the end of its start-up, like the daemon's
   steady state; the daemon's figure above includes its start-up.
 * Memory: peak RSS (the kernel's VmHWM of the daemon, read from /proc every second until the stop
-  signal) and the last VmRSS. Not ru_maxrss: it also counts the forked Python interpreter
-  between fork and exec (~21 MiB here), which is not gpuwatch's memory.
+  signal) and the last VmRSS, split into its private memory (RssAnon: heap, stacks) and the
+  pages of files it maps (RssFile: its own code and the libraries', shared with the page cache;
+  the floor's RSS is mostly the libraries'). Not ru_maxrss: it also counts the forked Python
+  interpreter between fork and exec (~21 MiB here), which is not gpuwatch's memory.
+* `--speed N` runs the daemon on the scenario's clock N times faster (`gpuwatch --speed`), so
+  `--seconds 864 --speed 100` is a simulated day: every window full, every hourly and daily
+  bucket made. `--exporter` turns `/metrics` on and scrapes it every 15 s, as Prometheus would
+  (the floor then reads the counters only `/metrics` asks for too).
 """
 
 import argparse
@@ -52,6 +58,26 @@ def parse_ts(s):
     return datetime.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(config):
+    """Fetches /metrics once (the address from the config); 1 when it answered."""
+    import re
+    import urllib.request
+    listen = re.search(r'listen = "([^"]+)"', open(config).read()).group(1)
+    try:
+        with urllib.request.urlopen(f"http://{listen}/metrics", timeout=5) as r:
+            r.read()
+        return 1
+    except OSError:
+        return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=120)
@@ -62,6 +88,10 @@ def main():
     ap.add_argument("--sim-lib", help="the simulated library the floor loads")
     ap.add_argument("--no-gpm", action="store_true",
                     help="run the daemon with --no-gpm (no GPM profiling sample per tick)")
+    ap.add_argument("--speed", type=float,
+                    help="the scenario's clock this many times faster (e.g. 100: a day in 864 s)")
+    ap.add_argument("--exporter", action="store_true",
+                    help="serve /metrics and scrape it every 15 s")
     a = ap.parse_args()
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
@@ -90,6 +120,11 @@ channels = ["ops"]
 group_by = ["..."]
 group_wait = "0s"
 """)
+        if a.exporter:
+            f.write(f"""
+[exporter]
+listen = "127.0.0.1:{free_port()}"
+""")
     env = dict(os.environ, GPUWATCH_LOG="info")
     for k in ("NVML_SIM_TIME_SCALE", "NVML_SIM_CONTROL", "GPUWATCH_NVML_LIB"):
         env.pop(k, None)
@@ -99,12 +134,18 @@ group_wait = "0s"
     sim = [] if a.scenario == "real" else ["--sim", a.scenario]
     if a.no_gpm:
         sim.append("--no-gpm")
-    proc = subprocess.Popen([a.gpuwatch, *sim, "daemon", "--config", config],
+    if a.speed:
+        sim += ["--speed", f"{a.speed:g}"]
+    # (under --speed the simulated run's state goes where it is told, not to a new /tmp dir)
+    state = ["--state-dir", os.path.join(tmp, "sim-state")] if a.speed else []
+    proc = subprocess.Popen([a.gpuwatch, *sim, "daemon", "--config", config, *state],
                             env=env, stderr=log, stdout=subprocess.DEVNULL)
     floor = None
     if a.floor and a.scenario != "real":
         fargs = [a.floor, "--interval", "1s", "--gpm-interval", "10s", "--duration",
-                 f"{a.seconds}s", "--warm", "5s", "--unread", "pcie_rx,pcie_tx,pcie_replay"]
+                 f"{a.seconds}s", "--warm", "5s"]
+        if not a.exporter:
+            fargs += ["--unread", "pcie_rx,pcie_tx,pcie_replay"]
         if a.sim_lib:
             fargs += ["--nvml-lib", a.sim_lib]
         if a.no_gpm:
@@ -113,8 +154,15 @@ group_wait = "0s"
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     rss_kib = []
     hwm_kib = 0
+    anon_kib = [0]
+    file_kib = [0]
+    scrapes = 0
+    last_scrape = time.time()
     while time.time() - start < a.seconds and proc.poll() is None:
         time.sleep(1)
+        if a.exporter and time.time() - last_scrape >= 15:
+            last_scrape = time.time()
+            scrapes += scrape(config)
         try:
             with open(f"/proc/{proc.pid}/status") as s:
                 for line in s:
@@ -122,6 +170,10 @@ group_wait = "0s"
                         rss_kib.append(int(line.split()[1]))
                     elif line.startswith("VmHWM:"):
                         hwm_kib = max(hwm_kib, int(line.split()[1]))
+                    elif line.startswith("RssAnon:"):
+                        anon_kib.append(int(line.split()[1]))
+                    elif line.startswith("RssFile:"):
+                        file_kib.append(int(line.split()[1]))
         except OSError:
             pass
     proc.send_signal(signal.SIGTERM)
@@ -153,6 +205,11 @@ group_wait = "0s"
         "peak_rss_mib": round(hwm_kib / 1024, 1),
         "ru_maxrss_mib_incl_fork": round(ru.ru_maxrss / 1024, 1),
         "last_rss_mib": round(rss_kib[-1] / 1024, 1) if rss_kib else None,
+        "peak_private_rss_mib": round(max(anon_kib) / 1024, 1),
+        "last_file_rss_mib": round(file_kib[-1] / 1024, 1),
+        "speed": a.speed or 1,
+        "simulated_hours": round(wall * (a.speed or 1) / 3600, 2),
+        "scrapes": scrapes if a.exporter else None,
         "messages": len(ARRIVALS),
         "latency_ms": latencies,
         "log": log.name,

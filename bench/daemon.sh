@@ -3,7 +3,9 @@
 # `gpuwatch daemon` with 8 simulated GPUs, every stock rule, 1 s interval (release builds), and
 # beside it the floor: the same NVML calls at the daemon's cadences and nothing else.
 #
-#   bash bench/daemon.sh [SECONDS] [SCENARIO] [--no-gpm]    (defaults: 120, xid-79, GPM on)
+#   bash bench/daemon.sh [SECONDS] [SCENARIO] [--no-gpm] [--speed N] [--exporter]
+#   (defaults: 120, xid-79, GPM on, real time, no /metrics); a simulated day with /metrics:
+#   bash bench/daemon.sh 864 healthy --speed 100 --exporter
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p gpuwatch -p nvml-sim

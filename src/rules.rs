@@ -556,21 +556,55 @@ fn params_for(config: &RulesConfig, name: &str) -> Arc<Map> {
     }))
 }
 
-/// Longest duration literal (`"90s"`, `"2h"`) in a script, ms.
-fn longest_duration_literal(source: &str) -> i64 {
-    let mut best = 0;
-    for part in source.split(['"', '`', '\'']) {
+/// The duration literals (`"90s"`, `"2h"`) of a script, in ms, each with the text before it.
+fn duration_literals(source: &str) -> impl Iterator<Item = (&str, i64)> {
+    source.split(['"', '`', '\'']).filter_map(move |part| {
         let p = part.trim();
-        if p.len() <= 12
+        let literal = p.len() <= 12
             && p.starts_with(|c: char| c.is_ascii_digit())
-            && p.ends_with(|c: char| c.is_ascii_alphabetic())
-        {
-            if let Ok(ms) = parse_duration_ms(p) {
-                best = best.max(ms);
-            }
+            && p.ends_with(|c: char| c.is_ascii_alphabetic());
+        if !literal {
+            return None;
         }
-    }
-    best
+        let ms = parse_duration_ms(p).ok()?;
+        // (`part` lies in `source`, one quote after what comes before it)
+        let at = (part.as_ptr() as usize - source.as_ptr() as usize).saturating_sub(1);
+        Some((&source[..at], ms))
+    })
+}
+
+/// Longest duration literal of a script, ms.
+fn longest_duration_literal(source: &str) -> i64 {
+    duration_literals(source)
+        .map(|(_, ms)| ms)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The rule fields whose durations belong to the alert's lifecycle, not to a window.
+const LIFECYCLE_KEYS: &[&str] = &["every", "hold", "keep_firing_for", "repeat"];
+
+/// Longest duration literal of a script that may be the length of a window, ms: every literal
+/// but the value of a lifecycle field written in place (`keep_firing_for: "1h"`), which no series
+/// function reads. (A duration a script passes to a series function some other way is kept from
+/// its first use on: see [`GpuHistory::note_asked`](crate::window::GpuHistory::note_asked).)
+fn longest_window_literal(source: &str) -> i64 {
+    let lifecycle = |before: &str| {
+        let Some(key) = before.trim_end().strip_suffix(':') else {
+            return false;
+        };
+        let key = key.trim_end();
+        LIFECYCLE_KEYS.iter().any(|k| {
+            key.strip_suffix(k).is_some_and(|rest| {
+                !rest.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            })
+        })
+    };
+    duration_literals(source)
+        .filter(|(before, _)| !lifecycle(before))
+        .map(|(_, ms)| ms)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The metrics a script names: each metric whose key occurs as a whole word (`gpu.util`, not
@@ -857,9 +891,10 @@ impl RuleSet {
             // (a literal such as a `repeat` of days is no window)
             let longest = longest_duration_literal(&source).min(api::MAX_WINDOW_MS);
             retention_ms = retention_ms.max(longest);
+            let window = longest_window_literal(&source).min(api::MAX_WINDOW_MS);
             for m in metrics_named(&source) {
                 let r = &mut named[m as usize];
-                *r = Some(r.unwrap_or(0).max(longest));
+                *r = Some(r.unwrap_or(0).max(window));
             }
             let stem = path
                 .file_stem()
@@ -1015,7 +1050,8 @@ impl RuleSet {
 
     /// How much history the window of `metric` keeps, ms: for a metric some rule file names
     /// (its key as a word, or `throttled` for the clock-event reasons), the longest duration
-    /// literal of those files and of the config, at least [`MIN_RETENTION_MS`], plus a minute;
+    /// literal of those files that may be a window (not `keep_firing_for: "1h"`) and of the
+    /// config, at least [`MIN_RETENTION_MS`], plus a minute;
     /// for a metric no rule names, [`UNREAD_RETENTION_MS`]. On 8 GPUs sampled every second
     /// that is the difference between ~4 MB and ~14 MB of windows after an hour.
     pub fn metric_retention_ms(&self, metric: Metric) -> i64 {

@@ -2,8 +2,9 @@
 //! aggregates rules ask for.
 //!
 //! Every GPU has one [`GpuHistory`] holding a [`Window`] per metric of the metric table, the XID
-//! events it reported and its latest process list. A window is a `VecDeque<(time_ms, value)>`
-//! trimmed to its metric's *retention* (the longest duration the rules that name the metric use,
+//! events it reported and its latest process list. A window is a queue of `(time_ms, value)`
+//! points (stored small: 4 bytes a point while they all hold one value, 12 otherwise) trimmed
+//! to its metric's *retention* (the longest duration the rules that name the metric use,
 //! or any longer one a rule asked of the window, plus [`RETENTION_MARGIN_MS`]); a missed tick or
 //! an absent value simply leaves no point, so gaps stay visible.
 //!
@@ -26,6 +27,9 @@ use std::sync::Mutex;
 use crate::model::{
     DeviceId, DeviceState, GpuSample, Metric, MigSample, ProcSample, XidNote, METRIC_COUNT,
 };
+
+mod points;
+use points::Points;
 
 /// History kept beyond the longest duration a window must answer for.
 pub const RETENTION_MARGIN_MS: i64 = 60_000;
@@ -81,12 +85,15 @@ fn drop_blocks(blocks: &mut VecDeque<Block>, first: &mut u64, number: u64) {
 
 /// Timestamped values of one metric of one GPU, oldest first.
 ///
+/// A point more than 49.7 days older than the newest one is not kept (no window is as long;
+/// a GPU that answers again after so long starts a new history, its counters without a baseline).
+///
 /// Besides the points, the window keeps min/max/sum per aligned block of 64 points and per
 /// aligned small block of 8, so `min`, `max` and `mean` over an hour cost ~60 block reads plus at
 /// most 14 small-block and 14 point reads (a minute: at most 21 reads, not 60).
 #[derive(Debug, Clone, Default)]
 pub struct Window {
-    points: VecDeque<(i64, f64)>,
+    points: Points,
     /// Points ever evicted: the sequence number of `points[0]`.
     evicted: u64,
     /// Block summaries; `blocks[0]` is block number `first_block`.
@@ -141,26 +148,34 @@ impl Window {
     /// Appends a point. Times must not go backwards; a point at the same time as the newest one
     /// replaces it, an older one is ignored.
     pub fn push(&mut self, time_ms: i64, value: f64) {
-        match self.points.back_mut() {
+        match self.points.back() {
             Some(last) if last.0 == time_ms => {
-                last.1 = value;
+                self.points.set_last_value(value);
                 self.rebuild_last_block();
                 let seq = self.evicted + self.points.len() as u64 - 1;
                 if self.drops.back() == Some(&seq) {
                     self.drops.pop_back();
                 }
                 let n = self.points.len();
-                if n >= 2 && self.points[n - 1].1 < self.points[n - 2].1 {
+                if n >= 2 && self.points.value(n - 1) < self.points.value(n - 2) {
                     self.drops.push_back(seq);
                 }
             }
             Some(last) if last.0 > time_ms => {}
-            _ => {
+            last => {
+                // (a point 49 days after the oldest cannot be kept with it: no window is as long)
+                while self
+                    .points
+                    .front_time()
+                    .is_some_and(|t| time_ms.saturating_sub(t) > points::SPAN_MS)
+                {
+                    self.pop_oldest();
+                }
                 let seq = self.evicted + self.points.len() as u64;
-                if self.points.back().is_some_and(|p| value < p.1) {
+                if last.is_some_and(|p| value < p.1) && !self.points.is_empty() {
                     self.drops.push_back(seq);
                 }
-                self.points.push_back((time_ms, value));
+                self.points.push_back(time_ms, value);
                 add_point(&mut self.blocks, &mut self.first_block, seq / BLOCK, value);
                 add_point(&mut self.small, &mut self.first_small, seq / SMALL, value);
             }
@@ -189,7 +204,7 @@ impl Window {
             let start_seq = (last_seq / size * size).max(self.evicted);
             let mut b = Block::EMPTY;
             for i in (start_seq - self.evicted)..len {
-                b.add(self.points[i as usize].1);
+                b.add(self.points.value(i as usize));
             }
             b
         };
@@ -204,19 +219,27 @@ impl Window {
 
     /// Drops points older than `cutoff_ms` (keeps one point before it as a counter baseline).
     pub fn evict_before(&mut self, cutoff_ms: i64) {
-        while self.points.len() > 1 && self.points[1].0 < cutoff_ms {
-            self.points.pop_front();
-            self.evicted += 1;
-            while self.drops.front().is_some_and(|d| *d <= self.evicted) {
-                self.drops.pop_front();
-            }
-            drop_blocks(
-                &mut self.blocks,
-                &mut self.first_block,
-                self.evicted / BLOCK,
-            );
-            drop_blocks(&mut self.small, &mut self.first_small, self.evicted / SMALL);
+        while self.points.len() > 1 && self.points.time(1) < cutoff_ms {
+            self.pop_oldest();
         }
+    }
+
+    /// Drops the oldest point.
+    fn pop_oldest(&mut self) {
+        if self.points.is_empty() {
+            return;
+        }
+        self.points.pop_front();
+        self.evicted += 1;
+        while self.drops.front().is_some_and(|d| *d <= self.evicted) {
+            self.drops.pop_front();
+        }
+        drop_blocks(
+            &mut self.blocks,
+            &mut self.first_block,
+            self.evicted / BLOCK,
+        );
+        drop_blocks(&mut self.small, &mut self.first_small, self.evicted / SMALL);
     }
 
     /// Min, max and sum of points `lo..hi`: whole blocks from their summaries, the small blocks
@@ -227,8 +250,8 @@ impl Window {
         let (s_lo, s_hi) = (self.evicted + lo as u64, self.evicted + hi as u64);
         let points = |acc: &mut Block, from: u64, to: u64| {
             let range = (from - self.evicted) as usize..(to - self.evicted) as usize;
-            for p in self.points.range(range) {
-                acc.add(p.1);
+            for v in self.points.values(range.start, range.end) {
+                acc.add(v);
             }
         };
         let merge = |acc: &mut Block, blocks: &VecDeque<Block>, first: u64, from: u64, to: u64| {
@@ -270,13 +293,13 @@ impl Window {
 
     /// Newest point.
     pub fn newest(&self) -> Option<(i64, f64)> {
-        self.points.back().copied()
+        self.points.back()
     }
 
     /// The points with `start_ms < t <= end_ms`, oldest first.
     pub fn points_in(&self, start_ms: i64, end_ms: i64) -> impl Iterator<Item = (i64, f64)> + '_ {
         let (lo, hi) = self.range(start_ms, end_ms);
-        self.points.range(lo..hi).copied()
+        self.points.iter(lo, hi)
     }
 
     /// Index range of points with `start < t <= end`. Windows usually end at the newest point and
@@ -284,16 +307,16 @@ impl Window {
     /// back from `hi` (O(log of the window's length), not of the retention's).
     fn range(&self, start_ms: i64, end_ms: i64) -> (usize, usize) {
         let n = self.points.len();
-        let hi = if self.points.back().is_some_and(|p| p.0 <= end_ms) {
+        let hi = if self.points.back_time().is_some_and(|t| t <= end_ms) {
             n
         } else {
-            self.points.partition_point(|p| p.0 <= end_ms)
+            self.points.partition_point(|t| t <= end_ms)
         };
         // Invariant: points[right..hi] are all after `start_ms`; the answer is in [left, right].
         let (mut left, mut right, mut step) = (0, hi, 1);
         while step <= right {
             let i = right - step;
-            if self.points[i].0 <= start_ms {
+            if self.points.time(i) <= start_ms {
                 left = i + 1;
                 break;
             }
@@ -302,7 +325,7 @@ impl Window {
         }
         while left < right {
             let mid = left + (right - left) / 2;
-            if self.points[mid].0 <= start_ms {
+            if self.points.time(mid) <= start_ms {
                 left = mid + 1;
             } else {
                 right = mid;
@@ -342,11 +365,11 @@ impl Window {
                 return None;
             }
         }
-        let it = || self.points.range(lo..hi).map(|p| p.1);
+        let it = || self.points.values(lo, hi);
         let nf = n as f64;
         let value = match agg {
             Agg::Count => nf,
-            Agg::Last => self.points[hi - 1].1,
+            Agg::Last => self.points.value(hi - 1),
             Agg::Mean => self.fold(lo, hi).sum / nf,
             Agg::Min => self.fold(lo, hi).min,
             Agg::Max => self.fold(lo, hi).max,
@@ -361,17 +384,17 @@ impl Window {
                 let (_, v, _) = vals.select_nth_unstable_by(k.min(n - 1), f64::total_cmp);
                 *v
             }
-            Agg::Delta => self.points[hi - 1].1 - self.points[lo].1,
+            Agg::Delta => self.points.value(hi - 1) - self.points.value(lo),
             Agg::Increase | Agg::Rate => {
                 // A drop at sequence d lies between points d-1 and d; only drops with
                 // s_lo < d < s_hi matter.
                 let (s_lo, s_hi) = (self.evicted + lo as u64, self.evicted + hi as u64);
                 let first_drop = self.drops.partition_point(|d| *d <= s_lo);
                 let inc = if self.drops.get(first_drop).is_none_or(|d| *d >= s_hi) {
-                    self.points[hi - 1].1 - self.points[lo].1
+                    self.points.value(hi - 1) - self.points.value(lo)
                 } else {
                     let mut inc = 0.0;
-                    let mut prev = self.points[lo].1;
+                    let mut prev = self.points.value(lo);
                     for v in it().skip(1) {
                         inc += if v >= prev { v - prev } else { v };
                         prev = v;
@@ -379,7 +402,7 @@ impl Window {
                     inc
                 };
                 if agg == Agg::Rate {
-                    let span_s = (self.points[hi - 1].0 - self.points[lo].0) as f64 / 1000.0;
+                    let span_s = (self.points.time(hi - 1) - self.points.time(lo)) as f64 / 1000.0;
                     if span_s <= 0.0 {
                         return None;
                     }
@@ -389,10 +412,10 @@ impl Window {
                 }
             }
             Agg::Slope => {
-                let t0 = self.points[lo].0;
+                let t0 = self.points.time(lo);
                 let ts = || {
                     self.points
-                        .range(lo..hi)
+                        .iter(lo, hi)
                         .map(move |p| ((p.0 - t0) as f64 / 1000.0, p.1))
                 };
                 let mean_t = ts().map(|p| p.0).sum::<f64>() / nf;
@@ -455,8 +478,8 @@ impl Window {
         let mut lens = Vec::new();
         let mut below = 0usize;
         let mut run_start: Option<i64> = None;
-        let mut prev_below = lo > 0 && self.points[lo - 1].1 < threshold;
-        for &(t, v) in self.points.range(lo..hi) {
+        let mut prev_below = lo > 0 && self.points.value(lo - 1) < threshold;
+        for (t, v) in self.points.iter(lo, hi) {
             let b = v < threshold;
             if b {
                 below += 1;
@@ -472,7 +495,7 @@ impl Window {
             prev_below = b;
         }
         if let Some(s) = run_start {
-            lens.push((self.points[hi - 1].0 - s) as f64 / 1000.0);
+            lens.push((self.points.time(hi - 1) - s) as f64 / 1000.0);
         }
         let mut gaps: Vec<f64> = starts
             .windows(2)
@@ -865,7 +888,7 @@ mod tests {
         let n = w.points.len();
         for lo in 0..n {
             for hi in lo..=n {
-                let vals: Vec<f64> = w.points.range(lo..hi).map(|p| p.1).collect();
+                let vals: Vec<f64> = w.points.values(lo, hi).collect();
                 let b = w.fold(lo, hi);
                 assert_eq!(b.min, vals.iter().copied().fold(f64::INFINITY, f64::min));
                 assert_eq!(
@@ -893,7 +916,7 @@ mod tests {
             for (dur, lo_off) in [(1_000_000, 0), (300_000, 0), (65_000, 3000), (64_000, 0)] {
                 let now = t - lo_off;
                 let (lo, hi) = w.range(now - dur, now);
-                let vals: Vec<f64> = w.points.range(lo..hi).map(|p| p.1).collect();
+                let vals: Vec<f64> = w.points.values(lo, hi).collect();
                 let b = w.fold(lo, hi);
                 assert_eq!(b.min, vals.iter().copied().fold(f64::INFINITY, f64::min));
                 assert_eq!(
@@ -954,7 +977,7 @@ mod tests {
             if i % 97 == 0 && i > 200 {
                 for dur in [10_000, 120_000, 900_000] {
                     let (lo, hi) = w.range(i * 1000 - dur, i * 1000);
-                    let vals: Vec<f64> = w.points.range(lo..hi).map(|p| p.1).collect();
+                    let vals: Vec<f64> = w.points.values(lo, hi).collect();
                     let want: f64 = vals
                         .windows(2)
                         .map(|p| if p[1] >= p[0] { p[1] - p[0] } else { p[1] })
@@ -970,11 +993,90 @@ mod tests {
     }
 
     #[test]
+    fn stored_points_are_the_points_pushed() {
+        // Long runs of one value (stored as one value) broken now and then, replaced last points,
+        // evictions: what the window gives back is what a plain list of pairs holds.
+        let mut w = Window::default();
+        let mut plain: Vec<(i64, f64)> = Vec::new();
+        let mut rng = 7u64;
+        let mut t = 0;
+        let mut v = 0.0;
+        for i in 0..20_000 {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let r = rng >> 33;
+            if r % 97 == 0 {
+                v = (r % 5) as f64;
+            }
+            if r % 13 == 0 && !plain.is_empty() {
+                // a second value at the newest point's time replaces it
+                w.push(t, v + 1.0);
+                plain.last_mut().unwrap().1 = v + 1.0;
+            } else {
+                t += 1000 + (r % 3) as i64;
+                w.push(t, v);
+                plain.push((t, v));
+            }
+            if i % 1500 == 0 {
+                let cutoff = t - 600_000;
+                w.evict_before(cutoff);
+                while plain.len() > 1 && plain[1].0 < cutoff {
+                    plain.remove(0);
+                }
+            }
+            if i % 250 == 0 {
+                assert_eq!(w.points_in(i64::MIN, i64::MAX).collect::<Vec<_>>(), plain);
+                let (lo, hi) = (plain.len() / 3, plain.len());
+                let b = w.fold(lo, hi);
+                let vals = &plain[lo..hi];
+                assert_eq!(
+                    b.max,
+                    vals.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max)
+                );
+                assert_eq!(
+                    b.min,
+                    vals.iter().map(|p| p.1).fold(f64::INFINITY, f64::min)
+                );
+            }
+        }
+        // a window of one value all along holds 4 bytes a point
+        let mut flat = Window::default();
+        for k in 0..3600 {
+            flat.push(k * 1000, 3.0);
+        }
+        assert!(
+            flat.points.heap_bytes() <= 4096 * 4,
+            "{}",
+            flat.points.heap_bytes()
+        );
+    }
+
+    #[test]
+    fn a_point_49_days_after_the_others_starts_over() {
+        let day = 86_400_000i64;
+        let mut w = win(&[(0, 5.0), (1000, 7.0), (2000, 1.0)]);
+        w.push(60 * day, 0.5);
+        w.push(60 * day + 1000, 2.0);
+        assert_eq!(w.len(), 2);
+        let now = 60 * day + 1000;
+        // no baseline and no reset from the old points: the increase of the new ones alone
+        assert_eq!(w.aggregate(Agg::Increase, now, 2000, 0.0, 1000), Some(1.5));
+        assert_eq!(w.aggregate(Agg::Min, now, 2000, 0.0, 1000), Some(0.5));
+        assert_eq!(w.fold(0, 2).sum, 2.5);
+        // extreme times saturate instead of overflowing
+        let mut w = win(&[(i64::MIN, 1.0)]);
+        w.push(0, 2.0);
+        assert_eq!(
+            w.points_in(i64::MIN, i64::MAX).collect::<Vec<_>>(),
+            [(0, 2.0)]
+        );
+    }
+
+    #[test]
     fn eviction_keeps_a_baseline() {
         let mut w = series(100, |i| i as f64);
         w.evict_before(50_000);
         assert_eq!(w.len(), 51);
-        assert_eq!(w.points.front().map(|p| p.0), Some(49_000));
+        assert_eq!(w.points.front_time(), Some(49_000));
     }
 
     #[test]
@@ -987,7 +1089,7 @@ mod tests {
             w.push(t, 0.0);
         }
         w.evict_before(200);
-        let times: Vec<i64> = w.points.iter().map(|p| p.0).collect();
+        let times: Vec<i64> = w.points.iter(0, w.len()).map(|p| p.0).collect();
         for start in (150..t + 10).step_by(7) {
             for len in [0, 1, 3, 50, 400, 5000] {
                 let end = start + len;

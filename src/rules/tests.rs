@@ -344,6 +344,39 @@ fn each_metric_keeps_the_history_of_the_files_that_name_it() {
 }
 
 #[test]
+fn a_lifecycle_duration_is_no_window() {
+    // `keep_firing_for: "2h"` and `repeat : `3h`` do not make the ECC window two hours long; a
+    // literal elsewhere does (it may reach a series function through a variable).
+    let set = load(
+        "rule(#{ name: \"ecc\", keep_firing_for: \"2h\", repeat : `3h`, every: \"30s\",\n  check: |g| g.ecc_uncorrected.increase(\"2m\") > 0 });",
+    )
+    .unwrap();
+    assert_eq!(
+        set.metric_retention_ms(Metric::EccUncorrected),
+        MIN_RETENTION_MS + 60_000
+    );
+    // (alert instances and XIDs still keep the longest literal)
+    assert_eq!(set.retention_ms(), 3 * 3_600_000 + 60_000);
+    let set = load(
+        "let w = \"2h\";\nrule(#{ name: \"ecc\", keep_firing_for: w, check: |g| g.ecc_uncorrected.increase(w) > 0 });",
+    )
+    .unwrap();
+    assert_eq!(
+        set.metric_retention_ms(Metric::EccUncorrected),
+        2 * 3_600_000 + 60_000
+    );
+    // a key that only ends like one is no lifecycle field
+    let set = load(
+        "let my_hold = 0;\nrule(#{ name: \"u\", labels: #{ rehold: \"2h\" }, check: |g| g.util.mean(\"5m\") < 1 });",
+    )
+    .unwrap();
+    assert_eq!(
+        set.metric_retention_ms(Metric::Util),
+        2 * 3_600_000 + 60_000
+    );
+}
+
+#[test]
 fn rule_cannot_be_registered_from_a_check() {
     let set = load(
         "rule(#{ name: \"r\", check: |gpu| { rule(#{ name: \"x\", check: |g| 1 }); true } });",
