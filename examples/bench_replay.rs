@@ -160,7 +160,7 @@ fn main() -> anyhow::Result<()> {
     let eval = eval.unwrap_or_else(|| "sample (default)".into());
     let (reused, ran) = engine.reuse_stats();
     println!(
-        "replay: {} snapshots, {} device-samples through {} rules (eval_interval {eval}, rules' own `every` kept) in {replay_s:.2} s = {:.2}x parse only, {:.0} µs per tick ({events} events; {:.0}% of {} GPU- and host-scope evaluations reused)",
+        "replay: {} snapshots, {} device-samples through {} rules (eval_interval {eval}, rules' own `every` kept) in {replay_s:.2} s = {:.2}x parse only, {:.0} µs per tick ({events} events; {:.0}% of {} evaluations reused)",
         stats.snapshots, stats.gpu_samples, engine.rule_count(), replay_s / parse_s,
         replay_s * 1e6 / stats.snapshots.max(1) as f64,
         reused as f64 * 100.0 / (reused + ran).max(1) as f64,

@@ -72,6 +72,14 @@ impl Default for EngineOptions {
 /// Name of the alert a failing rule raises.
 pub const RULE_ERROR: &str = "rule_error";
 
+/// What a process-scope evaluation was given, read and returned (see `Engine::proc_memo`).
+type ProcMemo = (
+    crate::model::ProcSample,
+    Option<crate::model::MigSample>,
+    Trace,
+    EvalResult,
+);
+
 /// Windows, rules and alert lifecycle.
 #[derive(Debug)]
 pub struct Engine {
@@ -108,10 +116,15 @@ pub struct Engine {
     /// Per rule: the host fields its last host-scope evaluation read and what it returned, when
     /// it read no GPU (reused the same way).
     host_memo: Vec<Option<(HostTrace, EvalResult)>>,
+    /// Per rule: per (GPU index, PID), the process its last process-scope evaluation was given
+    /// (and the MIG device it ran on), the GPU inputs it read and what it returned — reused while
+    /// the process list says the same of it (a list is read every few seconds; a quota rule is
+    /// evaluated every tick).
+    proc_memo: Vec<BTreeMap<(u32, u32), ProcMemo>>,
     /// Whether results are reused (always, except to prove that reuse changes nothing).
     reuse: bool,
-    /// GPU- and host-scope evaluations answered from `memo`/`host_memo`, and those that ran
-    /// their script.
+    /// Evaluations answered from `memo`/`host_memo`/`proc_memo`, and those that ran their
+    /// script.
     reused: u64,
     ran: u64,
     /// Wall time spent evaluating rules at snapshots.
@@ -126,6 +139,7 @@ impl Engine {
             overrun: vec![Overrun::default(); rules.len()],
             memo: vec![BTreeMap::new(); rules.len()],
             host_memo: vec![None; rules.len()],
+            proc_memo: vec![BTreeMap::new(); rules.len()],
             reuse: true,
             reused: 0,
             ran: 0,
@@ -216,10 +230,11 @@ impl Engine {
         if !reuse {
             self.memo.iter_mut().for_each(BTreeMap::clear);
             self.host_memo.iter_mut().for_each(|m| *m = None);
+            self.proc_memo.iter_mut().for_each(BTreeMap::clear);
         }
     }
 
-    /// GPU-scope evaluations so far whose result was reused, and those that ran the script.
+    /// Evaluations so far (of any scope) whose result was reused, and those that ran the script.
     pub fn reuse_stats(&self) -> (u64, u64) {
         (self.reused, self.ran)
     }
@@ -268,6 +283,7 @@ impl Engine {
         self.overrun = vec![Overrun::default(); rules.len()];
         self.memo = vec![BTreeMap::new(); rules.len()];
         self.host_memo = vec![None; rules.len()];
+        self.proc_memo = vec![BTreeMap::new(); rules.len()];
         self.order = evaluation_order(&rules);
         self.rule_errors = rule_error_specs(&rules);
         self.rules = rules;
@@ -834,18 +850,17 @@ impl Engine {
     ) -> Option<RuleError> {
         let prefix = format!("{}/gpu", self.rules.rules()[idx].spec.name);
         let mut seen = std::collections::BTreeSet::new();
+        let mut listed = std::collections::BTreeSet::new();
         let mut error: Option<RuleError> = None;
         'gpus: for index in present {
             let Some(hist) = self.gpus.get(index).cloned() else {
                 continue;
             };
             for p in &hist.processes {
-                let mut handle = ProcessHandle::new(p.clone());
-                handle.gpu_series = rhai::Dynamic::from(GpuHandle::new(hist.clone(), now));
+                listed.insert((*index, p.pid));
                 // on a GPU with MIG on: the MIG device it runs on (`p.mig`, label `mig`)
                 let mig = hist.mig.iter().find(|m| m.pids.contains(&p.pid));
-                handle.mig = mig.map(|m| std::sync::Arc::new(m.clone()));
-                let result = self.rules.eval_process(idx, handle);
+                let result = self.eval_process(idx, &hist, p, mig, now);
                 let key = format!("{prefix}{index}/pid:{}", p.pid);
                 // Another process at a known PID: the old one's instance goes first.
                 events.extend(
@@ -918,7 +933,53 @@ impl Engine {
         events.extend(self.book.retain_keys(now, &EndReason::ProcessGone, |k| {
             !k.starts_with(&prefix) || seen.contains(k)
         }));
+        if let Some(memo) = self.proc_memo.get_mut(idx) {
+            memo.retain(|k, _| listed.contains(k));
+        }
         error
+    }
+
+    /// Process-scope rule `idx`'s result for process `p` of GPU `hist`: the previous one while
+    /// the process list says the same of the process, it runs on the same MIG device and the GPU
+    /// inputs the check read are the same, else a fresh evaluation (see `eval_gpu`).
+    fn eval_process(
+        &mut self,
+        idx: usize,
+        hist: &Arc<GpuHistory>,
+        p: &crate::model::ProcSample,
+        mig: Option<&crate::model::MigSample>,
+        now: i64,
+    ) -> EvalResult {
+        let key = (hist.id.index, p.pid);
+        if self.reuse {
+            if let Some((was, was_on, trace, result)) =
+                self.proc_memo.get(idx).and_then(|m| m.get(&key))
+            {
+                if crate::rules::api::gpu::same_process(was, p)
+                    && was_on.as_ref() == mig
+                    && trace.holds(hist, now)
+                {
+                    self.reused += 1;
+                    return result.clone();
+                }
+            }
+        }
+        self.ran += 1;
+        let mut handle = ProcessHandle::new(p.clone());
+        handle.gpu_series = rhai::Dynamic::from(GpuHandle::new(hist.clone(), now));
+        handle.mig = mig.map(|m| Arc::new(m.clone()));
+        let (result, trace) = self.rules.eval_process_traced(idx, handle);
+        if let Some(memo) = self.proc_memo.get_mut(idx) {
+            match trace {
+                Some(trace) => {
+                    memo.insert(key, (p.clone(), mig.cloned(), trace, result.clone()));
+                }
+                None => {
+                    memo.remove(&key);
+                }
+            }
+        }
+        result
     }
 
     /// The MIG device process `pid` runs on, on GPU `gpu`, as of the newest snapshot (`None`

@@ -1116,6 +1116,21 @@ impl RuleSet {
         self.eval(idx, Dynamic::from(job), move || name)
     }
 
+    /// [`RuleSet::eval_process`], also returning the GPU inputs the check read (through
+    /// `p.gpu_series`) when its result may be reused while the process and those inputs keep
+    /// their values (see [`RuleSet::eval_gpu_traced`]).
+    pub fn eval_process_traced(
+        &self,
+        idx: usize,
+        p: api::ProcessHandle,
+    ) -> (EvalResult, Option<Trace>) {
+        api::gpu::start_trace();
+        let result = self.eval_process(idx, p);
+        let trace = api::gpu::finish_trace();
+        let trace = trace.filter(|_| !matches!(result, EvalResult::Error(_)));
+        (result, trace)
+    }
+
     /// Evaluates process-scope rule `idx` for one GPU process.
     pub fn eval_process(&self, idx: usize, p: api::ProcessHandle) -> EvalResult {
         let on = p

@@ -252,3 +252,45 @@ fn a_host_result_is_reused_only_while_it_read_no_gpu_and_no_effect() {
     let now = r#"rule(#{ name: "h", scope: "host", check: |host| host.now < 0 });"#;
     assert_eq!(stats(now), ((0, 10), 0));
 }
+
+#[test]
+fn a_process_result_is_reused_while_the_process_and_its_gpu_inputs_are_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proc.rhai");
+    std::fs::write(
+        &path,
+        r#"rule(#{ name: "busy_big", scope: "process",
+        check: |p| p.mem > 30 * 1073741824 && p.gpu_series.util.mean("1m") > 50 });
+rule(#{ name: "newcomer", scope: "process", check: |p| p.pid == 9000 });"#,
+    )
+    .unwrap();
+    let snaps = scenario();
+    let run = |reuse: bool| {
+        let rules = RuleSet::load(std::slice::from_ref(&path), &RulesConfig::default()).unwrap();
+        let mut engine = Engine::new(rules, EngineOptions::default());
+        engine.set_reuse(reuse);
+        let mut events = Vec::new();
+        for s in &snaps {
+            events.extend(engine.observe(s));
+        }
+        (events, engine.reuse_stats())
+    };
+    let (fresh, (none, _)) = run(false);
+    let (reused, (hits, runs)) = run(true);
+    assert_eq!(none, 0);
+    assert_eq!(fresh, reused);
+    for name in ["busy_big", "newcomer"] {
+        assert!(fresh.iter().any(|e| e.name == name), "{name}: {fresh:?}");
+    }
+    // `newcomer` reads the process alone: it runs once per process; `busy_big` runs while the
+    // utilization it averages moves (the busy GPUs), and is reused on the idle one.
+    let ticks = snaps.len() as u64;
+    assert!(
+        hits > 3 * ticks,
+        "{hits} reused, {runs} ran of {ticks} ticks"
+    );
+    assert!(
+        runs < 4 * ticks,
+        "{hits} reused, {runs} ran of {ticks} ticks"
+    );
+}

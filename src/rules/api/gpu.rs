@@ -206,10 +206,12 @@ impl Input {
 
 /// Process lists compared as [`Value`]'s equality does.
 fn same_procs(a: &[ProcSample], b: &[ProcSample]) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(p, q)| p == q && same_opt(p.runtime_s, q.runtime_s))
+    a.len() == b.len() && a.iter().zip(b).all(|(p, q)| same_process(p, q))
+}
+
+/// Whether a script could tell `a` from `b` (floats compared bit for bit).
+pub(crate) fn same_process(a: &ProcSample, b: &ProcSample) -> bool {
+    a == b && same_opt(a.runtime_s, b.runtime_s)
 }
 
 /// The inputs one evaluation read, each with the value it got.
