@@ -492,7 +492,7 @@ pub fn run(
     spawn_signal_thread(tx.clone())?;
     let control_tx = tx.clone();
     // Snapshots arrive on the control channel, so signals and samples share one loop.
-    let sampler = SamplerThread::start_with(sampler, interval, None, move |snap| {
+    let sampler = SamplerThread::start_with(sampler, interval, None, false, move |snap| {
         tx.send(Control::Snapshot(Box::new(snap))).is_ok()
     });
 

@@ -93,8 +93,11 @@ pub struct TickStats {
     pub taken: u64,
     /// Ticks skipped because the previous one ran late (see [`Ticker`]).
     pub missed: u64,
-    /// Wall time of each sample, µs (the first 1,000,000 ticks).
+    /// Wall time of each sample, µs (the first 1,000,000 ticks), kept only when asked for
+    /// (`record --stats`): a daemon would hold 4 MB of them after 12 days, for nothing.
     pub micros: Vec<u32>,
+    /// The newest sample's wall time, µs.
+    pub last_micros: Option<u32>,
 }
 
 impl TickStats {
@@ -140,17 +143,20 @@ impl SamplerThread {
     pub fn start(sampler: Sampler, interval: Duration, until: Option<Instant>) -> SamplerThread {
         let (tx, rx) = mpsc::channel();
         let mut thread =
-            SamplerThread::start_with(sampler, interval, until, move |s| tx.send(s).is_ok());
+            SamplerThread::start_with(sampler, interval, until, false, move |s| tx.send(s).is_ok());
         thread.rx = rx;
         thread
     }
 
     /// Starts sampling with an open sampler; each snapshot goes to `deliver`, which returns
     /// false to stop (its receiver is gone). [`SamplerThread::receiver`] then receives nothing.
+    /// With `keep_times`, [`SamplerThread::stats`] keeps every tick's sample wall time (the
+    /// first million), else only the newest.
     pub fn start_with(
         mut sampler: Sampler,
         interval: Duration,
         until: Option<Instant>,
+        keep_times: bool,
         mut deliver: impl FnMut(Snapshot) -> bool + Send + 'static,
     ) -> SamplerThread {
         let devices = sampler.devices();
@@ -180,9 +186,10 @@ impl SamplerThread {
                     if let Ok(mut s) = book.lock() {
                         s.taken += 1;
                         s.missed = ticker.missed();
-                        if s.micros.len() < 1_000_000 {
-                            s.micros
-                                .push(u32::try_from(took.as_micros()).unwrap_or(u32::MAX));
+                        let micros = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
+                        s.last_micros = Some(micros);
+                        if keep_times && s.micros.len() < 1_000_000 {
+                            s.micros.push(micros);
                         }
                     }
                     if !deliver(snap) {
@@ -222,7 +229,7 @@ impl SamplerThread {
     pub fn last_tick(&self) -> (u64, u64, Option<u32>) {
         self.stats
             .lock()
-            .map(|s| (s.taken, s.missed, s.micros.last().copied()))
+            .map(|s| (s.taken, s.missed, s.last_micros))
             .unwrap_or_default()
     }
 

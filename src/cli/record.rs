@@ -103,6 +103,7 @@ pub fn run(global: &GlobalArgs, args: &RecordArgs) -> anyhow::Result<i32> {
             sampler,
             interval,
             duration.map(|d| start + d),
+            args.stats,
             move |snap| {
                 buf.clear();
                 rows.render(&snap, &mut buf);

@@ -379,3 +379,37 @@ fn record_rotation_is_refused_for_a_device() {
     assert!(run.stderr.contains("not a regular file"), "{}", run.stderr);
     assert!(dev_null_replaced().is_none(), "/dev/null was replaced");
 }
+
+/// `record --stats` reports the sample wall time of the ticks it kept (only `record` keeps them:
+/// a daemon keeps the newest, not a list that grows for days).
+#[test]
+fn record_stats_report_the_ticks_sample_times() {
+    let run = common::sim(
+        "healthy",
+        &[
+            "record",
+            "--interval",
+            "100ms",
+            "--duration",
+            "1s",
+            "--out",
+            "/dev/null",
+            "--stats",
+        ],
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("gpuwatch record: "))
+        .unwrap_or_else(|| panic!("no stats line: {}", run.stderr));
+    for part in ["median ", "p99 ", "max "] {
+        let value = line
+            .split(part)
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .unwrap_or_default();
+        assert!(value.parse::<f64>().is_ok(), "{part}{value:?} in {line}");
+    }
+}
