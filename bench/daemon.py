@@ -65,11 +65,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def scrape(config):
-    """Fetches /metrics once (the address from the config); 1 when it answered."""
-    import re
+def scrape(listen):
+    """Fetches /metrics once from `listen` (host:port); 1 when it answered."""
     import urllib.request
-    listen = re.search(r'listen = "([^"]+)"', open(config).read()).group(1)
     try:
         with urllib.request.urlopen(f"http://{listen}/metrics", timeout=5) as r:
             r.read()
@@ -100,6 +98,7 @@ def main():
 
     tmp = tempfile.mkdtemp(prefix="gpuwatch-bench-")
     config = os.path.join(tmp, "config.toml")
+    listen = f"127.0.0.1:{free_port()}" if a.exporter else None
     with open(config, "w") as f:
         f.write(f"""
 [daemon]
@@ -123,7 +122,7 @@ group_wait = "0s"
         if a.exporter:
             f.write(f"""
 [exporter]
-listen = "127.0.0.1:{free_port()}"
+listen = "{listen}"
 """)
     env = dict(os.environ, GPUWATCH_LOG="info")
     for k in ("NVML_SIM_TIME_SCALE", "NVML_SIM_CONTROL", "GPUWATCH_NVML_LIB"):
@@ -162,7 +161,7 @@ listen = "127.0.0.1:{free_port()}"
         time.sleep(1)
         if a.exporter and time.time() - last_scrape >= 15:
             last_scrape = time.time()
-            scrapes += scrape(config)
+            scrapes += scrape(listen)
         try:
             with open(f"/proc/{proc.pid}/status") as s:
                 for line in s:
