@@ -1,6 +1,7 @@
 //! Replay benchmark: synthesizes 24 h × 8 GPUs × 1 Hz (691,200 device-samples) as a gpuwatch CSV
-//! recording and times `replay` through every stock rule, then measures the rule evaluation cost
-//! per tick for 8 GPUs.
+//! recording (written as `gpuwatch record` writes it: every row lists its GPU's processes) and
+//! times `replay` through every stock rule, then measures the rule evaluation cost per tick for 8
+//! GPUs.
 //!
 //! Run: `cargo run --release --example bench_replay [HOURS] [EVAL_INTERVAL]` (defaults 24 and
 //! the engine's default `[rules] eval_interval`, every sample; rules with `every` keep theirs).
@@ -120,11 +121,16 @@ fn main() -> anyhow::Result<()> {
     let path = dir.path().join("bench.csv");
     let t = Instant::now();
     {
+        // (the recorder's own rows: every row lists its GPU's processes as last read)
         let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
-        gpuwatch::trace::write_gpuwatch_header(&mut f)?;
+        writeln!(f, "{}", gpuwatch::record::header_line())?;
+        let mut rows = gpuwatch::record::CsvRows::new();
+        let mut text = String::new();
         let mut rng = 42u64;
         for k in 0..ticks {
-            gpuwatch::trace::write_gpuwatch_rows(&mut f, &snapshot(k, &mut rng))?;
+            text.clear();
+            rows.render(&snapshot(k, &mut rng), &mut text);
+            f.write_all(text.as_bytes())?;
         }
         f.flush()?;
     }
@@ -167,6 +173,24 @@ fn main() -> anyhow::Result<()> {
         reused + ran
     );
 
+    // Which rules ran their script, per tick (the rest were answered from their last result).
+    let mut runs: Vec<(&str, u64)> = engine
+        .rules()
+        .rules()
+        .iter()
+        .map(|r| r.spec.name.as_str())
+        .zip(engine.runs_by_rule().iter().copied())
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    runs.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    println!(
+        "  scripts run per tick: {}",
+        runs.iter()
+            .map(|(name, n)| format!("{name} {:.2}", *n as f64 / stats.snapshots.max(1) as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+
     // (BENCH_REPLAY_ONLY=1: stop here, e.g. to profile the replay alone)
     if std::env::var_os("BENCH_REPLAY_ONLY").is_some() {
         return Ok(());
@@ -191,7 +215,7 @@ fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     let report = gpuwatch::report::build(
         vec![path.display().to_string()],
-        gpuwatch::import::read_ahead(gpuwatch::import::Importer::open(
+        gpuwatch::import::read_ahead_assembled(gpuwatch::import::Importer::open(
             &path,
             &Default::default(),
         )?),
@@ -261,10 +285,11 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The recording's snapshots, read on their own thread as `gpuwatch replay` reads them.
+/// The recording's snapshots, read and assembled on their own thread as `gpuwatch replay` reads
+/// them.
 fn snapshots(
     path: &std::path::Path,
 ) -> anyhow::Result<impl Iterator<Item = anyhow::Result<gpuwatch::model::Snapshot>>> {
     let importer = gpuwatch::import::Importer::open(path, &Default::default())?;
-    Ok(gpuwatch::import::read_ahead(importer).map(|t| t.map(|t| t.snapshot)))
+    Ok(gpuwatch::import::read_ahead_assembled(importer).map(|t| t.map(|t| t.snapshot)))
 }

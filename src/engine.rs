@@ -76,6 +76,7 @@ pub const RULE_ERROR: &str = "rule_error";
 type ProcMemo = (
     crate::model::ProcSample,
     Option<crate::model::MigSample>,
+    crate::rules::api::process::ProcFields,
     Trace,
     EvalResult,
 );
@@ -117,9 +118,10 @@ pub struct Engine {
     /// it read no GPU (reused the same way).
     host_memo: Vec<Option<(HostTrace, EvalResult)>>,
     /// Per rule: per (GPU index, PID), the process its last process-scope evaluation was given
-    /// (and the MIG device it ran on), the GPU inputs it read and what it returned — reused while
-    /// the process list says the same of it (a list is read every few seconds; a quota rule is
-    /// evaluated every tick).
+    /// (and the MIG device it ran on), the process fields and GPU inputs it read and what it
+    /// returned — reused while the process list says the same of those fields (a list is read
+    /// every few seconds, and each changes every process's runtime; a quota rule is evaluated
+    /// every tick and reads its memory).
     proc_memo: Vec<BTreeMap<(u32, u32), ProcMemo>>,
     /// Whether results are reused (always, except to prove that reuse changes nothing).
     reuse: bool,
@@ -127,6 +129,8 @@ pub struct Engine {
     /// script.
     reused: u64,
     ran: u64,
+    /// Per rule (same order as `rules`): evaluations that ran its script.
+    ran_by_rule: Vec<u64>,
     /// Wall time spent evaluating rules at snapshots.
     eval_time: std::time::Duration,
 }
@@ -143,6 +147,7 @@ impl Engine {
             reuse: true,
             reused: 0,
             ran: 0,
+            ran_by_rule: vec![0; rules.len()],
             eval_time: std::time::Duration::ZERO,
             order: evaluation_order(&rules),
             rule_errors: rule_error_specs(&rules),
@@ -239,6 +244,20 @@ impl Engine {
         (self.reused, self.ran)
     }
 
+    /// Per rule (in the order of [`Engine::rules`], since the last reload): evaluations that ran
+    /// its script.
+    pub fn runs_by_rule(&self) -> &[u64] {
+        &self.ran_by_rule
+    }
+
+    /// Counts one evaluation of rule `idx` that ran its script.
+    fn count_run(&mut self, idx: usize) {
+        self.ran += 1;
+        if let Some(n) = self.ran_by_rule.get_mut(idx) {
+            *n += 1;
+        }
+    }
+
     /// Wall time spent evaluating rules at snapshots since the engine was made.
     pub fn eval_time(&self) -> std::time::Duration {
         self.eval_time
@@ -284,6 +303,7 @@ impl Engine {
         self.memo = vec![BTreeMap::new(); rules.len()];
         self.host_memo = vec![None; rules.len()];
         self.proc_memo = vec![BTreeMap::new(); rules.len()];
+        self.ran_by_rule = vec![0; rules.len()];
         self.order = evaluation_order(&rules);
         self.rule_errors = rule_error_specs(&rules);
         self.rules = rules;
@@ -483,13 +503,10 @@ impl Engine {
         }
         if let Some(procs) = &snap.processes {
             for (index, h) in &mut self.gpus {
-                let list: Vec<_> = procs
-                    .iter()
-                    .filter(|p| p.gpu_index == *index)
-                    .cloned()
-                    .collect();
-                if list != h.processes {
-                    Arc::make_mut(h).processes = list;
+                // (compared in place: a recording lists them at every tick, mostly the same)
+                let on_gpu = || procs.iter().filter(|p| p.gpu_index == *index);
+                if !on_gpu().eq(h.processes.iter()) {
+                    Arc::make_mut(h).processes = on_gpu().cloned().collect();
                 }
             }
         }
@@ -518,16 +535,18 @@ impl Engine {
         Some(gaps[gaps.len() / 2])
     }
 
-    fn host_handle(&self, now_ms: i64) -> HostHandle {
+    /// The host at `now_ms` as a host-scope rule sees it, its `present` GPUs listed by index
+    /// but not yet given (see [`Engine::gpu_handles`]).
+    fn host_handle(&self, now_ms: i64, present: &[u32]) -> HostHandle {
         #[expect(clippy::cast_precision_loss, reason = "ms")]
         let secs = |ms: i64| ms as f64 / 1000.0;
         let reference = self.last_snapshot_ms.or(self.first_seen_ms);
         HostHandle {
-            gpus: self
-                .present
+            gpus: Vec::new(),
+            present: present
                 .iter()
-                .filter_map(|i| self.gpus.get(i))
-                .map(|h| GpuHandle::new(h.clone(), now_ms))
+                .copied()
+                .filter(|i| self.gpus.contains_key(i))
                 .collect(),
             hostname: self.opts.hostname.clone(),
             now_ms,
@@ -536,6 +555,15 @@ impl Engine {
             interval_s: self.interval_ms().map(secs),
             missing: self.missing.clone(),
         }
+    }
+
+    /// The GPUs `host` lists as present, as `host.gpus` gives them.
+    fn gpu_handles(&self, host: &HostHandle) -> Vec<GpuHandle> {
+        host.present
+            .iter()
+            .filter_map(|i| self.gpus.get(i))
+            .map(|h| GpuHandle::new(h.clone(), host.now_ms))
+            .collect()
     }
 
     /// Steps the `rule_error` alert of rule `idx`: active while its last evaluation failed
@@ -636,11 +664,13 @@ impl Engine {
     fn evaluate(&mut self, now: i64, gpu_rules: bool) -> Vec<AlertEvent> {
         self.last_now_ms = self.last_now_ms.max(now);
         let mut events = Vec::new();
-        let present = self.present.clone();
+        // (taken while the rules run, which do not change it, and put back)
+        let present = std::mem::take(&mut self.present);
         // The rules due now, in evaluation order. Job rules run in `evaluate_job`; per-GPU and
         // process rules need a snapshot. A rule not due is skipped with its instances untouched.
         let mut due = Vec::new();
-        for idx in self.order.clone() {
+        for k in 0..self.order.len() {
+            let idx = self.order[k];
             let runs = match self.rules.rules()[idx].scope {
                 RuleScope::Job => false,
                 RuleScope::Gpu | RuleScope::Process => gpu_rules,
@@ -655,8 +685,7 @@ impl Engine {
                 RuleScope::Gpu => self.evaluate_gpus(idx, now, &present, &mut events),
                 RuleScope::Process => self.evaluate_processes(idx, now, &present, &mut events),
                 RuleScope::Host => {
-                    let host = self.host_handle(now);
-                    let result = self.eval_host(idx, host);
+                    let result = self.eval_host(idx, now, &present);
                     self.step_host(idx, now, result, &present, &mut events)
                 }
                 RuleScope::Job => continue,
@@ -664,6 +693,7 @@ impl Engine {
             let error = self.note_budget(idx, now, error);
             self.step_rule_error(idx, now, error, &mut events);
         }
+        self.present = present;
         events
     }
 
@@ -805,7 +835,7 @@ impl Engine {
             }
         }
         // Traced with reuse off too: the trace also says what an alert's chart shows.
-        self.ran += 1;
+        self.count_run(idx);
         let (result, trace) = self.rules.eval_gpu_traced(idx, hist, now);
         if let Some(memo) = self.memo.get_mut(idx) {
             match trace {
@@ -816,18 +846,21 @@ impl Engine {
         result
     }
 
-    /// Host-scope rule `idx`'s result: the previous one when it read no GPU and the host fields
+    /// Host-scope rule `idx`'s result: the previous one when the host fields and the GPU inputs
     /// it read are the same, else a fresh evaluation (see `eval_gpu`).
-    fn eval_host(&mut self, idx: usize, host: HostHandle) -> EvalResult {
+    fn eval_host(&mut self, idx: usize, now: i64, present: &[u32]) -> EvalResult {
+        let mut host = self.host_handle(now, present);
         if self.reuse {
             if let Some(Some((trace, result))) = self.host_memo.get(idx) {
-                if trace.holds(&host) {
+                let gpu = |i: u32| self.gpus.get(&i).map(|h| &**h);
+                if trace.holds(&host, gpu) {
                     self.reused += 1;
                     return result.clone();
                 }
             }
         }
-        self.ran += 1;
+        host.gpus = self.gpu_handles(&host);
+        self.count_run(idx);
         let (result, trace) = self.rules.eval_host_traced(idx, host);
         if let Some(memo) = self.host_memo.get_mut(idx) {
             *memo = trace.map(|t| (t, result.clone()));
@@ -940,8 +973,9 @@ impl Engine {
     }
 
     /// Process-scope rule `idx`'s result for process `p` of GPU `hist`: the previous one while
-    /// the process list says the same of the process, it runs on the same MIG device and the GPU
-    /// inputs the check read are the same, else a fresh evaluation (see `eval_gpu`).
+    /// the process list says the same of the fields the check read (`p.mem`, `p.runtime`, …), it
+    /// runs on the same MIG device and the GPU inputs the check read are the same, else a fresh
+    /// evaluation (see `eval_gpu`).
     fn eval_process(
         &mut self,
         idx: usize,
@@ -952,27 +986,27 @@ impl Engine {
     ) -> EvalResult {
         let key = (hist.id.index, p.pid);
         if self.reuse {
-            if let Some((was, was_on, trace, result)) =
+            if let Some((was, was_on, fields, trace, result)) =
                 self.proc_memo.get(idx).and_then(|m| m.get(&key))
             {
-                if crate::rules::api::gpu::same_process(was, p)
-                    && was_on.as_ref() == mig
-                    && trace.holds(hist, now)
-                {
+                if fields.same(was, p) && was_on.as_ref() == mig && trace.holds(hist, now) {
                     self.reused += 1;
                     return result.clone();
                 }
             }
         }
-        self.ran += 1;
+        self.count_run(idx);
         let mut handle = ProcessHandle::new(p.clone());
         handle.gpu_series = rhai::Dynamic::from(GpuHandle::new(hist.clone(), now));
         handle.mig = mig.map(|m| Arc::new(m.clone()));
         let (result, trace) = self.rules.eval_process_traced(idx, handle);
         if let Some(memo) = self.proc_memo.get_mut(idx) {
             match trace {
-                Some(trace) => {
-                    memo.insert(key, (p.clone(), mig.cloned(), trace, result.clone()));
+                Some((fields, trace)) => {
+                    memo.insert(
+                        key,
+                        (p.clone(), mig.cloned(), fields, trace, result.clone()),
+                    );
                 }
                 None => {
                     memo.remove(&key);

@@ -219,6 +219,12 @@ pub(crate) struct Reading {
     pub sample: GpuSample,
     pub xids: Vec<u64>,
     pub procs: Option<Vec<ProcSample>>,
+    /// The GPU's process list is the one its previous row in the file gave (`Key::Index` rows:
+    /// a gpuwatch recording repeats each list on every row); `procs` is then `None`.
+    pub procs_same: bool,
+    /// The GPU's process list as the assembler resolved it (`procs` or, with `procs_same`, the
+    /// list before), shared with the rows that repeat it.
+    pub procs_shared: Option<std::sync::Arc<Vec<ProcSample>>>,
     pub progress: Option<Progress>,
     /// The GPU's MIG devices (from the MIG rows that follow its row).
     pub mig: Vec<crate::model::MigSample>,
@@ -241,6 +247,8 @@ impl Reading {
             },
             xids: Vec::new(),
             procs: None,
+            procs_same: false,
+            procs_shared: None,
             progress: None,
             mig: Vec::new(),
         }
@@ -861,9 +869,37 @@ impl Iterator for Importer {
     }
 }
 
+/// Reads, parses and assembles `importer`'s ticks on their own thread, for a consumer that costs
+/// more than reading does (the rules engine: `replay`, `test`, `report`), which keeps the
+/// caller's core to itself. (With the assembly on the caller's thread the engine waited on it,
+/// and on the allocator's lock as it freed what the other thread had allocated.) The thread ends
+/// with the file, after the first error, or when the returned iterator is dropped.
+pub fn read_ahead_assembled(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imported>> {
+    /// Ticks handed over at a time.
+    const BATCH: usize = 64;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<anyhow::Result<Imported>>>(4);
+    let spawned = std::thread::Builder::new()
+        .name("gpuwatch-import".into())
+        .spawn(move || {
+            let mut batch = Vec::with_capacity(BATCH);
+            for tick in importer {
+                batch.push(tick);
+                if batch.len() >= BATCH && tx.send(std::mem::take(&mut batch)).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send(batch);
+        });
+    // (a thread that cannot start: the error, then nothing)
+    let error = spawned
+        .err()
+        .map(|e| anyhow!("cannot start the log reader thread: {e}"));
+    error.map(Err).into_iter().chain(rx.into_iter().flatten())
+}
+
 /// Reads and parses `importer`'s lines on their own thread and assembles ticks on the caller's,
-/// so reading a log and what consumes its ticks (rules, a writer) share two cores. The thread
-/// ends with the file, at the first error, or when the returned iterator is dropped.
+/// so reading a log and what consumes its ticks (a writer) share two cores. The thread ends
+/// with the file, at the first error, or when the returned iterator is dropped.
 pub fn read_ahead(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imported>> {
     type Batch = anyhow::Result<Vec<Item>>;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(4);

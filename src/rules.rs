@@ -1087,8 +1087,8 @@ impl RuleSet {
         (result, trace)
     }
 
-    /// Evaluates host-scope rule `idx`, tracing the host fields it reads: the trace is returned
-    /// when the result can be reused while those fields read the same (see
+    /// Evaluates host-scope rule `idx`, tracing the host fields and GPU inputs it reads: the
+    /// trace is returned when the result can be reused while those read the same (see
     /// [`api::host::HostTrace`]).
     pub fn eval_host_traced(
         &self,
@@ -1096,9 +1096,10 @@ impl RuleSet {
         host: HostHandle,
     ) -> (EvalResult, Option<api::host::HostTrace>) {
         let fields = host.clone_fields();
+        api::gpu::start_trace();
         api::host::start_trace();
         let result = self.eval_host(idx, host);
-        let trace = api::host::finish_trace(fields);
+        let trace = api::host::finish_trace(fields, api::gpu::finish_trace());
         let trace = trace.filter(|_| !matches!(result, EvalResult::Error(_)));
         (result, trace)
     }
@@ -1123,12 +1124,14 @@ impl RuleSet {
         &self,
         idx: usize,
         p: api::ProcessHandle,
-    ) -> (EvalResult, Option<Trace>) {
+    ) -> (EvalResult, Option<(api::process::ProcFields, Trace)>) {
         api::gpu::start_trace();
+        api::process::start_trace();
         let result = self.eval_process(idx, p);
+        let fields = api::process::finish_trace();
         let trace = api::gpu::finish_trace();
         let trace = trace.filter(|_| !matches!(result, EvalResult::Error(_)));
-        (result, trace)
+        (result, trace.map(|t| (fields, t)))
     }
 
     /// Evaluates process-scope rule `idx` for one GPU process.

@@ -4,7 +4,7 @@
 //! small text helpers its readers share. Reading any log, this format included, is the
 //! importer's job (module `import`).
 
-use crate::model::{Snapshot, METRICS};
+use crate::model::Snapshot;
 
 /// Splits one CSV line (RFC 4180 quoting) into fields.
 pub fn split_csv(line: &str) -> Vec<String> {
@@ -57,83 +57,20 @@ pub fn quoted(v: &str) -> String {
     }
 }
 
-/// Writes snapshots as a gpuwatch CSV recording (used by tests, fixtures and the benchmark; the
-/// recorder owns the live writer).
+/// Writes snapshots as a gpuwatch CSV recording, as `gpuwatch record` writes them (the
+/// recorder's own rows: each GPU's process list on every row, as last refreshed; used by tests,
+/// fixtures and the benchmark).
 pub fn write_gpuwatch_csv(
     out: &mut impl std::io::Write,
     snaps: &[Snapshot],
 ) -> std::io::Result<()> {
-    write_gpuwatch_header(out)?;
+    writeln!(out, "{}", crate::record::header_line())?;
+    let mut rows = crate::record::CsvRows::new();
+    let mut text = String::new();
     for s in snaps {
-        write_gpuwatch_rows(out, s)?;
-    }
-    Ok(())
-}
-
-/// The gpuwatch CSV header line.
-pub fn write_gpuwatch_header(out: &mut impl std::io::Write) -> std::io::Result<()> {
-    let mut header = String::from("timestamp,index,uuid,name,pci_bus_id,minor,state");
-    for d in METRICS {
-        header.push(',');
-        header.push_str(d.key);
-    }
-    header.push_str(",xids,processes");
-    writeln!(out, "{header}")
-}
-
-/// The rows of one snapshot in gpuwatch CSV.
-pub fn write_gpuwatch_rows(out: &mut impl std::io::Write, s: &Snapshot) -> std::io::Result<()> {
-    use std::fmt::Write as _;
-    let ts = format_time_ms(s.time_ms);
-    for g in &s.gpus {
-        let mut line = String::with_capacity(256);
-        let quote = |f: &str| {
-            if f.contains([',', '"']) {
-                format!("\"{}\"", f.replace('"', "\"\""))
-            } else {
-                f.to_string()
-            }
-        };
-        let _ = write!(
-            line,
-            "{ts},{},{},{},{},{},{}",
-            g.id.index,
-            quote(&g.id.uuid),
-            quote(&g.id.name),
-            quote(&g.id.pci_bus_id),
-            g.id.minor.map(|m| m.to_string()).unwrap_or_default(),
-            g.state.label()
-        );
-        for v in &g.values.0 {
-            line.push(',');
-            if let Some(v) = v {
-                let _ = write!(line, "{v}");
-            }
-        }
-        line.push(',');
-        let xids: Vec<String> = s
-            .xids
-            .iter()
-            .filter(|x| x.gpu_index == g.id.index)
-            .map(|x| x.xid.to_string())
-            .collect();
-        line.push_str(&xids.join(";"));
-        line.push(',');
-        if let Some(procs) = &s.processes {
-            let items: Vec<String> = procs
-                .iter()
-                .filter(|p| p.gpu_index == g.id.index)
-                .map(|p| {
-                    format!(
-                        "{}:{}",
-                        p.pid,
-                        p.used_mem_bytes.map(|b| b.to_string()).unwrap_or_default()
-                    )
-                })
-                .collect();
-            line.push_str(&items.join(";"));
-        }
-        writeln!(out, "{line}")?;
+        text.clear();
+        rows.render(s, &mut text);
+        out.write_all(text.as_bytes())?;
     }
     Ok(())
 }
@@ -201,5 +138,94 @@ mod tests {
         assert_eq!(back[0].gpus[1].id.name, "NVIDIA \"X\", 80GB");
         assert_eq!(back[2].gpus[0].get(Metric::Util), Some(50.5));
         assert_eq!(back[2].gpus[0].get(Metric::Temp), None);
+    }
+}
+
+#[cfg(test)]
+mod process_tests {
+    use super::*;
+    use crate::model::{DeviceId, DeviceState, GpuSample, ProcSample};
+
+    /// What a recording says each GPU runs at each tick comes back from it: a list where it
+    /// changed, "unchanged" (`None`) where every row repeats the tick before — read forward,
+    /// the same lists.
+    #[test]
+    fn a_recording_gives_back_each_ticks_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        // (pid, GPU) per tick; `None`: the sampler read no list at that tick
+        let plan: Vec<Option<Vec<(u32, u32)>>> = vec![
+            Some(vec![(10, 0), (20, 1)]),
+            None,
+            None,
+            Some(vec![(10, 0), (20, 1)]),
+            Some(vec![(10, 0), (21, 1), (22, 1)]),
+            None,
+            Some(vec![]),
+            None,
+            Some(vec![(30, 0)]),
+        ];
+        let snaps: Vec<Snapshot> = plan
+            .iter()
+            .enumerate()
+            .map(|(t, procs)| Snapshot {
+                time_ms: 1_700_000_000_000 + t as i64 * 1000,
+                gpus: (0..2)
+                    .map(|i| GpuSample {
+                        time_ms: 1_700_000_000_000 + t as i64 * 1000,
+                        id: DeviceId {
+                            index: i,
+                            uuid: format!("GPU-{i}"),
+                            ..DeviceId::default()
+                        },
+                        state: DeviceState::Ok,
+                        values: Default::default(),
+                    })
+                    .collect(),
+                processes: procs.as_ref().map(|l| {
+                    l.iter()
+                        .map(|(pid, gpu)| {
+                            ProcSample::compute(*pid, *gpu, format!("GPU-{gpu}"), Some(1 << 30))
+                        })
+                        .collect()
+                }),
+                ..Snapshot::default()
+            })
+            .collect();
+        let path = dir.path().join("p.csv");
+        let mut f = std::fs::File::create(&path).unwrap();
+        write_gpuwatch_csv(&mut f, &snaps).unwrap();
+        drop(f);
+        let mut current: Vec<(u32, u32)> = Vec::new();
+        let mut read = Vec::new();
+        let mut unchanged = 0;
+        for t in crate::import::Importer::open(&path, &Default::default()).unwrap() {
+            let snap = t.unwrap().snapshot;
+            match snap.processes {
+                Some(l) => {
+                    assert!(l
+                        .iter()
+                        .all(|p| p.gpu_uuid == format!("GPU-{}", p.gpu_index)));
+                    current = l.iter().map(|p| (p.pid, p.gpu_index)).collect();
+                }
+                None => unchanged += 1,
+            }
+            read.push(current.clone());
+        }
+        // what the recorder wrote at each tick: the last list read
+        let mut last = Vec::new();
+        let want: Vec<Vec<(u32, u32)>> = plan
+            .iter()
+            .map(|p| {
+                if let Some(l) = p {
+                    last.clone_from(l);
+                }
+                last.clone()
+            })
+            .collect();
+        assert_eq!(read, want);
+        assert_eq!(
+            unchanged, 5,
+            "ticks 1, 2, 3, 5 and 7 repeat the tick before"
+        );
     }
 }

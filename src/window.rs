@@ -367,6 +367,19 @@ impl Window {
         }
         let it = || self.points.values(lo, hi);
         let nf = n as f64;
+        // A range known to hold one value (a counter without errors, a limit, a total: most of
+        // what the stock rules read each tick) needs no scan; the others compute as below.
+        if let Some(v) = self.points.same_value(lo, hi) {
+            let share = |yes: bool| if yes { 1.0 } else { 0.0 };
+            match agg {
+                Agg::Mean | Agg::Min | Agg::Max | Agg::Percentile => return Some(v),
+                Agg::Stddev => return Some(0.0),
+                Agg::FracAbove => return Some(share(v > arg)),
+                Agg::FracBelow => return Some(share(v < arg)),
+                Agg::FracBits => return Some(share((v as u64) & (arg as u64) != 0)),
+                _ => {}
+            }
+        }
         let value = match agg {
             Agg::Count => nf,
             Agg::Last => self.points.value(hi - 1),
@@ -544,8 +557,64 @@ impl Window {
 
 /// Cache key: metric, function, duration, argument bits.
 type CacheKey = (u8, u8, i64, u64);
-/// Aggregates computed at one evaluation time.
-type AggCache = (i64, Vec<(CacheKey, Option<f64>)>);
+
+/// Slots of an [`AggCache`] (a power of two), and how many a lookup tries.
+const CACHE_SLOTS: usize = 64;
+const CACHE_PROBES: usize = 8;
+
+/// Aggregates computed at one evaluation time: a small open-addressed table (a tick asks one
+/// GPU for a few dozen) whose slots carry the time they were filled at, so a new time empties
+/// them without a write. A search through a list of every aggregate asked cost a tenth of a
+/// replay once every rule's inputs were checked at every tick.
+#[derive(Debug)]
+struct AggCache {
+    slots: Vec<(i64, CacheKey, Option<f64>)>,
+}
+
+impl Default for AggCache {
+    fn default() -> Self {
+        AggCache {
+            slots: vec![(i64::MIN, (0, 0, 0, 0), None); CACHE_SLOTS],
+        }
+    }
+}
+
+impl AggCache {
+    /// The slots where `key` may be, in probe order.
+    fn probes(key: CacheKey) -> impl Iterator<Item = usize> {
+        let (m, a, d, x) = key;
+        let h = (u64::from(m) | u64::from(a) << 8)
+            ^ (d as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ x.rotate_left(29);
+        let start = (h.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 58) as usize;
+        (0..CACHE_PROBES).map(move |i| (start + i) % CACHE_SLOTS)
+    }
+
+    /// The value of `key` at `now_ms`, computed by `f` unless cached.
+    fn get_or(
+        &mut self,
+        now_ms: i64,
+        key: CacheKey,
+        f: impl FnOnce() -> Option<f64>,
+    ) -> Option<f64> {
+        let mut free = None;
+        for i in Self::probes(key) {
+            let (at, k, v) = self.slots[i];
+            if at != now_ms {
+                free = Some(i);
+                break;
+            }
+            if k == key {
+                return v;
+            }
+        }
+        let v = f();
+        if let Some(i) = free {
+            self.slots[i] = (now_ms, key, v);
+        }
+        v
+    }
+}
 
 /// Everything gpuwatch remembers about one GPU.
 #[derive(Debug, Default)]
@@ -601,7 +670,7 @@ impl Clone for GpuHistory {
             nvlink_stale: self.nvlink_stale,
             recent_times: self.recent_times.clone(),
             interval_ms: self.interval_ms,
-            cache: Mutex::new((i64::MIN, Vec::new())),
+            cache: Mutex::new(AggCache::default()),
             evicted_at_ms: self.evicted_at_ms,
             asked_ms: self
                 .asked_ms
@@ -618,7 +687,7 @@ impl GpuHistory {
         GpuHistory {
             id,
             series: vec![Window::default(); METRIC_COUNT],
-            cache: Mutex::new((i64::MIN, Vec::new())),
+            cache: Mutex::new(AggCache::default()),
             asked_ms: (0..METRIC_COUNT).map(|_| AtomicI64::new(0)).collect(),
             ..GpuHistory::default()
         }
@@ -706,7 +775,10 @@ impl GpuHistory {
     /// Notes that a rule asked `metric`'s window for `duration_ms` (see `evict_before`).
     pub fn note_asked(&self, metric: Metric, duration_ms: i64) {
         if let Some(a) = self.asked_ms.get(metric as usize) {
-            a.fetch_max(duration_ms, Ordering::Relaxed);
+            // (read first: asked at every evaluation, it is almost never longer)
+            if a.load(Ordering::Relaxed) < duration_ms {
+                a.fetch_max(duration_ms, Ordering::Relaxed);
+            }
         }
     }
 
@@ -725,25 +797,13 @@ impl GpuHistory {
         arg: f64,
     ) -> Option<f64> {
         let key = (metric as u8, agg as u8, duration_ms, arg.to_bits());
-        if let Ok(mut cache) = self.cache.lock() {
-            if cache.0 != now_ms {
-                cache.0 = now_ms;
-                cache.1.clear();
-            }
-            if let Some((_, v)) = cache.1.iter().find(|(k, _)| *k == key) {
-                return *v;
-            }
-            let v = self.series[metric as usize].aggregate(
-                agg,
-                now_ms,
-                duration_ms,
-                arg,
-                self.interval_ms,
-            );
-            cache.1.push((key, v));
-            return v;
+        let compute = || {
+            self.series[metric as usize].aggregate(agg, now_ms, duration_ms, arg, self.interval_ms)
+        };
+        match self.cache.lock() {
+            Ok(mut cache) => cache.get_or(now_ms, key, compute),
+            Err(_) => compute(),
         }
-        self.series[metric as usize].aggregate(agg, now_ms, duration_ms, arg, self.interval_ms)
     }
 
     /// Distinct XID codes with `now - duration < t <= now`, in order of first occurrence.
@@ -809,6 +869,83 @@ mod tests {
         assert_eq!(a(Agg::FracBelow, 10_000, 2.0), Some(0.2));
         let sd = a(Agg::Stddev, 10_000, 0.0).unwrap();
         assert!((sd - 8.25f64.sqrt()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_range_of_one_value_aggregates_as_a_scan() {
+        // varying, then 0.1 for the newest 40 points: ranges inside the run take the short way
+        let w = series(100, |i| if i < 60 { i as f64 } else { 0.1 });
+        let now = 99_000;
+        for d in (1..=100).map(|k| k * 1000) {
+            let vals: Vec<f64> = w.points_in(now - d, now).map(|p| p.1).collect();
+            let n = vals.len() as f64;
+            let mean = vals.iter().sum::<f64>() / n;
+            let share = |f: &dyn Fn(f64) -> bool| vals.iter().filter(|v| f(**v)).count() as f64 / n;
+            let scan = [
+                (Agg::Mean, 0.0, mean),
+                (
+                    Agg::Min,
+                    0.0,
+                    vals.iter().copied().fold(f64::INFINITY, f64::min),
+                ),
+                (
+                    Agg::Max,
+                    0.0,
+                    vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                ),
+                (
+                    Agg::Stddev,
+                    0.0,
+                    (vals.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n).sqrt(),
+                ),
+                (Agg::FracAbove, 0.05, share(&|v| v > 0.05)),
+                (Agg::FracBelow, 0.05, share(&|v| v < 0.05)),
+                (Agg::FracBits, 1.0, share(&|v| (v as u64) & 1 != 0)),
+            ];
+            for (agg, arg, want) in scan {
+                let got = w.aggregate(agg, now, d, arg, 1000).unwrap();
+                assert!(
+                    (got - want).abs() <= 1e-12 * want.abs().max(1.0),
+                    "{agg:?} {d}: {got} vs {want}"
+                );
+            }
+            let mut sorted = vals.clone();
+            sorted.sort_by(f64::total_cmp);
+            for p in [0.0, 50.0, 100.0] {
+                let k = ((p / 100.0) * (n - 1.0)).round() as usize;
+                assert_eq!(
+                    w.aggregate(Agg::Percentile, now, d, p, 1000),
+                    Some(sorted[k])
+                );
+            }
+        }
+        // inside the run: exactly the value, not a sum divided back
+        assert_eq!(w.aggregate(Agg::Mean, now, 30_000, 0.0, 1000), Some(0.1));
+        assert_eq!(w.aggregate(Agg::Stddev, now, 30_000, 0.0, 1000), Some(0.0));
+    }
+
+    #[test]
+    fn the_aggregate_cache_answers_what_it_computed_at_that_time() {
+        let mut c = AggCache::default();
+        let mut computed = 0;
+        // more keys than slots: each answers its own value, computed once while cached
+        for round in 0..2 {
+            for k in 0..200u64 {
+                let key = ((k % 7) as u8, (k % 3) as u8, (k * 1000) as i64, k);
+                let v = c.get_or(5, key, || {
+                    computed += 1;
+                    Some(k as f64)
+                });
+                assert_eq!(v, Some(k as f64), "round {round}");
+            }
+        }
+        assert!(computed < 400, "{computed}: nothing cached");
+        assert!(computed >= 200);
+        // another time: computed again
+        let key = (1, 1, 1000, 1);
+        assert_eq!(c.get_or(6, key, || Some(-1.0)), Some(-1.0));
+        assert_eq!(c.get_or(6, key, || Some(-2.0)), Some(-1.0));
+        assert_eq!(c.get_or(7, key, || None), None);
     }
 
     #[test]

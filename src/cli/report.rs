@@ -57,7 +57,7 @@ pub(super) fn build(
     let name = path.display().to_string();
     let mut report = build_from(
         vec![name.clone()],
-        crate::import::read_ahead(importer),
+        crate::import::read_ahead_assembled(importer),
         rules,
         config,
     )?;

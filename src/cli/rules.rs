@@ -224,7 +224,7 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
         ))
     };
     let (stats, engine) = crate::engine::replay_segments(
-        crate::import::read_ahead(importer),
+        crate::import::read_ahead_assembled(importer),
         fresh,
         |_| {},
         &mut on_event,

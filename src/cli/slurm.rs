@@ -743,16 +743,25 @@ fn summarize(
     let ticks = opened.into_iter().flat_map(|opened| {
         let ticks: Box<dyn Iterator<Item = anyhow::Result<crate::import::Imported>>> = match opened
         {
-            Ok(i) => Box::new(crate::import::read_ahead(i)),
+            Ok(i) => Box::new(crate::import::read_ahead_assembled(i)),
             Err(e) => Box::new(std::iter::once(Err(e))),
         };
         ticks
     });
+    // The process list in force when the job's first tick comes: a recording's ticks say
+    // "unchanged" until a list changes.
+    let mut in_force: Option<Vec<crate::model::ProcSample>> = None;
     let ticks = ticks.filter_map(move |t| match t {
         Ok(mut t) => {
             let s = &mut t.snapshot;
             if s.time_ms < start_ms || s.time_ms > end_ms {
+                if let Some(p) = s.processes.take() {
+                    in_force = Some(p);
+                }
                 return None;
+            }
+            if let Some(p) = in_force.take() {
+                s.processes.get_or_insert(p);
             }
             s.gpus.retain(|g| gpus_from.has(&keep, &g.id));
             let indices: Vec<u32> = s.gpus.iter().map(|g| g.id.index).collect();

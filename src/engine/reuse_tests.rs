@@ -223,7 +223,7 @@ rule(#{ name: "count", check: |gpu| { inc.call() + fns[0].call() > 4 } });"#,
 }
 
 #[test]
-fn a_host_result_is_reused_only_while_it_read_no_gpu_and_no_effect() {
+fn a_host_result_is_reused_while_what_it_read_is_the_same_and_it_had_no_effect() {
     let dir = tempfile::tempdir().unwrap();
     let snaps = scenario();
     let stats = |script: &str| {
@@ -241,10 +241,14 @@ fn a_host_result_is_reused_only_while_it_read_no_gpu_and_no_effect() {
     let fields = r#"rule(#{ name: "h", scope: "host",
         check: |host| host.hostname == "nowhere" || host.missing_gpus.len() > 0 });"#;
     assert_eq!(stats(fields), ((9, 1), 0));
-    // A GPU read (its values change) or an effect: evaluated every time.
+    // The GPUs present and a value of each that stays the same: reused too.
     let gpus = r#"rule(#{ name: "h", scope: "host",
-        check: |host| host.gpus.len() > 8 });"#;
-    assert_eq!(stats(gpus), ((0, 10), 0));
+        check: |host| { let big = 0; for g in host.gpus { if g.mem_total.last() > 1e9 { big += 1; } } big > 8 } });"#;
+    assert_eq!(stats(gpus), ((9, 1), 0));
+    // A GPU value that changes (GPU 2's memory grows) or an effect: evaluated every time.
+    let moving = r#"rule(#{ name: "h", scope: "host",
+        check: |host| { let full = 0; for g in host.gpus { if g.mem_used.last() > 1e15 { full += 1; } } full > 0 } });"#;
+    assert_eq!(stats(moving), ((0, 10), 0));
     let effect = r#"rule(#{ name: "h", scope: "host",
         check: |host| { print("x"); host.hostname == "nowhere" } });"#;
     assert_eq!(stats(effect), ((0, 10), 0));
@@ -293,4 +297,83 @@ rule(#{ name: "newcomer", scope: "process", check: |p| p.pid == 9000 });"#,
         runs < 4 * ticks,
         "{hits} reused, {runs} ran of {ticks} ticks"
     );
+}
+
+#[test]
+fn a_process_result_is_reused_while_the_fields_it_read_are_the_same() {
+    // One GPU, one process listed at every tick, its runtime growing (as every list says) and
+    // its memory the same for 10 ticks, then more.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proc.rhai");
+    std::fs::write(
+        &path,
+        r#"rule(#{ name: "big", scope: "process", check: |p| p.mem > 30 * 1073741824 });
+rule(#{ name: "old", scope: "process", check: |p| p.runtime > 5.0 });
+rule(#{ name: "named", scope: "process", check: |p| `${p}` == "" });
+rule(#{ name: "off", scope: "process", check: |p| { if !param("enabled", false) { return; } p.mem > 0 } });"#,
+    )
+    .unwrap();
+    let rules = RuleSet::load(std::slice::from_ref(&path), &RulesConfig::default()).unwrap();
+    let names: Vec<String> = rules.rules().iter().map(|r| r.spec.name.clone()).collect();
+    let mut engine = Engine::new(rules, EngineOptions::default());
+    let mut seed = 1;
+    let mut big_fired = false;
+    for k in 0..20i64 {
+        let mut s = Snapshot {
+            time_ms: 1_000_000 + k * 1000,
+            gpus: vec![gpu(k, 0, &mut seed)],
+            ..Snapshot::default()
+        };
+        s.gpus[0].time_ms = s.time_ms;
+        let mem = if k < 10 { 20u64 << 30 } else { 40 << 30 };
+        let mut p = ProcSample::compute(4242, 0, "GPU-0", Some(mem));
+        p.runtime_s = Some(k as f64);
+        s.processes = Some(vec![p]);
+        big_fired |= engine
+            .observe(&s)
+            .iter()
+            .any(|e| e.name == "big" && e.status == crate::model::AlertStatus::Firing);
+    }
+    assert!(big_fired);
+    let runs: BTreeMap<&str, u64> = names
+        .iter()
+        .map(String::as_str)
+        .zip(engine.runs_by_rule().iter().copied())
+        .collect();
+    // `big` reads the memory: once for each value; `old` the runtime: at every tick;
+    // `named` the PID, user and command through `${p}`, which never change.
+    assert_eq!(runs["big"], 2, "{runs:?}");
+    assert_eq!(runs["old"], 20, "{runs:?}");
+    assert_eq!(runs["named"], 1, "{runs:?}");
+    assert_eq!(runs["off"], 1, "{runs:?}");
+}
+
+#[test]
+fn a_gpu_result_that_read_the_process_count_is_reused_while_the_count_is_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("count.rhai");
+    std::fs::write(
+        &path,
+        r#"rule(#{ name: "crowded", check: |gpu| gpu.process_count > 1 });
+rule(#{ name: "listed", check: |gpu| gpu.processes.len() > 1 });"#,
+    )
+    .unwrap();
+    let rules = RuleSet::load(std::slice::from_ref(&path), &RulesConfig::default()).unwrap();
+    let mut engine = Engine::new(rules, EngineOptions::default());
+    let mut seed = 1;
+    for k in 0..10i64 {
+        let mut s = Snapshot {
+            time_ms: 1_000_000 + k * 1000,
+            gpus: vec![gpu(k, 0, &mut seed)],
+            ..Snapshot::default()
+        };
+        s.gpus[0].time_ms = s.time_ms;
+        // a list read at every tick: the same process, a second after the last
+        let mut p = ProcSample::compute(4242, 0, "GPU-0", Some(1 << 30));
+        p.runtime_s = Some(k as f64);
+        s.processes = Some(vec![p]);
+        engine.observe(&s);
+    }
+    // `crowded` read the count (1 throughout); `listed` read the list, whose runtime moves
+    assert_eq!(engine.runs_by_rule(), &[1, 10]);
 }

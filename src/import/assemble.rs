@@ -16,6 +16,7 @@
 //! * Nothing fills gaps: a missing tick stays missing.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use super::{Imported, Key, Reading};
 use crate::model::{ProcSample, Snapshot, XidEvent};
@@ -77,6 +78,13 @@ pub struct Assembler {
     interval_ms: Option<i64>,
     gpus: Option<u32>,
     named: HashMap<String, u32>,
+    /// Per GPU index, the process list of its last row in file order (see
+    /// [`Reading::procs_same`]).
+    last_procs: HashMap<u32, Arc<Vec<ProcSample>>>,
+    /// The process lists of the last tick emitted, by row (index, UUID), and its segment: a tick
+    /// whose rows list the same is emitted with `processes: None` ("unchanged", as the sampler
+    /// says it), so nothing copies or compares eight lists every second.
+    emitted_procs: (Vec<(u32, String, Arc<Vec<ProcSample>>)>, Option<u32>),
     pub stats: AssembleStats,
 }
 
@@ -91,6 +99,8 @@ impl Assembler {
             interval_ms: None,
             gpus,
             named: HashMap::new(),
+            last_procs: HashMap::new(),
+            emitted_procs: (Vec::new(), None),
             stats: AssembleStats::default(),
         }
     }
@@ -104,7 +114,7 @@ impl Assembler {
     /// Takes one row.
     pub fn push(&mut self, mut r: Reading) {
         match std::mem::replace(&mut r.key, Key::Index) {
-            Key::Index => {}
+            Key::Index => self.share_procs(&mut r),
             Key::Named(name) => {
                 let next = u32::try_from(self.named.len()).unwrap_or(u32::MAX);
                 r.sample.id.index = *self.named.entry(name).or_insert(next);
@@ -114,6 +124,19 @@ impl Assembler {
         }
         self.push_keyed(r);
         self.flush(false);
+    }
+
+    /// Resolves an indexed row's process list in file order: a new list becomes its GPU's last,
+    /// a list "as before" is that last one (before the row can join a tick, or be dropped).
+    fn share_procs(&mut self, r: &mut Reading) {
+        let index = r.sample.id.index;
+        if r.procs_same {
+            r.procs_shared = self.last_procs.get(&index).cloned();
+        } else if let Some(list) = r.procs.take() {
+            let list = Arc::new(list);
+            self.last_procs.insert(index, Arc::clone(&list));
+            r.procs_shared = Some(list);
+        }
     }
 
     fn push_positional(&mut self, mut r: Reading) {
@@ -244,7 +267,8 @@ impl Assembler {
             }
             let t = self.open.pop_front().expect("front exists");
             self.emitted_ms = Some(t.time_ms);
-            self.ready.push_back(self.snapshot(t));
+            let snap = self.snapshot(t);
+            self.ready.push_back(snap);
         }
     }
 
@@ -253,7 +277,7 @@ impl Assembler {
         self.ready.pop_front()
     }
 
-    fn snapshot(&self, mut t: Tick) -> Imported {
+    fn snapshot(&mut self, mut t: Tick) -> Imported {
         t.rows.sort_by_key(|r| r.sample.id.index);
         let mut snap = Snapshot {
             time_ms: t.time_ms,
@@ -261,6 +285,12 @@ impl Assembler {
             ..Snapshot::default()
         };
         let mut procs: Option<Vec<ProcSample>> = None;
+        // The indexed rows' lists against the last tick's: `changed` once one differs (then
+        // `fresh` holds them all); `k` counts them.
+        let (emitted, emitted_segment) = &self.emitted_procs;
+        let mut changed = *emitted_segment != Some(self.segment);
+        let mut fresh: Vec<(u32, String, Arc<Vec<ProcSample>>)> = Vec::new();
+        let mut k = 0;
         let mut progress = None;
         for mut r in t.rows {
             let idx = r.sample.id.index;
@@ -278,6 +308,21 @@ impl Assembler {
                         p
                     }));
             }
+            if let Some(list) = r.procs_shared.take() {
+                if !changed {
+                    let same = emitted.get(k).is_some_and(|(i, uuid, was)| {
+                        *i == idx && *uuid == r.sample.id.uuid && Arc::ptr_eq(was, &list)
+                    });
+                    if !same {
+                        changed = true;
+                        fresh.extend(emitted[..k].iter().cloned());
+                    }
+                }
+                if changed {
+                    fresh.push((idx, r.sample.id.uuid.clone(), list));
+                }
+                k += 1;
+            }
             if r.progress.is_some() {
                 progress = r.progress;
             }
@@ -287,6 +332,28 @@ impl Assembler {
                 snap.mig.push(m);
             }
             snap.gpus.push(r.sample);
+        }
+        if !changed && k != emitted.len() {
+            changed = true;
+            fresh.extend(emitted[..k].iter().cloned());
+        }
+        // A tick whose rows list what the last one's did is "unchanged" (`None`), as the
+        // sampler's snapshots between two process reads are; any other lists them all. (A tick
+        // of rows without lists says nothing of them, as before.)
+        let changed = changed && k > 0;
+        if changed || (procs.is_some() && k > 0) {
+            let shared = if changed { &fresh } else { emitted };
+            let all = procs.get_or_insert_with(Vec::new);
+            for (idx, uuid, list) in shared {
+                all.extend(list.iter().map(|p| ProcSample {
+                    gpu_index: *idx,
+                    gpu_uuid: uuid.clone(),
+                    ..p.clone()
+                }));
+            }
+        }
+        if changed {
+            self.emitted_procs = (fresh, Some(self.segment));
         }
         snap.processes = procs;
         Imported {
@@ -319,9 +386,95 @@ mod tests {
             sample,
             xids: Vec::new(),
             procs: None,
+            procs_same: false,
+            procs_shared: None,
             progress: None,
             mig: Vec::new(),
         }
+    }
+
+    /// A gpuwatch row of GPU `index` at `t` s listing `pids` (`None`: the same as its last row).
+    fn listing(t: i64, index: u32, pids: Option<&[u32]>) -> Reading {
+        let mut r = row(t * 1000, Key::Index, index, 50.0);
+        r.sample.id.uuid = format!("GPU-{index}");
+        match pids {
+            Some(pids) => {
+                r.procs = Some(
+                    pids.iter()
+                        .map(|p| ProcSample::compute(*p, 0, "", Some(1 << 30)))
+                        .collect(),
+                );
+            }
+            None => r.procs_same = true,
+        }
+        r
+    }
+
+    #[test]
+    fn a_tick_listing_the_processes_of_the_tick_before_is_unchanged() {
+        let mut a = Assembler::new(None);
+        let rows = vec![
+            listing(0, 0, Some(&[10])),
+            listing(0, 1, Some(&[])),
+            listing(1, 0, None),
+            listing(1, 1, None),
+            // GPU 1's list changes
+            listing(2, 0, None),
+            listing(2, 1, Some(&[11, 12])),
+            listing(3, 0, None),
+            listing(3, 1, None),
+            // GPU 1's row is missing: the tick lists GPU 0's alone, as a tick always did
+            listing(4, 0, None),
+            listing(5, 0, None),
+            listing(5, 1, None),
+        ];
+        for r in rows {
+            a.push(r);
+        }
+        a.flush(true);
+        let ticks: Vec<Option<Vec<(u32, String, u32)>>> = std::iter::from_fn(|| a.pop())
+            .map(|t| {
+                t.snapshot.processes.map(|l| {
+                    l.into_iter()
+                        .map(|p| (p.gpu_index, p.gpu_uuid, p.pid))
+                        .collect()
+                })
+            })
+            .collect();
+        let gpu = |i: u32, pid: u32| (i, format!("GPU-{i}"), pid);
+        assert_eq!(
+            ticks,
+            vec![
+                Some(vec![gpu(0, 10)]),
+                None,
+                Some(vec![gpu(0, 10), gpu(1, 11), gpu(1, 12)]),
+                None,
+                Some(vec![gpu(0, 10)]),
+                Some(vec![gpu(0, 10), gpu(1, 11), gpu(1, 12)]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_new_segment_lists_its_processes_again() {
+        let mut a = Assembler::new(None);
+        for r in [
+            listing(100, 0, Some(&[10])),
+            listing(101, 0, None),
+            // older than everything emitted, once flushed: a new time line
+            listing(1, 0, None),
+            listing(2, 0, None),
+        ] {
+            a.push(r);
+            a.flush(true);
+        }
+        let ticks: Vec<(u32, Option<usize>)> = std::iter::from_fn(|| a.pop())
+            .map(|t| (t.segment, t.snapshot.processes.map(|l| l.len())))
+            .collect();
+        assert_eq!(
+            ticks,
+            vec![(0, Some(1)), (0, None), (1, Some(1)), (1, None)]
+        );
     }
 
     fn run(a: &mut Assembler, rows: Vec<Reading>) -> Vec<(u32, i64, Vec<u32>)> {

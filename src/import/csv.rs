@@ -244,7 +244,14 @@ pub struct CsvParser {
     header_ends_round: bool,
     /// Headers came again between rows (they, not single rows, delimit rounds).
     repeats: bool,
+    /// gpuwatch CSV: per GPU index, its last row's `processes` cell. A recording repeats each
+    /// GPU's list on every row; a row whose cell is the same is read as "as before"
+    /// ([`Reading::procs_same`]) instead of a new list made for every row.
+    procs_cells: Vec<(u32, String)>,
 }
+
+/// GPUs whose last `processes` cell a parser remembers.
+const PROCS_CELLS: usize = 1024;
 
 impl CsvParser {
     fn new(own: bool) -> CsvParser {
@@ -261,6 +268,7 @@ impl CsvParser {
             round_rows: Vec::new(),
             header_ends_round: false,
             repeats: false,
+            procs_cells: Vec::new(),
         }
     }
 
@@ -564,6 +572,8 @@ impl super::Parse for CsvParser {
         // a MIG device's row of a gpuwatch recording: (GPU instance, compute instance)
         let mut mig_ids: Option<(u32, u32)> = None;
         let mut named = None;
+        // (a new `processes` cell of an indexed GPU row, remembered once the row is read)
+        let mut new_procs_cell = None;
         let mut offset = 1;
         for kind in columns {
             let Some(raw) = fields.next() else {
@@ -597,14 +607,12 @@ impl super::Parse for CsvParser {
                 }
                 Col::Uuid => {
                     r.sample.id.uuid = v.to_string();
-                    named.get_or_insert_with(|| v.to_string());
+                    named.get_or_insert(v);
                 }
                 Col::Name => r.sample.id.name = v.to_string(),
                 Col::Pci => {
                     r.sample.id.pci_bus_id = v.to_string();
-                    if named.is_none() {
-                        named = Some(v.to_string());
-                    }
+                    named.get_or_insert(v);
                 }
                 Col::Minor => r.sample.id.minor = v.parse().ok(),
                 Col::State => {
@@ -636,6 +644,14 @@ impl super::Parse for CsvParser {
                     }
                 }
                 Col::Processes => {
+                    if self.own && has_index && mig_ids.is_none() {
+                        let index = r.sample.id.index;
+                        if self.procs_cells.iter().any(|(i, c)| *i == index && c == v) {
+                            r.procs_same = true;
+                            continue;
+                        }
+                        new_procs_cell = Some(v);
+                    }
                     let mut list = Vec::new();
                     for p in v.split(';').filter(|x| !x.trim().is_empty()) {
                         let (pid, used) = p.split_once(':').unwrap_or((p, ""));
@@ -683,12 +699,24 @@ impl super::Parse for CsvParser {
         r.key = if has_index {
             Key::Index
         } else if let Some(n) = named {
-            Key::Named(n)
+            Key::Named(n.to_string())
         } else {
             Key::Position
         };
         if r.sample.state == DeviceState::Lost {
             r.sample.values = crate::model::MetricValues::default();
+        }
+        if let Some(cell) = new_procs_cell {
+            let index = r.sample.id.index;
+            let full = self.procs_cells.len() >= PROCS_CELLS;
+            match self.procs_cells.iter_mut().find(|(i, _)| *i == index) {
+                Some((_, c)) => {
+                    c.clear();
+                    c.push_str(cell);
+                }
+                None if !full => self.procs_cells.push((index, cell.to_string())),
+                None => {}
+            }
         }
         out.push(Item::Reading(r));
         Ok(())

@@ -133,6 +133,20 @@ impl Points {
         }
     }
 
+    /// The value every point of `lo..hi` holds (bit for bit), when the range is not empty and
+    /// that is known without reading it: all the points hold one value, or the range lies within
+    /// the newest run of equal values.
+    pub(super) fn same_value(&self, lo: usize, hi: usize) -> Option<f64> {
+        let n = self.times.len();
+        if lo >= hi || hi > n {
+            return None;
+        }
+        match &self.values {
+            Values::Same(v) => Some(*v),
+            Values::Each(vals) => (hi == n && n - self.run.min(n) <= lo).then(|| vals[n - 1]),
+        }
+    }
+
     /// Points `lo..hi`.
     pub(super) fn iter(&self, lo: usize, hi: usize) -> impl Iterator<Item = (i64, f64)> + '_ {
         let base = self.base;
@@ -297,6 +311,40 @@ mod tests {
             p.back().map(|(_, v)| v.to_bits()),
             Some((-0.0f64).to_bits())
         );
+    }
+
+    #[test]
+    fn a_range_of_one_value_is_known_without_reading_it() {
+        let mut p = Points::default();
+        for (t, v) in [(0, 1.0), (1, 2.0), (2, 2.0), (3, 2.0)] {
+            p.push_back(t, v);
+        }
+        assert_eq!(p.same_value(1, 4), Some(2.0));
+        assert_eq!(p.same_value(2, 4), Some(2.0));
+        assert_eq!(p.same_value(0, 4), None, "1.0 then 2.0");
+        assert_eq!(
+            p.same_value(1, 3),
+            None,
+            "not known without reading: not the newest run"
+        );
+        assert_eq!(p.same_value(4, 4), None, "empty");
+        p.pop_front();
+        assert_eq!(p.same_value(0, 3), Some(2.0), "all the same again");
+        assert_eq!(p.same_value(0, 2), Some(2.0));
+        p.set_last_value(-0.0);
+        assert_eq!(
+            p.same_value(2, 3).map(f64::to_bits),
+            Some((-0.0f64).to_bits())
+        );
+        assert_eq!(p.same_value(1, 3), None);
+        // every range agrees with reading it
+        for lo in 0..=3 {
+            for hi in lo..=3 {
+                if let Some(v) = p.same_value(lo, hi) {
+                    assert!(p.values(lo, hi).all(|x| x.to_bits() == v.to_bits()));
+                }
+            }
+        }
     }
 
     #[test]

@@ -40,8 +40,11 @@ pub enum Input {
     Lost,
     /// `gpu.stalled`, `gpu.stalled_call`: the NVML function the GPU is blocked in, if any.
     Stalled,
-    /// `gpu.processes`, `gpu.process_count`.
+    /// `gpu.processes`.
     Processes,
+    /// `gpu.process_count` (a check that reads only the count holds while it is the same, not
+    /// while every process keeps its runtime).
+    ProcessCount,
     /// `gpu.mig`: the MIG devices of a GPU with MIG on.
     Mig,
     /// `gpu.nvlinks`: the GPU's NVLinks as last read.
@@ -170,6 +173,9 @@ impl Input {
             Input::Lost => Value::Flag(hist.state == DeviceState::Lost),
             Input::Stalled => Value::Name(hist.state.stalled_in().map(NvmlFunction::symbol)),
             Input::Processes => Value::Procs(hist.processes.clone()),
+            Input::ProcessCount => {
+                Value::Int(i64::try_from(hist.processes.len()).unwrap_or(i64::MAX))
+            }
             Input::Mig => Value::Mig(hist.mig.clone()),
             Input::Nvlinks => Value::Nvlinks(hist.nvlink.clone().filter(|_| !hist.nvlink_stale)),
             Input::Interval => Value::Int(hist.interval_ms),
@@ -214,14 +220,24 @@ pub(crate) fn same_process(a: &ProcSample, b: &ProcSample) -> bool {
     a == b && same_opt(a.runtime_s, b.runtime_s)
 }
 
-/// The inputs one evaluation read, each with the value it got.
+/// The inputs one evaluation read, each with the GPU (index) it read it from and the value it
+/// got.
 #[derive(Debug, Clone, Default)]
-pub struct Trace(Vec<(Input, Value)>);
+pub struct Trace(Vec<(u32, Input, Value)>);
 
 impl Trace {
-    /// Whether every input still reads the same value from `hist` at `now_ms`.
+    /// Whether every input still reads the same value from `hist` at `now_ms` (an evaluation of
+    /// one GPU: every input is that GPU's).
     pub fn holds(&self, hist: &GpuHistory, now_ms: i64) -> bool {
-        self.0.iter().all(|(i, v)| i.reads(hist, now_ms, v))
+        self.0.iter().all(|(_, i, v)| i.reads(hist, now_ms, v))
+    }
+
+    /// Whether every input still reads the same value from its GPU's history (`gpu(index)`) at
+    /// `now_ms` (an evaluation that read several GPUs: a host-scope rule).
+    pub fn holds_on<'a>(&self, gpu: impl Fn(u32) -> Option<&'a GpuHistory>, now_ms: i64) -> bool {
+        self.0
+            .iter()
+            .all(|(g, i, v)| gpu(*g).is_some_and(|hist| i.reads(hist, now_ms, v)))
     }
 
     /// The metric the evaluation looked at over the longest window, and that window (ms):
@@ -229,7 +245,7 @@ impl Trace {
     pub fn main_series(&self) -> Option<(Metric, i64)> {
         self.0
             .iter()
-            .filter_map(|(i, _)| match i {
+            .filter_map(|(_, i, _)| match i {
                 Input::Agg(m, _, d, _) => Some((*m, *d)),
                 Input::Fresh(m) => Some((*m, 0)),
                 _ => None,
@@ -286,11 +302,11 @@ pub(crate) fn opaque_trace() {
     });
 }
 
-fn record(input: Input, value: &Value) {
+fn record(gpu: u32, input: Input, value: &Value) {
     RECORDING.with(|r| {
         if let Some(rec) = r.borrow_mut().as_mut() {
-            if !rec.trace.0.iter().any(|(i, _)| *i == input) {
-                rec.trace.0.push((input, value.clone()));
+            if !rec.trace.0.iter().any(|(g, i, _)| *g == gpu && *i == input) {
+                rec.trace.0.push((gpu, input, value.clone()));
             }
         }
     });
@@ -315,7 +331,7 @@ mod view {
         /// Reads `input` (recording it when the evaluation is traced).
         pub fn get(&self, input: Input) -> Value {
             let v = input.eval(&self.hist, self.now_ms);
-            record(input, &v);
+            record(self.hist.id.index, input, &v);
             v
         }
     }
@@ -738,7 +754,7 @@ pub(super) fn register(engine: &mut Engine) {
         format!("NvLink {}", Dynamic::from_map(l.to_map()))
     });
     engine.register_get("process_count", |g: &mut GpuHandle| {
-        i64::try_from(g.processes().len()).unwrap_or(i64::MAX)
+        g.int(Input::ProcessCount)
     });
     engine.register_get("interval", |g: &mut GpuHandle| {
         let ms = g.int(Input::Interval);

@@ -26,6 +26,9 @@ pub struct HostHandle {
     pub clock_speed: f64,
     /// Expected GPUs NVML does not enumerate (from the latest snapshot).
     pub missing: Vec<MissingGpu>,
+    /// The indices of `gpus`, in their order (kept by [`HostHandle::clone_fields`], which drops
+    /// the GPUs).
+    pub present: Vec<u32>,
 }
 
 /// The host fields a host-scope evaluation can read, one bit each.
@@ -35,7 +38,9 @@ const CLOCK_SPEED: u8 = 4;
 const SAMPLE_AGE: u8 = 8;
 const INTERVAL: u8 = 16;
 const NOW: u8 = 32;
-/// The evaluation read a GPU (`host.gpus`) or had an effect (`print`): not reusable.
+/// `host.gpus`: the GPUs present (what the evaluation read of each is in its GPU trace).
+const GPUS: u8 = 64;
+/// The evaluation had an effect (`print`): not reusable.
 const OPAQUE: u8 = 128;
 
 thread_local! {
@@ -61,20 +66,24 @@ pub(crate) fn opaque_trace() {
     read(OPAQUE);
 }
 
-/// Stops tracing: what the evaluation of `host` read, unless it read a GPU or had an effect.
-/// (`seen`: the host's fields, [`HostHandle::clone_fields`].)
-pub(crate) fn finish_trace(seen: HostHandle) -> Option<HostTrace> {
+/// Stops tracing: what the evaluation of `host` read, unless it had an effect. (`seen`: the
+/// host's fields, [`HostHandle::clone_fields`]; `gpus`: what it read of its GPUs, as
+/// `gpu::finish_trace` gives it — none when it had an effect.)
+pub(crate) fn finish_trace(seen: HostHandle, gpus: Option<super::gpu::Trace>) -> Option<HostTrace> {
     let read = READ.with(Cell::take)?;
-    (read & OPAQUE == 0).then_some(HostTrace { read, seen })
+    let gpus = gpus?;
+    (read & OPAQUE == 0).then_some(HostTrace { read, seen, gpus })
 }
 
-/// The host fields one host-scope evaluation read, with their values. Such an evaluation is a
-/// function of them alone (it read no GPU, had no effect: see `gpu::Trace`), so while they read
-/// the same its result can be reused — `collector_stale` and `gpu_missing` run at every sample.
+/// The host fields one host-scope evaluation read, with their values, and what it read of each
+/// GPU. Such an evaluation is a function of them alone (it had no effect: see `gpu::Trace`), so
+/// while they read the same its result can be reused — `collector_stale` and `gpu_missing` run
+/// at every sample, `rank_dead` reads every GPU every 10 s and finds the same on a healthy box.
 #[derive(Debug, Clone)]
 pub struct HostTrace {
     read: u8,
     seen: HostHandle,
+    gpus: super::gpu::Trace,
 }
 
 fn same(a: Option<f64>, b: Option<f64>) -> bool {
@@ -82,23 +91,31 @@ fn same(a: Option<f64>, b: Option<f64>) -> bool {
 }
 
 impl HostTrace {
-    /// Whether every field the evaluation read still has the same value in `host`.
-    pub fn holds(&self, host: &HostHandle) -> bool {
+    /// Whether every field the evaluation read still has the same value in `host` (the GPUs
+    /// present included) and every input it read of a GPU (`gpu(index)`) the same value.
+    pub fn holds<'a>(
+        &self,
+        host: &HostHandle,
+        gpu: impl Fn(u32) -> Option<&'a crate::window::GpuHistory>,
+    ) -> bool {
         let (r, s) = (self.read, &self.seen);
-        (r & HOSTNAME == 0 || s.hostname == host.hostname)
+        (r & GPUS == 0 || s.present == host.present)
+            && (r & HOSTNAME == 0 || s.hostname == host.hostname)
             && (r & MISSING == 0 || s.missing == host.missing)
             && (r & CLOCK_SPEED == 0 || s.clock_speed.to_bits() == host.clock_speed.to_bits())
             && (r & SAMPLE_AGE == 0 || same(s.sample_age_s, host.sample_age_s))
             && (r & INTERVAL == 0 || same(s.interval_s, host.interval_s))
             && (r & NOW == 0 || s.now_ms == host.now_ms)
+            && self.gpus.holds_on(gpu, host.now_ms)
     }
 }
 
 impl HostHandle {
-    /// A copy without the GPUs.
+    /// A copy without the GPUs (their indices kept in `present`).
     pub(crate) fn clone_fields(&self) -> HostHandle {
         HostHandle {
             gpus: Vec::new(),
+            present: self.present.clone(),
             hostname: self.hostname.clone(),
             now_ms: self.now_ms,
             sample_age_s: self.sample_age_s,
@@ -129,7 +146,7 @@ fn missing_map(m: &MissingGpu) -> Dynamic {
 pub(super) fn register(engine: &mut Engine) {
     engine.register_type_with_name::<HostHandle>("Host");
     engine.register_get("gpus", |h: &mut HostHandle| -> Array {
-        read(OPAQUE);
+        read(GPUS);
         h.gpus.iter().cloned().map(Dynamic::from).collect()
     });
     engine.register_get("hostname", |h: &mut HostHandle| {

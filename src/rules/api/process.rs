@@ -8,6 +8,7 @@
 //! series (`p.gpu_series`) and the MIG device are added by the rules engine, which owns the
 //! windows.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use rhai::{Dynamic, Engine};
@@ -36,6 +37,63 @@ impl ProcessHandle {
     }
 }
 
+/// The process fields a process-scope evaluation can read, one bit each (the MIG device is
+/// compared whether read or not: it is part of an evaluation's name).
+const PID: u16 = 1;
+const USER: u16 = 2;
+const UID: u16 = 4;
+const COMMAND: u16 = 8;
+const MEM: u16 = 16;
+const GPU: u16 = 32;
+const GPU_UUID: u16 = 64;
+const RUNTIME: u16 = 128;
+const CONTAINER: u16 = 256;
+const KIND: u16 = 512;
+
+thread_local! {
+    /// The fields read by the process-scope evaluation being traced on this thread.
+    static READ: Cell<u16> = const { Cell::new(0) };
+}
+
+fn read(field: u16) {
+    READ.with(|r| r.set(r.get() | field));
+}
+
+/// Starts tracing the process fields the evaluation about to run reads.
+pub(crate) fn start_trace() {
+    READ.with(|r| r.set(0));
+}
+
+/// Stops tracing: the fields the evaluation read.
+pub(crate) fn finish_trace() -> ProcFields {
+    ProcFields(READ.with(Cell::take))
+}
+
+/// The process fields one process-scope evaluation read. Such an evaluation is a function of
+/// them, its MIG device and the GPU inputs it read (`gpu::Trace`), so while those read the same
+/// its result can be reused: a process list refreshed every few seconds changes every process's
+/// runtime, which a memory-quota check never reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcFields(u16);
+
+impl ProcFields {
+    /// Whether `a` and `b` agree on every field read (floats bit for bit).
+    pub fn same(self, a: &ProcSample, b: &ProcSample) -> bool {
+        let r = self.0;
+        let on = |f: u16| r & f != 0;
+        (!on(PID) || a.pid == b.pid)
+            && (!on(USER) || a.user == b.user)
+            && (!on(UID) || a.uid == b.uid)
+            && (!on(COMMAND) || a.command == b.command)
+            && (!on(MEM) || a.used_mem_bytes == b.used_mem_bytes)
+            && (!on(GPU) || a.gpu_index == b.gpu_index)
+            && (!on(GPU_UUID) || a.gpu_uuid == b.gpu_uuid)
+            && (!on(RUNTIME) || a.runtime_s.map(f64::to_bits) == b.runtime_s.map(f64::to_bits))
+            && (!on(CONTAINER) || a.container == b.container)
+            && (!on(KIND) || a.kind == b.kind)
+    }
+}
+
 fn opt_str(v: Option<&String>) -> Dynamic {
     v.map_or(Dynamic::UNIT, |s| Dynamic::from(s.clone()))
 }
@@ -49,24 +107,32 @@ pub fn process_name(command: &str) -> &str {
 /// Registers the `Process` type and its properties.
 pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<ProcessHandle>("Process");
-    engine.register_get("pid", |p: &mut ProcessHandle| i64::from(p.proc_.pid));
+    engine.register_get("pid", |p: &mut ProcessHandle| {
+        read(PID);
+        i64::from(p.proc_.pid)
+    });
     engine.register_get("user", |p: &mut ProcessHandle| {
+        read(USER);
         opt_str(p.proc_.user.as_ref())
     });
     engine.register_get("uid", |p: &mut ProcessHandle| {
+        read(UID);
         p.proc_
             .uid
             .map_or(Dynamic::UNIT, |u| Dynamic::from_int(i64::from(u)))
     });
     engine.register_get("name", |p: &mut ProcessHandle| {
+        read(COMMAND);
         p.proc_.command.as_deref().map_or(Dynamic::UNIT, |c| {
             Dynamic::from(process_name(c).to_string())
         })
     });
     engine.register_get("cmdline", |p: &mut ProcessHandle| {
+        read(COMMAND);
         opt_str(p.proc_.command.as_ref())
     });
     engine.register_get("mem", |p: &mut ProcessHandle| {
+        read(MEM);
         #[expect(
             clippy::cast_precision_loss,
             reason = "bytes fit f64 exactly below 2^53"
@@ -75,17 +141,28 @@ pub fn register(engine: &mut Engine) {
             .used_mem_bytes
             .map_or(Dynamic::UNIT, |b| Dynamic::from_float(b as f64))
     });
-    engine.register_get("gpu", |p: &mut ProcessHandle| i64::from(p.proc_.gpu_index));
-    engine.register_get("gpu_uuid", |p: &mut ProcessHandle| p.proc_.gpu_uuid.clone());
+    engine.register_get("gpu", |p: &mut ProcessHandle| {
+        read(GPU);
+        i64::from(p.proc_.gpu_index)
+    });
+    engine.register_get("gpu_uuid", |p: &mut ProcessHandle| {
+        read(GPU_UUID);
+        p.proc_.gpu_uuid.clone()
+    });
     engine.register_get("runtime", |p: &mut ProcessHandle| {
+        read(RUNTIME);
         p.proc_.runtime_s.map_or(Dynamic::UNIT, Dynamic::from_float)
     });
     engine.register_get("container", |p: &mut ProcessHandle| {
+        read(CONTAINER);
         opt_str(p.proc_.container.as_ref())
     });
-    engine.register_get("kind", |p: &mut ProcessHandle| match p.proc_.kind {
-        ProcKind::Compute => "compute".to_string(),
-        ProcKind::Graphics => "graphics".to_string(),
+    engine.register_get("kind", |p: &mut ProcessHandle| {
+        read(KIND);
+        match p.proc_.kind {
+            ProcKind::Compute => "compute".to_string(),
+            ProcKind::Graphics => "graphics".to_string(),
+        }
     });
     engine.register_get("gpu_series", |p: &mut ProcessHandle| p.gpu_series.clone());
     engine.register_get("mig", |p: &mut ProcessHandle| {
@@ -102,6 +179,7 @@ pub fn register(engine: &mut Engine) {
             .map_or(Dynamic::UNIT, |m| Dynamic::from(m.uuid.clone()))
     });
     engine.register_fn("to_string", |p: &mut ProcessHandle| {
+        read(PID | USER | COMMAND);
         format!(
             "pid {} ({}: {})",
             p.proc_.pid,
