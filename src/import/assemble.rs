@@ -32,6 +32,9 @@ pub const REORDER_MS: i64 = 60_000;
 /// At most this many ticks stay open (bounds memory on fast logs).
 pub const MAX_OPEN: usize = 1024;
 
+/// A row's process list in an emitted tick: GPU index, GPU UUID, the list.
+type RowProcs = (u32, String, Arc<Vec<ProcSample>>);
+
 struct Tick {
     time_ms: i64,
     last_row_ms: i64,
@@ -84,7 +87,7 @@ pub struct Assembler {
     /// The process lists of the last tick emitted, by row (index, UUID), and its segment: a tick
     /// whose rows list the same is emitted with `processes: None` ("unchanged", as the sampler
     /// says it), so nothing copies or compares eight lists every second.
-    emitted_procs: (Vec<(u32, String, Arc<Vec<ProcSample>>)>, Option<u32>),
+    emitted_procs: (Vec<RowProcs>, Option<u32>),
     pub stats: AssembleStats,
 }
 
@@ -289,7 +292,7 @@ impl Assembler {
         // `fresh` holds them all); `k` counts them.
         let (emitted, emitted_segment) = &self.emitted_procs;
         let mut changed = *emitted_segment != Some(self.segment);
-        let mut fresh: Vec<(u32, String, Arc<Vec<ProcSample>>)> = Vec::new();
+        let mut fresh: Vec<RowProcs> = Vec::new();
         let mut k = 0;
         let mut progress = None;
         for mut r in t.rows {
