@@ -1065,6 +1065,11 @@ impl RuleSet {
         self.named[metric as usize]
     }
 
+    /// [`RuleSet::names_metric`] for every metric, by index in the metric table.
+    pub fn named_metrics(&self) -> &[bool; METRIC_COUNT] {
+        &self.named
+    }
+
     /// Evaluates rule `idx` for one GPU at `now_ms`.
     pub fn eval_gpu(&self, idx: usize, gpu: &Arc<GpuHistory>, now_ms: i64) -> EvalResult {
         let handle = GpuHandle::new(gpu.clone(), now_ms);

@@ -1,8 +1,9 @@
 //! Rolling windows: per (GPU, metric) timestamped history with gaps kept, and the exact
 //! aggregates rules ask for.
 //!
-//! Every GPU has one [`GpuHistory`] holding a [`Window`] per metric of the metric table, the XID
-//! events it reported and its latest process list. A window is a queue of `(time_ms, value)`
+//! Every GPU has one [`GpuHistory`] holding a [`Window`] per metric of the metric table (the
+//! engine fills only those of the metrics a rule file names: no rule can read the others), the
+//! XID events it reported and its latest process list. A window is a queue of `(time_ms, value)`
 //! points (stored small: 4 bytes a point while they all hold one value, 12 otherwise) trimmed
 //! to its metric's *retention* (the longest duration the rules that name the metric use,
 //! or any longer one a rule asked of the window, plus [`RETENTION_MARGIN_MS`]); a missed tick or
@@ -695,6 +696,12 @@ impl GpuHistory {
 
     /// Adds one sample.
     pub fn push(&mut self, sample: &GpuSample) {
+        self.push_where(sample, |_| true);
+    }
+
+    /// Adds one sample, its values only for the metrics `keep` accepts (by index in the metric
+    /// table): the engine keeps no window of a metric no rule file names, which no rule can read.
+    pub fn push_where(&mut self, sample: &GpuSample, keep: impl Fn(usize) -> bool) {
         self.id.clone_from(&sample.id);
         self.state = sample.state;
         if sample.time_ms <= self.last_time_ms && self.last_time_ms != 0 {
@@ -703,7 +710,7 @@ impl GpuHistory {
         self.last_time_ms = sample.time_ms;
         for (i, v) in sample.values.0.iter().enumerate() {
             if let Some(v) = v {
-                if v.is_finite() {
+                if v.is_finite() && keep(i) {
                     self.series[i].push(sample.time_ms, *v);
                 }
             }

@@ -788,3 +788,31 @@ fn firing_alerts_carry_the_chart_of_their_metric() {
         }
     }
 }
+
+#[test]
+fn only_the_metrics_a_rule_file_names_are_kept() {
+    // Two counters in every sample; the rules name one. The other has no window (no rule can
+    // read it): its value is not in the state either.
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules(
+        dir.path(),
+        &[(
+            "ecc.rhai",
+            r#"rule(#{ name: "ecc", check: |gpu| gpu.ecc_uncorrected.delta("1m") > 0 });"#,
+        )],
+    );
+    let mut e = Engine::new(rules, EngineOptions::default());
+    for t in 0..5 {
+        let mut s = snap(1_000 + t, &[60.0]);
+        s.gpus[0].values.set(Metric::EccUncorrected, Some(2.0));
+        s.gpus[0].values.set(Metric::Energy, Some(1e6 + t as f64));
+        e.observe(&s);
+    }
+    let state = e.state();
+    let counters = &state.gpus[0].counters;
+    assert!(
+        counters.contains_key(Metric::EccUncorrected.key()),
+        "{counters:?}"
+    );
+    assert!(!counters.contains_key(Metric::Energy.key()), "{counters:?}");
+}
