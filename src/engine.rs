@@ -466,7 +466,9 @@ impl Engine {
             }
             let h = Arc::make_mut(entry);
             if let Some(carry) = self.carry.get_mut(&sample.id.uuid) {
-                restore(h, carry, sample, self.opts.sample_interval_ms);
+                restore(h, carry, sample, self.opts.sample_interval_ms, |m| {
+                    rules.names_metric(m)
+                });
                 if carry.counters.is_empty() && carry.xids.is_empty() {
                     self.carry.remove(&sample.id.uuid);
                 }
@@ -1243,7 +1245,13 @@ fn counter_metrics() -> impl Iterator<Item = Metric> {
 /// Applies restored data to the history of the GPU `sample` comes from, before the sample is
 /// pushed: the XIDs at once, and for each saved counter that `sample` has a value for, a baseline
 /// point when the counter grew while gpuwatch was down. What was applied leaves `carry`.
-fn restore(h: &mut GpuHistory, carry: &mut GpuCarry, sample: &GpuSample, interval_ms: Option<i64>) {
+fn restore(
+    h: &mut GpuHistory,
+    carry: &mut GpuCarry,
+    sample: &GpuSample,
+    interval_ms: Option<i64>,
+    named: impl Fn(Metric) -> bool,
+) {
     for x in carry.xids.drain(..) {
         h.push_xid(x);
     }
@@ -1252,6 +1260,9 @@ fn restore(h: &mut GpuHistory, carry: &mut GpuCarry, sample: &GpuSample, interva
         let Some(metric) = Metric::from_key(key) else {
             return false; // a metric this build no longer has
         };
+        if !named(metric) {
+            return false; // no rule reads it: it has no window
+        }
         let Some(value) = sample.values.get(metric).filter(|v| v.is_finite()) else {
             return true; // not sampled yet: wait for the first value
         };

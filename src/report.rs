@@ -271,6 +271,31 @@ fn global_step(p: &crate::import::Progress) -> Option<u64> {
     }
 }
 
+/// The number of processes on each GPU as a run's ticks say it: a tick's list replaces the one
+/// in force, a tick without one keeps it (a recording says "unchanged" between two changes, as
+/// the sampler does), a new time-line segment starts without.
+#[derive(Debug, Default)]
+struct ProcsInForce {
+    on: BTreeMap<u32, usize>,
+    segment: Option<u32>,
+}
+
+impl ProcsInForce {
+    fn observe(&mut self, t: &Imported) {
+        if t.snapshot.processes.is_some() || self.segment != Some(t.segment) {
+            self.on.clear();
+        }
+        self.segment = Some(t.segment);
+        for p in t.snapshot.processes.iter().flatten() {
+            *self.on.entry(p.gpu_index).or_default() += 1;
+        }
+    }
+
+    fn on(&self, gpu: u32) -> usize {
+        self.on.get(&gpu).copied().unwrap_or(0)
+    }
+}
+
 /// Builds a report from `ticks`, replaying them through the engines `fresh` makes (one per
 /// time-line segment). `sources` names the logs.
 pub fn build(
@@ -281,7 +306,7 @@ pub fn build(
 ) -> anyhow::Result<Report> {
     let mut accs: BTreeMap<u32, stats::GpuAcc> = BTreeMap::new();
     let mut traces: BTreeMap<u32, diagnose::Trace> = BTreeMap::new();
-    let mut procs_on: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut procs_on = ProcsInForce::default();
     let mut open: BTreeMap<(String, Option<u32>), AlertSpan> = BTreeMap::new();
     let mut spans = Vec::new();
     let mut progress: (
@@ -298,9 +323,8 @@ pub fn build(
         observe_mig(&mut mig, s);
         first_ms.get_or_insert(s.time_ms);
         last_ms = last_ms.max(s.time_ms);
-        procs_on.clear();
+        procs_on.observe(t);
         for p in s.processes.iter().flatten() {
-            *procs_on.entry(p.gpu_index).or_default() += 1;
             if let Some(t) = traces.get_mut(&p.gpu_index) {
                 t.pid(p.pid);
             }
@@ -312,11 +336,7 @@ pub fn build(
             traces
                 .entry(g.id.index)
                 .or_insert_with(|| diagnose::Trace::new(g.id.index))
-                .push(
-                    s.time_ms,
-                    g,
-                    procs_on.get(&g.id.index).copied().unwrap_or(0),
-                );
+                .push(s.time_ms, g, procs_on.on(g.id.index));
         }
         for x in &s.xids {
             if let Some(a) = accs.get_mut(&x.gpu_index) {
@@ -668,6 +688,31 @@ pub fn diagnosis_text(r: &RunSummary) -> String {
 mod tests {
     use super::*;
     use crate::model::{MigSample, ProcSample};
+
+    #[test]
+    fn a_tick_without_a_process_list_keeps_the_one_in_force() {
+        let tick = |segment: u32, procs: Option<Vec<(u32, u32)>>| Imported {
+            snapshot: Snapshot {
+                processes: procs.map(|l| {
+                    l.into_iter()
+                        .map(|(pid, gpu)| ProcSample::compute(pid, gpu, "", None))
+                        .collect()
+                }),
+                ..Snapshot::default()
+            },
+            progress: None,
+            segment,
+        };
+        let mut p = ProcsInForce::default();
+        p.observe(&tick(0, Some(vec![(10, 0), (11, 0), (20, 1)])));
+        assert_eq!((p.on(0), p.on(1)), (2, 1));
+        p.observe(&tick(0, None));
+        assert_eq!((p.on(0), p.on(1)), (2, 1), "unchanged");
+        p.observe(&tick(0, Some(vec![(20, 1)])));
+        assert_eq!((p.on(0), p.on(1)), (0, 1));
+        p.observe(&tick(1, None));
+        assert_eq!((p.on(0), p.on(1)), (0, 0), "a new time line knows no list");
+    }
 
     #[test]
     fn mig_devices_keep_their_peak_and_the_processes_seen_on_them() {

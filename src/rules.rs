@@ -78,8 +78,9 @@ pub const MAX_EVERY_MS: i64 = 24 * 3600 * 1000;
 /// Retention floor: windows of the metrics rules read keep at least this much history.
 pub const MIN_RETENTION_MS: i64 = 15 * 60 * 1000;
 
-/// History kept of a metric no loaded rule names (its newest value, for the counters the
-/// engine carries over a restart, and a little more).
+/// Retention of a metric no loaded rule names. (The engine keeps no window of such a metric —
+/// no rule can read it — nor carries its counter over a restart; a window filled by other
+/// means, as in tests, keeps a minute.)
 pub const UNREAD_RETENTION_MS: i64 = 60 * 1000;
 
 /// `[rules]` section of the config.

@@ -564,18 +564,22 @@ const CACHE_SLOTS: usize = 64;
 const CACHE_PROBES: usize = 8;
 
 /// Aggregates computed at one evaluation time: a small open-addressed table (a tick asks one
-/// GPU for a few dozen) whose slots carry the time they were filled at, so a new time empties
-/// them without a write. A search through a list of every aggregate asked cost a tenth of a
-/// replay once every rule's inputs were checked at every tick.
+/// GPU for a few dozen) whose slots carry the time and the history's version they were filled
+/// at, so a new time or a new sample empties them without a write. A search through a list of
+/// every aggregate asked cost a tenth of a replay once every rule's inputs were checked at every
+/// tick.
 #[derive(Debug)]
 struct AggCache {
-    slots: Vec<(i64, CacheKey, Option<f64>)>,
+    /// Bumped by every sample the history takes.
+    version: u64,
+    slots: Vec<((i64, u64), CacheKey, Option<f64>)>,
 }
 
 impl Default for AggCache {
     fn default() -> Self {
         AggCache {
-            slots: vec![(i64::MIN, (0, 0, 0, 0), None); CACHE_SLOTS],
+            version: 0,
+            slots: vec![((i64::MIN, 0), (0, 0, 0, 0), None); CACHE_SLOTS],
         }
     }
 }
@@ -598,10 +602,11 @@ impl AggCache {
         key: CacheKey,
         f: impl FnOnce() -> Option<f64>,
     ) -> Option<f64> {
+        let now = (now_ms, self.version);
         let mut free = None;
         for i in Self::probes(key) {
             let (at, k, v) = self.slots[i];
-            if at != now_ms {
+            if at != now {
                 free = Some(i);
                 break;
             }
@@ -611,7 +616,7 @@ impl AggCache {
         }
         let v = f();
         if let Some(i) = free {
-            self.slots[i] = (now_ms, key, v);
+            self.slots[i] = (now, key, v);
         }
         v
     }
@@ -702,6 +707,10 @@ impl GpuHistory {
     /// Adds one sample, its values only for the metrics `keep` accepts (by index in the metric
     /// table): the engine keeps no window of a metric no rule file names, which no rule can read.
     pub fn push_where(&mut self, sample: &GpuSample, keep: impl Fn(usize) -> bool) {
+        // (what was computed at any time before this sample is not what the windows say now)
+        if let Ok(cache) = self.cache.get_mut() {
+            cache.version += 1;
+        }
         self.id.clone_from(&sample.id);
         self.state = sample.state;
         if sample.time_ms <= self.last_time_ms && self.last_time_ms != 0 {
@@ -953,6 +962,9 @@ mod tests {
         assert_eq!(c.get_or(6, key, || Some(-1.0)), Some(-1.0));
         assert_eq!(c.get_or(6, key, || Some(-2.0)), Some(-1.0));
         assert_eq!(c.get_or(7, key, || None), None);
+        // a new sample at the same time: computed again
+        c.version += 1;
+        assert_eq!(c.get_or(7, key, || Some(3.0)), Some(3.0));
     }
 
     #[test]
