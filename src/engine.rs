@@ -114,8 +114,8 @@ pub struct Engine {
     /// Per rule (same order as `rules`), per GPU index: the inputs its last GPU-scope evaluation
     /// read and what it returned, reused while the inputs read the same (see below).
     memo: Vec<BTreeMap<u32, (Trace, EvalResult)>>,
-    /// Per rule: the host fields its last host-scope evaluation read and what it returned, when
-    /// it read no GPU (reused the same way).
+    /// Per rule: the host fields and GPU inputs its last host-scope evaluation read and what it
+    /// returned (reused the same way).
     host_memo: Vec<Option<(HostTrace, EvalResult)>>,
     /// Per rule: per (GPU index, PID), the process its last process-scope evaluation was given
     /// (and the MIG device it ran on), the process fields and GPU inputs it read and what it

@@ -288,12 +288,8 @@ impl Assembler {
             ..Snapshot::default()
         };
         let mut procs: Option<Vec<ProcSample>> = None;
-        // The indexed rows' lists against the last tick's: `changed` once one differs (then
-        // `fresh` holds them all); `k` counts them.
-        let (emitted, emitted_segment) = &self.emitted_procs;
-        let mut changed = *emitted_segment != Some(self.segment);
-        let mut fresh: Vec<RowProcs> = Vec::new();
-        let mut k = 0;
+        // The indexed rows' lists: (position in `snap.gpus`, list).
+        let mut shared: Vec<(usize, Arc<Vec<ProcSample>>)> = Vec::new();
         let mut progress = None;
         for mut r in t.rows {
             let idx = r.sample.id.index;
@@ -312,19 +308,7 @@ impl Assembler {
                     }));
             }
             if let Some(list) = r.procs_shared.take() {
-                if !changed {
-                    let same = emitted.get(k).is_some_and(|(i, uuid, was)| {
-                        *i == idx && *uuid == r.sample.id.uuid && Arc::ptr_eq(was, &list)
-                    });
-                    if !same {
-                        changed = true;
-                        fresh.extend(emitted[..k].iter().cloned());
-                    }
-                }
-                if changed {
-                    fresh.push((idx, r.sample.id.uuid.clone(), list));
-                }
-                k += 1;
+                shared.push((snap.gpus.len(), list));
             }
             if r.progress.is_some() {
                 progress = r.progress;
@@ -336,27 +320,41 @@ impl Assembler {
             }
             snap.gpus.push(r.sample);
         }
-        if !changed && k != emitted.len() {
-            changed = true;
-            fresh.extend(emitted[..k].iter().cloned());
-        }
-        // A tick whose rows list what the last one's did is "unchanged" (`None`), as the
-        // sampler's snapshots between two process reads are; any other lists them all. (A tick
-        // of rows without lists says nothing of them, as before.)
-        let changed = changed && k > 0;
-        if changed || (procs.is_some() && k > 0) {
-            let shared = if changed { &fresh } else { emitted };
-            let all = procs.get_or_insert_with(Vec::new);
-            for (idx, uuid, list) in shared {
-                all.extend(list.iter().map(|p| ProcSample {
-                    gpu_index: *idx,
-                    gpu_uuid: uuid.clone(),
-                    ..p.clone()
-                }));
+        // A tick whose rows list what the last one's did (the same GPUs, boards and lists, in
+        // the same time line) is "unchanged" (`None`), as the sampler's snapshots between two
+        // process reads are; any other lists them all. (A tick of rows without lists says
+        // nothing of them, as before.)
+        if !shared.is_empty() {
+            let (emitted, segment) = &self.emitted_procs;
+            let same = *segment == Some(self.segment)
+                && shared.len() == emitted.len()
+                && shared
+                    .iter()
+                    .zip(emitted)
+                    .all(|((at, list), (i, uuid, was))| {
+                        let id = &snap.gpus[*at].id;
+                        id.index == *i && id.uuid == *uuid && Arc::ptr_eq(list, was)
+                    });
+            if !same {
+                let rows = shared
+                    .into_iter()
+                    .map(|(at, list)| {
+                        let id = &snap.gpus[at].id;
+                        (id.index, id.uuid.clone(), list)
+                    })
+                    .collect();
+                self.emitted_procs = (rows, Some(self.segment));
             }
-        }
-        if changed {
-            self.emitted_procs = (fresh, Some(self.segment));
+            if !same || procs.is_some() {
+                let all = procs.get_or_insert_with(Vec::new);
+                for (idx, uuid, list) in &self.emitted_procs.0 {
+                    all.extend(list.iter().map(|p| ProcSample {
+                        gpu_index: *idx,
+                        gpu_uuid: uuid.clone(),
+                        ..p.clone()
+                    }));
+                }
+            }
         }
         snap.processes = procs;
         Imported {

@@ -30,6 +30,29 @@ thread_local! {
     pub(crate) static LOADING: Cell<bool> = const { Cell::new(false) };
     /// Parameters of the rule (or file) being evaluated, for `param()`.
     pub(crate) static PARAMS: RefCell<Option<Arc<Map>>> = const { RefCell::new(None) };
+    /// The host's or process's fields the evaluation being traced has read, one bit each (each
+    /// scope numbers its own; `None` while none is traced).
+    static FIELDS_READ: Cell<Option<u16>> = const { Cell::new(None) };
+}
+
+/// Notes that the evaluation being traced read the fields `bits` of its host or process.
+pub(crate) fn read_fields(bits: u16) {
+    FIELDS_READ.with(|f| {
+        if let Some(read) = f.get() {
+            f.set(Some(read | bits));
+        }
+    });
+}
+
+/// Starts tracing the host's or process's fields the evaluation about to run reads (what it
+/// reads of a GPU is traced by `gpu::start_trace`).
+pub(crate) fn start_fields_trace() {
+    FIELDS_READ.with(|f| f.set(Some(0)));
+}
+
+/// Stops tracing: the fields the evaluation read.
+pub(crate) fn finish_fields_trace() -> u16 {
+    FIELDS_READ.with(Cell::take).unwrap_or(0)
 }
 
 pub(crate) fn nodata() -> Dynamic {

@@ -212,12 +212,10 @@ impl Input {
 
 /// Process lists compared as [`Value`]'s equality does.
 fn same_procs(a: &[ProcSample], b: &[ProcSample]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(p, q)| same_process(p, q))
-}
-
-/// Whether a script could tell `a` from `b` (floats compared bit for bit).
-pub(crate) fn same_process(a: &ProcSample, b: &ProcSample) -> bool {
-    a == b && same_opt(a.runtime_s, b.runtime_s)
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(p, q)| p == q && same_opt(p.runtime_s, q.runtime_s))
 }
 
 /// The inputs one evaluation read, each with the GPU (index) it read it from and the value it
@@ -294,7 +292,6 @@ pub(crate) fn finish_trace() -> Option<Trace> {
 
 /// Marks the evaluation being recorded as not reusable (it had an effect: `print`, `debug`).
 pub(crate) fn opaque_trace() {
-    super::host::opaque_trace();
     RECORDING.with(|r| {
         if let Some(rec) = r.borrow_mut().as_mut() {
             rec.opaque = true;

@@ -1,13 +1,11 @@
 //! The `host` object of `scope: "host"` rules: every present GPU, the host name, how fresh
 //! the samples are, and the expected GPUs NVML does not enumerate (`host.missing_gpus`).
 
-use std::cell::Cell;
-
 use rhai::{Array, Dynamic, Engine, Map};
 
 use crate::model::MissingGpu;
 
-use super::GpuHandle;
+use super::{read_fields as read, GpuHandle};
 
 /// The host as a rule with `scope: "host"` sees it (`host`).
 #[derive(Debug, Clone)]
@@ -32,47 +30,30 @@ pub struct HostHandle {
 }
 
 /// The host fields a host-scope evaluation can read, one bit each.
-const HOSTNAME: u8 = 1;
-const MISSING: u8 = 2;
-const CLOCK_SPEED: u8 = 4;
-const SAMPLE_AGE: u8 = 8;
-const INTERVAL: u8 = 16;
-const NOW: u8 = 32;
+const HOSTNAME: u16 = 1;
+const MISSING: u16 = 2;
+const CLOCK_SPEED: u16 = 4;
+const SAMPLE_AGE: u16 = 8;
+const INTERVAL: u16 = 16;
+const NOW: u16 = 32;
 /// `host.gpus`: the GPUs present (what the evaluation read of each is in its GPU trace).
-const GPUS: u8 = 64;
-/// The evaluation had an effect (`print`): not reusable.
-const OPAQUE: u8 = 128;
-
-thread_local! {
-    /// The fields read by the host-scope evaluation being traced on this thread.
-    static READ: Cell<Option<u8>> = const { Cell::new(None) };
-}
-
-fn read(field: u8) {
-    READ.with(|r| {
-        if let Some(m) = r.get() {
-            r.set(Some(m | field));
-        }
-    });
-}
+const GPUS: u16 = 64;
 
 /// Starts tracing the host fields the evaluation about to run reads.
 pub(crate) fn start_trace() {
-    READ.with(|r| r.set(Some(0)));
-}
-
-/// Marks the host-scope evaluation being traced as not reusable (see `gpu::opaque_trace`).
-pub(crate) fn opaque_trace() {
-    read(OPAQUE);
+    super::start_fields_trace();
 }
 
 /// Stops tracing: what the evaluation of `host` read, unless it had an effect. (`seen`: the
 /// host's fields, [`HostHandle::clone_fields`]; `gpus`: what it read of its GPUs, as
 /// `gpu::finish_trace` gives it — none when it had an effect.)
 pub(crate) fn finish_trace(seen: HostHandle, gpus: Option<super::gpu::Trace>) -> Option<HostTrace> {
-    let read = READ.with(Cell::take)?;
-    let gpus = gpus?;
-    (read & OPAQUE == 0).then_some(HostTrace { read, seen, gpus })
+    let read = super::finish_fields_trace();
+    Some(HostTrace {
+        read,
+        seen,
+        gpus: gpus?,
+    })
 }
 
 /// The host fields one host-scope evaluation read, with their values, and what it read of each
@@ -81,7 +62,7 @@ pub(crate) fn finish_trace(seen: HostHandle, gpus: Option<super::gpu::Trace>) ->
 /// at every sample, `rank_dead` reads every GPU every 10 s and finds the same on a healthy box.
 #[derive(Debug, Clone)]
 pub struct HostTrace {
-    read: u8,
+    read: u16,
     seen: HostHandle,
     gpus: super::gpu::Trace,
 }

@@ -8,11 +8,11 @@
 //! series (`p.gpu_series`) and the MIG device are added by the rules engine, which owns the
 //! windows.
 
-use std::cell::Cell;
 use std::sync::Arc;
 
 use rhai::{Dynamic, Engine};
 
+use super::read_fields as read;
 use crate::model::{ProcKind, ProcSample};
 
 /// A by-value handle on one GPU process.
@@ -50,23 +50,14 @@ const RUNTIME: u16 = 128;
 const CONTAINER: u16 = 256;
 const KIND: u16 = 512;
 
-thread_local! {
-    /// The fields read by the process-scope evaluation being traced on this thread.
-    static READ: Cell<u16> = const { Cell::new(0) };
-}
-
-fn read(field: u16) {
-    READ.with(|r| r.set(r.get() | field));
-}
-
 /// Starts tracing the process fields the evaluation about to run reads.
 pub(crate) fn start_trace() {
-    READ.with(|r| r.set(0));
+    super::start_fields_trace();
 }
 
 /// Stops tracing: the fields the evaluation read.
 pub(crate) fn finish_trace() -> ProcFields {
-    ProcFields(READ.with(Cell::take))
+    ProcFields(super::finish_fields_trace())
 }
 
 /// The process fields one process-scope evaluation read. Such an evaluation is a function of
