@@ -1103,7 +1103,7 @@ impl RuleSet {
     ) -> (EvalResult, Option<api::host::HostTrace>) {
         let fields = host.clone_fields();
         api::gpu::start_trace();
-        api::host::start_trace();
+        api::start_fields_trace();
         let result = self.eval_host(idx, host);
         let trace = api::host::finish_trace(fields, api::gpu::finish_trace());
         let trace = trace.filter(|_| !matches!(result, EvalResult::Error(_)));
@@ -1132,7 +1132,7 @@ impl RuleSet {
         p: api::ProcessHandle,
     ) -> (EvalResult, Option<(api::process::ProcFields, Trace)>) {
         api::gpu::start_trace();
-        api::process::start_trace();
+        api::start_fields_trace();
         let result = self.eval_process(idx, p);
         let fields = api::process::finish_trace();
         let trace = api::gpu::finish_trace();

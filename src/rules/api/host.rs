@@ -39,11 +39,6 @@ const NOW: u16 = 32;
 /// `host.gpus`: the GPUs present (what the evaluation read of each is in its GPU trace).
 const GPUS: u16 = 64;
 
-/// Starts tracing the host fields the evaluation about to run reads.
-pub(crate) fn start_trace() {
-    super::start_fields_trace();
-}
-
 /// Stops tracing: what the evaluation of `host` read, unless it had an effect. (`seen`: the
 /// host's fields, [`HostHandle::clone_fields`]; `gpus`: what it read of its GPUs, as
 /// `gpu::finish_trace` gives it — none when it had an effect.)

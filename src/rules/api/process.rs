@@ -50,11 +50,6 @@ const RUNTIME: u16 = 128;
 const CONTAINER: u16 = 256;
 const KIND: u16 = 512;
 
-/// Starts tracing the process fields the evaluation about to run reads.
-pub(crate) fn start_trace() {
-    super::start_fields_trace();
-}
-
 /// Stops tracing: the fields the evaluation read.
 pub(crate) fn finish_trace() -> ProcFields {
     ProcFields(super::finish_fields_trace())
