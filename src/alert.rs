@@ -268,6 +268,15 @@ impl AlertBook {
         self.warm_until_ms = warm_until_ms;
     }
 
+    /// Whether instance (`key`, `gpu`) is neither live nor restored: a quiet outcome would
+    /// leave the book as it is.
+    pub fn untracked(&self, key: &str, gpu: Option<u32>) -> bool {
+        self.instances
+            .get(key)
+            .is_none_or(|g| !g.contains_key(&gpu))
+            && (self.restored.is_empty() || !self.restored.contains(&(key.to_string(), gpu)))
+    }
+
     fn get_mut(&mut self, key: &str, gpu: Option<u32>) -> Option<&mut AlertInstanceState> {
         self.instances.get_mut(key)?.get_mut(&gpu)
     }

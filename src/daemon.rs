@@ -556,6 +556,7 @@ pub fn run(
         save: (false, None),
         last_rule_check: Instant::now(),
         last_snapshot: Instant::now(),
+        last_eval: Instant::now(),
         last_status: Instant::now(),
         status_every: if console::is_human() {
             Duration::from_secs(120)
@@ -659,6 +660,9 @@ struct Live<'a> {
     save: (bool, Option<u64>),
     last_rule_check: Instant,
     last_snapshot: Instant,
+    /// When the rules were last evaluated: at the last snapshot, or the last advance of the
+    /// clock without one.
+    last_eval: Instant,
     /// When the last status line was printed, and how often one is.
     last_status: Instant,
     status_every: Duration,
@@ -695,6 +699,7 @@ impl Live<'_> {
     /// pipeline's events, then the exporter's state.
     fn snapshot(&mut self, snap: &Snapshot, ticks: (u64, u64, Option<u32>)) {
         self.last_snapshot = Instant::now();
+        self.last_eval = self.last_snapshot;
         let devices: Vec<DeviceId> = snap.gpus.iter().map(|g| g.id.clone()).collect();
         if devices != self.last_devices || snap.processes.is_some() {
             self.dispatcher.send(Input::Context {
@@ -827,7 +832,13 @@ impl Live<'_> {
                 }
             }
         }
-        if self.last_snapshot.elapsed() >= self.interval {
+        // A snapshot is late only once half an interval has passed (until then it is the
+        // sampler's jitter, and advancing would evaluate every rule twice in that tick); then
+        // the clock advances once an interval until one comes.
+        if self.last_snapshot.elapsed() >= self.interval + self.interval / 2
+            && self.last_eval.elapsed() >= self.interval
+        {
+            self.last_eval = Instant::now();
             let events = self.pipeline.advance(now_ms());
             self.publish_and_save(events);
             self.export_without_snapshot();

@@ -92,6 +92,10 @@ pub struct Engine {
     opts: EngineOptions,
     gpus: BTreeMap<u32, Arc<GpuHistory>>,
     present: Vec<u32>,
+    /// The rules due at the evaluation running (kept for its allocation).
+    due: Vec<usize>,
+    /// The present GPUs' histories while the GPU and process rules run (empty otherwise).
+    hists: Vec<Arc<GpuHistory>>,
     /// Expected GPUs NVML does not enumerate, as the latest snapshot said (`host.missing_gpus`).
     missing: Vec<MissingGpu>,
     book: AlertBook,
@@ -155,6 +159,8 @@ impl Engine {
             opts,
             gpus: BTreeMap::new(),
             present: Vec::new(),
+            due: Vec::new(),
+            hists: Vec::new(),
             missing: Vec::new(),
             book: AlertBook::new(),
             last_snapshot_ms: None,
@@ -475,8 +481,7 @@ impl Engine {
             }
             // (no window for a metric no rule file names: no rule can read it, and a daemon
             // touched a window per metric per GPU every second)
-            let named = rules.named_metrics();
-            h.push_where(sample, |i| named[i]);
+            h.push_only(sample, rules.named_metrics().iter().copied());
             if h.evict_due(now) {
                 h.evict_before(cutoff, now, retention);
             }
@@ -530,14 +535,21 @@ impl Engine {
         if self.recent_snapshots.len() < 2 {
             return None;
         }
-        let mut gaps: Vec<i64> = self
+        // (at most 15 gaps, sorted on the stack: asked at every replayed tick)
+        let mut gaps = [0i64; 16];
+        let mut n = 0;
+        for (a, b) in self
             .recent_snapshots
             .iter()
             .zip(self.recent_snapshots.iter().skip(1))
-            .map(|(a, b)| b - a)
-            .collect();
+            .take(gaps.len())
+        {
+            gaps[n] = b - a;
+            n += 1;
+        }
+        let gaps = &mut gaps[..n];
         gaps.sort_unstable();
-        Some(gaps[gaps.len() / 2])
+        Some(gaps[n / 2])
     }
 
     /// The host at `now_ms` as a host-scope rule sees it, its `present` GPUs listed by index
@@ -583,6 +595,10 @@ impl Engine {
         let Some((key, err_spec)) = self.rule_errors.get(idx) else {
             return;
         };
+        // (no error and no error alert: nothing to step, as at almost every evaluation)
+        if error.is_none() && self.book.untracked(key, None) {
+            return;
+        }
         let outcome = match error {
             Some(e) => Outcome::Active {
                 summary: format!("rule {} failed: {e}", self.rules.rules()[idx].spec.name),
@@ -673,7 +689,8 @@ impl Engine {
         let present = std::mem::take(&mut self.present);
         // The rules due now, in evaluation order. Job rules run in `evaluate_job`; per-GPU and
         // process rules need a snapshot. A rule not due is skipped with its instances untouched.
-        let mut due = Vec::new();
+        let mut due = std::mem::take(&mut self.due);
+        due.clear();
         for k in 0..self.order.len() {
             let idx = self.order[k];
             let runs = match self.rules.rules()[idx].scope {
@@ -685,10 +702,20 @@ impl Engine {
                 due.push(idx);
             }
         }
-        for idx in due {
+        // The present GPUs' histories, shared once for the GPU and process rules (not once
+        // per rule: two atomic operations each, a tenth of the evaluation's own time), and
+        // let go before the next snapshot changes them.
+        let mut hists = std::mem::take(&mut self.hists);
+        hists.clear();
+        if gpu_rules {
+            hists.extend(present.iter().filter_map(|i| self.gpus.get(i).cloned()));
+        }
+        for &idx in &due {
             let error = match self.rules.rules()[idx].scope {
-                RuleScope::Gpu => self.evaluate_gpus(idx, now, &present, &mut events),
-                RuleScope::Process => self.evaluate_processes(idx, now, &present, &mut events),
+                RuleScope::Gpu => self.evaluate_gpus(idx, now, &hists, &mut events),
+                RuleScope::Process => {
+                    self.evaluate_processes(idx, now, &present, &hists, &mut events)
+                }
                 RuleScope::Host => {
                     let result = self.eval_host(idx, now, &present);
                     self.step_host(idx, now, result, &present, &mut events)
@@ -698,7 +725,10 @@ impl Engine {
             let error = self.note_budget(idx, now, error);
             self.step_rule_error(idx, now, error, &mut events);
         }
+        hists.clear();
+        self.hists = hists;
         self.present = present;
+        self.due = due;
         events
     }
 
@@ -802,16 +832,21 @@ impl Engine {
         &mut self,
         idx: usize,
         now: i64,
-        present: &[u32],
+        hists: &[Arc<GpuHistory>],
         events: &mut Vec<AlertEvent>,
     ) -> Option<RuleError> {
         let mut error: Option<RuleError> = None;
-        for index in present {
-            let Some(hist) = self.gpus.get(index).cloned() else {
+        for hist in hists {
+            let result = self.eval_gpu(idx, hist, now);
+            // (quiet or ending, with no instance to step: the book stays as it is)
+            if matches!(result, EvalResult::Quiet | EvalResult::Ended(_))
+                && self
+                    .book
+                    .untracked(&self.rules.rules()[idx].spec.name, Some(hist.id.index))
+            {
                 continue;
-            };
-            let result = self.eval_gpu(idx, &hist, now);
-            if let Some(e) = self.step_result(idx, now, result, Subject::gpu(&hist), events) {
+            }
+            if let Some(e) = self.step_result(idx, now, result, Subject::gpu(hist), events) {
                 let stop = e.over_budget;
                 if error.as_ref().is_none_or(|prev| !prev.over_budget && stop) {
                     error = Some(e);
@@ -835,6 +870,15 @@ impl Engine {
             if let Some((trace, result)) = self.memo.get(idx).and_then(|m| m.get(&index)) {
                 if trace.holds(hist, now) {
                     self.reused += 1;
+                    // (quiet or ending with no instance to step: it changes nothing, and a
+                    // cleared message need not be copied to be dropped)
+                    if matches!(result, EvalResult::Quiet | EvalResult::Ended(_))
+                        && self
+                            .book
+                            .untracked(&self.rules.rules()[idx].spec.name, Some(index))
+                    {
+                        return EvalResult::Quiet;
+                    }
                     return result.clone();
                 }
             }
@@ -884,22 +928,34 @@ impl Engine {
         idx: usize,
         now: i64,
         present: &[u32],
+        hists: &[Arc<GpuHistory>],
         events: &mut Vec<AlertEvent>,
     ) -> Option<RuleError> {
         let prefix = format!("{}/gpu", self.rules.rules()[idx].spec.name);
         let mut seen = std::collections::BTreeSet::new();
         let mut listed = std::collections::BTreeSet::new();
         let mut error: Option<RuleError> = None;
-        'gpus: for index in present {
-            let Some(hist) = self.gpus.get(index).cloned() else {
-                continue;
-            };
+        let mut key_buf = String::new();
+        'gpus: for hist in hists {
+            let index = &hist.id.index;
             for p in &hist.processes {
                 listed.insert((*index, p.pid));
                 // on a GPU with MIG on: the MIG device it runs on (`p.mig`, label `mig`)
                 let mig = hist.mig.iter().find(|m| m.pids.contains(&p.pid));
-                let result = self.eval_process(idx, &hist, p, mig, now);
-                let key = format!("{prefix}{index}/pid:{}", p.pid);
+                let result = self.eval_process(idx, hist, p, mig, now);
+                key_buf.clear();
+                key_buf.push_str(&prefix);
+                crate::values::push_u64(&mut key_buf, u64::from(*index));
+                key_buf.push_str("/pid:");
+                crate::values::push_u64(&mut key_buf, u64::from(p.pid));
+                // A quiet process with no instance to step (most of them, most of the time):
+                // stepping would change nothing, and the labels need not be made.
+                if matches!(result, EvalResult::Quiet | EvalResult::Ended(_))
+                    && self.book.untracked(&key_buf, Some(*index))
+                {
+                    continue;
+                }
+                let key = key_buf.clone();
                 // Another process at a known PID: the old one's instance goes first.
                 events.extend(
                     self.book
@@ -914,7 +970,7 @@ impl Engine {
                 }
                 let subject = Subject {
                     key: &key,
-                    gpu: Some(&hist),
+                    gpu: Some(hist),
                     extra,
                     target_pid: Some(p.pid),
                     target_start: p.start_ticks,
@@ -1328,7 +1384,18 @@ const MAX_GAP_ADVANCE_MS: i64 = 2 * 3_600_000;
 pub fn replay<E>(
     engine: &mut Engine,
     snapshots: impl Iterator<Item = Result<Snapshot, E>>,
+    on_event: impl FnMut(&AlertEvent),
+) -> Result<ReplayStats, E> {
+    replay_then(engine, snapshots, on_event, drop)
+}
+
+/// [`replay`], handing each snapshot to `done` once the engine has it
+/// (`import::GiveBack::give`).
+pub fn replay_then<E>(
+    engine: &mut Engine,
+    snapshots: impl Iterator<Item = Result<Snapshot, E>>,
     mut on_event: impl FnMut(&AlertEvent),
+    mut done: impl FnMut(Snapshot),
 ) -> Result<ReplayStats, E> {
     let mut stats = ReplayStats::default();
     for snap in snapshots {
@@ -1358,18 +1425,21 @@ pub fn replay<E>(
         for ev in engine.observe(&snap) {
             on_event(&ev);
         }
+        done(snap);
     }
     Ok(stats)
 }
 
 /// Replays imported ticks (`crate::import`), each time-line segment through a fresh engine
-/// from `fresh` (windows never mix two time lines); `on_tick` sees every tick first. Returns the
-/// counts over all segments and the last segment's engine (its alerts still firing).
+/// from `fresh` (windows never mix two time lines); `on_tick` sees every tick first, `done`
+/// gets its snapshot last. Returns the counts over all segments and the last segment's engine
+/// (its alerts still firing).
 pub fn replay_segments(
     ticks: impl Iterator<Item = anyhow::Result<crate::import::Imported>>,
     mut fresh: impl FnMut() -> anyhow::Result<Engine>,
     mut on_tick: impl FnMut(&crate::import::Imported),
     mut on_event: impl FnMut(&AlertEvent),
+    mut done: impl FnMut(Snapshot),
 ) -> anyhow::Result<(ReplayStats, Engine)> {
     let mut ticks = ticks.peekable();
     let mut stats = ReplayStats::default();
@@ -1402,7 +1472,7 @@ pub fn replay_segments(
                 })
             })
         });
-        let s = replay(&mut engine, part, &mut on_event)?;
+        let s = replay_then(&mut engine, part, &mut on_event, &mut done)?;
         stats.snapshots += s.snapshots;
         stats.gpu_samples += s.gpu_samples;
         stats.advances += s.advances;

@@ -875,17 +875,32 @@ impl Iterator for Importer {
 /// and on the allocator's lock as it freed what the other thread had allocated.) The thread ends
 /// with the file, after the first error, or when the returned iterator is dropped.
 pub fn read_ahead_assembled(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imported>> {
-    /// Ticks handed over at a time.
-    const BATCH: usize = 64;
+    read_ahead_giving_back(importer).0
+}
+
+/// [`read_ahead_assembled`], with a way back for the snapshots the caller is done with: the
+/// reading thread, which allocated them, frees them. (Freed on the engine's thread, they made
+/// it wait on the allocator's lock of the thread still allocating: a tenth of a replay.)
+pub fn read_ahead_giving_back(
+    importer: Importer,
+) -> (impl Iterator<Item = anyhow::Result<Imported>>, GiveBack) {
+    const BATCH: usize = HANDED_OVER;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<anyhow::Result<Imported>>>(4);
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<Snapshot>>();
     let spawned = std::thread::Builder::new()
         .name("gpuwatch-import".into())
         .spawn(move || {
             let mut batch = Vec::with_capacity(BATCH);
             for tick in importer {
                 batch.push(tick);
-                if batch.len() >= BATCH && tx.send(std::mem::take(&mut batch)).is_err() {
-                    return;
+                if batch.len() >= BATCH {
+                    if tx.send(std::mem::take(&mut batch)).is_err() {
+                        return;
+                    }
+                    // (what came back is freed here, where it was allocated)
+                    while let Ok(done) = back_rx.try_recv() {
+                        drop(done);
+                    }
                 }
             }
             let _ = tx.send(batch);
@@ -894,7 +909,40 @@ pub fn read_ahead_assembled(importer: Importer) -> impl Iterator<Item = anyhow::
     let error = spawned
         .err()
         .map(|e| anyhow!("cannot start the log reader thread: {e}"));
-    error.map(Err).into_iter().chain(rx.into_iter().flatten())
+    let back = GiveBack {
+        tx: Some(back_tx),
+        held: Vec::with_capacity(HANDED_OVER),
+    };
+    (
+        error.map(Err).into_iter().chain(rx.into_iter().flatten()),
+        back,
+    )
+}
+
+/// Ticks handed over between the threads of [`read_ahead_giving_back`] at a time, either way.
+const HANDED_OVER: usize = 64;
+
+/// Hands snapshots back to the thread of [`read_ahead_giving_back`] to be freed there, a
+/// batch at a time; once that thread has ended, they are freed here.
+#[derive(Debug)]
+pub struct GiveBack {
+    tx: Option<std::sync::mpsc::Sender<Vec<Snapshot>>>,
+    held: Vec<Snapshot>,
+}
+
+impl GiveBack {
+    /// A snapshot the caller is done with.
+    pub fn give(&mut self, snapshot: Snapshot) {
+        self.held.push(snapshot);
+        if self.held.len() >= HANDED_OVER {
+            let batch = std::mem::replace(&mut self.held, Vec::with_capacity(HANDED_OVER));
+            if let Some(tx) = &self.tx {
+                if tx.send(batch).is_err() {
+                    self.tx = None;
+                }
+            }
+        }
+    }
 }
 
 /// Reads and parses `importer`'s lines on their own thread and assembles ticks on the caller's,

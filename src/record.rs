@@ -88,22 +88,6 @@ pub fn push_timestamp(out: &mut String, time_ms: i64) {
     );
 }
 
-/// Appends a non-negative integer without going through `core::fmt`.
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut buf = [0_u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // The bytes are ASCII digits.
-    out.push_str(std::str::from_utf8(&buf[i..]).unwrap_or("0"));
-}
-
 /// Appends a value: integral values without a decimal point, others in shortest round-trip
 /// form; nothing for NaN or infinities.
 pub fn push_value(out: &mut String, v: f64) {
@@ -115,7 +99,7 @@ pub fn push_value(out: &mut String, v: f64) {
         if v < 0.0 {
             out.push('-');
         }
-        push_u64(out, v.abs() as u64);
+        crate::values::push_u64(out, v.abs() as u64);
     } else {
         let _ = write!(out, "{v}");
     }
@@ -170,7 +154,7 @@ impl CsvRows {
         for gpu in &snap.gpus {
             out.push_str(&ts);
             out.push(',');
-            push_u64(out, u64::from(gpu.id.index));
+            crate::values::push_u64(out, u64::from(gpu.id.index));
             out.push(',');
             push_field(out, &gpu.id.uuid);
             out.push(',');
@@ -179,7 +163,7 @@ impl CsvRows {
             push_field(out, &gpu.id.pci_bus_id);
             out.push(',');
             if let Some(m) = gpu.id.minor {
-                push_u64(out, u64::from(m));
+                crate::values::push_u64(out, u64::from(m));
             }
             out.push(',');
             out.push_str(&gpu.state.label());
@@ -221,10 +205,10 @@ impl CsvRows {
                 out.push(';');
             }
             first = false;
-            push_u64(out, u64::from(p.pid));
+            crate::values::push_u64(out, u64::from(p.pid));
             out.push(':');
             if let Some(b) = p.used_mem_bytes {
-                push_u64(out, b);
+                crate::values::push_u64(out, b);
             }
         }
     }
@@ -264,7 +248,7 @@ impl CsvRows {
                 }
             };
             if let Some(b) = v {
-                push_u64(out, b);
+                crate::values::push_u64(out, b);
             }
         }
         out.push(',');

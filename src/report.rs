@@ -381,7 +381,7 @@ pub fn build(
             }
         }
     };
-    crate::engine::replay_segments(ticks, fresh, on_tick, on_event)?;
+    crate::engine::replay_segments(ticks, fresh, on_tick, on_event, drop)?;
     for (_, mut s) in open {
         s.end_ms = last_ms.max(s.start_ms);
         spans.push(s);

@@ -278,6 +278,8 @@ pub struct RuleSet {
     metric_retention_ms: [i64; METRIC_COUNT],
     /// Per metric: whether some rule file names it ([`metrics_named`]).
     named: [bool; METRIC_COUNT],
+    /// The same as a list of indices in the metric table.
+    named_list: Vec<usize>,
     budget_ms: i64,
     param_keys: BTreeMap<String, BTreeSet<String>>,
 }
@@ -994,6 +996,7 @@ impl RuleSet {
             retention_ms: retention_ms + RETENTION_MARGIN_MS,
             metric_retention_ms,
             named: named_any,
+            named_list: (0..METRIC_COUNT).filter(|i| named_any[*i]).collect(),
             budget_ms,
             param_keys: param_keys_by_rule,
         })
@@ -1066,9 +1069,10 @@ impl RuleSet {
         self.named[metric as usize]
     }
 
-    /// [`RuleSet::names_metric`] for every metric, by index in the metric table.
-    pub fn named_metrics(&self) -> &[bool; METRIC_COUNT] {
-        &self.named
+    /// The metrics some rule file names ([`RuleSet::names_metric`]), by index in the metric
+    /// table, in its order.
+    pub fn named_metrics(&self) -> &[usize] {
+        &self.named_list
     }
 
     /// Evaluates rule `idx` for one GPU at `now_ms`.

@@ -354,6 +354,22 @@ impl<'de> Deserialize<'de> for DurationSetting {
     }
 }
 
+/// Appends a non-negative integer without going through `core::fmt`.
+pub fn push_u64(out: &mut String, mut n: u64) {
+    let mut buf = [0_u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // The bytes are ASCII digits.
+    out.push_str(std::str::from_utf8(&buf[i..]).unwrap_or("0"));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,9 +21,9 @@
 //! this GPU's samples. A rule therefore cannot fire on missing data, including during the warm-up
 //! after a start (a 10-minute window needs 5 minutes of samples first).
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use crate::model::{
     DeviceId, DeviceState, GpuSample, Metric, MigSample, ProcSample, XidNote, METRIC_COUNT,
@@ -378,6 +378,8 @@ impl Window {
                 Agg::FracAbove => return Some(share(v > arg)),
                 Agg::FracBelow => return Some(share(v < arg)),
                 Agg::FracBits => return Some(share((v as u64) & (arg as u64) != 0)),
+                // (at least two points, checked above; one value: no drop, no rise)
+                Agg::Delta | Agg::Increase => return Some(0.0),
                 _ => {}
             }
         }
@@ -560,70 +562,93 @@ impl Window {
 type CacheKey = (u8, u8, i64, u64);
 
 /// Slots of an [`AggCache`] (a power of two), and how many a lookup tries.
-const CACHE_SLOTS: usize = 64;
+const CACHE_SLOTS: usize = 512;
 const CACHE_PROBES: usize = 8;
 
-/// Aggregates computed at one evaluation time: a small open-addressed table (a tick asks one
-/// GPU for a few dozen) whose slots carry the time and the history's version they were filled
-/// at, so a new time or a new sample empties them without a write. A search through a list of
-/// every aggregate asked cost a tenth of a replay once every rule's inputs were checked at every
-/// tick.
+/// Aggregates computed at one evaluation time: a small open-addressed table (a tick asks each
+/// GPU for a few dozen) whose slots carry the time and the history's [stamp](GpuHistory) they
+/// were filled at, so a new time or a new sample empties them without a write. One table per
+/// thread serves every history the thread reads: a stamp names one state of one history. (A
+/// search through a list of every aggregate asked cost a tenth of a replay once every rule's
+/// inputs were checked at every tick; a table behind a lock in each history, its lock.)
 #[derive(Debug)]
 struct AggCache {
-    /// Bumped by every sample the history takes.
-    version: u64,
     slots: Vec<((i64, u64), CacheKey, Option<f64>)>,
 }
 
 impl Default for AggCache {
     fn default() -> Self {
         AggCache {
-            version: 0,
             slots: vec![((i64::MIN, 0), (0, 0, 0, 0), None); CACHE_SLOTS],
         }
     }
 }
 
 impl AggCache {
-    /// The slots where `key` may be, in probe order.
-    fn probes(key: CacheKey) -> impl Iterator<Item = usize> {
+    /// The slots where `key` of the history state `stamp` may be, in probe order.
+    fn probes(stamp: u64, key: CacheKey) -> impl Iterator<Item = usize> {
         let (m, a, d, x) = key;
         let h = (u64::from(m) | u64::from(a) << 8)
             ^ (d as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ x.rotate_left(29);
-        let start = (h.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 58) as usize;
+            ^ x.rotate_left(29)
+            ^ stamp.wrapping_mul(0xA24B_AED4_963E_E407);
+        let start = (h.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 55) as usize;
         (0..CACHE_PROBES).map(move |i| (start + i) % CACHE_SLOTS)
     }
 
-    /// The value of `key` at `now_ms`, computed by `f` unless cached.
+    /// The value of `key` at `now_ms` for the history state `stamp`, if cached; else the slot
+    /// to keep it in, if one is free.
+    fn find(&self, now_ms: i64, stamp: u64, key: CacheKey) -> Result<Option<f64>, Option<usize>> {
+        let now = (now_ms, stamp);
+        for i in Self::probes(stamp, key) {
+            let (at, k, v) = self.slots[i];
+            if at != now {
+                return Err(Some(i));
+            }
+            if k == key {
+                return Ok(v);
+            }
+        }
+        Err(None)
+    }
+
+    /// The value of `key` at `now_ms` for the history state `stamp`, computed by `f` unless
+    /// cached.
+    #[cfg(test)]
     fn get_or(
         &mut self,
         now_ms: i64,
+        stamp: u64,
         key: CacheKey,
         f: impl FnOnce() -> Option<f64>,
     ) -> Option<f64> {
-        let now = (now_ms, self.version);
-        let mut free = None;
-        for i in Self::probes(key) {
-            let (at, k, v) = self.slots[i];
-            if at != now {
-                free = Some(i);
-                break;
-            }
-            if k == key {
-                return v;
+        match self.find(now_ms, stamp, key) {
+            Ok(v) => v,
+            Err(free) => {
+                let v = f();
+                if let Some(i) = free {
+                    self.slots[i] = ((now_ms, stamp), key, v);
+                }
+                v
             }
         }
-        let v = f();
-        if let Some(i) = free {
-            self.slots[i] = (now, key, v);
-        }
-        v
     }
 }
 
+thread_local! {
+    /// This thread's [`AggCache`].
+    static AGGS: RefCell<AggCache> = RefCell::new(AggCache::default());
+}
+
+/// The source of history stamps: each is used once.
+static STAMPS: AtomicU64 = AtomicU64::new(1);
+
+fn new_stamp() -> u64 {
+    STAMPS.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Everything gpuwatch remembers about one GPU.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct GpuHistory {
     /// Identity from the newest sample.
     pub id: DeviceId,
@@ -653,7 +678,13 @@ pub struct GpuHistory {
     recent_times: VecDeque<i64>,
     /// Estimated sampling interval, ms (0 = unknown).
     pub interval_ms: i64,
-    cache: Mutex<AggCache>,
+    /// Per metric (a bit each, by index in the metric table): whether its window has a point
+    /// (a window keeps its newest point for good). Asked at most evaluations: the windows of
+    /// the metrics a GPU lacks are not touched.
+    with_data: [u64; METRIC_COUNT.div_ceil(64)],
+    /// Names this state of the windows for the aggregate cache: new at every change (a sample,
+    /// an eviction) and for a new history; a clone keeps it while it reads the same.
+    stamp: u64,
     /// The newest sample's time at the last eviction (see [`GpuHistory::evict_due`]).
     evicted_at_ms: i64,
     /// Per metric, the longest duration a rule asked of its window (ms): the window keeps at
@@ -676,7 +707,8 @@ impl Clone for GpuHistory {
             nvlink_stale: self.nvlink_stale,
             recent_times: self.recent_times.clone(),
             interval_ms: self.interval_ms,
-            cache: Mutex::new(AggCache::default()),
+            with_data: self.with_data,
+            stamp: self.stamp,
             evicted_at_ms: self.evicted_at_ms,
             asked_ms: self
                 .asked_ms
@@ -692,36 +724,44 @@ impl GpuHistory {
     pub fn new(id: DeviceId) -> Self {
         GpuHistory {
             id,
+            state: DeviceState::default(),
+            last_time_ms: 0,
             series: vec![Window::default(); METRIC_COUNT],
-            cache: Mutex::new(AggCache::default()),
+            xids: VecDeque::new(),
+            processes: Vec::new(),
+            mig: Vec::new(),
+            pods: None,
+            nvlink: None,
+            nvlink_stale: false,
+            recent_times: VecDeque::new(),
+            interval_ms: 0,
+            with_data: [0; METRIC_COUNT.div_ceil(64)],
+            stamp: new_stamp(),
+            evicted_at_ms: 0,
             asked_ms: (0..METRIC_COUNT).map(|_| AtomicI64::new(0)).collect(),
-            ..GpuHistory::default()
         }
     }
 
     /// Adds one sample.
     pub fn push(&mut self, sample: &GpuSample) {
-        self.push_where(sample, |_| true);
+        self.push_only(sample, 0..METRIC_COUNT);
     }
 
-    /// Adds one sample, its values only for the metrics `keep` accepts (by index in the metric
+    /// Adds one sample, its values only for the metrics `only` lists (by index in the metric
     /// table): the engine keeps no window of a metric no rule file names, which no rule can read.
-    pub fn push_where(&mut self, sample: &GpuSample, keep: impl Fn(usize) -> bool) {
+    pub fn push_only(&mut self, sample: &GpuSample, only: impl IntoIterator<Item = usize>) {
         // (what was computed at any time before this sample is not what the windows say now)
-        if let Ok(cache) = self.cache.get_mut() {
-            cache.version += 1;
-        }
+        self.stamp = new_stamp();
         self.id.clone_from(&sample.id);
         self.state = sample.state;
         if sample.time_ms <= self.last_time_ms && self.last_time_ms != 0 {
             return;
         }
         self.last_time_ms = sample.time_ms;
-        for (i, v) in sample.values.0.iter().enumerate() {
-            if let Some(v) = v {
-                if v.is_finite() && keep(i) {
-                    self.series[i].push(sample.time_ms, *v);
-                }
+        for i in only {
+            if let Some(v) = sample.values.0[i].filter(|v| v.is_finite()) {
+                self.series[i].push(sample.time_ms, v);
+                self.with_data[i / 64] |= 1 << (i % 64);
             }
         }
         self.recent_times.push_back(sample.time_ms);
@@ -762,6 +802,7 @@ impl GpuHistory {
         now_ms: i64,
         retention_ms: impl Fn(Metric) -> i64,
     ) {
+        self.stamp = new_stamp();
         for (i, (w, m)) in self.series.iter_mut().zip(Metric::all()).enumerate() {
             let asked = self
                 .asked_ms
@@ -803,6 +844,12 @@ impl GpuHistory {
         &self.series[metric as usize]
     }
 
+    /// Whether `metric`'s window has a point (`series.supported`).
+    pub fn has_data(&self, metric: Metric) -> bool {
+        let i = metric as usize;
+        self.with_data[i / 64] & (1 << (i % 64)) != 0
+    }
+
     /// Cached aggregate of `metric` at `now_ms` (see [`Window::aggregate`]).
     pub fn aggregate(
         &self,
@@ -816,9 +863,20 @@ impl GpuHistory {
         let compute = || {
             self.series[metric as usize].aggregate(agg, now_ms, duration_ms, arg, self.interval_ms)
         };
-        match self.cache.lock() {
-            Ok(mut cache) => cache.get_or(now_ms, key, compute),
-            Err(_) => compute(),
+        // (the table is not held while `compute` runs)
+        let found = AGGS.with(|c| c.try_borrow().map(|c| c.find(now_ms, self.stamp, key)));
+        match found {
+            Ok(Ok(v)) => v,
+            Ok(Err(Some(slot))) => {
+                let v = compute();
+                AGGS.with(|c| {
+                    if let Ok(mut c) = c.try_borrow_mut() {
+                        c.slots[slot] = ((now_ms, self.stamp), key, v);
+                    }
+                });
+                v
+            }
+            Ok(Err(None)) | Err(_) => compute(),
         }
     }
 
@@ -925,6 +983,17 @@ mod tests {
                     "{agg:?} {d}: {got} vs {want}"
                 );
             }
+            if vals.len() >= 2 {
+                let delta = vals[vals.len() - 1] - vals[0];
+                let increase: f64 = vals
+                    .windows(2)
+                    .map(|p| if p[1] >= p[0] { p[1] - p[0] } else { p[1] })
+                    .sum();
+                for (agg, want) in [(Agg::Delta, delta), (Agg::Increase, increase)] {
+                    let got = w.aggregate(agg, now, d, 0.0, 1000).unwrap();
+                    assert!((got - want).abs() <= 1e-9, "{agg:?} {d}: {got} vs {want}");
+                }
+            }
             let mut sorted = vals.clone();
             sorted.sort_by(f64::total_cmp);
             for p in [0.0, 50.0, 100.0] {
@@ -946,25 +1015,25 @@ mod tests {
         let mut computed = 0;
         // more keys than slots: each answers its own value, computed once while cached
         for round in 0..2 {
-            for k in 0..200u64 {
+            for k in 0..1000u64 {
                 let key = ((k % 7) as u8, (k % 3) as u8, (k * 1000) as i64, k);
-                let v = c.get_or(5, key, || {
+                let v = c.get_or(5, 1, key, || {
                     computed += 1;
                     Some(k as f64)
                 });
                 assert_eq!(v, Some(k as f64), "round {round}");
             }
         }
-        assert!(computed < 400, "{computed}: nothing cached");
-        assert!(computed >= 200);
+        assert!(computed < 2000, "{computed}: nothing cached");
+        assert!(computed >= 1000);
         // another time: computed again
         let key = (1, 1, 1000, 1);
-        assert_eq!(c.get_or(6, key, || Some(-1.0)), Some(-1.0));
-        assert_eq!(c.get_or(6, key, || Some(-2.0)), Some(-1.0));
-        assert_eq!(c.get_or(7, key, || None), None);
-        // a new sample at the same time: computed again
-        c.version += 1;
-        assert_eq!(c.get_or(7, key, || Some(3.0)), Some(3.0));
+        assert_eq!(c.get_or(6, 1, key, || Some(-1.0)), Some(-1.0));
+        assert_eq!(c.get_or(6, 1, key, || Some(-2.0)), Some(-1.0));
+        assert_eq!(c.get_or(7, 1, key, || None), None);
+        // a new sample at the same time (another history state): computed again
+        assert_eq!(c.get_or(7, 2, key, || Some(3.0)), Some(3.0));
+        assert_eq!(c.get_or(7, 1, key, || Some(4.0)), None);
     }
 
     #[test]

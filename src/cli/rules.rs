@@ -223,12 +223,9 @@ pub fn replay(_global: &GlobalArgs, args: &ReplayArgs) -> anyhow::Result<i32> {
             opts.clone(),
         ))
     };
-    let (stats, engine) = crate::engine::replay_segments(
-        crate::import::read_ahead_assembled(importer),
-        fresh,
-        |_| {},
-        &mut on_event,
-    )?;
+    let (ticks, mut back) = crate::import::read_ahead_giving_back(importer);
+    let (stats, engine) =
+        crate::engine::replay_segments(ticks, fresh, |_| {}, &mut on_event, |s| back.give(s))?;
     if let Some(e) = write_err {
         return Err(e.into());
     }

@@ -34,7 +34,9 @@ pub enum Input {
     /// Whether the metric has any sample (`series.supported`; also what tells "no data" from
     /// "not supported").
     Supported(Metric),
-    /// `gpu.index`, `uuid`, `name`, `pci_bus_id`.
+    /// `gpu.index` (an input of its own: the most read, and an integer to compare).
+    Index,
+    /// `gpu.uuid`, `name`, `pci_bus_id`.
     Device,
     /// `gpu.lost`.
     Lost,
@@ -168,7 +170,8 @@ impl Input {
                 let age = (now_ms - t) as f64 / 1000.0;
                 age
             })),
-            Input::Supported(metric) => Value::Flag(!hist.window(metric).is_empty()),
+            Input::Supported(metric) => Value::Flag(hist.has_data(metric)),
+            Input::Index => Value::Int(i64::from(hist.id.index)),
             Input::Device => Value::Device(hist.id.clone()),
             Input::Lost => Value::Flag(hist.state == DeviceState::Lost),
             Input::Stalled => Value::Name(hist.state.stalled_in().map(NvmlFunction::symbol)),
@@ -724,7 +727,7 @@ pub(super) fn register(engine: &mut Engine) {
         let metric = desc.id;
         engine.register_get(desc.key, move |g: &mut GpuHandle| g.series(metric));
     }
-    engine.register_get("index", |g: &mut GpuHandle| i64::from(g.device().index));
+    engine.register_get("index", |g: &mut GpuHandle| g.int(Input::Index));
     engine.register_get("uuid", |g: &mut GpuHandle| g.device().uuid);
     engine.register_get("name", |g: &mut GpuHandle| g.device().name);
     engine.register_get("pci_bus_id", |g: &mut GpuHandle| g.device().pci_bus_id);
@@ -802,7 +805,7 @@ pub(super) fn register(engine: &mut Engine) {
         ))
     });
     engine.register_fn("to_string", |g: &mut GpuHandle| {
-        format!("GPU {}", g.device().index)
+        format!("GPU {}", g.int(Input::Index))
     });
 
     // Window methods, by value.
