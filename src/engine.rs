@@ -532,24 +532,7 @@ impl Engine {
         if let Some(i) = self.opts.sample_interval_ms.filter(|i| *i > 0) {
             return Some(i);
         }
-        if self.recent_snapshots.len() < 2 {
-            return None;
-        }
-        // (at most 15 gaps, sorted on the stack: asked at every replayed tick)
-        let mut gaps = [0i64; 16];
-        let mut n = 0;
-        for (a, b) in self
-            .recent_snapshots
-            .iter()
-            .zip(self.recent_snapshots.iter().skip(1))
-            .take(gaps.len())
-        {
-            gaps[n] = b - a;
-            n += 1;
-        }
-        let gaps = &mut gaps[..n];
-        gaps.sort_unstable();
-        Some(gaps[n / 2])
+        crate::window::median_gap(&self.recent_snapshots)
     }
 
     /// The host at `now_ms` as a host-scope rule sees it, its `present` GPUs listed by index
@@ -1322,12 +1305,11 @@ fn restore(
         let Some(value) = sample.values.get(metric).filter(|v| v.is_finite()) else {
             return true; // not sampled yet: wait for the first value
         };
-        let window = &mut h.series[metric as usize];
-        if value > saved.value && saved.time_ms < sample.time_ms && window.is_empty() {
+        if value > saved.value && saved.time_ms < sample.time_ms && h.window(metric).is_empty() {
             let at_ms = (sample.time_ms - step_ms)
                 .max(saved.time_ms)
                 .min(sample.time_ms - 1);
-            window.push_baseline(at_ms, saved.value);
+            h.push_baseline(metric, at_ms, saved.value);
         }
         false
     });

@@ -647,6 +647,21 @@ fn new_stamp() -> u64 {
     STAMPS.fetch_add(1, Ordering::Relaxed)
 }
 
+/// The median gap between the newest 16 of `times` (in order); `None` with fewer than two.
+/// (At most 15 gaps, sorted on the stack: asked at every tick.)
+pub fn median_gap(times: &VecDeque<i64>) -> Option<i64> {
+    let mut gaps = [0i64; 15];
+    let mut n = 0;
+    let newest = times.len().saturating_sub(gaps.len() + 1);
+    for (a, b) in times.iter().skip(newest).zip(times.iter().skip(newest + 1)) {
+        gaps[n] = b - a;
+        n += 1;
+    }
+    let gaps = &mut gaps[..n];
+    gaps.sort_unstable();
+    gaps.get(n / 2).copied()
+}
+
 /// Everything gpuwatch remembers about one GPU.
 #[derive(Debug)]
 pub struct GpuHistory {
@@ -768,21 +783,8 @@ impl GpuHistory {
         if self.recent_times.len() > 16 {
             self.recent_times.pop_front();
         }
-        if self.recent_times.len() >= 2 {
-            // (at most 15 gaps: sorted on the stack, once a sample for every GPU)
-            let mut gaps = [0i64; 16];
-            let mut n = 0;
-            for (a, b) in self
-                .recent_times
-                .iter()
-                .zip(self.recent_times.iter().skip(1))
-            {
-                gaps[n] = b - a;
-                n += 1;
-            }
-            let gaps = &mut gaps[..n];
-            gaps.sort_unstable();
-            self.interval_ms = gaps[n / 2];
+        if let Some(gap) = median_gap(&self.recent_times) {
+            self.interval_ms = gap;
         }
     }
 
@@ -842,6 +844,17 @@ impl GpuHistory {
     /// The window of `metric`.
     pub fn window(&self, metric: Metric) -> &Window {
         &self.series[metric as usize]
+    }
+
+    /// Pushes a counter's value saved before a restart as the first point of `metric`'s window
+    /// (see [`Window::push_baseline`]; ignored unless the window is empty).
+    pub fn push_baseline(&mut self, metric: Metric, time_ms: i64, value: f64) {
+        let i = metric as usize;
+        if self.series[i].is_empty() {
+            self.stamp = new_stamp();
+            self.series[i].push_baseline(time_ms, value);
+            self.with_data[i / 64] |= 1 << (i % 64);
+        }
     }
 
     /// Whether `metric`'s window has a point (`series.supported`).
@@ -1007,6 +1020,19 @@ mod tests {
         // inside the run: exactly the value, not a sum divided back
         assert_eq!(w.aggregate(Agg::Mean, now, 30_000, 0.0, 1000), Some(0.1));
         assert_eq!(w.aggregate(Agg::Stddev, now, 30_000, 0.0, 1000), Some(0.0));
+    }
+
+    #[test]
+    fn the_median_gap_is_of_the_newest_sixteen_times() {
+        let at = |t: &[i64]| median_gap(&t.iter().copied().collect());
+        assert_eq!(at(&[]), None);
+        assert_eq!(at(&[5]), None);
+        assert_eq!(at(&[0, 1000]), Some(1000));
+        assert_eq!(at(&[0, 1000, 1500, 3500]), Some(1000)); // gaps 1000, 500, 2000
+                                                            // 20 times: the first four gaps (10 s) are older than the newest 16 times
+        let mut t: Vec<i64> = (0..5).map(|i| i * 10_000).collect();
+        t.extend((1..=15).map(|i| 40_000 + i * 1000));
+        assert_eq!(at(&t), Some(1000));
     }
 
     #[test]
