@@ -433,6 +433,9 @@ fn a_job_silence_ends_with_the_job_even_when_its_pid_is_reused() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let _ = job.kill();
     let _ = job.wait();
+    // (a start time counts clock ticks of 10 ms: a process started within the same tick as the
+    // job, pid and all, is the job as far as anyone can tell — the heir starts two ticks later)
+    std::thread::sleep(Duration::from_millis(30));
     // The same pid for a new process.
     let mut heir = None;
     for _ in 0..200 {
