@@ -820,15 +820,9 @@ impl Engine {
     ) -> Option<RuleError> {
         let mut error: Option<RuleError> = None;
         for hist in hists {
-            let result = self.eval_gpu(idx, hist, now);
-            // (quiet or ending, with no instance to step: the book stays as it is)
-            if matches!(result, EvalResult::Quiet | EvalResult::Ended(_))
-                && self
-                    .book
-                    .untracked(&self.rules.rules()[idx].spec.name, Some(hist.id.index))
-            {
+            let Some(result) = self.eval_gpu(idx, hist, now) else {
                 continue;
-            }
+            };
             if let Some(e) = self.step_result(idx, now, result, Subject::gpu(hist), events) {
                 let stop = e.over_budget;
                 if error.as_ref().is_none_or(|prev| !prev.over_budget && stop) {
@@ -847,22 +841,16 @@ impl Engine {
     /// Rule `idx`'s result for the GPU of `hist` at `now`: the previous one when every input
     /// that evaluation read still reads the same (the check would compute the same result — see
     /// `rules::api::gpu` on traces), else a fresh evaluation, remembered when it is reusable.
-    fn eval_gpu(&mut self, idx: usize, hist: &Arc<GpuHistory>, now: i64) -> EvalResult {
+    /// `None` when stepping the result would change nothing ([`Engine::inert`]).
+    fn eval_gpu(&mut self, idx: usize, hist: &Arc<GpuHistory>, now: i64) -> Option<EvalResult> {
         let index = hist.id.index;
         if self.reuse {
             if let Some((trace, result)) = self.memo.get(idx).and_then(|m| m.get(&index)) {
                 if trace.holds(hist, now) {
                     self.reused += 1;
-                    // (quiet or ending with no instance to step: it changes nothing, and a
-                    // cleared message need not be copied to be dropped)
-                    if matches!(result, EvalResult::Quiet | EvalResult::Ended(_))
-                        && self
-                            .book
-                            .untracked(&self.rules.rules()[idx].spec.name, Some(index))
-                    {
-                        return EvalResult::Quiet;
-                    }
-                    return result.clone();
+                    // (a cleared message need not be copied to be dropped)
+                    let name = &self.rules.rules()[idx].spec.name;
+                    return (!self.inert(result, name, Some(index))).then(|| result.clone());
                 }
             }
         }
@@ -875,7 +863,15 @@ impl Engine {
                 None => memo.remove(&index),
             };
         }
-        result
+        let name = &self.rules.rules()[idx].spec.name;
+        (!self.inert(&result, name, Some(index))).then_some(result)
+    }
+
+    /// Whether stepping instance (`key`, `gpu`) with `result` would change nothing: a quiet or
+    /// ending result for an instance that is neither live nor restored (most evaluations) —
+    /// such a result is not stepped, and its labels and key need not be made.
+    fn inert(&self, result: &EvalResult, key: &str, gpu: Option<u32>) -> bool {
+        matches!(result, EvalResult::Quiet | EvalResult::Ended(_)) && self.book.untracked(key, gpu)
     }
 
     /// Host-scope rule `idx`'s result: the previous one when the host fields and the GPU inputs
@@ -931,11 +927,7 @@ impl Engine {
                 crate::values::push_u64(&mut key_buf, u64::from(*index));
                 key_buf.push_str("/pid:");
                 crate::values::push_u64(&mut key_buf, u64::from(p.pid));
-                // A quiet process with no instance to step (most of them, most of the time):
-                // stepping would change nothing, and the labels need not be made.
-                if matches!(result, EvalResult::Quiet | EvalResult::Ended(_))
-                    && self.book.untracked(&key_buf, Some(*index))
-                {
+                if self.inert(&result, &key_buf, Some(*index)) {
                     continue;
                 }
                 let key = key_buf.clone();
