@@ -13,8 +13,14 @@ SECONDS, then SIGTERM.
   the NVML calls the daemon's sampler makes at the daemon's cadences (1 s ticks, GPM every 10 s,
   the PCIe byte and replay counters left out as the daemon leaves them out while no rule names
   them and /metrics is off) and nothing else: the part of the daemon's CPU the driver's calls
-  cost by themselves. Its CPU is counted from the end of its start-up, like the daemon's
-  steady state; the daemon's figure above includes its start-up.
+  cost by themselves. Its CPU is counted from WARM_S after its start, like the daemon's steady
+  state below; the daemon's figure above includes its start-up.
+* Steady state (runs longer than 2 x WARM_S): the daemon's CPU from WARM_S after its start to
+  the stop signal, from the kernel's per-thread counters (/proc/PID/task/*/schedstat), as a
+  share of a core — the figure to set beside the floor's — and per thread its CPU a second and
+  how often it woke a second (voluntary context switches: each is a sleep ended by a timer or
+  another thread, the unit most of an idle daemon's CPU comes in; `cargo run --release
+  --example wake` measures what one costs on the machine).
 * Memory: peak RSS (the kernel's VmHWM of the daemon, read from /proc every second until the stop
   signal) and the last VmRSS, split into its private memory (RssAnon: heap, stacks) and the
   pages of files it maps (RssFile: its own code and the libraries', shared with the page cache;
@@ -38,6 +44,8 @@ import tempfile
 import threading
 import time
 
+WARM_S = 10.0
+
 ARRIVALS = []
 
 
@@ -56,6 +64,28 @@ class Hook(http.server.BaseHTTPRequestHandler):
 
 def parse_ts(s):
     return datetime.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+
+def threads(pid):
+    """Per thread (by id): its name, CPU so far (ns) and voluntary context switches so far."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                switches = next(int(line.split()[1]) for line in f
+                                if line.startswith("voluntary_ctxt_switches:"))
+        except (OSError, ValueError, StopIteration):
+            continue
+        out[tid] = (name, ns, switches)
+    return out
 
 
 def free_port():
@@ -142,7 +172,7 @@ listen = "{listen}"
     floor = None
     if a.floor and a.scenario != "real":
         fargs = [a.floor, "--interval", "1s", "--gpm-interval", "10s", "--duration",
-                 f"{a.seconds}s", "--warm", "5s"]
+                 f"{a.seconds}s", "--warm", f"{WARM_S:g}s"]
         if not a.exporter:
             fargs += ["--unread", "pcie_rx,pcie_tx,pcie_replay"]
         if a.sim_lib:
@@ -157,8 +187,12 @@ listen = "{listen}"
     file_kib = [0]
     scrapes = 0
     last_scrape = time.time()
+    warm = None
     while time.time() - start < a.seconds and proc.poll() is None:
         time.sleep(1)
+        if warm is None and time.time() - start >= WARM_S and a.seconds > 2 * WARM_S:
+            warm = (time.time(), threads(proc.pid),
+                    threads(floor.pid) if floor is not None else {})
         if a.exporter and time.time() - last_scrape >= 15:
             last_scrape = time.time()
             scrapes += scrape(listen)
@@ -175,6 +209,27 @@ listen = "{listen}"
                         file_kib.append(int(line.split()[1]))
         except OSError:
             pass
+    steady = {}
+    if warm is not None:
+        span = time.time() - warm[0]
+        now = threads(proc.pid)
+        per = {}
+        for tid, (name, ns, switches) in now.items():
+            ns0, sw0 = warm[1].get(tid, (name, 0, 0))[1:]
+            row = per.setdefault(name, [0.0, 0.0])
+            row[0] += (ns - ns0) / 1e3 / span
+            row[1] += (switches - sw0) / span
+        floor_now = threads(floor.pid) if floor is not None else {}
+        floor_wakes = sum(sw - warm[2].get(tid, ("", 0, sw))[2]
+                          for tid, (_, _, sw) in floor_now.items()) / span
+        steady = {
+            "steady_seconds": round(span, 1),
+            "floor_wakes_per_s": round(floor_wakes, 1) if floor is not None else None,
+            "steady_cpu_percent_of_one_core": round(sum(r[0] for r in per.values()) / 1e4, 3),
+            "threads": {
+                n: f"{r[0]:.0f} us CPU and {r[1]:.1f} wake-ups a second"
+                for n, r in sorted(per.items(), key=lambda x: -x[1][0]) if r[0] >= 0.5},
+        }
     proc.send_signal(signal.SIGTERM)
     _, status, ru = os.wait4(proc.pid, 0)
     wall = time.time() - start
@@ -201,6 +256,7 @@ listen = "{listen}"
         "seconds": round(wall, 1),
         "exit": os.waitstatus_to_exitcode(status),
         "cpu_percent_of_one_core": round(100 * cpu / wall, 3),
+        **steady,
         "peak_rss_mib": round(hwm_kib / 1024, 1),
         "ru_maxrss_mib_incl_fork": round(ru.ru_maxrss / 1024, 1),
         "last_rss_mib": round(rss_kib[-1] / 1024, 1) if rss_kib else None,

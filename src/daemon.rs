@@ -576,7 +576,7 @@ pub fn run(
     live.sync_silences();
     let mut code = 0;
     loop {
-        match rx.recv_timeout(interval) {
+        match rx.recv_timeout(live.next_turn()) {
             Ok(Control::Snapshot(snap)) => live.snapshot(&snap, sampler.last_tick()),
             Ok(Control::Stop(why)) => {
                 info!("{why}: stopping");
@@ -689,6 +689,14 @@ struct Live<'a> {
 /// How often the silences' housekeeping runs (jobs ended, ended silences dropped, the journal
 /// folded into `silences.json`).
 const SILENCES_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the rule files are looked at for changes.
+const RULES_CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// A periodic check due within this long is done at the turn of the loop now rather than at a
+/// wake-up of its own a moment later (a 1 s interval's snapshots come a few ms either side of
+/// the second).
+const CHECK_SLACK: Duration = Duration::from_millis(50);
 
 /// How often the usage ledger is saved: a `kill -9` (or a power cut) loses at most this much
 /// accounting; a clean stop saves at once.
@@ -819,10 +827,32 @@ impl Live<'_> {
 
     /// Host rules when no snapshot came for an interval, rule-file edits, periodic state saves,
     /// silences whose job ended.
+    /// How long the loop may wait for a message: until the clock is to advance without a
+    /// snapshot (1.5 intervals after the last one, see [`Live::housekeeping`]), or until the
+    /// silences' or the rule files' check is due where it comes sooner than the next snapshot
+    /// (intervals longer than those checks). With snapshots on time the loop wakes once per
+    /// snapshot: a fixed wait of one interval ran out just before most snapshots, a second
+    /// wake-up per tick for nothing.
+    fn next_turn(&self) -> Duration {
+        let mut due = (self.last_snapshot + self.interval + self.interval / 2)
+            .max(self.last_eval + self.interval);
+        if self.interval > SILENCES_CHECK_EVERY {
+            if let Some(t) = self.silences_checked {
+                due = due.min(t + SILENCES_CHECK_EVERY);
+            }
+        }
+        if self.interval > RULES_CHECK_EVERY {
+            due = due.min(self.last_rule_check + RULES_CHECK_EVERY);
+        }
+        due.saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    }
+
     fn housekeeping(&mut self) {
+        // (a check due within a few ms is done now, with the snapshot that woke the loop)
         if self
             .silences_checked
-            .is_none_or(|t| t.elapsed() >= SILENCES_CHECK_EVERY)
+            .is_none_or(|t| t.elapsed() + CHECK_SLACK >= SILENCES_CHECK_EVERY)
         {
             self.silences_checked = Some(Instant::now());
             if let Ok(mut s) = self.silences.lock() {
@@ -843,7 +873,7 @@ impl Live<'_> {
             self.publish_and_save(events);
             self.export_without_snapshot();
         }
-        if self.last_rule_check.elapsed() >= Duration::from_secs(2) {
+        if self.last_rule_check.elapsed() + CHECK_SLACK >= RULES_CHECK_EVERY {
             self.last_rule_check = Instant::now();
             if let Some(sig) = self.rules.changed() {
                 info!("rule files changed: reloading");

@@ -101,7 +101,18 @@ pub fn push_value(out: &mut String, v: f64) {
         }
         crate::values::push_u64(out, v.abs() as u64);
     } else {
-        let _ = write!(out, "{v}");
+        // The shortest digits that read back as the same value (as `Display` writes, but for
+        // the last digit where two are as short and as near), without `core::fmt`'s machinery:
+        // ryu is several times faster, and this runs for most cells of every row. ryu switches
+        // to an exponent outside 1e-5..1e16 and writes integers above 2^53 with `.0`; `Display`
+        // does neither, and the recording keeps `Display`'s form there.
+        let mut buf = ryu::Buffer::new();
+        let text = buf.format_finite(v);
+        if text.contains('e') || text.ends_with(".0") {
+            let _ = write!(out, "{v}");
+        } else {
+            out.push_str(text);
+        }
     }
 }
 
@@ -136,6 +147,9 @@ pub fn push_field(out: &mut String, s: &str) {
 #[derive(Debug, Default)]
 pub struct CsvRows {
     processes: Vec<ProcSample>,
+    /// Each GPU's identity cells as last written (`index,uuid,name,pci_bus_id,minor,`), kept
+    /// while its identity is the same: the escaping and quoting is done once, not every tick.
+    ids: Vec<(crate::model::DeviceId, String)>,
 }
 
 impl CsvRows {
@@ -154,18 +168,7 @@ impl CsvRows {
         for gpu in &snap.gpus {
             out.push_str(&ts);
             out.push(',');
-            crate::values::push_u64(out, u64::from(gpu.id.index));
-            out.push(',');
-            push_field(out, &gpu.id.uuid);
-            out.push(',');
-            push_field(out, &gpu.id.name);
-            out.push(',');
-            push_field(out, &gpu.id.pci_bus_id);
-            out.push(',');
-            if let Some(m) = gpu.id.minor {
-                crate::values::push_u64(out, u64::from(m));
-            }
-            out.push(',');
+            out.push_str(self.id_cells(&gpu.id));
             out.push_str(&gpu.state.label());
             for d in METRICS {
                 out.push(',');
@@ -191,6 +194,35 @@ impl CsvRows {
                 }
             }
         }
+    }
+
+    /// GPU `id`'s identity cells, each followed by a comma (see [`CsvRows::ids`]).
+    fn id_cells(&mut self, id: &crate::model::DeviceId) -> &str {
+        let pos = match self.ids.iter().position(|(known, _)| known == id) {
+            Some(p) => p,
+            None => {
+                let mut cells = String::with_capacity(96);
+                crate::values::push_u64(&mut cells, u64::from(id.index));
+                cells.push(',');
+                push_field(&mut cells, &id.uuid);
+                cells.push(',');
+                push_field(&mut cells, &id.name);
+                cells.push(',');
+                push_field(&mut cells, &id.pci_bus_id);
+                cells.push(',');
+                if let Some(m) = id.minor {
+                    crate::values::push_u64(&mut cells, u64::from(m));
+                }
+                cells.push(',');
+                // Bounded: GPUs whose identity keeps changing replace the oldest entries.
+                if self.ids.len() >= 64 {
+                    self.ids.remove(0);
+                }
+                self.ids.push((id.clone(), cells));
+                self.ids.len() - 1
+            }
+        };
+        &self.ids[pos].1
     }
 
     /// The `processes` cell: GPU `gpu`'s processes that `keep` accepts, as `pid:used_bytes`.
@@ -780,6 +812,69 @@ mod tests {
         let mut f = String::new();
         push_field(&mut f, r#"a,"b""#);
         assert_eq!(f, r#""a,""b""""#);
+    }
+
+    #[test]
+    fn fractional_values_read_back_exactly_and_without_an_exponent() {
+        // Powers, energies, rates and GPM percentages over many magnitudes, and the edges where
+        // ryu would switch to an exponent.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut values = vec![1e-7, 1.5e-5, 0.000_01, 0.000_123, 9.999_999e15, 1.234_5e16];
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let bits = (x >> 11) as f64 / (1_u64 << 53) as f64;
+            let exp = (x % 40) as i32 - 12;
+            values.push(bits * 10_f64.powi(exp));
+            values.push(f64::from_bits(x));
+        }
+        let mut differ = 0;
+        for v in values.into_iter().filter(|v| v.is_finite()) {
+            let mut ours = String::new();
+            push_value(&mut ours, v);
+            let back: f64 = ours.parse().unwrap();
+            assert_eq!(back.to_bits(), v.to_bits(), "{v:e} written as {ours}");
+            assert!(!ours.contains(['e', 'E']), "{ours}");
+            let display = format!("{v}");
+            assert!(ours.len() <= display.len(), "{ours} longer than {display}");
+            differ +=
+                usize::from(ours != display && !(v.fract() == 0.0 && ours.len() < display.len()));
+        }
+        // The same digits as `Display` but for the last one where two are as short and as near.
+        assert!(differ < 100, "{differ}");
+    }
+
+    #[test]
+    fn a_gpus_identity_cells_follow_its_identity() {
+        let snap = |name: &str| Snapshot {
+            time_ms: 1_000,
+            gpus: vec![GpuSample {
+                time_ms: 1_000,
+                id: DeviceId {
+                    index: 0,
+                    minor: Some(3),
+                    uuid: "GPU-1".into(),
+                    pci_bus_id: "00000000:07:00.0".into(),
+                    name: name.into(),
+                },
+                state: DeviceState::Ok,
+                values: MetricValues::default(),
+            }],
+            ..Snapshot::default()
+        };
+        let mut rows = CsvRows::new();
+        let (mut a, mut b) = (String::new(), String::new());
+        rows.render(&snap("NVIDIA H200"), &mut a);
+        rows.render(&snap("NVIDIA \"H200\", renamed"), &mut b);
+        assert!(
+            a.contains(",0,GPU-1,NVIDIA H200,00000000:07:00.0,3,ok,"),
+            "{a}"
+        );
+        assert!(
+            b.contains(r#",0,GPU-1,"NVIDIA ""H200"", renamed",00000000:07:00.0,3,ok,"#),
+            "{b}"
+        );
     }
 
     #[test]

@@ -829,15 +829,12 @@ impl Sampler {
     /// for them.
     pub fn sample_at(&mut self, time_ms: i64) -> Snapshot {
         let deadline = Instant::now() + self.tick_budget;
-        // The devices are read while the XIDs are merged.
+        // The devices are read and the XID events drained at once; the drain's answer is taken
+        // after the devices' (see `XidThread::ask_drain`).
         self.fast.ask(time_ms, |_| true);
-        let nvml_xids = self
-            .xids
-            .as_mut()
-            .map(|x| x.drain(time_ms, deadline))
-            .unwrap_or_default();
-        let ids = self.devices.iter().map(|d| &d.id);
-        let xids = self.merger.merge(time_ms, nvml_xids, ids, deadline);
+        if let Some(x) = self.xids.as_mut() {
+            x.ask_drain(time_ms);
+        }
         let first = self.last_round_ms.is_none();
         self.start_round(time_ms);
         // Blocked calls that reach the timeout within the budget are waited for, so a stall is
@@ -849,6 +846,13 @@ impl Sampler {
             .filter(|t| *t <= deadline)
             .max();
         self.fast.collect(deadline, stall_at);
+        let nvml_xids = self
+            .xids
+            .as_mut()
+            .map(|x| x.take(deadline))
+            .unwrap_or_default();
+        let ids = self.devices.iter().map(|d| &d.id);
+        let xids = self.merger.merge(time_ms, nvml_xids, ids, deadline);
         let processes = self.collect_round(first.then_some(deadline));
         let now = Instant::now();
         let mut gpus = Vec::with_capacity(self.devices.len());

@@ -233,12 +233,16 @@ pub(crate) struct XidThread {
     call_timeout: Duration,
     /// When the last drain was asked (see [`DRAIN_EVERY`]).
     last_drain: Option<Instant>,
+    /// Events of answers taken while asking ([`XidThread::ask_drain`]), handed out with the
+    /// tick's ([`XidThread::take`]).
+    early: Vec<XidEvent>,
 }
 
 /// Drains are asked at most this often: at ticks of a second or longer, at every tick; at
 /// faster ticks, the tick at or after each second (an event lands in a snapshot at most a
-/// second late, stamped with the time its drain was asked). A drain costs the sampling thread
-/// and the XID thread a wake-up each — at 100 ms ticks, most of what gpuwatch spent on XIDs.
+/// second late, stamped with the time its drain was asked). A drain costs the XID thread a
+/// wake-up — at 100 ms ticks, most of what gpuwatch spent on XIDs (the sampling thread takes the
+/// answer after the devices', without a wake-up of its own).
 pub const DRAIN_EVERY: Duration = Duration::from_secs(1);
 
 impl XidThread {
@@ -269,6 +273,7 @@ impl XidThread {
             last_drain: None,
             said: false,
             call_timeout,
+            early: Vec::new(),
         };
         if devices.is_empty() {
             return Some(t);
@@ -301,13 +306,17 @@ impl XidThread {
         self.send(Ask::Register(devices));
     }
 
-    /// The XIDs that came in since the last call: asks the thread to drain (unless a drain or
-    /// registration is still unanswered) and waits for its answer until `deadline`.
-    pub(crate) fn drain(&mut self, time_ms: i64, deadline: Instant) -> Vec<XidEvent> {
-        let mut out = Vec::new();
+    /// Asks the thread to drain, unless a drain or registration is still unanswered or the
+    /// last drain was asked less than [`DRAIN_EVERY`] ago; its answer is taken by
+    /// [`XidThread::take`]. The sampler asks before it waits for the devices and takes after:
+    /// the drain returns in microseconds, so its answer is there by then and the sampling
+    /// thread is not woken for it separately.
+    pub(crate) fn ask_drain(&mut self, time_ms: i64) {
         // Answers that came after their tick's deadline.
         while let Ok(a) = self.answers.try_recv() {
-            self.take(a, &mut out);
+            let mut out = std::mem::take(&mut self.early);
+            self.book(a, &mut out);
+            self.early = out;
         }
         // a tick a few ms early still drains
         let due = self
@@ -317,12 +326,18 @@ impl XidThread {
             self.last_drain = Some(Instant::now());
             self.send(Ask::Drain(time_ms));
         }
+    }
+
+    /// The XIDs that came in since the last call, waiting for an unanswered drain until
+    /// `deadline`.
+    pub(crate) fn take(&mut self, deadline: Instant) -> Vec<XidEvent> {
+        let mut out = std::mem::take(&mut self.early);
         while self.outstanding.is_some() {
             match self
                 .answers
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
             {
-                Ok(a) => self.take(a, &mut out),
+                Ok(a) => self.book(a, &mut out),
                 Err(_) => break,
             }
         }
@@ -339,7 +354,7 @@ impl XidThread {
         out
     }
 
-    fn take(&mut self, answer: Answer, out: &mut Vec<XidEvent>) {
+    fn book(&mut self, answer: Answer, out: &mut Vec<XidEvent>) {
         self.outstanding = None;
         if self.said {
             self.said = false;
