@@ -825,17 +825,19 @@ impl Live<'_> {
         }
     }
 
-    /// Host rules when no snapshot came for an interval, rule-file edits, periodic state saves,
-    /// silences whose job ended.
     /// How long the loop may wait for a message: until the clock is to advance without a
-    /// snapshot (1.5 intervals after the last one, see [`Live::housekeeping`]), or until the
-    /// silences' or the rule files' check is due where it comes sooner than the next snapshot
-    /// (intervals longer than those checks). With snapshots on time the loop wakes once per
-    /// snapshot: a fixed wait of one interval ran out just before most snapshots, a second
-    /// wake-up per tick for nothing.
+    /// snapshot (see [`Live::housekeeping`]: two intervals after the last snapshot, then once an
+    /// interval — on the snapshots' grid, as `replay` advances), or until the silences' or the
+    /// rule files' check is due where it comes sooner than the next snapshot (intervals longer
+    /// than those checks). With snapshots on time the loop wakes once per snapshot: a fixed
+    /// wait of one interval ran out just before most snapshots, a second wake-up per tick for
+    /// nothing.
     fn next_turn(&self) -> Duration {
-        let mut due = (self.last_snapshot + self.interval + self.interval / 2)
-            .max(self.last_eval + self.interval);
+        let mut due = if self.last_eval > self.last_snapshot {
+            self.last_eval + self.interval
+        } else {
+            self.last_snapshot + 2 * self.interval
+        };
         if self.interval > SILENCES_CHECK_EVERY {
             if let Some(t) = self.silences_checked {
                 due = due.min(t + SILENCES_CHECK_EVERY);
@@ -848,19 +850,22 @@ impl Live<'_> {
             .max(Duration::from_millis(1))
     }
 
+    /// Host rules when no snapshot came for an interval, rule-file edits, periodic state saves,
+    /// silences whose job ended.
     fn housekeeping(&mut self) {
-        // (a check due within a few ms is done now, with the snapshot that woke the loop)
+        // (a check due within a few ms is done now, with the snapshot that woke the loop; the
+        // next is due a second after this one ended, however long it took)
         if self
             .silences_checked
             .is_none_or(|t| t.elapsed() + CHECK_SLACK >= SILENCES_CHECK_EVERY)
         {
-            self.silences_checked = Some(Instant::now());
             if let Ok(mut s) = self.silences.lock() {
                 let alive = |pid: u32, start: Option<u64>| job_alive(pid, start);
                 if let Err(e) = s.housekeeping(now_ms(), alive) {
                     warn!("silences: {e:#}");
                 }
             }
+            self.silences_checked = Some(Instant::now());
         }
         // A snapshot is late only once half an interval has passed (until then it is the
         // sampler's jitter, and advancing would evaluate every rule twice in that tick); then

@@ -165,10 +165,12 @@ impl CsvRows {
         }
         let mut ts = String::with_capacity(24);
         push_timestamp(&mut ts, snap.time_ms);
+        // identities kept: every GPU of a snapshot, and as many again that changed
+        let keep = (2 * snap.gpus.len()).max(16);
         for gpu in &snap.gpus {
             out.push_str(&ts);
             out.push(',');
-            out.push_str(self.id_cells(&gpu.id));
+            out.push_str(self.id_cells(&gpu.id, keep));
             out.push_str(&gpu.state.label());
             for d in METRICS {
                 out.push(',');
@@ -196,8 +198,9 @@ impl CsvRows {
         }
     }
 
-    /// GPU `id`'s identity cells, each followed by a comma (see [`CsvRows::ids`]).
-    fn id_cells(&mut self, id: &crate::model::DeviceId) -> &str {
+    /// GPU `id`'s identity cells, each followed by a comma (see [`CsvRows::ids`]); at most
+    /// `keep` identities are kept, the oldest given up first.
+    fn id_cells(&mut self, id: &crate::model::DeviceId, keep: usize) -> &str {
         let pos = match self.ids.iter().position(|(known, _)| known == id) {
             Some(p) => p,
             None => {
@@ -214,9 +217,9 @@ impl CsvRows {
                     crate::values::push_u64(&mut cells, u64::from(m));
                 }
                 cells.push(',');
-                // Bounded: GPUs whose identity keeps changing replace the oldest entries.
-                if self.ids.len() >= 64 {
-                    self.ids.remove(0);
+                if self.ids.len() >= keep {
+                    let extra = self.ids.len() + 1 - keep;
+                    self.ids.drain(..extra);
                 }
                 self.ids.push((id.clone(), cells));
                 self.ids.len() - 1

@@ -852,7 +852,11 @@ impl Sampler {
             .map(|x| x.take(deadline))
             .unwrap_or_default();
         let ids = self.devices.iter().map(|d| &d.id);
-        let xids = self.merger.merge(time_ms, nvml_xids, ids, deadline);
+        // An NVML XID waits for its kernel-log line as long as when the devices answer at once
+        // even when they took the whole budget (a stall, when XIDs matter most): at most one
+        // budget more, so the tick stays within its interval.
+        let twin_until = deadline.max(Instant::now() + self.tick_budget.min(xids::TWIN_WAIT));
+        let xids = self.merger.merge(time_ms, nvml_xids, ids, twin_until);
         let processes = self.collect_round(first.then_some(deadline));
         let now = Instant::now();
         let mut gpus = Vec::with_capacity(self.devices.len());
