@@ -1028,8 +1028,9 @@ mod tests {
         assert_eq!(at(&[]), None);
         assert_eq!(at(&[5]), None);
         assert_eq!(at(&[0, 1000]), Some(1000));
-        assert_eq!(at(&[0, 1000, 1500, 3500]), Some(1000)); // gaps 1000, 500, 2000
-                                                            // 20 times: the first four gaps (10 s) are older than the newest 16 times
+        // gaps 1000, 500, 2000
+        assert_eq!(at(&[0, 1000, 1500, 3500]), Some(1000));
+        // 20 times: the first four gaps (10 s) are older than the newest 16 times
         let mut t: Vec<i64> = (0..5).map(|i| i * 10_000).collect();
         t.extend((1..=15).map(|i| 40_000 + i * 1000));
         assert_eq!(at(&t), Some(1000));

@@ -233,9 +233,8 @@ pub(crate) struct XidThread {
     call_timeout: Duration,
     /// When the last drain was asked (see [`DRAIN_EVERY`]).
     last_drain: Option<Instant>,
-    /// Events of answers taken while asking ([`XidThread::ask_drain`]), handed out with the
-    /// tick's ([`XidThread::take`]).
-    early: Vec<XidEvent>,
+    /// Events received and not yet handed out ([`XidThread::take`]).
+    received: Vec<XidEvent>,
 }
 
 /// Drains are asked at most this often: at ticks of a second or longer, at every tick; at
@@ -273,7 +272,7 @@ impl XidThread {
             last_drain: None,
             said: false,
             call_timeout,
-            early: Vec::new(),
+            received: Vec::new(),
         };
         if devices.is_empty() {
             return Some(t);
@@ -314,9 +313,7 @@ impl XidThread {
     pub(crate) fn ask_drain(&mut self, time_ms: i64) {
         // Answers that came after their tick's deadline.
         while let Ok(a) = self.answers.try_recv() {
-            let mut out = std::mem::take(&mut self.early);
-            self.book(a, &mut out);
-            self.early = out;
+            self.book(a);
         }
         // a tick a few ms early still drains
         let due = self
@@ -331,13 +328,12 @@ impl XidThread {
     /// The XIDs that came in since the last call, waiting for an unanswered drain until
     /// `deadline`.
     pub(crate) fn take(&mut self, deadline: Instant) -> Vec<XidEvent> {
-        let mut out = std::mem::take(&mut self.early);
         while self.outstanding.is_some() {
             match self
                 .answers
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
             {
-                Ok(a) => self.book(a, &mut out),
+                Ok(a) => self.book(a),
                 Err(_) => break,
             }
         }
@@ -351,17 +347,19 @@ impl XidThread {
                 );
             }
         }
-        out
+        std::mem::take(&mut self.received)
     }
 
-    fn book(&mut self, answer: Answer, out: &mut Vec<XidEvent>) {
+    /// Books an answer: the drain or registration it answers is no longer outstanding, and its
+    /// events wait in [`XidThread::received`].
+    fn book(&mut self, answer: Answer) {
         self.outstanding = None;
         if self.said {
             self.said = false;
             tracing::warn!("nvmlEventSetWait returned again: XID events are read again");
         }
         match answer {
-            Answer::Events(e) => out.extend(e),
+            Answer::Events(e) => self.received.extend(e),
             Answer::Registered(lines) => {
                 for l in lines {
                     tracing::warn!("{l}: XIDs on it will not be reported");
