@@ -88,6 +88,18 @@ def threads(pid):
     return out
 
 
+def per_name(before, after, span):
+    """Per thread name: µs of CPU and wake-ups a second between two `threads` readings `span`
+    seconds apart (a thread started in between counts from its start)."""
+    per = {}
+    for tid, (name, ns, switches) in after.items():
+        _, ns0, sw0 = before.get(tid, (name, 0, 0))
+        row = per.setdefault(name, [0.0, 0.0])
+        row[0] += (ns - ns0) / 1e3 / span
+        row[1] += (switches - sw0) / span
+    return per
+
+
 def free_port():
     import socket
     with socket.socket() as s:
@@ -212,16 +224,9 @@ listen = "{listen}"
     steady = {}
     if warm is not None:
         span = time.time() - warm[0]
-        now = threads(proc.pid)
-        per = {}
-        for tid, (name, ns, switches) in now.items():
-            ns0, sw0 = warm[1].get(tid, (name, 0, 0))[1:]
-            row = per.setdefault(name, [0.0, 0.0])
-            row[0] += (ns - ns0) / 1e3 / span
-            row[1] += (switches - sw0) / span
-        floor_now = threads(floor.pid) if floor is not None else {}
-        floor_wakes = sum(sw - warm[2].get(tid, ("", 0, sw))[2]
-                          for tid, (_, _, sw) in floor_now.items()) / span
+        per = per_name(warm[1], threads(proc.pid), span)
+        floor_wakes = sum(r[1] for r in per_name(
+            warm[2], threads(floor.pid) if floor is not None else {}, span).values())
         steady = {
             "steady_seconds": round(span, 1),
             "floor_wakes_per_s": round(floor_wakes, 1) if floor is not None else None,
