@@ -919,6 +919,10 @@ pub fn read_ahead_giving_back(
     )
 }
 
+/// Rows (items) handed over at a time by the reading thread of [`read_ahead`]; each batch is
+/// made with room for all of them (grown one by one, its large rows were copied over and over).
+const READ_AHEAD_ITEMS: usize = 4096;
+
 /// Ticks handed over between the threads of [`read_ahead_giving_back`] at a time, either way.
 const HANDED_OVER: usize = 64;
 
@@ -973,8 +977,13 @@ pub fn read_ahead(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imp
         .spawn(move || loop {
             match reader.read_line() {
                 Ok(more) => {
-                    if (reader.core.items.len() >= 4096 || !more)
-                        && tx.send(Ok(std::mem::take(&mut reader.core.items))).is_err()
+                    if (reader.core.items.len() >= READ_AHEAD_ITEMS || !more)
+                        && tx
+                            .send(Ok(std::mem::replace(
+                                &mut reader.core.items,
+                                Vec::with_capacity(READ_AHEAD_ITEMS),
+                            )))
+                            .is_err()
                     {
                         return;
                     }

@@ -958,24 +958,62 @@ pub fn clock_event_names(mask: u64) -> Vec<&'static str> {
 }
 
 /// One value per metric, `None` where the GPU could not give it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MetricValues(pub [Option<f64>; METRIC_COUNT]);
+///
+/// Stored as plain `f64`s with one NaN bit pattern ([`ABSENT`]) standing for "no value": half
+/// the size of `Option<f64>`s (8 bytes a metric instead of 16). Snapshots are built, moved
+/// and copied at every tick and every imported row, so their size is much of what those cost.
+#[derive(Clone)]
+pub struct MetricValues([f64; METRIC_COUNT]);
+
+/// The bits of an absent value: a NaN no arithmetic produces (NaNs that arithmetic makes are
+/// quiet with an empty payload); a value given as this NaN is kept as the ordinary NaN.
+const ABSENT: u64 = 0x7ff4_6177_6174_6368;
 
 impl Default for MetricValues {
     fn default() -> Self {
-        MetricValues([None; METRIC_COUNT])
+        MetricValues([f64::from_bits(ABSENT); METRIC_COUNT])
     }
 }
 
 impl MetricValues {
     /// The value of `m`, if the GPU gave one.
     pub fn get(&self, m: Metric) -> Option<f64> {
-        self.0[m as usize]
+        Self::value(self.0[m as usize])
     }
 
     /// Sets (or clears) the value of `m`.
     pub fn set(&mut self, m: Metric, v: Option<f64>) {
-        self.0[m as usize] = v;
+        self.0[m as usize] = match v {
+            Some(x) if x.to_bits() == ABSENT => f64::NAN,
+            Some(x) => x,
+            None => f64::from_bits(ABSENT),
+        };
+    }
+
+    /// The value of the metric at position `i` of [`METRICS`] (`None` past the end).
+    pub fn at(&self, i: usize) -> Option<f64> {
+        self.0.get(i).and_then(|v| Self::value(*v))
+    }
+
+    /// Every metric's value, in the order of [`METRICS`].
+    pub fn iter(&self) -> impl Iterator<Item = Option<f64>> + '_ {
+        self.0.iter().map(|v| Self::value(*v))
+    }
+
+    fn value(v: f64) -> Option<f64> {
+        (v.to_bits() != ABSENT).then_some(v)
+    }
+}
+
+impl PartialEq for MetricValues {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl std::fmt::Debug for MetricValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 
@@ -984,7 +1022,7 @@ impl Serialize for MetricValues {
         use serde::ser::SerializeMap;
         let mut map = s.serialize_map(None)?;
         for d in METRICS {
-            if let Some(v) = self.0[d.id as usize] {
+            if let Some(v) = self.get(d.id) {
                 map.serialize_entry(d.key, &v)?;
             }
         }
@@ -2127,6 +2165,30 @@ impl std::fmt::Display for Action {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metric_values_tell_absent_from_every_value_nan_included() {
+        let mut v = MetricValues::default();
+        assert!(v.iter().all(|x| x.is_none()));
+        assert_eq!(v, MetricValues::default());
+        for x in [0.0, -0.0, 1.5, f64::MAX, f64::INFINITY, f64::NEG_INFINITY] {
+            v.set(Metric::Power, Some(x));
+            assert_eq!(v.get(Metric::Power).map(f64::to_bits), Some(x.to_bits()));
+        }
+        // a NaN, even one with the absent value's bits, is a value (NaN), not an absence
+        for x in [f64::NAN, f64::from_bits(ABSENT)] {
+            v.set(Metric::Power, Some(x));
+            assert!(v.get(Metric::Power).is_some_and(f64::is_nan));
+        }
+        v.set(Metric::Power, None);
+        assert_eq!(v.get(Metric::Power), None);
+        assert_eq!(v, MetricValues::default());
+        v.set(Metric::Temp, Some(40.0));
+        assert_eq!(v.at(Metric::Temp as usize), Some(40.0));
+        assert_eq!(v.at(METRIC_COUNT), None);
+        assert_ne!(v, MetricValues::default());
+        assert_eq!(size_of::<MetricValues>(), 8 * METRIC_COUNT);
+    }
 
     #[test]
     fn mig_profiles_from_a_hostile_name_are_no_profile() {

@@ -774,7 +774,7 @@ impl GpuHistory {
         }
         self.last_time_ms = sample.time_ms;
         for i in only {
-            if let Some(v) = sample.values.0[i].filter(|v| v.is_finite()) {
+            if let Some(v) = sample.values.at(i).filter(|v| v.is_finite()) {
                 self.series[i].push(sample.time_ms, v);
                 self.with_data[i / 64] |= 1 << (i % 64);
             }

@@ -43,11 +43,16 @@ struct Tick {
 }
 
 impl Tick {
-    fn new(r: Reading) -> Tick {
+    /// A tick of `r` and room for `rows` rows (rows are large: growing one by one would copy
+    /// them over and over).
+    fn new(r: Reading, rows: usize) -> Tick {
+        let time_ms = r.time_ms;
+        let mut v = Vec::with_capacity(rows.clamp(1, BURST_MAX_ROWS));
+        v.push(r);
         Tick {
-            time_ms: r.time_ms,
-            last_row_ms: r.time_ms,
-            rows: vec![r],
+            time_ms,
+            last_row_ms: time_ms,
+            rows: v,
             closed: false,
         }
     }
@@ -88,6 +93,8 @@ pub struct Assembler {
     /// whose rows list the same is emitted with `processes: None` ("unchanged", as the sampler
     /// says it), so nothing copies or compares eight lists every second.
     emitted_procs: (Vec<RowProcs>, Option<u32>),
+    /// Rows of the last tick emitted: the room a new tick is given.
+    rows_hint: usize,
     pub stats: AssembleStats,
 }
 
@@ -104,6 +111,7 @@ impl Assembler {
             named: HashMap::new(),
             last_procs: HashMap::new(),
             emitted_procs: (Vec::new(), None),
+            rows_hint: 1,
             stats: AssembleStats::default(),
         }
     }
@@ -224,13 +232,13 @@ impl Assembler {
             Some(pos) if pos + 1 == self.open.len() => self.start_tick(r),
             Some(pos) => {
                 self.stats.reordered += 1;
-                self.open.insert(pos + 1, Tick::new(r));
+                self.open.insert(pos + 1, Tick::new(r, self.rows_hint));
             }
             None if self.emitted_ms.is_none_or(|e| r.time_ms > e) => {
                 if !self.open.is_empty() {
                     self.stats.reordered += 1;
                 }
-                self.open.push_front(Tick::new(r));
+                self.open.push_front(Tick::new(r, self.rows_hint));
             }
             None => {
                 // Older than everything emitted: a new time line.
@@ -251,7 +259,7 @@ impl Assembler {
                 self.interval_ms = Some(iv);
             }
         }
-        self.open.push_back(Tick::new(r));
+        self.open.push_back(Tick::new(r, self.rows_hint));
     }
 
     /// Closes the newest tick (the format knows it is complete: a table ended).
@@ -281,6 +289,7 @@ impl Assembler {
     }
 
     fn snapshot(&mut self, mut t: Tick) -> Imported {
+        self.rows_hint = t.rows.len();
         t.rows.sort_by_key(|r| r.sample.id.index);
         let mut snap = Snapshot {
             time_ms: t.time_ms,

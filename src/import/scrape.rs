@@ -843,7 +843,7 @@ impl super::Parse for ScrapeParser {
             Family::Lost => {
                 let p = self.reading(&s, id, time)?;
                 // 1 is also a stalled GPU's, which may have values left: not lost
-                let no_values = p.reading.sample.values.0.iter().all(Option::is_none);
+                let no_values = p.reading.sample.values.iter().all(|v| v.is_none());
                 if value.is_ok_and(|v| v == 1.0) && no_values {
                     p.reading.sample.state = DeviceState::Lost;
                 }
