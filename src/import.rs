@@ -953,8 +953,17 @@ impl GiveBack {
 /// so reading a log and what consumes its ticks (a writer) share two cores. The thread ends
 /// with the file, at the first error, or when the returned iterator is dropped.
 pub fn read_ahead(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imported>> {
+    read_ahead_back(importer).0
+}
+
+/// [`read_ahead`], with a way back for the snapshots the caller is done with: the reading
+/// thread, which allocated their rows' text, frees them (see [`read_ahead_giving_back`]).
+pub fn read_ahead_back(
+    importer: Importer,
+) -> (impl Iterator<Item = anyhow::Result<Imported>>, GiveBack) {
     type Batch = anyhow::Result<Vec<Item>>;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(4);
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<Snapshot>>();
     let Importer {
         lines,
         prefix,
@@ -987,6 +996,10 @@ pub fn read_ahead(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imp
                     {
                         return;
                     }
+                    // (what came back is freed here, where it was allocated)
+                    while let Ok(done) = back_rx.try_recv() {
+                        drop(done);
+                    }
                     if !more {
                         return;
                     }
@@ -1002,7 +1015,11 @@ pub fn read_ahead(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imp
         .map(|e| anyhow!("cannot start the log reader thread: {e}"));
     let mut asm = asm;
     let mut done = false;
-    std::iter::from_fn(move || loop {
+    let back = GiveBack {
+        tx: Some(back_tx),
+        held: Vec::with_capacity(HANDED_OVER),
+    };
+    let ticks = std::iter::from_fn(move || loop {
         if let Some(e) = failed.take() {
             done = true;
             return Some(Err(e));
@@ -1024,5 +1041,6 @@ pub fn read_ahead(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imp
                 done = true;
             }
         }
-    })
+    });
+    (ticks, back)
 }
