@@ -920,14 +920,19 @@ pub fn read_ahead_giving_back(
 }
 
 /// Rows (items) handed over at a time by the reading thread of [`read_ahead`]; each batch is
-/// made with room for all of them (grown one by one, its large rows were copied over and over).
+/// made with room for all of them and [`READ_AHEAD_SLACK`] more (a line may add several items),
+/// so that its large rows are not copied as a vector grown from empty copies them.
 const READ_AHEAD_ITEMS: usize = 4096;
+/// Room beyond [`READ_AHEAD_ITEMS`] in a batch.
+const READ_AHEAD_SLACK: usize = 64;
 
-/// Ticks handed over between the threads of [`read_ahead_giving_back`] at a time, either way.
+/// Ticks handed over between the threads of [`read_ahead_giving_back`] at a time, either way
+/// (and handed back by [`read_ahead_back`]'s caller).
 const HANDED_OVER: usize = 64;
 
-/// Hands snapshots back to the thread of [`read_ahead_giving_back`] to be freed there, a
-/// batch at a time; once that thread has ended, they are freed here.
+/// Hands snapshots back to the reading thread of [`read_ahead_giving_back`] or
+/// [`read_ahead_back`] to be freed there, a batch at a time; once that thread has ended, they
+/// are freed here.
 #[derive(Debug)]
 pub struct GiveBack {
     tx: Option<std::sync::mpsc::Sender<Vec<Snapshot>>>,
@@ -957,7 +962,8 @@ pub fn read_ahead(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imp
 }
 
 /// [`read_ahead`], with a way back for the snapshots the caller is done with: the reading
-/// thread, which allocated their rows' text, frees them (see [`read_ahead_giving_back`]).
+/// thread, which allocated their rows' text (most of what a snapshot holds; the tick's own
+/// vectors come from the caller's thread), frees them (see [`read_ahead_giving_back`]).
 pub fn read_ahead_back(
     importer: Importer,
 ) -> (impl Iterator<Item = anyhow::Result<Imported>>, GiveBack) {
@@ -987,7 +993,11 @@ pub fn read_ahead_back(
             match reader.read_line() {
                 Ok(more) => {
                     if reader.core.items.len() >= READ_AHEAD_ITEMS || !more {
-                        let room = if more { READ_AHEAD_ITEMS } else { 0 };
+                        let room = if more {
+                            READ_AHEAD_ITEMS + READ_AHEAD_SLACK
+                        } else {
+                            0
+                        };
                         let batch =
                             std::mem::replace(&mut reader.core.items, Vec::with_capacity(room));
                         if tx.send(Ok(batch)).is_err() {

@@ -966,7 +966,9 @@ pub fn clock_event_names(mask: u64) -> Vec<&'static str> {
 pub struct MetricValues([f64; METRIC_COUNT]);
 
 /// The bits of an absent value: a NaN no arithmetic produces (NaNs that arithmetic makes are
-/// quiet with an empty payload); a value given as this NaN is kept as the ordinary NaN.
+/// quiet with an empty payload); a value given as this NaN is kept as the ordinary NaN. (A
+/// signalling NaN: on 32-bit x86 with x87 floats a copy could quieten it; gpuwatch builds for
+/// x86-64 and aarch64, which copy it bit for bit.)
 const ABSENT: u64 = 0x7ff4_6177_6174_6368;
 
 impl Default for MetricValues {

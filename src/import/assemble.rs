@@ -42,12 +42,16 @@ struct Tick {
     closed: bool,
 }
 
+/// The most rows a new tick is given room for: a box's GPUs, with room to spare (an open tick
+/// reserves it whatever it ends up holding, and up to [`MAX_OPEN`] ticks are open).
+const ROOM_MAX: usize = 16;
+
 impl Tick {
-    /// A tick of `r` and room for `rows` rows (rows are large: growing one by one would copy
-    /// them over and over).
+    /// A tick of `r` and room for `rows` rows, at most [`ROOM_MAX`] (rows are large: a
+    /// vector grown from one row copies them at 2, 4, 8, …; a larger tick still grows).
     fn new(r: Reading, rows: usize) -> Tick {
         let time_ms = r.time_ms;
-        let mut v = Vec::with_capacity(rows.clamp(1, BURST_MAX_ROWS));
+        let mut v = Vec::with_capacity(rows.clamp(1, ROOM_MAX));
         v.push(r);
         Tick {
             time_ms,
@@ -232,13 +236,13 @@ impl Assembler {
             Some(pos) if pos + 1 == self.open.len() => self.start_tick(r),
             Some(pos) => {
                 self.stats.reordered += 1;
-                self.open.insert(pos + 1, Tick::new(r, self.rows_hint));
+                self.open.insert(pos + 1, Tick::new(r, 1));
             }
             None if self.emitted_ms.is_none_or(|e| r.time_ms > e) => {
                 if !self.open.is_empty() {
                     self.stats.reordered += 1;
                 }
-                self.open.push_front(Tick::new(r, self.rows_hint));
+                self.open.push_front(Tick::new(r, 1));
             }
             None => {
                 // Older than everything emitted: a new time line.
