@@ -886,7 +886,7 @@ pub fn read_ahead_giving_back(
 ) -> (impl Iterator<Item = anyhow::Result<Imported>>, GiveBack) {
     const BATCH: usize = HANDED_OVER;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<anyhow::Result<Imported>>>(4);
-    let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<Snapshot>>();
+    let (back, returned) = GiveBack::channel();
     let spawned = std::thread::Builder::new()
         .name("gpuwatch-import".into())
         .spawn(move || {
@@ -897,10 +897,7 @@ pub fn read_ahead_giving_back(
                     if tx.send(std::mem::take(&mut batch)).is_err() {
                         return;
                     }
-                    // (what came back is freed here, where it was allocated)
-                    while let Ok(done) = back_rx.try_recv() {
-                        drop(done);
-                    }
+                    free_returned(&returned);
                 }
             }
             let _ = tx.send(batch);
@@ -909,10 +906,6 @@ pub fn read_ahead_giving_back(
     let error = spawned
         .err()
         .map(|e| anyhow!("cannot start the log reader thread: {e}"));
-    let back = GiveBack {
-        tx: Some(back_tx),
-        held: Vec::with_capacity(HANDED_OVER),
-    };
     (
         error.map(Err).into_iter().chain(rx.into_iter().flatten()),
         back,
@@ -927,11 +920,11 @@ const READ_AHEAD_ITEMS: usize = 4096;
 const READ_AHEAD_SLACK: usize = 64;
 
 /// Ticks handed over between the threads of [`read_ahead_giving_back`] at a time, either way
-/// (and handed back by [`read_ahead_back`]'s caller).
+/// (and handed back by [`read_ahead`]'s caller).
 const HANDED_OVER: usize = 64;
 
 /// Hands snapshots back to the reading thread of [`read_ahead_giving_back`] or
-/// [`read_ahead_back`] to be freed there, a batch at a time; once that thread has ended, they
+/// [`read_ahead`] to be freed there, a batch at a time; once that thread has ended, they
 /// are freed here.
 #[derive(Debug)]
 pub struct GiveBack {
@@ -940,6 +933,16 @@ pub struct GiveBack {
 }
 
 impl GiveBack {
+    /// A way back, and the reading thread's end of it (see [`free_returned`]).
+    fn channel() -> (GiveBack, std::sync::mpsc::Receiver<Vec<Snapshot>>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let back = GiveBack {
+            tx: Some(tx),
+            held: Vec::with_capacity(HANDED_OVER),
+        };
+        (back, rx)
+    }
+
     /// A snapshot the caller is done with.
     pub fn give(&mut self, snapshot: Snapshot) {
         self.held.push(snapshot);
@@ -954,22 +957,25 @@ impl GiveBack {
     }
 }
 
-/// Reads and parses `importer`'s lines on their own thread and assembles ticks on the caller's,
-/// so reading a log and what consumes its ticks (a writer) share two cores. The thread ends
-/// with the file, at the first error, or when the returned iterator is dropped.
-pub fn read_ahead(importer: Importer) -> impl Iterator<Item = anyhow::Result<Imported>> {
-    read_ahead_back(importer).0
+/// Frees, on the reading thread that allocated them, the snapshots given back so far.
+fn free_returned(returned: &std::sync::mpsc::Receiver<Vec<Snapshot>>) {
+    while let Ok(done) = returned.try_recv() {
+        drop(done);
+    }
 }
 
-/// [`read_ahead`], with a way back for the snapshots the caller is done with: the reading
-/// thread, which allocated their rows' text (most of what a snapshot holds; the tick's own
-/// vectors come from the caller's thread), frees them (see [`read_ahead_giving_back`]).
-pub fn read_ahead_back(
+/// Reads and parses `importer`'s lines on their own thread and assembles ticks on the caller's,
+/// so reading a log and what consumes its ticks (a writer) share two cores. The thread ends
+/// with the file, at the first error, or when the returned iterator is dropped. The snapshots
+/// the caller is done with go back through the [`GiveBack`] to the reading thread, which
+/// allocated their rows' text (most of what a snapshot holds; the tick's own vectors come from
+/// the caller's thread), to be freed there (see [`read_ahead_giving_back`]).
+pub fn read_ahead(
     importer: Importer,
 ) -> (impl Iterator<Item = anyhow::Result<Imported>>, GiveBack) {
     type Batch = anyhow::Result<Vec<Item>>;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(4);
-    let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<Snapshot>>();
+    let (back, returned) = GiveBack::channel();
     let Importer {
         lines,
         prefix,
@@ -1004,12 +1010,10 @@ pub fn read_ahead_back(
                             return;
                         }
                     }
-                    // What came back is freed here, where it was allocated, as soon as it
-                    // comes: the next rows' text then reuses the memory just freed (freed a
-                    // batch at a time, the import took 10–20 % longer).
-                    while let Ok(done) = back_rx.try_recv() {
-                        drop(done);
-                    }
+                    // What came back is freed as soon as it comes: the next rows' text then
+                    // reuses the memory just freed (freed a batch at a time, the import took
+                    // 10–20 % longer).
+                    free_returned(&returned);
                     if !more {
                         return;
                     }
@@ -1025,10 +1029,6 @@ pub fn read_ahead_back(
         .map(|e| anyhow!("cannot start the log reader thread: {e}"));
     let mut asm = asm;
     let mut done = false;
-    let back = GiveBack {
-        tx: Some(back_tx),
-        held: Vec::with_capacity(HANDED_OVER),
-    };
     let ticks = std::iter::from_fn(move || loop {
         if let Some(e) = failed.take() {
             done = true;

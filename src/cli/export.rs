@@ -55,7 +55,8 @@ pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
         let importer = crate::import::Importer::open(f, &args.log.options())?;
         let stats = importer.stats();
         let mut behind = 0u64;
-        for tick in crate::import::read_ahead(importer) {
+        let (assembled, mut back) = crate::import::read_ahead(importer);
+        for tick in assembled {
             let tick = tick?;
             // One time line: a backfill cannot take a series going back in time.
             if tick.snapshot.time_ms <= last_ms {
@@ -72,6 +73,7 @@ pub fn run(_global: &GlobalArgs, args: &ExportArgs) -> anyhow::Result<i32> {
             if let Some(e) = failed.take() {
                 return Err(e).context("spooling samples");
             }
+            back.give(tick.snapshot);
         }
         for w in stats.warnings(&f.display().to_string()) {
             eprintln!("warning: {w}");

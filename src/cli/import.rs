@@ -136,7 +136,7 @@ pub fn run(_global: &GlobalArgs, args: &ImportArgs) -> anyhow::Result<i32> {
         // Each file starts with no process list of its own (not the previous file's last one).
         let mut rows = crate::record::CsvRows::new();
         let mut last_segment = None;
-        let (assembled, mut back) = crate::import::read_ahead_back(importer);
+        let (assembled, mut back) = crate::import::read_ahead(importer);
         for tick in assembled {
             let tick = tick?;
             if last_segment != Some(tick.segment) {
