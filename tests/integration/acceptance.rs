@@ -72,8 +72,10 @@ fn recordings() -> Vec<Rec> {
             e.push(("rank_dead", 3));
             e
         }),
-        // 3 s period: 4 s resolution still sees every phase; 1000 s.
-        r("dataloader-stall", 40, 25, {
+        // 1 s stalls every 3 s, 1000 s at 2 s resolution: faster than the log can time them,
+        // and which sample catches a stall drifts with the recorder's jitter (a millisecond of
+        // preemption is 20 ms of the scenario).
+        r("dataloader-stall", 20, 50, {
             let mut e = all_gpus("low_utilization");
             e.extend(all_gpus("periodic_idle"));
             e
