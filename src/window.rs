@@ -12,7 +12,8 @@
 //! Aggregates look at the half-open range `(now - duration, now]`, found with `partition_point`
 //! (two binary searches), and scan only that range. Results are cached per evaluation tick in
 //! the history (key: metric, function, duration, argument), so ten rules asking for
-//! `gpu.util.mean("10m")` pay once.
+//! `gpu.util.mean("10m")` pay once; a window whose points all hold one value answers without
+//! the cache (no scan to save).
 //!
 //! **No data.** An aggregate gives `None` (rhai `()`) when the window is *too sparse*:
 //! fewer samples than half of what the observed sampling interval predicts
@@ -872,10 +873,16 @@ impl GpuHistory {
         duration_ms: i64,
         arg: f64,
     ) -> Option<f64> {
-        let key = (metric as u8, agg as u8, duration_ms, arg.to_bits());
         let compute = || {
             self.series[metric as usize].aggregate(agg, now_ms, duration_ms, arg, self.interval_ms)
         };
+        // A window of one value (a counter without errors, a limit, a total: most of what the
+        // stock rules read each tick) answers without a scan — but a slope — sooner than the
+        // table could.
+        if agg != Agg::Slope && self.series[metric as usize].points.all_same() {
+            return compute();
+        }
+        let key = (metric as u8, agg as u8, duration_ms, arg.to_bits());
         // (the table is not held while `compute` runs)
         let found = AGGS.with(|c| c.try_borrow().map(|c| c.find(now_ms, self.stamp, key)));
         match found {
