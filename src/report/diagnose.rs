@@ -1549,6 +1549,11 @@ mod tests {
         t
     }
 
+    /// The first finding of `pattern` (any GPU).
+    fn finding<'a>(d: &'a Diagnosis, pattern: &str) -> &'a Finding {
+        d.findings.iter().find(|f| f.pattern == pattern).unwrap()
+    }
+
     fn has(d: &Diagnosis, gpu: u32, pattern: &str) -> bool {
         d.findings
             .iter()
@@ -1608,11 +1613,7 @@ mod tests {
         for g in 0..8 {
             assert!(has(&d, g, "periodic_idle"), "GPU {g}: {:?}", d.findings);
         }
-        let f = d
-            .findings
-            .iter()
-            .find(|f| f.pattern == "periodic_idle")
-            .unwrap();
+        let f = finding(&d, "periodic_idle");
         assert!(
             f.evidence.contains("as often as a log sampled every 4s"),
             "{f:?}"
@@ -1629,11 +1630,7 @@ mod tests {
         let t = jittered(0, 7200, 1000, 1.0, 3, stalls(600.0, 60.0, 0.0, 97.0));
         let d = diagnose(&[t], None);
         assert!(has(&d, 0, "periodic_idle"), "{:?}", d.findings);
-        let f = d
-            .findings
-            .iter()
-            .find(|f| f.pattern == "periodic_idle")
-            .unwrap();
+        let f = finding(&d, "periodic_idle");
         assert!(f.evidence.contains("every 10m"), "{f:?}");
         // The same time lost in drops of 40 s at intervals from 1 to 14 minutes.
         let starts = [
@@ -1779,11 +1776,7 @@ mod tests {
         };
         let d = gpm(10.0, 1.0, 3.0, 100.0);
         assert!(has(&d, 0, "launch_bound"), "{:?}", d.findings);
-        let f = d
-            .findings
-            .iter()
-            .find(|f| f.pattern == "launch_bound")
-            .unwrap();
+        let f = finding(&d, "launch_bound");
         assert!(f.evidence.contains("SM active 10 %"), "{}", f.evidence);
         assert!(f.fix.contains("CUDA graphs") && f.fix.contains("torch.compile"));
         assert!(!has(&d, 0, "no_tensor_cores") && !has(&d, 0, "low_utilization"));
