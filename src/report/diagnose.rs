@@ -18,11 +18,15 @@
 //! - `idle_gpu_memory` — under 5 % utilization while holding more than 1 GiB beyond the idle
 //!   baseline.
 //! - `periodic_idle` — at least four drops to near zero (≤ 10 %, or a fifth of the steady
-//!   median) between busy stretches, at a regular period (70 % of the intervals within ±30 %
-//!   of their median plus one sample spacing, the uncertainty of a drop's start); the period is
-//!   shown. Drops a median of four samples apart or fewer are faster than the log can time:
-//!   which sample catches a short stall then depends on the sampling's phase and jitter, so at
-//!   least ten such drops are the finding, shown with their mean interval.
+//!   median) between busy stretches, at a regular period of at least three samples (70 % of the
+//!   intervals within ±30 % of their median, and within at least one sample spacing — the
+//!   uncertainty of a drop's start — when the median is over four samples); the period is
+//!   shown. Drops a median of four samples apart or fewer come about as fast as the log can
+//!   time them: which sample catches a short stall then depends on the sampling's phase and
+//!   jitter, so their intervals may look irregular. Ten or more of them are a finding when the
+//!   drop samples recur at a lag of 2–4 samples (autocorrelation ≥ 0.15 and ≥ 3/√n, above
+//!   that at one sample — random idle samples and idle stretches of random length have none);
+//!   that lag is shown as the approximate period.
 //! - `memory_leak` — memory used growing steadily after warm-up: warm-up ends when memory first
 //!   reaches 90 % of the level of the job's last third (at the latest half-way), and the rest
 //!   must grow by at least 256 MiB and 1 % of the GPU's memory, with a linear fit of R² ≥ 0.6
@@ -388,8 +392,8 @@ const WORDS: &[Words] = &[
         pattern: "periodic_idle",
         title: "Utilization periodically dropping to zero",
         severity: "warning",
-        cause: "something stops the GPU at a regular interval: DataLoader workers restarted every epoch, synchronous evaluation or checkpointing, a CPU-side step every N iterations",
-        fix: "persistent_workers=True, move augmentation to the GPU, checkpoint and evaluate asynchronously or less often",
+        cause: "something stops the GPU again and again: stalls seconds apart are the input pipeline falling behind between steps (DataLoader workers, host-side augmentation, storage reads); stalls minutes apart are DataLoader workers restarted every epoch, synchronous evaluation or checkpointing, a CPU-side step every N iterations",
+        fix: "more DataLoader workers with persistent_workers=True, pin_memory and prefetch_factor, augmentation moved to the GPU; checkpoint and evaluate asynchronously or less often",
     },
     Words {
         pattern: "gpu_imbalance",
@@ -907,11 +911,12 @@ fn gpm_patterns(g: &Gpu<'_>, st: std::ops::Range<usize>, accs: &mut Accs) {
     );
 }
 
-/// `periodic_idle`: drops whose median interval is at most this many sample spacings come too
-/// often for the log to show their period.
-const RAPID_DIP_SPACINGS: f64 = 4.0;
-/// `periodic_idle`: how many drops an unresolved period needs (a resolved one needs four).
-const RAPID_DIP_MIN: usize = 10;
+/// `periodic_idle`: drops whose median interval is at most this many sample spacings come about
+/// as fast as the log can time them.
+const FAST_DIP_SPACINGS: f64 = 4.0;
+/// `periodic_idle`: how many such fast drops a finding needs when their intervals look irregular
+/// (regular ones need four).
+const FAST_DIP_MIN: usize = 10;
 
 /// `periodic_idle` over the steady phase `st`.
 fn periodic(g: &Gpu<'_>, st: std::ops::Range<usize>, observed: i64, median: f64, accs: &mut Accs) {
@@ -919,11 +924,13 @@ fn periodic(g: &Gpu<'_>, st: std::ops::Range<usize>, observed: i64, median: f64,
     let dip_level = (0.2 * median).max(10.0);
     let mut dips: Vec<(i64, i64, i64)> = Vec::new(); // (start, end, credit)
     let mut busy: Vec<f64> = Vec::new();
+    let mut down: Vec<bool> = Vec::new(); // per sample: at a drop
     for i in st {
         let u = f64::from(pts[i].util);
         if !u.is_finite() {
             continue;
         }
+        down.push(u <= dip_level);
         if u <= dip_level {
             let end = pts[i].t + g.credit[i];
             match dips.last_mut() {
@@ -944,22 +951,34 @@ fn periodic(g: &Gpu<'_>, st: std::ops::Range<usize>, observed: i64, median: f64,
     let mut intervals: Vec<f64> = dips.windows(2).map(|w| (w[1].0 - w[0].0) as f64).collect();
     let period = pct(&mut intervals, 0.5).unwrap_or(0.0);
     let spacing = g.spacing as f64;
-    // Drops every few samples: the log cannot resolve their period. Which sample lands in a
-    // short drop then depends on the sampling's phase (and its jitter), so the intervals between
-    // the drops seen vary by whole samples however regular the stalls are; their number is the
-    // evidence.
-    let unresolved = period <= RAPID_DIP_SPACINGS * spacing;
-    if unresolved {
-        if dips.len() < RAPID_DIP_MIN {
-            return;
-        }
+    // Regular: most intervals near their median. A drop's start is known only to within one
+    // sample, so a slow period's tolerance is at least one spacing; a fast one keeps ±30 %
+    // (more would let every interval of a few samples count as regular).
+    let fast = period <= FAST_DIP_SPACINGS * spacing;
+    let tolerance = if fast {
+        0.3 * period
     } else {
-        // A drop's start is known only to within one sample: ±30 % of the period plus one
-        // spacing.
-        intervals.retain(|x| (x - period).abs() <= 0.3 * period + spacing);
-        if (intervals.len() as f64) < 0.7 * (dips.len() - 1) as f64 {
+        (0.3 * period).max(spacing)
+    };
+    let near = intervals
+        .iter()
+        .filter(|x| (*x - period).abs() <= tolerance)
+        .count();
+    let regular = period >= 3.0 * spacing && near as f64 >= 0.7 * (dips.len() - 1) as f64;
+    // Drops a few samples apart come faster than the log can time them: which sample lands in
+    // a short stall then depends on the sampling's phase and jitter, so their intervals vary by
+    // whole samples however regular the stalls are. Their recurrence shows in the samples
+    // themselves instead: at a drop, the sample a few later is at a drop more often than
+    // chance (random idle samples, or idle stretches of random length, show no such lag).
+    let mut recurs = None;
+    if !regular {
+        if !fast || dips.len() < FAST_DIP_MIN {
             return;
         }
+        let Some(lag) = recurrence(&down) else {
+            return;
+        };
+        recurs = Some(lag);
     }
     let dip_ms: i64 = dips.iter().map(|d| d.2).sum();
     let acc = accs.entry((g.tr.index, "periodic_idle")).or_default();
@@ -971,21 +990,45 @@ fn periodic(g: &Gpu<'_>, st: std::ops::Range<usize>, observed: i64, median: f64,
     }
     let lost = 100.0 * dip_ms as f64 / observed as f64;
     let each = hm(dip_ms / dips.len() as i64);
-    acc.evidence.push(if unresolved {
-        let span = dips[dips.len() - 1].0 - dips[0].0;
-        format!(
-            "drops to ≤ {dip_level:.0} % {} times, every {} on average ({each} each) between stretches at {busy_median:.0} % — as often as a log sampled every {} can show, so the stalls may come faster; {lost:.0} % of the time lost",
+    acc.evidence.push(match recurs {
+        Some(lag) => format!(
+            "drops to ≤ {dip_level:.0} % {} times ({each} each on average), recurring about every {} between stretches at {busy_median:.0} % — near the limit of what a log sampled every {} can time, so the stalls may come faster; {lost:.0} % of the time lost",
             dips.len(),
-            hm(span / (dips.len() as i64 - 1)),
+            hm(lag as i64 * g.spacing),
             hm(g.spacing),
-        )
-    } else {
-        format!(
+        ),
+        None => format!(
             "drops to ≤ {dip_level:.0} % every {} ({} times, {each} each on average) between stretches at {busy_median:.0} %; {lost:.0} % of the time lost",
             hm(period as i64),
             dips.len(),
-        )
+        ),
     });
+}
+
+/// The lag (2 to [`FAST_DIP_SPACINGS`] samples) at which the drop samples `down` recur: their
+/// autocorrelation there is at least 0.15 and three standard errors of chance (3/√n), and above
+/// the autocorrelation at one sample (which idle stretches of some length have without any
+/// period). `None` when no lag qualifies.
+fn recurrence(down: &[bool]) -> Option<usize> {
+    let n = down.len();
+    let x: Vec<f64> = down.iter().map(|d| if *d { 1.0 } else { 0.0 }).collect();
+    let mean = x.iter().sum::<f64>() / n as f64;
+    let var: f64 = x.iter().map(|v| (v - mean) * (v - mean)).sum();
+    if var <= 0.0 {
+        return None;
+    }
+    let r = |lag: usize| {
+        x.iter()
+            .zip(&x[lag.min(n)..])
+            .map(|(a, b)| (a - mean) * (b - mean))
+            .sum::<f64>()
+            / var
+    };
+    let (lag, best) = (2..=FAST_DIP_SPACINGS as usize)
+        .map(|lag| (lag, r(lag)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    let floor = 0.15f64.max(3.0 / (n as f64).sqrt());
+    (best >= floor && best > r(1)).then_some(lag)
 }
 
 /// Memory growth and full memory over one job (`r`). Returns the post-warm-up trend (MiB/h) and
@@ -1554,6 +1597,14 @@ mod tests {
         d.findings.iter().find(|f| f.pattern == pattern).unwrap()
     }
 
+    /// Whether `pattern` is named at all, as a finding or a brief episode.
+    fn names(d: &Diagnosis, pattern: &str) -> bool {
+        d.findings
+            .iter()
+            .chain(&d.brief)
+            .any(|f| f.pattern == pattern)
+    }
+
     fn has(d: &Diagnosis, gpu: u32, pattern: &str) -> bool {
         d.findings
             .iter()
@@ -1615,7 +1666,7 @@ mod tests {
         }
         let f = finding(&d, "periodic_idle");
         assert!(
-            f.evidence.contains("as often as a log sampled every 4s"),
+            f.evidence.contains("a log sampled every 4s can time"),
             "{f:?}"
         );
         // nvidia-smi -l 1 over 0.8 s stalls every 2.3 s: drops every second or third sample.
@@ -1645,12 +1696,40 @@ mod tests {
             }
         });
         let d = diagnose(&[t], None);
-        let named = d.findings.iter().chain(&d.brief);
-        assert!(
-            !named.clone().any(|f| f.pattern == "periodic_idle"),
-            "{:?}",
-            d.findings
-        );
+        assert!(!names(&d, "periodic_idle"), "{:?}", d.findings);
+    }
+
+    #[test]
+    fn idle_samples_without_a_period_are_no_periodic_idle() {
+        // At 1 s for an hour: (a) a third of the samples idle at random; (b) one-sample drops
+        // 5 to 15 samples apart; (c) idle stretches of random length (a bursty server).
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let random: Vec<bool> = (0..3600).map(|_| next() < 0.33).collect();
+        let mut spaced = vec![false; 3600];
+        let mut i = 0;
+        while i < spaced.len() {
+            spaced[i] = true;
+            i += 5 + (next() * 11.0) as usize;
+        }
+        let mut bursty = Vec::new();
+        let mut idle = false;
+        while bursty.len() < 3600 {
+            idle = next() < if idle { 0.5 } else { 0.25 };
+            bursty.push(idle);
+        }
+        for (what, down) in [("random", random), ("spaced", spaced), ("bursty", bursty)] {
+            let t = trace(0, 81_920.0, 3600, 1000, |s| {
+                (if down[s as usize] { 0.0 } else { 90.0 }, 48_000.0)
+            });
+            let d = diagnose(&[t], None);
+            assert!(!names(&d, "periodic_idle"), "{what}: {:?}", d.findings);
+        }
     }
 
     #[test]
