@@ -12,8 +12,8 @@
 //! Aggregates look at the half-open range `(now - duration, now]`, found with `partition_point`
 //! (two binary searches), and scan only that range. Results are cached per evaluation tick in
 //! the history (key: metric, function, duration, argument), so ten rules asking for
-//! `gpu.util.mean("10m")` pay once; a window whose points all hold one value answers without
-//! the cache (no scan to save).
+//! `gpu.util.mean("10m")` pay once; a window whose points all hold one value answers any
+//! function but `slope` without the cache (no scan to save).
 //!
 //! **No data.** An aggregate gives `None` (rhai `()`) when the window is *too sparse*:
 //! fewer samples than half of what the observed sampling interval predicts

@@ -133,15 +133,15 @@ impl Points {
         }
     }
 
-    /// The value every point of `lo..hi` holds (bit for bit), when the range is not empty and
-    /// that is known without reading it: all the points hold one value, or the range lies within
-    /// the newest run of equal values.
-    /// Whether every point holds one value (or there is none): any aggregate is then found
-    /// without a scan.
+    /// Whether every point holds one value (or there is none): any aggregate but a slope is
+    /// then found without a scan.
     pub(super) fn all_same(&self) -> bool {
         matches!(self.values, Values::Same(_))
     }
 
+    /// The value every point of `lo..hi` holds (bit for bit), when the range is not empty and
+    /// that is known without reading it: all the points hold one value, or the range lies within
+    /// the newest run of equal values.
     pub(super) fn same_value(&self, lo: usize, hi: usize) -> Option<f64> {
         let n = self.times.len();
         if lo >= hi || hi > n {
