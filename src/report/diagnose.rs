@@ -924,13 +924,11 @@ fn periodic(g: &Gpu<'_>, st: std::ops::Range<usize>, observed: i64, median: f64,
     let dip_level = (0.2 * median).max(10.0);
     let mut dips: Vec<(i64, i64, i64)> = Vec::new(); // (start, end, credit)
     let mut busy: Vec<f64> = Vec::new();
-    let mut down: Vec<bool> = Vec::new(); // per sample: at a drop
-    for i in st {
+    for i in st.clone() {
         let u = f64::from(pts[i].util);
         if !u.is_finite() {
             continue;
         }
-        down.push(u <= dip_level);
         if u <= dip_level {
             let end = pts[i].t + g.credit[i];
             match dips.last_mut() {
@@ -975,7 +973,11 @@ fn periodic(g: &Gpu<'_>, st: std::ops::Range<usize>, observed: i64, median: f64,
         if !fast || dips.len() < FAST_DIP_MIN {
             return;
         }
-        let Some(lag) = recurrence(&down) else {
+        let down = st
+            .map(|i| f64::from(pts[i].util))
+            .filter(|u| u.is_finite())
+            .map(|u| u <= dip_level);
+        let Some(lag) = recurrence(down) else {
             return;
         };
         recurs = Some(lag);
@@ -1005,13 +1007,13 @@ fn periodic(g: &Gpu<'_>, st: std::ops::Range<usize>, observed: i64, median: f64,
     });
 }
 
-/// The lag (2 to [`FAST_DIP_SPACINGS`] samples) at which the drop samples `down` recur: their
-/// autocorrelation there is at least 0.15 and three standard errors of chance (3/√n), and above
-/// the autocorrelation at one sample (which idle stretches of some length have without any
-/// period). `None` when no lag qualifies.
-fn recurrence(down: &[bool]) -> Option<usize> {
-    let n = down.len();
-    let x: Vec<f64> = down.iter().map(|d| if *d { 1.0 } else { 0.0 }).collect();
+/// The lag (2 to [`FAST_DIP_SPACINGS`] samples) at which the drop samples recur (`down`: per
+/// sample, whether it is at a drop): their autocorrelation there is at least 0.15 and three
+/// standard errors of chance (3/√n), and above the autocorrelation at one sample (which idle
+/// stretches of some length have without any period). `None` when no lag qualifies.
+fn recurrence(down: impl Iterator<Item = bool>) -> Option<usize> {
+    let x: Vec<f64> = down.map(|d| if d { 1.0 } else { 0.0 }).collect();
+    let n = x.len();
     let mean = x.iter().sum::<f64>() / n as f64;
     let var: f64 = x.iter().map(|v| (v - mean) * (v - mean)).sum();
     if var <= 0.0 {
@@ -1611,6 +1613,14 @@ mod tests {
             .any(|f| f.gpu == gpu && f.pattern == pattern)
     }
 
+    /// The next of a fixed sequence of numbers uniform in [0, 1) (`state`: the sequence's place).
+    fn uniform(state: &mut u64) -> f64 {
+        *state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (*state >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// A trace stamped every `dt` ms whose utilization is `util(t_s)` read `jitter` seconds
     /// (uniform in ±jitter, a fixed sequence per `seed`) off its stamp — a sampler preempted
     /// between GPUs, or a driver averaging over a window that is not the stamp's.
@@ -1624,10 +1634,7 @@ mod tests {
     ) -> Trace {
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         trace(index, 81_920.0, n, dt, |s| {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            let u = uniform(&mut x);
             (util(s + jitter * (2.0 * u - 1.0)), 48_000.0)
         })
     }
@@ -1704,12 +1711,7 @@ mod tests {
         // At 1 s for an hour: (a) a third of the samples idle at random; (b) one-sample drops
         // 5 to 15 samples apart; (c) idle stretches of random length (a bursty server).
         let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut next = move || uniform(&mut x);
         let random: Vec<bool> = (0..3600).map(|_| next() < 0.33).collect();
         let mut spaced = vec![false; 3600];
         let mut i = 0;
