@@ -26,12 +26,297 @@ pub const EXIT_NO_NVML: i32 = 2;
 
 /// The sampler on its own thread, sending one snapshot per interval. A slow NVML call delays
 /// only this thread: the receiver keeps its own timers.
+///
+/// One thread does a tick's whole work: it wakes on its timer, reads the GPUs itself
+/// ([`Sampler::begin_inline`]), assembles the snapshot and delivers it — a tick wakes one thread
+/// once, as the bare NVML calls would. Reading on the loop's own thread risks the loop on a call
+/// that never returns (a wedged driver), so the loop is a relay: while a read runs, the loop's
+/// state is left where a watchdog thread can take it, and a [`Deadman`] timer armed for the
+/// sampler's split time wakes the watchdog only when the read has not ended by then. If the read
+/// is then inside an NVML call, the watchdog takes the state and runs the loop from there on —
+/// it finishes the tick (the sampler moves the other GPUs to a thread of their own and reports
+/// the blocked one stalled once its call times out, as when the reads ran on its threads all
+/// along) and starts a new watchdog; the blocked thread, when its call returns, finds the loop
+/// gone and ends. After such a split the GPUs' reads stay on the sampler's threads.
 pub struct SamplerThread {
     rx: mpsc::Receiver<Snapshot>,
     stop: StopSignal,
-    handle: Option<std::thread::JoinHandle<()>>,
+    relay: Option<Arc<Relay>>,
     devices: Vec<DeviceId>,
     stats: Arc<std::sync::Mutex<TickStats>>,
+}
+
+/// The sampling loop's state, owned by the thread that runs the loop (see [`SamplerThread`]).
+struct LoopState {
+    sampler: Sampler,
+    ticker: Ticker,
+    until: Option<Instant>,
+    keep_times: bool,
+    deliver: Box<dyn FnMut(Snapshot) -> bool + Send>,
+    /// The tick whose read is running (its stamp and start), while the state waits in the relay.
+    open: Option<(i64, Instant)>,
+}
+
+/// Where the loop's state waits while a read runs inline, and how the loop's end is told.
+struct Relay {
+    slot: std::sync::Mutex<RelaySlot>,
+    stop: StopSignal,
+    stats: Arc<std::sync::Mutex<TickStats>>,
+    deadman: Option<crate::sys::deadman::Deadman>,
+    /// Whether a watchdog thread waits on the deadman (without one, reads are never inline).
+    watched: AtomicBool,
+    /// Set when the loop has ended: true when it ended by a panic.
+    ended: std::sync::Mutex<Option<bool>>,
+    ended_cv: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct RelaySlot {
+    /// Which loop thread owns the loop; a thread that finds a newer number after its read
+    /// was taken over.
+    epoch: u64,
+    state: Option<LoopState>,
+    /// The read running inline: its loop's epoch, its busy marker and the split time.
+    reading: Option<(u64, Arc<crate::sampler::Busy>, Duration)>,
+}
+
+impl Relay {
+    fn slot(&self) -> std::sync::MutexGuard<'_, RelaySlot> {
+        self.slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn end(&self, panicked: bool) {
+        let mut e = self
+            .ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if e.is_none() {
+            *e = Some(panicked);
+        }
+        self.ended_cv.notify_all();
+        drop(e);
+        // the watchdog sees the end and returns
+        if let Some(d) = &self.deadman {
+            d.arm(Duration::ZERO);
+        }
+    }
+
+    fn has_ended(&self) -> Option<bool> {
+        *self
+            .ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits up to `grace` (for ever: `None`) for the loop to end; what [`Relay::end`] was told.
+    fn wait_end(&self, grace: Option<Duration>) -> Option<bool> {
+        let deadline = grace.map(|g| Instant::now() + g);
+        let mut e = self
+            .ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            if let Some(p) = *e {
+                return Some(p);
+            }
+            e = match deadline {
+                None => self
+                    .ended_cv
+                    .wait(e)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    self.ended_cv
+                        .wait_timeout(e, left)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0
+                }
+            };
+        }
+    }
+}
+
+/// Runs the sampling loop on this thread as loop number `epoch`, from `st` (finishing its open
+/// tick first); ends the relay when the loop ends, unless the loop was taken over.
+fn run_loop(relay: &Arc<Relay>, st: LoopState, epoch: u64) {
+    relay.stop.attach(std::thread::current());
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        loop_ticks(relay, st, epoch)
+    }));
+    match run {
+        Ok(false) => {} // taken over: the loop goes on elsewhere
+        Ok(true) => relay.end(false),
+        Err(_) => relay.end(true),
+    }
+}
+
+/// The ticks of [`run_loop`]: true when the loop ended, false when it was taken over.
+fn loop_ticks(relay: &Arc<Relay>, mut st: LoopState, epoch: u64) -> bool {
+    if let Some((time_ms, t0)) = st.open.take() {
+        if !finish_tick(relay, &mut st, time_ms, t0) {
+            return true;
+        }
+    }
+    loop {
+        let due = st.ticker.next(Instant::now());
+        if st.until.is_some_and(|u| due >= u) {
+            break;
+        }
+        // One sleep per tick; a stop wakes it at once.
+        if !relay.stop.sleep_until(due) {
+            break;
+        }
+        let t0 = Instant::now();
+        let time_ms = crate::sampler::now_ms();
+        let inline = st
+            .sampler
+            .begin(time_ms, relay.watched.load(Ordering::Acquire));
+        if let Some(read) = inline {
+            st.open = Some((time_ms, t0));
+            match read_relayed(relay, st, read, epoch) {
+                Some(back) => st = back,
+                None => return false,
+            }
+            st.open = None;
+        }
+        if !finish_tick(relay, &mut st, time_ms, t0) {
+            return true;
+        }
+    }
+    if st.ticker.missed() > 0 {
+        tracing::warn!(
+            missed = st.ticker.missed(),
+            "late sampling ticks were skipped"
+        );
+    }
+    true
+}
+
+/// Runs `read` on this thread while `st` waits in the relay for the watchdog (see
+/// [`SamplerThread`]); the state back, or `None` when the watchdog took the loop over while the
+/// read was blocked (this thread is then done: the GPU it was blocked on is read by the
+/// sampler's own thread from now on).
+fn read_relayed(
+    relay: &Relay,
+    st: LoopState,
+    read: crate::sampler::TickRead,
+    epoch: u64,
+) -> Option<LoopState> {
+    let split = st.sampler.split_after();
+    let Some(deadman) = &relay.deadman else {
+        // not reached: reads are inline only while watched, and watched only with a timer
+        read.run();
+        return Some(st);
+    };
+    {
+        let mut slot = relay.slot();
+        slot.reading = Some((epoch, read.busy(), split));
+        slot.state = Some(st);
+    }
+    deadman.arm(split);
+    read.run();
+    let mut slot = relay.slot();
+    if slot.epoch != epoch {
+        return None;
+    }
+    deadman.disarm();
+    slot.reading = None;
+    slot.state.take()
+}
+
+/// Finishes the tick stamped `time_ms` begun at `t0`, books its time and delivers the snapshot;
+/// false when the receiver is gone.
+fn finish_tick(relay: &Relay, st: &mut LoopState, time_ms: i64, t0: Instant) -> bool {
+    let snap = st.sampler.finish(time_ms);
+    let took = t0.elapsed();
+    if let Ok(mut s) = relay.stats.lock() {
+        s.taken += 1;
+        s.missed = st.ticker.missed();
+        let micros = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
+        s.last_micros = Some(micros);
+        if st.keep_times && s.micros.len() < 1_000_000 {
+            s.micros.push(micros);
+        }
+    }
+    (st.deliver)(snap)
+}
+
+/// Starts the watchdog thread of `relay`; false when it cannot be started (reads then never
+/// run inline).
+fn start_watchdog(relay: &Arc<Relay>) -> bool {
+    let r = relay.clone();
+    let started = std::thread::Builder::new()
+        .name("gpuwatch-watchdog".into())
+        .stack_size(256 * 1024)
+        .spawn(move || watchdog(&r));
+    match started {
+        Ok(_) => {
+            relay.watched.store(true, Ordering::Release);
+            true
+        }
+        Err(e) => {
+            relay.watched.store(false, Ordering::Release);
+            tracing::warn!(
+                "cannot start the sampling watchdog ({e}): the GPUs are read on the sampler's \
+                 threads"
+            );
+            false
+        }
+    }
+}
+
+/// The watchdog: wakes when a read outlives its split time; takes the loop over when the read
+/// is then blocked in a call (see [`SamplerThread`]).
+fn watchdog(relay: &Arc<Relay>) {
+    let Some(deadman) = &relay.deadman else {
+        return;
+    };
+    while deadman.wait() {
+        if relay.has_ended().is_some() {
+            return;
+        }
+        let mut slot = relay.slot();
+        let Some((epoch, busy, split)) = slot.reading.clone() else {
+            continue; // the read ended as the timer expired
+        };
+        if epoch != slot.epoch {
+            continue;
+        }
+        let blocked = busy.blocked(Instant::now()).map(|(_, d)| d);
+        match blocked {
+            Some(d) if d >= split => {}
+            // Between calls, or in one not yet that long (a preempted read): looked at again
+            // when the call in progress would reach the split time.
+            d => {
+                deadman.arm(split.saturating_sub(d.unwrap_or_default()));
+                continue;
+            }
+        }
+        let Some(st) = slot.state.take() else {
+            continue;
+        };
+        slot.epoch += 1;
+        slot.reading = None;
+        let next = slot.epoch;
+        drop(slot);
+        tracing::debug!(
+            "a GPU read blocks in NVML; the sampling loop moves to the watchdog's thread"
+        );
+        // This thread runs the loop from here on; a new one watches it.
+        start_watchdog(relay);
+        run_loop(relay, st, next);
+        return;
+    }
+    // The timer failed: no more inline reads without a watchdog.
+    relay.watched.store(false, Ordering::Release);
+    tracing::warn!(
+        "the sampling watchdog's timer failed: the GPUs are read on the sampler's threads"
+    );
 }
 
 /// Stops a sampling thread from any thread: sets the flag and wakes the thread from its wait
@@ -157,63 +442,60 @@ impl SamplerThread {
         interval: Duration,
         until: Option<Instant>,
         keep_times: bool,
-        mut deliver: impl FnMut(Snapshot) -> bool + Send + 'static,
+        deliver: impl FnMut(Snapshot) -> bool + Send + 'static,
     ) -> SamplerThread {
         let devices = sampler.devices();
         // Ticks wait at most half an interval for slow devices (a late one is a gap).
         sampler.set_tick_budget(interval / 2);
         let (_, rx) = mpsc::channel();
         let stop = StopSignal::default();
-        let signal = stop.clone();
         let stats = Arc::new(std::sync::Mutex::new(TickStats::default()));
-        let book = stats.clone();
+        let deadman = match crate::sys::deadman::Deadman::new() {
+            Ok(d) => Some(d),
+            Err(e) => {
+                tracing::warn!(
+                    "no timer for the sampling watchdog ({e}): the GPUs are read on the \
+                     sampler's threads"
+                );
+                None
+            }
+        };
+        let relay = Arc::new(Relay {
+            slot: std::sync::Mutex::new(RelaySlot::default()),
+            stop: stop.clone(),
+            stats: stats.clone(),
+            deadman,
+            watched: AtomicBool::new(false),
+            ended: std::sync::Mutex::new(None),
+            ended_cv: std::sync::Condvar::new(),
+        });
+        if relay.deadman.is_some() {
+            start_watchdog(&relay);
+        }
+        let st = LoopState {
+            sampler,
+            ticker: Ticker::new(Instant::now(), interval),
+            until,
+            keep_times,
+            deliver: Box::new(deliver),
+            open: None,
+        };
+        let r = relay.clone();
         let spawned = std::thread::Builder::new()
             .name("gpuwatch-sampler".into())
-            .spawn(move || {
-                let mut ticker = Ticker::new(Instant::now(), interval);
-                loop {
-                    let due = ticker.next(Instant::now());
-                    if until.is_some_and(|u| due >= u) {
-                        break;
-                    }
-                    // One sleep per tick; a stop wakes it at once.
-                    if !signal.sleep_until(due) {
-                        break;
-                    }
-                    let t0 = Instant::now();
-                    let snap = sampler.sample();
-                    let took = t0.elapsed();
-                    if let Ok(mut s) = book.lock() {
-                        s.taken += 1;
-                        s.missed = ticker.missed();
-                        let micros = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
-                        s.last_micros = Some(micros);
-                        if keep_times && s.micros.len() < 1_000_000 {
-                            s.micros.push(micros);
-                        }
-                    }
-                    if !deliver(snap) {
-                        break;
-                    }
-                }
-                if ticker.missed() > 0 {
-                    tracing::warn!(missed = ticker.missed(), "late sampling ticks were skipped");
-                }
-            });
-        let handle = match spawned {
-            Ok(h) => {
-                stop.attach(h.thread().clone());
-                Some(h)
-            }
+            .spawn(move || run_loop(&r, st, 0));
+        let relay = match spawned {
+            Ok(_) => Some(relay),
             Err(e) => {
                 tracing::error!("cannot start the sampler thread: {e}");
+                relay.end(false);
                 None
             }
         };
         SamplerThread {
             rx,
             stop,
-            handle,
+            relay,
             devices,
             stats,
         }
@@ -235,9 +517,7 @@ impl SamplerThread {
 
     /// Whether the sampling thread has ended (a daemon's never ends by itself).
     pub fn has_ended(&self) -> bool {
-        self.handle
-            .as_ref()
-            .is_none_or(std::thread::JoinHandle::is_finished)
+        self.relay.as_ref().is_none_or(|r| r.has_ended().is_some())
     }
 
     /// The GPUs found at start.
@@ -258,8 +538,8 @@ impl SamplerThread {
     /// Waits for the thread to end by itself (at `until`, on a stop, or when `deliver` says so).
     /// Fails when the thread panicked.
     pub fn join(&mut self) -> anyhow::Result<()> {
-        match self.handle.take().map(std::thread::JoinHandle::join) {
-            Some(Err(_)) => Err(anyhow::anyhow!("the sampling thread failed (see the log)")),
+        match self.relay.take().and_then(|r| r.wait_end(None)) {
+            Some(true) => Err(anyhow::anyhow!("the sampling thread failed (see the log)")),
             _ => Ok(()),
         }
     }
@@ -268,16 +548,10 @@ impl SamplerThread {
     /// never returns must not hold up the caller, so it is then left behind.
     pub fn stop(mut self, grace: Duration) {
         self.stop.stop();
-        let Some(handle) = self.handle.take() else {
+        let Some(relay) = self.relay.take() else {
             return;
         };
-        let deadline = Instant::now() + grace;
-        while !handle.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if handle.is_finished() {
-            let _ = handle.join();
-        } else {
+        if relay.wait_end(Some(grace)).is_none() {
             tracing::warn!("the sampler thread is busy in an NVML call; going on without it");
         }
     }

@@ -9,6 +9,8 @@
 //! (total energy: 3 ms of kernel time per read on an H200; the PCIe counters 0.13 ms each) on the
 //! slower process cadence — those counters on cadences of their own, multiples of it
 //! (`slot::COUNTERS`: a minute and 30 s by default).
+//! (A periodic sampler may read the fast path on its own thread, [`Sampler::begin`] with
+//! `inline`, under a watchdog that takes its loop over when a read blocks: `worker`.)
 //! [`Sampler::sample`] asks the fast path and waits for the answers until the tick's budget,
 //! then produces a plain
 //! [`Snapshot`]: per GPU the values in canonical units, the slow values while they are fresh
@@ -56,6 +58,8 @@ mod slot;
 pub mod sysfs;
 mod worker;
 mod xids;
+
+pub(crate) use worker::Busy;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -237,8 +241,8 @@ pub use crate::sys::now_ms;
 
 /// Samples every GPU through NVML. Not `Sync`: one thread owns it (the daemon runs it on its
 /// sampling thread and sends snapshots over a channel); the NVML calls run on the worker threads
-/// of two pools (see [`worker`]): the fast path at each tick, the slow path on the process
-/// cadence.
+/// of two pools (see [`worker`]): the fast path at each tick (or on the owner's thread, see
+/// [`Sampler::begin`]), the slow path on the process cadence.
 pub struct Sampler {
     nvml: &'static Nvml,
     devices: Vec<Dev>,
@@ -269,6 +273,8 @@ pub struct Sampler {
     call_timeout: Duration,
     /// How long a tick waits for the devices' answers.
     tick_budget: Duration,
+    /// The tick begun and not yet finished: its deadline, and whether it is the first.
+    tick: Option<(Instant, bool)>,
     /// When the slow read in progress started.
     round: Option<Instant>,
     last_round_ms: Option<i64>,
@@ -323,6 +329,21 @@ struct FastAnswer {
     values: MetricValues,
     slow_mask: u64,
     gpm: GpmStatus,
+}
+
+/// A tick's fast-path read for the calling thread to run (see [`Sampler::begin`]).
+pub struct TickRead(worker::InlineRead<FastState, FastAnswer>);
+
+impl TickRead {
+    /// Reads the GPUs on this thread; a call blocked in a wedged driver blocks it.
+    pub fn run(self) {
+        self.0.run();
+    }
+
+    /// Which GPU and NVML call the read is in, and since when (for a watchdog).
+    pub(crate) fn busy(&self) -> Arc<Busy> {
+        self.0.busy()
+    }
 }
 
 /// A call on the fast path blocked this long moves the GPUs after it to another thread (healthy
@@ -655,6 +676,7 @@ impl Sampler {
             .saturating_add(duration_ms(cfg.call_timeout)),
             call_timeout: cfg.call_timeout,
             tick_budget: cfg.call_timeout,
+            tick: None,
             round: None,
             last_round_ms: None,
             proc_cache: procfs::ProcCache::default(),
@@ -828,15 +850,49 @@ impl Sampler {
     /// slow path and come in the first snapshot after they answered; the first snapshot waits
     /// for them.
     pub fn sample_at(&mut self, time_ms: i64) -> Snapshot {
+        self.begin(time_ms, false);
+        self.finish(time_ms)
+    }
+
+    /// How long a read call may block before the other GPUs move to another thread.
+    pub fn split_after(&self) -> Duration {
+        FAST_SPLIT
+    }
+
+    /// Starts the tick stamped `time_ms`, to be ended by [`Sampler::finish`]. With `inline`, the
+    /// calling thread reads the GPUs itself where it can: the fast path's request is returned
+    /// instead of sent to its thread (see `worker::Pool::ask_inline`), to be run on this thread
+    /// with [`TickRead::run`] before [`Sampler::finish`]. `None` when the fast path's threads
+    /// were asked (always without `inline`; after a call blocked, a GPU's reads stay on threads
+    /// of their own). A caller reading inline must arrange for the tick to be finished by
+    /// another thread if a call in the read blocks past [`Sampler::split_after`]
+    /// (`pipeline::SamplerThread` does): the read may never return.
+    pub fn begin(&mut self, time_ms: i64, inline: bool) -> Option<TickRead> {
         let deadline = Instant::now() + self.tick_budget;
         // The devices are read and the XID events drained at once; the drain's answer is taken
         // after the devices' (see `XidThread::ask_drain`).
-        self.fast.ask(time_ms, |_| true);
+        let read = if inline {
+            self.fast.ask_inline(time_ms)
+        } else {
+            self.fast.ask(time_ms, |_| true);
+            None
+        };
         if let Some(x) = self.xids.as_mut() {
             x.ask_drain(time_ms);
         }
         let first = self.last_round_ms.is_none();
         self.start_round(time_ms);
+        self.tick = Some((deadline, first));
+        read.map(TickRead)
+    }
+
+    /// Ends the tick [`Sampler::begin`] started (its read run or not): collects the
+    /// answers until the tick's deadline and produces the snapshot, as [`Sampler::sample_at`].
+    pub fn finish(&mut self, time_ms: i64) -> Snapshot {
+        let (deadline, first) = self
+            .tick
+            .take()
+            .unwrap_or((Instant::now() + self.tick_budget, false));
         // Blocked calls that reach the timeout within the budget are waited for, so a stall is
         // reported at this tick rather than the next.
         let timeout = self.call_timeout;

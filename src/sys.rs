@@ -8,6 +8,7 @@
 use std::io::Write;
 use std::path::Path;
 
+pub mod deadman;
 pub mod output;
 pub mod podresources;
 pub mod watch;

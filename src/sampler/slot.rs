@@ -858,7 +858,7 @@ pub fn gpm_sample_get(
         .as_ref()
         .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
     // SAFETY: the device handle and the sample belong to this library and outlive the call;
-    // the sample is used by this thread only.
+    // the sample is used by one thread at a time.
     nvml_try(unsafe { sym(dev.handle(), sample.handle()) })
 }
 
@@ -877,6 +877,12 @@ pub(super) struct GpmRequest {
     /// Per GPM row: its metric, how it scales and the range of its ids in `raw.metrics`.
     rows: Vec<(Metric, f64, std::ops::Range<usize>)>,
 }
+
+// SAFETY: the raw pointers in the request are the handles of the two samples of the last
+// `get`, set before each call and used only during it (NVML is thread-safe); the request owns
+// nothing through them, and `&mut self` keeps it to one thread at a time. It moves between
+// threads with its GPU's read state (a read may run on the sampling thread or a pool thread).
+unsafe impl Send for GpmRequest {}
 
 impl GpmRequest {
     pub(super) fn new() -> GpmRequest {

@@ -10,6 +10,13 @@
 //! stalled once the call timeout has passed, and the other GPUs keep being sampled; when the call
 //! returns, the thread's late answers are discarded and it takes requests for its GPU again.
 //!
+//! A periodic sampler may run the first thread's request on its own thread instead
+//! ([`Pool::ask_inline`], while the pool is as it started): the answers are the same and a tick
+//! hands nothing off. The pool counts such a read as its first thread's request, so a call
+//! blocked in it is split off by whoever collects the answers, as above — the caller must make
+//! sure someone does (`pipeline::SamplerThread`'s watchdog takes its loop over); the GPUs' reads
+//! then stay on threads.
+//!
 //! A thread that cannot be started (`EAGAIN` at the user's or the system's thread limit) leaves
 //! its GPUs unread — reported stalled — only until a later try starts it: the pool tries again
 //! at the asks after 1 s, then 2 s, 4 s, … (at most a minute apart), and says so in the log.
@@ -233,7 +240,7 @@ struct Reply<R> {
 }
 
 /// One thread of a pool and the GPUs it reads.
-struct Group {
+struct Group<S> {
     id: usize,
     tx: mpsc::Sender<Request>,
     busy: Arc<Busy>,
@@ -243,19 +250,123 @@ struct Group {
     alive: bool,
     /// While not alive: the failed tries to start its thread, and when to try again.
     restart: Option<(u32, Instant)>,
+    /// Its GPUs' read states, shared by its thread and a caller that reads inline
+    /// ([`Pool::ask_inline`]); locked for a request's whole read.
+    states: States<S>,
 }
+
+/// Per-GPU read states of one thread, by GPU position (created on first use).
+type States<S> = Arc<Mutex<Vec<Option<S>>>>;
 
 /// Per-GPU state of a pool thread, created on first use.
 pub(crate) type Factory<S> = Arc<dyn Fn(usize, Arc<Busy>) -> S + Send + Sync>;
 /// One GPU's read: the state, the thread's busy marker, the tick time.
 pub(crate) type Work<S, R> = Arc<dyn Fn(&mut S, &Busy, i64) -> R + Send + Sync>;
 
+/// What serves a thread's requests: its thread, or a caller reading inline.
+struct Serving<S, R> {
+    id: usize,
+    marker: Arc<Busy>,
+    states: States<S>,
+    replies: mpsc::Sender<Reply<R>>,
+    parts: Arc<Mutex<Vec<Reply<R>>>>,
+    factory: Factory<S>,
+    work: Work<S, R>,
+}
+
+impl<S, R> Serving<S, R> {
+    /// Reads the GPUs of `req` in order (those the thread still reads after a split), leaving
+    /// each answer in the pool's list, then sends the end of the request. False when the pool
+    /// is gone.
+    fn serve(&self, req: Request) -> bool {
+        let mut states = self
+            .states
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for pos in req.positions {
+            if !self.marker.reads(pos) {
+                continue;
+            }
+            self.marker.set_gpu(pos);
+            let Some(slot) = states.get_mut(pos) else {
+                continue;
+            };
+            let state = slot.get_or_insert_with(|| (self.factory)(pos, self.marker.clone()));
+            // A panic in a read (a bug meeting odd driver data) costs this GPU's answer at
+            // this tick and its state, not the thread: the GPU is read afresh at the next
+            // tick, the others go on.
+            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                (self.work)(state, &self.marker, req.time_ms)
+            }));
+            let Ok(out) = read else {
+                self.marker.leave();
+                *slot = None;
+                tracing::error!("reading GPU position {pos} failed (a panic, logged above); it is read afresh at the next tick");
+                continue;
+            };
+            let part = Reply {
+                group: self.id,
+                seq: req.seq,
+                part: Some((pos, out)),
+            };
+            match self.parts.lock() {
+                Ok(mut v) => v.push(part),
+                Err(_) => return false,
+            }
+        }
+        drop(states);
+        let done = Reply {
+            group: self.id,
+            seq: req.seq,
+            part: None,
+        };
+        self.replies.send(done).is_ok()
+    }
+}
+
+/// A request of the pool's first thread that the caller runs on its own thread (see
+/// [`Pool::ask_inline`]).
+pub(crate) struct InlineRead<S, R> {
+    /// `None` once run.
+    req: Option<Request>,
+    serving: Serving<S, R>,
+}
+
+impl<S, R> InlineRead<S, R> {
+    /// The busy marker of the reads: which GPU and call they are in, and since when.
+    pub(crate) fn busy(&self) -> Arc<Busy> {
+        self.serving.marker.clone()
+    }
+
+    /// Reads the GPUs on the calling thread, as the pool's thread would have. A call that
+    /// blocks blocks the caller (another thread must collect meanwhile; see the module docs).
+    pub(crate) fn run(mut self) {
+        if let Some(req) = self.req.take() {
+            let _ = self.serving.serve(req);
+        }
+    }
+}
+
+impl<S, R> Drop for InlineRead<S, R> {
+    /// A read dropped without being run ends its request unanswered, so the pool's first
+    /// thread is not left waiting for it for ever.
+    fn drop(&mut self) {
+        if let Some(req) = self.req.take() {
+            let _ = self.serving.replies.send(Reply {
+                group: self.serving.id,
+                seq: req.seq,
+                part: None,
+            });
+        }
+    }
+}
+
 /// Threads reading `n` GPUs (see the module docs). Answers of the current ask are collected by
 /// GPU position.
 pub(crate) struct Pool<S, R> {
     name: &'static str,
     n: usize,
-    groups: Vec<Group>,
+    groups: Vec<Group<S>>,
     replies_tx: mpsc::Sender<Reply<R>>,
     replies: mpsc::Receiver<Reply<R>>,
     /// Answers the threads have left, not yet booked.
@@ -275,7 +386,7 @@ pub(crate) struct Pool<S, R> {
     got: Vec<Option<R>>,
 }
 
-impl<S: 'static, R: Send + 'static> Pool<S, R> {
+impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
     /// A pool for `n` GPUs: one thread (named `name`) reading all of them.
     pub(crate) fn new(
         name: &'static str,
@@ -314,7 +425,8 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
         let id = self.next_group;
         self.next_group += 1;
         let busy = Arc::new(Busy::default());
-        let started = self.start(id, busy.clone());
+        let states: States<S> = Arc::new(Mutex::new((0..self.n).map(|_| None).collect()));
+        let started = self.start(id, busy.clone(), states.clone());
         let (tx, alive, restart) = match started {
             Ok(tx) => (tx, true, None),
             Err(e) => {
@@ -336,6 +448,7 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
             outstanding: None,
             alive,
             restart,
+            states,
         });
         id
     }
@@ -358,7 +471,8 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
             let id = self.next_group;
             self.next_group += 1;
             let busy = Arc::new(Busy::default());
-            match self.start(id, busy.clone()) {
+            let states: States<S> = Arc::new(Mutex::new((0..self.n).map(|_| None).collect()));
+            match self.start(id, busy.clone(), states.clone()) {
                 Ok(tx) => {
                     let group = &mut self.groups[g];
                     let after = match due {
@@ -380,6 +494,7 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
                         outstanding: None,
                         alive: true,
                         restart: None,
+                        states,
                     };
                 }
                 Err(e) => {
@@ -400,59 +515,28 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
     }
 
     /// Starts thread `id` of the pool; its requests go to the sender returned.
-    fn start(&self, id: usize, busy: Arc<Busy>) -> std::io::Result<mpsc::Sender<Request>> {
+    fn start(
+        &self,
+        id: usize,
+        busy: Arc<Busy>,
+        states: States<S>,
+    ) -> std::io::Result<mpsc::Sender<Request>> {
         let (tx, rx) = mpsc::channel::<Request>();
-        let (marker, replies, parts, factory, work, n) = (
-            busy,
-            self.replies_tx.clone(),
-            self.parts.clone(),
-            self.factory.clone(),
-            self.work.clone(),
-            self.n,
-        );
+        let serving = Serving {
+            id,
+            marker: busy,
+            states,
+            replies: self.replies_tx.clone(),
+            parts: self.parts.clone(),
+            factory: self.factory.clone(),
+            work: self.work.clone(),
+        };
         let builder = std::thread::Builder::new()
             .name(format!("{}-{id}", self.name))
             .stack_size(STACK_BYTES);
         start_thread(builder, move || {
-            let mut states: Vec<Option<S>> = (0..n).map(|_| None).collect();
             while let Ok(req) = rx.recv() {
-                for pos in req.positions {
-                    if !marker.reads(pos) {
-                        continue;
-                    }
-                    marker.set_gpu(pos);
-                    let Some(slot) = states.get_mut(pos) else {
-                        continue;
-                    };
-                    let state = slot.get_or_insert_with(|| factory(pos, marker.clone()));
-                    // A panic in a read (a bug meeting odd driver data) costs this GPU's
-                    // answer at this tick and its state, not the thread: the GPU is read
-                    // afresh at the next tick, the others go on.
-                    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        work(state, &marker, req.time_ms)
-                    }));
-                    let Ok(out) = read else {
-                        marker.leave();
-                        *slot = None;
-                        tracing::error!("reading GPU position {pos} failed (a panic, logged above); it is read afresh at the next tick");
-                        continue;
-                    };
-                    let part = Reply {
-                        group: id,
-                        seq: req.seq,
-                        part: Some((pos, out)),
-                    };
-                    match parts.lock() {
-                        Ok(mut v) => v.push(part),
-                        Err(_) => return,
-                    }
-                }
-                let done = Reply {
-                    group: id,
-                    seq: req.seq,
-                    part: None,
-                };
-                if replies.send(done).is_err() {
+                if !serving.serve(req) {
                     return;
                 }
             }
@@ -481,6 +565,53 @@ impl<S: 'static, R: Send + 'static> Pool<S, R> {
                 .collect();
             self.send(g, positions);
         }
+    }
+
+    /// Starts a new ask at `time_ms` for every GPU, as [`Pool::ask`] does, but for the calling
+    /// thread to answer itself: while the pool is as it started (one thread reading every GPU,
+    /// alive and free), the request that thread would have been sent is returned instead, to be
+    /// run with [`InlineRead::run`] on the caller's thread (no hand-off, no wake-up) before the
+    /// answers are collected. Otherwise (`None`) the threads were asked as by [`Pool::ask`].
+    ///
+    /// The pool sees an inline read as its first thread's request: it is outstanding until it
+    /// ends, and a call in it blocked past the split time is split off by [`Pool::collect`] like
+    /// any other — whoever collects (another thread, once the reader is stuck) moves the other
+    /// GPUs to a new thread.
+    pub(crate) fn ask_inline(&mut self, time_ms: i64) -> Option<InlineRead<S, R>> {
+        let single = self.groups.len() == 1
+            && self.groups[0].alive
+            && self.groups[0].outstanding.is_none()
+            && self.groups[0].members.len() == self.n;
+        if !single || self.n == 0 {
+            self.ask(time_ms, |_| true);
+            return None;
+        }
+        self.drain_stale();
+        self.seq += 1;
+        self.time_ms = time_ms;
+        for pos in 0..self.n {
+            self.wanted[pos] = true;
+            self.pending[pos] = true;
+            self.got[pos] = None;
+        }
+        let group = &mut self.groups[0];
+        group.outstanding = Some((self.seq, self.n));
+        Some(InlineRead {
+            req: Some(Request {
+                seq: self.seq,
+                time_ms,
+                positions: (0..self.n).collect(),
+            }),
+            serving: Serving {
+                id: group.id,
+                marker: group.busy.clone(),
+                states: group.states.clone(),
+                replies: self.replies_tx.clone(),
+                parts: self.parts.clone(),
+                factory: self.factory.clone(),
+                work: self.work.clone(),
+            },
+        })
     }
 
     /// Sends group `g` the current ask for `positions` unless it is busy.
@@ -749,6 +880,98 @@ mod tests {
         assert_eq!(pool.take(2), Some((2, 3)));
         assert!(pool.stalled(2, Instant::now(), Duration::ZERO).is_none());
         assert!(!pool.waiting());
+    }
+
+    /// An inline read answers as the thread would; when it blocks, whoever collects splits it
+    /// off like a blocked thread (the others answer in the same tick, on a new thread), and once
+    /// it returns the GPU is read by the pool's own first thread, never inline again.
+    #[test]
+    fn an_inline_read_answers_like_the_thread_and_is_split_off_when_it_blocks() {
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Arc::new(std::sync::Mutex::new(release_rx));
+        let readers = Arc::new(Mutex::new(Vec::new()));
+        let seen = readers.clone();
+        let factory: Factory<(usize, u32)> = Arc::new(|pos, _| (pos, 0));
+        let work: Work<(usize, u32), (usize, u32)> = Arc::new(move |st, busy, _t| {
+            st.1 += 1;
+            if let Ok(mut v) = seen.lock() {
+                v.push((st.0, std::thread::current().name().map(str::to_string)));
+            }
+            if st.0 == 2 && st.1 == 2 {
+                busy.around(NvmlFunction::PowerUsage, || {
+                    let _ = release_rx.lock().map(|r| r.recv());
+                });
+            }
+            *st
+        });
+        let mut pool = Pool::new("test", 4, Duration::from_millis(20), factory, work);
+        let soon = || Instant::now() + Duration::from_secs(5);
+        // First tick, inline on this thread: no thread of the pool reads.
+        let read = pool
+            .ask_inline(1)
+            .expect("inline while the pool is as it started");
+        read.run();
+        pool.collect(soon(), None);
+        for p in 0..4 {
+            assert_eq!(pool.take(p), Some((p, 1)));
+        }
+        let me = std::thread::current().name().map(str::to_string);
+        assert!(readers.lock().unwrap().iter().all(|(_, t)| *t == me));
+        // Second tick: the inline read blocks on GPU 2 on another thread; collecting here
+        // splits it off and GPU 3 is read on a new thread within the tick.
+        let read = pool.ask_inline(2).expect("inline");
+        let reader = std::thread::spawn(move || read.run());
+        pool.collect(Instant::now() + Duration::from_millis(300), None);
+        assert_eq!(pool.take(0), Some((0, 2)));
+        assert_eq!(pool.take(1), Some((1, 2)));
+        assert_eq!(pool.take(2), None);
+        assert_eq!(pool.take(3).map(|a| a.0), Some(3));
+        assert_eq!(pool.threads(), 2);
+        let t = Duration::from_millis(10);
+        assert_eq!(
+            pool.stalled(2, Instant::now(), t),
+            Some(NvmlFunction::PowerUsage)
+        );
+        // Split: never inline again.
+        assert!(pool.ask_inline(3).is_none(), "the threads were asked");
+        pool.collect(soon(), None);
+        assert!(pool.take(0).is_some() && pool.take(3).is_some());
+        assert_eq!(pool.take(2), None);
+        // Released: the reader ends without reading GPU 3 (it moved), and GPU 2 is then read
+        // by the pool's first thread with the state the inline reads left.
+        release_tx.send(()).unwrap();
+        reader.join().unwrap();
+        pool.ask(4, |_| true);
+        pool.collect(soon(), None);
+        assert_eq!(pool.take(2), Some((2, 3)));
+        let reads = readers.lock().unwrap().clone();
+        assert_eq!(
+            reads.iter().filter(|(p, _)| *p == 3).count(),
+            4,
+            "{reads:?}"
+        );
+        let last2 = reads.iter().rev().find(|(p, _)| *p == 2).unwrap();
+        assert_eq!(last2.1.as_deref(), Some("test-0"));
+    }
+
+    /// An inline read dropped without being run leaves no request outstanding: the next ask
+    /// reads every GPU.
+    #[test]
+    fn an_inline_read_dropped_unrun_blocks_nothing() {
+        let factory: Factory<(usize, u32)> = Arc::new(|pos, _| (pos, 0));
+        let work: Work<(usize, u32), (usize, u32)> = Arc::new(|st, _, _| {
+            st.1 += 1;
+            *st
+        });
+        let mut pool = Pool::new("test", 2, Duration::from_millis(20), factory, work);
+        drop(pool.ask_inline(1));
+        pool.collect(Instant::now() + Duration::from_secs(1), None);
+        assert!(!pool.waiting());
+        let read = pool.ask_inline(2).expect("inline again");
+        read.run();
+        pool.collect(Instant::now() + Duration::from_secs(5), None);
+        assert_eq!(pool.take(0), Some((0, 1)));
+        assert_eq!(pool.take(1), Some((1, 1)));
     }
 
     /// After a split, the blocked thread does not read the GPUs that moved to another thread
