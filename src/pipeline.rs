@@ -28,16 +28,20 @@ pub const EXIT_NO_NVML: i32 = 2;
 /// only this thread: the receiver keeps its own timers.
 ///
 /// One thread does a tick's whole work: it wakes on its timer, reads the GPUs itself
-/// ([`Sampler::begin_inline`]), assembles the snapshot and delivers it — a tick wakes one thread
-/// once, as the bare NVML calls would. Reading on the loop's own thread risks the loop on a call
-/// that never returns (a wedged driver), so the loop is a relay: while a read runs, the loop's
-/// state is left where a watchdog thread can take it, and a [`Deadman`] timer armed for the
-/// sampler's split time wakes the watchdog only when the read has not ended by then. If the read
-/// is then inside an NVML call, the watchdog takes the state and runs the loop from there on —
-/// it finishes the tick (the sampler moves the other GPUs to a thread of their own and reports
-/// the blocked one stalled once its call times out, as when the reads ran on its threads all
-/// along) and starts a new watchdog; the blocked thread, when its call returns, finds the loop
-/// gone and ends. After such a split the GPUs' reads stay on the sampler's threads.
+/// ([`Sampler::begin`] with `inline`), assembles the snapshot and delivers it — a tick wakes one
+/// thread once, as the bare NVML calls would. Reading on the loop's own thread risks the loop on a
+/// call that never returns (a wedged driver), so the loop is a relay: while a read runs, the
+/// loop's state is left where a watchdog thread can take it, and a [`Deadman`] timer armed for the
+/// sampler's split time (or the tick's deadline, if sooner) wakes the watchdog only when the read
+/// has not ended by then. If the read is then inside an NVML call for the split time, or still
+/// running at the tick's deadline, the watchdog takes the state and runs the loop from there on:
+/// it finishes the tick as when the reads ran on the sampler's threads all along (the pool moves
+/// the GPUs after a blocked call to a thread of their own and reports the blocked one stalled
+/// once its call times out; a GPU not read by the deadline is a gap), and the GPUs are read on
+/// the sampler's threads from then on. The blocked thread, when its call returns, finds the loop
+/// gone and ends.
+///
+/// [`Deadman`]: crate::sys::deadman::Deadman
 pub struct SamplerThread {
     rx: mpsc::Receiver<Snapshot>,
     stop: StopSignal,
@@ -76,8 +80,21 @@ struct RelaySlot {
     /// was taken over.
     epoch: u64,
     state: Option<LoopState>,
-    /// The read running inline: its loop's epoch, its busy marker and the split time.
-    reading: Option<(u64, Arc<crate::sampler::Busy>, Duration)>,
+    /// The read running inline.
+    reading: Option<Reading>,
+}
+
+/// A read running inline, as the watchdog sees it.
+#[derive(Clone)]
+struct Reading {
+    /// The loop thread that runs it.
+    epoch: u64,
+    /// Which call it is in, and since when.
+    busy: Arc<crate::sampler::Busy>,
+    /// A call blocked this long is taken over.
+    split: Duration,
+    /// The tick's deadline: a read still running then is taken over (its late GPUs are gaps).
+    deadline: Instant,
 }
 
 impl Relay {
@@ -151,7 +168,21 @@ fn run_loop(relay: &Arc<Relay>, st: LoopState, epoch: u64) {
     match run {
         Ok(false) => {} // taken over: the loop goes on elsewhere
         Ok(true) => relay.end(false),
-        Err(_) => relay.end(true),
+        Err(_) => {
+            // A panic in a read that was taken over ends nothing: the loop goes on elsewhere.
+            // Else the loop ends here, its state dropped (a panic during a read left it in
+            // the slot) before the end is told.
+            let left = {
+                let mut slot = relay.slot();
+                if slot.epoch != epoch {
+                    return;
+                }
+                slot.reading = None;
+                slot.state.take()
+            };
+            drop(left);
+            relay.end(true);
+        }
     }
 }
 
@@ -208,6 +239,10 @@ fn read_relayed(
     epoch: u64,
 ) -> Option<LoopState> {
     let split = st.sampler.split_after();
+    let deadline = st
+        .sampler
+        .deadline()
+        .unwrap_or_else(|| Instant::now() + split);
     let Some(deadman) = &relay.deadman else {
         // not reached: reads are inline only while watched, and watched only with a timer
         read.run();
@@ -215,10 +250,15 @@ fn read_relayed(
     };
     {
         let mut slot = relay.slot();
-        slot.reading = Some((epoch, read.busy(), split));
+        slot.reading = Some(Reading {
+            epoch,
+            busy: read.busy(),
+            split,
+            deadline,
+        });
         slot.state = Some(st);
     }
-    deadman.arm(split);
+    deadman.arm(split.min(deadline.saturating_duration_since(Instant::now())));
     read.run();
     let mut slot = relay.slot();
     if slot.epoch != epoch {
@@ -246,32 +286,28 @@ fn finish_tick(relay: &Relay, st: &mut LoopState, time_ms: i64, t0: Instant) -> 
     (st.deliver)(snap)
 }
 
-/// Starts the watchdog thread of `relay`; false when it cannot be started (reads then never
-/// run inline).
-fn start_watchdog(relay: &Arc<Relay>) -> bool {
+/// Starts the watchdog thread of `relay` (without one, reads never run inline).
+fn start_watchdog(relay: &Arc<Relay>) {
     let r = relay.clone();
+    // The default stack: after a takeover this thread runs the loop.
     let started = std::thread::Builder::new()
         .name("gpuwatch-watchdog".into())
-        .stack_size(256 * 1024)
         .spawn(move || watchdog(&r));
     match started {
-        Ok(_) => {
-            relay.watched.store(true, Ordering::Release);
-            true
-        }
+        Ok(_) => relay.watched.store(true, Ordering::Release),
         Err(e) => {
             relay.watched.store(false, Ordering::Release);
             tracing::warn!(
                 "cannot start the sampling watchdog ({e}): the GPUs are read on the sampler's \
                  threads"
             );
-            false
         }
     }
 }
 
-/// The watchdog: wakes when a read outlives its split time; takes the loop over when the read
-/// is then blocked in a call (see [`SamplerThread`]).
+/// The watchdog: wakes when a read outlives its split time or its tick's deadline; takes the
+/// loop over when the read is then blocked in a call, or past the deadline (see
+/// [`SamplerThread`]).
 fn watchdog(relay: &Arc<Relay>) {
     let Some(deadman) = &relay.deadman else {
         return;
@@ -281,19 +317,23 @@ fn watchdog(relay: &Arc<Relay>) {
             return;
         }
         let mut slot = relay.slot();
-        let Some((epoch, busy, split)) = slot.reading.clone() else {
+        let Some(reading) = slot.reading.clone() else {
             continue; // the read ended as the timer expired
         };
-        if epoch != slot.epoch {
+        if reading.epoch != slot.epoch {
             continue;
         }
-        let blocked = busy.blocked(Instant::now()).map(|(_, d)| d);
+        let now = Instant::now();
+        let blocked = reading.busy.blocked(now).map(|(_, d)| d);
+        let over = now >= reading.deadline;
         match blocked {
-            Some(d) if d >= split => {}
+            Some(d) if d >= reading.split => {}
+            _ if over => {}
             // Between calls, or in one not yet that long (a preempted read): looked at again
-            // when the call in progress would reach the split time.
+            // when the call in progress would reach the split time, or at the tick's deadline.
             d => {
-                deadman.arm(split.saturating_sub(d.unwrap_or_default()));
+                let call_left = reading.split.saturating_sub(d.unwrap_or_default());
+                deadman.arm(call_left.min(reading.deadline.saturating_duration_since(now)));
                 continue;
             }
         }
@@ -303,12 +343,21 @@ fn watchdog(relay: &Arc<Relay>) {
         slot.epoch += 1;
         slot.reading = None;
         let next = slot.epoch;
+        // From here on the GPUs are read on the sampler's threads, as they were before a loop
+        // read inline: a driver that blocked (or a read that overran its tick) once may again.
+        relay.watched.store(false, Ordering::Release);
         drop(slot);
-        tracing::debug!(
-            "a GPU read blocks in NVML; the sampling loop moves to the watchdog's thread"
-        );
-        // This thread runs the loop from here on; a new one watches it.
-        start_watchdog(relay);
+        if over {
+            tracing::debug!(
+                "a GPU read overran its tick; the sampling loop moves to the watchdog's thread \
+                 and the GPUs are read on the sampler's threads from now on"
+            );
+        } else {
+            tracing::debug!(
+                "a GPU read blocks in NVML; the sampling loop moves to the watchdog's thread and \
+                 the GPUs are read on the sampler's threads from now on"
+            );
+        }
         run_loop(relay, st, next);
         return;
     }

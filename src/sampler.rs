@@ -859,6 +859,12 @@ impl Sampler {
         FAST_SPLIT
     }
 
+    /// The deadline of the tick begun and not yet finished: its answers are waited for until
+    /// then (a GPU that has not answered is a gap).
+    pub fn deadline(&self) -> Option<Instant> {
+        self.tick.map(|(d, _)| d)
+    }
+
     /// Starts the tick stamped `time_ms`, to be ended by [`Sampler::finish`]. With `inline`, the
     /// calling thread reads the GPUs itself where it can: the fast path's request is returned
     /// instead of sent to its thread (see `worker::Pool::ask_inline`), to be run on this thread

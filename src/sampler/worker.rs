@@ -14,8 +14,8 @@
 //! ([`Pool::ask_inline`], while the pool is as it started): the answers are the same and a tick
 //! hands nothing off. The pool counts such a read as its first thread's request, so a call
 //! blocked in it is split off by whoever collects the answers, as above — the caller must make
-//! sure someone does (`pipeline::SamplerThread`'s watchdog takes its loop over); the GPUs' reads
-//! then stay on threads.
+//! sure someone does (`pipeline::SamplerThread`'s watchdog takes its loop over, and asks the
+//! threads from then on).
 //!
 //! A thread that cannot be started (`EAGAIN` at the user's or the system's thread limit) leaves
 //! its GPUs unread — reported stalled — only until a later try starts it: the pool tries again

@@ -34,7 +34,7 @@ impl Deadman {
         });
     }
 
-    /// Stops the timer (an expiry not yet waited for stays pending).
+    /// Stops the timer; an expiry not yet waited for is cleared too.
     pub fn disarm(&self) {
         self.set(libc::timespec {
             tv_sec: 0,
