@@ -5,6 +5,11 @@
 //! once (asked again within the same tick), and the blocked thread keeps only the GPU it is stuck
 //! on; each thread's [`Busy`] marker tells which GPU and function it is in, and since when.
 //!
+//! A request lists its GPUs in the order their answers were last taken, the oldest first (GPU
+//! order while every GPU answers every tick): reads slower than a tick's budget, though no call
+//! blocks long enough to be split off, then reach every GPU in turn rather than only the first
+//! ones, tick after tick.
+//!
 //! A thread blocked inside the driver cannot be cancelled. It is left where it is: while its
 //! call has not returned it is sent nothing (no backlog builds up), the sampler reports its GPU
 //! stalled once the call timeout has passed, and the other GPUs keep being sampled; when the call
@@ -384,6 +389,10 @@ pub(crate) struct Pool<S, R> {
     wanted: Vec<bool>,
     pending: Vec<bool>,
     got: Vec<Option<R>>,
+    /// Per GPU: the ask whose answer was last taken (0: never). A request lists the GPUs that
+    /// answered longest ago first, so reads slower than a tick rotate over the GPUs instead of always
+    /// reaching the first ones only.
+    answered: Vec<u64>,
 }
 
 impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
@@ -413,6 +422,7 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             wanted: vec![false; n],
             pending: vec![false; n],
             got: (0..n).map(|_| None).collect(),
+            answered: vec![0; n],
         };
         let all: Vec<usize> = (0..n).collect();
         if n > 0 {
@@ -557,14 +567,21 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             self.got[pos] = None;
         }
         for g in 0..self.groups.len() {
-            let positions: Vec<usize> = self.groups[g]
+            let mut positions: Vec<usize> = self.groups[g]
                 .members
                 .iter()
                 .copied()
                 .filter(|p| self.wanted[*p])
                 .collect();
+            self.oldest_first(&mut positions);
             self.send(g, positions);
         }
+    }
+
+    /// Orders `positions` by the ask each last answered, the longest ago first (in GPU order
+    /// while they all answer every tick).
+    fn oldest_first(&self, positions: &mut [usize]) {
+        positions.sort_by_key(|p| (self.answered.get(*p).copied().unwrap_or(0), *p));
     }
 
     /// Starts a new ask at `time_ms` for every GPU, as [`Pool::ask`] does, but for the calling
@@ -594,13 +611,15 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             self.pending[pos] = true;
             self.got[pos] = None;
         }
+        let mut positions: Vec<usize> = (0..self.n).collect();
+        self.oldest_first(&mut positions);
         let group = &mut self.groups[0];
         group.outstanding = Some((self.seq, self.n));
         Some(InlineRead {
             req: Some(Request {
                 seq: self.seq,
                 time_ms,
-                positions: (0..self.n).collect(),
+                positions,
             }),
             serving: Serving {
                 id: group.id,
@@ -775,7 +794,12 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
 
     /// The answer for GPU `pos` in the current ask, if it came.
     pub(crate) fn take(&mut self, pos: usize) -> Option<R> {
-        self.got.get_mut(pos).and_then(Option::take)
+        let out = self.got.get_mut(pos).and_then(Option::take);
+        if out.is_some() {
+            // (an answer booked after its tick was collected is never taken: it does not count)
+            self.answered[pos] = self.seq;
+        }
+        out
     }
 
     /// Whether an answer of the current ask is still awaited.
@@ -972,6 +996,34 @@ mod tests {
         pool.collect(Instant::now() + Duration::from_secs(5), None);
         assert_eq!(pool.take(0), Some((0, 1)));
         assert_eq!(pool.take(1), Some((1, 1)));
+    }
+
+    /// Reads slower than a tick's budget (each call under the split time, so nothing is split
+    /// off) rotate over the GPUs: every GPU answers within a few ticks, not only the first ones.
+    #[test]
+    fn reads_slower_than_a_tick_reach_every_gpu_in_turn() {
+        let factory: Factory<usize> = Arc::new(|pos, _| pos);
+        let work: Work<usize, usize> = Arc::new(|st, busy, _t| {
+            busy.around(NvmlFunction::PowerUsage, || {
+                std::thread::sleep(Duration::from_millis(15));
+            });
+            *st
+        });
+        let mut pool = Pool::new("test", 6, Duration::from_millis(500), factory, work);
+        let mut seen = [0u32; 6];
+        for tick in 1..=12 {
+            pool.ask(tick, |_| true);
+            pool.collect(Instant::now() + Duration::from_millis(40), None);
+            for (p, n) in seen.iter_mut().enumerate() {
+                if pool.take(p).is_some() {
+                    *n += 1;
+                }
+            }
+            // the rest of the request ends before the next tick
+            std::thread::sleep(Duration::from_millis(80));
+        }
+        assert!(seen.iter().all(|n| *n >= 2), "answers per GPU: {seen:?}");
+        assert_eq!(pool.threads(), 1);
     }
 
     /// After a split, the blocked thread does not read the GPUs that moved to another thread
