@@ -347,17 +347,15 @@ fn watchdog(relay: &Arc<Relay>) {
         // read inline: a driver that blocked (or a read that overran its tick) once may again.
         relay.watched.store(false, Ordering::Release);
         drop(slot);
-        if over {
-            tracing::debug!(
-                "a GPU read overran its tick; the sampling loop moves to the watchdog's thread \
-                 and the GPUs are read on the sampler's threads from now on"
-            );
+        let why = if over {
+            "overran its tick"
         } else {
-            tracing::debug!(
-                "a GPU read blocks in NVML; the sampling loop moves to the watchdog's thread and \
-                 the GPUs are read on the sampler's threads from now on"
-            );
-        }
+            "blocks in NVML"
+        };
+        tracing::debug!(
+            "a GPU read {why}; the sampling loop moves to the watchdog's thread and the GPUs are \
+             read on the sampler's threads from now on"
+        );
         run_loop(relay, st, next);
         return;
     }

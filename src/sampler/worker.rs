@@ -435,7 +435,7 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
         let id = self.next_group;
         self.next_group += 1;
         let busy = Arc::new(Busy::default());
-        let states: States<S> = Arc::new(Mutex::new((0..self.n).map(|_| None).collect()));
+        let states = self.new_states();
         let started = self.start(id, busy.clone(), states.clone());
         let (tx, alive, restart) = match started {
             Ok(tx) => (tx, true, None),
@@ -463,6 +463,11 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
         id
     }
 
+    /// A new thread's read states: none yet (each made on its GPU's first read).
+    fn new_states(&self) -> States<S> {
+        Arc::new(Mutex::new((0..self.n).map(|_| None).collect()))
+    }
+
     /// The wait before try `failures + 1` to start a thread.
     fn restart_wait(&self, failures: u32) -> Duration {
         let factor = 1u32 << failures.saturating_sub(1).min(16);
@@ -481,7 +486,7 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             let id = self.next_group;
             self.next_group += 1;
             let busy = Arc::new(Busy::default());
-            let states: States<S> = Arc::new(Mutex::new((0..self.n).map(|_| None).collect()));
+            let states = self.new_states();
             match self.start(id, busy.clone(), states.clone()) {
                 Ok(tx) => {
                     let group = &mut self.groups[g];
@@ -532,15 +537,7 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
         states: States<S>,
     ) -> std::io::Result<mpsc::Sender<Request>> {
         let (tx, rx) = mpsc::channel::<Request>();
-        let serving = Serving {
-            id,
-            marker: busy,
-            states,
-            replies: self.replies_tx.clone(),
-            parts: self.parts.clone(),
-            factory: self.factory.clone(),
-            work: self.work.clone(),
-        };
+        let serving = self.serving(id, busy, states);
         let builder = std::thread::Builder::new()
             .name(format!("{}-{id}", self.name))
             .stack_size(STACK_BYTES);
@@ -557,6 +554,17 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
     /// Starts a new ask at `time_ms` for the GPUs `want` selects: every thread that is free
     /// is sent its wanted GPUs. (Answers to an earlier ask still coming are discarded.)
     pub(crate) fn ask(&mut self, time_ms: i64, want: impl Fn(usize) -> bool) {
+        self.next_ask(time_ms, want);
+        for g in 0..self.groups.len() {
+            let positions = self.request_for(g);
+            self.send(g, positions);
+        }
+    }
+
+    /// Starts ask `seq + 1` at `time_ms` for the GPUs `want` selects: books the answers still
+    /// coming from earlier asks, tries again to start threads that could not be started, and
+    /// clears what the ask before waited for and got.
+    fn next_ask(&mut self, time_ms: i64, want: impl Fn(usize) -> bool) {
         self.drain_stale();
         self.restart_dead();
         self.seq += 1;
@@ -566,16 +574,18 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             self.pending[pos] = false;
             self.got[pos] = None;
         }
-        for g in 0..self.groups.len() {
-            let mut positions: Vec<usize> = self.groups[g]
-                .members
-                .iter()
-                .copied()
-                .filter(|p| self.wanted[*p])
-                .collect();
-            self.oldest_first(&mut positions);
-            self.send(g, positions);
-        }
+    }
+
+    /// The GPUs of group `g` the current ask wants, those answered longest ago first.
+    fn request_for(&self, g: usize) -> Vec<usize> {
+        let mut positions: Vec<usize> = self.groups[g]
+            .members
+            .iter()
+            .copied()
+            .filter(|p| self.wanted[*p])
+            .collect();
+        self.oldest_first(&mut positions);
+        positions
     }
 
     /// Orders `positions` by the ask each last answered, the longest ago first (in GPU order
@@ -603,34 +613,32 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             self.ask(time_ms, |_| true);
             return None;
         }
-        self.drain_stale();
-        self.seq += 1;
-        self.time_ms = time_ms;
-        for pos in 0..self.n {
-            self.wanted[pos] = true;
-            self.pending[pos] = true;
-            self.got[pos] = None;
-        }
-        let mut positions: Vec<usize> = (0..self.n).collect();
-        self.oldest_first(&mut positions);
-        let group = &mut self.groups[0];
-        group.outstanding = Some((self.seq, self.n));
+        self.next_ask(time_ms, |_| true);
+        let positions = self.request_for(0);
+        self.mark_sent(0, &positions);
+        let group = &self.groups[0];
+        let serving = self.serving(group.id, group.busy.clone(), group.states.clone());
         Some(InlineRead {
             req: Some(Request {
                 seq: self.seq,
                 time_ms,
                 positions,
             }),
-            serving: Serving {
-                id: group.id,
-                marker: group.busy.clone(),
-                states: group.states.clone(),
-                replies: self.replies_tx.clone(),
-                parts: self.parts.clone(),
-                factory: self.factory.clone(),
-                work: self.work.clone(),
-            },
+            serving,
         })
+    }
+
+    /// How thread `id` (or a caller reading inline for it) serves requests.
+    fn serving(&self, id: usize, marker: Arc<Busy>, states: States<S>) -> Serving<S, R> {
+        Serving {
+            id,
+            marker,
+            states,
+            replies: self.replies_tx.clone(),
+            parts: self.parts.clone(),
+            factory: self.factory.clone(),
+            work: self.work.clone(),
+        }
     }
 
     /// Sends group `g` the current ask for `positions` unless it is busy.
@@ -639,7 +647,6 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
         if positions.is_empty() || group.outstanding.is_some() || !group.alive {
             return;
         }
-        let count = positions.len();
         let req = Request {
             seq: self.seq,
             time_ms: self.time_ms,
@@ -657,10 +664,16 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             group.restart = Some((0, Instant::now()));
             return;
         }
-        for p in &positions {
+        self.mark_sent(g, &positions);
+    }
+
+    /// Books the request of the current ask for `positions` as sent to group `g`: they are
+    /// awaited, and the group is busy until it has answered them.
+    fn mark_sent(&mut self, g: usize, positions: &[usize]) {
+        for p in positions {
             self.pending[*p] = true;
         }
-        group.outstanding = Some((self.seq, count));
+        self.groups[g].outstanding = Some((self.seq, positions.len()));
     }
 
     /// Books the answers left and the ends of requests already sent, without waiting.
