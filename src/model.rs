@@ -1109,6 +1109,12 @@ macro_rules! nvml_functions {
             /// Every named function.
             pub const ALL: &'static [NvmlFunction] = &[$(NvmlFunction::$variant),*];
 
+            /// Its position in [`NvmlFunction::ALL`] (`ALL.len()` for `Unknown`): the
+            /// declaration order, so no search.
+            pub const fn pos(self) -> usize {
+                self as usize
+            }
+
             /// The C symbol (without nvml-wrapper's version suffix).
             pub fn symbol(self) -> &'static str {
                 match self {

@@ -79,13 +79,36 @@ pub fn push_timestamp(out: &mut String, time_ms: i64) {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    let _ = write!(
-        out,
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    );
+    if !(0..=9999).contains(&year) {
+        let _ = write!(
+            out,
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+            sod / 3600,
+            sod % 3600 / 60,
+            sod % 60
+        );
+        return;
+    }
+    // The digits put in place: `core::fmt` with widths costs more than the rest of a row's
+    // timestamp, once a tick.
+    let mut text = *b"0000-00-00T00:00:00.000Z";
+    for (at, width, n) in [
+        (0, 4, year),
+        (5, 2, month),
+        (8, 2, day),
+        (11, 2, sod / 3600),
+        (14, 2, sod % 3600 / 60),
+        (17, 2, sod % 60),
+        (20, 3, ms),
+    ] {
+        let mut n = n.unsigned_abs();
+        for b in text[at..at + width].iter_mut().rev() {
+            *b = b'0' + u8::try_from(n % 10).unwrap_or(0);
+            n /= 10;
+        }
+    }
+    // ASCII throughout
+    out.push_str(std::str::from_utf8(&text).unwrap_or_default());
 }
 
 /// Appends a value: integral values without a decimal point, others in shortest round-trip

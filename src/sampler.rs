@@ -318,7 +318,8 @@ struct Dev {
 struct FastState {
     slot: Slot,
     attached: bool,
-    sent_id: Option<DeviceId>,
+    /// The [`Slot::id_version`] of the identity last sent with an answer.
+    sent_id: Option<u64>,
 }
 
 /// A fast-path answer.
@@ -521,8 +522,8 @@ fn fast_pool(
         {
             st.sent_id = None;
         }
-        let id = (st.sent_id.as_ref() != Some(&st.slot.id)).then(|| {
-            st.sent_id = Some(st.slot.id.clone());
+        let id = (st.sent_id != Some(st.slot.id_version)).then(|| {
+            st.sent_id = Some(st.slot.id_version);
             st.slot.id.clone()
         });
         FastAnswer {
@@ -936,15 +937,16 @@ impl Sampler {
             };
             let mask = self.slow_masks[pos].load(Ordering::Relaxed);
             // Not for a lost or stalled GPU: what the slow path read before is not current.
-            if mask != 0 && state == DeviceState::Ok {
-                for m in METRICS {
-                    let bit = slot::metric_bit(m.id);
-                    if mask & bit == 0 {
-                        continue;
-                    }
+            if state == DeviceState::Ok {
+                // the mask's metrics, by their bits (a bit is a metric's table position)
+                let mut left = mask;
+                while left != 0 {
+                    let i = left.trailing_zeros() as usize;
+                    left &= left - 1;
+                    let Some(m) = METRICS.get(i) else { break };
                     // shown while younger than twice its cadence (then it is absent)
-                    let (v, at) = d.slow_values[m.id as usize];
-                    let age = self.slow_max_age_ms[m.id as usize];
+                    let (v, at) = d.slow_values[i];
+                    let age = self.slow_max_age_ms[i];
                     if at != i64::MIN && is_current(time_ms, at, age, timeout_ms) {
                         values.set(m.id, v);
                     }

@@ -114,6 +114,66 @@ pub fn monotonic_ms() -> i64 {
     }
 }
 
+/// The monotonic clock (`CLOCK_MONOTONIC`, which `Instant` reads) in µs, from its coarse
+/// variant where the kernel ticks at least every 4 ms (`HZ` ≥ 250): the time of the last
+/// kernel tick, at a fraction of a fine reading's cost. The sampler stamps the start of every
+/// NVML call with it (`sampler::worker`): durations measured from it are at most 4 ms too
+/// long, which its split time (25 ms) and call timeouts (seconds) leave room for. With a slower
+/// tick, the fine clock.
+pub fn coarse_monotonic_us() -> i64 {
+    static CLOCK: std::sync::OnceLock<libc::clockid_t> = std::sync::OnceLock::new();
+    let clock = *CLOCK.get_or_init(|| {
+        let mut res = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `res` is a valid timespec for the call to fill.
+        let ok = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut res) } == 0;
+        if ok && res.tv_sec == 0 && res.tv_nsec <= 4_000_000 {
+            libc::CLOCK_MONOTONIC_COARSE
+        } else {
+            libc::CLOCK_MONOTONIC
+        }
+    });
+    clock_micros(clock)
+}
+
+/// Clock `clock` in µs.
+fn clock_micros(clock: libc::clockid_t) -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill; the clock ids used here are
+    // constants Linux has had since 2.6.32.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    // (`time_t` and `c_long` are i64 on the targets gpuwatch builds for: x86-64, aarch64)
+    ts.tv_sec
+        .saturating_mul(1_000_000)
+        .saturating_add(ts.tv_nsec / 1_000)
+}
+
+/// An `Instant` and the monotonic clock's reading at that moment (µs), taken together once:
+/// any `Instant` converts to the clock's µs from it (see [`monotonic_us`]).
+fn anchor() -> (std::time::Instant, i64) {
+    static ANCHOR: std::sync::OnceLock<(std::time::Instant, i64)> = std::sync::OnceLock::new();
+    *ANCHOR.get_or_init(|| {
+        (
+            std::time::Instant::now(),
+            clock_micros(libc::CLOCK_MONOTONIC),
+        )
+    })
+}
+
+/// `t` on the monotonic clock, in µs (as [`coarse_monotonic_us`] gives).
+pub fn monotonic_us(t: std::time::Instant) -> i64 {
+    let (at, us) = anchor();
+    let since = |a: std::time::Instant, b: std::time::Instant| {
+        i64::try_from(a.saturating_duration_since(b).as_micros()).unwrap_or(i64::MAX)
+    };
+    us.saturating_add(since(t, at)).saturating_sub(since(at, t))
+}
+
 /// CPU time the calling thread has used, ns (`CLOCK_THREAD_CPUTIME_ID`); 0 if unavailable.
 pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -182,6 +182,9 @@ pub(super) struct TickAnswers {
 pub(super) struct Slot {
     pub handle: Option<Device<'static>>,
     pub id: DeviceId,
+    /// Bumped whenever `id` may have changed (at each [`Slot::attach`]): whoever passes the
+    /// identity on compares this, not the strings, at each tick.
+    pub(super) id_version: u64,
     pub state: DeviceState,
     /// Queries that answered NotSupported (never asked again).
     pub(super) unsupported: u32,
@@ -212,6 +215,7 @@ impl Slot {
                 index,
                 ..DeviceId::default()
             },
+            id_version: 0,
             state: DeviceState::Ok,
             unsupported: 0,
             warned: 0,
@@ -248,6 +252,7 @@ impl Slot {
                 }
             }
         };
+        self.id_version += 1;
         let id = &mut self.id;
         note(busy.call(NvmlFunction::Uuid, || dev.uuid().map(|u| id.uuid = u)));
         note(busy.call(NvmlFunction::Name, || dev.name().map(|n| id.name = n)));

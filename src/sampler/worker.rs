@@ -27,7 +27,7 @@
 //! at the asks after 1 s, then 2 s, 4 s, … (at most a minute apart), and says so in the log.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::error::NvmlError;
@@ -61,17 +61,8 @@ fn start_thread(
     builder.spawn(f).map(drop)
 }
 
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
 fn duration_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn micros_since_epoch(t: Instant) -> i64 {
-    i64::try_from(t.saturating_duration_since(epoch()).as_micros()).unwrap_or(i64::MAX)
 }
 
 /// Which NVML function a worker is inside, and since when; shared with the sampler.
@@ -79,7 +70,7 @@ fn micros_since_epoch(t: Instant) -> i64 {
 pub(crate) struct Busy {
     /// 0 = not in a call, else 1 + the function's position in [`NvmlFunction::ALL`].
     call: AtomicU8,
-    /// When the call started, µs since the process's sampler epoch.
+    /// When the call started, µs on the monotonic clock (coarse: see [`crate::sys::coarse_monotonic_us`]).
     since_us: AtomicI64,
     /// The GPU (position) the thread is reading.
     gpu: AtomicUsize,
@@ -92,12 +83,9 @@ pub(crate) struct Busy {
 impl Busy {
     /// Marks the start of a call to `f`.
     pub(crate) fn enter(&self, f: NvmlFunction) {
-        let code = NvmlFunction::ALL
-            .iter()
-            .position(|g| *g == f)
-            .map_or(u8::MAX, |i| u8::try_from(i + 1).unwrap_or(u8::MAX));
+        let code = u8::try_from(f.pos() + 1).unwrap_or(u8::MAX);
         self.since_us
-            .store(micros_since_epoch(Instant::now()), Ordering::Release);
+            .store(crate::sys::coarse_monotonic_us(), Ordering::Release);
         self.call.store(code, Ordering::Release);
     }
 
@@ -155,7 +143,7 @@ impl Busy {
             return None;
         }
         let since = self.since_us.load(Ordering::Acquire);
-        let for_us = micros_since_epoch(now).saturating_sub(since).max(0);
+        let for_us = crate::sys::monotonic_us(now).saturating_sub(since).max(0);
         let f = NvmlFunction::ALL
             .get(usize::from(code) - 1)
             .copied()
@@ -184,10 +172,7 @@ pub fn call_failures() -> &'static CallFailures {
 }
 
 fn function_pos(f: NvmlFunction) -> usize {
-    NvmlFunction::ALL
-        .iter()
-        .position(|g| *g == f)
-        .unwrap_or(FUNCTIONS - 1)
+    f.pos().min(FUNCTIONS - 1)
 }
 
 impl CallFailures {
@@ -376,6 +361,9 @@ pub(crate) struct Pool<S, R> {
     replies: mpsc::Receiver<Reply<R>>,
     /// Answers the threads have left, not yet booked.
     parts: Arc<Mutex<Vec<Reply<R>>>>,
+    /// The list swapped with `parts` when they are booked (each keeps its capacity: no
+    /// allocation per tick).
+    booking: Vec<Reply<R>>,
     factory: Factory<S>,
     work: Work<S, R>,
     /// How long a call may block before the GPUs after it move to a new thread.
@@ -412,6 +400,7 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             replies_tx,
             replies,
             parts: Arc::new(Mutex::new(Vec::new())),
+            booking: Vec::new(),
             factory,
             work,
             split_after,
@@ -591,7 +580,11 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
     /// Orders `positions` by the ask each last answered, the longest ago first (in GPU order
     /// while they all answer every tick).
     fn oldest_first(&self, positions: &mut [usize]) {
-        positions.sort_by_key(|p| (self.answered.get(*p).copied().unwrap_or(0), *p));
+        let key = |p: &usize| (self.answered.get(*p).copied().unwrap_or(0), *p);
+        // (in order already while every GPU answers every tick)
+        if !positions.windows(2).all(|w| key(&w[0]) <= key(&w[1])) {
+            positions.sort_by_key(key);
+        }
     }
 
     /// Starts a new ask at `time_ms` for every GPU, as [`Pool::ask`] does, but for the calling
@@ -687,13 +680,15 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
 
     /// Books the answers the threads have left.
     fn drain_parts(&mut self) {
-        let taken = match self.parts.lock() {
-            Ok(mut v) => std::mem::take(&mut *v),
+        let mut taken = std::mem::take(&mut self.booking);
+        match self.parts.lock() {
+            Ok(mut v) => std::mem::swap(&mut *v, &mut taken),
             Err(_) => return,
-        };
-        for r in taken {
+        }
+        for r in taken.drain(..) {
             self.handle(r);
         }
+        self.booking = taken;
     }
 
     /// Books a reply: an answer of the current ask is kept; a thread whose request is fully
