@@ -912,7 +912,7 @@ impl Sampler {
         let nvml_xids = self
             .xids
             .as_mut()
-            .map(|x| x.take(deadline))
+            .map(|x| x.take(deadline, first))
             .unwrap_or_default();
         let ids = self.devices.iter().map(|d| &d.id);
         // An NVML XID waits for its kernel-log line as long as when the devices answer at once

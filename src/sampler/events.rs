@@ -1,7 +1,8 @@
 //! XID events: one NVML event set with every GPU that supports critical XID events registered,
 //! drained without blocking (`nvmlEventSetWait_v2` with a zero timeout) once per tick, at most
 //! once a second ([`DRAIN_EVERY`]), so events land in the next snapshot (at most a second late at
-//! faster ticks).
+//! faster ticks; one tick more when the XID thread had not run by the end of the tick, see
+//! [`XidThread::ask_drain`]).
 //!
 //! Why not a thread blocked in the wait: the events are only consumed at tick granularity anyway,
 //! a zero-timeout wait returns at once, and a waiting thread costs a wake-up per wait period (the
@@ -307,9 +308,11 @@ impl XidThread {
 
     /// Asks the thread to drain, unless a drain or registration is still unanswered or the
     /// last drain was asked less than [`DRAIN_EVERY`] ago; its answer is taken by
-    /// [`XidThread::take`]. The sampler asks before it waits for the devices and takes after:
-    /// the drain returns in microseconds, so its answer is there by then and the sampling
-    /// thread is not woken for it separately.
+    /// [`XidThread::take`]. The sampler asks before it reads the devices and takes after,
+    /// without waiting but at its first tick: the drain returns in microseconds and its answer
+    /// is there by then unless the XID thread was not scheduled yet (busy cores); it is then
+    /// taken at the next tick, its events stamped with the time the drain was asked. The
+    /// sampling thread is never woken for it.
     pub(crate) fn ask_drain(&mut self, time_ms: i64) {
         // Answers that came after their tick's deadline.
         while let Ok(a) = self.answers.try_recv() {
@@ -325,16 +328,20 @@ impl XidThread {
         }
     }
 
-    /// The XIDs that came in since the last call, waiting for an unanswered drain until
-    /// `deadline`.
-    pub(crate) fn take(&mut self, deadline: Instant) -> Vec<XidEvent> {
+    /// The XIDs that came in since the last call; with `wait`, waiting for an unanswered drain
+    /// until `deadline` (see [`XidThread::ask_drain`]).
+    pub(crate) fn take(&mut self, deadline: Instant, wait: bool) -> Vec<XidEvent> {
         while self.outstanding.is_some() {
-            match self
-                .answers
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            {
-                Ok(a) => self.book(a),
-                Err(_) => break,
+            let answer = if wait {
+                self.answers
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                    .ok()
+            } else {
+                self.answers.try_recv().ok()
+            };
+            match answer {
+                Some(a) => self.book(a),
+                None => break,
             }
         }
         if let Some(since) = self.outstanding {
