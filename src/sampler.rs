@@ -938,17 +938,12 @@ impl Sampler {
             let mask = self.slow_masks[pos].load(Ordering::Relaxed);
             // Not for a lost or stalled GPU: what the slow path read before is not current.
             if state == DeviceState::Ok {
-                // the mask's metrics, by their bits (a bit is a metric's table position)
-                let mut left = mask;
-                while left != 0 {
-                    let i = left.trailing_zeros() as usize;
-                    left &= left - 1;
-                    let Some(m) = METRICS.get(i) else { break };
+                for m in slot::mask_metrics(mask) {
                     // shown while younger than twice its cadence (then it is absent)
-                    let (v, at) = d.slow_values[i];
-                    let age = self.slow_max_age_ms[i];
+                    let (v, at) = d.slow_values[m as usize];
+                    let age = self.slow_max_age_ms[m as usize];
                     if at != i64::MIN && is_current(time_ms, at, age, timeout_ms) {
-                        values.set(m.id, v);
+                        values.set(m, v);
                     }
                 }
             }

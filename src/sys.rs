@@ -135,22 +135,31 @@ pub fn coarse_monotonic_us() -> i64 {
             libc::CLOCK_MONOTONIC
         }
     });
-    clock_micros(clock)
+    // (a failed reading — never seen — falls back to the fine clock, not to 0, which would
+    // make every call in progress look blocked since boot)
+    clock_micros(clock).unwrap_or_else(|| monotonic_us(std::time::Instant::now()))
 }
 
-/// Clock `clock` in µs.
-fn clock_micros(clock: libc::clockid_t) -> i64 {
+/// Clock `clock`'s reading; `None` when the kernel refuses it.
+fn read_clock(clock: libc::clockid_t) -> Option<libc::timespec> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid timespec for the call to fill; the clock ids used here are
-    // constants Linux has had since 2.6.32.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
+    // SAFETY: `ts` is a valid out-parameter for the call.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (rc == 0).then_some(ts)
+}
+
+/// Clock `clock` in µs.
+fn clock_micros(clock: libc::clockid_t) -> Option<i64> {
+    let ts = read_clock(clock)?;
     // (`time_t` and `c_long` are i64 on the targets gpuwatch builds for: x86-64, aarch64)
-    ts.tv_sec
-        .saturating_mul(1_000_000)
-        .saturating_add(ts.tv_nsec / 1_000)
+    Some(
+        ts.tv_sec
+            .saturating_mul(1_000_000)
+            .saturating_add(ts.tv_nsec / 1_000),
+    )
 }
 
 /// An `Instant` and the monotonic clock's reading at that moment (µs), taken together once:
@@ -160,7 +169,8 @@ fn anchor() -> (std::time::Instant, i64) {
     *ANCHOR.get_or_init(|| {
         (
             std::time::Instant::now(),
-            clock_micros(libc::CLOCK_MONOTONIC),
+            // (`Instant::now` reads the same clock and cannot fail either)
+            clock_micros(libc::CLOCK_MONOTONIC).unwrap_or(0),
         )
     })
 }
@@ -176,15 +186,9 @@ pub fn monotonic_us(t: std::time::Instant) -> i64 {
 
 /// CPU time the calling thread has used, ns (`CLOCK_THREAD_CPUTIME_ID`); 0 if unavailable.
 pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-parameter for the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
+    let Some(ts) = read_clock(libc::CLOCK_THREAD_CPUTIME_ID) else {
         return 0;
-    }
+    };
     let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
     let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)

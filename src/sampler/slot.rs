@@ -99,6 +99,22 @@ pub(super) fn metric_bit(m: Metric) -> u64 {
     1 << (m as u8)
 }
 
+/// The metrics of a per-metric mask, in table order, by its set bits only.
+pub(super) fn mask_metrics(mask: u64) -> impl Iterator<Item = Metric> {
+    let mut left = mask;
+    std::iter::from_fn(move || {
+        while left != 0 {
+            let i = left.trailing_zeros() as usize;
+            left &= left - 1;
+            // (the inverse of `metric_bit`: a metric's bit is its table position)
+            if let Some(d) = METRICS.get(i) {
+                return Some(d.id);
+            }
+        }
+        None
+    })
+}
+
 const _: () = assert!(METRIC_COUNT <= 64, "per-metric masks are u64");
 
 /// Which of the table's field rows a [`Slot`] reads: the tick path's, or the slow ones
@@ -1335,6 +1351,21 @@ impl SlowSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_masks_metrics_are_its_bits_in_table_order() {
+        let all: Vec<Metric> = Metric::all().collect();
+        assert_eq!(
+            mask_metrics(all.iter().fold(0, |m, x| m | metric_bit(*x))).collect::<Vec<_>>(),
+            all
+        );
+        let some = [Metric::Energy, Metric::Power, Metric::PcieRx];
+        let mask = some.iter().fold(0, |m, x| m | metric_bit(*x));
+        let mut want = some.to_vec();
+        want.sort_by_key(|m| *m as u8);
+        assert_eq!(mask_metrics(mask).collect::<Vec<_>>(), want);
+        assert_eq!(mask_metrics(0).count(), 0);
+    }
 
     #[test]
     fn a_rate_needs_a_window_of_half_a_second() {

@@ -70,7 +70,8 @@ fn duration_ms(d: Duration) -> i64 {
 pub(crate) struct Busy {
     /// 0 = not in a call, else 1 + the function's position in [`NvmlFunction::ALL`].
     call: AtomicU8,
-    /// When the call started, µs on the monotonic clock (coarse: see [`crate::sys::coarse_monotonic_us`]).
+    /// When the call started, µs on the monotonic clock (coarse: see
+    /// [`crate::sys::coarse_monotonic_us`]).
     since_us: AtomicI64,
     /// The GPU (position) the thread is reading.
     gpu: AtomicUsize,
