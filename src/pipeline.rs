@@ -38,8 +38,12 @@ pub const EXIT_NO_NVML: i32 = 2;
 /// it finishes the tick as when the reads ran on the sampler's threads all along (the pool moves
 /// the GPUs after a blocked call to a thread of their own and reports the blocked one stalled
 /// once its call times out; a GPU not read by the deadline is a gap), and the GPUs are read on
-/// the sampler's threads from then on. The blocked thread, when its call returns, finds the loop
-/// gone and ends.
+/// the sampler's threads while the read taken over has not returned. When it returns, its thread
+/// finds the loop gone and becomes the watchdog in the other's stead, and reads run inline again
+/// — once the pool is as it started: a GPU split off after a blocked call stays on a thread of
+/// its own until every thread has answered for a while (`sampler::worker`). A slow moment (a
+/// loaded machine, a driver busy for a second) thus costs a tick's hand-off, not every tick's
+/// from then on.
 ///
 /// [`Deadman`]: crate::sys::deadman::Deadman
 pub struct SamplerThread {
@@ -166,7 +170,8 @@ fn run_loop(relay: &Arc<Relay>, st: LoopState, epoch: u64) {
         loop_ticks(relay, st, epoch)
     }));
     match run {
-        Ok(false) => {} // taken over: the loop goes on elsewhere
+        // taken over: the loop goes on on the watchdog's thread, and this one watches instead
+        Ok(false) => watch_instead(relay),
         Ok(true) => relay.end(false),
         Err(_) => {
             // A panic in a read that was taken over ends nothing: the loop goes on elsewhere.
@@ -230,8 +235,8 @@ fn loop_ticks(relay: &Arc<Relay>, mut st: LoopState, epoch: u64) -> bool {
 
 /// Runs `read` on this thread while `st` waits in the relay for the watchdog (see
 /// [`SamplerThread`]); the state back, or `None` when the watchdog took the loop over while the
-/// read was blocked (this thread is then done: the GPU it was blocked on is read by the
-/// sampler's own thread from now on).
+/// read was blocked or late (this thread then watches in the watchdog's stead:
+/// [`watch_instead`]).
 fn read_relayed(
     relay: &Relay,
     st: LoopState,
@@ -305,6 +310,18 @@ fn start_watchdog(relay: &Arc<Relay>) {
     }
 }
 
+/// The thread of a read that was taken over, once the read has returned: it becomes the
+/// watchdog (the old one runs the loop now), and reads may run inline again.
+fn watch_instead(relay: &Arc<Relay>) {
+    if relay.has_ended().is_some() {
+        return;
+    }
+    crate::sys::name_thread("gpuwatch-watchdog");
+    relay.watched.store(true, Ordering::Release);
+    tracing::debug!("the GPU read that was taken over returned; reads run inline again");
+    watchdog(relay);
+}
+
 /// The watchdog: wakes when a read outlives its split time or its tick's deadline; takes the
 /// loop over when the read is then blocked in a call, or past the deadline (see
 /// [`SamplerThread`]).
@@ -343,8 +360,8 @@ fn watchdog(relay: &Arc<Relay>) {
         slot.epoch += 1;
         slot.reading = None;
         let next = slot.epoch;
-        // From here on the GPUs are read on the sampler's threads, as they were before a loop
-        // read inline: a driver that blocked (or a read that overran its tick) once may again.
+        // Until the read taken over returns (its thread then watches: `watch_instead`), the
+        // GPUs are read on the sampler's threads, as before a loop read inline.
         relay.watched.store(false, Ordering::Release);
         drop(slot);
         let why = if over {
@@ -354,8 +371,9 @@ fn watchdog(relay: &Arc<Relay>) {
         };
         tracing::debug!(
             "a GPU read {why}; the sampling loop moves to the watchdog's thread and the GPUs are \
-             read on the sampler's threads from now on"
+             read on the sampler's threads until the read returns"
         );
+        crate::sys::name_thread("gpuwatch-sampler");
         run_loop(relay, st, next);
         return;
     }

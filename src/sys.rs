@@ -1,6 +1,6 @@
-//! The operating system, once: the wall clock, the thread CPU clock, the host name, the user
-//! database, `/proc/PID/stat` and `cmdline`, durable atomic writes, and the FNV-1a hash behind
-//! every fingerprint.
+//! The operating system, once: the wall clock, the thread CPU clock and names, the host name,
+//! the user database, `/proc/PID/stat` and `cmdline`, durable atomic writes, and the FNV-1a hash
+//! behind every fingerprint.
 //!
 //! The bottom layer with `model` and `values`: it imports nothing from the crate. The engine never
 //! calls the clock or any I/O here; the rules' time budget reads only [`thread_cpu_ns`].
@@ -182,6 +182,20 @@ pub fn monotonic_us(t: std::time::Instant) -> i64 {
         i64::try_from(a.saturating_duration_since(b).as_micros()).unwrap_or(i64::MAX)
     };
     us.saturating_add(since(t, at)).saturating_sub(since(at, t))
+}
+
+/// Renames the calling thread as `top -H`, `ps -L` and `/proc/PID/task/TID/comm` show it (the
+/// kernel keeps 15 bytes): for a thread whose job changes, e.g. the sampling loop and its
+/// watchdog trading places. (Rust's own `thread::current().name()` keeps the name it started
+/// with.)
+pub fn name_thread(name: &str) {
+    if let Ok(c) = std::ffi::CString::new(name) {
+        // SAFETY: PR_SET_NAME reads a NUL-terminated string (at most 16 bytes are copied) that
+        // outlives the call.
+        unsafe {
+            libc::prctl(libc::PR_SET_NAME, c.as_ptr(), 0, 0, 0);
+        }
+    }
 }
 
 /// CPU time the calling thread has used, ns (`CLOCK_THREAD_CPUTIME_ID`); 0 if unavailable.

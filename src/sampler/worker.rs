@@ -22,6 +22,13 @@
 //! sure someone does (`pipeline::SamplerThread`'s watchdog takes its loop over, and asks the
 //! threads from then on).
 //!
+//! A split is not for ever: a driver that blocked for a while (a GPU reset, recovery after an
+//! XID, a machine so loaded that a call was held off) usually answers promptly again, and every
+//! extra thread costs a wake-up per tick. Once every thread has answered every ask for
+//! [`REJOIN_FIRST`] (doubling after each rejoin, up to [`REJOIN_MAX`]), the GPUs rejoin the
+//! largest thread and the others end ([`Pool::rejoin`]); the GPUs that move get a fresh read
+//! state, as at a split, and the pool is as it started again (reads may run inline).
+//!
 //! A thread that cannot be started (`EAGAIN` at the user's or the system's thread limit) leaves
 //! its GPUs unread — reported stalled — only until a later try starts it: the pool tries again
 //! at the asks after 1 s, then 2 s, 4 s, … (at most a minute apart), and says so in the log.
@@ -42,6 +49,13 @@ const STACK_BYTES: usize = 256 * 1024;
 const RESTART_FIRST: Duration = Duration::from_secs(1);
 /// The longest wait between two tries.
 const RESTART_MAX: Duration = Duration::from_secs(60);
+
+/// How long every thread of a split pool must answer every ask before its GPUs rejoin one
+/// thread; the wait doubles after each rejoin (a driver that keeps blocking is not merged back
+/// every few seconds) up to [`REJOIN_MAX`].
+const REJOIN_FIRST: Duration = Duration::from_secs(10);
+/// The longest wait before a rejoin.
+const REJOIN_MAX: Duration = Duration::from_secs(3600);
 
 #[cfg(test)]
 thread_local! {
@@ -129,6 +143,11 @@ impl Busy {
     /// Restricts the thread to GPU `pos` (a split).
     fn keep_only(&self, pos: usize) {
         self.only.store(pos + 1, Ordering::Release);
+    }
+
+    /// Lets the thread read every GPU it is asked for again (a rejoin).
+    fn read_all(&self) {
+        self.only.store(0, Ordering::Release);
     }
 
     /// Whether the thread still reads GPU `pos`.
@@ -371,6 +390,10 @@ pub(crate) struct Pool<S, R> {
     split_after: Duration,
     /// The wait before the first new try to start a thread ([`RESTART_FIRST`]).
     restart_after: Duration,
+    /// The calm a split pool waits for before its GPUs rejoin one thread ([`REJOIN_FIRST`],
+    /// doubled at each rejoin), and since when every thread has answered every ask.
+    rejoin_after: Duration,
+    calm_since: Option<Instant>,
     next_group: usize,
     seq: u64,
     time_ms: i64,
@@ -406,6 +429,8 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             work,
             split_after,
             restart_after: RESTART_FIRST,
+            rejoin_after: REJOIN_FIRST,
+            calm_since: None,
             next_group: 0,
             seq: 0,
             time_ms: 0,
@@ -519,6 +544,56 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
         }
     }
 
+    /// After a split: once every thread has answered every ask (none still busy with an
+    /// earlier one, none dead) for the rejoin wait, moves every GPU to the thread that reads the
+    /// most and lets the others end (their channels close). The GPUs that move start from a
+    /// fresh read state, as the ones moved by a split did (a thread's states hold its busy
+    /// marker), and the next rejoin waits twice as long.
+    fn rejoin(&mut self) {
+        let now = Instant::now();
+        let calm = self
+            .groups
+            .iter()
+            .all(|g| g.alive && g.outstanding.is_none());
+        if !calm {
+            self.calm_since = None;
+            return;
+        }
+        let since = *self.calm_since.get_or_insert(now);
+        if self.groups.len() < 2 || now.duration_since(since) < self.rejoin_after {
+            return;
+        }
+        let keep = (0..self.groups.len())
+            .max_by_key(|g| (self.groups[*g].members.len(), std::cmp::Reverse(*g)))
+            .unwrap_or(0);
+        let mut group = self.groups.swap_remove(keep);
+        let moved: Vec<usize> = self
+            .groups
+            .iter()
+            .flat_map(|g| g.members.iter().copied())
+            .collect();
+        // (the other threads end when their senders go with the groups)
+        self.groups.clear();
+        if let Ok(mut states) = group.states.lock() {
+            for pos in &moved {
+                if let Some(s) = states.get_mut(*pos) {
+                    *s = None;
+                }
+            }
+        }
+        group.members = (0..self.n).collect();
+        group.busy.read_all();
+        tracing::debug!(
+            "{}: every thread answered for {}; GPU positions {moved:?} rejoin the others on one \
+             thread",
+            self.name,
+            crate::values::format_duration_ms(duration_ms(self.rejoin_after)),
+        );
+        self.groups.push(group);
+        self.rejoin_after = self.rejoin_after.saturating_mul(2).min(REJOIN_MAX);
+        self.calm_since = None;
+    }
+
     /// Starts thread `id` of the pool; its requests go to the sender returned.
     fn start(
         &self,
@@ -557,6 +632,7 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
     fn next_ask(&mut self, time_ms: i64, want: impl Fn(usize) -> bool) {
         self.drain_stale();
         self.restart_dead();
+        self.rejoin();
         self.seq += 1;
         self.time_ms = time_ms;
         for pos in 0..self.n {
@@ -985,6 +1061,64 @@ mod tests {
         );
         let last2 = reads.iter().rev().find(|(p, _)| *p == 2).unwrap();
         assert_eq!(last2.1.as_deref(), Some("test-0"));
+    }
+
+    /// A split is undone once every thread has answered every ask for the rejoin wait: the
+    /// GPUs rejoin the thread that read the most, the pool reads inline again, the GPU that
+    /// moved starts from a fresh state, and the next rejoin waits twice as long. A thread still
+    /// blocked holds the rejoin off.
+    #[test]
+    fn a_split_pool_rejoins_one_thread_once_every_thread_answers_again() {
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Arc::new(std::sync::Mutex::new(release_rx));
+        let blocked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let factory: Factory<(usize, u32)> = Arc::new(|pos, _| (pos, 0));
+        let work: Work<(usize, u32), (usize, u32)> = Arc::new(move |st, busy, _t| {
+            st.1 += 1;
+            if st.0 == 2 && st.1 == 2 && !blocked.swap(true, Ordering::SeqCst) {
+                busy.around(NvmlFunction::PowerUsage, || {
+                    let _ = release_rx.lock().map(|r| r.recv());
+                });
+            }
+            *st
+        });
+        let mut pool = Pool::new("test", 4, Duration::from_millis(20), factory, work);
+        pool.rejoin_after = Duration::from_millis(200);
+        let soon = || Instant::now() + Duration::from_secs(5);
+        let mut tick = 0;
+        let mut ask = |pool: &mut Pool<(usize, u32), (usize, u32)>, budget: Duration| {
+            tick += 1;
+            pool.ask(tick, |_| true);
+            pool.collect(Instant::now() + budget, None);
+            (0..4).map(|p| pool.take(p)).collect::<Vec<_>>()
+        };
+        ask(&mut pool, Duration::from_secs(5));
+        ask(&mut pool, Duration::from_millis(300));
+        assert_eq!(pool.threads(), 2, "GPU 2 split off");
+        // Still blocked: no rejoin however long.
+        std::thread::sleep(Duration::from_millis(250));
+        ask(&mut pool, Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(250));
+        let got = ask(&mut pool, Duration::from_millis(50));
+        assert_eq!(pool.threads(), 2);
+        assert_eq!(got[2], None);
+        // Released: calm from the next ask on; not before the wait.
+        release_tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let got = ask(&mut pool, Duration::from_secs(5));
+        assert_eq!(got[2], Some((2, 3)), "read again on its own thread");
+        assert_eq!(pool.threads(), 2, "not before the calm wait");
+        std::thread::sleep(Duration::from_millis(250));
+        let got = ask(&mut pool, Duration::from_secs(5));
+        assert_eq!(pool.threads(), 1, "rejoined");
+        assert_eq!(got[2], Some((2, 1)), "the GPU that moved starts afresh");
+        assert!(got.iter().all(Option::is_some), "{got:?}");
+        assert_eq!(pool.rejoin_after, Duration::from_millis(400));
+        // As it started: inline again, answering for every GPU.
+        let read = pool.ask_inline(99).expect("inline after the rejoin");
+        read.run();
+        pool.collect(soon(), None);
+        assert!((0..4).all(|p| pool.take(p).is_some()));
     }
 
     /// An inline read dropped without being run leaves no request outstanding: the next ask

@@ -156,6 +156,111 @@ fn the_other_gpus_are_recorded_without_a_gap_while_one_hangs() {
     assert_eq!(col(&h, first2, "state"), "ok");
 }
 
+/// The threads of process `pid` (`comm`, as the kernel keeps it: 15 bytes) and how often each
+/// was woken after a wait (`voluntary_ctxt_switches`).
+fn threads(pid: u32) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("status")),
+        ) else {
+            continue;
+        };
+        let woken = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        out.push((comm.trim().to_string(), woken));
+    }
+    out.sort();
+    out
+}
+
+/// A GPU whose calls hang for a second is split off to a thread of its own, and the sampling
+/// loop is taken over, as above. Once the driver has answered again for the rejoin wait (10 s),
+/// `record` samples as it did before the hang: one NVML thread for the tick path again, and the
+/// reads back on the sampling loop's own thread (that NVML thread is not woken at all). Before,
+/// one slow moment cost a hand-off and a wake-up more at every tick for the rest of the run.
+#[test]
+fn after_a_hang_ends_the_gpus_rejoin_and_reads_run_inline_again() {
+    common::sim_lib();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rec.csv");
+    let started = Instant::now();
+    let mut child = common::command(
+        &[
+            "--sim",
+            "healthy",
+            "record",
+            "--interval",
+            "100ms",
+            "--duration",
+            "32s",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[("NVML_SIM_HANG", "gpu=2,at_s=1,for_s=1,function=nvmlDevice*")],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let pid = child.id();
+    // the tick path's NVML threads (the slow path's are `gpuwatch-nvml-slow-N`)
+    let fast = |all: &[(String, u64)]| -> Vec<(String, u64)> {
+        all.iter()
+            .filter(|(n, _)| n.starts_with("gpuwatch-nvml-") && !n.starts_with("gpuwatch-nvml-s"))
+            .cloned()
+            .collect()
+    };
+    std::thread::sleep(Duration::from_millis(1700).saturating_sub(started.elapsed()));
+    let during = threads(pid);
+    assert!(fast(&during).len() >= 2, "GPU 2 split off: {during:?}");
+    // The hang ends at 2 s; the rejoin comes 10 s of calm later. A window of a second in which
+    // one tick-path thread is left and is never woken, looked for until 30 s (a loaded machine
+    // may delay it: a call held off 25 ms is a split too).
+    std::thread::sleep(Duration::from_secs(12).saturating_sub(started.elapsed()));
+    let mut before = threads(pid);
+    let mut seen = Vec::new();
+    let rejoined = loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = threads(pid);
+        let (a, b) = (fast(&before), fast(&now));
+        seen.push(format!("{b:?}"));
+        if b.len() == 1 && a == b {
+            break true;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            break false;
+        }
+        before = now;
+    };
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    assert!(
+        rejoined,
+        "tick-path NVML threads, a second apart: {seen:#?}\n{err}"
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    let (h, rows) = csv_rows(&text);
+    let gpu2: Vec<&Vec<String>> = rows.iter().filter(|r| col(&h, r, "index") == "2").collect();
+    assert!(gpu2.len() >= 250, "GPU 2 rows: {}", gpu2.len());
+    assert!(
+        gpu2[gpu2.len() - 50..]
+            .iter()
+            .all(|r| col(&h, r, "state") == "ok" && !col(&h, r, "util").is_empty()),
+        "GPU 2 answers again after the hang"
+    );
+}
+
 /// A hang in one slow call only (the process list) leaves the fast path flowing: GPU 2 still
 /// has utilization at every tick, and its state names the process-list call.
 #[test]
