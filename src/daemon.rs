@@ -127,7 +127,7 @@ pub fn run_events(config_path: Option<&Path>, source: &Path) -> anyhow::Result<i
         match msg {
             Control::Events(events) => dispatcher.send(Input::Events(events)),
             Control::Context(devices, processes) => {
-                dispatcher.send(Input::Context { devices, processes });
+                dispatcher.set_context(devices, processes);
             }
             Control::Snapshot(_) => {}
             // The `--events` driver has no control socket.
@@ -474,10 +474,7 @@ pub fn run(
         pipeline.engine().rule_count(),
     );
     let dispatcher = Dispatcher::start(setup.notify, &dir)?;
-    dispatcher.send(Input::Context {
-        devices: devices.clone(),
-        processes: None,
-    });
+    dispatcher.set_context(devices.clone(), None);
     if !sampler.degraded().is_empty() {
         // Never silently blind: an info alert says what cannot be watched.
         publish(
@@ -710,10 +707,8 @@ impl Live<'_> {
         self.last_eval = self.last_snapshot;
         let devices: Vec<DeviceId> = snap.gpus.iter().map(|g| g.id.clone()).collect();
         if devices != self.last_devices || snap.processes.is_some() {
-            self.dispatcher.send(Input::Context {
-                devices: devices.clone(),
-                processes: snap.processes.clone(),
-            });
+            self.dispatcher
+                .set_context(devices.clone(), snap.processes.clone());
             self.last_devices = devices;
         }
         for g in &snap.gpus {

@@ -871,7 +871,7 @@ impl Sampler {
     /// instead of sent to its thread (see `worker::Pool::ask_inline`), to be run on this thread
     /// with [`TickRead::run`] before [`Sampler::finish`]. `None` when the fast path's threads
     /// were asked (always without `inline`; after a call blocked, a GPU's reads stay on threads
-    /// of their own). A caller reading inline must arrange for the tick to be finished by
+    /// of their own until the pool rejoins, see `worker`). A caller reading inline must arrange for the tick to be finished by
     /// another thread if a call in the read blocks past [`Sampler::split_after`]
     /// (`pipeline::SamplerThread` does): the read may never return.
     pub fn begin(&mut self, time_ms: i64, inline: bool) -> Option<TickRead> {

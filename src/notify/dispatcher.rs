@@ -33,13 +33,6 @@ const ADOPT_EVERY_MS: i64 = 10_000;
 pub enum Input {
     /// Alert transitions from the engine.
     Events(Vec<AlertEvent>),
-    /// Latest device identities and (when refreshed) process list, for message context.
-    Context {
-        /// GPUs seen in the latest snapshot.
-        devices: Vec<DeviceId>,
-        /// The process list, when it was refreshed.
-        processes: Option<Vec<ProcSample>>,
-    },
     /// Wakes the worker after ticks came while it may have thought the sampling loop dead (see
     /// [`Dispatcher::healthy`]: the ticks themselves are booked without a message).
     Healthy,
@@ -57,6 +50,32 @@ pub enum Input {
     Mark(u64),
 }
 
+/// Sleeps for `d` on `alarm` (woken once, at the time; see `sys::deadman`), or on tokio's
+/// timer where no timerfd could be made.
+async fn sleep_on(
+    alarm: Option<&tokio::io::unix::AsyncFd<crate::sys::deadman::Deadman>>,
+    d: Duration,
+) {
+    let Some(alarm) = alarm else {
+        return tokio::time::sleep(d).await;
+    };
+    if d.is_zero() {
+        return;
+    }
+    alarm.get_ref().arm(d);
+    loop {
+        match alarm.readable().await {
+            Ok(mut ready) => {
+                if ready.get_inner().expired() {
+                    return;
+                }
+                ready.clear_ready();
+            }
+            Err(_) => return tokio::time::sleep(d).await,
+        }
+    }
+}
+
 /// Handle to the dispatcher thread.
 pub struct Dispatcher {
     tx: mpsc::UnboundedSender<Input>,
@@ -66,13 +85,20 @@ pub struct Dispatcher {
     marks: (std::sync::atomic::AtomicU64, Arc<Persisted>),
     /// The sampling loop's completed ticks (the dead-man heartbeat), shared with the worker.
     beats: Arc<Beats>,
+    /// Whether a heartbeat is configured (the settings the worker was last given): without
+    /// one, ticks never wake the worker.
+    heartbeat: std::sync::atomic::AtomicBool,
+    /// The devices and processes messages name, read by the worker's grouper when it makes
+    /// messages ([`Dispatcher::set_context`]).
+    context: super::grouping::SharedContext,
 }
 
 /// When the sampling loop last completed a tick and the spacing of its last two, shared by the
 /// daemon's loop and the worker without a message per tick: at 1 s ticks a message each woke the
 /// worker's thread every second for nothing. A message ([`Input::Healthy`]) wakes the worker at
 /// most every [`Beats::WAKE_EVERY_MS`], so a loop that comes back after a stall is seen (and the
-/// heartbeat pinged again) within that time.
+/// heartbeat pinged again) within that time — only where a heartbeat is configured, since
+/// nothing else needs it.
 #[derive(Debug)]
 struct Beats {
     /// UTC ms of the last completed tick; `i64::MIN`: none yet.
@@ -158,7 +184,12 @@ impl Dispatcher {
         let persisted = Arc::new(Persisted::default());
         let reached = persisted.clone();
         let beats = Arc::new(Beats::default());
-        let beaten = beats.clone();
+        let heartbeat = std::sync::atomic::AtomicBool::new(settings.heartbeat.is_some());
+        let mut worker = Worker::new(settings, outbox, state_path, state, transport);
+        worker.delivery = shared;
+        worker.persisted = reached;
+        worker.beats = beats.clone();
+        let context = worker.grouper.context();
         let thread = std::thread::Builder::new()
             .name("gpuwatch-notify".into())
             .spawn(move || {
@@ -172,10 +203,6 @@ impl Dispatcher {
                         return;
                     }
                 };
-                let mut worker = Worker::new(settings, outbox, state_path, state, transport);
-                worker.delivery = shared;
-                worker.persisted = reached;
-                worker.beats = beaten;
                 rt.block_on(worker.run(rx));
             })?;
         Ok(Dispatcher {
@@ -184,7 +211,19 @@ impl Dispatcher {
             delivery,
             marks: (std::sync::atomic::AtomicU64::new(0), persisted),
             beats,
+            heartbeat,
+            context,
         })
+    }
+
+    /// The latest device identities (none: kept as they were) and, when it was refreshed, the
+    /// process list, for the messages made from now on. Nothing is sent: the worker reads them
+    /// when it makes messages, so a new process list every few seconds wakes no thread.
+    pub fn set_context(&self, devices: Vec<DeviceId>, processes: Option<Vec<ProcSample>>) {
+        self.context
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .update(devices, processes);
     }
 
     /// Puts a mark behind everything sent so far; once [`Dispatcher::wait_persisted`] says it
@@ -220,15 +259,19 @@ impl Dispatcher {
     }
 
     /// The sampling loop completed a tick at `time_ms` (drives the dead-man heartbeat; no
-    /// message unless the worker is to be woken, see [`Beats`]).
+    /// message unless the worker is to be woken for the heartbeat, see [`Beats`]).
     pub fn healthy(&self, time_ms: i64) {
-        if self.beats.beat(time_ms) {
+        if self.beats.beat(time_ms) && self.heartbeat.load(std::sync::atomic::Ordering::Relaxed) {
             self.send(Input::Healthy);
         }
     }
 
     /// Queues an input (never blocks).
     pub fn send(&self, input: Input) {
+        if let Input::Reload(s) = &input {
+            self.heartbeat
+                .store(s.heartbeat.is_some(), std::sync::atomic::Ordering::Relaxed);
+        }
         let _ = self.tx.send(input);
     }
 
@@ -381,6 +424,19 @@ impl Worker {
             Err(e) => error!("cannot read the outbox: {e}"),
         }
         self.last_adopt_ms = now_ms();
+        let alarm = crate::sys::deadman::Deadman::nonblocking()
+            .ok()
+            .and_then(|d| {
+                // SAFETY: the timer owns its descriptor, which stays open and the same until the
+                // timer is dropped, and the timer is dropped only with the `AsyncFd`.
+                unsafe {
+                    tokio::io::unix::AsyncFd::register_with_interest(
+                        d,
+                        tokio::io::Interest::READABLE,
+                    )
+                }
+                .ok()
+            });
         loop {
             let now = now_ms();
             if now - self.last_adopt_ms >= ADOPT_EVERY_MS {
@@ -412,7 +468,7 @@ impl Worker {
                 Some(done) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
                     self.joined(done);
                 }
-                () = tokio::time::sleep(sleep) => {}
+                () = sleep_on(alarm.as_ref(), sleep) => {}
             }
         }
         // Graceful stop: drain what is already queued, let in-flight sends finish.
@@ -498,7 +554,6 @@ impl Worker {
                 self.grouper.ingest(now, &events);
                 self.save_state();
             }
-            Input::Context { devices, processes } => self.grouper.set_context(devices, processes),
             Input::Silences(list) => self.grouper.set_silences(list),
             // (only a wake-up: the tick is in `beats`)
             Input::Healthy => {}

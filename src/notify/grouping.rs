@@ -66,13 +66,38 @@ impl GrouperState {
     }
 }
 
+/// The latest GPU identities and process list, attached to the messages a grouper makes:
+/// written by the daemon's loop when they change, read by the grouper when it makes messages (a
+/// new process list, every few seconds, wakes no thread).
+#[derive(Debug, Default)]
+pub struct MessageContext {
+    devices: Vec<DeviceId>,
+    processes: Vec<ProcSample>,
+}
+
+/// A [`MessageContext`] shared between the thread that writes it and the grouper.
+pub type SharedContext = Arc<std::sync::Mutex<MessageContext>>;
+
+impl MessageContext {
+    /// The GPUs seen in the latest snapshot (none: kept as they were) and the process list, when
+    /// it was refreshed.
+    pub fn update(&mut self, devices: Vec<DeviceId>, processes: Option<Vec<ProcSample>>) {
+        if !devices.is_empty() {
+            self.devices = devices;
+        }
+        if let Some(p) = processes {
+            self.processes = p;
+        }
+    }
+}
+
 /// The routing / grouping / gating state machine.
 #[derive(Debug, Clone)]
 pub struct Grouper {
     settings: Arc<NotifySettings>,
     state: GrouperState,
-    devices: Vec<DeviceId>,
-    processes: Vec<ProcSample>,
+    /// What messages name besides the alerts (see [`Grouper::context`]).
+    context: SharedContext,
     /// Where the daemon's silences are read.
     silences: crate::silence::Feed,
     /// The silences read for the tick in progress (none between ticks: a live set is not held,
@@ -86,8 +111,7 @@ impl Grouper {
         Grouper {
             settings,
             state,
-            devices: Vec::new(),
-            processes: Vec::new(),
+            context: SharedContext::default(),
             silences: crate::silence::Feed::default(),
             in_force: None,
         }
@@ -146,12 +170,16 @@ impl Grouper {
 
     /// Latest device identities and process list, attached to messages made from now on.
     pub fn set_context(&mut self, devices: Vec<DeviceId>, processes: Option<Vec<ProcSample>>) {
-        if !devices.is_empty() {
-            self.devices = devices;
-        }
-        if let Some(p) = processes {
-            self.processes = p;
-        }
+        self.context
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .update(devices, processes);
+    }
+
+    /// Where the grouper reads the device identities and process list its messages name: a
+    /// handle for another thread to update ([`MessageContext::update`]) without telling it.
+    pub fn context(&self) -> SharedContext {
+        self.context.clone()
     }
 
     /// Takes engine events observed at `now_ms`.
@@ -447,20 +475,28 @@ impl Grouper {
             created_ms: now_ms,
             repeat_interval_ms,
             hostname: self.settings.hostname.clone(),
-            devices: self
+            devices: Vec::new(),
+            processes: Vec::new(),
+            note,
+        };
+        {
+            let context = self
+                .context
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            n.devices = context
                 .devices
                 .iter()
                 .filter(|d| gpus.contains(&d.index))
                 .cloned()
-                .collect(),
-            processes: self
+                .collect();
+            n.processes = context
                 .processes
                 .iter()
                 .filter(|p| gpus.contains(&p.gpu_index))
                 .cloned()
-                .collect(),
-            note,
-        };
+                .collect();
+        }
         n.compute_id();
         n
     }

@@ -20,7 +20,7 @@
 //! hands nothing off. The pool counts such a read as its first thread's request, so a call
 //! blocked in it is split off by whoever collects the answers, as above — the caller must make
 //! sure someone does (`pipeline::SamplerThread`'s watchdog takes its loop over, and asks the
-//! threads from then on).
+//! threads until the blocked read returns).
 //!
 //! A split is not for ever: a driver that blocked for a while (a GPU reset, recovery after an
 //! XID, a machine so loaded that a call was held off) usually answers promptly again, and every
@@ -993,7 +993,8 @@ mod tests {
 
     /// An inline read answers as the thread would; when it blocks, whoever collects splits it
     /// off like a blocked thread (the others answer in the same tick, on a new thread), and once
-    /// it returns the GPU is read by the pool's own first thread, never inline again.
+    /// it returns the GPU is read by the pool's own first thread, not inline while the pool is
+    /// split (until a rejoin: the next test).
     #[test]
     fn an_inline_read_answers_like_the_thread_and_is_split_off_when_it_blocks() {
         let (release_tx, release_rx) = mpsc::channel::<()>();
@@ -1041,7 +1042,7 @@ mod tests {
             pool.stalled(2, Instant::now(), t),
             Some(NvmlFunction::PowerUsage)
         );
-        // Split: never inline again.
+        // Split: not inline.
         assert!(pool.ask_inline(3).is_none(), "the threads were asked");
         pool.collect(soon(), None);
         assert!(pool.take(0).is_some() && pool.take(3).is_some());
