@@ -771,6 +771,50 @@ mod tests {
         assert_eq!(out[0].reason, Reason::Repeat);
     }
 
+    /// The GPUs and processes a message names come from the shared context as it is when the
+    /// message is made (another thread updates it without telling the grouper): only those of
+    /// the message's GPUs, a refreshed process list replacing the one before, and devices kept
+    /// when an update has none.
+    #[test]
+    fn messages_name_the_shared_context_as_it_is_when_they_are_made() {
+        let mut g = grouper("[notify]\ngroup_wait = \"30s\"\n");
+        let context = g.context();
+        let gpu = |index: u32| DeviceId {
+            index,
+            uuid: format!("GPU-{index}"),
+            ..DeviceId::default()
+        };
+        let t0 = 1_000_000;
+        let writer = std::thread::spawn(move || {
+            let mut c = context.lock().unwrap();
+            c.update(
+                vec![gpu(0), gpu(1), gpu(2)],
+                Some(vec![ProcSample::compute(7, 1, "GPU-1", None)]),
+            );
+            c.update(
+                Vec::new(),
+                Some(vec![
+                    ProcSample::compute(41, 1, "GPU-1", None),
+                    ProcSample::compute(42, 2, "GPU-2", None),
+                ]),
+            );
+        });
+        writer.join().unwrap();
+        let e = ev(
+            "XidCritical",
+            1,
+            Severity::Critical,
+            AlertStatus::Firing,
+            t0,
+        );
+        g.ingest(t0, &[e]);
+        let out = g.tick(t0 + 30_000);
+        assert_eq!(out.len(), 2);
+        let gpus: Vec<u32> = out[0].devices.iter().map(|d| d.index).collect();
+        let pids: Vec<u32> = out[0].processes.iter().map(|p| p.pid).collect();
+        assert_eq!((gpus, pids), (vec![1], vec![41]));
+    }
+
     /// A one-shot notice (a kill's audit record, the usage digest) is sent once: never repeated,
     /// never kept in its group, never an inhibition source.
     #[test]
