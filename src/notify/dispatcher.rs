@@ -66,10 +66,12 @@ async fn sleep_on(
     loop {
         match alarm.readable().await {
             Ok(mut ready) => {
-                if ready.get_inner().expired() {
+                // (a one-shot timer read once is not readable again until armed again)
+                let fired = ready.get_inner().expired();
+                ready.clear_ready();
+                if fired {
                     return;
                 }
-                ready.clear_ready();
             }
             Err(_) => return tokio::time::sleep(d).await,
         }
