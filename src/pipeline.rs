@@ -162,31 +162,61 @@ impl Relay {
     }
 }
 
+/// One thread of the relay, for its whole life: it runs the loop from `start` (the sampler
+/// thread; the watchdog starts without), watches while another thread runs it, and trades the
+/// two jobs as reads are taken over — in a loop, not by calls nested in each other, so that any
+/// number of takeovers leaves the stack as it was.
+fn relay_thread(relay: &Arc<Relay>, mut start: Option<(LoopState, u64)>) {
+    loop {
+        if let Some((st, epoch)) = start.take() {
+            if !run_loop(relay, st, epoch) || relay.has_ended().is_some() {
+                return;
+            }
+            // Taken over, and the read is back: the loop goes on on the other thread, and this
+            // one watches it; reads run inline again.
+            crate::sys::name_thread("gpuwatch-watchdog");
+            relay.watched.store(true, Ordering::Release);
+            tracing::debug!("the GPU read that was taken over returned; reads run inline again");
+        }
+        match watchdog(relay) {
+            Some(taken) => {
+                crate::sys::name_thread("gpuwatch-sampler");
+                start = Some(taken);
+            }
+            None => return,
+        }
+    }
+}
+
 /// Runs the sampling loop on this thread as loop number `epoch`, from `st` (finishing its open
-/// tick first); ends the relay when the loop ends, unless the loop was taken over.
-fn run_loop(relay: &Arc<Relay>, st: LoopState, epoch: u64) {
+/// tick first); ends the relay when the loop ends. True when the loop was taken over (it goes on
+/// on another thread, and this one may watch it: [`relay_thread`]).
+fn run_loop(relay: &Arc<Relay>, st: LoopState, epoch: u64) -> bool {
     relay.stop.attach(std::thread::current());
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         loop_ticks(relay, st, epoch)
     }));
     match run {
-        // taken over: the loop goes on on the watchdog's thread, and this one watches instead
-        Ok(false) => watch_instead(relay),
-        Ok(true) => relay.end(false),
+        Ok(false) => true,
+        Ok(true) => {
+            relay.end(false);
+            false
+        }
         Err(_) => {
-            // A panic in a read that was taken over ends nothing: the loop goes on elsewhere.
-            // Else the loop ends here, its state dropped (a panic during a read left it in
-            // the slot) before the end is told.
+            // A panic in a read that was taken over ends nothing: the loop goes on elsewhere
+            // (and this thread stops). Else the loop ends here, its state dropped (a panic
+            // during a read left it in the slot) before the end is told.
             let left = {
                 let mut slot = relay.slot();
                 if slot.epoch != epoch {
-                    return;
+                    return false;
                 }
                 slot.reading = None;
                 slot.state.take()
             };
             drop(left);
             relay.end(true);
+            false
         }
     }
 }
@@ -236,7 +266,7 @@ fn loop_ticks(relay: &Arc<Relay>, mut st: LoopState, epoch: u64) -> bool {
 /// Runs `read` on this thread while `st` waits in the relay for the watchdog (see
 /// [`SamplerThread`]); the state back, or `None` when the watchdog took the loop over while the
 /// read was blocked or late (this thread then watches in the watchdog's stead:
-/// [`watch_instead`]).
+/// [`relay_thread`]).
 fn read_relayed(
     relay: &Relay,
     st: LoopState,
@@ -297,7 +327,7 @@ fn start_watchdog(relay: &Arc<Relay>) {
     // The default stack: after a takeover this thread runs the loop.
     let started = std::thread::Builder::new()
         .name("gpuwatch-watchdog".into())
-        .spawn(move || watchdog(&r));
+        .spawn(move || relay_thread(&r, None));
     match started {
         Ok(_) => relay.watched.store(true, Ordering::Release),
         Err(e) => {
@@ -310,28 +340,15 @@ fn start_watchdog(relay: &Arc<Relay>) {
     }
 }
 
-/// The thread of a read that was taken over, once the read has returned: it becomes the
-/// watchdog (the old one runs the loop now), and reads may run inline again.
-fn watch_instead(relay: &Arc<Relay>) {
-    if relay.has_ended().is_some() {
-        return;
-    }
-    crate::sys::name_thread("gpuwatch-watchdog");
-    relay.watched.store(true, Ordering::Release);
-    tracing::debug!("the GPU read that was taken over returned; reads run inline again");
-    watchdog(relay);
-}
-
 /// The watchdog: wakes when a read outlives its split time or its tick's deadline; takes the
 /// loop over when the read is then blocked in a call, or past the deadline (see
-/// [`SamplerThread`]).
-fn watchdog(relay: &Arc<Relay>) {
-    let Some(deadman) = &relay.deadman else {
-        return;
-    };
+/// [`SamplerThread`]): the loop's state and its new number, for this thread to run it. `None`
+/// when the loop ended or the timer failed.
+fn watchdog(relay: &Arc<Relay>) -> Option<(LoopState, u64)> {
+    let deadman = relay.deadman.as_ref()?;
     while deadman.wait() {
         if relay.has_ended().is_some() {
-            return;
+            return None;
         }
         let mut slot = relay.slot();
         let Some(reading) = slot.reading.clone() else {
@@ -360,7 +377,7 @@ fn watchdog(relay: &Arc<Relay>) {
         slot.epoch += 1;
         slot.reading = None;
         let next = slot.epoch;
-        // Until the read taken over returns (its thread then watches: `watch_instead`), the
+        // Until the read taken over returns (its thread then watches: `relay_thread`), the
         // GPUs are read on the sampler's threads, as before a loop read inline.
         relay.watched.store(false, Ordering::Release);
         drop(slot);
@@ -373,15 +390,14 @@ fn watchdog(relay: &Arc<Relay>) {
             "a GPU read {why}; the sampling loop moves to the watchdog's thread and the GPUs are \
              read on the sampler's threads until the read returns"
         );
-        crate::sys::name_thread("gpuwatch-sampler");
-        run_loop(relay, st, next);
-        return;
+        return Some((st, next));
     }
     // The timer failed: no more inline reads without a watchdog.
     relay.watched.store(false, Ordering::Release);
     tracing::warn!(
         "the sampling watchdog's timer failed: the GPUs are read on the sampler's threads"
     );
+    None
 }
 
 /// Stops a sampling thread from any thread: sets the flag and wakes the thread from its wait
@@ -548,7 +564,7 @@ impl SamplerThread {
         let r = relay.clone();
         let spawned = std::thread::Builder::new()
             .name("gpuwatch-sampler".into())
-            .spawn(move || run_loop(&r, st, 0));
+            .spawn(move || relay_thread(&r, Some((st, 0))));
         let relay = match spawned {
             Ok(_) => Some(relay),
             Err(e) => {

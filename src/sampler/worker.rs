@@ -25,7 +25,8 @@
 //! A split is not for ever: a driver that blocked for a while (a GPU reset, recovery after an
 //! XID, a machine so loaded that a call was held off) usually answers promptly again, and every
 //! extra thread costs a wake-up per tick. Once every thread has answered every ask for
-//! [`REJOIN_FIRST`] (doubling after each rejoin, up to [`REJOIN_MAX`]), the GPUs rejoin the
+//! [`REJOIN_FIRST`] after the split (doubling after each rejoin, up to [`REJOIN_MAX`], and back
+//! to the first wait when a split comes an hour or more after the last rejoin), the GPUs rejoin the
 //! largest thread and the others end ([`Pool::rejoin`]); the GPUs that move get a fresh read
 //! state, as at a split, and the pool is as it started again (reads may run inline).
 //!
@@ -394,6 +395,8 @@ pub(crate) struct Pool<S, R> {
     /// doubled at each rejoin), and since when every thread has answered every ask.
     rejoin_after: Duration,
     calm_since: Option<Instant>,
+    /// When the GPUs last rejoined.
+    rejoined: Option<Instant>,
     next_group: usize,
     seq: u64,
     time_ms: i64,
@@ -431,6 +434,7 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             restart_after: RESTART_FIRST,
             rejoin_after: REJOIN_FIRST,
             calm_since: None,
+            rejoined: None,
             next_group: 0,
             seq: 0,
             time_ms: 0,
@@ -551,6 +555,11 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
     /// marker), and the next rejoin waits twice as long.
     fn rejoin(&mut self) {
         let now = Instant::now();
+        if self.groups.len() < 2 {
+            // (calm is counted from the split on, not from before it)
+            self.calm_since = None;
+            return;
+        }
         let calm = self
             .groups
             .iter()
@@ -560,7 +569,7 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
             return;
         }
         let since = *self.calm_since.get_or_insert(now);
-        if self.groups.len() < 2 || now.duration_since(since) < self.rejoin_after {
+        if now.duration_since(since) < self.rejoin_after {
             return;
         }
         let keep = (0..self.groups.len())
@@ -592,6 +601,7 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
         self.groups.push(group);
         self.rejoin_after = self.rejoin_after.saturating_mul(2).min(REJOIN_MAX);
         self.calm_since = None;
+        self.rejoined = Some(now);
     }
 
     /// Starts thread `id` of the pool; its requests go to the sender returned.
@@ -852,6 +862,16 @@ impl<S: Send + 'static, R: Send + 'static> Pool<S, R> {
                 }
             }
         }
+        if !splits.is_empty() {
+            self.calm_since = None;
+            // a driver calm for an hour since the last rejoin starts from the first wait again
+            if self
+                .rejoined
+                .is_some_and(|t| now.duration_since(t) >= REJOIN_MAX)
+            {
+                self.rejoin_after = REJOIN_FIRST;
+            }
+        }
         for (g, stuck) in splits {
             let others: Vec<usize> = self.groups[g]
                 .members
@@ -1105,7 +1125,7 @@ mod tests {
         assert_eq!(got[2], None);
         // Released: calm from the next ask on; not before the wait.
         release_tx.send(()).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(150));
         let got = ask(&mut pool, Duration::from_secs(5));
         assert_eq!(got[2], Some((2, 3)), "read again on its own thread");
         assert_eq!(pool.threads(), 2, "not before the calm wait");

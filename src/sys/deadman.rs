@@ -133,8 +133,9 @@ mod tests {
     fn a_nonblocking_timer_says_whether_it_expired() {
         let d = Deadman::nonblocking().unwrap();
         assert!(!d.expired(), "never armed");
-        d.arm(Duration::from_millis(20));
+        d.arm(Duration::from_secs(30));
         assert!(!d.expired(), "not yet");
+        d.arm(Duration::from_millis(20));
         std::thread::sleep(Duration::from_millis(40));
         assert!(d.expired());
         assert!(!d.expired(), "told once");
